@@ -1,0 +1,185 @@
+// Package redistest runs real redis-server processes for tests: each on a
+// free loopback port, with a scratch directory, killed when the test (or the
+// test binary) ends. Tests of the ledger never use a Redis mock.
+package redistest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MissingMessage is the one line a test prints when redis-server is not
+// installed.
+const MissingMessage = "redis-server not found on PATH: run `make test` (it installs Debian's redis-server as root) or `sudo apt-get install redis-server`"
+
+// Server is one running redis-server.
+type Server struct {
+	// Addr is host:port on loopback.
+	Addr string
+	// Dir is the server's working directory (RDB/AOF files).
+	Dir string
+
+	cmd    *exec.Cmd
+	args   []string
+	done   chan struct{}
+	output *bytes.Buffer
+}
+
+// Start starts a redis-server for one test and stops it at the test's end.
+// Extra args are redis-server options, e.g. "--maxmemory", "10mb". A missing
+// redis-server fails the test with MissingMessage.
+func Start(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	dir := tb.TempDir()
+	s, err := start(dir, args)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+func start(dir string, args []string) (*Server, error) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, errors.New(MissingMessage)
+	}
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, args: args}
+		if lastErr = s.launch(path, port); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, fmt.Errorf("redis-server did not start: %w", lastErr)
+}
+
+func (s *Server) launch(path string, port int) error {
+	argv := []string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--dir", s.Dir, "--save", "", "--appendonly", "no",
+		"--daemonize", "no", "--logfile", "",
+	}
+	argv = append(argv, s.args...)
+	s.cmd = exec.Command(path, argv...)
+	s.output = &bytes.Buffer{}
+	s.cmd.Stdout, s.cmd.Stderr = s.output, s.output
+	// If the test binary dies, the server dies with it.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DisableIdentity: true})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return fmt.Errorf("redis-server exited: %s", lastLine(s.output.String()))
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Stop()
+	return errors.New("redis-server did not answer PING within 10s")
+}
+
+// Stop kills the server (SIGKILL) and waits for it to exit.
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+}
+
+// Client returns a client of the server, closed at the test's end.
+func (s *Server) Client(tb testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+var (
+	sharedMu sync.Mutex
+	shared   *Server
+)
+
+// Main runs a test binary with one shared redis-server (see Shared), and
+// stops it afterwards. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	s, err := start(dir, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer s.Stop()
+	sharedMu.Lock()
+	shared = s
+	sharedMu.Unlock()
+	return m.Run()
+}
+
+// Shared returns the server Main started. Tests sharing it keep apart by
+// using their own tenants or operation ids.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if shared == nil {
+		tb.Fatal("redistest.Shared: TestMain must call redistest.Main")
+	}
+	return shared
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLine(s string) string {
+	s = string(bytes.TrimSpace([]byte(s)))
+	if i := bytes.LastIndexByte([]byte(s), '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
