@@ -1,0 +1,224 @@
+package ledger
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Fingerprint is the SHA-256 digest identifying the consequential parameters
+// of an operation, as computed by ComputeFingerprint. Two requests carrying
+// the same operation id must have equal fingerprints; a retry whose
+// fingerprint differs changed its parameters.
+//
+// Its text form (String, ParseFingerprint) is 64 hexadecimal digits, written
+// in lowercase.
+type Fingerprint [32]byte
+
+// String returns f as 64 lowercase hexadecimal digits.
+func (f Fingerprint) String() string {
+	return hex.EncodeToString(f[:])
+}
+
+// ParseFingerprint parses the text form of a Fingerprint: exactly 64
+// hexadecimal digits. Upper- and lowercase digits are both accepted.
+func ParseFingerprint(s string) (Fingerprint, error) {
+	var f Fingerprint
+	if len(s) != 2*len(f) {
+		return Fingerprint{}, fmt.Errorf("ledger: fingerprint must be %d hex digits, got %d characters", 2*len(f), len(s))
+	}
+	if _, err := hex.Decode(f[:], []byte(s)); err != nil {
+		return Fingerprint{}, errors.New("ledger: fingerprint is not hexadecimal")
+	}
+	return f, nil
+}
+
+// ErrInvalidPointer is wrapped by the errors ValidatePointer and
+// ComputeFingerprint return for a syntactically invalid RFC 6901 JSON
+// pointer. Such an error indicates a bad fingerprint policy, not bad request
+// parameters.
+var ErrInvalidPointer = errors.New("ledger: invalid JSON pointer")
+
+// ValidatePointer checks that p is a syntactically valid RFC 6901 JSON
+// pointer usable in a fingerprint field list: it is "" (the whole document)
+// or starts with "/", every "~" is followed by "0" or "1", and it is valid
+// UTF-8. The returned error wraps ErrInvalidPointer.
+func ValidatePointer(p string) error {
+	if p == "" {
+		return nil
+	}
+	if p[0] != '/' {
+		return fmt.Errorf("%w %q: must be empty or start with '/'", ErrInvalidPointer, p)
+	}
+	if !utf8.ValidString(p) {
+		return fmt.Errorf("%w %q: not valid UTF-8", ErrInvalidPointer, p)
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] == '~' && (i+1 >= len(p) || (p[i+1] != '0' && p[i+1] != '1')) {
+			return fmt.Errorf("%w %q: '~' at byte %d must be followed by '0' or '1'", ErrInvalidPointer, p, i)
+		}
+	}
+	return nil
+}
+
+// ComputeFingerprint returns the fingerprint of an operation's consequential
+// parameters. params is the request's parameter object as decoded JSON (for
+// example structpb's Struct.AsMap); a nil map is the empty object {}.
+//
+// If fields is empty, every parameter is consequential and the fingerprint
+// is
+//
+//	SHA-256( JCS(params) )
+//
+// where JCS is the RFC 8785 JSON Canonicalization Scheme encoding (see
+// CanonicalJSON) and the digest is taken over its UTF-8 bytes.
+//
+// Otherwise fields lists RFC 6901 JSON pointers (for example "/amount",
+// "/items/0/sku", "/a~1b" for member "a/b", "/m~0n" for member "m~n") naming
+// the consequential parts of params, and the fingerprint is
+//
+//	SHA-256( JCS(selection) )
+//
+// where selection is a JSON object with one member per distinct pointer in
+// fields that selects a value in params: the member's name is the pointer
+// string exactly as written in fields, and its value is the selected value.
+// Pointers that select nothing (a missing member, an array index out of
+// range or not written as a decimal without leading zeros, "-", a token
+// applied to a string, number, boolean or null) are omitted, so a missing
+// parameter and an explicit null give different fingerprints. The order and
+// duplicates of fields do not matter. The pointer "" selects the whole params
+// object (giving {"": params}, which differs from the empty-fields case).
+//
+// To compute the same fingerprint in another language: decode the parameters
+// as JSON, build the object described above if the policy names fields,
+// serialize it with an RFC 8785 implementation (members sorted by UTF-16 code
+// units, ECMAScript number and string formatting, no whitespace), hash the
+// bytes with SHA-256 and compare the 32-byte digests (or their lowercase hex).
+// For example, with fields ["/amount", "/currency", "/memo"] and params
+// {"currency":"EUR","amount":12.5,"note":"x"} the canonical bytes are
+// {"/amount":12.5,"/currency":"EUR"}.
+//
+// An error wrapping ErrInvalidPointer is returned if a pointer in fields is
+// not valid (see ValidatePointer); an error wrapping ErrNotCanonical is
+// returned if the (selected) parameters cannot be canonicalized. Error
+// messages name JSON pointers into params but never parameter values.
+func ComputeFingerprint(params map[string]any, fields []string) (Fingerprint, error) {
+	if len(fields) == 0 {
+		b, err := CanonicalJSON(params)
+		if err != nil {
+			return Fingerprint{}, err
+		}
+		return sha256.Sum256(b), nil
+	}
+	for _, p := range fields {
+		if err := ValidatePointer(p); err != nil {
+			return Fingerprint{}, err
+		}
+	}
+	ptrs := slices.Clone(fields)
+	slices.SortFunc(ptrs, compareUTF16) // the selection object's member order
+	ptrs = slices.Compact(ptrs)
+
+	e := encoder{buf: make([]byte, 0, 128)}
+	e.buf = append(e.buf, '{')
+	first := true
+	for _, p := range ptrs {
+		v, ntok, found, perr := resolvePointer(params, p)
+		if perr != nil {
+			return Fingerprint{}, perr
+		}
+		if !found {
+			continue
+		}
+		if !first {
+			e.buf = append(e.buf, ',')
+		}
+		first = false
+		e.buf = appendString(e.buf, p)
+		e.buf = append(e.buf, ':')
+		// The selected value lies inside ntok containers of params, so depth
+		// is counted exactly as it is when canonicalizing the whole params.
+		if err := e.value(v, ntok); err != nil {
+			return Fingerprint{}, err.finish(p)
+		}
+	}
+	e.buf = append(e.buf, '}')
+	return sha256.Sum256(e.buf), nil
+}
+
+// resolvePointer evaluates the valid JSON pointer p against root. It returns
+// the selected value, the number of reference tokens in p, and whether p
+// selects anything. It fails only when the walk would enter a container
+// nested deeper than MaxParamsDepth.
+func resolvePointer(root map[string]any, p string) (v any, ntok int, found bool, err error) {
+	var cur any = root
+	rest := p
+	for rest != "" {
+		// Here cur is the value selected by p[:len(p)-len(rest)], which lies
+		// inside ntok containers; if it is a container its depth is ntok+1.
+		prefix := p[:len(p)-len(rest)]
+		rest = rest[1:] // p is valid, so rest starts with '/'
+		tok := rest
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			tok, rest = rest[:i], rest[i:]
+		} else {
+			rest = ""
+		}
+		ntok++
+		switch c := cur.(type) {
+		case map[string]any:
+			if ntok > MaxParamsDepth {
+				return nil, 0, false, tooDeep(prefix)
+			}
+			if strings.IndexByte(tok, '~') >= 0 {
+				tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+			}
+			x, ok := c[tok]
+			if !ok {
+				return nil, 0, false, nil
+			}
+			cur = x
+		case []any:
+			if ntok > MaxParamsDepth {
+				return nil, 0, false, tooDeep(prefix)
+			}
+			i, ok := arrayIndex(tok)
+			if !ok || i >= len(c) {
+				return nil, 0, false, nil
+			}
+			cur = c[i]
+		default:
+			// A token applied to a scalar (or to an unsupported type, which
+			// is not descended into) selects nothing.
+			return nil, 0, false, nil
+		}
+	}
+	return cur, ntok, true, nil
+}
+
+func tooDeep(path string) error {
+	return fmt.Errorf("%w: nesting exceeds MaxParamsDepth at %q", ErrNotCanonical, path)
+}
+
+// arrayIndex parses an RFC 6901 array index: "0" or a decimal number without
+// leading zeros. "-" and anything else is not an index.
+func arrayIndex(tok string) (int, bool) {
+	if tok == "" || len(tok) > 1 && tok[0] == '0' {
+		return 0, false
+	}
+	for i := 0; i < len(tok); i++ {
+		if tok[i] < '0' || tok[i] > '9' {
+			return 0, false
+		}
+	}
+	i, err := strconv.Atoi(tok)
+	if err != nil {
+		return 0, false // overflow
+	}
+	return i, true
+}

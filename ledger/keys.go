@@ -1,0 +1,197 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+)
+
+// NumShards is how many hash slots the ledger spreads operations over. An
+// operation's shard is a hash of its tenant and id; every key of one
+// operation, and the indexes a transition maintains with it, carry the
+// shard's hash tag, so each script touches one slot only and runs unchanged
+// on Redis Cluster. The number is part of the key layout: changing it moves
+// every operation to another key, so it only changes with a new prefix.
+const NumShards = 64
+
+// DefaultPrefix is the default first segment of every key.
+const DefaultPrefix = "ledger"
+
+// keyspace builds every Redis key the ledger uses, one function per key, so
+// the layout lives in one place (docs/design.md describes it).
+//
+//	<prefix>:{sNN}:op:<tenant>:<id>       operation record (hash)
+//	<prefix>:{sNN}:h:<tenant>:<id>        operation history (list)
+//	<prefix>:{sNN}:tomb:<tenant>:<id>     tombstone of an expired record (string)
+//	<prefix>:{sNN}:unresolved:<tenant>    non-terminal operations of a tenant in
+//	                                      this shard (zset, ordered by member)
+//	<prefix>:{sNN}:leases                 running claims of this shard by lease
+//	                                      end (zset, all tenants, for the sweeper)
+//
+// Tenants and ids are percent-encoded (see encodeComponent), so no byte of
+// theirs can open a hash tag, add a separator, or reach another tenant's key.
+type keyspace struct {
+	prefix string
+}
+
+// opKeys are the keys of one operation, in the order every write script
+// takes them (KEYS[1..5] in common.lua).
+type opKeys struct {
+	tenant, id string // raw
+	shard      int
+	all        []string // record, history, tombstone, unresolved, leases
+	member     string   // the operation's member in the lease index
+}
+
+func (k keyspace) tag(shard int) string {
+	return fmt.Sprintf("%s:{s%02d}", k.prefix, shard)
+}
+
+// shardOf returns the shard of an operation: FNV-1a of the encoded tenant,
+// a colon and the encoded id, modulo NumShards.
+func shardOf(tenant, id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(encodeComponent(tenant)))
+	h.Write([]byte{':'})
+	h.Write([]byte(encodeComponent(id)))
+	return int(h.Sum32() % NumShards)
+}
+
+// record is the key of an operation's record hash.
+func (k keyspace) record(shard int, t, id string) string {
+	return k.tag(shard) + ":op:" + t + ":" + id
+}
+
+// history is the key of an operation's history list.
+func (k keyspace) history(shard int, t, id string) string {
+	return k.tag(shard) + ":h:" + t + ":" + id
+}
+
+// tombstone is the key of an operation's tombstone.
+func (k keyspace) tombstone(shard int, t, id string) string {
+	return k.tag(shard) + ":tomb:" + t + ":" + id
+}
+
+// unresolved is the key of a tenant's unresolved index in one shard.
+func (k keyspace) unresolved(shard int, t string) string {
+	return k.tag(shard) + ":unresolved:" + t
+}
+
+// leases is the key of a shard's lease index.
+func (k keyspace) leases(shard int) string {
+	return k.tag(shard) + ":leases"
+}
+
+// op returns the keys of one operation.
+func (k keyspace) op(tenant, id string) opKeys {
+	s := shardOf(tenant, id)
+	t, i := encodeComponent(tenant), encodeComponent(id)
+	return opKeys{
+		tenant: tenant,
+		id:     id,
+		shard:  s,
+		all: []string{
+			k.record(s, t, i),
+			k.history(s, t, i),
+			k.tombstone(s, t, i),
+			k.unresolved(s, t),
+			k.leases(s),
+		},
+		member: t + ":" + i,
+	}
+}
+
+// opFromLeaseMember returns the keys of the operation a lease index member
+// names.
+func (k keyspace) opFromLeaseMember(member string) (opKeys, error) {
+	t, i, ok := strings.Cut(member, ":")
+	if !ok {
+		return opKeys{}, errors.New("lease member without separator")
+	}
+	tenant, err := decodeComponent(t)
+	if err != nil {
+		return opKeys{}, err
+	}
+	id, err := decodeComponent(i)
+	if err != nil {
+		return opKeys{}, err
+	}
+	return k.op(tenant, id), nil
+}
+
+// encodeComponent percent-encodes every byte outside [A-Za-z0-9._~-], so the
+// result never holds ':', '{', '}', '%' as data, and distinct inputs give
+// distinct outputs.
+func encodeComponent(s string) string {
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if !unreserved(s[i]) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	const hexdigits = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if unreserved(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hexdigits[c>>4])
+		b.WriteByte(hexdigits[c&15])
+	}
+	return b.String()
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '.' || c == '_' || c == '~' || c == '-'
+}
+
+// decodeComponent reverses encodeComponent; it refuses anything
+// encodeComponent cannot have produced.
+func decodeComponent(s string) (string, error) {
+	if !strings.Contains(s, "%") {
+		for i := 0; i < len(s); i++ {
+			if !unreserved(s[i]) {
+				return "", errors.New("invalid byte in encoded component")
+			}
+		}
+		return s, nil
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case unreserved(c):
+			b = append(b, c)
+		case c == '%' && i+2 < len(s):
+			hi, lo := unhex(s[i+1]), unhex(s[i+2])
+			if hi < 0 || lo < 0 || unreserved(byte(hi<<4|lo)) {
+				return "", errors.New("invalid escape in encoded component")
+			}
+			b = append(b, byte(hi<<4|lo))
+			i += 2
+		default:
+			return "", errors.New("invalid byte in encoded component")
+		}
+	}
+	return string(b), nil
+}
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}

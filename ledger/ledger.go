@@ -1,0 +1,533 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configure a Ledger.
+type Options struct {
+	// Prefix is the first segment of every key (DefaultPrefix when empty):
+	// letters, digits, '.', '_' and '-'.
+	Prefix string
+	// Policies resolve each operation's policy (DefaultPolicies when nil).
+	Policies *Policies
+	// Logger receives the sweeper's reports (slog.Default when nil). The
+	// ledger logs ids and counts, never parameters or results.
+	Logger *slog.Logger
+}
+
+// Ledger is the operation ledger on one Redis deployment. It is safe for
+// concurrent use; many Ledgers (in many processes) may share one store.
+type Ledger struct {
+	rdb      redis.UniversalClient
+	keys     keyspace
+	policies *Policies
+	log      *slog.Logger
+}
+
+// New returns a Ledger storing its records through rdb.
+func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	for i := 0; i < len(prefix); i++ {
+		if c := prefix[i]; !unreserved(c) || c == '~' {
+			return nil, fmt.Errorf("ledger: key prefix %q: only letters, digits, '.', '_' and '-' are allowed", prefix)
+		}
+	}
+	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger}
+	if l.policies == nil {
+		l.policies = DefaultPolicies()
+	}
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	return l, nil
+}
+
+// Policies returns the policies the ledger applies.
+func (l *Ledger) Policies() *Policies { return l.policies }
+
+// The bounds of the retry_after suggested with DecisionInProgress: the
+// remaining lease, clamped, so callers poll neither too eagerly nor too late
+// for a short tool.
+const (
+	minRetryAfter = 50 * time.Millisecond
+	maxRetryAfter = time.Second
+)
+
+// Reserve records the intent of an operation and decides how the caller
+// proceeds (SPEC §4). The decision is DecisionExecute (the caller holds the
+// claim: run the tool, then Complete or MarkUnknown), DecisionReplay (the
+// operation ended: the snapshot holds the result or failure),
+// DecisionInProgress (another holder's live claim: retry after RetryAfter)
+// or DecisionReconcile (the outcome is unknown).
+//
+// May return an *Error of KindInvalid, KindKeyReused (Differs names tool,
+// params and/or permit), KindKeyExpired (State is the final state) or
+// KindUnavailable.
+func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest) (*ReserveResult, error) {
+	const op = "ledger.Reserve"
+	vs := checkPrincipal(who)
+	vs = append(vs, violations(
+		checkID("operation_id", req.OperationID, MaxOperationIDLen, true),
+		checkTool("tool", req.Tool, true),
+		checkID("permit_id", req.PermitID, MaxPermitIDLen, false),
+		checkID("holder", req.Holder, MaxHolderLen, false),
+		checkID("run_id", req.RunID, MaxRunIDLen, false),
+	)...)
+	if req.Effect > EffectIrreversible {
+		vs = append(vs, Violation{"effect", "unknown effect"})
+	}
+	pol := l.policies.For(who.Tenant, req.Tool)
+	var fp Fingerprint
+	switch {
+	case req.ParamsSHA256 != nil && req.Params != nil:
+		vs = append(vs, Violation{"params_sha256", "set params or params_sha256, not both"})
+	case req.ParamsSHA256 != nil:
+		if len(req.ParamsSHA256) != len(fp) {
+			vs = append(vs, Violation{"params_sha256", "must be 32 bytes (a SHA-256 digest)"})
+		}
+		copy(fp[:], req.ParamsSHA256)
+	default:
+		var err error
+		if fp, err = ComputeFingerprint(req.Params, pol.ConsequentialFields); err != nil {
+			vs = append(vs, Violation{"params", err.Error()})
+		}
+	}
+	var retainMS, retainEndMS int64
+	if !req.RetainUntil.IsZero() {
+		if time.Until(req.RetainUntil) > MaxRetainUntil {
+			vs = append(vs, Violation{"retain_until", "more than 10 years ahead"})
+		}
+		retainMS = req.RetainUntil.UnixMilli()
+		retainEndMS = req.RetainUntil.Add(pol.RetainGrace).UnixMilli()
+	}
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	effect := req.Effect
+	if effect == EffectUnspecified {
+		effect = pol.Effect
+	}
+	holder := req.Holder
+	if holder == "" {
+		holder = newHolder()
+	}
+	k := l.keys.op(who.Tenant, req.OperationID)
+	code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
+		req.Tool, fp.String(), req.PermitID, holder, int(effect), req.RunID, req.Step,
+		retainMS, retainEndMS, pol.Lease.Milliseconds(), pol.MaxAttempts,
+		pol.Retention.Milliseconds(), pol.TombstoneRetention.Milliseconds(),
+		pol.RecoveryWindow.Milliseconds(), req.OperationID)
+	if err != nil {
+		return nil, err
+	}
+	switch code {
+	case codeExecute, codeReplay, codeInProgress, codeReconcile:
+		res := &ReserveResult{Decision: Decision(code), Operation: toOperation(req.OperationID, rec), Holder: holder}
+		if code == codeInProgress {
+			ms, _ := strconv.ParseInt(aux, 10, 64)
+			res.RetryAfter = min(max(time.Duration(ms)*time.Millisecond, minRetryAfter), maxRetryAfter)
+		}
+		return res, nil
+	case codeKeyReused:
+		mask, _ := strconv.Atoi(aux)
+		var differs []string
+		for i, name := range []string{"tool", "params", "permit"} {
+			if mask&(1<<i) != 0 {
+				differs = append(differs, name)
+			}
+		}
+		return nil, &Error{Op: op, Kind: KindKeyReused, Differs: differs}
+	}
+	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+}
+
+// Complete records how the claimed attempt with req.FencingToken ended:
+// OutcomeSucceeded (with Result) or OutcomeFailedFinal make the operation
+// terminal; OutcomeFailedRetryable (proven not applied) returns it to
+// PENDING. It is accepted from RUNNING, from UNKNOWN and from PENDING while
+// the token is the latest; a repeat with the same token and outcome succeeds
+// again.
+//
+// May return an *Error of KindInvalid, KindStaleToken, KindCompletionConflict
+// (another outcome is recorded), KindNotFound, KindKeyExpired or
+// KindUnavailable.
+func (l *Ledger) Complete(ctx context.Context, who Principal, req CompleteRequest) (*Operation, error) {
+	const op = "ledger.Complete"
+	vs := l.checkClaim(who, req.OperationID, req.FencingToken)
+	switch req.Outcome {
+	case OutcomeSucceeded:
+		if req.Failure != nil {
+			vs = append(vs, Violation{"failure", "only with a failure outcome"})
+		}
+	case OutcomeFailedFinal, OutcomeFailedRetryable:
+		if req.Result != nil {
+			vs = append(vs, Violation{"result", "only with OUTCOME_SUCCEEDED"})
+		}
+	default:
+		vs = append(vs, Violation{"outcome", "required: SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE"})
+	}
+	vs = append(vs, checkResult("result", req.Result)...)
+	vs = append(vs, checkFailure("failure", req.Failure)...)
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	r, f := derefResult(req.Result), derefFailure(req.Failure)
+	k := l.keys.op(who.Tenant, req.OperationID)
+	code, aux, rec, _, err := l.run(ctx, op, completeScript, k, who.ID,
+		req.FencingToken, int(req.Outcome), outcomeDigest(req.Outcome, r, f),
+		r.Data, r.ResourceID, f.Code, f.Message)
+	if err != nil {
+		return nil, err
+	}
+	if code == codeOK {
+		return toOperation(req.OperationID, rec), nil
+	}
+	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+}
+
+// MarkUnknown records that the claimed attempt with req.FencingToken cannot
+// tell whether the effect happened: the operation becomes UNKNOWN (reason
+// MARKED_UNKNOWN). A terminal operation is returned unchanged; a repeat
+// succeeds again.
+//
+// May return an *Error of KindInvalid, KindStaleToken, KindCompletionConflict
+// (this attempt already reported a retryable failure), KindNotFound,
+// KindKeyExpired or KindUnavailable.
+func (l *Ledger) MarkUnknown(ctx context.Context, who Principal, req MarkUnknownRequest) (*Operation, error) {
+	const op = "ledger.MarkUnknown"
+	vs := l.checkClaim(who, req.OperationID, req.FencingToken)
+	vs = append(vs, violations(checkText("reason", req.Reason, MaxNoteLen))...)
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	k := l.keys.op(who.Tenant, req.OperationID)
+	code, aux, rec, _, err := l.run(ctx, op, markUnknownScript, k, who.ID, req.FencingToken, req.Reason)
+	if err != nil {
+		return nil, err
+	}
+	if code == codeOK {
+		return toOperation(req.OperationID, rec), nil
+	}
+	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+}
+
+// Renew extends the lease of the running claim with req.FencingToken by the
+// policy's lease, from the store's current time.
+//
+// May return an *Error of KindInvalid, KindStaleToken (the claim is gone:
+// another attempt, another state, or the lease already expired),
+// KindNotFound, KindKeyExpired or KindUnavailable.
+func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*Operation, error) {
+	const op = "ledger.Renew"
+	if vs := l.checkClaim(who, req.OperationID, req.FencingToken); len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	k := l.keys.op(who.Tenant, req.OperationID)
+	code, aux, rec, _, err := l.run(ctx, op, renewScript, k, who.ID, req.FencingToken)
+	if err != nil {
+		return nil, err
+	}
+	if code == codeOK {
+		return toOperation(req.OperationID, rec), nil
+	}
+	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+}
+
+// Reconcile resolves an operation from what the destination says:
+// FindingApplied → SUCCEEDED with req.Result; FindingNotApplied → PENDING;
+// FindingAbandon → FAILED_FINAL; FindingEscalate → UNKNOWN flagged for
+// review. Accepted from UNKNOWN, RUNNING past its lease, and PENDING; on a
+// terminal record the same finding succeeds again.
+//
+// May return an *Error of KindInvalid, KindInProgress (a live lease; see
+// RetryAfter), KindAlreadyResolved, KindNotFound, KindKeyExpired or
+// KindUnavailable.
+func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequest) (*Operation, error) {
+	const op = "ledger.Reconcile"
+	vs := checkPrincipal(who)
+	vs = append(vs, violations(
+		checkID("operation_id", req.OperationID, MaxOperationIDLen, true),
+		checkText("note", req.Note, MaxNoteLen),
+	)...)
+	switch req.Finding {
+	case FindingApplied, FindingNotApplied, FindingAbandon, FindingEscalate:
+	default:
+		vs = append(vs, Violation{"finding", "required: APPLIED, NOT_APPLIED, ABANDON or ESCALATE"})
+	}
+	if req.Result != nil && req.Finding != FindingApplied {
+		vs = append(vs, Violation{"result", "only with FINDING_APPLIED"})
+	}
+	if req.Failure != nil && req.Finding != FindingAbandon {
+		vs = append(vs, Violation{"failure", "only with FINDING_ABANDON"})
+	}
+	vs = append(vs, checkResult("result", req.Result)...)
+	vs = append(vs, checkFailure("failure", req.Failure)...)
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	r, f := derefResult(req.Result), derefFailure(req.Failure)
+	k := l.keys.op(who.Tenant, req.OperationID)
+	code, aux, rec, _, err := l.run(ctx, op, reconcileScript, k, who.ID,
+		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note)
+	if err != nil {
+		return nil, err
+	}
+	if code == codeOK {
+		return toOperation(req.OperationID, rec), nil
+	}
+	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+}
+
+// Lookup reads one operation with its history.
+//
+// May return an *Error of KindInvalid, KindNotFound, KindKeyExpired (State is
+// the final state) or KindUnavailable.
+func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operation, error) {
+	const op = "ledger.Lookup"
+	vs := checkPrincipal(who)
+	vs = append(vs, violations(checkID("operation_id", id, MaxOperationIDLen, true))...)
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	k := l.keys.op(who.Tenant, id)
+	code, aux, rec, extra, err := l.runKeys(ctx, op, lookupScript, k.all[:3], who.ID, k.member)
+	if err != nil {
+		return nil, err
+	}
+	if code != codeOK {
+		return nil, l.codeError(op, id, code, aux, rec)
+	}
+	o := toOperation(id, rec)
+	if len(extra) > 0 {
+		entries, _ := extra[0].([]any)
+		for _, e := range entries {
+			s, _ := e.(string)
+			if h, ok := parseHistory(s); ok {
+				o.History = append(o.History, h)
+			}
+		}
+	}
+	return o, nil
+}
+
+func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation {
+	vs := checkPrincipal(who)
+	vs = append(vs, violations(checkID("operation_id", id, MaxOperationIDLen, true))...)
+	if token == 0 {
+		vs = append(vs, Violation{"fencing_token", "required: the token of the EXECUTE decision"})
+	}
+	return vs
+}
+
+// run runs a write script on an operation's five keys with the principal and
+// lease member as ARGV[1..2], followed by args.
+func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, map[string]string, []any, error) {
+	return l.runKeys(ctx, op, s, k.all, principal, append([]any{k.member}, args...)...)
+}
+
+func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, keys []string, principal string, args ...any) (int64, string, map[string]string, []any, error) {
+	raw, err := s.Run(ctx, l.rdb, keys, append([]any{principal}, args...)...).Slice()
+	if err != nil {
+		return 0, "", nil, nil, storeError(op, err)
+	}
+	if len(raw) < 3 {
+		return 0, "", nil, nil, &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("script returned %d values", len(raw))}
+	}
+	code, _ := raw[0].(int64)
+	aux, _ := raw[1].(string)
+	flat, _ := raw[2].([]any)
+	rec := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		f, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		rec[f] = v
+	}
+	return code, aux, rec, raw[3:], nil
+}
+
+// codeError turns a script's error code into an *Error.
+func (l *Ledger) codeError(op, id string, code int64, aux string, rec map[string]string) error {
+	e := &Error{Op: op}
+	switch code {
+	case codeNotFound:
+		e.Kind = KindNotFound
+	case codeExpired:
+		e.Kind = KindKeyExpired
+		st, _, _ := strings.Cut(aux, ":")
+		e.State = parseState(st)
+	case codeStale:
+		e.Kind = KindStaleToken
+		e.State = parseState(aux)
+	case codeCompletionConflict:
+		e.Kind = KindCompletionConflict
+	case codeAlreadyResolved:
+		e.Kind = KindAlreadyResolved
+	case codeBusy:
+		e.Kind = KindInProgress
+		ms, _ := strconv.ParseInt(aux, 10, 64)
+		e.RetryAfter = time.Duration(ms) * time.Millisecond
+	default:
+		return &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("unexpected script code %d", code)}
+	}
+	if len(rec) > 0 {
+		e.Operation = toOperation(id, rec)
+		if e.State == StateUnspecified {
+			e.State = e.Operation.State
+		}
+	}
+	return e
+}
+
+// storeError classifies an error from the store: unreachable, timed out or
+// refusing writes (OOM under maxmemory, read-only replica, loading, cluster
+// down) is KindUnavailable, and the caller may retry the same call; anything
+// else (a script error) is KindOther.
+func storeError(op string, err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed) {
+		msg := rerr.Error()
+		for _, p := range []string{"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY"} {
+			if strings.HasPrefix(msg, p) {
+				return &Error{Op: op, Kind: KindUnavailable, Err: err}
+			}
+		}
+		return &Error{Op: op, Kind: KindOther, Err: err}
+	}
+	return &Error{Op: op, Kind: KindUnavailable, Err: err}
+}
+
+func derefResult(r *Result) Result {
+	if r == nil {
+		return Result{}
+	}
+	return *r
+}
+
+func derefFailure(f *Failure) Failure {
+	if f == nil {
+		return Failure{}
+	}
+	return *f
+}
+
+// outcomeDigest identifies a Complete's outcome, so a repeat can be told
+// from a different report under the same token.
+func outcomeDigest(o Outcome, r Result, f Failure) string {
+	h := sha256.New()
+	var n [8]byte
+	h.Write([]byte{byte(o)})
+	for _, part := range [][]byte{r.Data, []byte(r.ResourceID), []byte(f.Code), []byte(f.Message)} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+func newHolder() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "ledger-" + hex.EncodeToString(b[:])
+}
+
+func parseState(s string) State {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > int(StateUnknown) {
+		return StateUnspecified
+	}
+	return State(n)
+}
+
+func parseUint(s string) uint64 {
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
+}
+
+func parseMillis(s string) time.Time {
+	if s == "" {
+		return time.Time{}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(n).UTC()
+}
+
+// toOperation decodes a record's fields (see common.lua) into a snapshot.
+func toOperation(id string, m map[string]string) *Operation {
+	o := &Operation{
+		ID:             id,
+		Tool:           m["tool"],
+		Effect:         Effect(parseUint(m["eff"])),
+		State:          parseState(m["st"]),
+		Attempt:        uint32(parseUint(m["att"])),
+		FencingToken:   parseUint(m["tok"]),
+		PermitID:       m["pmt"],
+		RunID:          m["run"],
+		Step:           uint32(parseUint(m["stp"])),
+		Holder:         m["hld"],
+		Reason:         m["rsn"],
+		NeedsReview:    m["rev"] == "1",
+		CreatedAt:      parseMillis(m["ct"]),
+		UpdatedAt:      parseMillis(m["ut"]),
+		LeaseExpiresAt: parseMillis(m["lse"]),
+		UnknownSince:   parseMillis(m["uks"]),
+		RetainUntil:    parseMillis(m["ru"]),
+		ExpiresAt:      parseMillis(m["exp"]),
+		MaxAttempts:    uint32(parseUint(m["max"])),
+	}
+	o.Fingerprint, _ = ParseFingerprint(m["fp"])
+	if !o.UnknownSince.IsZero() {
+		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(parseUint(m["rwin"])) * time.Millisecond)
+	}
+	if o.State == StateSucceeded {
+		o.Result = &Result{ResourceID: m["rid"]}
+		if d := m["rd"]; d != "" {
+			o.Result.Data = []byte(d)
+		}
+	}
+	if m["fc"] != "" || m["fm"] != "" {
+		o.Failure = &Failure{Code: m["fc"], Message: m["fm"]}
+	}
+	return o
+}
+
+// historyJSON is a history entry as common.lua's history() writes it.
+type historyJSON struct {
+	T, F, S, A, K, P, R, D string
+}
+
+func parseHistory(s string) (HistoryEntry, bool) {
+	var h historyJSON
+	if err := json.Unmarshal([]byte(s), &h); err != nil {
+		return HistoryEntry{}, false
+	}
+	return HistoryEntry{
+		Time:         parseMillis(h.T),
+		From:         parseState(h.F),
+		To:           parseState(h.S),
+		Attempt:      uint32(parseUint(h.A)),
+		FencingToken: parseUint(h.K),
+		Principal:    h.P,
+		Reason:       h.R,
+		Detail:       h.D,
+	}, true
+}

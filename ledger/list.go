@@ -1,0 +1,182 @@
+package ledger
+
+import (
+	"context"
+	"encoding/base64"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Page sizes of ListUnresolved.
+const (
+	DefaultPageSize = 100
+	MaxPageSize     = 1000
+	// maxListScan bounds the index entries one call examines, so a page
+	// whose filters match little cannot turn into a scan of the whole index:
+	// the call then returns a short page and a token to continue.
+	maxListScan = 5 * MaxPageSize
+)
+
+// ListUnresolved pages through the tenant's operations that are not terminal
+// and not under a live lease: PENDING, UNKNOWN (escalated ones included) and
+// RUNNING past its lease, oldest first (by creation). A page may hold fewer
+// than PageSize operations while NextPageToken is set: keep paging until it
+// is empty.
+//
+// May return an *Error of KindInvalid or KindUnavailable.
+func (l *Ledger) ListUnresolved(ctx context.Context, who Principal, req ListRequest) (*ListPage, error) {
+	const op = "ledger.ListUnresolved"
+	vs := checkPrincipal(who)
+	size := req.PageSize
+	if size == 0 {
+		size = DefaultPageSize
+	}
+	if size < 0 || size > MaxPageSize {
+		vs = append(vs, Violation{"page_size", "at most " + itoa(MaxPageSize)})
+	}
+	for _, s := range req.States {
+		if s != StatePending && s != StateRunning && s != StateUnknown {
+			vs = append(vs, Violation{"states", "only PENDING, RUNNING and UNKNOWN are unresolved"})
+			break
+		}
+	}
+	vs = append(vs, violations(checkTool("tool", req.Tool, false))...)
+	cursor, ok := decodePageToken(req.PageToken)
+	if !ok {
+		vs = append(vs, Violation{"page_token", "not a token from a previous page"})
+	}
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+
+	page := &ListPage{}
+	scanned := 0
+outer:
+	for {
+		members, exhausted, err := l.unresolvedAfter(ctx, who.Tenant, cursor, size)
+		if err != nil {
+			return nil, storeError(op, err)
+		}
+		ops, now, err := l.fetch(ctx, who.Tenant, members)
+		if err != nil {
+			return nil, storeError(op, err)
+		}
+		for i, m := range members {
+			cursor = m
+			scanned++
+			if o := ops[i]; o != nil && listable(o, now, req) {
+				page.Operations = append(page.Operations, o)
+				if len(page.Operations) == size {
+					if exhausted && i == len(members)-1 {
+						cursor = ""
+					}
+					break outer
+				}
+			}
+		}
+		if exhausted {
+			cursor = ""
+			break
+		}
+		if scanned >= maxListScan {
+			break
+		}
+	}
+	if cursor != "" {
+		page.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(cursor))
+	}
+	return page, nil
+}
+
+func listable(o *Operation, now time.Time, req ListRequest) bool {
+	switch o.State {
+	case StatePending, StateUnknown:
+	case StateRunning:
+		if o.LeaseExpiresAt.After(now) {
+			return false
+		}
+	default:
+		return false
+	}
+	if len(req.States) > 0 && !slices.Contains(req.States, o.State) {
+		return false
+	}
+	return req.Tool == "" || o.Tool == req.Tool
+}
+
+// unresolvedAfter merges the tenant's unresolved index over all shards and
+// returns the first limit members after cursor (all of them, with
+// exhausted, when no more remain).
+func (l *Ledger) unresolvedAfter(ctx context.Context, tenant, cursor string, limit int) ([]string, bool, error) {
+	start := "-"
+	if cursor != "" {
+		start = "(" + cursor
+	}
+	t := encodeComponent(tenant)
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, NumShards)
+	for s := range NumShards {
+		cmds[s] = pipe.ZRangeByLex(ctx, l.keys.unresolved(s, t), &redis.ZRangeBy{Min: start, Max: "+", Count: int64(limit)})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, false, err
+	}
+	var all []string
+	exhausted := true
+	for _, c := range cmds {
+		v := c.Val()
+		if len(v) >= limit {
+			exhausted = false
+		}
+		all = append(all, v...)
+	}
+	slices.Sort(all)
+	if len(all) > limit {
+		all, exhausted = all[:limit], false
+	}
+	return all, exhausted, nil
+}
+
+// fetch reads the records of the operations the index members name, and the
+// store's time, in one round trip. A record that is gone reads as nil.
+func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]*Operation, time.Time, error) {
+	pipe := l.rdb.Pipeline()
+	now := pipe.Time(ctx)
+	cmds := make([]*redis.MapStringStringCmd, len(members))
+	ids := make([]string, len(members))
+	for i, m := range members {
+		_, ids[i], _ = strings.Cut(m, ":")
+		cmds[i] = pipe.HGetAll(ctx, l.keys.op(tenant, ids[i]).all[0])
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, time.Time{}, err
+	}
+	ops := make([]*Operation, len(members))
+	for i, c := range cmds {
+		if rec := c.Val(); len(rec) > 0 {
+			ops[i] = toOperation(ids[i], rec)
+		}
+	}
+	return ops, now.Val(), nil
+}
+
+// decodePageToken returns the index member a page token continues after;
+// the empty token is the start.
+func decodePageToken(tok string) (string, bool) {
+	if tok == "" {
+		return "", true
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) < 15 || b[13] != ':' {
+		return "", false
+	}
+	for _, c := range b[:13] {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return string(b), true
+}

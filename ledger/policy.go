@@ -1,0 +1,236 @@
+package ledger
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Policy is how the ledger treats the operations of one tool (for one
+// tenant). It is bound to an operation when the operation is created: a
+// changed policy applies to new operations only.
+type Policy struct {
+	// Effect is the default effect when Reserve leaves it unspecified.
+	Effect Effect
+	// Lease is how long a claim stays valid without Renew.
+	Lease time.Duration
+	// MaxAttempts bounds the claims of one operation.
+	MaxAttempts int
+	// Retention is how long a terminal record is kept.
+	Retention time.Duration
+	// RetainGrace is added to a request's retain_until: a terminal record
+	// lives for max(Retention, retain_until + RetainGrace).
+	RetainGrace time.Duration
+	// RecoveryWindow is how long an operation may stay UNKNOWN before it is
+	// overdue (an alert).
+	RecoveryWindow time.Duration
+	// TombstoneRetention is how long the tombstone outlives the record, so a
+	// late replay is reported as IDEMPOTENCY_KEY_EXPIRED.
+	TombstoneRetention time.Duration
+	// ConsequentialFields are the JSON pointers (RFC 6901) of the parameters
+	// that are fingerprinted; empty means all of them.
+	ConsequentialFields []string
+}
+
+// DefaultPolicy is the policy of every tool no rule matches, unless the
+// policy file's defaults say otherwise.
+var DefaultPolicy = Policy{
+	Effect:             EffectIrreversible,
+	Lease:              30 * time.Second,
+	MaxAttempts:        5,
+	Retention:          7 * 24 * time.Hour,
+	RetainGrace:        24 * time.Hour,
+	RecoveryWindow:     15 * time.Minute,
+	TombstoneRetention: 30 * 24 * time.Hour,
+}
+
+// Limits on policy values, checked when a file is loaded.
+const (
+	minLease       = 10 * time.Millisecond
+	maxLease       = 24 * time.Hour
+	maxMaxAttempts = 1000
+	minRetention   = time.Second
+	maxRetention   = 10 * 365 * 24 * time.Hour
+)
+
+// Policies resolves the policy of a tenant's tool: the first rule whose tool
+// and tenant patterns both match, on top of the defaults.
+type Policies struct {
+	defaults Policy
+	rules    []policyRule
+}
+
+type policyRule struct {
+	tool, tenant string // path.Match patterns
+	policy       Policy
+}
+
+// DefaultPolicies returns policies with DefaultPolicy for every tool.
+func DefaultPolicies() *Policies { return &Policies{defaults: DefaultPolicy} }
+
+// For returns the policy of tenant's tool.
+func (p *Policies) For(tenant, tool string) Policy {
+	for _, r := range p.rules {
+		if match(r.tool, tool) && match(r.tenant, tenant) {
+			return r.policy
+		}
+	}
+	return p.defaults
+}
+
+func match(pattern, s string) bool {
+	ok, _ := path.Match(pattern, s) // patterns are validated at load
+	return ok
+}
+
+// The policy file, in YAML (JSON is YAML too). See docs/configuration.md.
+type policyFile struct {
+	Defaults policyFields  `yaml:"defaults"`
+	Tools    []policyRuleY `yaml:"tools"`
+}
+
+type policyRuleY struct {
+	Match        string `yaml:"match"`
+	Tenant       string `yaml:"tenant"`
+	policyFields `yaml:",inline"`
+}
+
+type policyFields struct {
+	Effect              string   `yaml:"effect"`
+	Lease               string   `yaml:"lease"`
+	MaxAttempts         *int     `yaml:"max_attempts"`
+	Retention           string   `yaml:"retention"`
+	RetainGrace         string   `yaml:"retain_grace"`
+	RecoveryWindow      string   `yaml:"recovery_window"`
+	TombstoneRetention  string   `yaml:"tombstone_retention"`
+	ConsequentialFields []string `yaml:"consequential_fields"`
+}
+
+// LoadPolicies reads a policy file.
+func LoadPolicies(file string) (*Policies, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("policy file: %w", err)
+	}
+	p, err := ParsePolicies(data)
+	if err != nil {
+		return nil, fmt.Errorf("policy file %s: %w", file, err)
+	}
+	return p, nil
+}
+
+// ParsePolicies parses a policy document:
+//
+//	defaults:                    # every field optional; DefaultPolicy otherwise
+//	  effect: irreversible       # read_only | idempotent | irreversible
+//	  lease: 30s                 # Go durations: 500ms, 30s, 15m, 168h
+//	  max_attempts: 5
+//	  retention: 168h
+//	  retain_grace: 24h
+//	  recovery_window: 15m
+//	  tombstone_retention: 720h
+//	tools:                       # first match wins
+//	  - match: "payments.*"      # path.Match pattern on the tool
+//	    tenant: "*"              # optional pattern on the tenant
+//	    lease: 60s               # unset fields inherit the defaults
+//	    consequential_fields: ["/amount", "/currency", "/account_id"]
+//
+// Unknown fields and out-of-range values are errors.
+func ParsePolicies(data []byte) (*Policies, error) {
+	var f policyFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	// An empty document (io.EOF) means all defaults.
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	defaults, err := f.Defaults.apply(DefaultPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("defaults: %w", err)
+	}
+	p := &Policies{defaults: defaults}
+	for i, r := range f.Tools {
+		where := fmt.Sprintf("tools[%d]", i)
+		if r.Match == "" {
+			return nil, fmt.Errorf("%s: match is required", where)
+		}
+		if r.Tenant == "" {
+			r.Tenant = "*"
+		}
+		for _, pat := range []string{r.Match, r.Tenant} {
+			if _, err := path.Match(pat, ""); err != nil {
+				return nil, fmt.Errorf("%s: bad pattern %q: %w", where, pat, err)
+			}
+		}
+		pol, err := r.apply(defaults)
+		if err != nil {
+			return nil, fmt.Errorf("%s (%s): %w", where, r.Match, err)
+		}
+		p.rules = append(p.rules, policyRule{tool: r.Match, tenant: r.Tenant, policy: pol})
+	}
+	return p, nil
+}
+
+func (f policyFields) apply(base Policy) (Policy, error) {
+	p := base
+	p.ConsequentialFields = append([]string(nil), base.ConsequentialFields...)
+	if f.Effect != "" {
+		switch strings.ToLower(strings.TrimPrefix(strings.ToUpper(f.Effect), "EFFECT_")) {
+		case "read_only":
+			p.Effect = EffectReadOnly
+		case "idempotent":
+			p.Effect = EffectIdempotent
+		case "irreversible":
+			p.Effect = EffectIrreversible
+		default:
+			return p, fmt.Errorf("effect %q: want read_only, idempotent or irreversible", f.Effect)
+		}
+	}
+	durations := []struct {
+		name     string
+		val      string
+		dst      *time.Duration
+		min, max time.Duration
+	}{
+		{"lease", f.Lease, &p.Lease, minLease, maxLease},
+		{"retention", f.Retention, &p.Retention, minRetention, maxRetention},
+		{"retain_grace", f.RetainGrace, &p.RetainGrace, 0, maxRetention},
+		{"recovery_window", f.RecoveryWindow, &p.RecoveryWindow, time.Millisecond, maxRetention},
+		{"tombstone_retention", f.TombstoneRetention, &p.TombstoneRetention, minRetention, maxRetention},
+	}
+	for _, d := range durations {
+		if d.val == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.val)
+		if err != nil {
+			return p, fmt.Errorf("%s: %w", d.name, err)
+		}
+		if v < d.min || v > d.max {
+			return p, fmt.Errorf("%s %s: want between %s and %s", d.name, v, d.min, d.max)
+		}
+		*d.dst = v
+	}
+	if f.MaxAttempts != nil {
+		if *f.MaxAttempts < 1 || *f.MaxAttempts > maxMaxAttempts {
+			return p, fmt.Errorf("max_attempts %d: want 1 to %d", *f.MaxAttempts, maxMaxAttempts)
+		}
+		p.MaxAttempts = *f.MaxAttempts
+	}
+	if f.ConsequentialFields != nil {
+		for _, ptr := range f.ConsequentialFields {
+			if err := ValidatePointer(ptr); err != nil {
+				return p, fmt.Errorf("consequential_fields %q: %w", ptr, err)
+			}
+		}
+		p.ConsequentialFields = append([]string(nil), f.ConsequentialFields...)
+	}
+	return p, nil
+}

@@ -1,0 +1,76 @@
+package ledger
+
+import (
+	"context"
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Every state change is one of these scripts: atomic on the store, no
+// read-modify-write from Go. Each file documents its KEYS, ARGV and returns;
+// common.lua (prepended to each) documents the conventions they share.
+var (
+	//go:embed scripts/common.lua
+	commonLua string
+	//go:embed scripts/reserve.lua
+	reserveLua string
+	//go:embed scripts/complete.lua
+	completeLua string
+	//go:embed scripts/mark_unknown.lua
+	markUnknownLua string
+	//go:embed scripts/renew.lua
+	renewLua string
+	//go:embed scripts/reconcile.lua
+	reconcileLua string
+	//go:embed scripts/expire.lua
+	expireLua string
+	//go:embed scripts/lookup.lua
+	lookupLua string
+
+	reserveScript     = newScript(reserveLua)
+	completeScript    = newScript(completeLua)
+	markUnknownScript = newScript(markUnknownLua)
+	renewScript       = newScript(renewLua)
+	reconcileScript   = newScript(reconcileLua)
+	expireScript      = newScript(expireLua)
+	lookupScript      = newScript(lookupLua)
+)
+
+var allScripts = []*redis.Script{
+	reserveScript, completeScript, markUnknownScript, renewScript,
+	reconcileScript, expireScript, lookupScript,
+}
+
+// LoadScripts loads every script into the store's script cache, so the first
+// calls need no EVAL fallback, and a store that cannot run them is found at
+// start-up. Scripts evicted later (SCRIPT FLUSH, a restart, a failover) are
+// sent again by the EVALSHA fallback on their next call.
+func (l *Ledger) LoadScripts(ctx context.Context) error {
+	for _, s := range allScripts {
+		if err := s.Load(ctx, l.rdb).Err(); err != nil {
+			return storeError("ledger.LoadScripts", err)
+		}
+	}
+	return nil
+}
+
+func newScript(body string) *redis.Script {
+	return redis.NewScript(commonLua + "\n" + body)
+}
+
+// Script return codes (C_* in common.lua).
+const (
+	codeOK                 = 0
+	codeExecute            = 1
+	codeReplay             = 2
+	codeInProgress         = 3
+	codeReconcile          = 4
+	codeNotFound           = 10
+	codeExpired            = 11
+	codeKeyReused          = 12
+	codeStale              = 13
+	codeCompletionConflict = 14
+	codeAlreadyResolved    = 15
+	codeBusy               = 16
+)

@@ -1,0 +1,40 @@
+-- mark_unknown.lua: the claim holder cannot tell whether the effect happened
+-- (SPEC §4, MarkUnknown).
+--
+-- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+--               (see common.lua)
+-- ARGV[1] -> principal
+-- ARGV[2] -> lease index member
+-- ARGV[3] -> fencing token of the attempt
+-- ARGV[4] -> the caller's note ('' for none)
+--
+-- Output: {code, aux, record}:
+--   {C_OK, '', record}                    UNKNOWN now (or already), or
+--                                         terminal and left as it is
+--   {C_STALE, state, {}}                  the token is not the current one
+--   {C_COMPLETION_CONFLICT, '', record}   this attempt already reported an
+--                                         outcome (it is PENDING after a
+--                                         retryable failure)
+--   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--
+-- Never downgrades a terminal state. A repeat finds UNKNOWN and succeeds
+-- again without a second history entry.
+
+local token = ARGV[3]
+
+if not load() then
+  return missing()
+end
+if R.tok ~= token then
+  return {C_STALE, R.st, {}}
+end
+if is_terminal(R.st) or R.st == ST_UNKNOWN then
+  return {C_OK, '', snapshot()}
+end
+if R.ctk == token then
+  return {C_COMPLETION_CONFLICT, '', snapshot()}
+end
+-- RUNNING, or PENDING after a not-applied finding while this attempt was
+-- still out: either way nobody can tell any more.
+transition(ST_UNKNOWN, 'MARKED_UNKNOWN', ARGV[4])
+return {C_OK, '', snapshot()}

@@ -1,0 +1,63 @@
+-- reconcile.lua: resolve an operation from what the destination system says
+-- (SPEC §4, Reconcile).
+--
+-- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+--               (see common.lua)
+-- ARGV[1] -> principal
+-- ARGV[2] -> lease index member
+-- ARGV[3] -> finding (1 APPLIED, 2 NOT_APPLIED, 3 ABANDON, 4 ESCALATE)
+-- ARGV[4] -> result data (canonical JSON, '' for none), with APPLIED
+-- ARGV[5] -> resource id ('' for none), with APPLIED
+-- ARGV[6] -> failure code, with ABANDON ('' for the default, ABANDONED)
+-- ARGV[7] -> failure message ('' for none)
+-- ARGV[8] -> the reconciler's note ('' for none)
+--
+-- Output: {code, aux, record}:
+--   {C_OK, '', record}                 resolved (or already resolved the
+--                                      same way)
+--   {C_BUSY, ms, record}               a live lease holds it; it ends in ms
+--   {C_ALREADY_RESOLVED, '', record}   terminal with another finding
+--   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--
+-- Accepted from UNKNOWN, from RUNNING past its lease, and from PENDING (where
+-- APPLIED and ABANDON settle it, NOT_APPLIED changes nothing and ESCALATE
+-- holds it for a human). APPLIED -> SUCCEEDED with the result; NOT_APPLIED
+-- -> PENDING; ABANDON -> FAILED_FINAL; ESCALATE -> UNKNOWN, flagged for
+-- review. A repeat of the same finding succeeds again without a second
+-- history entry.
+
+local finding, note = ARGV[3], ARGV[8]
+
+if not load() then
+  return missing()
+end
+local st = R.st
+if st == ST_SUCCEEDED or st == ST_FAILED then
+  if (finding == '1' and st == ST_SUCCEEDED) or (finding == '3' and st == ST_FAILED) then
+    return {C_OK, '', snapshot()}
+  end
+  return {C_ALREADY_RESOLVED, '', snapshot()}
+end
+if st == ST_RUNNING and tonumber(R.lse) > NOW then
+  return {C_BUSY, tostr(tonumber(R.lse) - NOW), snapshot()}
+end
+
+if finding == '1' then
+  set_outcome(ARGV[4], ARGV[5], '', '')
+  finish(ST_SUCCEEDED, 'RECONCILED_APPLIED', note)
+elseif finding == '3' then
+  local code = ARGV[6]
+  if code == '' then code = 'ABANDONED' end
+  set_outcome('', '', code, ARGV[7])
+  finish(ST_FAILED, 'ABANDONED', note)
+elseif finding == '2' then
+  if st ~= ST_PENDING then
+    transition(ST_PENDING, 'RECONCILED_NOT_APPLIED', note)
+  end
+else
+  if not (st == ST_UNKNOWN and R.rev == '1') then
+    set('rev', '1')
+    transition(ST_UNKNOWN, 'ESCALATED', note)
+  end
+end
+return {C_OK, '', snapshot()}

@@ -1,0 +1,38 @@
+-- renew.lua: extend the lease of a running claim (SPEC §4, Renew).
+--
+-- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+--               (see common.lua)
+-- ARGV[1] -> principal
+-- ARGV[2] -> lease index member
+-- ARGV[3] -> fencing token of the claim
+--
+-- Output: {code, aux, record}:
+--   {C_OK, '', record}       the lease now ends at record.lse
+--   {C_STALE, state, {}}     the claim is gone: another token is current, the
+--                            operation left RUNNING, or the lease already
+--                            expired (an irreversible operation becomes
+--                            UNKNOWN here, as the sweeper would make it)
+--   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--
+-- A repeat extends the lease from the store's current time again: the same
+-- outcome as one call.
+
+local token = ARGV[3]
+
+if not load() then
+  return missing()
+end
+if R.tok ~= token or R.st ~= ST_RUNNING then
+  return {C_STALE, R.st, {}}
+end
+if tonumber(R.lse) <= NOW then
+  if R.eff == EFF_IRREVERSIBLE then
+    transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')
+  end
+  return {C_STALE, R.st, {}}
+end
+local lease_end = NOW + tonumber(R.lms)
+set('lse', tostr(lease_end))
+flush()
+redis.call('ZADD', KEYS[5], lease_end, LEASE_MEMBER)
+return {C_OK, '', snapshot()}

@@ -1,0 +1,88 @@
+package ledger
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// sweepBatch bounds the expired leases one Sweep handles per shard; the next
+// pass takes the rest.
+const sweepBatch = 256
+
+// DefaultSweepInterval is how often RunSweeper looks for expired leases.
+const DefaultSweepInterval = time.Second
+
+// Sweep makes one pass over the lease index: every RUNNING irreversible
+// operation whose lease has expired becomes UNKNOWN (LEASE_EXPIRED), so an
+// abandoned claim is visible, and alertable, without anyone retrying it.
+// Idempotent and read-only operations stay RUNNING past their lease until
+// the next Reserve reclaims them; their index entries are dropped.
+//
+// The candidates are read with the store's clock and each one is decided by
+// the expire script with it again, so many ledger instances may sweep the
+// same store at once. Sweep returns how many operations became UNKNOWN.
+func (l *Ledger) Sweep(ctx context.Context) (int, error) {
+	const op = "ledger.Sweep"
+	now, err := l.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, storeError(op, err)
+	}
+	max := strconv.FormatInt(now.UnixMilli(), 10)
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, NumShards)
+	for s := range NumShards {
+		cmds[s] = pipe.ZRangeByScore(ctx, l.keys.leases(s), &redis.ZRangeBy{Min: "-inf", Max: max, Count: sweepBatch})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, storeError(op, err)
+	}
+	moved := 0
+	for s, c := range cmds {
+		for _, member := range c.Val() {
+			k, err := l.keys.opFromLeaseMember(member)
+			if err != nil {
+				// Not written by this ledger: drop it rather than trip over it
+				// on every pass.
+				if err := l.rdb.ZRem(ctx, l.keys.leases(s), member).Err(); err != nil {
+					return moved, storeError(op, err)
+				}
+				continue
+			}
+			_, aux, _, _, err := l.run(ctx, op, expireScript, k, SweeperPrincipal)
+			if err != nil {
+				return moved, err
+			}
+			if aux == "unknown" {
+				moved++
+			}
+		}
+	}
+	return moved, nil
+}
+
+// RunSweeper calls Sweep every interval (DefaultSweepInterval when not
+// positive) until ctx ends. Errors are logged and the next pass tries again.
+func (l *Ledger) RunSweeper(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = DefaultSweepInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := l.Sweep(ctx)
+		if err != nil && ctx.Err() == nil {
+			l.log.Warn("lease sweep failed", "error", err)
+		}
+		if n > 0 {
+			l.log.Info("lease sweep: operations became UNKNOWN", "count", n)
+		}
+	}
+}

@@ -1,0 +1,605 @@
+package ledger
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestReserveCreatesRunningClaim(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		res := e.reserve(t, "op-1", "payments.refund", map[string]any{"amount": 10.0}, "h1")
+		if res.Decision != DecisionExecute {
+			t.Fatalf("decision = %v, want EXECUTE", res.Decision)
+		}
+		o := res.Operation
+		if o.State != StateRunning || o.Attempt != 1 || o.FencingToken == 0 || o.Effect != EffectIrreversible {
+			t.Fatalf("snapshot = %+v", o)
+		}
+		if !o.LeaseExpiresAt.After(o.CreatedAt) || o.MaxAttempts != 3 {
+			t.Fatalf("lease %v created %v max %d", o.LeaseExpiresAt, o.CreatedAt, o.MaxAttempts)
+		}
+		k := e.opKeys("op-1")
+		if n, _ := e.rdb.ZCard(e.ctx, k.all[3]).Result(); n != 1 {
+			t.Fatalf("unresolved index holds %d, want 1", n)
+		}
+		if s, err := e.rdb.ZScore(e.ctx, k.all[4], k.member).Result(); err != nil || int64(s) != o.LeaseExpiresAt.UnixMilli() {
+			t.Fatalf("lease index score %v (%v), want %d", s, err, o.LeaseExpiresAt.UnixMilli())
+		}
+		if ttl, _ := e.rdb.PTTL(e.ctx, k.all[0]).Result(); ttl != -1 {
+			t.Fatalf("non-terminal record has TTL %v; it must never expire", ttl)
+		}
+		got := e.lookup(t, "op-1")
+		if !slices.Equal(reasons(got), []string{"RESERVED"}) || got.History[0].From != StateUnspecified || got.History[0].To != StateRunning {
+			t.Fatalf("history = %+v", got.History)
+		}
+		if got.History[0].Principal != "agent-1" {
+			t.Fatalf("principal = %q", got.History[0].Principal)
+		}
+	})
+}
+
+func TestReserveSameHolderRecoversClaim(t *testing.T) { // S10 at the script level
+	eachBackend(t, func(t *testing.T, e *env) {
+		first := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h1")
+		again := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h1")
+		if again.Decision != DecisionExecute || again.Operation.Attempt != 1 || again.Operation.FencingToken != first.Operation.FencingToken {
+			t.Fatalf("again = %v %+v, want EXECUTE with the same attempt and token", again.Decision, again.Operation)
+		}
+		other := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h2")
+		if other.Decision != DecisionInProgress || other.RetryAfter < minRetryAfter || other.RetryAfter > maxRetryAfter {
+			t.Fatalf("other holder = %v retry_after %v, want IN_PROGRESS", other.Decision, other.RetryAfter)
+		}
+		if n := len(e.lookup(t, "op").History); n != 1 {
+			t.Fatalf("history has %d entries, want 1", n)
+		}
+	})
+}
+
+func TestReserveConflictLeavesRecordUntouched(t *testing.T) { // S4
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0, "memo": "a"}, "h1")
+		before, _ := e.rdb.HGetAll(e.ctx, e.opKeys("op").all[0]).Result()
+		cases := []struct {
+			req  ReserveRequest
+			want []string
+		}{
+			{ReserveRequest{Tool: "payments.refund", Params: map[string]any{"amount": 11.0, "memo": "a"}, PermitID: "permit-1"}, []string{"params"}},
+			{ReserveRequest{Tool: "payments.refund", Params: map[string]any{"amount": 10.0, "memo": "b"}, PermitID: "permit-1"}, []string{"params"}},
+			{ReserveRequest{Tool: "payments.charge", Params: map[string]any{"amount": 10.0, "memo": "a"}, PermitID: "permit-1"}, []string{"tool"}},
+			{ReserveRequest{Tool: "payments.refund", Params: map[string]any{"amount": 10.0, "memo": "a"}, PermitID: "permit-2"}, []string{"permit"}},
+			{ReserveRequest{Tool: "x.y", Params: map[string]any{}, PermitID: ""}, []string{"tool", "params", "permit"}},
+		}
+		for _, c := range cases {
+			c.req.OperationID, c.req.Holder = "op", "h1"
+			_, err := e.l.Reserve(e.ctx, e.who, c.req)
+			if ke := wantKind(t, err, KindKeyReused); !slices.Equal(ke.Differs, c.want) {
+				t.Errorf("differs = %v, want %v", ke.Differs, c.want)
+			}
+		}
+		after, _ := e.rdb.HGetAll(e.ctx, e.opKeys("op").all[0]).Result()
+		if len(before) != len(after) {
+			t.Fatalf("record changed: %d fields, then %d", len(before), len(after))
+		}
+		for k, v := range before {
+			if after[k] != v {
+				t.Fatalf("record field %s changed", k)
+			}
+		}
+	})
+}
+
+func TestReserveParamsSHA256EqualsParams(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		params := map[string]any{"amount": 10.5, "currency": "EUR", "memo": "ignored"}
+		e.reserve(t, "op", "fields.refund", params, "h1")
+		fp, err := ComputeFingerprint(params, []string{"/amount", "/currency"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "fields.refund", ParamsSHA256: fp[:], PermitID: "permit-1", Holder: "h1"})
+		if err != nil || res.Decision != DecisionExecute {
+			t.Fatalf("Reserve with params_sha256 = %v, %v; want the same claim", res, err)
+		}
+		// Only the consequential fields count: a changed memo is the same request.
+		res = e.reserve(t, "op", "fields.refund", map[string]any{"amount": 10.5, "currency": "EUR", "memo": "other"}, "h1")
+		if res.Decision != DecisionExecute {
+			t.Fatalf("decision = %v", res.Decision)
+		}
+		_, err = e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "fields.refund", Params: map[string]any{"amount": 10.5, "currency": "USD"}, PermitID: "permit-1", Holder: "h1"})
+		wantKind(t, err, KindKeyReused)
+	})
+}
+
+func TestCompleteSucceeded(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		r := &Result{Data: []byte(`{"refund_id":"r-1"}`), ResourceID: "r-1"}
+		done, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done.State != StateSucceeded || string(done.Result.Data) != `{"refund_id":"r-1"}` || done.Result.ResourceID != "r-1" {
+			t.Fatalf("completed = %+v", done)
+		}
+		k := e.opKeys("op")
+		if n, _ := e.rdb.ZCard(e.ctx, k.all[3]).Result(); n != 0 {
+			t.Fatalf("terminal operation still in the unresolved index")
+		}
+		if n, _ := e.rdb.ZCard(e.ctx, k.all[4]).Result(); n != 0 {
+			t.Fatalf("terminal operation still in the lease index")
+		}
+		for _, key := range k.all[:3] {
+			if ttl, _ := e.rdb.PTTL(e.ctx, key).Result(); ttl <= 0 {
+				t.Fatalf("%s has no TTL after the terminal transition", key)
+			}
+		}
+		if tomb, _ := e.rdb.Get(e.ctx, k.all[2]).Result(); tomb != "3:"+o.Fingerprint.String() {
+			t.Fatalf("tombstone = %q", tomb)
+		}
+		// A repeat succeeds again, without a second history entry.
+		again, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, r, nil)
+		if err != nil || again.State != StateSucceeded {
+			t.Fatalf("repeat = %v, %v", again, err)
+		}
+		if got := reasons(e.lookup(t, "op")); !slices.Equal(got, []string{"RESERVED", "SUCCEEDED"}) {
+			t.Fatalf("history = %v", got)
+		}
+		// Another outcome under the same token is a conflict.
+		_, err = e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r-2"}, nil)
+		wantKind(t, err, KindCompletionConflict)
+		_, err = e.complete(t, "op", o.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "x"})
+		wantKind(t, err, KindCompletionConflict)
+		// And Reserve replays the result.
+		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h-other")
+		if res.Decision != DecisionReplay || res.Operation.Result.ResourceID != "r-1" {
+			t.Fatalf("Reserve after success = %v %+v", res.Decision, res.Operation.Result)
+		}
+	})
+}
+
+func TestCompleteFailedFinalReplaysFailure(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "card_declined", Message: "declined"}); err != nil {
+			t.Fatal(err)
+		}
+		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h2")
+		if res.Decision != DecisionReplay || res.Operation.State != StateFailedFinal || res.Operation.Failure.Code != "card_declined" {
+			t.Fatalf("Reserve after final failure = %v %+v", res.Decision, res.Operation)
+		}
+	})
+}
+
+func TestCompleteRetryableThenClaimAgain(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		p, err := e.complete(t, "op", o.FencingToken, OutcomeFailedRetryable, nil, &Failure{Code: "429"})
+		if err != nil || p.State != StatePending || p.Failure.Code != "429" {
+			t.Fatalf("retryable = %+v, %v", p, err)
+		}
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeFailedRetryable, nil, &Failure{Code: "429"}); err != nil {
+			t.Fatalf("repeat of the retryable report: %v", err)
+		}
+		// The attempt already reported: it cannot also be unknown.
+		_, err = e.markUnknown(t, "op", o.FencingToken)
+		wantKind(t, err, KindCompletionConflict)
+		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h2")
+		if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || res.Operation.FencingToken <= o.FencingToken || res.Operation.Failure != nil {
+			t.Fatalf("claim after retryable = %v %+v", res.Decision, res.Operation)
+		}
+		if got := reasons(e.lookup(t, "op")); !slices.Equal(got, []string{"RESERVED", "FAILED_RETRYABLE", "CLAIMED"}) {
+			t.Fatalf("history = %v", got)
+		}
+	})
+}
+
+func TestRetriesExhausted(t *testing.T) { // S13 at the script level
+	eachBackend(t, func(t *testing.T, e *env) {
+		for attempt := uint32(1); attempt <= 3; attempt++ {
+			res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h")
+			if res.Decision != DecisionExecute || res.Operation.Attempt != attempt {
+				t.Fatalf("attempt %d: %v %+v", attempt, res.Decision, res.Operation)
+			}
+			if _, err := e.complete(t, "op", res.Operation.FencingToken, OutcomeFailedRetryable, nil, &Failure{Code: "503"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h")
+		if res.Decision != DecisionReplay || res.Operation.State != StateFailedFinal || res.Operation.Reason != "RETRIES_EXHAUSTED" || res.Operation.Failure.Code != "RETRIES_EXHAUSTED" {
+			t.Fatalf("after 3 attempts = %v %+v", res.Decision, res.Operation)
+		}
+	})
+}
+
+func TestStaleTokenRefused(t *testing.T) { // S11 at the script level
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "idempotent.sync")
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeFailedRetryable, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		second := e.reserve(t, "op", "idempotent.sync", map[string]any{"amount": 10.0}, "h2").Operation
+		good := &Result{ResourceID: "second"}
+		if _, err := e.complete(t, "op", second.FencingToken, OutcomeSucceeded, good, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, call := range []func() error{
+			func() error {
+				_, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "first"}, nil)
+				return err
+			},
+			func() error { _, err := e.markUnknown(t, "op", o.FencingToken); return err },
+			func() error {
+				_, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "op", FencingToken: o.FencingToken})
+				return err
+			},
+		} {
+			if se := wantKind(t, call(), KindStaleToken); se.State != StateSucceeded {
+				t.Errorf("stale error state = %v", se.State)
+			}
+		}
+		if got := e.lookup(t, "op"); got.Result.ResourceID != "second" {
+			t.Fatalf("a stale worker overwrote the result: %+v", got.Result)
+		}
+	})
+}
+
+func TestLeaseExpiryIrreversibleNeedsReconcile(t *testing.T) { // S3 at the script level
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "expiring.refund")
+		waitLeaseExpiry()
+		res := e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h2")
+		if res.Decision != DecisionReconcile || res.Operation.State != StateUnknown || res.Operation.Reason != "LEASE_EXPIRED" {
+			t.Fatalf("after lease expiry = %v %+v", res.Decision, res.Operation)
+		}
+		if res.Operation.RecoveryDeadline.Sub(res.Operation.UnknownSince) != DefaultPolicy.RecoveryWindow {
+			t.Fatalf("recovery deadline %v since %v", res.Operation.RecoveryDeadline, res.Operation.UnknownSince)
+		}
+		res = e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h3")
+		if res.Decision != DecisionReconcile {
+			t.Fatalf("UNKNOWN irreversible = %v, want RECONCILE", res.Decision)
+		}
+		// The late but authoritative report of the original worker wins.
+		done, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "late"}, nil)
+		if err != nil || done.State != StateSucceeded {
+			t.Fatalf("late Complete from UNKNOWN = %+v, %v", done, err)
+		}
+		if got := reasons(e.lookup(t, "op")); !slices.Equal(got, []string{"RESERVED", "LEASE_EXPIRED", "SUCCEEDED"}) {
+			t.Fatalf("history = %v", got)
+		}
+	})
+}
+
+func TestLeaseExpiryIdempotentReclaims(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "expiring.idempotent")
+		waitLeaseExpiry()
+		res := e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h2")
+		if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || res.Operation.FencingToken <= o.FencingToken {
+			t.Fatalf("reclaim = %v %+v", res.Decision, res.Operation)
+		}
+		waitLeaseExpiry()
+		e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h3")
+		waitLeaseExpiry()
+		// Out of attempts: not FAILED_FINAL (the effect may exist), but UNKNOWN.
+		res = e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h4")
+		if res.Decision != DecisionReconcile || res.Operation.State != StateUnknown || res.Operation.Reason != "RETRIES_EXHAUSTED" {
+			t.Fatalf("exhausted reclaim = %v %+v", res.Decision, res.Operation)
+		}
+		if res := e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h5"); res.Decision != DecisionReconcile {
+			t.Fatalf("exhausted UNKNOWN = %v", res.Decision)
+		}
+	})
+}
+
+func TestUnknownIdempotentReclaims(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "idempotent.sync")
+		if _, err := e.markUnknown(t, "op", o.FencingToken); err != nil {
+			t.Fatal(err)
+		}
+		res := e.reserve(t, "op", "idempotent.sync", map[string]any{"amount": 10.0}, "h2")
+		if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || !res.Operation.UnknownSince.IsZero() {
+			t.Fatalf("UNKNOWN idempotent = %v %+v", res.Decision, res.Operation)
+		}
+	})
+}
+
+func TestMarkUnknown(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		u, err := e.markUnknown(t, "op", o.FencingToken)
+		if err != nil || u.State != StateUnknown || u.UnknownSince.IsZero() || !u.LeaseExpiresAt.IsZero() {
+			t.Fatalf("MarkUnknown = %+v, %v", u, err)
+		}
+		if _, err := e.markUnknown(t, "op", o.FencingToken); err != nil {
+			t.Fatalf("repeat: %v", err)
+		}
+		got := e.lookup(t, "op")
+		if !slices.Equal(reasons(got), []string{"RESERVED", "MARKED_UNKNOWN"}) || got.History[1].Detail != "timeout" {
+			t.Fatalf("history = %+v", got.History)
+		}
+		if n, _ := e.rdb.ZCard(e.ctx, e.opKeys("op").all[4]).Result(); n != 0 {
+			t.Fatalf("UNKNOWN operation still in the lease index")
+		}
+		// Never downgrades a terminal state.
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		after, err := e.markUnknown(t, "op", o.FencingToken)
+		if err != nil || after.State != StateSucceeded {
+			t.Fatalf("MarkUnknown on SUCCEEDED = %+v, %v", after, err)
+		}
+	})
+}
+
+func TestRenew(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		time.Sleep(20 * time.Millisecond)
+		r, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "op", FencingToken: o.FencingToken})
+		if err != nil || !r.LeaseExpiresAt.After(o.LeaseExpiresAt) {
+			t.Fatalf("Renew = %+v, %v", r, err)
+		}
+		k := e.opKeys("op")
+		if s, _ := e.rdb.ZScore(e.ctx, k.all[4], k.member).Result(); int64(s) != r.LeaseExpiresAt.UnixMilli() {
+			t.Fatalf("lease index not moved: %v", s)
+		}
+		_, err = e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "op", FencingToken: o.FencingToken + 1})
+		wantKind(t, err, KindStaleToken)
+
+		x := e.execute(t, "x", "expiring.refund")
+		waitLeaseExpiry()
+		_, err = e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "x", FencingToken: x.FencingToken})
+		if se := wantKind(t, err, KindStaleToken); se.State != StateUnknown {
+			t.Fatalf("Renew past the lease: state %v, want UNKNOWN", se.State)
+		}
+	})
+}
+
+func TestReconcile(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		unknown := func(id string) *Operation {
+			o := e.execute(t, id, "payments.refund")
+			if _, err := e.markUnknown(t, id, o.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+
+		unknown("applied")
+		r := &Result{Data: []byte(`{"found":true}`), ResourceID: "r-9"}
+		done, err := e.reconcile(t, "applied", FindingApplied, r)
+		if err != nil || done.State != StateSucceeded || done.Result.ResourceID != "r-9" || done.Reason != "RECONCILED_APPLIED" {
+			t.Fatalf("applied = %+v, %v", done, err)
+		}
+		if _, err := e.reconcile(t, "applied", FindingApplied, r); err != nil {
+			t.Fatalf("repeat applied: %v", err)
+		}
+		_, err = e.reconcile(t, "applied", FindingNotApplied, nil)
+		wantKind(t, err, KindAlreadyResolved)
+		if n := len(e.lookup(t, "applied").History); n != 3 {
+			t.Fatalf("history has %d entries, want 3", n)
+		}
+
+		unknown("not-applied")
+		p, err := e.reconcile(t, "not-applied", FindingNotApplied, nil)
+		if err != nil || p.State != StatePending {
+			t.Fatalf("not applied = %+v, %v", p, err)
+		}
+		if _, err := e.reconcile(t, "not-applied", FindingNotApplied, nil); err != nil {
+			t.Fatalf("repeat not applied: %v", err)
+		}
+		if res := e.reserve(t, "not-applied", "payments.refund", map[string]any{"amount": 10.0}, "h"); res.Decision != DecisionExecute || res.Operation.Attempt != 2 {
+			t.Fatalf("after not applied = %v %+v", res.Decision, res.Operation)
+		}
+
+		unknown("abandon")
+		a, err := e.reconcile(t, "abandon", FindingAbandon, nil)
+		if err != nil || a.State != StateFailedFinal || a.Failure.Code != "ABANDONED" {
+			t.Fatalf("abandon = %+v, %v", a, err)
+		}
+
+		unknown("escalate")
+		esc, err := e.reconcile(t, "escalate", FindingEscalate, nil)
+		if err != nil || esc.State != StateUnknown || !esc.NeedsReview {
+			t.Fatalf("escalate = %+v, %v", esc, err)
+		}
+		if _, err := e.reconcile(t, "escalate", FindingEscalate, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := reasons(e.lookup(t, "escalate")); !slices.Equal(got, []string{"RESERVED", "MARKED_UNKNOWN", "ESCALATED"}) {
+			t.Fatalf("history = %v", got)
+		}
+		done, err = e.reconcile(t, "escalate", FindingApplied, nil)
+		if err != nil || done.State != StateSucceeded || done.NeedsReview {
+			t.Fatalf("applied after escalation = %+v, %v", done, err)
+		}
+
+		live := e.execute(t, "live", "payments.refund")
+		_, err = e.reconcile(t, "live", FindingApplied, nil)
+		if ie := wantKind(t, err, KindInProgress); ie.RetryAfter <= 0 || ie.Operation.FencingToken != live.FencingToken {
+			t.Fatalf("in progress error = %+v", ie)
+		}
+
+		_, err = e.reconcile(t, "never", FindingApplied, nil)
+		wantKind(t, err, KindNotFound)
+	})
+}
+
+func TestReconcileExpiredLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.execute(t, "op", "expiring.refund")
+		waitLeaseExpiry()
+		done, err := e.reconcile(t, "op", FindingApplied, &Result{ResourceID: "r"})
+		if err != nil || done.State != StateSucceeded {
+			t.Fatalf("Reconcile past the lease = %+v, %v", done, err)
+		}
+	})
+}
+
+func TestCompleteAfterNotAppliedFinding(t *testing.T) {
+	// The sweeper made the claim UNKNOWN, a reconciler found nothing, then the
+	// worker finishes: its report wins, so the next claim cannot repeat it.
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "expiring.refund")
+		waitLeaseExpiry()
+		if _, err := e.l.Sweep(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.reconcile(t, "op", FindingNotApplied, nil); err != nil {
+			t.Fatal(err)
+		}
+		done, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil)
+		if err != nil || done.State != StateSucceeded {
+			t.Fatalf("Complete from PENDING = %+v, %v", done, err)
+		}
+		if res := e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h2"); res.Decision != DecisionReplay {
+			t.Fatalf("decision = %v, want REPLAY", res.Decision)
+		}
+	})
+}
+
+func TestSweeper(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.execute(t, "irrev", "expiring.refund")
+		e.execute(t, "idem", "expiring.idempotent")
+		e.execute(t, "live", "payments.refund")
+		waitLeaseExpiry()
+		// Other tests share the store: count only this tenant's operations.
+		for range 2 {
+			if _, err := e.l.Sweep(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		irrev := e.lookup(t, "irrev")
+		if irrev.State != StateUnknown || irrev.Reason != "LEASE_EXPIRED" || irrev.History[1].Principal != SweeperPrincipal {
+			t.Fatalf("irreversible after sweep = %+v", irrev)
+		}
+		if len(irrev.History) != 2 {
+			t.Fatalf("a second sweep added history: %v", reasons(irrev))
+		}
+		if idem := e.lookup(t, "idem"); idem.State != StateRunning {
+			t.Fatalf("idempotent after sweep = %v, want RUNNING past its lease", idem.State)
+		}
+		k := e.opKeys("idem")
+		if _, err := e.rdb.ZScore(e.ctx, k.all[4], k.member).Result(); err == nil {
+			t.Fatalf("idempotent operation still in the lease index")
+		}
+		if live := e.lookup(t, "live"); live.State != StateRunning {
+			t.Fatalf("live claim swept: %v", live.State)
+		}
+	})
+}
+
+func TestTombstone(t *testing.T) { // S6 at the script level
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "short.refund")
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, err := e.l.Lookup(e.ctx, e.who, "op")
+			if err != nil {
+				if ee := wantKind(t, err, KindKeyExpired); ee.State != StateSucceeded {
+					t.Fatalf("expired state = %v", ee.State)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("record never expired")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "short.refund", Params: map[string]any{"amount": 10.0}, PermitID: "permit-1", Holder: "late"})
+		wantKind(t, err, KindKeyExpired)
+		if n, _ := e.rdb.Exists(e.ctx, e.opKeys("op").all[0]).Result(); n != 0 {
+			t.Fatal("a late Reserve re-created the record")
+		}
+	})
+}
+
+func TestRetainUntilExtendsRetention(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		until := time.Now().Add(48 * time.Hour)
+		res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "short.book", PermitID: "p", Holder: "h", RetainUntil: until})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done, err := e.complete(t, "op", res.Operation.FencingToken, OutcomeSucceeded, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// short.* has retention 1s and no grace: retain_until decides.
+		if d := done.ExpiresAt.Sub(until); d < -time.Second || d > time.Second {
+			t.Fatalf("expires at %v, want about %v", done.ExpiresAt, until)
+		}
+		ttl, _ := e.rdb.PTTL(e.ctx, e.opKeys("op").all[0]).Result()
+		if ttl < 47*time.Hour {
+			t.Fatalf("record TTL %v, want about 48h", ttl)
+		}
+	})
+}
+
+func TestInvalidInputChangesNothing(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		long := make([]byte, 10<<10)
+		for i := range long {
+			long[i] = 'a'
+		}
+		bad := []ReserveRequest{
+			{OperationID: "", Tool: "t"},
+			{OperationID: "a\nb", Tool: "t"},
+			{OperationID: "a\x00b", Tool: "t"},
+			{OperationID: "\xff\xfe", Tool: "t"},
+			{OperationID: string(long), Tool: "t"},
+			{OperationID: "ok", Tool: ""},
+			{OperationID: "ok", Tool: "bad tool*"},
+			{OperationID: "ok", Tool: "t", Effect: 9},
+			{OperationID: "ok", Tool: "t", ParamsSHA256: []byte{1, 2}},
+			{OperationID: "ok", Tool: "t", ParamsSHA256: make([]byte, 32), Params: map[string]any{}},
+			{OperationID: "ok", Tool: "t", Params: map[string]any{"x": nan()}},
+			{OperationID: "ok", Tool: "t", Holder: string(long)},
+			{OperationID: "ok", Tool: "t", RetainUntil: time.Now().Add(20 * 365 * 24 * time.Hour)},
+		}
+		for _, req := range bad {
+			_, err := e.l.Reserve(e.ctx, e.who, req)
+			ie := wantKind(t, err, KindInvalid)
+			if len(ie.Violations) == 0 {
+				t.Fatalf("no violations for %q", req.OperationID)
+			}
+		}
+		for _, call := range []func() error{
+			func() error { _, err := e.complete(t, "ok", 0, OutcomeSucceeded, nil, nil); return err },
+			func() error { _, err := e.complete(t, "ok", 1, 0, nil, nil); return err },
+			func() error { _, err := e.complete(t, "ok", 1, OutcomeFailedFinal, &Result{}, nil); return err },
+			func() error {
+				_, err := e.complete(t, "ok", 1, OutcomeSucceeded, &Result{Data: []byte("[1]")}, nil)
+				return err
+			},
+			func() error { _, err := e.reconcile(t, "ok", 0, nil); return err },
+			func() error { _, err := e.reconcile(t, "ok", FindingNotApplied, &Result{}); return err },
+			func() error {
+				_, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{PageToken: "garbage!"})
+				return err
+			},
+			func() error {
+				_, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{States: []State{StateSucceeded}})
+				return err
+			},
+		} {
+			wantKind(t, call(), KindInvalid)
+		}
+		n, err := countKeys(e, e.who.Tenant)
+		if err != nil || n != 0 {
+			t.Fatalf("refused requests wrote %d keys (%v)", n, err)
+		}
+	})
+}
+
+// countKeys counts the keys that name the tenant.
+func countKeys(e *env, tenant string) (int, error) {
+	keys, err := e.rdb.Keys(e.ctx, "*:"+encodeComponent(tenant)+"*").Result()
+	return len(keys), err
+}
