@@ -1,0 +1,113 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/ledger"
+)
+
+// ErrorDomain is the domain of every ErrorInfo the service returns.
+const ErrorDomain = "ledger.v1"
+
+// The ErrorInfo reasons (wire): clients branch on these, never on messages.
+const (
+	ReasonKeyReused          = "IDEMPOTENCY_KEY_REUSED"
+	ReasonKeyExpired         = "IDEMPOTENCY_KEY_EXPIRED"
+	ReasonStaleToken         = "STALE_FENCING_TOKEN"
+	ReasonCompletionConflict = "COMPLETION_CONFLICT"
+	ReasonAlreadyResolved    = "ALREADY_RESOLVED"
+	ReasonInProgress         = "OPERATION_IN_PROGRESS"
+	ReasonNotFound           = "NOT_FOUND"
+	ReasonInvalidArgument    = "INVALID_ARGUMENT"
+	ReasonStoreUnavailable   = "STORE_UNAVAILABLE"
+	ReasonInternal           = "INTERNAL"
+	ReasonCanceled           = "CANCELED"
+	ReasonDeadlineExceeded   = "DEADLINE_EXCEEDED"
+)
+
+// storeRetryDelay is the RetryInfo suggested with STORE_UNAVAILABLE.
+const storeRetryDelay = 200 * time.Millisecond
+
+// toStatus converts an error of package ledger into the gRPC status the
+// contract names (SPEC §5), with an ErrorInfo and, where they apply,
+// BadRequest field violations or RetryInfo. Messages name fields, ids and
+// states, never parameter values or results.
+func toStatus(err error) *status.Status {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return withDetails(codes.Canceled, "the call was canceled", info(ReasonCanceled, nil))
+	case errors.Is(err, context.DeadlineExceeded):
+		return withDetails(codes.DeadlineExceeded, "the deadline passed before the store answered; retry the same call", info(ReasonDeadlineExceeded, nil))
+	}
+	var e *ledger.Error
+	if !errors.As(err, &e) {
+		return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil))
+	}
+	switch e.Kind {
+	case ledger.KindInvalid:
+		br := &errdetails.BadRequest{}
+		var fields []string
+		for _, v := range e.Violations {
+			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: v.Field, Description: v.Description})
+			fields = append(fields, v.Field+": "+v.Description)
+		}
+		return withDetails(codes.InvalidArgument, "invalid request: "+strings.Join(fields, "; "), info(ReasonInvalidArgument, nil), br)
+	case ledger.KindNotFound:
+		return withDetails(codes.NotFound, "no such operation", info(ReasonNotFound, nil))
+	case ledger.KindKeyReused:
+		differs := strings.Join(e.Differs, ",")
+		return withDetails(codes.FailedPrecondition,
+			"the operation_id is bound to another request ("+differs+" differ); stop: a retry must repeat the request exactly, and only a new intent gets a new operation_id",
+			info(ReasonKeyReused, map[string]string{"differs": differs}))
+	case ledger.KindKeyExpired:
+		return withDetails(codes.FailedPrecondition,
+			"the operation expired (it ended "+e.State.String()+"); it is not executed again",
+			info(ReasonKeyExpired, map[string]string{"final_state": stateName(e.State)}))
+	case ledger.KindStaleToken:
+		return withDetails(codes.FailedPrecondition,
+			"the fencing token is not the current attempt's (or its lease expired); stop this attempt",
+			info(ReasonStaleToken, map[string]string{"state": stateName(e.State)}))
+	case ledger.KindCompletionConflict:
+		return withDetails(codes.FailedPrecondition,
+			"another outcome is already recorded for this attempt; read the record",
+			info(ReasonCompletionConflict, map[string]string{"state": stateName(e.State)}))
+	case ledger.KindAlreadyResolved:
+		return withDetails(codes.FailedPrecondition,
+			"the operation is already resolved with another finding; read the record",
+			info(ReasonAlreadyResolved, map[string]string{"state": stateName(e.State)}))
+	case ledger.KindInProgress:
+		return withDetails(codes.FailedPrecondition,
+			"a live claim holds the operation; retry after its lease",
+			info(ReasonInProgress, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
+	case ledger.KindUnavailable:
+		return withDetails(codes.Unavailable,
+			"the store is unavailable or refused the write; retry the same call, and never execute without a reservation",
+			info(ReasonStoreUnavailable, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(storeRetryDelay)})
+	}
+	return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil))
+}
+
+func info(reason string, md map[string]string) *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain, Metadata: md}
+}
+
+func withDetails(c codes.Code, msg string, details ...protoadapt.MessageV1) *status.Status {
+	st := status.New(c, msg)
+	withD, err := st.WithDetails(details...)
+	if err != nil {
+		return st
+	}
+	return withD
+}
+
+func stateName(s ledger.State) string { return ledgerv1.State(s).String() }

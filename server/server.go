@@ -1,0 +1,349 @@
+// Package server is the gRPC edge of the operation ledger: it serves
+// ledger.v1.LedgerService (plus grpc.health.v1 and server reflection) on top
+// of package ledger, which holds the state machine.
+//
+// The edge converts protos to the ledger's types and back, maps the ledger's
+// errors to the statuses of the contract (each with a google.rpc.ErrorInfo of
+// domain "ledger.v1"; BadRequest field violations for INVALID_ARGUMENT;
+// RetryInfo where a retry is due), and runs one interceptor chain: structured
+// logging (slog, one line per call with ids, decision, state and a
+// fingerprint prefix; never parameters, results or secrets) and panic
+// recovery (Internal, with the stack in the log).
+//
+// The tenant of every call comes from the caller's credentials, never from a
+// request field. Until authentication is configured every caller is the
+// configured default tenant; an authenticating interceptor attaches the
+// caller with WithPrincipal.
+package server
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/ledger"
+)
+
+// DefaultTenant is the tenant of every caller while no authentication is
+// configured.
+const DefaultTenant = "default"
+
+// DefaultMaxRequestBytes bounds the size of one request message.
+const DefaultMaxRequestBytes = 1 << 20
+
+// Config configures the gRPC service.
+type Config struct {
+	// Ledger serves the calls. Required.
+	Ledger *ledger.Ledger
+	// Logger receives one line per call (slog.Default when nil).
+	Logger *slog.Logger
+	// DefaultTenant is the tenant of callers no interceptor identified
+	// (DefaultTenant when empty).
+	DefaultTenant string
+	// MaxRequestBytes bounds one request message (DefaultMaxRequestBytes
+	// when zero).
+	MaxRequestBytes int
+}
+
+// Service is the gRPC server with the ledger, health and reflection
+// services registered.
+type Service struct {
+	// GRPC is the server; register more services on it before Serve.
+	GRPC *grpc.Server
+	// Health reports SERVING for "" and "ledger.v1.LedgerService" until
+	// Shutdown.
+	Health *health.Server
+}
+
+// handler implements ledger.v1.LedgerService.
+type handler struct {
+	ledgerv1.UnimplementedLedgerServiceServer
+	l    *ledger.Ledger
+	log  *slog.Logger
+	anon ledger.Principal
+}
+
+var _ ledgerv1.LedgerServiceServer = (*handler)(nil)
+
+// New builds the service. Extra options (credentials, more interceptors) are
+// appended to its own.
+func New(cfg Config, opts ...grpc.ServerOption) *Service {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	tenant := cfg.DefaultTenant
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	maxBytes := cfg.MaxRequestBytes
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxRequestBytes
+	}
+	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		log.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
+		return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil)).Err()
+	})}
+	all := append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxBytes),
+		grpc.ChainUnaryInterceptor(
+			logging.UnaryServerInterceptor(logger, logOpts...),
+			recovery.UnaryServerInterceptor(recoverOpts...),
+		),
+		grpc.ChainStreamInterceptor(
+			logging.StreamServerInterceptor(logger, logOpts...),
+			recovery.StreamServerInterceptor(recoverOpts...),
+		),
+	}, opts...)
+	s := grpc.NewServer(all...)
+	ledgerv1.RegisterLedgerServiceServer(s, &handler{l: cfg.Ledger, log: log, anon: ledger.Principal{Tenant: tenant, ID: "anonymous"}})
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(s, hs)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	reflection.Register(s)
+	return &Service{GRPC: s, Health: hs}
+}
+
+// Serve accepts calls on lis until Shutdown.
+func (s *Service) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
+
+// Shutdown reports NOT_SERVING to health checks, lets running calls finish
+// until ctx ends, then stops the server.
+func (s *Service) Shutdown(ctx context.Context) {
+	s.Health.Shutdown()
+	done := make(chan struct{})
+	go func() { s.GRPC.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.GRPC.Stop()
+		<-done
+	}
+}
+
+type principalKey struct{}
+
+// WithPrincipal returns a context in which the caller is p. Authenticating
+// interceptors call it; handlers take the tenant from it.
+func WithPrincipal(ctx context.Context, p ledger.Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+func (h *handler) principal(ctx context.Context) ledger.Principal {
+	if p, ok := ctx.Value(principalKey{}).(ledger.Principal); ok {
+		return p
+	}
+	return h.anon
+}
+
+// fail converts err to the contract's status; an internal error's cause is
+// logged (it names no parameters) and not sent.
+func (h *handler) fail(ctx context.Context, err error) error {
+	st := toStatus(err)
+	if st.Code() == codes.Internal {
+		h.log.ErrorContext(ctx, "internal error", "error", err.Error())
+	}
+	return st.Err()
+}
+
+// logOp adds the operation's ids and state to the call's log line.
+func logOp(ctx context.Context, o *ledger.Operation) {
+	if o == nil {
+		return
+	}
+	logging.AddFields(ctx, logging.Fields{
+		"ledger.state", o.State.String(),
+		"ledger.attempt", o.Attempt,
+		"ledger.fingerprint", o.Fingerprint.String()[:16],
+	})
+}
+
+func logID(ctx context.Context, id string) {
+	logging.AddFields(ctx, logging.Fields{"ledger.operation_id", id})
+}
+
+// Reserve implements ledger.v1.LedgerService.
+func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*ledgerv1.ReserveResponse, error) {
+	logID(ctx, req.GetOperationId())
+	logging.AddFields(ctx, logging.Fields{"ledger.tool", req.GetTool(), "ledger.run_id", req.GetRunId()})
+	var errs requestErrors
+	var params map[string]any
+	if req.GetParams() != nil {
+		params = req.GetParams().AsMap()
+	}
+	var retain time.Time
+	if req.GetRetainUntil() != nil {
+		if err := req.GetRetainUntil().CheckValid(); err != nil {
+			errs.add("retain_until", "not a valid timestamp")
+		} else {
+			retain = req.GetRetainUntil().AsTime()
+		}
+	}
+	if err := errs.err(); err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	var sha []byte
+	if len(req.GetParamsSha256()) > 0 {
+		sha = req.GetParamsSha256()
+	}
+	res, err := h.l.Reserve(ctx, h.principal(ctx), ledger.ReserveRequest{
+		OperationID:  req.GetOperationId(),
+		Tool:         req.GetTool(),
+		Params:       params,
+		ParamsSHA256: sha,
+		Effect:       ledger.Effect(enum8(req.GetEffect())),
+		PermitID:     req.GetPermitId(),
+		Holder:       req.GetHolder(),
+		RunID:        req.GetRunId(),
+		Step:         req.GetStep(),
+		RetainUntil:  retain,
+	})
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	logging.AddFields(ctx, logging.Fields{"ledger.decision", res.Decision.String()})
+	logOp(ctx, res.Operation)
+	out := &ledgerv1.ReserveResponse{
+		Decision:  ledgerv1.Decision(res.Decision),
+		Operation: toProto(res.Operation),
+		Holder:    res.Holder,
+	}
+	if res.Decision == ledger.DecisionInProgress {
+		out.RetryAfter = durationpb.New(res.RetryAfter)
+	}
+	return out, nil
+}
+
+// Complete implements ledger.v1.LedgerService.
+func (h *handler) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*ledgerv1.CompleteResponse, error) {
+	logID(ctx, req.GetOperationId())
+	logging.AddFields(ctx, logging.Fields{"ledger.outcome", req.GetOutcome().String()})
+	var errs requestErrors
+	result := fromResult("result", req.GetResult(), &errs)
+	if err := errs.err(); err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	o, err := h.l.Complete(ctx, h.principal(ctx), ledger.CompleteRequest{
+		OperationID:  req.GetOperationId(),
+		FencingToken: req.GetFencingToken(),
+		Outcome:      ledger.Outcome(enum8(req.GetOutcome())),
+		Result:       result,
+		Failure:      fromFailure(req.GetFailure()),
+	})
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	logOp(ctx, o)
+	return &ledgerv1.CompleteResponse{Operation: toProto(o)}, nil
+}
+
+// MarkUnknown implements ledger.v1.LedgerService.
+func (h *handler) MarkUnknown(ctx context.Context, req *ledgerv1.MarkUnknownRequest) (*ledgerv1.MarkUnknownResponse, error) {
+	logID(ctx, req.GetOperationId())
+	o, err := h.l.MarkUnknown(ctx, h.principal(ctx), ledger.MarkUnknownRequest{
+		OperationID:  req.GetOperationId(),
+		FencingToken: req.GetFencingToken(),
+		Reason:       req.GetReason(),
+	})
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	logOp(ctx, o)
+	return &ledgerv1.MarkUnknownResponse{Operation: toProto(o)}, nil
+}
+
+// Lookup implements ledger.v1.LedgerService.
+func (h *handler) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledgerv1.LookupResponse, error) {
+	logID(ctx, req.GetOperationId())
+	o, err := h.l.Lookup(ctx, h.principal(ctx), req.GetOperationId())
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	logOp(ctx, o)
+	return &ledgerv1.LookupResponse{Operation: toProto(o)}, nil
+}
+
+// Reconcile implements ledger.v1.LedgerService.
+func (h *handler) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest) (*ledgerv1.ReconcileResponse, error) {
+	logID(ctx, req.GetOperationId())
+	logging.AddFields(ctx, logging.Fields{"ledger.finding", req.GetFinding().String()})
+	var errs requestErrors
+	result := fromResult("result", req.GetResult(), &errs)
+	if err := errs.err(); err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	o, err := h.l.Reconcile(ctx, h.principal(ctx), ledger.ReconcileRequest{
+		OperationID: req.GetOperationId(),
+		Finding:     ledger.Finding(enum8(req.GetFinding())),
+		Result:      result,
+		Failure:     fromFailure(req.GetFailure()),
+		Note:        req.GetNote(),
+	})
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	logOp(ctx, o)
+	return &ledgerv1.ReconcileResponse{Operation: toProto(o)}, nil
+}
+
+// Renew implements ledger.v1.LedgerService.
+func (h *handler) Renew(ctx context.Context, req *ledgerv1.RenewRequest) (*ledgerv1.RenewResponse, error) {
+	logID(ctx, req.GetOperationId())
+	o, err := h.l.Renew(ctx, h.principal(ctx), ledger.RenewRequest{
+		OperationID:  req.GetOperationId(),
+		FencingToken: req.GetFencingToken(),
+	})
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	logOp(ctx, o)
+	return &ledgerv1.RenewResponse{Operation: toProto(o)}, nil
+}
+
+// ListUnresolved implements ledger.v1.LedgerService.
+func (h *handler) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolvedRequest) (*ledgerv1.ListUnresolvedResponse, error) {
+	size := req.GetPageSize()
+	if size > ledger.MaxPageSize {
+		size = ledger.MaxPageSize + 1 // refused by the ledger, without overflow
+	}
+	lr := ledger.ListRequest{PageSize: int(size), PageToken: req.GetPageToken(), Tool: req.GetTool()}
+	for _, s := range req.GetStates() {
+		lr.States = append(lr.States, ledger.State(enum8(s)))
+	}
+	page, err := h.l.ListUnresolved(ctx, h.principal(ctx), lr)
+	if err != nil {
+		return nil, h.fail(ctx, err)
+	}
+	out := &ledgerv1.ListUnresolvedResponse{NextPageToken: page.NextPageToken}
+	for _, o := range page.Operations {
+		out.Operations = append(out.Operations, toProto(o))
+	}
+	logging.AddFields(ctx, logging.Fields{"ledger.count", len(out.Operations)})
+	return out, nil
+}
+
+// enum8 narrows a wire enum to the ledger's uint8 enums; numbers out of range
+// become 255, which no ledger enum accepts, instead of wrapping around.
+func enum8[E ~int32](v E) uint8 {
+	if v < 0 || v > 254 {
+		return 255
+	}
+	return uint8(v)
+}
