@@ -1,6 +1,9 @@
 package server
 
 import (
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -31,12 +34,85 @@ func structData(field string, s *structpb.Struct, errs *requestErrors) []byte {
 	if s == nil {
 		return nil
 	}
-	b, err := ledger.CanonicalJSON(s.AsMap())
+	m, ok := structMap(field, s, errs)
+	if !ok {
+		return nil
+	}
+	b, err := ledger.CanonicalJSON(m)
 	if err != nil {
 		errs.add(field, err.Error())
 		return nil
 	}
 	return b
+}
+
+// structMap converts a Struct to JSON-like Go values. Unlike
+// structpb.Struct.AsMap, which turns NaN and infinities into the strings
+// "NaN" and "Infinity" (so they would fingerprint like those strings), it
+// refuses them, and values without a kind, naming the path, never the value.
+func structMap(field string, s *structpb.Struct, errs *requestErrors) (map[string]any, bool) {
+	var bad string // the first problem found
+	// deep reports (and records) a container nested past the limit; the
+	// outermost object is level 1, as in ledger.CanonicalJSON.
+	deep := func(level int, path string) bool {
+		if level > ledger.MaxParamsDepth && bad == "" {
+			bad = "nested deeper than " + strconv.Itoa(ledger.MaxParamsDepth) + " levels at " + strconv.Quote(path)
+		}
+		return bad != ""
+	}
+	var walk func(v *structpb.Value, path string, level int) any
+	walkStruct := func(s *structpb.Struct, path string, level int) map[string]any {
+		m := make(map[string]any, len(s.GetFields()))
+		for k, v := range s.GetFields() {
+			m[k] = walk(v, path+"/"+escapePointer(k), level+1)
+		}
+		return m
+	}
+	walk = func(v *structpb.Value, path string, level int) any {
+		if bad != "" {
+			return nil
+		}
+		switch k := v.GetKind().(type) {
+		case *structpb.Value_NullValue:
+			return nil
+		case *structpb.Value_NumberValue:
+			if math.IsNaN(k.NumberValue) || math.IsInf(k.NumberValue, 0) {
+				bad = "number is NaN or infinite at " + strconv.Quote(path)
+			}
+			return k.NumberValue
+		case *structpb.Value_StringValue:
+			return k.StringValue
+		case *structpb.Value_BoolValue:
+			return k.BoolValue
+		case *structpb.Value_StructValue:
+			if deep(level, path) {
+				return nil
+			}
+			return walkStruct(k.StructValue, path, level)
+		case *structpb.Value_ListValue:
+			if deep(level, path) {
+				return nil
+			}
+			l := make([]any, len(k.ListValue.GetValues()))
+			for i, e := range k.ListValue.GetValues() {
+				l[i] = walk(e, path+"/"+strconv.Itoa(i), level+1)
+			}
+			return l
+		}
+		bad = "value without a kind at " + strconv.Quote(path)
+		return nil
+	}
+	m := walkStruct(s, "", 1)
+	if bad != "" {
+		errs.add(field, bad)
+		return nil, false
+	}
+	return m, true
+}
+
+// escapePointer escapes a member name as a JSON pointer token (RFC 6901).
+func escapePointer(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
 
 func fromResult(field string, r *ledgerv1.Result, errs *requestErrors) *ledger.Result {

@@ -186,7 +186,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 	var errs requestErrors
 	var params map[string]any
 	if req.GetParams() != nil {
-		params = req.GetParams().AsMap()
+		params, _ = structMap("params", req.GetParams(), &errs)
 	}
 	var retain time.Time
 	if req.GetRetainUntil() != nil {
