@@ -132,7 +132,7 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		}
 		fmt.Fprint(stderr, embeddedBanner)
 		log.Warn("running on the embedded engine: nothing survives a restart; set LEDGER_REDIS_URL for durable storage")
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true})
 		return rdb, func() { _ = rdb.Close(); m.Close() }, nil
 	}
 	opts, err := redis.ParseURL(c.redisURL)
@@ -140,6 +140,8 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		return nil, nil, fmt.Errorf("--redis-url: %w", errors.New(redactURL(err.Error(), c.redisURL)))
 	}
 	opts.DisableIdentity = true
+	// A caller's gRPC deadline bounds its Redis call too.
+	opts.ContextTimeoutEnabled = true
 	rdb := redis.NewClient(opts)
 	log.Info("using Redis", "addr", opts.Addr, "db", opts.DB, "tls", opts.TLSConfig != nil)
 	return rdb, func() { _ = rdb.Close() }, nil

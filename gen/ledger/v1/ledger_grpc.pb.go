@@ -77,9 +77,12 @@ type LedgerServiceClient interface {
 	MarkUnknown(ctx context.Context, in *MarkUnknownRequest, opts ...grpc.CallOption) (*MarkUnknownResponse, error)
 	// Lookup reads one operation: state, attempt, result and history.
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
-	// Reconcile resolves an UNKNOWN operation (or a RUNNING one past its lease)
-	// from what the destination system says: applied (with the result), not
-	// applied (retry allowed, or abandoned), or escalated to a human.
+	// Reconcile resolves an UNKNOWN operation (or a RUNNING one past its lease,
+	// or a PENDING one) from what the destination system says: applied (with
+	// the result), not applied (retry allowed, or abandoned), or escalated to a
+	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
+	// operation the same finding succeeds again and another is
+	// ALREADY_RESOLVED.
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
 	// heartbeat.
@@ -195,9 +198,12 @@ type LedgerServiceServer interface {
 	MarkUnknown(context.Context, *MarkUnknownRequest) (*MarkUnknownResponse, error)
 	// Lookup reads one operation: state, attempt, result and history.
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
-	// Reconcile resolves an UNKNOWN operation (or a RUNNING one past its lease)
-	// from what the destination system says: applied (with the result), not
-	// applied (retry allowed, or abandoned), or escalated to a human.
+	// Reconcile resolves an UNKNOWN operation (or a RUNNING one past its lease,
+	// or a PENDING one) from what the destination system says: applied (with
+	// the result), not applied (retry allowed, or abandoned), or escalated to a
+	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
+	// operation the same finding succeeds again and another is
+	// ALREADY_RESOLVED.
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
 	// heartbeat.
