@@ -129,11 +129,33 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		holder = newHolder()
 	}
 	k := l.keys.op(who.Tenant, req.OperationID)
-	code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
-		req.Tool, fp.String(), req.PermitID, holder, int(effect), req.RunID, req.Step,
-		retainMS, retainEndMS, pol.Lease.Milliseconds(), pol.MaxAttempts,
-		pol.Retention.Milliseconds(), pol.TombstoneRetention.Milliseconds(),
-		pol.RecoveryWindow.Milliseconds(), req.OperationID)
+	fields := pol.ConsequentialFields
+	run := func(fp Fingerprint, fields []string) (int64, string, map[string]string, error) {
+		digest, list := fieldsDigest(fields)
+		code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
+			req.Tool, fp.String(), req.PermitID, holder, int(effect), req.RunID, req.Step,
+			retainMS, retainEndMS, pol.Lease.Milliseconds(), pol.MaxAttempts,
+			pol.Retention.Milliseconds(), pol.TombstoneRetention.Milliseconds(),
+			pol.RecoveryWindow.Milliseconds(), req.OperationID, digest, list)
+		return code, aux, rec, err
+	}
+	code, aux, rec, err := run(fp, fields)
+	if err == nil && code == codeFields {
+		// The operation was created under other consequential fields: compare
+		// over those (a precomputed fingerprint is compared as it is).
+		var bound []string
+		if aux != "" {
+			if jerr := json.Unmarshal([]byte(aux), &bound); jerr != nil {
+				return nil, &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("stored consequential fields: %w", jerr)}
+			}
+		}
+		if req.ParamsSHA256 == nil {
+			if fp, err = ComputeFingerprint(req.Params, bound); err != nil {
+				return nil, invalid(op, Violation{"params", err.Error()})
+			}
+		}
+		code, aux, rec, err = run(fp, bound)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -439,6 +461,17 @@ func outcomeDigest(o Outcome, r Result, f Failure) string {
 		h.Write(part)
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// fieldsDigest identifies a list of consequential fields: a digest and the
+// JSON list, both empty when the fingerprint covers every parameter.
+func fieldsDigest(fields []string) (string, string) {
+	if len(fields) == 0 {
+		return "", ""
+	}
+	b, _ := json.Marshal(fields)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), string(b)
 }
 
 func newHolder() string {

@@ -155,10 +155,25 @@ func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]
 		return nil, time.Time{}, err
 	}
 	ops := make([]*Operation, len(members))
+	var stale []string
 	for i, c := range cmds {
 		if rec := c.Val(); len(rec) > 0 {
 			ops[i] = toOperation(ids[i], rec)
+		} else {
+			stale = append(stale, members[i])
 		}
+	}
+	// An index entry without its record can only come from a key removed
+	// behind the ledger's back (an evicting maxmemory policy, a manual DEL):
+	// drop it, so it is not read again on every page.
+	if len(stale) > 0 {
+		pipe := l.rdb.Pipeline()
+		t := encodeComponent(tenant)
+		for _, m := range stale {
+			_, id, _ := strings.Cut(m, ":")
+			pipe.ZRem(ctx, l.keys.unresolved(shardOf(tenant, id), t), m)
+		}
+		_, _ = pipe.Exec(ctx) // best effort: the next page tries again
 	}
 	return ops, now.Val(), nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"strings"
 	"time"
 
@@ -68,7 +67,7 @@ type Policies struct {
 }
 
 type policyRule struct {
-	tool, tenant string // path.Match patterns
+	tool, tenant string // glob patterns (see match)
 	policy       Policy
 }
 
@@ -85,9 +84,32 @@ func (p *Policies) For(tenant, tool string) Policy {
 	return p.defaults
 }
 
+// match reports whether s matches the glob pattern: '*' matches any run of
+// characters ('/' and '.' included), '?' any one character, and every other
+// character itself.
 func match(pattern, s string) bool {
-	ok, _ := path.Match(pattern, s) // patterns are validated at load
-	return ok
+	p, n := []rune(pattern), []rune(s)
+	pi, ni := 0, 0
+	star, mark := -1, 0 // the last '*' seen, and where its match ends so far
+	for ni < len(n) {
+		switch {
+		case pi < len(p) && (p[pi] == '?' || p[pi] == n[ni]):
+			pi++
+			ni++
+		case pi < len(p) && p[pi] == '*':
+			star, mark = pi, ni
+			pi++
+		case star >= 0:
+			mark++
+			pi, ni = star+1, mark
+		default:
+			return false
+		}
+	}
+	for pi < len(p) && p[pi] == '*' {
+		pi++
+	}
+	return pi == len(p)
 }
 
 // The policy file, in YAML (JSON is YAML too). See docs/configuration.md.
@@ -137,8 +159,8 @@ func LoadPolicies(file string) (*Policies, error) {
 //	  recovery_window: 15m
 //	  tombstone_retention: 720h
 //	tools:                       # first match wins
-//	  - match: "payments.*"      # path.Match pattern on the tool
-//	    tenant: "*"              # optional pattern on the tenant
+//	  - match: "payments.*"      # glob on the tool: * any run, ? one character
+//	    tenant: "*"              # optional glob on the tenant
 //	    lease: 60s               # unset fields inherit the defaults
 //	    consequential_fields: ["/amount", "/currency", "/account_id"]
 //
@@ -150,6 +172,10 @@ func ParsePolicies(data []byte) (*Policies, error) {
 	// An empty document (io.EOF) means all defaults.
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
+	}
+	var more any
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, errors.New("the policy file must hold exactly one YAML document")
 	}
 	defaults, err := f.Defaults.apply(DefaultPolicy)
 	if err != nil {
@@ -163,11 +189,6 @@ func ParsePolicies(data []byte) (*Policies, error) {
 		}
 		if r.Tenant == "" {
 			r.Tenant = "*"
-		}
-		for _, pat := range []string{r.Match, r.Tenant} {
-			if _, err := path.Match(pat, ""); err != nil {
-				return nil, fmt.Errorf("%s: bad pattern %q: %w", where, pat, err)
-			}
 		}
 		pol, err := r.apply(defaults)
 		if err != nil {

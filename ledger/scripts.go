@@ -73,4 +73,5 @@ const (
 	codeCompletionConflict = 14
 	codeAlreadyResolved    = 15
 	codeBusy               = 16
+	codeFields             = 17
 )

@@ -40,27 +40,34 @@ func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 		return 0, storeError(op, err)
 	}
 	moved := 0
+	var firstErr error // one operation's failure does not stop the pass
 	for s, c := range cmds {
 		for _, member := range c.Val() {
 			k, err := l.keys.opFromLeaseMember(member)
 			if err != nil {
 				// Not written by this ledger: drop it rather than trip over it
 				// on every pass.
-				if err := l.rdb.ZRem(ctx, l.keys.leases(s), member).Err(); err != nil {
-					return moved, storeError(op, err)
+				err = l.rdb.ZRem(ctx, l.keys.leases(s), member).Err()
+				if err != nil && firstErr == nil {
+					firstErr = storeError(op, err)
 				}
 				continue
 			}
 			_, aux, _, _, err := l.run(ctx, op, expireScript, k, SweeperPrincipal)
-			if err != nil {
-				return moved, err
-			}
-			if aux == "unknown" {
+			switch {
+			case err != nil:
+				if firstErr == nil {
+					firstErr = err
+				}
+				if ctx.Err() != nil {
+					return moved, firstErr
+				}
+			case aux == "unknown":
 				moved++
 			}
 		}
 	}
-	return moved, nil
+	return moved, firstErr
 }
 
 // RunSweeper calls Sweep every interval (DefaultSweepInterval when not

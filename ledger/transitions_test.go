@@ -126,7 +126,7 @@ func TestCompleteSucceeded(t *testing.T) {
 		if n, _ := e.rdb.ZCard(e.ctx, k.all[3]).Result(); n != 0 {
 			t.Fatalf("terminal operation still in the unresolved index")
 		}
-		if n, _ := e.rdb.ZCard(e.ctx, k.all[4]).Result(); n != 0 {
+		if inLeaseIndex(e, "op") {
 			t.Fatalf("terminal operation still in the lease index")
 		}
 		for _, key := range k.all[:3] {
@@ -319,7 +319,7 @@ func TestMarkUnknown(t *testing.T) {
 		if !slices.Equal(reasons(got), []string{"RESERVED", "MARKED_UNKNOWN"}) || got.History[1].Detail != "timeout" {
 			t.Fatalf("history = %+v", got.History)
 		}
-		if n, _ := e.rdb.ZCard(e.ctx, e.opKeys("op").all[4]).Result(); n != 0 {
+		if inLeaseIndex(e, "op") {
 			t.Fatalf("UNKNOWN operation still in the lease index")
 		}
 		// Never downgrades a terminal state.
@@ -482,8 +482,7 @@ func TestSweeper(t *testing.T) {
 		if idem := e.lookup(t, "idem"); idem.State != StateRunning {
 			t.Fatalf("idempotent after sweep = %v, want RUNNING past its lease", idem.State)
 		}
-		k := e.opKeys("idem")
-		if _, err := e.rdb.ZScore(e.ctx, k.all[4], k.member).Result(); err == nil {
+		if inLeaseIndex(e, "idem") {
 			t.Fatalf("idempotent operation still in the lease index")
 		}
 		if live := e.lookup(t, "live"); live.State != StateRunning {
@@ -602,4 +601,91 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 func countKeys(e *env, tenant string) (int, error) {
 	keys, err := e.rdb.Keys(e.ctx, "*:"+encodeComponent(tenant)+"*").Result()
 	return len(keys), err
+}
+
+func TestConsequentialFieldsBoundAtCreation(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		// Created while the policy fingerprints only amount and currency.
+		e.reserve(t, "op", "fields.refund", map[string]any{"amount": 10.0, "currency": "EUR", "memo": "a"}, "h1")
+		// Another instance (or a reloaded policy) fingerprints every field.
+		all, err := New(e.rdb, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		retry := func(l *Ledger, params map[string]any) (*ReserveResult, error) {
+			return l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "fields.refund", Params: params, PermitID: "permit-1", Holder: "h1"})
+		}
+		res, err := retry(all, map[string]any{"amount": 10.0, "currency": "EUR", "memo": "b"})
+		if err != nil || res.Decision != DecisionExecute {
+			t.Fatalf("retry under the changed policy = %v, %v; want the same claim", res, err)
+		}
+		_, err = retry(all, map[string]any{"amount": 11.0, "currency": "EUR", "memo": "a"})
+		wantKind(t, err, KindKeyReused)
+
+		// And the other way round: created over all fields, retried under a
+		// policy that names fields.
+		if _, err := all.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op2", Tool: "fields.refund", Params: map[string]any{"amount": 1.0, "memo": "x"}, PermitID: "p", Holder: "h"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op2", Tool: "fields.refund", Params: map[string]any{"amount": 1.0, "memo": "y"}, PermitID: "p", Holder: "h"})
+		wantKind(t, err, KindKeyReused)
+		res, err = e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op2", Tool: "fields.refund", Params: map[string]any{"memo": "x", "amount": 1.0}, PermitID: "p", Holder: "h"})
+		if err != nil || res.Decision != DecisionExecute {
+			t.Fatalf("same params under the narrower policy = %v, %v", res, err)
+		}
+	})
+}
+
+func TestLateSuccessCorrectsConcludedFailure(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		// The last attempt's lease runs out; a reconciler finds nothing yet;
+		// the ledger concludes the operation failed for good.
+		var last *Operation
+		for range 3 {
+			last = e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h").Operation
+			if last.Attempt < 3 {
+				if _, err := e.complete(t, "op", last.FencingToken, OutcomeFailedRetryable, nil, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		waitLeaseExpiry()
+		if res := e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h2"); res.Decision != DecisionReconcile {
+			t.Fatalf("decision = %v", res.Decision)
+		}
+		if _, err := e.reconcile(t, "op", FindingNotApplied, nil); err != nil {
+			t.Fatal(err)
+		}
+		res := e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h3")
+		if res.Operation.State != StateFailedFinal || res.Operation.Reason != "RETRIES_EXHAUSTED" {
+			t.Fatalf("after exhaustion = %+v", res.Operation)
+		}
+		// The slow worker did apply it, and says so with the latest token.
+		done, err := e.complete(t, "op", last.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil)
+		if err != nil || done.State != StateSucceeded || done.Result.ResourceID != "r" || done.Failure != nil {
+			t.Fatalf("late success = %+v, %v", done, err)
+		}
+		got := e.lookup(t, "op")
+		if h := got.History[len(got.History)-1]; h.From != StateFailedFinal || h.To != StateSucceeded || h.Detail != "late report after RETRIES_EXHAUSTED" {
+			t.Fatalf("last history entry = %+v", h)
+		}
+		if tomb, _ := e.rdb.Get(e.ctx, e.opKeys("op").all[2]).Result(); tomb[:2] != "3:" {
+			t.Fatalf("tombstone = %q", tomb)
+		}
+		// A final failure the worker itself reported stays final.
+		o := e.execute(t, "final", "payments.refund")
+		if _, err := e.complete(t, "final", o.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "declined"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.complete(t, "final", o.FencingToken, OutcomeSucceeded, nil, nil)
+		wantKind(t, err, KindCompletionConflict)
+	})
+}
+
+// inLeaseIndex reports whether the operation has an entry in its shard's
+// lease index (which other tenants' operations share).
+func inLeaseIndex(e *env, id string) bool {
+	k := e.opKeys(id)
+	_, err := e.rdb.ZScore(e.ctx, k.all[4], k.member).Result()
+	return err == nil
 }

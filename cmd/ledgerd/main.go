@@ -5,12 +5,13 @@
 // trying it out: nothing survives a restart. Configuration comes from flags,
 // or from the environment when a flag is not given:
 //
-//	--listen          LEDGER_LISTEN          address to serve (127.0.0.1:50051); loopback only
-//	--redis-url       LEDGER_REDIS_URL       redis://[user:password@]host:port/db, rediss:// for TLS
-//	--policy          LEDGER_POLICY          policy file (YAML or JSON); defaults when absent
-//	--key-prefix      LEDGER_KEY_PREFIX      first segment of every Redis key (ledger)
-//	--sweep-interval  LEDGER_SWEEP_INTERVAL  how often expired leases are swept (1s)
-//	--log-level       LEDGER_LOG_LEVEL       debug, info, warn or error (info)
+//	--listen            LEDGER_LISTEN            address to serve (127.0.0.1:50051); loopback only
+//	--redis-url         LEDGER_REDIS_URL         redis://[user:password@]host:port/db, rediss:// for TLS
+//	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
+//	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
+//	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
+//	--log-level         LEDGER_LOG_LEVEL         debug, info, warn or error (info)
+//	--shutdown-timeout  LEDGER_SHUTDOWN_TIMEOUT  how long running calls may finish at shutdown (10s)
 //
 // It stops on SIGINT or SIGTERM: health turns NOT_SERVING, running calls
 // finish (up to --shutdown-timeout), then it exits.
@@ -73,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.prefix, "key-prefix", env("LEDGER_KEY_PREFIX", ledger.DefaultPrefix), "first segment of every Redis key [LEDGER_KEY_PREFIX]")
 	fs.StringVar(&c.logLevel, "log-level", env("LEDGER_LOG_LEVEL", "info"), "debug, info, warn or error [LEDGER_LOG_LEVEL]")
 	sweep := fs.String("sweep-interval", env("LEDGER_SWEEP_INTERVAL", ledger.DefaultSweepInterval.String()), "how often expired leases are swept [LEDGER_SWEEP_INTERVAL]")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long running calls may take to finish at shutdown")
+	shutdown := fs.String("shutdown-timeout", env("LEDGER_SHUTDOWN_TIMEOUT", "10s"), "how long running calls may take to finish at shutdown [LEDGER_SHUTDOWN_TIMEOUT]")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -85,6 +86,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, fmt.Errorf("--sweep-interval %q: want a positive duration like 1s", *sweep)
 	}
 	c.sweepInterval = d
+	if c.shutdownTimeout, err = time.ParseDuration(*shutdown); err != nil || c.shutdownTimeout < 0 {
+		return c, fmt.Errorf("--shutdown-timeout %q: want a duration like 10s", *shutdown)
+	}
 	return c, nil
 }
 
@@ -147,6 +151,14 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 	return rdb, func() { _ = rdb.Close() }, nil
 }
 
+// redisLogger sends go-redis's own messages (reconnects, pool trouble) to the
+// JSON log instead of plain lines on stderr.
+type redisLogger struct{ log *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.log.WarnContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
+}
+
 // redactURL removes the URL's password from a message.
 func redactURL(msg, raw string) string {
 	if u, err := url.Parse(raw); err == nil && u.User != nil {
@@ -169,6 +181,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	redis.SetLogger(redisLogger{log})
 	if err := checkLoopback(c.listen); err != nil {
 		return err
 	}

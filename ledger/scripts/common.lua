@@ -4,11 +4,11 @@
 --
 -- Conventions shared by all write scripts:
 --
---   KEYS[1] -> the operation record (hash)          {shard}:op:<tenant>:<id>
---   KEYS[2] -> the operation history (list)         {shard}:h:<tenant>:<id>
---   KEYS[3] -> the tombstone (string)               {shard}:tomb:<tenant>:<id>
---   KEYS[4] -> the tenant's unresolved index (zset) {shard}:unresolved:<tenant>
---   KEYS[5] -> the shard's lease index (zset)       {shard}:leases
+--   KEYS[1] -> the operation record (hash)          <prefix>:{sNN}:op:<tenant>:<id>
+--   KEYS[2] -> the operation history (list)         <prefix>:{sNN}:h:<tenant>:<id>
+--   KEYS[3] -> the tombstone (string)               <prefix>:{sNN}:tomb:<tenant>:<id>
+--   KEYS[4] -> the tenant's unresolved index (zset) <prefix>:{sNN}:unresolved:<tenant>
+--   KEYS[5] -> the shard's lease index (zset)       <prefix>:{sNN}:leases
 --   ARGV[1] -> the principal recorded in the history
 --   ARGV[2] -> the operation's member in the lease index (<tenant>:<id>, encoded)
 --
@@ -30,7 +30,9 @@
 --   outcome digest of the latest accepted Complete), exp (when a terminal
 --   record expires, ms), ix (member in the unresolved index), and the policy
 --   bound at creation: lms (lease, ms), max (max attempts), ret (retention,
---   ms), tret (tombstone retention, ms), rwin (recovery window, ms).
+--   ms), tret (tombstone retention, ms), rwin (recovery window, ms), cf / cfh
+--   (the consequential fields the fingerprint covers, a JSON list, and its
+--   digest; absent when it covers all parameters).
 
 local ST_PENDING, ST_RUNNING, ST_SUCCEEDED, ST_FAILED, ST_UNKNOWN = '1', '2', '3', '4', '5'
 local EFF_IRREVERSIBLE = '3'
@@ -39,7 +41,7 @@ local HISTORY_LIMIT = 50
 -- Return codes, mapped one to one to Go values in scripts.go.
 local C_OK, C_EXECUTE, C_REPLAY, C_IN_PROGRESS, C_RECONCILE = 0, 1, 2, 3, 4
 local C_NOT_FOUND, C_EXPIRED, C_KEY_REUSED, C_STALE = 10, 11, 12, 13
-local C_COMPLETION_CONFLICT, C_ALREADY_RESOLVED, C_BUSY = 14, 15, 16
+local C_COMPLETION_CONFLICT, C_ALREADY_RESOLVED, C_BUSY, C_FIELDS = 14, 15, 16, 17
 
 local PRINCIPAL, LEASE_MEMBER = ARGV[1], ARGV[2]
 

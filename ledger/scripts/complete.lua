@@ -23,8 +23,10 @@
 -- Accepted from RUNNING, from UNKNOWN (a late but authoritative report) and
 -- from PENDING when the token is still the latest (a reconciler found
 -- nothing yet the attempt did finish): refusing that report would let the
--- next claim apply the effect twice. A repeat with the same token and outcome
--- succeeds again without a second history entry.
+-- next claim apply the effect twice. For the same reason a success reported
+-- with the latest token turns a FAILED_FINAL the ledger concluded on its own
+-- (RETRIES_EXHAUSTED, ABANDONED) into SUCCEEDED. A repeat with the same token
+-- and outcome succeeds again without a second history entry.
 
 local token, outcome, digest = ARGV[3], ARGV[4], ARGV[5]
 
@@ -51,6 +53,17 @@ if st == ST_SUCCEEDED then
 end
 if st == ST_FAILED then
   if outcome == '2' then
+    return {C_OK, '', snapshot()}
+  end
+  if outcome == '1' and (R.rsn == 'RETRIES_EXHAUSTED' or R.rsn == 'ABANDONED') then
+    -- The ledger (out of attempts) or a reconciler (abandon) concluded that
+    -- the effect never happened; the attempt holding the latest token says
+    -- it did. The record must not keep the lie.
+    local was = R.rsn
+    set('ctk', token)
+    set('cdg', digest)
+    set_outcome(ARGV[6], ARGV[7], '', '')
+    finish(ST_SUCCEEDED, 'SUCCEEDED', 'late report after ' .. was)
     return {C_OK, '', snapshot()}
   end
   return {C_COMPLETION_CONFLICT, '', snapshot()}

@@ -20,6 +20,8 @@
 -- ARGV[15] -> tombstone retention (ms)
 -- ARGV[16] -> recovery window (ms)
 -- ARGV[17] -> operation id (raw), for the unresolved index member
+-- ARGV[18] -> digest of the policy's consequential fields ('' for all fields)
+-- ARGV[19] -> the consequential fields, a JSON list ('' for all fields)
 --
 -- Output: {code, aux, record}, record a flat field/value list:
 --   {C_EXECUTE, '', record}       the caller holds the claim (new, claimed,
@@ -29,6 +31,9 @@
 --   {C_RECONCILE, '', record}     UNKNOWN (now or just now): reconcile first
 --   {C_KEY_REUSED, mask, {}}      tool (1), fingerprint (2), permit (4) differ
 --   {C_EXPIRED, tombstone, {}}    the record expired; "<state>:<fingerprint>"
+--   {C_FIELDS, fields, {}}        the record was fingerprinted over other
+--                                 consequential fields (the policy changed):
+--                                 call again with a fingerprint over these
 --
 -- Run twice with the same arguments, it gives the same decision: the second
 -- run finds the caller's own live claim (same holder) and returns EXECUTE
@@ -72,9 +77,19 @@ if not load() then
   set('rwin', ARGV[16])
   set('ct', tostr(NOW))
   set('ix', string.format('%013d', NOW) .. ':' .. ARGV[17])
+  if ARGV[18] ~= '' then
+    set('cfh', ARGV[18])
+    set('cf', ARGV[19])
+  end
   local out = claim('RESERVED')
   redis.call('ZADD', KEYS[4], 0, R.ix)
   return out
+end
+
+-- The fields the fingerprint covers are bound at creation: a changed policy
+-- must not turn the retries of a running operation into conflicts.
+if (R.cfh or '') ~= ARGV[18] then
+  return {C_FIELDS, R.cf or '', {}}
 end
 
 local mask = 0

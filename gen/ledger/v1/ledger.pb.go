@@ -22,6 +22,9 @@
 //   NOT_FOUND                NOT_FOUND            no such operation
 //   INVALID_ARGUMENT         INVALID_ARGUMENT     bad input, with google.rpc.BadRequest field violations
 //   STORE_UNAVAILABLE        UNAVAILABLE          the store could not be reached or refused the write
+//   DEADLINE_EXCEEDED        DEADLINE_EXCEEDED    the caller's deadline passed first; retry the same call
+//   CANCELED                 CANCELED             the caller canceled the call
+//   INTERNAL                 INTERNAL             an unexpected failure (logged by the service)
 //
 // Every RPC is safe to retry with the same arguments after any error or lost
 // response: the outcome equals one successful call.
@@ -838,7 +841,8 @@ type ReserveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The caller's stable key for one logical action, minted once when the
 	// intent is confirmed and reused on every retry, e.g.
-	// "wf-8472:create-ticket". 1 to 256 bytes of printable UTF-8.
+	// "wf-8472:create-ticket". 1 to 256 bytes of UTF-8 without control
+	// characters; any other character (:, {, }, *, spaces) is fine.
 	OperationId string `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
 	// What the operation does, e.g. "payments.refund". 1 to 128 bytes of
 	// letters, digits and . _ - : /

@@ -22,6 +22,9 @@
 //   NOT_FOUND                NOT_FOUND            no such operation
 //   INVALID_ARGUMENT         INVALID_ARGUMENT     bad input, with google.rpc.BadRequest field violations
 //   STORE_UNAVAILABLE        UNAVAILABLE          the store could not be reached or refused the write
+//   DEADLINE_EXCEEDED        DEADLINE_EXCEEDED    the caller's deadline passed first; retry the same call
+//   CANCELED                 CANCELED             the caller canceled the call
+//   INTERNAL                 INTERNAL             an unexpected failure (logged by the service)
 //
 // Every RPC is safe to retry with the same arguments after any error or lost
 // response: the outcome equals one successful call.
