@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/opledger/ledger/internal/redistest"
@@ -54,21 +53,8 @@ func eachBackend(t *testing.T, f func(t *testing.T, e *env)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		f(t, newEnv(t, redistest.Shared(t).Client(t), pol))
-	})
-	t.Run("embedded", func(t *testing.T) {
-		t.Parallel()
-		m := miniredis.NewMiniRedis()
-		m.ClockTTL(true)
-		if err := m.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
-		t.Cleanup(func() { _ = c.Close() })
-		f(t, newEnv(t, c, pol))
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f(t, newEnv(t, rdb, pol))
 	})
 }
 

@@ -211,17 +211,9 @@ func (l *Ledger) Complete(ctx context.Context, who Principal, req CompleteReques
 		return nil, invalid(op, vs...)
 	}
 	r, f := derefResult(req.Result), derefFailure(req.Failure)
-	k := l.keys.op(who.Tenant, req.OperationID)
-	code, aux, rec, _, err := l.run(ctx, op, completeScript, k, who.ID,
+	return l.update(ctx, op, completeScript, who, req.OperationID,
 		req.FencingToken, int(req.Outcome), outcomeDigest(req.Outcome, r, f),
 		r.Data, r.ResourceID, f.Code, f.Message)
-	if err != nil {
-		return nil, err
-	}
-	if code == codeOK {
-		return toOperation(req.OperationID, rec), nil
-	}
-	return nil, l.codeError(op, req.OperationID, code, aux, rec)
 }
 
 // MarkUnknown records that the claimed attempt with req.FencingToken cannot
@@ -239,15 +231,7 @@ func (l *Ledger) MarkUnknown(ctx context.Context, who Principal, req MarkUnknown
 	if len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
-	k := l.keys.op(who.Tenant, req.OperationID)
-	code, aux, rec, _, err := l.run(ctx, op, markUnknownScript, k, who.ID, req.FencingToken, req.Reason)
-	if err != nil {
-		return nil, err
-	}
-	if code == codeOK {
-		return toOperation(req.OperationID, rec), nil
-	}
-	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+	return l.update(ctx, op, markUnknownScript, who, req.OperationID, req.FencingToken, req.Reason)
 }
 
 // Renew extends the lease of the running claim with req.FencingToken by the
@@ -261,15 +245,7 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 	if vs := l.checkClaim(who, req.OperationID, req.FencingToken); len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
-	k := l.keys.op(who.Tenant, req.OperationID)
-	code, aux, rec, _, err := l.run(ctx, op, renewScript, k, who.ID, req.FencingToken)
-	if err != nil {
-		return nil, err
-	}
-	if code == codeOK {
-		return toOperation(req.OperationID, rec), nil
-	}
-	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+	return l.update(ctx, op, renewScript, who, req.OperationID, req.FencingToken)
 }
 
 // Reconcile resolves an operation from what the destination says:
@@ -305,16 +281,8 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 		return nil, invalid(op, vs...)
 	}
 	r, f := derefResult(req.Result), derefFailure(req.Failure)
-	k := l.keys.op(who.Tenant, req.OperationID)
-	code, aux, rec, _, err := l.run(ctx, op, reconcileScript, k, who.ID,
+	return l.update(ctx, op, reconcileScript, who, req.OperationID,
 		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note)
-	if err != nil {
-		return nil, err
-	}
-	if code == codeOK {
-		return toOperation(req.OperationID, rec), nil
-	}
-	return nil, l.codeError(op, req.OperationID, code, aux, rec)
 }
 
 // Lookup reads one operation with its history.
@@ -347,6 +315,19 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		}
 	}
 	return o, nil
+}
+
+// update runs a write script whose only success is codeOK and returns the
+// record after it.
+func (l *Ledger) update(ctx context.Context, op string, s *redis.Script, who Principal, id string, args ...any) (*Operation, error) {
+	code, aux, rec, _, err := l.run(ctx, op, s, l.keys.op(who.Tenant, id), who.ID, args...)
+	if err != nil {
+		return nil, err
+	}
+	if code != codeOK {
+		return nil, l.codeError(op, id, code, aux, rec)
+	}
+	return toOperation(id, rec), nil
 }
 
 func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation {

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -77,21 +76,8 @@ func (b *syncBuffer) String() string {
 // eachBackend runs f against a real redis-server and the embedded engine.
 func eachBackend(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		f(t, startEnv(t, redistest.Shared(t).Client(t)))
-	})
-	t.Run("embedded", func(t *testing.T) {
-		t.Parallel()
-		m := miniredis.NewMiniRedis()
-		m.ClockTTL(true)
-		if err := m.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
-		t.Cleanup(func() { _ = c.Close() })
-		f(t, startEnv(t, c))
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		f(t, startEnv(t, rdb))
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -182,4 +183,28 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// EachBackend runs f as two parallel subtests: "redis", on the shared
+// redis-server (see Main), and "embedded", on a fresh in-process engine
+// (miniredis with TTLs on the real clock, as ledgerd runs without Redis).
+// Tests on the shared server keep apart by tenant or operation id.
+func EachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
+	t.Helper()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		f(t, Shared(t).Client(t))
+	})
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		m := miniredis.NewMiniRedis()
+		m.ClockTTL(true)
+		if err := m.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Close)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
+		t.Cleanup(func() { _ = c.Close() })
+		f(t, c)
+	})
 }
