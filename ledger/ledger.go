@@ -129,7 +129,6 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		holder = newHolder()
 	}
 	k := l.keys.op(who.Tenant, req.OperationID)
-	fields := pol.ConsequentialFields
 	run := func(fp Fingerprint, fields []string) (int64, string, map[string]string, error) {
 		digest, list := fieldsDigest(fields)
 		code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
@@ -139,7 +138,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 			pol.RecoveryWindow.Milliseconds(), req.OperationID, digest, list)
 		return code, aux, rec, err
 	}
-	code, aux, rec, err := run(fp, fields)
+	code, aux, rec, err := run(fp, pol.ConsequentialFields)
 	if err == nil && code == codeFields {
 		// The operation was created under other consequential fields: compare
 		// over those (a precomputed fingerprint is compared as it is).
