@@ -42,8 +42,8 @@ test: ## the whole test suite, with -race, against real redis-server processes (
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
-	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzComputeFingerprint$$' -fuzztime $(FUZZTIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) ./fingerprint/
+	$(GO) test -run '^$$' -fuzz '^FuzzComputeFingerprint$$' -fuzztime $(FUZZTIME) ./fingerprint/
 	$(GO) test -run '^$$' -fuzz '^FuzzKeyEncoding$$' -fuzztime $(FUZZTIME) ./ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzStructParams$$' -fuzztime $(FUZZTIME) ./server/

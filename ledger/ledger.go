@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opledger/ledger/fingerprint"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -94,7 +95,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		vs = append(vs, Violation{"effect", "unknown effect"})
 	}
 	pol := l.policies.For(who.Tenant, req.Tool)
-	var fp Fingerprint
+	var fp fingerprint.Fingerprint
 	switch {
 	case req.ParamsSHA256 != nil && req.Params != nil:
 		vs = append(vs, Violation{"params_sha256", "set params or params_sha256, not both"})
@@ -105,7 +106,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		copy(fp[:], req.ParamsSHA256)
 	default:
 		var err error
-		if fp, err = ComputeFingerprint(req.Params, pol.ConsequentialFields); err != nil {
+		if fp, err = fingerprint.Compute(req.Params, pol.ConsequentialFields); err != nil {
 			vs = append(vs, Violation{"params", err.Error()})
 		}
 	}
@@ -129,7 +130,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		holder = newHolder()
 	}
 	k := l.keys.op(who.Tenant, req.OperationID)
-	run := func(fp Fingerprint, fields []string) (int64, string, map[string]string, error) {
+	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, map[string]string, error) {
 		digest, list := fieldsDigest(fields)
 		code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
 			req.Tool, fp.String(), req.PermitID, holder, int(effect), req.RunID, req.Step,
@@ -149,7 +150,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 			}
 		}
 		if req.ParamsSHA256 == nil {
-			if fp, err = ComputeFingerprint(req.Params, bound); err != nil {
+			if fp, err = fingerprint.Compute(req.Params, bound); err != nil {
 				return nil, invalid(op, Violation{"params", err.Error()})
 			}
 		}
@@ -507,7 +508,7 @@ func toOperation(id string, m map[string]string) *Operation {
 		ExpiresAt:      parseMillis(m["exp"]),
 		MaxAttempts:    uint32(parseUint(m["max"])),
 	}
-	o.Fingerprint, _ = ParseFingerprint(m["fp"])
+	o.Fingerprint, _ = fingerprint.Parse(m["fp"])
 	if !o.UnknownSince.IsZero() {
 		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(parseUint(m["rwin"])) * time.Millisecond)
 	}

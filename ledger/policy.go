@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opledger/ledger/fingerprint"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -247,7 +248,7 @@ func (f policyFields) apply(base Policy) (Policy, error) {
 	}
 	if f.ConsequentialFields != nil {
 		for _, ptr := range f.ConsequentialFields {
-			if err := ValidatePointer(ptr); err != nil {
+			if err := fingerprint.ValidatePointer(ptr); err != nil {
 				return p, fmt.Errorf("consequential_fields %q: %w", ptr, err)
 			}
 		}

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/opledger/ledger/fingerprint"
 )
 
 func TestReserveCreatesRunningClaim(t *testing.T) {
@@ -93,7 +95,7 @@ func TestReserveParamsSHA256EqualsParams(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		params := map[string]any{"amount": 10.5, "currency": "EUR", "memo": "ignored"}
 		e.reserve(t, "op", "fields.refund", params, "h1")
-		fp, err := ComputeFingerprint(params, []string{"/amount", "/currency"})
+		fp, err := fingerprint.Compute(params, []string{"/amount", "/currency"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,10 @@
 package ledger
 
-import "time"
+import (
+	"time"
+
+	"github.com/opledger/ledger/fingerprint"
+)
 
 // State is where an operation is in its lifecycle. The values equal the
 // ledger.v1.State enum numbers.
@@ -144,7 +148,7 @@ type Operation struct {
 	State        State
 	Attempt      uint32
 	FencingToken uint64
-	Fingerprint  Fingerprint
+	Fingerprint  fingerprint.Fingerprint
 	PermitID     string
 	RunID        string
 	Step         uint32

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/ledger"
 )
@@ -38,7 +39,7 @@ func structData(field string, s *structpb.Struct, errs *requestErrors) []byte {
 	if !ok {
 		return nil
 	}
-	b, err := ledger.CanonicalJSON(m)
+	b, err := fingerprint.Canonical(m)
 	if err != nil {
 		errs.add(field, err.Error())
 		return nil
@@ -53,10 +54,10 @@ func structData(field string, s *structpb.Struct, errs *requestErrors) []byte {
 func structMap(field string, s *structpb.Struct, errs *requestErrors) (map[string]any, bool) {
 	var bad string // the first problem found
 	// deep reports (and records) a container nested past the limit; the
-	// outermost object is level 1, as in ledger.CanonicalJSON.
+	// outermost object is level 1, as in fingerprint.Canonical.
 	deep := func(level int, path string) bool {
-		if level > ledger.MaxParamsDepth && bad == "" {
-			bad = "nested deeper than " + strconv.Itoa(ledger.MaxParamsDepth) + " levels at " + strconv.Quote(path)
+		if level > fingerprint.MaxDepth && bad == "" {
+			bad = "nested deeper than " + strconv.Itoa(fingerprint.MaxDepth) + " levels at " + strconv.Quote(path)
 		}
 		return bad != ""
 	}

@@ -5,10 +5,9 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/opledger/ledger/fingerprint"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/opledger/ledger/ledger"
 )
 
 // FuzzStructParams: for any Struct a client can send as JSON, the edge's
@@ -37,8 +36,8 @@ func FuzzStructParams(f *testing.F) {
 		if want := s.AsMap(); !reflect.DeepEqual(m, want) {
 			t.Fatalf("structMap(%s) = %v, AsMap = %v", data, m, want)
 		}
-		a, errA := ledger.CanonicalJSON(m)
-		b, errB := ledger.CanonicalJSON(s.AsMap())
+		a, errA := fingerprint.Canonical(m)
+		b, errB := fingerprint.Canonical(s.AsMap())
 		if (errA == nil) != (errB == nil) || !bytes.Equal(a, b) {
 			t.Fatalf("canonical forms differ: %s / %s (%v, %v)", a, b, errA, errB)
 		}

@@ -1,4 +1,4 @@
-package ledger
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -12,11 +12,11 @@ import (
 )
 
 // Fingerprint is the SHA-256 digest identifying the consequential parameters
-// of an operation, as computed by ComputeFingerprint. Two requests carrying
+// of an operation, as computed by Compute. Two requests carrying
 // the same operation id must have equal fingerprints; a retry whose
 // fingerprint differs changed its parameters.
 //
-// Its text form (String, ParseFingerprint) is 64 hexadecimal digits, written
+// Its text form (String, Parse) is 64 hexadecimal digits, written
 // in lowercase.
 type Fingerprint [32]byte
 
@@ -25,24 +25,24 @@ func (f Fingerprint) String() string {
 	return hex.EncodeToString(f[:])
 }
 
-// ParseFingerprint parses the text form of a Fingerprint: exactly 64
+// Parse parses the text form of a Fingerprint: exactly 64
 // hexadecimal digits. Upper- and lowercase digits are both accepted.
-func ParseFingerprint(s string) (Fingerprint, error) {
+func Parse(s string) (Fingerprint, error) {
 	var f Fingerprint
 	if len(s) != 2*len(f) {
-		return Fingerprint{}, fmt.Errorf("ledger: fingerprint must be %d hex digits, got %d characters", 2*len(f), len(s))
+		return Fingerprint{}, fmt.Errorf("fingerprint: fingerprint must be %d hex digits, got %d characters", 2*len(f), len(s))
 	}
 	if _, err := hex.Decode(f[:], []byte(s)); err != nil {
-		return Fingerprint{}, errors.New("ledger: fingerprint is not hexadecimal")
+		return Fingerprint{}, errors.New("fingerprint: fingerprint is not hexadecimal")
 	}
 	return f, nil
 }
 
 // ErrInvalidPointer is wrapped by the errors ValidatePointer and
-// ComputeFingerprint return for a syntactically invalid RFC 6901 JSON
+// Compute return for a syntactically invalid RFC 6901 JSON
 // pointer. Such an error indicates a bad fingerprint policy, not bad request
 // parameters.
-var ErrInvalidPointer = errors.New("ledger: invalid JSON pointer")
+var ErrInvalidPointer = errors.New("fingerprint: invalid JSON pointer")
 
 // ValidatePointer checks that p is a syntactically valid RFC 6901 JSON
 // pointer usable in a fingerprint field list: it is "" (the whole document)
@@ -66,7 +66,7 @@ func ValidatePointer(p string) error {
 	return nil
 }
 
-// ComputeFingerprint returns the fingerprint of an operation's consequential
+// Compute returns the fingerprint of an operation's consequential
 // parameters. params is the request's parameter object as decoded JSON (for
 // example structpb's Struct.AsMap); a nil map is the empty object {}.
 //
@@ -76,7 +76,7 @@ func ValidatePointer(p string) error {
 //	SHA-256( JCS(params) )
 //
 // where JCS is the RFC 8785 JSON Canonicalization Scheme encoding (see
-// CanonicalJSON) and the digest is taken over its UTF-8 bytes.
+// Canonical) and the digest is taken over its UTF-8 bytes.
 //
 // Otherwise fields lists RFC 6901 JSON pointers (for example "/amount",
 // "/items/0/sku", "/a~1b" for member "a/b", "/m~0n" for member "m~n") naming
@@ -107,9 +107,9 @@ func ValidatePointer(p string) error {
 // not valid (see ValidatePointer); an error wrapping ErrNotCanonical is
 // returned if the (selected) parameters cannot be canonicalized. Error
 // messages name JSON pointers into params but never parameter values.
-func ComputeFingerprint(params map[string]any, fields []string) (Fingerprint, error) {
+func Compute(params map[string]any, fields []string) (Fingerprint, error) {
 	if len(fields) == 0 {
-		b, err := CanonicalJSON(params)
+		b, err := Canonical(params)
 		if err != nil {
 			return Fingerprint{}, err
 		}
@@ -154,7 +154,7 @@ func ComputeFingerprint(params map[string]any, fields []string) (Fingerprint, er
 // resolvePointer evaluates the valid JSON pointer p against root. It returns
 // the selected value, the number of reference tokens in p, and whether p
 // selects anything. It fails only when the walk would enter a container
-// nested deeper than MaxParamsDepth.
+// nested deeper than MaxDepth.
 func resolvePointer(root map[string]any, p string) (v any, ntok int, found bool, err error) {
 	var cur any = root
 	rest := p
@@ -172,7 +172,7 @@ func resolvePointer(root map[string]any, p string) (v any, ntok int, found bool,
 		ntok++
 		switch c := cur.(type) {
 		case map[string]any:
-			if ntok > MaxParamsDepth {
+			if ntok > MaxDepth {
 				return nil, 0, false, tooDeep(prefix)
 			}
 			if strings.IndexByte(tok, '~') >= 0 {
@@ -184,7 +184,7 @@ func resolvePointer(root map[string]any, p string) (v any, ntok int, found bool,
 			}
 			cur = x
 		case []any:
-			if ntok > MaxParamsDepth {
+			if ntok > MaxDepth {
 				return nil, 0, false, tooDeep(prefix)
 			}
 			i, ok := arrayIndex(tok)
@@ -202,7 +202,7 @@ func resolvePointer(root map[string]any, p string) (v any, ntok int, found bool,
 }
 
 func tooDeep(path string) error {
-	return fmt.Errorf("%w: nesting exceeds MaxParamsDepth at %q", ErrNotCanonical, path)
+	return fmt.Errorf("%w: nesting exceeds MaxDepth at %q", ErrNotCanonical, path)
 }
 
 // arrayIndex parses an RFC 6901 array index: "0" or a decimal number without

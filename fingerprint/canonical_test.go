@@ -1,4 +1,4 @@
-package ledger
+package fingerprint
 
 import (
 	"bytes"
@@ -58,9 +58,9 @@ func decodeJSON(t testing.TB, s string) any {
 
 func mustCanonical(t testing.TB, v any) string {
 	t.Helper()
-	b, err := CanonicalJSON(v)
+	b, err := Canonical(v)
 	if err != nil {
-		t.Fatalf("CanonicalJSON: %v", err)
+		t.Fatalf("Canonical: %v", err)
 	}
 	return string(b)
 }
@@ -78,7 +78,7 @@ func TestCanonicalJSONRFC8785Examples(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got := mustCanonical(t, decodeJSON(t, tc.in))
 			if got != tc.want {
-				t.Errorf("CanonicalJSON =\n%s\nwant\n%s", got, tc.want)
+				t.Errorf("Canonical =\n%s\nwant\n%s", got, tc.want)
 			}
 		})
 	}
@@ -384,9 +384,9 @@ func TestCanonicalJSONErrors(t *testing.T) {
 		{"escaped path", map[string]any{"a/b": map[string]any{"m~n": math.NaN()}}, "/a~1b/m~0n", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := CanonicalJSON(tc.in)
+			b, err := Canonical(tc.in)
 			if err == nil {
-				t.Fatalf("CanonicalJSON = %s, want error", b)
+				t.Fatalf("Canonical = %s, want error", b)
 			}
 			if b != nil {
 				t.Errorf("output %q returned with error", b)
@@ -425,23 +425,23 @@ func nestedObjects(n int, leaf any) any {
 }
 
 func TestCanonicalJSONDepth(t *testing.T) {
-	if MaxParamsDepth != 64 {
-		t.Fatalf("MaxParamsDepth = %d, want 64", MaxParamsDepth)
+	if MaxDepth != 64 {
+		t.Fatalf("MaxDepth = %d, want 64", MaxDepth)
 	}
-	// MaxParamsDepth containers are fine, with scalars inside the innermost.
+	// MaxDepth containers are fine, with scalars inside the innermost.
 	ok := []any{
-		nestedArrays(MaxParamsDepth, nil),
-		nestedArrays(MaxParamsDepth, "x"),
-		nestedObjects(MaxParamsDepth, 1.0),
-		nestedArrays(MaxParamsDepth-1, map[string]any{}),
+		nestedArrays(MaxDepth, nil),
+		nestedArrays(MaxDepth, "x"),
+		nestedObjects(MaxDepth, 1.0),
+		nestedArrays(MaxDepth-1, map[string]any{}),
 	}
 	for i, v := range ok {
-		if _, err := CanonicalJSON(v); err != nil {
+		if _, err := Canonical(v); err != nil {
 			t.Errorf("case %d: %v", i, err)
 		}
 	}
-	want := strings.Repeat("[", MaxParamsDepth) + "null" + strings.Repeat("]", MaxParamsDepth)
-	if got := mustCanonical(t, nestedArrays(MaxParamsDepth, nil)); got != want {
+	want := strings.Repeat("[", MaxDepth) + "null" + strings.Repeat("]", MaxDepth)
+	if got := mustCanonical(t, nestedArrays(MaxDepth, nil)); got != want {
 		t.Errorf("got %s", got)
 	}
 
@@ -449,16 +449,16 @@ func TestCanonicalJSONDepth(t *testing.T) {
 		v    any
 		path string
 	}{
-		{nestedArrays(MaxParamsDepth+1, nil), "/" + strings.Repeat("0/", MaxParamsDepth-1) + "0"},
-		{nestedArrays(MaxParamsDepth, []any{}), "/" + strings.Repeat("0/", MaxParamsDepth-1) + "0"},
-		{nestedObjects(MaxParamsDepth+1, 1.0), "/" + strings.Repeat("k/", MaxParamsDepth-1) + "k"},
-		{nestedArrays(1000, nil), "/" + strings.Repeat("0/", MaxParamsDepth-1) + "0"},
+		{nestedArrays(MaxDepth+1, nil), "/" + strings.Repeat("0/", MaxDepth-1) + "0"},
+		{nestedArrays(MaxDepth, []any{}), "/" + strings.Repeat("0/", MaxDepth-1) + "0"},
+		{nestedObjects(MaxDepth+1, 1.0), "/" + strings.Repeat("k/", MaxDepth-1) + "k"},
+		{nestedArrays(1000, nil), "/" + strings.Repeat("0/", MaxDepth-1) + "0"},
 	} {
-		_, err := CanonicalJSON(tc.v)
+		_, err := Canonical(tc.v)
 		if !errors.Is(err, ErrNotCanonical) {
 			t.Fatalf("got %v, want ErrNotCanonical", err)
 		}
-		if !strings.Contains(err.Error(), strconv.Quote(tc.path)) || !strings.Contains(err.Error(), "MaxParamsDepth") {
+		if !strings.Contains(err.Error(), strconv.Quote(tc.path)) || !strings.Contains(err.Error(), "MaxDepth") {
 			t.Errorf("error %q does not name path %q", err, tc.path)
 		}
 	}
@@ -494,14 +494,14 @@ func TestCanonicalJSONKeySliceReuse(t *testing.T) {
 func TestCanonicalJSONAllocs(t *testing.T) {
 	v := decodeJSON(t, rfc8785Input)
 	allocs := testing.AllocsPerRun(100, func() {
-		if _, err := CanonicalJSON(v); err != nil {
+		if _, err := Canonical(v); err != nil {
 			t.Fatal(err)
 		}
 	})
 	// Output buffer growth plus one key slice per depth; no per-value
 	// allocations.
 	if allocs > 10 {
-		t.Errorf("CanonicalJSON allocated %v times per run", allocs)
+		t.Errorf("Canonical allocated %v times per run", allocs)
 	}
 }
 
@@ -509,7 +509,7 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 	v := decodeJSON(b, `{"amount":1234.56,"currency":"EUR","items":[{"sku":"A-1","qty":2,"price":9.99},{"sku":"B-2","qty":1,"price":1e-7}],"memo":"Grüße \"quoted\"\n","meta":{"z":null,"y":true}}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := CanonicalJSON(v); err != nil {
+		if _, err := Canonical(v); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -565,10 +565,10 @@ func addCanonicalSeeds(f *testing.F) {
 		`[1e21,999999999999999900000,999999999999999700000,1e-6,9.999999999999997e-7,1e-7,5e-324,-5e-324,1.7976931348623157e+308,9007199254740992,9007199254740993,0.1,1e+23,-0.0,1E-400]`,
 		`[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001,-0.0000033333333333333333,1424953923781206.2]`,
 		`{"a":1,"a":2}`,
-		strings.Repeat("[", MaxParamsDepth) + strings.Repeat("]", MaxParamsDepth),
-		strings.Repeat("[", MaxParamsDepth+1) + strings.Repeat("]", MaxParamsDepth+1),
-		strings.Repeat(`{"k":`, MaxParamsDepth) + "1" + strings.Repeat("}", MaxParamsDepth),
-		strings.Repeat(`{"k":`, MaxParamsDepth+1) + "1" + strings.Repeat("}", MaxParamsDepth+1),
+		strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth),
+		strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1),
+		strings.Repeat(`{"k":`, MaxDepth) + "1" + strings.Repeat("}", MaxDepth),
+		strings.Repeat(`{"k":`, MaxDepth+1) + "1" + strings.Repeat("}", MaxDepth+1),
 		"{\"\xff\":\"\xfe\"}",
 	}
 	for _, s := range seeds {
@@ -583,7 +583,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		if err := json.Unmarshal(data, &in); err != nil {
 			return
 		}
-		out, err := CanonicalJSON(in)
+		out, err := Canonical(in)
 		if err != nil {
 			// Decoded JSON holds only finite float64s and valid UTF-8
 			// (encoding/json replaces invalid sequences with U+FFFD), so
@@ -591,12 +591,12 @@ func FuzzCanonicalJSON(f *testing.F) {
 			if !errors.Is(err, ErrNotCanonical) {
 				t.Fatalf("error does not wrap ErrNotCanonical: %v", err)
 			}
-			if jsonDepth(in) <= MaxParamsDepth {
+			if jsonDepth(in) <= MaxDepth {
 				t.Fatalf("refused value of depth %d: %v", jsonDepth(in), err)
 			}
 			return
 		}
-		if d := jsonDepth(in); d > MaxParamsDepth {
+		if d := jsonDepth(in); d > MaxDepth {
 			t.Fatalf("accepted value of depth %d", d)
 		}
 		if !json.Valid(out) {
@@ -609,7 +609,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 		if !reflect.DeepEqual(normalizeNegZero(in), normalizeNegZero(back)) {
 			t.Fatalf("round trip changed value:\n in  %#v\n out %#v", in, back)
 		}
-		again, err := CanonicalJSON(back)
+		again, err := Canonical(back)
 		if err != nil {
 			t.Fatalf("re-canonicalizing %q: %v", out, err)
 		}

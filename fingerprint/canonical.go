@@ -1,4 +1,4 @@
-package ledger
+package fingerprint
 
 import (
 	"encoding/json"
@@ -11,22 +11,22 @@ import (
 	"unicode/utf8"
 )
 
-// MaxParamsDepth is the maximum nesting depth of objects and arrays accepted
-// by CanonicalJSON and ComputeFingerprint. The outermost object or array is at
+// MaxDepth is the maximum nesting depth of objects and arrays accepted
+// by Canonical and Compute. The outermost object or array is at
 // depth 1, a container directly inside it at depth 2, and so on; a container
-// at a depth greater than MaxParamsDepth is refused with ErrNotCanonical.
-// Scalars inside a container at depth MaxParamsDepth are accepted.
-const MaxParamsDepth = 64
+// at a depth greater than MaxDepth is refused with ErrNotCanonical.
+// Scalars inside a container at depth MaxDepth are accepted.
+const MaxDepth = 64
 
-// ErrNotCanonical is the sentinel wrapped by every error CanonicalJSON and
-// ComputeFingerprint return for a value that has no RFC 8785 canonical form
+// ErrNotCanonical is the sentinel wrapped by every error Canonical and
+// Compute return for a value that has no RFC 8785 canonical form
 // (NaN or infinite numbers, strings or member names that are not valid UTF-8,
-// unsupported Go types, nesting deeper than MaxParamsDepth). Test with
+// unsupported Go types, nesting deeper than MaxDepth). Test with
 // errors.Is. The error message names the RFC 6901 JSON pointer of the offending
 // element but never contains the element's value.
-var ErrNotCanonical = errors.New("ledger: value has no canonical JSON form")
+var ErrNotCanonical = errors.New("fingerprint: value has no canonical JSON form")
 
-// CanonicalJSON returns the RFC 8785 (JSON Canonicalization Scheme) encoding
+// Canonical returns the RFC 8785 (JSON Canonicalization Scheme) encoding
 // of v.
 //
 // v must be built from the Go values produced by decoding JSON into an any
@@ -47,7 +47,7 @@ var ErrNotCanonical = errors.New("ledger: value has no canonical JSON form")
 // A value that cannot be canonicalized yields an error wrapping
 // ErrNotCanonical; its message names the JSON pointer of the offending element
 // but not the element's value.
-func CanonicalJSON(v any) ([]byte, error) {
+func Canonical(v any) ([]byte, error) {
 	e := encoder{buf: make([]byte, 0, 256)}
 	if err := e.value(v, 0); err != nil {
 		return nil, err.finish("")
@@ -155,8 +155,8 @@ func (e *encoder) number(f float64) *pathError {
 }
 
 func (e *encoder) object(m map[string]any, depth int) *pathError {
-	if depth > MaxParamsDepth {
-		return newPathError("nesting exceeds MaxParamsDepth")
+	if depth > MaxDepth {
+		return newPathError("nesting exceeds MaxDepth")
 	}
 	if len(m) == 0 {
 		e.buf = append(e.buf, "{}"...)
@@ -202,8 +202,8 @@ func (e *encoder) object(m map[string]any, depth int) *pathError {
 }
 
 func (e *encoder) array(a []any, depth int) *pathError {
-	if depth > MaxParamsDepth {
-		return newPathError("nesting exceeds MaxParamsDepth")
+	if depth > MaxDepth {
+		return newPathError("nesting exceeds MaxDepth")
 	}
 	e.buf = append(e.buf, '[')
 	for i, x := range a {

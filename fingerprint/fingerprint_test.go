@@ -1,4 +1,4 @@
-package ledger
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -21,9 +21,9 @@ func decodeParams(t testing.TB, s string) map[string]any {
 
 func mustFingerprint(t testing.TB, params map[string]any, fields []string) Fingerprint {
 	t.Helper()
-	fp, err := ComputeFingerprint(params, fields)
+	fp, err := Compute(params, fields)
 	if err != nil {
-		t.Fatalf("ComputeFingerprint(%v): %v", fields, err)
+		t.Fatalf("Compute(%v): %v", fields, err)
 	}
 	return fp
 }
@@ -35,14 +35,14 @@ func TestFingerprintStringParse(t *testing.T) {
 		t.Fatalf("String = %s, want %s", got, want)
 	}
 	for _, s := range []string{want, strings.ToUpper(want)} {
-		got, err := ParseFingerprint(s)
+		got, err := Parse(s)
 		if err != nil || got != fp {
-			t.Errorf("ParseFingerprint(%q) = %v, %v", s, got, err)
+			t.Errorf("Parse(%q) = %v, %v", s, got, err)
 		}
 	}
 	for _, s := range []string{"", want[:63], want + "0", want[:62] + "zz", want[:63] + " ", "0x" + want[:62], want[:32] + "\xff" + want[33:]} {
-		if _, err := ParseFingerprint(s); err == nil {
-			t.Errorf("ParseFingerprint(%q) succeeded", s)
+		if _, err := Parse(s); err == nil {
+			t.Errorf("Parse(%q) succeeded", s)
 		}
 	}
 	if got := (Fingerprint{}).String(); got != strings.Repeat("0", 64) {
@@ -220,8 +220,8 @@ func TestValidatePointer(t *testing.T) {
 		if !errors.Is(err, ErrInvalidPointer) {
 			t.Errorf("ValidatePointer(%q) = %v, want ErrInvalidPointer", p, err)
 		}
-		if _, err := ComputeFingerprint(map[string]any{"a": 1.0}, []string{"/a", p}); !errors.Is(err, ErrInvalidPointer) {
-			t.Errorf("ComputeFingerprint with %q = %v, want ErrInvalidPointer", p, err)
+		if _, err := Compute(map[string]any{"a": 1.0}, []string{"/a", p}); !errors.Is(err, ErrInvalidPointer) {
+			t.Errorf("Compute with %q = %v, want ErrInvalidPointer", p, err)
 		}
 	}
 }
@@ -234,7 +234,7 @@ func TestComputeFingerprintErrors(t *testing.T) {
 		"ok":    1.0,
 	}
 	// Whole params: refused, path named, value not revealed.
-	_, err := ComputeFingerprint(params, nil)
+	_, err := Compute(params, nil)
 	if !errors.Is(err, ErrNotCanonical) || strings.Contains(err.Error(), secret) {
 		t.Errorf("whole params: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestComputeFingerprintErrors(t *testing.T) {
 		{[]string{"/items"}, "/items/0/price"},
 		{[]string{"/ok", "/note"}, "/note"},
 	} {
-		_, err := ComputeFingerprint(params, tc.fields)
+		_, err := Compute(params, tc.fields)
 		if !errors.Is(err, ErrNotCanonical) {
 			t.Fatalf("%v: got %v, want ErrNotCanonical", tc.fields, err)
 		}
@@ -257,34 +257,34 @@ func TestComputeFingerprintErrors(t *testing.T) {
 		}
 	}
 	// Non-consequential bad fields are ignored.
-	if _, err := ComputeFingerprint(params, []string{"/ok", "/items/0/sku"}); err != nil {
+	if _, err := Compute(params, []string{"/ok", "/items/0/sku"}); err != nil {
 		t.Errorf("unselected bad values refused: %v", err)
 	}
 }
 
 func TestComputeFingerprintDepth(t *testing.T) {
-	// A params object whose deepest container is at MaxParamsDepth is
+	// A params object whose deepest container is at MaxDepth is
 	// accepted whichever fields are selected; one level more is refused.
-	okParams := nestedObjects(MaxParamsDepth, 1.0).(map[string]any)
-	deepPtr := strings.Repeat("/k", MaxParamsDepth-1) // innermost container
+	okParams := nestedObjects(MaxDepth, 1.0).(map[string]any)
+	deepPtr := strings.Repeat("/k", MaxDepth-1) // innermost container
 	for _, fields := range [][]string{nil, {""}, {"/k"}, {deepPtr}, {deepPtr + "/k"}} {
-		if _, err := ComputeFingerprint(okParams, fields); err != nil {
-			t.Errorf("depth %d, fields %.20q: %v", MaxParamsDepth, fields, err)
+		if _, err := Compute(okParams, fields); err != nil {
+			t.Errorf("depth %d, fields %.20q: %v", MaxDepth, fields, err)
 		}
 	}
-	tooDeep := nestedObjects(MaxParamsDepth+1, 1.0).(map[string]any)
+	tooDeep := nestedObjects(MaxDepth+1, 1.0).(map[string]any)
 	for _, fields := range [][]string{nil, {""}, {"/k"}, {deepPtr}, {deepPtr + "/k"}, {deepPtr + "/k/k"}} {
-		if _, err := ComputeFingerprint(tooDeep, fields); !errors.Is(err, ErrNotCanonical) {
-			t.Errorf("depth %d, fields %.20q: got %v, want ErrNotCanonical", MaxParamsDepth+1, fields, err)
+		if _, err := Compute(tooDeep, fields); !errors.Is(err, ErrNotCanonical) {
+			t.Errorf("depth %d, fields %.20q: got %v, want ErrNotCanonical", MaxDepth+1, fields, err)
 		}
 	}
 	// Selecting a scalar inside an allowed depth is fine even with deep
 	// siblings elsewhere.
 	mixed := map[string]any{"deep": nestedArrays(200, nil), "x": 1.0}
-	if _, err := ComputeFingerprint(mixed, []string{"/x"}); err != nil {
+	if _, err := Compute(mixed, []string{"/x"}); err != nil {
 		t.Errorf("unselected deep sibling refused: %v", err)
 	}
-	if _, err := ComputeFingerprint(mixed, nil); !errors.Is(err, ErrNotCanonical) {
+	if _, err := Compute(mixed, nil); !errors.Is(err, ErrNotCanonical) {
 		t.Errorf("deep params accepted: %v", err)
 	}
 }
@@ -336,8 +336,8 @@ func FuzzComputeFingerprint(f *testing.F) {
 		{`{"a":1}`, "a"},
 		{`{"a":"\u0000\u2028"}`, "/a"},
 		{`{"n":[1e21,1e-7,-0,5e-324]}`, "/n"},
-		{strings.Repeat(`{"k":`, MaxParamsDepth+1) + "1" + strings.Repeat("}", MaxParamsDepth+1), strings.Repeat("/k", MaxParamsDepth)},
-		{strings.Repeat(`{"k":`, MaxParamsDepth) + "1" + strings.Repeat("}", MaxParamsDepth), strings.Repeat("/k", MaxParamsDepth-1)},
+		{strings.Repeat(`{"k":`, MaxDepth+1) + "1" + strings.Repeat("}", MaxDepth+1), strings.Repeat("/k", MaxDepth)},
+		{strings.Repeat(`{"k":`, MaxDepth) + "1" + strings.Repeat("}", MaxDepth), strings.Repeat("/k", MaxDepth-1)},
 	} {
 		f.Add([]byte(s.doc), s.ptr)
 	}
@@ -347,10 +347,10 @@ func FuzzComputeFingerprint(f *testing.F) {
 			return
 		}
 		fields := []string{ptr}
-		whole1, errW1 := ComputeFingerprint(params, nil)
-		whole2, errW2 := ComputeFingerprint(params, nil)
-		sel1, errS1 := ComputeFingerprint(params, fields)
-		sel2, errS2 := ComputeFingerprint(params, fields)
+		whole1, errW1 := Compute(params, nil)
+		whole2, errW2 := Compute(params, nil)
+		sel1, errS1 := Compute(params, fields)
+		sel2, errS2 := Compute(params, fields)
 		if whole1 != whole2 || (errW1 == nil) != (errW2 == nil) {
 			t.Fatal("whole-params fingerprint not deterministic")
 		}
@@ -368,7 +368,7 @@ func FuzzComputeFingerprint(f *testing.F) {
 		}
 		if errS1 != nil {
 			// Only the depth limit can refuse decoded JSON.
-			if !errors.Is(errS1, ErrNotCanonical) || jsonDepth(params) <= MaxParamsDepth {
+			if !errors.Is(errS1, ErrNotCanonical) || jsonDepth(params) <= MaxDepth {
 				t.Fatalf("pointer %q: unexpected error %v", ptr, errS1)
 			}
 			return
@@ -382,10 +382,10 @@ func FuzzComputeFingerprint(f *testing.F) {
 			}
 			sel[ptr] = v
 		}
-		b, err := CanonicalJSON(sel)
+		b, err := Canonical(sel)
 		if err != nil {
 			// The selection object adds one level of nesting.
-			if jsonDepth(sel) <= MaxParamsDepth {
+			if jsonDepth(sel) <= MaxDepth {
 				t.Fatalf("reference canonicalization failed: %v", err)
 			}
 			return
