@@ -1,63 +1,320 @@
-// Package client is what Go agent runtimes import to talk to the operation
-// ledger: a connection to the service with its generated stubs, and the
-// holder ids every Reserve should carry.
+// Package client is what Go agent runtimes import to make side-effecting tool
+// calls safe to retry through the operation ledger.
 //
-// A call of an operation goes: Reserve (with the operation id, tool, the
-// consequential params, the permit and a holder from NewHolder) → on
-// DECISION_EXECUTE run the tool, then Complete (success, final failure, or
-// retryable failure proven not applied) or MarkUnknown (the outcome cannot be
-// told); on DECISION_REPLAY return the recorded outcome; on
-// DECISION_IN_PROGRESS wait retry_after and Reserve again; on
-// DECISION_RECONCILE ask the destination whether the effect exists and call
-// Reconcile. Never run the tool without an EXECUTE decision: when the ledger
-// is unreachable, the call waits or fails, it does not execute.
+// Do is the one call that does the whole dance right:
+//
+//	res, err := c.Do(ctx, client.Op{
+//		ID: runID + ":" + callID, Tool: "payments.refund",
+//		Params: map[string]any{"charge": "ch_1", "amount": 1250}, PermitID: approval,
+//	}, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+//		r, err := refunds.Create(ctx, charge, amount, a.IdempotencyKey)
+//		if err != nil {
+//			return client.Result{}, err // classified: see ClassOf
+//		}
+//		return client.Result{ResourceID: r.ID}, nil
+//	})
+//
+// It reserves the operation under a fresh holder, runs fn only on an EXECUTE
+// decision (with a fresh timeout per attempt, renewing the lease while fn
+// runs), and reports how fn ended: success → Complete; a final failure →
+// FAILED_FINAL; a failure proven not applied → FAILED_RETRYABLE and a retry
+// under the same operation id; anything ambiguous → MarkUnknown. A REPLAY
+// returns the recorded result (or failure) without running fn; IN_PROGRESS
+// waits, honouring retry_after; RECONCILE runs the Reconciler registered for
+// the tool (it asks the destination whether the effect exists) or returns
+// ErrNeedsReconciliation. A conflict (ErrKeyReused) is a stop signal: the SDK
+// never mints a new key. When the ledger is unreachable fn is never called:
+// there is no execution without a reservation.
+//
+// The typed wrappers (Reserve, Complete, MarkUnknown, Lookup, Reconcile,
+// Renew, ListUnresolved) expose every RPC; their errors are *Error values
+// that match the sentinels (ErrKeyReused, ErrStaleToken, ...) with
+// errors.Is. docs/client.md has the decision flow and the retry rules.
 package client
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
-// Client is a connection to a ledger with its generated stubs.
+// Client talks to one ledger. It is safe for concurrent use.
 type Client struct {
-	ledgerv1.LedgerServiceClient
-	conn *grpc.ClientConn
+	rpc  ledgerv1.LedgerServiceClient
+	conn *grpc.ClientConn // when Dial made it
+
+	mu          sync.RWMutex
+	tools       map[string]ToolPolicy
+	reconcilers map[string]Reconciler
+
+	defaultTool   ToolPolicy
+	backoff       Backoff
+	ledgerRetries int
+	callTimeout   time.Duration
+	dialOptions   []grpc.DialOption
 }
 
-// Dial connects to the ledger at target (host:port). Without options the
-// connection is plaintext, which ledgerd only allows on loopback; pass
-// grpc.WithTransportCredentials for TLS. The connection is made lazily, on
-// the first call.
-func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
-	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+// Option configures a Client.
+type Option func(*Client)
+
+// WithToolPolicy sets the policy of one tool (see SetToolPolicy).
+func WithToolPolicy(tool string, p ToolPolicy) Option {
+	return func(c *Client) { c.tools[tool] = p }
+}
+
+// WithDefaultToolPolicy sets the policy of tools without one
+// (DefaultToolPolicy otherwise).
+func WithDefaultToolPolicy(p ToolPolicy) Option { return func(c *Client) { c.defaultTool = p } }
+
+// WithReconciler registers the reconciler of a tool (see
+// RegisterReconciler).
+func WithReconciler(tool string, r Reconciler) Option {
+	return func(c *Client) { c.reconcilers[tool] = r }
+}
+
+// WithBackoff sets the delay between retries (DefaultBackoff otherwise).
+func WithBackoff(b Backoff) Option { return func(c *Client) { c.backoff = b } }
+
+// WithLedgerRetries sets how many times a call to the ledger is repeated
+// when the ledger is unavailable (3 otherwise). The SDK is the one retry
+// owner: the gRPC channel does not retry on its own.
+func WithLedgerRetries(n int) Option { return func(c *Client) { c.ledgerRetries = n } }
+
+// WithCallTimeout bounds each call to the ledger (5s otherwise).
+func WithCallTimeout(d time.Duration) Option { return func(c *Client) { c.callTimeout = d } }
+
+// WithDialOptions are used by Dial (plaintext otherwise, which ledgerd only
+// serves on loopback; pass grpc.WithTransportCredentials for TLS).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(c *Client) { c.dialOptions = append(c.dialOptions, opts...) }
+}
+
+// New returns a Client on an existing connection.
+func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
+	c := &Client{
+		rpc:           ledgerv1.NewLedgerServiceClient(cc),
+		tools:         map[string]ToolPolicy{},
+		reconcilers:   map[string]Reconciler{},
+		defaultTool:   DefaultToolPolicy,
+		backoff:       DefaultBackoff,
+		ledgerRetries: 3,
+		callTimeout:   5 * time.Second,
 	}
-	conn, err := grpc.NewClient(target, opts...)
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Dial connects to the ledger at target (host:port); the connection is made
+// on the first call.
+func Dial(target string, opts ...Option) (*Client, error) {
+	c := New(nil, opts...)
+	dial := c.dialOptions
+	if len(dial) == 0 {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{LedgerServiceClient: ledgerv1.NewLedgerServiceClient(conn), conn: conn}, nil
+	c.conn, c.rpc = conn, ledgerv1.NewLedgerServiceClient(conn)
+	return c, nil
 }
 
-// Conn returns the underlying connection (for health checks, say).
+// Conn returns the connection Dial made (nil for New).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connection Dial made.
+func (c *Client) Close() error {
+	if c.conn == nil {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// SetToolPolicy sets the timeout, retries and effect Do uses for a tool,
+// e.g. search_orders {3s, 2}, get_shipping_status {8s, 2}, create_refund
+// {10s, 1}.
+func (c *Client) SetToolPolicy(tool string, p ToolPolicy) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tools[tool] = p
+}
+
+// RegisterReconciler sets the reconciler Do runs when the ledger answers
+// RECONCILE for the tool.
+func (c *Client) RegisterReconciler(tool string, r Reconciler) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reconcilers[tool] = r
+}
+
+func (c *Client) toolPolicy(tool string) ToolPolicy {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if p, ok := c.tools[tool]; ok {
+		return p
+	}
+	return c.defaultTool
+}
+
+func (c *Client) reconciler(tool string) Reconciler {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.reconcilers[tool]
+}
 
 // NewHolder returns a fresh holder id: 128 random bits. Generate one per
 // call of an operation and reuse it only to retry that same call, so a lost
 // Reserve response can be recovered; never share one between concurrent
-// callers (a hostname or a process id would be shared).
+// callers (a hostname or a process id would be shared). Do does this.
 func NewHolder() string {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("client: no randomness for a holder id: " + err.Error())
 	}
 	return "h-" + hex.EncodeToString(b[:])
+}
+
+// Reserve records the intent of op under holder and returns the decision.
+// May return an error matching ErrKeyReused, ErrKeyExpired,
+// ErrInvalidArgument or ErrUnavailable.
+func (c *Client) Reserve(ctx context.Context, op Op, holder string) (*Reservation, error) {
+	req := &ledgerv1.ReserveRequest{
+		OperationId: op.ID, Tool: op.Tool, Effect: op.Effect, PermitId: op.PermitID,
+		Holder: holder, RunId: op.RunID, Step: op.Step,
+	}
+	if op.Params != nil {
+		s, err := structpb.NewStruct(op.Params)
+		if err != nil {
+			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
+		}
+		req.Params = s
+	}
+	if !op.RetainUntil.IsZero() {
+		req.RetainUntil = timestamppb.New(op.RetainUntil)
+	}
+	r, err := c.rpc.Reserve(ctx, req)
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return &Reservation{
+		Decision:   r.GetDecision(),
+		Operation:  operationFromProto(r.GetOperation()),
+		RetryAfter: r.GetRetryAfter().AsDuration(),
+		Holder:     r.GetHolder(),
+	}, nil
+}
+
+// Complete reports a successful attempt with its result.
+func (c *Client) Complete(ctx context.Context, id string, token uint64, r Result) (*Operation, error) {
+	res, err := resultToProto(r)
+	if err != nil {
+		return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "result: " + err.Error(), sentinel: ErrInvalidArgument}
+	}
+	return c.complete(ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: token, Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: res})
+}
+
+// Fail reports a failed attempt: final (the operation fails for good) or
+// retryable (proven not applied: the operation returns to PENDING).
+func (c *Client) Fail(ctx context.Context, id string, token uint64, final bool, f Failure) (*Operation, error) {
+	out := ledgerv1.Outcome_OUTCOME_FAILED_RETRYABLE
+	if final {
+		out = ledgerv1.Outcome_OUTCOME_FAILED_FINAL
+	}
+	return c.complete(ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: token, Outcome: out,
+		Failure: &ledgerv1.Failure{Code: f.Code, Message: f.Message}})
+}
+
+func (c *Client) complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*Operation, error) {
+	r, err := c.rpc.Complete(ctx, req)
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return operationFromProto(r.GetOperation()), nil
+}
+
+// MarkUnknown reports that the attempt cannot tell whether the effect
+// happened; reason is a short note (never parameters or secrets).
+func (c *Client) MarkUnknown(ctx context.Context, id string, token uint64, reason string) (*Operation, error) {
+	r, err := c.rpc.MarkUnknown(ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: token, Reason: reason})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return operationFromProto(r.GetOperation()), nil
+}
+
+// Lookup reads an operation with its history.
+func (c *Client) Lookup(ctx context.Context, id string) (*Operation, error) {
+	r, err := c.rpc.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return operationFromProto(r.GetOperation()), nil
+}
+
+// Reconcile records what the destination says about an operation.
+func (c *Client) Reconcile(ctx context.Context, id string, f Finding) (*Operation, error) {
+	req := &ledgerv1.ReconcileRequest{OperationId: id, Finding: f.Kind, Note: f.Note}
+	if f.Kind == Applied {
+		res, err := resultToProto(f.Result)
+		if err != nil {
+			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "result: " + err.Error(), sentinel: ErrInvalidArgument}
+		}
+		req.Result = res
+	}
+	if f.Failure != nil && f.Kind == Abandon {
+		req.Failure = &ledgerv1.Failure{Code: f.Failure.Code, Message: f.Failure.Message}
+	}
+	r, err := c.rpc.Reconcile(ctx, req)
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return operationFromProto(r.GetOperation()), nil
+}
+
+// Renew extends the lease of the claim with token.
+func (c *Client) Renew(ctx context.Context, id string, token uint64) (*Operation, error) {
+	r, err := c.rpc.Renew(ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: token})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return operationFromProto(r.GetOperation()), nil
+}
+
+// ListOptions select a page of unresolved operations.
+type ListOptions struct {
+	PageSize  uint32
+	PageToken string
+	States    []State
+	Tool      string
+}
+
+// Page is one page of unresolved operations, oldest first.
+type Page struct {
+	Operations    []*Operation
+	NextPageToken string
+}
+
+// ListUnresolved returns a page of the tenant's unresolved operations.
+func (c *Client) ListUnresolved(ctx context.Context, o ListOptions) (*Page, error) {
+	r, err := c.rpc.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{PageSize: o.PageSize, PageToken: o.PageToken, States: o.States, Tool: o.Tool})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	p := &Page{NextPageToken: r.GetNextPageToken()}
+	for _, op := range r.GetOperations() {
+		p.Operations = append(p.Operations, operationFromProto(op))
+	}
+	return p, nil
 }

@@ -2,63 +2,519 @@ package client_test
 
 import (
 	"context"
-	"net"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
-	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
-	"github.com/opledger/ledger/ledger"
-	"github.com/opledger/ledger/server"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
 )
 
-func TestNewHolderIsUnique(t *testing.T) {
-	seen := map[string]bool{}
-	for range 10000 {
-		h := client.NewHolder()
-		if seen[h] || len(h) != 34 {
-			t.Fatalf("holder %q repeated or malformed", h)
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// testPolicy: short leases where a scenario needs a lease to end.
+const testPolicy = `
+defaults:
+  max_attempts: 5
+tools:
+  - match: "short.*"
+    lease: 200ms
+  - match: "idem.*"
+    effect: idempotent
+`
+
+// fast keeps the tests' retries short.
+var fast = client.WithBackoff(client.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond})
+
+type env struct {
+	c     *client.Client
+	stack *ledgertest.Stack
+	rdb   redis.UniversalClient
+	ctx   context.Context
+	name  string
+}
+
+func (e *env) id(s string) string { return e.name + ":" + s }
+
+func newEnv(t *testing.T, rdb redis.UniversalClient, opts ...client.Option) *env {
+	t.Helper()
+	st := ledgertest.Start(t, rdb, ledgertest.Options{Policy: testPolicy})
+	c, err := client.Dial(st.Addr, append([]client.Option{fast}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &env{c: c, stack: st, rdb: rdb, ctx: context.Background(), name: t.Name() + "-" + client.NewHolder()[2:10]}
+}
+
+func eachBackend(t *testing.T, f func(t *testing.T, e *env), opts ...client.Option) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) { f(t, newEnv(t, rdb, opts...)) })
+}
+
+// destination applies every request (it honours no idempotency key), with
+// faults injected in order, and answers reconcilers by operation id.
+type destination struct {
+	mu      sync.Mutex
+	applied map[string][]string
+	total   int
+	faults  []string
+	calls   atomic.Int32
+}
+
+func newDestination(faults ...string) *destination {
+	return &destination{applied: map[string][]string{}, faults: faults}
+}
+
+var errTimeout = errors.New("read tcp: i/o timeout")
+
+// fn is the tool: it applies the effect keyed by the operation id.
+func (d *destination) fn(ctx context.Context, a client.Attempt) (client.Result, error) {
+	d.calls.Add(1)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f := ""
+	if len(d.faults) > 0 {
+		f, d.faults = d.faults[0], d.faults[1:]
+	}
+	switch f {
+	case "refuse": // refused before writing: proven not applied
+		return client.Result{}, client.MarkRetryable(errors.New("503 service unavailable"))
+	case "timeout-no-write":
+		return client.Result{}, errTimeout
+	case "declined":
+		return client.Result{}, client.MarkFinal("declined", errors.New("card declined"))
+	}
+	d.total++
+	rid := fmt.Sprintf("R-%d", d.total)
+	d.applied[a.IdempotencyKey] = append(d.applied[a.IdempotencyKey], rid)
+	if f == "timeout-after-write" {
+		return client.Result{}, errTimeout
+	}
+	return client.Result{ResourceID: rid, Data: map[string]any{"receipt": rid}}, nil
+}
+
+// reconciler asks the destination whether the effect exists.
+func (d *destination) reconciler(ctx context.Context, op *client.Operation) (client.Finding, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rs := d.applied[op.ID]; len(rs) > 0 {
+		return client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: rs[0], Data: map[string]any{"receipt": rs[0]}}, Note: "found"}, nil
+	}
+	return client.Finding{Kind: client.NotApplied, Note: "not found"}, nil
+}
+
+func (d *destination) totalApplied() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.total
+}
+
+func (d *destination) count(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.applied[id])
+}
+
+func (e *env) op(name, tool string, params map[string]any) client.Op {
+	return client.Op{ID: e.id(name), Tool: tool, Params: params, PermitID: "permit-1", RunID: e.name}
+}
+
+func reasons(o *client.Operation) []string {
+	var out []string
+	for _, h := range o.History {
+		out = append(out, h.Reason)
+	}
+	return out
+}
+
+func TestDoExecutesOnceThenReplays(t *testing.T) { // S2
+	eachBackend(t, func(t *testing.T, e *env) {
+		d := newDestination()
+		op := e.op("refund", "payments.refund", map[string]any{"charge": "ch_1", "amount": 1250})
+		first, err := e.c.Do(e.ctx, op, d.fn)
+		if err != nil || first.Replayed || first.ResourceID != "R-1" || first.Attempt != 1 {
+			t.Fatalf("first Do = %+v, %v", first, err)
 		}
-		seen[h] = true
+		// The agent lost that answer and retries the whole call.
+		again, err := e.c.Do(e.ctx, op, d.fn)
+		if err != nil || !again.Replayed || again.ResourceID != "R-1" || again.Data["receipt"] != "R-1" {
+			t.Fatalf("retried Do = %+v, %v", again, err)
+		}
+		if n := d.count(op.ID); n != 1 || d.calls.Load() != 1 {
+			t.Fatalf("effect applied %d times, fn called %d times; want 1 and 1", n, d.calls.Load())
+		}
+	})
+}
+
+// dropper loses the response of the next call of an armed method after the
+// server handled it.
+type dropper struct {
+	mu    sync.Mutex
+	armed map[string]int
+}
+
+func (d *dropper) arm(method string, times int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.armed[method] = times
+}
+
+func (d *dropper) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.armed[name] > 0 {
+		d.armed[name]--
+		return status.Error(codes.Unavailable, "response lost")
+	}
+	return err
+}
+
+func withDropper() (*dropper, client.Option) {
+	d := &dropper{armed: map[string]int{}}
+	return d, client.WithDialOptions(grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(d.intercept))
+}
+
+func TestDoRecoversLostResponses(t *testing.T) { // S10, and S2's lost Complete response
+	dr, opt := withDropper()
+	eachBackend(t, func(t *testing.T, e *env) {
+		d := newDestination()
+		op := e.op("refund", "payments.refund", map[string]any{"amount": 1})
+		dr.arm("Reserve", 1)
+		dr.arm("Complete", 1)
+		res, err := e.c.Do(e.ctx, op, d.fn)
+		if err != nil || res.ResourceID != "R-1" || res.Attempt != 1 {
+			t.Fatalf("Do = %+v, %v", res, err)
+		}
+		got, err := e.c.Lookup(e.ctx, op.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := strings.Join(reasons(got), ","); r != "RESERVED,SUCCEEDED" || got.Attempt != 1 {
+			t.Fatalf("attempt %d, history %s: the lost responses left a trace", got.Attempt, r)
+		}
+		if d.calls.Load() != 1 || d.count(op.ID) != 1 {
+			t.Fatalf("fn called %d times", d.calls.Load())
+		}
+	}, opt)
+}
+
+func TestDoWorkerDiedAfterEffect(t *testing.T) { // S3
+	eachBackend(t, func(t *testing.T, e *env) {
+		d := newDestination()
+		op := e.op("refund", "short.refund", map[string]any{"amount": 1})
+		// A worker reserves, applies the effect, and dies before Complete.
+		res, err := e.c.Reserve(e.ctx, op, client.NewHolder())
+		if err != nil || res.Decision != client.DecisionExecute {
+			t.Fatalf("Reserve = %v, %v", res, err)
+		}
+		if _, err := d.fn(e.ctx, client.Attempt{OperationID: op.ID, IdempotencyKey: op.ID}); err != nil {
+			t.Fatal(err)
+		}
+		// Without a reconciler the SDK stops: it must not run fn again.
+		// (It waits out the dead worker's lease first.)
+		_, err = e.c.Do(e.ctx, op, d.fn)
+		if !errors.Is(err, client.ErrNeedsReconciliation) {
+			t.Fatalf("Do without a reconciler = %v, want ErrNeedsReconciliation", err)
+		}
+		// With one, the effect is found and replayed.
+		e.c.RegisterReconciler("short.refund", d.reconciler)
+		got, err := e.c.Do(e.ctx, op, d.fn)
+		if err != nil || got.ResourceID != "R-1" || !got.Replayed {
+			t.Fatalf("Do with a reconciler = %+v, %v", got, err)
+		}
+		if d.count(op.ID) != 1 || d.calls.Load() != 1 {
+			t.Fatalf("effect applied %d times, fn called %d times", d.count(op.ID), d.calls.Load())
+		}
+		o, _ := e.c.Lookup(e.ctx, op.ID)
+		if r := strings.Join(reasons(o), ","); r != "RESERVED,LEASE_EXPIRED,RECONCILED_APPLIED" {
+			t.Fatalf("history = %s", r)
+		}
+	})
+}
+
+func TestDoTimeoutThenReconciliation(t *testing.T) { // S5
+	eachBackend(t, func(t *testing.T, e *env) {
+		for _, tc := range []struct {
+			fault     string
+			wantHist  string
+			wantCalls int32
+		}{
+			{"timeout-after-write", "RESERVED,MARKED_UNKNOWN,RECONCILED_APPLIED", 1},
+			{"timeout-no-write", "RESERVED,MARKED_UNKNOWN,RECONCILED_NOT_APPLIED,CLAIMED,SUCCEEDED", 2},
+		} {
+			d := newDestination(tc.fault)
+			e.c.RegisterReconciler("payments.refund", d.reconciler)
+			op := e.op(tc.fault, "payments.refund", map[string]any{"amount": 1})
+			res, err := e.c.Do(e.ctx, op, d.fn)
+			if err != nil || res.ResourceID != "R-1" {
+				t.Fatalf("%s: Do = %+v, %v", tc.fault, res, err)
+			}
+			if d.count(op.ID) != 1 || d.calls.Load() != tc.wantCalls {
+				t.Fatalf("%s: effect applied %d times, fn called %d times", tc.fault, d.count(op.ID), d.calls.Load())
+			}
+			o, _ := e.c.Lookup(e.ctx, op.ID)
+			if r := strings.Join(reasons(o), ","); r != tc.wantHist {
+				t.Fatalf("%s: history = %s, want %s", tc.fault, r, tc.wantHist)
+			}
+		}
+	})
+}
+
+func TestDoAppointmentWithFaults(t *testing.T) { // S9 through the SDK
+	eachBackend(t, func(t *testing.T, e *env) {
+		clinic := newDestination("refuse", "timeout-after-write")
+		e.c.RegisterReconciler("create_appointment", clinic.reconciler)
+		slot := map[string]any{"patient": "p-17", "start": "2026-12-03T09:30:00Z"}
+		op := e.op("book", "create_appointment", slot)
+		got := make([]string, 5)
+		var wg sync.WaitGroup
+		for i := range 2 { // sends 1 and 2, concurrently, through the faults
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := e.c.Do(e.ctx, op, clinic.fn)
+				if err != nil {
+					t.Error(err)
+				}
+				got[i] = r.ResourceID
+			}()
+		}
+		wg.Wait()
+		for i := 2; i < 5; i++ { // the agent crashed after the response, and sends it again
+			r, err := e.c.Do(e.ctx, op, clinic.fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] = r.ResourceID
+		}
+		for _, g := range got {
+			if g != got[0] || g == "" {
+				t.Fatalf("sends returned %v", got)
+			}
+		}
+		if n := clinic.count(op.ID); n != 1 {
+			t.Fatalf("%d appointments, want exactly 1", n)
+		}
+		changed := e.op("book", "create_appointment", map[string]any{"patient": "p-17", "start": "2026-12-04T09:30:00Z"})
+		if _, err := e.c.Do(e.ctx, changed, clinic.fn); !errors.Is(err, client.ErrKeyReused) {
+			t.Fatalf("a different payload under the key = %v, want ErrKeyReused", err)
+		}
+		second, err := e.c.Do(e.ctx, e.op("book-2", "create_appointment", slot), clinic.fn)
+		if err != nil || second.ResourceID == got[0] {
+			t.Fatalf("a new key = %+v, %v", second, err)
+		}
+		if n := clinic.totalApplied(); n != 2 {
+			t.Fatalf("%d appointments in all, want 2", n)
+		}
+	})
+}
+
+func TestDoConflictNeverMintsAKey(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	e := newEnv(t, rdb)
+	d := newDestination()
+	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
+	if _, err := e.c.Do(e.ctx, op, d.fn); err != nil {
+		t.Fatal(err)
+	}
+	op.Params = map[string]any{"amount": 1000}
+	_, err := e.c.Do(e.ctx, op, d.fn)
+	var le *client.Error
+	if !errors.Is(err, client.ErrKeyReused) || !errors.As(err, &le) || le.Metadata["differs"] != "params" {
+		t.Fatalf("Do = %v, want ErrKeyReused naming params", err)
+	}
+	if d.calls.Load() != 1 {
+		t.Fatalf("fn called %d times", d.calls.Load())
+	}
+	keys, err := rdb.Keys(e.ctx, "*:op:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("records in the store: %v (%v); want exactly the one operation", keys, err)
 	}
 }
 
-// TestDialAndReserve runs the client against a ledgerd-like stack on the
-// embedded engine.
-func TestDialAndReserve(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
-	l, err := ledger.New(rdb, ledger.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := server.New(server.Config{Ledger: l})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = svc.Serve(lis) }()
-	t.Cleanup(svc.GRPC.Stop)
+func TestDoNeverRunsWithoutAReservation(t *testing.T) { // S6, client side
+	t.Run("ledger down", func(t *testing.T) {
+		e := newEnv(t, redistest.Shared(t).Client(t), client.WithLedgerRetries(2), client.WithCallTimeout(500*time.Millisecond))
+		e.stack.Service.GRPC.Stop()
+		d := newDestination()
+		_, err := e.c.Do(e.ctx, e.op("x", "payments.refund", nil), d.fn)
+		if !errors.Is(err, client.ErrUnavailable) || d.calls.Load() != 0 {
+			t.Fatalf("Do = %v with fn called %d times; want ErrUnavailable and 0", err, d.calls.Load())
+		}
+	})
+	t.Run("store down", func(t *testing.T) {
+		srv := redistest.Start(t)
+		e := newEnv(t, srv.Client(t), client.WithLedgerRetries(1))
+		srv.Stop()
+		d := newDestination()
+		_, err := e.c.Do(e.ctx, e.op("x", "payments.refund", nil), d.fn)
+		var le *client.Error
+		if !errors.Is(err, client.ErrUnavailable) || !errors.As(err, &le) || le.Reason != "STORE_UNAVAILABLE" || d.calls.Load() != 0 {
+			t.Fatalf("Do = %v with fn called %d times; want STORE_UNAVAILABLE and 0", err, d.calls.Load())
+		}
+	})
+}
 
-	c, err := client.Dial(lis.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	holder := client.NewHolder()
-	req := &ledgerv1.ReserveRequest{OperationId: "run-1:call-1", Tool: "tickets.create", Holder: holder}
-	first, err := c.Reserve(context.Background(), req)
-	if err != nil || first.Decision != ledgerv1.Decision_DECISION_EXECUTE {
-		t.Fatalf("Reserve = %v, %v", first, err)
-	}
-	again, err := c.Reserve(context.Background(), req)
-	if err != nil || again.Decision != ledgerv1.Decision_DECISION_EXECUTE || again.Operation.FencingToken != first.Operation.FencingToken {
-		t.Fatalf("the same holder again = %v, %v", again, err)
-	}
-	other, err := c.Reserve(context.Background(), &ledgerv1.ReserveRequest{OperationId: "run-1:call-1", Tool: "tickets.create", Holder: client.NewHolder()})
-	if err != nil || other.Decision != ledgerv1.Decision_DECISION_IN_PROGRESS {
-		t.Fatalf("another holder = %v, %v", other, err)
+func TestDoRetriesRetryableFailures(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		d := newDestination("refuse", "refuse")
+		op := e.op("refund", "payments.refund", map[string]any{"amount": 1})
+		res, err := e.c.Do(e.ctx, op, d.fn)
+		if err != nil || res.Attempt != 3 || res.ResourceID != "R-1" {
+			t.Fatalf("Do = %+v, %v", res, err)
+		}
+		o, _ := e.c.Lookup(e.ctx, op.ID)
+		if r := strings.Join(reasons(o), ","); r != "RESERVED,FAILED_RETRYABLE,CLAIMED,FAILED_RETRYABLE,CLAIMED,SUCCEEDED" {
+			t.Fatalf("history = %s", r)
+		}
+		// Out of retries: the tool policy allows 1 retry.
+		e.c.SetToolPolicy("create_refund", client.ToolPolicy{Timeout: 10 * time.Second, MaxRetries: 1})
+		d2 := newDestination("refuse", "refuse", "refuse")
+		op2 := e.op("refund-2", "create_refund", map[string]any{"amount": 1})
+		_, err = e.c.Do(e.ctx, op2, d2.fn)
+		var ex *client.ExhaustedError
+		if !errors.Is(err, client.ErrRetriesExhausted) || !errors.As(err, &ex) || ex.Attempts != 2 || ex.Ambiguous || d2.calls.Load() != 2 {
+			t.Fatalf("Do = %v after %d calls", err, d2.calls.Load())
+		}
+		if o, _ := e.c.Lookup(e.ctx, op2.ID); o.State != client.StatePending {
+			t.Fatalf("state = %v, want PENDING (a later call may try again)", o.State)
+		}
+	})
+}
+
+func TestDoFinalFailure(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		d := newDestination("declined")
+		op := e.op("charge", "payments.charge", map[string]any{"amount": 1})
+		_, err := e.c.Do(e.ctx, op, d.fn)
+		var fe *client.FailedError
+		if !errors.Is(err, client.ErrOperationFailed) || !errors.As(err, &fe) || fe.Code != "declined" || fe.Replayed {
+			t.Fatalf("Do = %v", err)
+		}
+		_, err = e.c.Do(e.ctx, op, d.fn)
+		if !errors.As(err, &fe) || !fe.Replayed || fe.Code != "declined" || d.calls.Load() != 1 {
+			t.Fatalf("replayed Do = %v (fn called %d times)", err, d.calls.Load())
+		}
+	})
+}
+
+func TestDoRetriesAmbiguousIdempotentTools(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		d := newDestination("timeout-after-write")
+		op := e.op("sync", "idem.sync", map[string]any{"profile": "p"})
+		res, err := e.c.Do(e.ctx, op, d.fn)
+		if err != nil || res.Attempt != 2 {
+			t.Fatalf("Do = %+v, %v", res, err)
+		}
+		// Applied twice, which an idempotent destination absorbs; the ledger
+		// records the second attempt's result.
+		if d.count(op.ID) != 2 {
+			t.Fatalf("applied %d times", d.count(op.ID))
+		}
+	})
+}
+
+func TestDoWaitsForAnotherHolder(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		op := e.op("slow", "payments.refund", map[string]any{"amount": 1})
+		release := make(chan struct{})
+		var calls atomic.Int32
+		slow := func(ctx context.Context, a client.Attempt) (client.Result, error) {
+			calls.Add(1)
+			<-release
+			return client.Result{ResourceID: "R-slow"}, nil
+		}
+		first := make(chan error, 1)
+		go func() { _, err := e.c.Do(e.ctx, op, slow); first <- err }()
+		for calls.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		second := make(chan client.Result, 1)
+		go func() {
+			r, err := e.c.Do(e.ctx, op, slow)
+			if err != nil {
+				t.Error(err)
+			}
+			second <- r
+		}()
+		time.Sleep(50 * time.Millisecond) // the second caller is waiting
+		close(release)
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+		if r := <-second; r.ResourceID != "R-slow" || !r.Replayed || calls.Load() != 1 {
+			t.Fatalf("waiting caller got %+v; fn called %d times", r, calls.Load())
+		}
+	})
+}
+
+func TestDoRenewsTheLeaseOfLongTools(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		op := e.op("long", "short.export", nil)
+		res, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+			time.Sleep(700 * time.Millisecond) // 3.5 leases
+			return client.Result{ResourceID: "done"}, ctx.Err()
+		})
+		if err != nil || res.Attempt != 1 {
+			t.Fatalf("Do = %+v, %v", res, err)
+		}
+		o, _ := e.c.Lookup(e.ctx, op.ID)
+		if r := strings.Join(reasons(o), ","); r != "RESERVED,SUCCEEDED" {
+			t.Fatalf("history = %s: the claim was lost", r)
+		}
+	})
+}
+
+func TestDoGivesEachAttemptAFreshTimeout(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.c.SetToolPolicy("search_orders", client.ToolPolicy{Timeout: 50 * time.Millisecond, MaxRetries: 2, Effect: client.EffectReadOnly})
+		var deadlines []time.Time
+		_, err := e.c.Do(e.ctx, e.op("search", "search_orders", map[string]any{"q": "x"}), func(ctx context.Context, a client.Attempt) (client.Result, error) {
+			dl, ok := ctx.Deadline()
+			if !ok {
+				t.Error("no per-attempt deadline")
+			}
+			deadlines = append(deadlines, dl)
+			<-ctx.Done()
+			return client.Result{}, ctx.Err()
+		})
+		if !errors.Is(err, client.ErrRetriesExhausted) || len(deadlines) != 3 {
+			t.Fatalf("Do = %v after %d attempts", err, len(deadlines))
+		}
+		for i := 1; i < len(deadlines); i++ {
+			if !deadlines[i].After(deadlines[i-1]) {
+				t.Fatalf("attempt %d reused the deadline of attempt %d", i+1, i)
+			}
+		}
+	})
+}
+
+func TestDoMarksAPanickingToolUnknown(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	op := e.op("panic", "payments.refund", nil)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic was swallowed")
+			}
+		}()
+		_, _ = e.c.Do(e.ctx, op, func(context.Context, client.Attempt) (client.Result, error) { panic("boom") })
+	}()
+	if o, _ := e.c.Lookup(e.ctx, op.ID); o.State != client.StateUnknown {
+		t.Fatalf("state after a panic = %v, want UNKNOWN", o.State)
 	}
 }

@@ -1,0 +1,146 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"syscall"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Class says what a failed attempt proves about its effect, which decides
+// what Do tells the ledger.
+type Class int
+
+// The classes of a failed attempt.
+const (
+	// Ambiguous: the effect may or may not exist (timeouts, lost responses,
+	// 5xx after the request was accepted, anything unclassified). Do calls
+	// MarkUnknown: an irreversible tool must be reconciled before it runs
+	// again; an idempotent one is retried.
+	Ambiguous Class = iota
+	// Retryable: proven not applied (429, 503 before acceptance, connection
+	// refused). Do completes the attempt as FAILED_RETRYABLE and retries
+	// under the same operation id.
+	Retryable
+	// Final: the destination refused for good (a 4xx-class answer). Do
+	// completes the operation as FAILED_FINAL; it is never retried.
+	Final
+)
+
+// String names the class.
+func (c Class) String() string {
+	switch c {
+	case Retryable:
+		return "retryable"
+	case Final:
+		return "final"
+	}
+	return "ambiguous"
+}
+
+type classified struct {
+	class Class
+	code  string
+	err   error
+}
+
+func (c *classified) Error() string { return c.err.Error() }
+func (c *classified) Unwrap() error { return c.err }
+
+// MarkRetryable wraps err to say the attempt is proven not to have applied
+// the effect.
+func MarkRetryable(err error) error { return &classified{class: Retryable, err: err} }
+
+// MarkAmbiguous wraps err to say the attempt's effect cannot be told.
+func MarkAmbiguous(err error) error { return &classified{class: Ambiguous, err: err} }
+
+// MarkFinal wraps err to say the attempt failed for good; code is recorded as
+// the operation's failure code (e.g. "card_declined").
+func MarkFinal(code string, err error) error {
+	return &classified{class: Final, code: code, err: err}
+}
+
+// ClassOf returns the class of an attempt's error: the one it was marked
+// with (MarkRetryable, MarkFinal, MarkAmbiguous, or by ClassifyHTTP and
+// ClassifyGRPC); Retryable for a connection that was never established
+// (connection refused, a failed dial: nothing was sent); Ambiguous for
+// everything else, timeouts and cancellations included.
+func ClassOf(err error) Class {
+	var c *classified
+	if errors.As(err, &c) {
+		return c.class
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return Ambiguous
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return Retryable
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return Retryable
+	}
+	return Ambiguous
+}
+
+// failureCode is the code recorded for a final failure.
+func failureCode(err error) string {
+	var c *classified
+	if errors.As(err, &c) && c.code != "" {
+		return c.code
+	}
+	return "tool_failed"
+}
+
+// ClassifyHTTP classifies the outcome of an HTTP request to a destination:
+// nil for 1xx–3xx; with err set, err marked by ClassOf (a refused
+// connection is retryable, a timeout ambiguous); 408, 425, 429 and 503
+// (refused before the request was accepted) retryable; 500, 502, 504 and
+// other 5xx ambiguous (the request may have been processed); other 4xx
+// final, with the code "http_<status>". The error names the status, never
+// the body.
+func ClassifyHTTP(resp *http.Response, err error) error {
+	if err != nil {
+		return &classified{class: ClassOf(err), err: err}
+	}
+	if resp == nil || resp.StatusCode < 400 {
+		return nil
+	}
+	e := fmt.Errorf("http %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))
+	switch sc := resp.StatusCode; {
+	case sc == http.StatusRequestTimeout, sc == http.StatusTooEarly, sc == http.StatusTooManyRequests,
+		sc == http.StatusServiceUnavailable:
+		return MarkRetryable(e)
+	case sc >= 500:
+		return MarkAmbiguous(e)
+	default:
+		return MarkFinal(fmt.Sprintf("http_%d", sc), e)
+	}
+}
+
+// ClassifyGRPC classifies the error of a gRPC call to a destination: nil for
+// nil; RESOURCE_EXHAUSTED and ABORTED retryable (refused, nothing applied);
+// INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+// UNAUTHENTICATED, FAILED_PRECONDITION, OUT_OF_RANGE and UNIMPLEMENTED final,
+// with the code name as failure code; everything else (DEADLINE_EXCEEDED,
+// UNAVAILABLE, INTERNAL, UNKNOWN, ...) ambiguous: UNAVAILABLE does not say
+// whether the request reached the server, so mark it retryable yourself when
+// the destination guarantees that.
+func ClassifyGRPC(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch c := status.Code(err); c {
+	case codes.ResourceExhausted, codes.Aborted:
+		return MarkRetryable(err)
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
+		codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented:
+		return MarkFinal(c.String(), err)
+	}
+	return MarkAmbiguous(err)
+}

@@ -1,0 +1,309 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Func runs one attempt of an operation's tool. It gets a context bounded
+// by the tool's timeout (canceled too when the claim is lost) and the
+// attempt. Its error decides what the ledger records (see ClassOf).
+type Func func(ctx context.Context, a Attempt) (Result, error)
+
+// reportTimeout bounds the calls that record an attempt's outcome, which run
+// even when the caller's context has ended: an outcome the ledger does not
+// learn becomes an UNKNOWN to reconcile.
+const reportTimeout = 10 * time.Second
+
+// Do performs op through the ledger: it runs fn at most as often as the
+// ledger allows (see the package doc), and returns fn's result, or the
+// recorded result of an earlier call (Result.Replayed).
+//
+// Errors, all usable with errors.Is:
+//   - *FailedError (ErrOperationFailed): a final failure, this call's or a
+//     recorded one; the ledger's RETRIES_EXHAUSTED also matches
+//     ErrRetriesExhausted.
+//   - *ExhaustedError (ErrRetriesExhausted): the tool policy's retries are
+//     used up; after an ambiguous last attempt it also matches
+//     ErrNeedsReconciliation.
+//   - *ReconcileError (ErrNeedsReconciliation): no reconciler settled an
+//     UNKNOWN operation.
+//   - ErrKeyReused, ErrKeyExpired, ErrInvalidArgument (an *Error): stop;
+//     never retry under a new key on your own.
+//   - ErrUnavailable: the ledger could not be reached; fn was not run.
+//   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
+//     result: the effect happened but the ledger did not record it.
+//   - ctx's error, when it ends while Do waits.
+func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
+	if op.ID == "" || op.Tool == "" {
+		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID and Op.Tool are required", sentinel: ErrInvalidArgument}
+	}
+	pol := c.toolPolicy(op.Tool)
+	if pol.Timeout <= 0 {
+		pol.Timeout = DefaultToolPolicy.Timeout
+	}
+	if op.Effect == EffectUnspecified {
+		op.Effect = pol.Effect
+	}
+	holder := NewHolder() // one per call of the operation, reused only by its retries
+	var (
+		failures, waits, reconciles int
+		lastErr                     error // the last attempt's error
+	)
+	for {
+		var res *Reservation
+		err := c.call(ctx, func(ctx context.Context) (err error) {
+			res, err = c.Reserve(ctx, op, holder)
+			return err
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		o := res.Operation
+		switch res.Decision {
+		case DecisionReplay:
+			return replay(o)
+
+		case DecisionInProgress:
+			waits++
+			if err := sleep(ctx, max(res.RetryAfter, c.backoff.Delay(waits))); err != nil {
+				return Result{}, err
+			}
+
+		case DecisionReconcile:
+			if reconciles++; reconciles > pol.MaxRetries+2 {
+				return Result{}, &ReconcileError{Operation: o, Err: lastErr}
+			}
+			if err := c.reconcile(ctx, op.Tool, pol, o, lastErr); err != nil {
+				return Result{}, err
+			}
+
+		case DecisionExecute:
+			out, ferr := c.execute(ctx, op, pol, o, fn)
+			if ferr == nil {
+				return c.succeed(ctx, o, out)
+			}
+			lastErr = ferr
+			class := ClassOf(ferr)
+			if class == Final {
+				return Result{}, c.failFinal(ctx, o, ferr)
+			}
+			if err := c.reportFailure(ctx, o, class); err != nil {
+				return Result{}, fmt.Errorf("recording the failed attempt (%v): %w", ferr, err)
+			}
+			if failures++; failures > pol.MaxRetries {
+				return Result{}, &ExhaustedError{Attempts: failures, Ambiguous: class == Ambiguous, Err: ferr}
+			}
+			if err := sleep(ctx, c.backoff.Delay(failures)); err != nil {
+				return Result{}, err
+			}
+
+		default:
+			return Result{}, fmt.Errorf("client: unexpected decision %v", res.Decision)
+		}
+	}
+}
+
+// execute runs fn once under the claim in o: a fresh timeout, the lease
+// renewed in the background, and the attempt canceled if the claim is lost.
+// If fn panics, the attempt is marked unknown before the panic goes on.
+func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operation, fn Func) (out Result, err error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	actx, cancelTimeout := context.WithTimeout(actx, pol.Timeout)
+	defer cancelTimeout()
+	renewing := make(chan struct{})
+	go func() { defer close(renewing); c.renew(actx, o, cancel) }()
+	defer func() {
+		cancelTimeout()
+		<-renewing
+		if p := recover(); p != nil {
+			_ = c.report(ctx, func(ctx context.Context) error {
+				_, err := c.MarkUnknown(ctx, o.ID, o.FencingToken, "the tool panicked")
+				return err
+			})
+			panic(p)
+		}
+	}()
+	key := op.IdempotencyKey
+	if key == "" {
+		key = op.ID
+	}
+	return fn(actx, Attempt{OperationID: o.ID, IdempotencyKey: key, FencingToken: o.FencingToken, Number: o.Attempt})
+}
+
+// renew extends the claim's lease every third of its length until ctx ends;
+// a lost claim cancels the attempt.
+func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelCauseFunc) {
+	lease := o.lease()
+	if lease <= 0 {
+		return
+	}
+	t := time.NewTicker(max(lease/3, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, done := context.WithTimeout(ctx, c.callTimeout)
+		_, err := c.Renew(cctx, o.ID, o.FencingToken)
+		done()
+		if errors.Is(err, ErrStaleToken) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrKeyExpired) {
+			cancel(err)
+			return
+		}
+	}
+}
+
+// succeed records fn's result. The ledger's record wins over fn's result
+// when a reconciler recorded the effect first.
+func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result, error) {
+	out.Attempt, out.Replayed = o.Attempt, false
+	var done *Operation
+	err := c.report(ctx, func(ctx context.Context) (err error) {
+		done, err = c.Complete(ctx, o.ID, o.FencingToken, out)
+		return err
+	})
+	if err != nil {
+		return out, &NotRecordedError{Err: err}
+	}
+	if done != nil && done.Result != nil && done.Attempt == o.Attempt {
+		rec := *done.Result
+		rec.Attempt = o.Attempt
+		return rec, nil
+	}
+	return out, nil
+}
+
+// failFinal records a final failure and returns it as a *FailedError.
+func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error {
+	code := failureCode(ferr)
+	err := c.report(ctx, func(ctx context.Context) error {
+		_, err := c.Fail(ctx, o.ID, o.FencingToken, true, Failure{Code: code})
+		return err
+	})
+	if err != nil {
+		ferr = fmt.Errorf("%w (the ledger did not record it: %w)", ferr, err)
+	}
+	return &FailedError{Code: code, Reason: "FAILED_FINAL", Err: ferr}
+}
+
+// reportFailure records a retryable (proven not applied) or ambiguous
+// attempt. A claim already gone needs no report.
+func (c *Client) reportFailure(ctx context.Context, o *Operation, class Class) error {
+	err := c.report(ctx, func(ctx context.Context) error {
+		var err error
+		if class == Retryable {
+			_, err = c.Fail(ctx, o.ID, o.FencingToken, false, Failure{Code: "retryable"})
+		} else {
+			_, err = c.MarkUnknown(ctx, o.ID, o.FencingToken, "ambiguous outcome")
+		}
+		return err
+	})
+	if errors.Is(err, ErrStaleToken) {
+		return nil
+	}
+	return err
+}
+
+// reconcile runs the tool's reconciler on an operation whose outcome is
+// unknown and records its finding. It returns nil when the caller should
+// Reserve again.
+func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *Operation, lastErr error) error {
+	r := c.reconciler(tool)
+	if r == nil {
+		return &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: lastErr}
+	}
+	rctx, cancel := context.WithTimeout(ctx, pol.Timeout)
+	f, err := r(rctx, o)
+	cancel()
+	if err != nil {
+		return &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("reconciler: %w", err)}
+	}
+	var busy time.Duration
+	err = c.report(ctx, func(ctx context.Context) error {
+		_, err := c.Reconcile(ctx, o.ID, f)
+		var le *Error
+		if errors.As(err, &le) && errors.Is(err, ErrInProgress) {
+			busy = le.RetryAfter
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrAlreadyResolved):
+		return nil // someone else settled it: Reserve reads it
+	case errors.Is(err, ErrInProgress):
+		return sleep(ctx, max(busy, c.backoff.Delay(1)))
+	case err != nil:
+		return err
+	case f.Kind == Escalate:
+		return &ReconcileError{Operation: o, Escalated: true, Err: lastErr}
+	}
+	return nil
+}
+
+// replay returns a terminal operation's recorded outcome.
+func replay(o *Operation) (Result, error) {
+	if o.State == StateSucceeded {
+		r := Result{Replayed: true, Attempt: o.Attempt}
+		if o.Result != nil {
+			r.Data, r.ResourceID = o.Result.Data, o.Result.ResourceID
+		}
+		return r, nil
+	}
+	f := &FailedError{Reason: o.Reason, Replayed: true}
+	if o.Failure != nil {
+		f.Code, f.Message = o.Failure.Code, o.Failure.Message
+	}
+	return Result{}, f
+}
+
+// call runs one ledger call with the call timeout, repeating it while the
+// ledger is unavailable (at most ledgerRetries more times, with backoff).
+func (c *Client) call(ctx context.Context, f func(context.Context) error) error {
+	var err error
+	for i := 0; ; i++ {
+		cctx, cancel := context.WithTimeout(ctx, c.callTimeout)
+		err = f(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		timedOut := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		if !errors.Is(err, ErrUnavailable) && !timedOut {
+			return err
+		}
+		if i >= c.ledgerRetries {
+			if timedOut {
+				return fmt.Errorf("%w: no answer within %s: %w", ErrUnavailable, c.callTimeout, err)
+			}
+			return err
+		}
+		if serr := sleep(ctx, c.backoff.Delay(i+1)); serr != nil {
+			return err
+		}
+	}
+}
+
+// report runs a call that records an outcome: like call, but it goes on
+// when ctx has ended, for at most reportTimeout.
+func (c *Client) report(ctx context.Context, f func(context.Context) error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	defer cancel()
+	return c.call(rctx, f)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,255 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Sentinel errors, for errors.Is. Every ErrorInfo reason of the ledger maps
+// to one; the SDK's own outcomes have theirs.
+var (
+	// ErrKeyReused: the operation id is bound to another tool, params or
+	// permit. Stop: a retry must repeat the request exactly; only a new
+	// intent gets a new id, and the SDK never mints one on its own.
+	ErrKeyReused = errors.New("idempotency key reused for a different request")
+	// ErrKeyExpired: the operation expired and only its tombstone is left;
+	// it is not executed again. A human or planner decides.
+	ErrKeyExpired = errors.New("idempotency key expired")
+	// ErrStaleToken: the attempt's claim is gone (another attempt holds the
+	// operation, or its lease ended).
+	ErrStaleToken = errors.New("stale fencing token")
+	// ErrCompletionConflict: another outcome is already recorded.
+	ErrCompletionConflict = errors.New("completion conflict")
+	// ErrAlreadyResolved: the operation was resolved with another finding.
+	ErrAlreadyResolved = errors.New("already resolved")
+	// ErrInProgress: a live claim holds the operation (Reconcile).
+	ErrInProgress = errors.New("operation in progress")
+	// ErrNotFound: no such operation in the caller's tenant.
+	ErrNotFound = errors.New("operation not found")
+	// ErrInvalidArgument: the request is malformed; see Error.Violations.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrUnavailable: the ledger (or its store) cannot be reached. The tool
+	// was not run for it: there is no execution without a reservation.
+	ErrUnavailable = errors.New("ledger unavailable")
+	// ErrUnauthenticated: no or bad credentials.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: the credentials lack the scope.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrRateLimited: the tenant is over its rate; see Error.RetryAfter.
+	ErrRateLimited = errors.New("rate limited")
+
+	// ErrNeedsReconciliation: nobody knows whether the effect happened, and
+	// no reconciler settled it (none registered, or it escalated to a
+	// human). The tool is not run again until someone reconciles.
+	ErrNeedsReconciliation = errors.New("operation needs reconciliation")
+	// ErrOperationFailed: the operation failed for good (this call's final
+	// failure, or a recorded one replayed); see *FailedError.
+	ErrOperationFailed = errors.New("operation failed")
+	// ErrRetriesExhausted: no attempts are left, by the tool policy of this
+	// call or by the ledger's max attempts (RETRIES_EXHAUSTED).
+	ErrRetriesExhausted = errors.New("retries exhausted")
+	// ErrCompletionNotRecorded: fn's effect happened and its result is
+	// returned, but the ledger did not record it (unreachable, or the claim
+	// was gone). The operation surfaces as UNKNOWN and reconciles as applied.
+	ErrCompletionNotRecorded = errors.New("completion not recorded")
+)
+
+var reasons = map[string]error{
+	"IDEMPOTENCY_KEY_REUSED":  ErrKeyReused,
+	"IDEMPOTENCY_KEY_EXPIRED": ErrKeyExpired,
+	"STALE_FENCING_TOKEN":     ErrStaleToken,
+	"COMPLETION_CONFLICT":     ErrCompletionConflict,
+	"ALREADY_RESOLVED":        ErrAlreadyResolved,
+	"OPERATION_IN_PROGRESS":   ErrInProgress,
+	"NOT_FOUND":               ErrNotFound,
+	"INVALID_ARGUMENT":        ErrInvalidArgument,
+	"STORE_UNAVAILABLE":       ErrUnavailable,
+}
+
+var byCode = map[codes.Code]error{
+	codes.NotFound:          ErrNotFound,
+	codes.InvalidArgument:   ErrInvalidArgument,
+	codes.Unavailable:       ErrUnavailable,
+	codes.Unauthenticated:   ErrUnauthenticated,
+	codes.PermissionDenied:  ErrPermissionDenied,
+	codes.ResourceExhausted: ErrRateLimited,
+}
+
+// FieldViolation is one bad request field.
+type FieldViolation struct {
+	Field       string
+	Description string
+}
+
+// Error is an error the ledger returned: its status code, its ErrorInfo
+// reason and metadata, and the details that come with it.
+type Error struct {
+	Code       codes.Code
+	Reason     string            // ErrorInfo reason, e.g. IDEMPOTENCY_KEY_REUSED
+	Message    string            // the status message
+	Metadata   map[string]string // ErrorInfo metadata, e.g. differs=params
+	RetryAfter time.Duration     // from RetryInfo, when present
+	Violations []FieldViolation  // from BadRequest, with INVALID_ARGUMENT
+	sentinel   error
+}
+
+// Error describes the error.
+func (e *Error) Error() string {
+	if e.Reason != "" {
+		return "ledger: " + e.Reason + ": " + e.Message
+	}
+	return "ledger: " + e.Code.String() + ": " + e.Message
+}
+
+// Is matches the sentinel of the error's reason (or code).
+func (e *Error) Is(target error) bool { return e.sentinel != nil && target == e.sentinel }
+
+// fromStatus converts a gRPC error into an *Error; context errors and nil
+// pass through.
+func fromStatus(err error) error {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	e := &Error{Code: st.Code(), Message: st.Message()}
+	for _, d := range st.Details() {
+		switch v := d.(type) {
+		case *errdetails.ErrorInfo:
+			e.Reason, e.Metadata = v.GetReason(), v.GetMetadata()
+		case *errdetails.RetryInfo:
+			e.RetryAfter = v.GetRetryDelay().AsDuration()
+		case *errdetails.BadRequest:
+			for _, fv := range v.GetFieldViolations() {
+				e.Violations = append(e.Violations, FieldViolation{fv.GetField(), fv.GetDescription()})
+			}
+		}
+	}
+	if e.sentinel = reasons[e.Reason]; e.sentinel == nil {
+		e.sentinel = byCode[e.Code]
+	}
+	switch e.Code {
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("%w: %w", e, context.DeadlineExceeded)
+	case codes.Canceled:
+		return fmt.Errorf("%w: %w", e, context.Canceled)
+	}
+	return e
+}
+
+// FailedError is an operation that failed for good.
+type FailedError struct {
+	// Code and Message are the recorded failure.
+	Code, Message string
+	// Reason is the ledger's reason for the final state, e.g. FAILED_FINAL,
+	// RETRIES_EXHAUSTED or ABANDONED.
+	Reason string
+	// Replayed is true when the failure was recorded by an earlier call.
+	Replayed bool
+	// Err is fn's error, when this call ran the failing attempt.
+	Err error
+}
+
+// Error describes the failure.
+func (e *FailedError) Error() string {
+	var b strings.Builder
+	b.WriteString("operation failed")
+	if e.Code != "" {
+		b.WriteString(": " + e.Code)
+	}
+	if e.Reason != "" && e.Reason != "FAILED_FINAL" {
+		b.WriteString(" (" + e.Reason + ")")
+	}
+	if e.Err != nil {
+		b.WriteString(": " + e.Err.Error())
+	} else if e.Message != "" {
+		b.WriteString(": " + e.Message)
+	}
+	return b.String()
+}
+
+// Is matches ErrOperationFailed, and ErrRetriesExhausted when the ledger ran
+// out of attempts.
+func (e *FailedError) Is(target error) bool {
+	return target == ErrOperationFailed || target == ErrRetriesExhausted && e.Reason == "RETRIES_EXHAUSTED"
+}
+
+// Unwrap returns fn's error, if any.
+func (e *FailedError) Unwrap() error { return e.Err }
+
+// ReconcileError is an operation that needs reconciliation before anything
+// else may happen to it.
+type ReconcileError struct {
+	// Operation is the record as last seen.
+	Operation *Operation
+	// Escalated is true when a reconciler handed it to a human.
+	Escalated bool
+	// Err is the last attempt's error, if this call ran one.
+	Err error
+}
+
+// Error describes it.
+func (e *ReconcileError) Error() string {
+	msg := "operation " + e.Operation.ID + " needs reconciliation"
+	if e.Escalated {
+		msg += " (escalated to a human)"
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is matches ErrNeedsReconciliation.
+func (e *ReconcileError) Is(target error) bool { return target == ErrNeedsReconciliation }
+
+// Unwrap returns the last attempt's error.
+func (e *ReconcileError) Unwrap() error { return e.Err }
+
+// ExhaustedError is returned when the tool policy's retries are used up: the
+// last attempt failed retryably (the operation is PENDING: a later call may
+// try again) or ambiguously (it is UNKNOWN and needs reconciliation).
+type ExhaustedError struct {
+	Attempts int
+	// Ambiguous is true when the last outcome could not be told.
+	Ambiguous bool
+	Err       error // the last attempt's error
+}
+
+// Error describes it.
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("retries exhausted after %d attempts: %v", e.Attempts, e.Err)
+}
+
+// Is matches ErrRetriesExhausted, and ErrNeedsReconciliation when the last
+// outcome was ambiguous.
+func (e *ExhaustedError) Is(target error) bool {
+	return target == ErrRetriesExhausted || target == ErrNeedsReconciliation && e.Ambiguous
+}
+
+// Unwrap returns the last attempt's error.
+func (e *ExhaustedError) Unwrap() error { return e.Err }
+
+// NotRecordedError is returned with fn's result when the effect happened but
+// the ledger did not record the completion.
+type NotRecordedError struct{ Err error }
+
+// Error describes it.
+func (e *NotRecordedError) Error() string {
+	return "the effect happened but the ledger did not record it: " + e.Err.Error()
+}
+
+// Is matches ErrCompletionNotRecorded.
+func (e *NotRecordedError) Is(target error) bool { return target == ErrCompletionNotRecorded }
+
+// Unwrap returns why the ledger did not record it.
+func (e *NotRecordedError) Unwrap() error { return e.Err }

@@ -1,0 +1,78 @@
+// Package ledgertest runs a whole ledger service for tests of its clients:
+// the ledger on a given store, its sweeper, and the gRPC service on a free
+// loopback port, all stopped when the test ends.
+package ledgertest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
+)
+
+// Stack is a running ledger service.
+type Stack struct {
+	// Addr is the service's host:port.
+	Addr string
+	// Ledger is the ledger behind it.
+	Ledger *ledger.Ledger
+	// Service is the gRPC service; Stop it to make the ledger unreachable.
+	Service *server.Service
+}
+
+// Options configure Start.
+type Options struct {
+	// Policy is a policy document (YAML); empty for the defaults.
+	Policy string
+	// Logger receives the service's logs (discarded when nil).
+	Logger *slog.Logger
+	// SweepInterval is how often expired leases are swept (50ms when zero).
+	SweepInterval time.Duration
+}
+
+// Start runs a ledger service on rdb until the test ends.
+func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
+	tb.Helper()
+	pol := ledger.DefaultPolicies()
+	if o.Policy != "" {
+		var err error
+		if pol, err = ledger.ParsePolicies([]byte(o.Policy)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = 50 * time.Millisecond
+	}
+	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	svc := server.New(server.Config{Ledger: l, Logger: log})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go func() { _ = svc.Serve(lis) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	swept := make(chan struct{})
+	go func() { l.RunSweeper(ctx, o.SweepInterval); close(swept) }()
+	tb.Cleanup(func() {
+		cancel()
+		<-swept
+		sctx, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		svc.Shutdown(sctx)
+	})
+	return &Stack{Addr: lis.Addr().String(), Ledger: l, Service: svc}
+}
