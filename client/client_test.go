@@ -518,3 +518,30 @@ func TestDoMarksAPanickingToolUnknown(t *testing.T) {
 		t.Fatalf("state after a panic = %v, want UNKNOWN", o.State)
 	}
 }
+
+func TestDoReconcilesTheLastAmbiguousAttempt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.c.SetToolPolicy("create_refund", client.ToolPolicy{Timeout: time.Second, MaxRetries: 0})
+		// The only attempt applied the effect and lost the response: asking
+		// the destination finds it, though no attempt is left.
+		found := newDestination("timeout-after-write")
+		e.c.RegisterReconciler("create_refund", found.reconciler)
+		res, err := e.c.Do(e.ctx, e.op("found", "create_refund", map[string]any{"amount": 1}), found.fn)
+		if err != nil || res.ResourceID != "R-1" || found.calls.Load() != 1 {
+			t.Fatalf("Do = %+v, %v (fn called %d times)", res, err, found.calls.Load())
+		}
+		// It did not: the call ends exhausted, and the operation is PENDING,
+		// proven not applied.
+		missing := newDestination("timeout-no-write")
+		e.c.RegisterReconciler("create_refund", missing.reconciler)
+		op := e.op("missing", "create_refund", map[string]any{"amount": 1})
+		_, err = e.c.Do(e.ctx, op, missing.fn)
+		var ex *client.ExhaustedError
+		if !errors.As(err, &ex) || ex.Ambiguous || errors.Is(err, client.ErrNeedsReconciliation) || missing.calls.Load() != 1 {
+			t.Fatalf("Do = %v (fn called %d times)", err, missing.calls.Load())
+		}
+		if o, _ := e.c.Lookup(e.ctx, op.ID); o.State != client.StatePending {
+			t.Fatalf("state = %v", o.State)
+		}
+	})
+}

@@ -76,7 +76,7 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			if reconciles++; reconciles > pol.MaxRetries+2 {
 				return Result{}, &ReconcileError{Operation: o, Err: lastErr}
 			}
-			if err := c.reconcile(ctx, op.Tool, pol, o, lastErr); err != nil {
+			if _, err := c.reconcile(ctx, op.Tool, pol, o, lastErr); err != nil {
 				return Result{}, err
 			}
 
@@ -90,10 +90,16 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			if class == Final {
 				return Result{}, c.failFinal(ctx, o, ferr)
 			}
-			if err := c.reportFailure(ctx, o, class); err != nil {
+			now, err := c.reportFailure(ctx, o, class)
+			if err != nil {
 				return Result{}, fmt.Errorf("recording the failed attempt (%v): %w", ferr, err)
 			}
 			if failures++; failures > pol.MaxRetries {
+				if class == Ambiguous && now != nil && now.State == StateUnknown && now.Effect == EffectIrreversible && c.reconciler(op.Tool) != nil {
+					// No attempts are left, but the effect may exist: asking
+					// the destination runs nothing again.
+					return c.settleLast(ctx, op.Tool, pol, now, failures, ferr)
+				}
 				return Result{}, &ExhaustedError{Attempts: failures, Ambiguous: class == Ambiguous, Err: ferr}
 			}
 			if err := sleep(ctx, c.backoff.Delay(failures)); err != nil {
@@ -193,40 +199,64 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 }
 
 // reportFailure records a retryable (proven not applied) or ambiguous
-// attempt. A claim already gone needs no report.
-func (c *Client) reportFailure(ctx context.Context, o *Operation, class Class) error {
-	err := c.report(ctx, func(ctx context.Context) error {
-		var err error
+// attempt and returns the record after it (nil when the claim was already
+// gone, which needs no report).
+func (c *Client) reportFailure(ctx context.Context, o *Operation, class Class) (*Operation, error) {
+	var now *Operation
+	err := c.report(ctx, func(ctx context.Context) (err error) {
 		if class == Retryable {
-			_, err = c.Fail(ctx, o.ID, o.FencingToken, false, Failure{Code: "retryable"})
+			now, err = c.Fail(ctx, o.ID, o.FencingToken, false, Failure{Code: "retryable"})
 		} else {
-			_, err = c.MarkUnknown(ctx, o.ID, o.FencingToken, "ambiguous outcome")
+			now, err = c.MarkUnknown(ctx, o.ID, o.FencingToken, "ambiguous outcome")
 		}
 		return err
 	})
 	if errors.Is(err, ErrStaleToken) {
-		return nil
+		return nil, nil
 	}
-	return err
+	return now, err
+}
+
+// settleLast reconciles the last, ambiguous attempt of a call that has no
+// attempts left: found applied, its result is returned; otherwise the call
+// ends as exhausted (or needing reconciliation).
+func (c *Client) settleLast(ctx context.Context, tool string, pol ToolPolicy, o *Operation, attempts int, ferr error) (Result, error) {
+	now, err := c.reconcile(ctx, tool, pol, o, ferr)
+	if err != nil {
+		return Result{}, err
+	}
+	if now == nil { // settled by someone else: read how
+		_ = c.report(ctx, func(ctx context.Context) (err error) {
+			now, err = c.Lookup(ctx, o.ID)
+			return err
+		})
+	}
+	if now != nil && (now.State == StateSucceeded || now.State == StateFailedFinal) {
+		return replay(now)
+	}
+	return Result{}, &ExhaustedError{Attempts: attempts, Ambiguous: now == nil || now.State == StateUnknown, Err: ferr}
 }
 
 // reconcile runs the tool's reconciler on an operation whose outcome is
-// unknown and records its finding. It returns nil when the caller should
-// Reserve again.
-func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *Operation, lastErr error) error {
+// unknown and records its finding. It returns the record after it (nil when
+// someone else got there first); either way the caller may Reserve again.
+func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *Operation, lastErr error) (*Operation, error) {
 	r := c.reconciler(tool)
 	if r == nil {
-		return &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: lastErr}
+		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: lastErr}
 	}
 	rctx, cancel := context.WithTimeout(ctx, pol.Timeout)
 	f, err := r(rctx, o)
 	cancel()
 	if err != nil {
-		return &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("reconciler: %w", err)}
+		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("reconciler: %w", err)}
 	}
-	var busy time.Duration
-	err = c.report(ctx, func(ctx context.Context) error {
-		_, err := c.Reconcile(ctx, o.ID, f)
+	var (
+		busy time.Duration
+		now  *Operation
+	)
+	err = c.report(ctx, func(ctx context.Context) (err error) {
+		now, err = c.Reconcile(ctx, o.ID, f)
 		var le *Error
 		if errors.As(err, &le) && errors.Is(err, ErrInProgress) {
 			busy = le.RetryAfter
@@ -235,15 +265,15 @@ func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *
 	})
 	switch {
 	case errors.Is(err, ErrAlreadyResolved):
-		return nil // someone else settled it: Reserve reads it
+		return nil, nil // someone else settled it: Reserve reads it
 	case errors.Is(err, ErrInProgress):
-		return sleep(ctx, max(busy, c.backoff.Delay(1)))
+		return nil, sleep(ctx, max(busy, c.backoff.Delay(1)))
 	case err != nil:
-		return err
+		return nil, err
 	case f.Kind == Escalate:
-		return &ReconcileError{Operation: o, Escalated: true, Err: lastErr}
+		return now, &ReconcileError{Operation: now, Escalated: true, Err: lastErr}
 	}
-	return nil
+	return now, nil
 }
 
 // replay returns a terminal operation's recorded outcome.
