@@ -143,6 +143,15 @@ func TestErrorsMatchTheirSentinels(t *testing.T) {
 
 func base() error { return errors.New("x") }
 
+func TestBackoffZeroFieldsTakeTheDefaults(t *testing.T) {
+	if d := (Backoff{Base: 50 * time.Millisecond}).Delay(3); d < 200*time.Millisecond {
+		t.Fatalf("Delay(3) with no Max = %v", d)
+	}
+	if d := (Backoff{}).Delay(1); d < DefaultBackoff.Base {
+		t.Fatalf("zero Backoff Delay(1) = %v", d)
+	}
+}
+
 func TestBackoff(t *testing.T) {
 	b := Backoff{Base: 100 * time.Millisecond, Max: time.Second}
 	for n := 1; n <= 8; n++ {

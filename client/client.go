@@ -41,9 +41,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
@@ -195,7 +195,13 @@ func (c *Client) Reserve(ctx context.Context, op Op, holder string) (*Reservatio
 		Holder: holder, RunId: op.RunID, Step: op.Step,
 	}
 	if op.Params != nil {
-		s, err := structpb.NewStruct(op.Params)
+		// The wire carries numbers as doubles: refuse what would not survive
+		// that (integers beyond 2^53, NaN) rather than fingerprint a rounded
+		// value that another request would share.
+		if _, err := fingerprint.Canonical(op.Params); err != nil {
+			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
+		}
+		s, err := jsonStruct(op.Params)
 		if err != nil {
 			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
 		}

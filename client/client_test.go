@@ -545,3 +545,42 @@ func TestDoReconcilesTheLastAmbiguousAttempt(t *testing.T) {
 		}
 	})
 }
+
+func TestDoRefusesParamsTheWireWouldRound(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination()
+	_, err := e.c.Do(e.ctx, e.op("big", "payments.refund", map[string]any{"amount": int64(1<<53 + 1)}), d.fn)
+	if !errors.Is(err, client.ErrInvalidArgument) || d.calls.Load() != 0 {
+		t.Fatalf("Do = %v (fn called %d times), want ErrInvalidArgument", err, d.calls.Load())
+	}
+}
+
+func TestDoRecordsResultDataOfAnyJSONShape(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	type slot struct {
+		Start string `json:"start"`
+	}
+	op := e.op("shapes", "calendar.book", nil)
+	_, err := e.c.Do(e.ctx, op, func(context.Context, client.Attempt) (client.Result, error) {
+		return client.Result{ResourceID: "a-1", Data: map[string]any{"tags": []string{"x", "y"}, "meta": map[string]string{"k": "v"}, "slot": slot{"09:30"}}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := e.c.Lookup(e.ctx, op.ID)
+	if o.State != client.StateSucceeded || o.Result.Data["slot"].(map[string]any)["start"] != "09:30" || len(o.Result.Data["tags"].([]any)) != 2 {
+		t.Fatalf("recorded %+v", o.Result)
+	}
+	// Data with no JSON form: the effect happened, so the operation is left
+	// to reconciliation instead of recording something fn did not return.
+	op2 := e.op("chan", "calendar.book", nil)
+	res, err := e.c.Do(e.ctx, op2, func(context.Context, client.Attempt) (client.Result, error) {
+		return client.Result{ResourceID: "a-2", Data: map[string]any{"c": make(chan int)}}, nil
+	})
+	if !errors.Is(err, client.ErrCompletionNotRecorded) || res.ResourceID != "a-2" {
+		t.Fatalf("Do = %+v, %v", res, err)
+	}
+	if o, _ := e.c.Lookup(e.ctx, op2.ID); o.State != client.StateUnknown {
+		t.Fatalf("state = %v, want UNKNOWN", o.State)
+	}
+}

@@ -169,6 +169,15 @@ func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelC
 // when a reconciler recorded the effect first.
 func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result, error) {
 	out.Attempt, out.Replayed = o.Attempt, false
+	if _, err := resultToProto(out); err != nil {
+		// The effect happened but its result cannot be sent: leave it to
+		// reconciliation rather than record a result that is not fn's.
+		_ = c.report(ctx, func(ctx context.Context) error {
+			_, err := c.MarkUnknown(ctx, o.ID, o.FencingToken, "result data cannot be encoded")
+			return err
+		})
+		return out, &NotRecordedError{Err: fmt.Errorf("result data: %w", err)}
+	}
 	var done *Operation
 	err := c.report(ctx, func(ctx context.Context) (err error) {
 		done, err = c.Complete(ctx, o.ID, o.FencingToken, out)

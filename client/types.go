@@ -2,9 +2,11 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"math/rand/v2"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -96,8 +98,9 @@ type Result struct {
 	Data map[string]any
 	// ResourceID identifies what the effect created (an appointment id...).
 	ResourceID string
-	// Replayed is true when the result comes from the ledger's record rather
-	// than from running fn in this call.
+	// Replayed is true when the result comes from the ledger's record (an
+	// earlier call's, or a reconciler's finding) rather than from fn's return
+	// in this call.
 	Replayed bool
 	// Attempt is the attempt that produced the result.
 	Attempt uint32
@@ -195,6 +198,7 @@ type ToolPolicy struct {
 var DefaultToolPolicy = ToolPolicy{Timeout: 10 * time.Second, MaxRetries: 2}
 
 // Backoff is the delay between retries: Base·2^n + rand·Base, at most Max.
+// A zero Base or Max takes DefaultBackoff's.
 type Backoff struct {
 	Base time.Duration
 	Max  time.Duration
@@ -207,6 +211,12 @@ var DefaultBackoff = Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 func (b Backoff) Delay(n int) time.Duration {
 	if n < 1 {
 		n = 1
+	}
+	if b.Base <= 0 {
+		b.Base = DefaultBackoff.Base
+	}
+	if b.Max <= 0 {
+		b.Max = DefaultBackoff.Max
 	}
 	d := b.Base
 	for i := 1; i < n && d < b.Max; i++ {
@@ -230,13 +240,31 @@ func resultFromProto(r *ledgerv1.Result) *Result {
 func resultToProto(r Result) (*ledgerv1.Result, error) {
 	out := &ledgerv1.Result{ResourceId: r.ResourceID}
 	if r.Data != nil {
-		s, err := structpb.NewStruct(r.Data)
+		s, err := jsonStruct(r.Data)
 		if err != nil {
 			return nil, err
 		}
 		out.Data = s
 	}
 	return out, nil
+}
+
+// jsonStruct converts Go values to a Struct through their JSON encoding, so
+// []string, map[string]string and tagged structs work as structpb's own
+// conversion does not allow.
+func jsonStruct(m map[string]any) (*structpb.Struct, error) {
+	if s, err := structpb.NewStruct(m); err == nil {
+		return s, nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	s := &structpb.Struct{}
+	if err := protojson.Unmarshal(b, s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func operationFromProto(p *ledgerv1.Operation) *Operation {
