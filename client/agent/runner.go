@@ -1,0 +1,511 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/fingerprint"
+)
+
+// Runner runs agent loops (see the package doc). It is safe for concurrent
+// use: each Run has its own state.
+type Runner struct {
+	client       *client.Client
+	model        Model
+	tools        map[string]Tool
+	maxSteps     int
+	deadline     time.Duration
+	modelTimeout time.Duration
+	repeatLimit  int
+	log          *slog.Logger
+	checkpoint   func(context.Context, string, []Message) error
+}
+
+// New checks cfg, fills in its defaults, and passes the policies and
+// reconcilers of mutating tools to cfg.Client.
+func New(cfg Config) (*Runner, error) {
+	if cfg.Model == nil {
+		return nil, errors.New("agent: Config.Model is required")
+	}
+	if cfg.MaxSteps < 0 || cfg.Deadline < 0 || cfg.ModelTimeout < 0 || cfg.RepeatLimit < 0 {
+		return nil, errors.New("agent: MaxSteps, Deadline, ModelTimeout and RepeatLimit must not be negative")
+	}
+	if cfg.RepeatLimit == 1 {
+		return nil, errors.New("agent: RepeatLimit 1 would refuse every call; use 2 or more")
+	}
+	r := &Runner{
+		client:       cfg.Client,
+		model:        cfg.Model,
+		tools:        make(map[string]Tool, len(cfg.Tools)),
+		maxSteps:     orDefault(cfg.MaxSteps, DefaultMaxSteps),
+		deadline:     orDefault(cfg.Deadline, DefaultDeadline),
+		modelTimeout: orDefault(cfg.ModelTimeout, DefaultModelTimeout),
+		repeatLimit:  orDefault(cfg.RepeatLimit, DefaultRepeatLimit),
+		log:          cfg.Logger,
+		checkpoint:   cfg.Checkpoint,
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	for _, t := range cfg.Tools {
+		switch {
+		case t.Name == "":
+			return nil, errors.New("agent: a tool has no name")
+		case t.Func == nil:
+			return nil, fmt.Errorf("agent: tool %q has no Func", t.Name)
+		case t.Mutating && cfg.Client == nil:
+			return nil, fmt.Errorf("agent: tool %q is mutating: Config.Client is required", t.Name)
+		}
+		if _, dup := r.tools[t.Name]; dup {
+			return nil, fmt.Errorf("agent: tool %q is registered twice", t.Name)
+		}
+		r.tools[t.Name] = t
+	}
+	for _, t := range cfg.Tools {
+		if !t.Mutating {
+			continue
+		}
+		if t.Policy != (client.ToolPolicy{}) {
+			cfg.Client.SetToolPolicy(t.Name, t.Policy)
+		}
+		if t.Reconciler != nil {
+			cfg.Client.RegisterReconciler(t.Name, t.Reconciler)
+		}
+	}
+	return r, nil
+}
+
+// orDefault returns v, or def when v is zero.
+func orDefault[T int | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// run is the state of one Run call.
+type run struct {
+	*Runner
+	in         Input
+	transcript []Message
+	until      time.Time // the run's deadline
+	steps      int
+	counts     map[string]int // completed calls per tool + canonical arguments
+}
+
+// Run runs the agent loop on in until it ends, and returns how it ended. It
+// never panics; see the package doc for the statuses, guards and resumption.
+func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
+	s := &run{
+		Runner:     r,
+		in:         in,
+		transcript: slices.Clone(in.Transcript),
+		until:      time.Now().Add(r.deadline),
+		counts:     map[string]int{},
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			out = s.end(StatusError, "the runner panicked", &PanicError{Where: "runner", Value: p, Stack: debug.Stack()})
+		}
+		r.log.LogAttrs(ctx, slog.LevelInfo, "run_end",
+			slog.String("run_id", in.RunID), slog.String("status", string(out.Status)), slog.Int("steps", out.Steps))
+	}()
+	if in.RunID == "" {
+		return s.end(StatusError, "no run id", errors.New("agent: Input.RunID is required"))
+	}
+	pending := s.replayTranscript()
+	if n := len(s.transcript); n > 0 && s.transcript[n-1].Role == RoleAssistant && len(s.transcript[n-1].Calls) == 0 {
+		o := s.end(StatusDone, "the transcript already ends with a final answer", nil)
+		o.Answer = s.transcript[n-1].Text
+		return o
+	}
+	if len(pending) > 0 {
+		if o, stop := s.guards(ctx, false); stop {
+			return o
+		}
+		if o, stop := s.runCalls(ctx, pending); stop {
+			return o
+		}
+	}
+	for {
+		if o, stop := s.guards(ctx, true); stop {
+			return o
+		}
+		s.steps++
+		turn, err := s.callModel(ctx)
+		if err != nil {
+			return s.modelFailed(ctx, err)
+		}
+		if o, stop := s.appendMessage(ctx, Message{Role: RoleAssistant, Text: turn.Text, Calls: slices.Clone(turn.Calls)}); stop {
+			return o
+		}
+		if len(turn.Calls) == 0 {
+			o := s.end(StatusDone, "the model gave its final answer", nil)
+			o.Answer = turn.Text
+			return o
+		}
+		if o, stop := s.runCalls(ctx, turn.Calls); stop {
+			return o
+		}
+	}
+}
+
+// replayTranscript counts the input's model turns and completed calls, and
+// returns the calls of the last model turn that have no result yet.
+func (s *run) replayTranscript() []ToolCall {
+	var last []ToolCall // calls of the latest assistant message
+	done := map[string]bool{}
+	for _, m := range s.transcript {
+		switch m.Role {
+		case RoleAssistant:
+			s.steps++
+			last, done = m.Calls, map[string]bool{}
+		case RoleTool:
+			if m.Result == nil {
+				continue
+			}
+			done[m.Result.CallID] = true
+			for _, c := range last {
+				if c.ID == m.Result.CallID {
+					if key, err := repeatKey(c); err == nil {
+						s.counts[key]++
+					}
+					break
+				}
+			}
+		}
+	}
+	var pending []ToolCall
+	for _, c := range last {
+		if !done[c.ID] {
+			pending = append(pending, c)
+		}
+	}
+	return pending
+}
+
+// guards checks the caller's context, the deadline and (before a model turn)
+// the step cap.
+func (s *run) guards(ctx context.Context, modelTurn bool) (Outcome, bool) {
+	if err := ctx.Err(); err != nil {
+		return s.ctxEnded(ctx), true
+	}
+	if !time.Now().Before(s.until) {
+		return s.end(StatusDeadline, fmt.Sprintf("the run's deadline (%s) passed before step %d", s.deadline, s.steps+1), nil), true
+	}
+	if modelTurn && s.steps >= s.maxSteps {
+		return s.end(StatusStepLimit, fmt.Sprintf("the model had %d turns, the step cap", s.steps), nil), true
+	}
+	return Outcome{}, false
+}
+
+// ctxEnded is the outcome of a run whose caller's context ended.
+func (s *run) ctxEnded(ctx context.Context) Outcome {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return s.end(StatusDeadline, "the caller's context deadline passed", nil)
+	}
+	return s.end(StatusError, "the caller's context ended", context.Cause(ctx))
+}
+
+// callModel asks the model for the next turn, on its own goroutine, so the
+// model timeout and the deadline hold even if the model ignores ctx.
+func (s *run) callModel(ctx context.Context) (Turn, error) {
+	mctx, cancel := context.WithTimeoutCause(ctx, s.modelTimeout, ErrModelTimeout)
+	defer cancel()
+	mctx, cancelRun := context.WithDeadlineCause(mctx, s.until, errRunDeadline)
+	defer cancelRun()
+	type answer struct {
+		turn Turn
+		err  error
+	}
+	ch := make(chan answer, 1) // buffered: an abandoned model does not block
+	transcript := slices.Clip(s.transcript)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				ch <- answer{err: &PanicError{Where: "model", Value: p, Stack: debug.Stack()}}
+			}
+		}()
+		t, err := s.model.Next(mctx, transcript)
+		ch <- answer{t, err}
+	}()
+	select {
+	case a := <-ch:
+		if a.err != nil && mctx.Err() != nil {
+			return Turn{}, fmt.Errorf("%w (%w)", context.Cause(mctx), a.err)
+		}
+		return a.turn, a.err
+	case <-mctx.Done():
+		return Turn{}, context.Cause(mctx)
+	}
+}
+
+// modelFailed is the outcome of a model call that failed.
+func (s *run) modelFailed(ctx context.Context, err error) Outcome {
+	switch {
+	case ctx.Err() != nil:
+		return s.ctxEnded(ctx)
+	case errors.Is(err, errRunDeadline) || !time.Now().Before(s.until):
+		return s.end(StatusDeadline, fmt.Sprintf("the run's deadline (%s) passed during step %d", s.deadline, s.steps), nil)
+	case errors.Is(err, ErrModelTimeout):
+		return s.end(StatusError, fmt.Sprintf("the model call of step %d took longer than %s", s.steps, s.modelTimeout), err)
+	}
+	var p *PanicError
+	if errors.As(err, &p) {
+		return s.end(StatusError, fmt.Sprintf("the model panicked in step %d", s.steps), err)
+	}
+	return s.end(StatusError, fmt.Sprintf("the model failed in step %d", s.steps), fmt.Errorf("agent: model: %w", err))
+}
+
+// runCalls runs a turn's calls in order and appends their results.
+func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
+	for _, c := range calls {
+		key, keyErr := repeatKey(c)
+		if keyErr == nil && s.counts[key]+1 >= s.repeatLimit {
+			return s.end(StatusRepetition, fmt.Sprintf("the model asked for tool %q with the same arguments %d times (call %s of step %d not run)",
+				c.Name, s.counts[key]+1, c.ID, s.steps), nil), true
+		}
+		res, stop := s.runCall(ctx, c, keyErr)
+		if stop != nil {
+			if ctx.Err() != nil {
+				return s.ctxEnded(ctx), true
+			}
+			return s.end(StatusError, fmt.Sprintf("the ledger stopped call %s of tool %q (it stays pending)", c.ID, c.Name), stop), true
+		}
+		if keyErr == nil {
+			s.counts[key]++
+		}
+		if o, stop := s.appendMessage(ctx, Message{Role: RoleTool, Result: &res}); stop {
+			return o, true
+		}
+	}
+	return Outcome{}, false
+}
+
+// repeatKey identifies a call's tool and canonical arguments.
+func repeatKey(c ToolCall) (string, error) {
+	fp, err := fingerprint.Compute(c.Args, nil)
+	if err != nil {
+		return "", err
+	}
+	return c.Name + "\x00" + fp.String(), nil
+}
+
+// runCall runs one call. A non-nil stop error ends the run (the call stays
+// pending); otherwise the result, failed or not, goes to the model.
+func (s *run) runCall(ctx context.Context, c ToolCall, argsErr error) (res ToolResult, stop error) {
+	res = ToolResult{CallID: c.ID, Tool: c.Name}
+	t, ok := s.tools[c.Name]
+	switch {
+	case !ok:
+		res.Error = fmt.Sprintf("unknown tool %q", c.Name)
+		return res, nil
+	case c.ID == "":
+		res.Error = "the call has no call id"
+		return res, nil
+	case argsErr != nil:
+		res.Error = "invalid arguments: " + argsErr.Error()
+		return res, nil
+	}
+	fp, _ := fingerprint.Compute(c.Args, nil) // argsErr is nil
+	lc := logCall{run: s, call: c, sha: fp.String()}
+	if !t.Mutating {
+		return s.runDirect(ctx, t, c, lc), nil
+	}
+	return s.runMutating(ctx, t, c, lc)
+}
+
+// runDirect runs a non-mutating tool: one attempt, bounded by its timeout.
+func (s *run) runDirect(ctx context.Context, t Tool, c ToolCall, lc logCall) (res ToolResult) {
+	res = ToolResult{CallID: c.ID, Tool: c.Name}
+	timeout := t.Policy.Timeout
+	if timeout <= 0 {
+		timeout = client.DefaultToolPolicy.Timeout
+	}
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	started := lc.start(ctx, 1, false)
+	ok := false
+	defer func() {
+		lc.end(ctx, 1, false, started, ok)
+		if p := recover(); p != nil {
+			res.Error = fmt.Sprintf("tool panicked: %v", p)
+		}
+	}()
+	out, err := t.Func(tctx, s.toolCall(c, client.Attempt{}))
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	ok = true
+	res.Data, res.ResourceID = out.Data, out.ResourceID
+	return res
+}
+
+// runMutating runs a mutating tool through the ledger.
+func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (ToolResult, error) {
+	res := ToolResult{CallID: c.ID, Tool: c.Name}
+	op := client.Op{
+		ID: s.in.RunID + ":" + c.ID, Tool: c.Name, Params: c.Args,
+		PermitID: s.in.PermitID, RunID: s.in.RunID, Step: uint32(s.steps),
+	}
+	attempts := 0 // fn runs on Do's goroutine, synchronously
+	fn := func(actx context.Context, a client.Attempt) (out client.Result, err error) {
+		attempts++
+		started := lc.start(ctx, a.Number, false)
+		ok := false
+		defer func() { lc.end(ctx, a.Number, false, started, ok) }() // also when fn panics
+		out, err = t.Func(actx, s.toolCall(c, a))
+		ok = err == nil
+		if ok {
+			out.Data = jsonData(out.Data)
+		}
+		return out, err
+	}
+	began := time.Now()
+	out, err, panicked := s.do(ctx, op, fn)
+	if panicked != nil {
+		// The SDK marked the operation UNKNOWN: reconcile, never re-mint.
+		return res, panicked
+	}
+	if attempts == 0 {
+		replayed, attempt := out.Replayed, out.Attempt
+		var fe *client.FailedError
+		if errors.As(err, &fe) {
+			replayed = fe.Replayed
+		}
+		lc.start(ctx, attempt, replayed)
+		lc.end(ctx, attempt, replayed, began, err == nil)
+	}
+	switch {
+	case err == nil, errors.Is(err, client.ErrCompletionNotRecorded):
+		// The effect happened (a result the ledger failed to record is
+		// reconciled as applied later).
+		res.Data, res.ResourceID, res.Replayed = out.Data, out.ResourceID, out.Replayed
+		return res, nil
+	case isStop(ctx, err):
+		return res, err
+	}
+	res.Error = err.Error()
+	return res, nil
+}
+
+// jsonData returns data as JSON values when the ledger's wire format
+// (google.protobuf.Struct) cannot carry it as it is ([]string,
+// map[string]string, structs...): otherwise the SDK could not record the
+// result of an effect that happened. Data that is not JSON stays as it is.
+func jsonData(data map[string]any) map[string]any {
+	if data == nil {
+		return nil
+	}
+	if _, err := structpb.NewStruct(data); err == nil {
+		return data
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		return data
+	}
+	var out map[string]any
+	if json.Unmarshal(b, &out) != nil {
+		return data
+	}
+	return out
+}
+
+// do calls client.Do and recovers a panic of the tool, which Do lets through
+// after marking the operation UNKNOWN.
+func (s *run) do(ctx context.Context, op client.Op, fn client.Func) (out client.Result, err error, panicked error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked = &PanicError{Where: "tool " + op.Tool, Value: p, Stack: debug.Stack()}
+		}
+	}()
+	out, err = s.client.Do(ctx, op, fn)
+	return out, err, nil
+}
+
+// isStop says whether a mutating call's error is a ledger stop signal (SPEC
+// §5) rather than a settled failure to hand to the model.
+func isStop(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	for _, stop := range []error{
+		client.ErrKeyReused, client.ErrKeyExpired, client.ErrNeedsReconciliation,
+		client.ErrUnavailable, client.ErrRateLimited, client.ErrUnauthenticated, client.ErrPermissionDenied,
+		client.ErrStaleToken, client.ErrCompletionConflict, client.ErrAlreadyResolved, client.ErrInProgress,
+	} {
+		if errors.Is(err, stop) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *run) toolCall(c ToolCall, a client.Attempt) Call {
+	return Call{RunID: s.in.RunID, Step: s.steps, ID: c.ID, Tool: c.Name, Args: c.Args, Attempt: a}
+}
+
+// appendMessage appends m and saves the transcript.
+func (s *run) appendMessage(ctx context.Context, m Message) (o Outcome, stop bool) {
+	s.transcript = append(s.transcript, m)
+	if s.checkpoint == nil {
+		return Outcome{}, false
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			o, stop = s.end(StatusError, "the checkpoint panicked", &PanicError{Where: "checkpoint", Value: p, Stack: debug.Stack()}), true
+		}
+	}()
+	if err := s.checkpoint(ctx, s.in.RunID, slices.Clip(s.transcript)); err != nil {
+		return s.end(StatusError, "the transcript could not be saved", fmt.Errorf("agent: checkpoint: %w", err)), true
+	}
+	return Outcome{}, false
+}
+
+// end builds the outcome.
+func (s *run) end(st Status, reason string, err error) Outcome {
+	return Outcome{Status: st, Steps: s.steps, Transcript: slices.Clip(s.transcript), Reason: reason, Err: err}
+}
+
+// logCall writes the logging contract's records for one call.
+type logCall struct {
+	run  *run
+	call ToolCall
+	sha  string
+}
+
+func (l logCall) attrs(attempt uint32, replayed bool) []slog.Attr {
+	return []slog.Attr{
+		slog.String("run_id", l.run.in.RunID),
+		slog.Int("step", l.run.steps),
+		slog.String("tool", l.call.Name),
+		slog.String("call_id", l.call.ID),
+		slog.Int64("attempt", int64(attempt)),
+		slog.Bool("replayed", replayed),
+		slog.String("args_sha256", l.sha),
+	}
+}
+
+// start writes tool_start and returns the start time.
+func (l logCall) start(ctx context.Context, attempt uint32, replayed bool) time.Time {
+	l.run.log.LogAttrs(ctx, slog.LevelInfo, "tool_start", l.attrs(attempt, replayed)...)
+	return time.Now()
+}
+
+// end writes tool_end.
+func (l logCall) end(ctx context.Context, attempt uint32, replayed bool, started time.Time, ok bool) {
+	a := append(l.attrs(attempt, replayed),
+		slog.Int64("duration_ms", time.Since(started).Milliseconds()),
+		slog.Bool("ok", ok))
+	l.run.log.LogAttrs(ctx, slog.LevelInfo, "tool_end", a...)
+}
