@@ -138,7 +138,7 @@ func reasons(o *client.Operation) []string {
 	return out
 }
 
-func TestDoExecutesOnceThenReplays(t *testing.T) { // S2
+func TestS2DoExecutesOnceThenReplays(t *testing.T) { // S2
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination()
 		op := e.op("refund", "payments.refund", map[string]any{"charge": "ch_1", "amount": 1250})
@@ -187,7 +187,7 @@ func withDropper() (*dropper, client.Option) {
 	return d, client.WithDialOptions(grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(d.intercept))
 }
 
-func TestDoRecoversLostResponses(t *testing.T) { // S10, and S2's lost Complete response
+func TestS10DoRecoversLostResponses(t *testing.T) { // S10, and S2's lost Complete response
 	dr, opt := withDropper()
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination()
@@ -211,7 +211,7 @@ func TestDoRecoversLostResponses(t *testing.T) { // S10, and S2's lost Complete 
 	}, opt)
 }
 
-func TestDoWorkerDiedAfterEffect(t *testing.T) { // S3
+func TestS3DoWorkerDiedAfterEffect(t *testing.T) { // S3
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination()
 		op := e.op("refund", "short.refund", map[string]any{"amount": 1})
@@ -245,7 +245,7 @@ func TestDoWorkerDiedAfterEffect(t *testing.T) { // S3
 	})
 }
 
-func TestDoTimeoutThenReconciliation(t *testing.T) { // S5
+func TestS5DoTimeoutThenReconciliation(t *testing.T) { // S5
 	eachBackend(t, func(t *testing.T, e *env) {
 		for _, tc := range []struct {
 			fault     string
@@ -273,7 +273,7 @@ func TestDoTimeoutThenReconciliation(t *testing.T) { // S5
 	})
 }
 
-func TestDoAppointmentWithFaults(t *testing.T) { // S9 through the SDK
+func TestS9DoAppointmentWithFaults(t *testing.T) { // S9 through the SDK
 	eachBackend(t, func(t *testing.T, e *env) {
 		clinic := newDestination("refuse", "timeout-after-write")
 		e.c.RegisterReconciler("create_appointment", clinic.reconciler)
@@ -346,7 +346,7 @@ func TestDoConflictNeverMintsAKey(t *testing.T) {
 	}
 }
 
-func TestDoNeverRunsWithoutAReservation(t *testing.T) { // S6, client side
+func TestS6DoNeverRunsWithoutAReservation(t *testing.T) { // S6, client side
 	t.Run("ledger down", func(t *testing.T) {
 		e := newEnv(t, redistest.Shared(t).Client(t), client.WithLedgerRetries(2), client.WithCallTimeout(500*time.Millisecond))
 		e.stack.Service.GRPC.Stop()
@@ -369,7 +369,7 @@ func TestDoNeverRunsWithoutAReservation(t *testing.T) { // S6, client side
 	})
 }
 
-func TestDoRetriesRetryableFailures(t *testing.T) {
+func TestS13DoRetriesRetryableFailures(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination("refuse", "refuse")
 		op := e.op("refund", "payments.refund", map[string]any{"amount": 1})
