@@ -369,7 +369,7 @@ func TestS6DoNeverRunsWithoutAReservation(t *testing.T) { // S6, client side
 	})
 }
 
-func TestS13DoRetriesRetryableFailures(t *testing.T) {
+func TestDoRetriesRetryableFailures(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination("refuse", "refuse")
 		op := e.op("refund", "payments.refund", map[string]any{"amount": 1})
