@@ -22,12 +22,14 @@ const (
 	KindAlreadyResolved                // resolved with another finding
 	KindInProgress                     // a live claim holds the operation
 	KindUnavailable                    // the store is unreachable or refused the write
+	KindQuotaExceeded                  // the tenant holds too many unresolved operations
 )
 
 var kindNames = [...]string{
 	"other error", "invalid argument", "not found", "idempotency key reused",
 	"idempotency key expired", "stale fencing token", "completion conflict",
 	"already resolved", "operation in progress", "store unavailable",
+	"unresolved operations limit reached",
 }
 
 // String describes the kind.
@@ -50,6 +52,7 @@ var (
 	ErrAlreadyResolved    = &Error{Kind: KindAlreadyResolved}
 	ErrInProgress         = &Error{Kind: KindInProgress}
 	ErrUnavailable        = &Error{Kind: KindUnavailable}
+	ErrQuotaExceeded      = &Error{Kind: KindQuotaExceeded}
 )
 
 // Violation is one problem with one input field, named as on the wire

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,10 +40,11 @@ tools:
 
 // env is one ledger on one backend, with a tenant of its own.
 type env struct {
-	l   *Ledger
-	rdb redis.UniversalClient
-	who Principal
-	ctx context.Context
+	l    *Ledger
+	lrdb redis.UniversalClient // the ledger's client (restricted in redis-acl)
+	rdb  redis.UniversalClient // for assertions
+	who  Principal
+	ctx  context.Context
 }
 
 // eachBackend runs f against a real redis-server (shared by the package,
@@ -56,14 +58,26 @@ func eachBackend(t *testing.T, f func(t *testing.T, e *env)) {
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		f(t, newEnv(t, rdb, pol))
 	})
+	// And as the least-privileged Redis user of ACLRules, so a command the
+	// rules lack fails the suite.
+	t.Run("redis-acl", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Shared(t)
+		aclOnce.Do(func() { srv.CreateUser(t, "ledger", "acl-test-password", ACLRules(DefaultPrefix)) })
+		e := newEnv(t, srv.UserClient(t, "ledger", "acl-test-password"), pol)
+		e.rdb = srv.Client(t) // assertions read as the admin user
+		f(t, e)
+	})
 }
+
+var aclOnce sync.Once
 
 func newEnv(t *testing.T, rdb redis.UniversalClient, pol *Policies) *env {
 	l, err := New(rdb, Options{Policies: pol})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{l: l, rdb: rdb, who: Principal{Tenant: "t-" + randomHex(6), ID: "agent-1"}, ctx: context.Background()}
+	return &env{l: l, lrdb: rdb, rdb: rdb, who: Principal{Tenant: "t-" + randomHex(6), ID: "agent-1"}, ctx: context.Background()}
 }
 
 func randomHex(n int) string {

@@ -28,6 +28,13 @@ type Options struct {
 	// Logger receives the sweeper's reports (slog.Default when nil). The
 	// ledger logs ids and counts, never parameters or results.
 	Logger *slog.Logger
+	// UnresolvedLimit returns how many unresolved operations a tenant may
+	// hold (0: no limit); nil means no limit for anyone. Reserve refuses a
+	// new operation beyond it (KindQuotaExceeded), so one tenant cannot fill
+	// the store. The limit is enforced per shard, as limit/NumShards rounded
+	// up, inside the same script as the creation: exact per shard, within a
+	// few percent of the limit overall for limits of thousands.
+	UnresolvedLimit func(tenant string) int
 }
 
 // Ledger is the operation ledger on one Redis deployment. It is safe for
@@ -37,6 +44,7 @@ type Ledger struct {
 	keys     keyspace
 	policies *Policies
 	log      *slog.Logger
+	limit    func(tenant string) int
 }
 
 // New returns a Ledger storing its records through rdb.
@@ -50,7 +58,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 			return nil, fmt.Errorf("ledger: key prefix %q: only letters, digits, '.', '_' and '-' are allowed", prefix)
 		}
 	}
-	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger}
+	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit}
 	if l.policies == nil {
 		l.policies = DefaultPolicies()
 	}
@@ -79,7 +87,8 @@ const (
 // or DecisionReconcile (the outcome is unknown).
 //
 // May return an *Error of KindInvalid, KindKeyReused (Differs names tool,
-// params and/or permit), KindKeyExpired (State is the final state) or
+// params and/or permit), KindKeyExpired (State is the final state),
+// KindQuotaExceeded (a new operation beyond the tenant's unresolved limit) or
 // KindUnavailable.
 func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest) (*ReserveResult, error) {
 	const op = "ledger.Reserve"
@@ -130,13 +139,19 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		holder = newHolder()
 	}
 	k := l.keys.op(who.Tenant, req.OperationID)
+	shardLimit := 0
+	if l.limit != nil {
+		if n := l.limit(who.Tenant); n > 0 {
+			shardLimit = (n + NumShards - 1) / NumShards
+		}
+	}
 	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, map[string]string, error) {
 		digest, list := fieldsDigest(fields)
 		code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
 			req.Tool, fp.String(), req.PermitID, holder, int(effect), req.RunID, req.Step,
 			retainMS, retainEndMS, pol.Lease.Milliseconds(), pol.MaxAttempts,
 			pol.Retention.Milliseconds(), pol.TombstoneRetention.Milliseconds(),
-			pol.RecoveryWindow.Milliseconds(), req.OperationID, digest, list)
+			pol.RecoveryWindow.Milliseconds(), req.OperationID, digest, list, shardLimit)
 		return code, aux, rec, err
 	}
 	code, aux, rec, err := run(fp, pol.ConsequentialFields)
@@ -382,6 +397,8 @@ func (l *Ledger) codeError(op, id string, code int64, aux string, rec map[string
 		e.Kind = KindCompletionConflict
 	case codeAlreadyResolved:
 		e.Kind = KindAlreadyResolved
+	case codeQuota:
+		e.Kind = KindQuotaExceeded
 	case codeBusy:
 		e.Kind = KindInProgress
 		ms, _ := strconv.ParseInt(aux, 10, 64)

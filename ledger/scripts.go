@@ -74,4 +74,5 @@ const (
 	codeAlreadyResolved    = 15
 	codeBusy               = 16
 	codeFields             = 17
+	codeQuota              = 18
 )

@@ -691,3 +691,61 @@ func inLeaseIndex(e *env, id string) bool {
 	_, err := e.rdb.ZScore(e.ctx, k.all[4], k.member).Result()
 	return err == nil
 }
+
+func TestUnresolvedLimit(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		// A limit of NumShards allows one unresolved operation per shard.
+		l, err := New(e.lrdb, Options{Policies: e.l.policies, UnresolvedLimit: func(tenant string) int {
+			if tenant == e.who.Tenant {
+				return NumShards
+			}
+			return 0
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[int]string{} // shard -> the operation holding it
+		var refused string
+		for i := 0; refused == "" && i < 10*NumShards; i++ {
+			id := "op-" + itoa(int64(i))
+			_, err := l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: id, Tool: "payments.refund", PermitID: "p", Holder: "h"})
+			s := shardOf(e.who.Tenant, id)
+			switch {
+			case err == nil:
+				if _, dup := held[s]; dup {
+					t.Fatalf("a second unresolved operation in shard %d", s)
+				}
+				held[s] = id
+			case KindOf(err) == KindQuotaExceeded:
+				if _, ok := held[s]; !ok {
+					t.Fatalf("refused %s in an empty shard", id)
+				}
+				refused = id
+			default:
+				t.Fatal(err)
+			}
+		}
+		if refused == "" {
+			t.Fatal("the limit never applied")
+		}
+		holder := held[shardOf(e.who.Tenant, refused)]
+		// Retries of a held operation still work; once it is resolved, the
+		// refused one may start.
+		res, err := l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: holder, Tool: "payments.refund", PermitID: "p", Holder: "h"})
+		if err != nil || res.Decision != DecisionExecute {
+			t.Fatalf("retry under the limit = %v, %v", res, err)
+		}
+		if _, err := l.Complete(e.ctx, e.who, CompleteRequest{OperationID: holder, FencingToken: res.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: refused, Tool: "payments.refund", PermitID: "p", Holder: "h"}); err != nil {
+			t.Fatalf("after resolving: %v", err)
+		}
+		// Other tenants are not limited by this one.
+		other := e.who
+		other.Tenant += "-other"
+		if _, err := l.Reserve(e.ctx, other, ReserveRequest{OperationID: refused, Tool: "payments.refund", PermitID: "p", Holder: "h"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -207,4 +208,26 @@ func EachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) 
 		t.Cleanup(func() { _ = c.Close() })
 		f(t, c)
 	})
+}
+
+// CreateUser adds an ACL user to the server (ACL SETUSER name on >password
+// rules...), for tests that run as a restricted user.
+func (s *Server) CreateUser(tb testing.TB, name, password, rules string) {
+	tb.Helper()
+	c := s.Client(tb)
+	args := []any{"ACL", "SETUSER", name, "reset", "on", ">" + password}
+	for _, r := range strings.Fields(rules) {
+		args = append(args, r)
+	}
+	if err := c.Do(context.Background(), args...).Err(); err != nil {
+		tb.Fatalf("ACL SETUSER %s: %v", name, err)
+	}
+}
+
+// UserClient returns a client of the server that authenticates as an ACL
+// user, closed at the test's end.
+func (s *Server) UserClient(tb testing.TB, name, password string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Username: name, Password: password, DisableIdentity: true})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }

@@ -22,6 +22,8 @@
 -- ARGV[17] -> operation id (raw), for the unresolved index member
 -- ARGV[18] -> digest of the policy's consequential fields ('' for all fields)
 -- ARGV[19] -> the consequential fields, a JSON list ('' for all fields)
+-- ARGV[20] -> the most unresolved operations the tenant may hold in this
+--             shard (0 for no limit)
 --
 -- Output: {code, aux, record}, record a flat field/value list:
 --   {C_EXECUTE, '', record}       the caller holds the claim (new, claimed,
@@ -31,6 +33,8 @@
 --   {C_RECONCILE, '', record}     UNKNOWN (now or just now): reconcile first
 --   {C_KEY_REUSED, mask, {}}      tool (1), fingerprint (2), permit (4) differ
 --   {C_EXPIRED, tombstone, {}}    the record expired; "<state>:<fingerprint>"
+--   {C_QUOTA, '', {}}             a new operation would exceed the tenant's
+--                                 unresolved limit in this shard
 --   {C_FIELDS, fields, {}}        the record was fingerprinted over other
 --                                 consequential fields (the policy changed):
 --                                 call again with a fingerprint over these
@@ -61,6 +65,10 @@ if not load() then
   local tomb = redis.call('GET', KEYS[3])
   if tomb then
     return {C_EXPIRED, tomb, {}}
+  end
+  local limit = tonumber(ARGV[20])
+  if limit > 0 and redis.call('ZCARD', KEYS[4]) >= limit then
+    return {C_QUOTA, '', {}}
   end
   set('tool', tool)
   set('fp', fp)

@@ -1,0 +1,36 @@
+package ledger
+
+import "strings"
+
+// ACLCommands are the only commands the ledger sends to Redis: directly
+// (scripts, the sweeper's and ListUnresolved's reads, the connection
+// handshake) and from inside its scripts, which Redis checks against the
+// same ACL.
+var ACLCommands = []string{
+	// connection and scripts
+	"hello", "ping", "eval", "evalsha", "script|load",
+	// reads outside scripts (ListUnresolved, Sweep) and the clock
+	"time", "hgetall", "zrangebylex", "zrangebyscore", "zrem",
+	// inside the scripts
+	"hset", "hdel", "rpush", "ltrim", "lrange", "zadd", "zcard", "get", "set", "pexpire",
+}
+
+// ACLRules returns the rules of the least-privileged Redis user the ledger
+// can run as: only its keys (prefix:*), no channels, only ACLCommands. Use
+// it as
+//
+//	ACL SETUSER ledger on >PASSWORD <rules>
+//
+// and put the user and password in the Redis URL
+// (redis://ledger:PASSWORD@host:6379/0).
+func ACLRules(prefix string) string {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	var b strings.Builder
+	b.WriteString("~" + prefix + ":* resetchannels -@all")
+	for _, c := range ACLCommands {
+		b.WriteString(" +" + c)
+	}
+	return b.String()
+}
