@@ -164,3 +164,19 @@ func TestBackoff(t *testing.T) {
 		}
 	}
 }
+
+func TestAPIKeyIsNotSentInClearBeyondLoopback(t *testing.T) {
+	k := apiKey("id.secret")
+	for uri, ok := range map[string]bool{
+		"http://127.0.0.1:50051/ledger.v1.LedgerService": true,
+		"http://[::1]:50051/ledger.v1.LedgerService":     true,
+		"http://localhost:50051/ledger.v1.LedgerService": true,
+		"http://10.1.2.3:50051/ledger.v1.LedgerService":  false,
+		"http://ledger.example:443/x":                    false,
+	} {
+		md, err := k.GetRequestMetadata(context.Background(), uri)
+		if ok != (err == nil) || ok && md["authorization"] != "Bearer id.secret" {
+			t.Errorf("%s: %v, %v", uri, md, err)
+		}
+	}
+}

@@ -35,11 +35,16 @@ package client
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
+	"errors"
+	"net"
+	"net/url"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -61,6 +66,7 @@ type Client struct {
 	ledgerRetries int
 	callTimeout   time.Duration
 	dialOptions   []grpc.DialOption
+	transport     credentials.TransportCredentials
 }
 
 // Option configures a Client.
@@ -92,11 +98,49 @@ func WithLedgerRetries(n int) Option { return func(c *Client) { c.ledgerRetries 
 // WithCallTimeout bounds each call to the ledger (5s otherwise).
 func WithCallTimeout(d time.Duration) Option { return func(c *Client) { c.callTimeout = d } }
 
-// WithDialOptions are used by Dial (plaintext otherwise, which ledgerd only
-// serves on loopback; pass grpc.WithTransportCredentials for TLS).
+// WithDialOptions are passed to grpc.NewClient by Dial, after the
+// transport credentials (plaintext, or WithTLS's).
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(c *Client) { c.dialOptions = append(c.dialOptions, opts...) }
 }
+
+// WithTLS makes Dial connect with TLS (plaintext otherwise, which ledgerd
+// only serves on loopback). Add a client certificate to cfg for mTLS.
+func WithTLS(cfg *tls.Config) Option {
+	return func(c *Client) { c.transport = credentials.NewTLS(cfg) }
+}
+
+// WithAPIKey sends key ("<id>.<secret>", from "ledgerd keygen") with every
+// call as "authorization: Bearer <key>". Over a connection without TLS the
+// key is only sent to a loopback address; elsewhere the call fails instead
+// of exposing the key.
+func WithAPIKey(key string) Option {
+	return WithDialOptions(grpc.WithPerRPCCredentials(apiKey(key)))
+}
+
+type apiKey string
+
+// GetRequestMetadata attaches the key, refusing to send it in clear beyond
+// this machine.
+func (k apiKey) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	ri, _ := credentials.RequestInfoFromContext(ctx)
+	if credentials.CheckSecurityLevel(ri.AuthInfo, credentials.PrivacyAndIntegrity) != nil {
+		host := ""
+		if len(uri) > 0 {
+			if u, err := url.Parse(uri[0]); err == nil {
+				host = u.Hostname()
+			}
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return nil, errors.New("client: refusing to send the API key without TLS to " + host)
+		}
+	}
+	return map[string]string{"authorization": "Bearer " + string(k)}, nil
+}
+
+// RequireTransportSecurity is false so the key also works with a plaintext
+// loopback ledgerd; GetRequestMetadata guards everything else.
+func (apiKey) RequireTransportSecurity() bool { return false }
 
 // New returns a Client on an existing connection.
 func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
@@ -119,11 +163,11 @@ func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // on the first call.
 func Dial(target string, opts ...Option) (*Client, error) {
 	c := New(nil, opts...)
-	dial := c.dialOptions
-	if len(dial) == 0 {
-		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	transport := c.transport
+	if transport == nil {
+		transport = insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(target, dial...)
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(transport)}, c.dialOptions...)...)
 	if err != nil {
 		return nil, err
 	}

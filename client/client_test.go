@@ -13,12 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/server"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -184,7 +184,7 @@ func (d *dropper) intercept(ctx context.Context, method string, req, reply any, 
 
 func withDropper() (*dropper, client.Option) {
 	d := &dropper{armed: map[string]int{}}
-	return d, client.WithDialOptions(grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(d.intercept))
+	return d, client.WithDialOptions(grpc.WithChainUnaryInterceptor(d.intercept))
 }
 
 func TestS10DoRecoversLostResponses(t *testing.T) { // S10, and S2's lost Complete response
@@ -582,5 +582,38 @@ func TestDoRecordsResultDataOfAnyJSONShape(t *testing.T) {
 	}
 	if o, _ := e.c.Lookup(e.ctx, op2.ID); o.State != client.StateUnknown {
 		t.Fatalf("state = %v, want UNKNOWN", o.State)
+	}
+}
+
+func TestAPIKeys(t *testing.T) {
+	key, hash, err := server.NewAPIKey("acme-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := server.ParseCredentials([]byte("keys:\n  - {id: acme-agent, tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Credentials: creds})
+	d := newDestination()
+	op := client.Op{ID: "keys-" + client.NewHolder(), Tool: "payments.refund", PermitID: "p"}
+	anon, err := client.Dial(st.Addr, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	if _, err := anon.Do(context.Background(), op, d.fn); !errors.Is(err, client.ErrUnauthenticated) || d.calls.Load() != 0 {
+		t.Fatalf("Do without a key = %v (fn called %d times)", err, d.calls.Load())
+	}
+	c, err := client.Dial(st.Addr, fast, client.WithAPIKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Do(context.Background(), op, d.fn); err != nil || d.calls.Load() != 1 {
+		t.Fatalf("Do with the key = %v", err)
+	}
+	if _, err := c.Reconcile(context.Background(), op.ID, client.Finding{Kind: client.Applied}); !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("Reconcile with an agent key = %v", err)
 	}
 }

@@ -302,7 +302,8 @@ func replay(o *Operation) (Result, error) {
 }
 
 // call runs one ledger call with the call timeout, repeating it while the
-// ledger is unavailable (at most ledgerRetries more times, with backoff).
+// ledger is unavailable or the tenant is over its rate (at most
+// ledgerRetries more times, waiting the backoff or the RetryInfo's delay).
 func (c *Client) call(ctx context.Context, f func(context.Context) error) error {
 	var err error
 	for i := 0; ; i++ {
@@ -313,7 +314,8 @@ func (c *Client) call(ctx context.Context, f func(context.Context) error) error 
 			return nil
 		}
 		timedOut := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
-		if !errors.Is(err, ErrUnavailable) && !timedOut {
+		limited := errors.Is(err, ErrRateLimited)
+		if !errors.Is(err, ErrUnavailable) && !timedOut && !limited {
 			return err
 		}
 		if i >= c.ledgerRetries {
@@ -322,7 +324,12 @@ func (c *Client) call(ctx context.Context, f func(context.Context) error) error 
 			}
 			return err
 		}
-		if serr := sleep(ctx, c.backoff.Delay(i+1)); serr != nil {
+		wait := c.backoff.Delay(i + 1)
+		var le *Error
+		if errors.As(err, &le) && le.RetryAfter > wait {
+			wait = le.RetryAfter // the ledger says when (RetryInfo)
+		}
+		if serr := sleep(ctx, wait); serr != nil {
 			return err
 		}
 	}

@@ -44,6 +44,9 @@ var (
 	ErrPermissionDenied = errors.New("permission denied")
 	// ErrRateLimited: the tenant is over its rate; see Error.RetryAfter.
 	ErrRateLimited = errors.New("rate limited")
+	// ErrQuotaExceeded: the tenant holds as many unresolved operations as it
+	// may; new ones are refused until some are resolved.
+	ErrQuotaExceeded = errors.New("unresolved operations limit reached")
 
 	// ErrNeedsReconciliation: nobody knows whether the effect happened, and
 	// no reconciler settled it (none registered, or it escalated to a
@@ -71,6 +74,10 @@ var reasons = map[string]error{
 	"NOT_FOUND":               ErrNotFound,
 	"INVALID_ARGUMENT":        ErrInvalidArgument,
 	"STORE_UNAVAILABLE":       ErrUnavailable,
+	"UNAUTHENTICATED":         ErrUnauthenticated,
+	"PERMISSION_DENIED":       ErrPermissionDenied,
+	"RATE_LIMITED":            ErrRateLimited,
+	"UNRESOLVED_LIMIT":        ErrQuotaExceeded,
 }
 
 var byCode = map[codes.Code]error{

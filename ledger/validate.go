@@ -123,6 +123,16 @@ func checkFailure(prefix string, f *Failure) []Violation {
 	)
 }
 
+// ValidateTenant reports whether s is acceptable as a tenant name (the rules
+// of an identifier, at most MaxTenantLen bytes), as a *Error of KindInvalid,
+// or nil.
+func ValidateTenant(s string) error {
+	if v := checkID("tenant", s, MaxTenantLen, true); v != nil {
+		return invalid("", *v)
+	}
+	return nil
+}
+
 // ValidateOperationID reports whether id is acceptable as an operation id,
 // as a *Error of KindInvalid, or nil.
 func ValidateOperationID(id string) error {

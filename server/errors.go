@@ -30,6 +30,10 @@ const (
 	ReasonNotFound           = "NOT_FOUND"
 	ReasonInvalidArgument    = "INVALID_ARGUMENT"
 	ReasonStoreUnavailable   = "STORE_UNAVAILABLE"
+	ReasonUnauthenticated    = "UNAUTHENTICATED"
+	ReasonPermissionDenied   = "PERMISSION_DENIED"
+	ReasonRateLimited        = "RATE_LIMITED"
+	ReasonUnresolvedLimit    = "UNRESOLVED_LIMIT"
 	ReasonInternal           = "INTERNAL"
 	ReasonCanceled           = "CANCELED"
 	ReasonDeadlineExceeded   = "DEADLINE_EXCEEDED"
@@ -89,6 +93,10 @@ func toStatus(err error) *status.Status {
 		return withDetails(codes.FailedPrecondition,
 			"a live claim holds the operation; retry after its lease",
 			info(ReasonInProgress, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
+	case ledger.KindQuotaExceeded:
+		return withDetails(codes.ResourceExhausted,
+			"the tenant holds as many unresolved operations as it may; resolve some (ListUnresolved) before starting new ones",
+			info(ReasonUnresolvedLimit, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 	case ledger.KindUnavailable:
 		return withDetails(codes.Unavailable,
 			"the store is unavailable or refused the write; retry the same call, and never execute without a reservation",

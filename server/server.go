@@ -11,9 +11,13 @@
 // recovery (Internal, with the stack in the log).
 //
 // The tenant of every call comes from the caller's credentials, never from a
-// request field. Until authentication is configured every caller is the
-// configured default tenant; an authenticating interceptor attaches the
-// caller with WithPrincipal.
+// request field: an API key ("authorization: Bearer <id>.<secret>", compared
+// in constant time against its SHA-256 in the credentials file) or a verified
+// client certificate the file maps. Scopes decide which methods a credential
+// may call (agent, reconciler, viewer; PERMISSION_DENIED otherwise), and a
+// token bucket per tenant bounds its rate (RESOURCE_EXHAUSTED with
+// RetryInfo). Without credentials configured every caller is the default
+// tenant, which ledgerd only allows on loopback.
 package server
 
 import (
@@ -25,11 +29,14 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
@@ -55,6 +62,17 @@ type Config struct {
 	// MaxRequestBytes bounds one request message (DefaultMaxRequestBytes
 	// when zero).
 	MaxRequestBytes int
+	// Auth authenticates every call but health checks, and checks its
+	// scope. Nil serves every caller as DefaultTenant: ledgerd then listens
+	// on loopback only.
+	Auth *Authenticator
+	// PublicReflection serves reflection to unauthenticated callers when
+	// Auth is set (it describes the API, not any data).
+	PublicReflection bool
+	// Rate and Burst bound each tenant's calls per second and at once (0:
+	// no limit); the credentials file may set a tenant's own.
+	Rate  float64
+	Burst int
 }
 
 // Service is the gRPC server with the ledger, health and reflection
@@ -95,24 +113,44 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithErrorFields(errorReason),
+	}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil)).Err()
 	})}
+	// The chain, outermost first: one log line per call, panic recovery,
+	// authentication and scope, the tenant's rate.
+	unary := []grpc.UnaryServerInterceptor{
+		logging.UnaryServerInterceptor(logger, logOpts...),
+		recovery.UnaryServerInterceptor(recoverOpts...),
+	}
+	stream := []grpc.StreamServerInterceptor{
+		logging.StreamServerInterceptor(logger, logOpts...),
+		recovery.StreamServerInterceptor(recoverOpts...),
+	}
+	if cfg.Auth != nil {
+		u, st := authInterceptors(cfg.Auth, cfg.PublicReflection)
+		unary, stream = append(unary, u), append(stream, st)
+	}
+	limits := &tenantLimiter{rate: cfg.Rate, burst: cfg.Burst, tenants: map[string]*rate.Limiter{}}
+	if cfg.Auth != nil {
+		limits.limits = func(t string) TenantLimits { return cfg.Auth.Credentials().Limits(t) }
+	}
+	unary = append(unary, limits.interceptor(tenant))
 	all := append([]grpc.ServerOption{
-		grpc.MaxRecvMsgSize(maxBytes),
-		grpc.ChainUnaryInterceptor(
-			logging.UnaryServerInterceptor(logger, logOpts...),
-			recovery.UnaryServerInterceptor(recoverOpts...),
-		),
-		grpc.ChainStreamInterceptor(
-			logging.StreamServerInterceptor(logger, logOpts...),
-			recovery.StreamServerInterceptor(recoverOpts...),
-		),
+		// The codec refuses requests over maxBytes with INVALID_ARGUMENT;
+		// the transport drops what is far over it before reading it whole.
+		grpc.ForceServerCodecV2(newRequestCodec(maxBytes)),
+		grpc.MaxRecvMsgSize(max(4*maxBytes, maxBytes+64<<10)),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 	}, opts...)
 	s := grpc.NewServer(all...)
-	ledgerv1.RegisterLedgerServiceServer(s, &handler{l: cfg.Ledger, log: log, anon: ledger.Principal{Tenant: tenant, ID: "anonymous"}})
+	desc := decodeErrors(ledgerv1.LedgerService_ServiceDesc)
+	s.RegisterService(&desc, &handler{l: cfg.Ledger, log: log, anon: ledger.Principal{Tenant: tenant, ID: "anonymous"}})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(s, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -136,6 +174,17 @@ func (s *Service) Shutdown(ctx context.Context) {
 		s.GRPC.Stop()
 		<-done
 	}
+}
+
+// errorReason puts an error's ErrorInfo reason in its log line.
+func errorReason(err error) logging.Fields {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return logging.Fields{"ledger.reason", ei.GetReason()}
+		}
+	}
+	return nil
 }
 
 type principalKey struct{}

@@ -12,9 +12,28 @@
 //	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
 //	--log-level         LEDGER_LOG_LEVEL         debug, info, warn or error (info)
 //	--shutdown-timeout  LEDGER_SHUTDOWN_TIMEOUT  how long running calls may finish at shutdown (10s)
+//	--auth-file         LEDGER_AUTH_FILE         credentials file: API keys, client certificates, tenant limits
+//	--tls-cert          LEDGER_TLS_CERT          server certificate chain (PEM)
+//	--tls-key           LEDGER_TLS_KEY           server key (PEM)
+//	--tls-client-ca     LEDGER_TLS_CLIENT_CA     CA of client certificates (mTLS)
+//	--public-reflection LEDGER_PUBLIC_REFLECTION serve reflection without credentials (false)
+//	--rate-limit        LEDGER_RATE_LIMIT        calls per second per tenant (0: no limit)
+//	--rate-burst        LEDGER_RATE_BURST        calls at once per tenant (the rate, rounded up)
+//	--max-unresolved    LEDGER_MAX_UNRESOLVED    unresolved operations a tenant may hold (100000; 0: no limit)
+//	--allow-plaintext   LEDGER_ALLOW_PLAINTEXT   serve a non-loopback address without TLS (false)
 //
-// It stops on SIGINT or SIGTERM: health turns NOT_SERVING, running calls
-// finish (up to --shutdown-timeout), then it exits.
+// Without --auth-file every caller is the tenant "default" and ledgerd only
+// serves a loopback address; with it, every call but health checks needs an
+// API key or a mapped client certificate, and a non-loopback address also
+// needs TLS (or --allow-plaintext behind a TLS-terminating proxy).
+//
+// It reloads the credentials file and the TLS files on SIGHUP, without
+// dropping connections. It stops on SIGINT or SIGTERM: health turns
+// NOT_SERVING, running calls finish (up to --shutdown-timeout), then it
+// exits.
+//
+// "ledgerd keygen --id ID --tenant T --scopes agent" prints a new API key and
+// the line of the credentials file that admits it.
 package main
 
 import (
@@ -28,6 +47,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,12 +55,21 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "keygen" {
+		if err := keygen(os.Args[2:], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "ledgerd:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerd:", err)
 		os.Exit(1)
@@ -55,6 +84,14 @@ type config struct {
 	sweepInterval   time.Duration
 	shutdownTimeout time.Duration
 	logLevel        string
+
+	authFile         string
+	tls              server.TLSFiles
+	publicReflection bool
+	rate             float64
+	burst            int
+	maxUnresolved    int
+	allowPlaintext   bool
 }
 
 func env(name, def string) string {
@@ -75,8 +112,42 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.logLevel, "log-level", env("LEDGER_LOG_LEVEL", "info"), "debug, info, warn or error [LEDGER_LOG_LEVEL]")
 	sweep := fs.String("sweep-interval", env("LEDGER_SWEEP_INTERVAL", ledger.DefaultSweepInterval.String()), "how often expired leases are swept [LEDGER_SWEEP_INTERVAL]")
 	shutdown := fs.String("shutdown-timeout", env("LEDGER_SHUTDOWN_TIMEOUT", "10s"), "how long running calls may take to finish at shutdown [LEDGER_SHUTDOWN_TIMEOUT]")
+	fs.StringVar(&c.authFile, "auth-file", env("LEDGER_AUTH_FILE", ""), "credentials file (API keys, client certificates, tenant limits); empty: no authentication, loopback only [LEDGER_AUTH_FILE]")
+	fs.StringVar(&c.tls.Cert, "tls-cert", env("LEDGER_TLS_CERT", ""), "server certificate chain, PEM [LEDGER_TLS_CERT]")
+	fs.StringVar(&c.tls.Key, "tls-key", env("LEDGER_TLS_KEY", ""), "server private key, PEM [LEDGER_TLS_KEY]")
+	fs.StringVar(&c.tls.ClientCA, "tls-client-ca", env("LEDGER_TLS_CLIENT_CA", ""), "CA of client certificates, PEM: enables mTLS [LEDGER_TLS_CLIENT_CA]")
+	publicReflection := fs.String("public-reflection", env("LEDGER_PUBLIC_REFLECTION", "false"), "serve reflection to callers without credentials [LEDGER_PUBLIC_REFLECTION]")
+	rateLimit := fs.String("rate-limit", env("LEDGER_RATE_LIMIT", "0"), "calls per second per tenant; 0: no limit [LEDGER_RATE_LIMIT]")
+	rateBurst := fs.String("rate-burst", env("LEDGER_RATE_BURST", "0"), "calls at once per tenant; 0: the rate, rounded up [LEDGER_RATE_BURST]")
+	maxUnresolved := fs.String("max-unresolved", env("LEDGER_MAX_UNRESOLVED", "100000"), "unresolved operations a tenant may hold; 0: no limit [LEDGER_MAX_UNRESOLVED]")
+	allowPlaintext := fs.String("allow-plaintext", env("LEDGER_ALLOW_PLAINTEXT", "false"), "serve a non-loopback address without TLS, e.g. behind a TLS-terminating proxy [LEDGER_ALLOW_PLAINTEXT]")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	var err error
+	for _, b := range []struct {
+		name string
+		val  string
+		dst  *bool
+	}{{"public-reflection", *publicReflection, &c.publicReflection}, {"allow-plaintext", *allowPlaintext, &c.allowPlaintext}} {
+		if *b.dst, err = strconv.ParseBool(b.val); err != nil {
+			return c, fmt.Errorf("--%s %q: want true or false", b.name, b.val)
+		}
+	}
+	if c.rate, err = strconv.ParseFloat(*rateLimit, 64); err != nil || c.rate < 0 {
+		return c, fmt.Errorf("--rate-limit %q: want calls per second, 0 for no limit", *rateLimit)
+	}
+	if c.burst, err = strconv.Atoi(*rateBurst); err != nil || c.burst < 0 {
+		return c, fmt.Errorf("--rate-burst %q: want a count, 0 for the rate", *rateBurst)
+	}
+	if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
+		return c, fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
+	}
+	if (c.tls.Cert == "") != (c.tls.Key == "") {
+		return c, errors.New("--tls-cert and --tls-key go together")
+	}
+	if c.tls.ClientCA != "" && c.tls.Cert == "" {
+		return c, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -92,12 +163,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return c, nil
 }
 
-// checkLoopback refuses to serve beyond this machine: without authentication
-// any caller could read and write every operation.
-func checkLoopback(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
+// checkListen refuses to serve beyond this machine without authentication
+// (any caller could read and write every operation), and without TLS (API
+// keys would cross the network in clear) unless told otherwise.
+func checkListen(c config) error {
+	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {
-		return fmt.Errorf("--listen %q: %w", addr, err)
+		return fmt.Errorf("--listen %q: %w", c.listen, err)
 	}
 	if host == "localhost" {
 		return nil
@@ -105,7 +177,13 @@ func checkLoopback(addr string) error {
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return fmt.Errorf("--listen %q: without authentication ledgerd only serves a loopback address (127.0.0.1, ::1 or localhost)", addr)
+	switch {
+	case c.authFile == "":
+		return fmt.Errorf("--listen %q: without authentication (--auth-file) ledgerd only serves a loopback address (127.0.0.1, ::1 or localhost)", c.listen)
+	case c.tls.Cert == "" && !c.allowPlaintext:
+		return fmt.Errorf("--listen %q: a non-loopback address needs TLS (--tls-cert, --tls-key), or --allow-plaintext behind a TLS-terminating proxy", c.listen)
+	}
+	return nil
 }
 
 func newLogger(level string, w io.Writer) (*slog.Logger, error) {
@@ -151,6 +229,62 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 	return rdb, func() { _ = rdb.Close() }, nil
 }
 
+// reloadOnHangup reloads the credentials and TLS files on SIGHUP. A file
+// that fails to load leaves the previous one in force.
+func reloadOnHangup(ctx context.Context, c config, auth *server.Authenticator, tlsr *server.TLSReloader, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		if auth != nil {
+			if creds, err := server.LoadCredentials(c.authFile); err != nil {
+				log.Error("reload: the credentials file did not load; the previous one stays", "error", err)
+			} else {
+				auth.Reload(creds)
+				log.Info("reload: credentials file loaded", "file", c.authFile)
+			}
+		}
+		if tlsr != nil {
+			if err := tlsr.Reload(); err != nil {
+				log.Error("reload: the TLS files did not load; the previous ones stay", "error", err)
+			} else {
+				log.Info("reload: TLS files loaded")
+			}
+		}
+	}
+}
+
+// keygen prints a new API key and its credentials file entry.
+func keygen(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ledgerd keygen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	id := fs.String("id", "", "key id: letters, digits, '-' and '_' (required)")
+	tenant := fs.String("tenant", "", "tenant the key acts for (required)")
+	scopes := fs.String("scopes", "agent", "comma-separated scopes: agent, reconciler, viewer")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *id == "" || *tenant == "" {
+		return errors.New("keygen: --id and --tenant are required")
+	}
+	entry := fmt.Sprintf("keys:\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", *id, *tenant, *scopes, strings.Repeat("0", 64))
+	if _, err := server.ParseCredentials([]byte(entry)); err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	key, hash, err := server.NewAPIKey(*id)
+	if err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	fmt.Fprintf(stdout, "# API key for the client (shown once, stored nowhere):\n#   %s\n", key)
+	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", *id, *tenant, *scopes, hash)
+	return nil
+}
+
 // redisLogger sends go-redis's own messages (reconnects, pool trouble) to the
 // JSON log instead of plain lines on stderr.
 type redisLogger struct{ log *slog.Logger }
@@ -182,8 +316,24 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	redis.SetLogger(redisLogger{log})
-	if err := checkLoopback(c.listen); err != nil {
+	if err := checkListen(c); err != nil {
 		return err
+	}
+	var (
+		auth  *server.Authenticator
+		creds = &server.Credentials{}
+		tlsr  *server.TLSReloader
+	)
+	if c.authFile != "" {
+		if creds, err = server.LoadCredentials(c.authFile); err != nil {
+			return err
+		}
+		auth = server.NewAuthenticator(creds)
+	}
+	if c.tls.Cert != "" {
+		if tlsr, err = server.NewTLSReloader(c.tls); err != nil {
+			return err
+		}
 	}
 	policies := ledger.DefaultPolicies()
 	if c.policy != "" {
@@ -200,7 +350,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log})
+	unresolvedLimit := func(tenant string) int {
+		if auth != nil {
+			if n := auth.Credentials().Limits(tenant).MaxUnresolved; n > 0 {
+				return n
+			}
+		}
+		return c.maxUnresolved
+	}
+	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log, UnresolvedLimit: unresolvedLimit})
 	if err != nil {
 		return err
 	}
@@ -215,11 +373,20 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	svc := server.New(server.Config{Ledger: l, Logger: log})
-	log.Info("ledgerd serving", "listen", lis.Addr().String(), "key_prefix", c.prefix, "policy", c.policy)
+	var opts []grpc.ServerOption
+	if tlsr != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsr.Config())))
+	}
+	svc := server.New(server.Config{
+		Ledger: l, Logger: log, Auth: auth, PublicReflection: c.publicReflection,
+		Rate: c.rate, Burst: c.burst,
+	}, opts...)
+	log.Info("ledgerd serving", "listen", lis.Addr().String(), "key_prefix", c.prefix, "policy", c.policy,
+		"auth", auth != nil, "tls", tlsr != nil, "mtls", c.tls.ClientCA != "")
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return svc.Serve(lis) })
+	g.Go(func() error { reloadOnHangup(gctx, c, auth, tlsr, log); return nil })
 	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
 	g.Go(func() error {
 		<-gctx.Done()

@@ -3,20 +3,35 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/server"
 )
 
 type lockedBuffer struct {
@@ -152,3 +167,159 @@ func TestRefusesBadConfiguration(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { redistest.Main(m) }
+
+func TestListenRules(t *testing.T) {
+	for _, tc := range []struct {
+		c    config
+		want string // "" when allowed
+	}{
+		{config{listen: "127.0.0.1:1"}, ""},
+		{config{listen: "[::1]:1"}, ""},
+		{config{listen: "localhost:1"}, ""},
+		{config{listen: "0.0.0.0:1"}, "auth-file"},
+		{config{listen: "10.0.0.1:1", authFile: "f"}, "TLS"},
+		{config{listen: "10.0.0.1:1", authFile: "f", allowPlaintext: true}, ""},
+		{config{listen: "10.0.0.1:1", authFile: "f", tls: server.TLSFiles{Cert: "c", Key: "k"}}, ""},
+		{config{listen: "10.0.0.1:1", tls: server.TLSFiles{Cert: "c", Key: "k"}}, "auth-file"},
+	} {
+		err := checkListen(tc.c)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.c, err, tc.want)
+		}
+	}
+}
+
+// keygenEntry runs keygen and returns the key and the credentials entry.
+func keygenEntry(t *testing.T, id, tenant, scopes string) (string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if err := keygen([]string{"--id", id, "--tenant", tenant, "--scopes", scopes}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	key := strings.TrimSpace(strings.TrimPrefix(lines[1], "#"))
+	return key, lines[len(lines)-1]
+}
+
+func TestAuthFileAndReloadOnHangup(t *testing.T) {
+	agentKey, agentEntry := keygenEntry(t, "acme-agent", "acme", "agent")
+	viewerKey, viewerEntry := keygenEntry(t, "acme-viewer", "acme", "viewer")
+	file := filepath.Join(t.TempDir(), "credentials.yaml")
+	write := func(entries ...string) {
+		if err := os.WriteFile(file, []byte("keys:\n"+strings.Join(entries, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(agentEntry, viewerEntry)
+	c, out := serve(t, "--auth-file", file)
+	as := func(key string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+key)
+	}
+	req := &ledgerv1.ReserveRequest{OperationId: "wf-1:step-1", Tool: "tickets.create", Holder: "h"}
+	if _, err := c.Reserve(context.Background(), req); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Reserve without a key = %v", err)
+	}
+	if _, err := c.Reserve(as(agentKey), req); err != nil {
+		t.Fatalf("Reserve with the agent key: %v", err)
+	}
+	if _, err := c.Reserve(as(viewerKey), req); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Reserve with the viewer key = %v", err)
+	}
+	// Revoke the agent key and reload: the same connection refuses it.
+	write(strings.Replace(agentEntry, "}", ", disabled: true}", 1), viewerEntry)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := c.Lookup(as(agentKey), &ledgerv1.LookupRequest{OperationId: "wf-1:step-1"})
+		if status.Code(err) == codes.Unauthenticated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the revoked key still works after SIGHUP: %v\n%s", err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := c.Lookup(as(viewerKey), &ledgerv1.LookupRequest{OperationId: "wf-1:step-1"}); err != nil {
+		t.Fatalf("the viewer key after the reload: %v", err)
+	}
+	for _, secret := range []string{agentKey, viewerKey} {
+		_, s, _ := strings.Cut(secret, ".")
+		if strings.Contains(out.String(), s) {
+			t.Fatal("a key reached the log")
+		}
+	}
+}
+
+func TestKeygenRefusesBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"--tenant", "acme"},
+		{"--id", "a", "--tenant", "acme", "--scopes", "admin"},
+		{"--id", "bad id", "--tenant", "acme"},
+	} {
+		if err := keygen(args, io.Discard, io.Discard); err == nil {
+			t.Errorf("keygen %v accepted", args)
+		}
+	}
+}
+
+// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its key.
+func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ledgerd"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, _ := x509.MarshalECPrivateKey(k)
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+func TestTLSFromFiles(t *testing.T) {
+	certFile, keyFile, pool := writeSelfSigned(t, t.TempDir())
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	out := &lockedBuffer{}
+	go func() {
+		done <- run(ctx, []string{"--listen", addr, "--tls-cert", certFile, "--tls-key", keyFile}, out)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := grpc_health_v1.NewHealthClient(conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{})
+		if err == nil && r.Status == grpc_health_v1.HealthCheckResponse_SERVING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no TLS service: %v\n%s", err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	plain, _ := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer plain.Close()
+	if _, err := grpc_health_v1.NewHealthClient(plain).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{}); err == nil {
+		t.Fatal("a plaintext client got through a TLS listener")
+	}
+}

@@ -35,6 +35,8 @@ type Options struct {
 	Logger *slog.Logger
 	// SweepInterval is how often expired leases are swept (50ms when zero).
 	SweepInterval time.Duration
+	// Credentials turn authentication on (nil: every caller is "default").
+	Credentials *server.Credentials
 }
 
 // Start runs a ledger service on rdb until the test ends.
@@ -58,7 +60,11 @@ func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	svc := server.New(server.Config{Ledger: l, Logger: log})
+	cfg := server.Config{Ledger: l, Logger: log}
+	if o.Credentials != nil {
+		cfg.Auth = server.NewAuthenticator(o.Credentials)
+	}
+	svc := server.New(cfg)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)

@@ -22,6 +22,10 @@
 //   NOT_FOUND                NOT_FOUND            no such operation
 //   INVALID_ARGUMENT         INVALID_ARGUMENT     bad input, with google.rpc.BadRequest field violations
 //   STORE_UNAVAILABLE        UNAVAILABLE          the store could not be reached or refused the write
+//   UNAUTHENTICATED          UNAUTHENTICATED      no, invalid or revoked credentials
+//   PERMISSION_DENIED        PERMISSION_DENIED    the credentials lack the scope for the method
+//   RATE_LIMITED             RESOURCE_EXHAUSTED   the tenant is over its rate; RetryInfo says when
+//   UNRESOLVED_LIMIT         RESOURCE_EXHAUSTED   the tenant holds as many unresolved operations as it may
 //   DEADLINE_EXCEEDED        DEADLINE_EXCEEDED    the caller's deadline passed first; retry the same call
 //   CANCELED                 CANCELED             the caller canceled the call
 //   INTERNAL                 INTERNAL             an unexpected failure (logged by the service)

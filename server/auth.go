@@ -1,0 +1,335 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+
+	"github.com/opledger/ledger/ledger"
+)
+
+// Scope is a set of methods a credential may call.
+type Scope string
+
+// The scopes (SPEC §8).
+const (
+	// ScopeAgent: Reserve, Complete, MarkUnknown, Renew, Lookup.
+	ScopeAgent Scope = "agent"
+	// ScopeReconciler: the agent's methods, Reconcile and ListUnresolved.
+	ScopeReconciler Scope = "reconciler"
+	// ScopeViewer: Lookup and ListUnresolved.
+	ScopeViewer Scope = "viewer"
+)
+
+// methodScopes says which scopes may call each ledger method.
+var methodScopes = map[string][]Scope{
+	"Reserve":        {ScopeAgent, ScopeReconciler},
+	"Complete":       {ScopeAgent, ScopeReconciler},
+	"MarkUnknown":    {ScopeAgent, ScopeReconciler},
+	"Renew":          {ScopeAgent, ScopeReconciler},
+	"Lookup":         {ScopeAgent, ScopeReconciler, ScopeViewer},
+	"Reconcile":      {ScopeReconciler},
+	"ListUnresolved": {ScopeReconciler, ScopeViewer},
+}
+
+// Credentials are what callers authenticate with, loaded from the
+// credentials file (see ParseCredentials).
+type Credentials struct {
+	keys    map[string]apiKey // by key id
+	clients []clientCert
+	tenants map[string]TenantLimits
+}
+
+type apiKey struct {
+	id, tenant string
+	scopes     []Scope
+	hash       []byte // SHA-256 of the secret
+	disabled   bool
+}
+
+type clientCert struct {
+	commonName, uri string
+	tenant          string
+	scopes          []Scope
+}
+
+// TenantLimits are a tenant's overrides of the service-wide limits (zero:
+// the service-wide value).
+type TenantLimits struct {
+	// Rate is how many calls per second the tenant may make.
+	Rate float64 `yaml:"rate"`
+	// Burst is how many calls it may make at once.
+	Burst int `yaml:"burst"`
+	// MaxUnresolved is how many unresolved operations it may hold.
+	MaxUnresolved int `yaml:"max_unresolved"`
+}
+
+type credentialsFile struct {
+	Keys []struct {
+		ID           string   `yaml:"id"`
+		Tenant       string   `yaml:"tenant"`
+		Scopes       []string `yaml:"scopes"`
+		SecretSHA256 string   `yaml:"secret_sha256"`
+		Disabled     bool     `yaml:"disabled"`
+	} `yaml:"keys"`
+	Clients []struct {
+		CommonName string   `yaml:"common_name"`
+		URI        string   `yaml:"uri"`
+		Tenant     string   `yaml:"tenant"`
+		Scopes     []string `yaml:"scopes"`
+	} `yaml:"clients"`
+	Tenants map[string]TenantLimits `yaml:"tenants"`
+}
+
+// LoadCredentials reads a credentials file.
+func LoadCredentials(file string) (*Credentials, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("credentials file: %w", err)
+	}
+	c, err := ParseCredentials(data)
+	if err != nil {
+		return nil, fmt.Errorf("credentials file %s: %w", file, err)
+	}
+	return c, nil
+}
+
+// ParseCredentials parses a credentials document (YAML or JSON):
+//
+//	keys:                              # API keys, sent as "authorization: Bearer <id>.<secret>"
+//	  - id: acme-agent-1               # letters, digits, '-' and '_'; unique
+//	    tenant: acme
+//	    scopes: [agent]                # agent, reconciler, viewer
+//	    secret_sha256: 5e88...         # hex SHA-256 of the secret (never the secret)
+//	    disabled: false                # true revokes the key
+//	clients:                           # with mTLS: verified client certificates
+//	  - common_name: agent-1.acme.internal   # or uri: spiffe://acme.example/agent
+//	    tenant: acme
+//	    scopes: [agent]
+//	tenants:                           # optional per-tenant limits
+//	  acme: {rate: 500, burst: 1000, max_unresolved: 50000}
+//
+// Unknown fields, duplicate key ids, unknown scopes and malformed hashes are
+// errors.
+func ParseCredentials(data []byte) (*Credentials, error) {
+	var f credentialsFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("not a valid credentials document: %w", err)
+	}
+	c := &Credentials{keys: map[string]apiKey{}, tenants: f.Tenants}
+	for i, k := range f.Keys {
+		where := fmt.Sprintf("keys[%d]", i)
+		if !validKeyID(k.ID) {
+			return nil, fmt.Errorf("%s: id %q: want 1 to 64 letters, digits, '-' or '_'", where, k.ID)
+		}
+		if _, dup := c.keys[k.ID]; dup {
+			return nil, fmt.Errorf("%s: id %q is listed twice", where, k.ID)
+		}
+		if err := ledger.ValidateTenant(k.Tenant); err != nil {
+			return nil, fmt.Errorf("%s (%s): tenant: %w", where, k.ID, err)
+		}
+		scopes, err := parseScopes(k.Scopes)
+		if err != nil {
+			return nil, fmt.Errorf("%s (%s): %w", where, k.ID, err)
+		}
+		hash, err := hex.DecodeString(k.SecretSHA256)
+		if err != nil || len(hash) != sha256.Size {
+			return nil, fmt.Errorf("%s (%s): secret_sha256: want 64 hex digits", where, k.ID)
+		}
+		c.keys[k.ID] = apiKey{id: k.ID, tenant: k.Tenant, scopes: scopes, hash: hash, disabled: k.Disabled}
+	}
+	for i, cl := range f.Clients {
+		where := fmt.Sprintf("clients[%d]", i)
+		if (cl.CommonName == "") == (cl.URI == "") {
+			return nil, fmt.Errorf("%s: set exactly one of common_name and uri", where)
+		}
+		if err := ledger.ValidateTenant(cl.Tenant); err != nil {
+			return nil, fmt.Errorf("%s: tenant: %w", where, err)
+		}
+		scopes, err := parseScopes(cl.Scopes)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		c.clients = append(c.clients, clientCert{commonName: cl.CommonName, uri: cl.URI, tenant: cl.Tenant, scopes: scopes})
+	}
+	for t, lim := range f.Tenants {
+		if err := ledger.ValidateTenant(t); err != nil {
+			return nil, fmt.Errorf("tenants[%q]: %w", t, err)
+		}
+		if lim.Rate < 0 || lim.Burst < 0 || lim.MaxUnresolved < 0 {
+			return nil, fmt.Errorf("tenants[%q]: limits must not be negative", t)
+		}
+	}
+	return c, nil
+}
+
+// Limits returns the tenant's overrides.
+func (c *Credentials) Limits(tenant string) TenantLimits { return c.tenants[tenant] }
+
+func parseScopes(names []string) ([]Scope, error) {
+	if len(names) == 0 {
+		return nil, errors.New("scopes: at least one of agent, reconciler, viewer")
+	}
+	var out []Scope
+	for _, n := range names {
+		switch s := Scope(n); s {
+		case ScopeAgent, ScopeReconciler, ScopeViewer:
+			out = append(out, s)
+		default:
+			return nil, fmt.Errorf("scopes: unknown scope %q (want agent, reconciler or viewer)", n)
+		}
+	}
+	return out, nil
+}
+
+func validKeyID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// NewAPIKey returns a fresh API key for id ("<id>.<secret>", the secret 256
+// random bits) and the hex SHA-256 of its secret, for the credentials file.
+func NewAPIKey(id string) (key, secretSHA256 string, err error) {
+	if !validKeyID(id) {
+		return "", "", fmt.Errorf("key id %q: want 1 to 64 letters, digits, '-' or '_'", id)
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	secret := hex.EncodeToString(b[:])
+	sum := sha256.Sum256([]byte(secret))
+	return id + "." + secret, hex.EncodeToString(sum[:]), nil
+}
+
+// Authenticator turns a call's credentials into the caller's principal and
+// checks its scope. Its credentials can be replaced while serving (Reload);
+// calls in flight keep the set they started with.
+type Authenticator struct {
+	creds atomic.Pointer[Credentials]
+}
+
+// NewAuthenticator returns an Authenticator over creds.
+func NewAuthenticator(creds *Credentials) *Authenticator {
+	a := &Authenticator{}
+	a.creds.Store(creds)
+	return a
+}
+
+// Reload replaces the credentials (e.g. on SIGHUP). Connections stay open.
+func (a *Authenticator) Reload(creds *Credentials) { a.creds.Store(creds) }
+
+// Credentials returns the credentials in force.
+func (a *Authenticator) Credentials() *Credentials { return a.creds.Load() }
+
+// dummyHash is compared against when a key id is unknown, so an unknown id
+// costs the same time as a wrong secret.
+var dummyHash = sha256.Sum256([]byte("no such key"))
+
+// authenticate returns the principal of the call: from a bearer API key, or
+// else from a verified client certificate the credentials file maps. The
+// errors name no secret.
+func (a *Authenticator) authenticate(ctx context.Context) (principal, error) {
+	creds := a.creds.Load()
+	if vals := metadata.ValueFromIncomingContext(ctx, "authorization"); len(vals) > 0 {
+		scheme, token, ok := strings.Cut(vals[0], " ")
+		if !ok || !strings.EqualFold(scheme, "bearer") {
+			return principal{}, errUnauthenticated("the authorization header must be \"Bearer <key>\"")
+		}
+		id, secret, _ := strings.Cut(strings.TrimSpace(token), ".")
+		k, found := creds.keys[id]
+		want := k.hash
+		if !found {
+			want = dummyHash[:]
+		}
+		got := sha256.Sum256([]byte(secret))
+		if subtle.ConstantTimeCompare(got[:], want) != 1 || !found || k.disabled {
+			return principal{}, errUnauthenticated("invalid or revoked API key")
+		}
+		return principal{Principal: ledger.Principal{Tenant: k.tenant, ID: k.id}, scopes: k.scopes}, nil
+	}
+	if cert := verifiedClientCert(ctx); cert != nil {
+		for _, cl := range creds.clients {
+			if cl.commonName != "" && cl.commonName == cert.Subject.CommonName ||
+				cl.uri != "" && slices.ContainsFunc(cert.URIs, func(u *url.URL) bool { return u.String() == cl.uri }) {
+				id := "cert:" + cert.Subject.CommonName
+				if cl.uri != "" {
+					id = "cert:" + cl.uri
+				}
+				return principal{Principal: ledger.Principal{Tenant: cl.tenant, ID: id}, scopes: cl.scopes}, nil
+			}
+		}
+		return principal{}, errUnauthenticated("the client certificate is not mapped to a tenant")
+	}
+	return principal{}, errUnauthenticated("missing credentials: send \"authorization: Bearer <key>\"")
+}
+
+// verifiedClientCert returns the leaf of the peer's verified certificate
+// chain, if the connection has one.
+func verifiedClientCert(ctx context.Context) *x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	return ti.State.VerifiedChains[0][0]
+}
+
+// allowed reports whether scopes may call the ledger method.
+func allowed(scopes []Scope, method string) bool {
+	for _, s := range methodScopes[method] {
+		if slices.Contains(scopes, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// principal is an authenticated caller.
+type principal struct {
+	ledger.Principal
+	scopes []Scope
+}
+
+func errUnauthenticated(msg string) error {
+	return withDetails(codes.Unauthenticated, msg, info(ReasonUnauthenticated, nil)).Err()
+}
+
+func errPermissionDenied(method string) error {
+	var need []string
+	for _, s := range methodScopes[method] {
+		need = append(need, string(s))
+	}
+	return withDetails(codes.PermissionDenied, "the credentials lack the scope for "+method+" (one of: "+strings.Join(need, ", ")+")",
+		info(ReasonPermissionDenied, map[string]string{"method": method, "scopes": strings.Join(need, ",")})).Err()
+}

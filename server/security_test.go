@@ -1,0 +1,446 @@
+package server_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
+)
+
+// keyring makes API keys and the credentials file that lists them.
+type keyring struct {
+	keys  map[string]string // id -> "<id>.<secret>"
+	lines []string
+}
+
+func newKeyring(t *testing.T) *keyring { return &keyring{keys: map[string]string{}} }
+
+func (k *keyring) add(t *testing.T, id, tenant, scopes string, disabled bool) string {
+	key, hash, err := server.NewAPIKey(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.keys[id] = key
+	k.lines = append(k.lines, fmt.Sprintf("  - {id: %s, tenant: %s, scopes: [%s], secret_sha256: %s, disabled: %v}", id, tenant, scopes, hash, disabled))
+	return key
+}
+
+func (k *keyring) doc(extra string) string {
+	return "keys:\n" + strings.Join(k.lines, "\n") + "\n" + extra
+}
+
+func (k *keyring) creds(t *testing.T, extra string) *server.Credentials {
+	c, err := server.ParseCredentials([]byte(k.doc(extra)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// secureEnv is a service with authentication on.
+type secureEnv struct {
+	conn *grpc.ClientConn
+	c    ledgerv1.LedgerServiceClient
+	auth *server.Authenticator
+	logs *syncBuffer
+	rdb  redis.UniversalClient
+}
+
+func startSecure(t *testing.T, rdb redis.UniversalClient, creds *server.Credentials, cfg server.Config, lopts ledger.Options, serverOpts []grpc.ServerOption, dialOpts ...grpc.DialOption) *secureEnv {
+	t.Helper()
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	lopts.Logger = log
+	l, err := ledger.New(rdb, lopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Ledger, cfg.Logger = l, log
+	cfg.Auth = server.NewAuthenticator(creds)
+	svc := server.New(cfg, serverOpts...)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = svc.Serve(lis) }()
+	t.Cleanup(svc.GRPC.Stop)
+	if len(dialOpts) == 0 {
+		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), dialOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &secureEnv{conn: conn, c: ledgerv1.NewLedgerServiceClient(conn), auth: cfg.Auth, logs: logs, rdb: rdb}
+}
+
+func as(key string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+key)
+}
+
+func TestS8TenantsAndCredentials(t *testing.T) {
+	kr := newKeyring(t)
+	acme := kr.add(t, "acme-agent", "acme", "agent", false)
+	acmeRec := kr.add(t, "acme-reconciler", "acme", "reconciler", false)
+	acmeView := kr.add(t, "acme-viewer", "acme", "viewer", false)
+	globex := kr.add(t, "globex-agent", "globex", "agent", false)
+	globexRec := kr.add(t, "globex-reconciler", "globex", "reconciler", false)
+	revoked := kr.add(t, "acme-old", "acme", "agent", true)
+	second := kr.add(t, "acme-agent-2", "acme", "agent", false)
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		e := startSecure(t, rdb, kr.creds(t, ""), server.Config{}, ledger.Options{}, nil)
+		id := "S8-" + randomHex(4) + ":refund"
+		params := mustStruct(t, map[string]any{"amount": 100})
+
+		// The same operation id from two tenants: two records.
+		a, err := e.c.Reserve(as(acme), reserveReq(id, "payments.refund", params, newHolder()))
+		if err != nil || a.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+			t.Fatalf("acme Reserve = %v, %v", a, err)
+		}
+		g, err := e.c.Reserve(as(globex), reserveReq(id, "payments.refund", mustStruct(t, map[string]any{"amount": 999}), newHolder()))
+		if err != nil || g.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+			t.Fatalf("globex Reserve of the same id = %v, %v; want its own EXECUTE", g, err)
+		}
+		if _, err := e.c.Complete(as(acme), &ledgerv1.CompleteRequest{OperationId: id, FencingToken: a.Operation.FencingToken,
+			Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "acme-refund"}}); err != nil {
+			t.Fatal(err)
+		}
+		// globex sees its own record, never acme's result.
+		if got, err := e.c.Lookup(as(globex), &ledgerv1.LookupRequest{OperationId: id}); err != nil || got.Operation.State != ledgerv1.State_STATE_RUNNING || got.Operation.Result != nil {
+			t.Fatalf("globex Lookup = %v, %v", got, err)
+		}
+		// A globex worker cannot complete acme's operation with acme's token.
+		_, err = e.c.Complete(as(globex), &ledgerv1.CompleteRequest{OperationId: id, FencingToken: a.Operation.FencingToken, Outcome: ledgerv1.Outcome_OUTCOME_FAILED_FINAL})
+		wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN")
+		if got, _ := e.c.Lookup(as(acme), &ledgerv1.LookupRequest{OperationId: id}); got.GetOperation().GetResult().GetResourceId() != "acme-refund" {
+			t.Fatalf("acme's record changed: %v", got)
+		}
+		// globex's reconciler lists globex's unresolved operation only, and
+		// reconciling does not reach acme's.
+		list, err := e.c.ListUnresolved(as(globexRec), &ledgerv1.ListUnresolvedRequest{States: []ledgerv1.State{ledgerv1.State_STATE_PENDING, ledgerv1.State_STATE_UNKNOWN}})
+		if err != nil || len(list.Operations) != 0 {
+			t.Fatalf("globex list = %v, %v", list, err)
+		}
+		_, err = e.c.Reconcile(as(globexRec), &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_ABANDON})
+		wantReason(t, err, codes.FailedPrecondition, "OPERATION_IN_PROGRESS")
+		if list, err := e.c.ListUnresolved(as(acmeRec), &ledgerv1.ListUnresolvedRequest{}); err != nil || len(list.Operations) != 0 {
+			t.Fatalf("acme list = %v, %v", list, err)
+		}
+
+		// Callers without valid credentials are refused and change nothing.
+		for name, ctx := range map[string]context.Context{
+			"no credentials": context.Background(),
+			"wrong secret":   as("acme-agent." + strings.Repeat("0", 64)),
+			"unknown key":    as("nobody." + strings.Repeat("0", 64)),
+			"revoked key":    as(revoked),
+			"not a key":      as("garbage"),
+			"basic auth":     metadata.AppendToOutgoingContext(context.Background(), "authorization", "Basic "+acme),
+		} {
+			_, err := e.c.Reserve(ctx, reserveReq(id+"-"+name, "payments.refund", params, newHolder()))
+			wantReason(t, err, codes.Unauthenticated, "UNAUTHENTICATED")
+			if _, err := e.c.Lookup(as(acme), &ledgerv1.LookupRequest{OperationId: id + "-" + name}); codeOf(err) != codes.NotFound {
+				t.Fatalf("%s: a refused Reserve wrote a record (%v)", name, err)
+			}
+		}
+		// Scopes.
+		_, err = e.c.Reconcile(as(acme), &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_APPLIED})
+		wantReason(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
+		_, err = e.c.ListUnresolved(as(acme), &ledgerv1.ListUnresolvedRequest{})
+		wantReason(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
+		_, err = e.c.Reserve(as(acmeView), reserveReq(id+"-viewer", "payments.refund", params, newHolder()))
+		wantReason(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
+		if _, err := e.c.Lookup(as(acmeView), &ledgerv1.LookupRequest{OperationId: id}); err != nil {
+			t.Fatalf("viewer Lookup: %v", err)
+		}
+		if _, err := e.c.Reserve(as(acmeRec), reserveReq(id+"-rec", "payments.refund", params, newHolder())); err != nil {
+			t.Fatalf("reconciler Reserve: %v", err)
+		}
+		// Another permit under one tenant, with a second key of the tenant.
+		other := reserveReq(id, "payments.refund", params, newHolder())
+		other.PermitId = "permit-2"
+		_, err = e.c.Reserve(as(second), other)
+		if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"); ei.Metadata["differs"] != "permit" {
+			t.Fatalf("differs = %q", ei.Metadata["differs"])
+		}
+		// Replays under the tenant's second key.
+		if r, err := e.c.Reserve(as(second), reserveReq(id, "payments.refund", params, newHolder())); err != nil || r.Decision != ledgerv1.Decision_DECISION_REPLAY {
+			t.Fatalf("second key = %v, %v", r, err)
+		}
+		// Health stays open; reflection needs credentials.
+		if r, err := grpc_health_v1.NewHealthClient(e.conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{}); err != nil || r.Status != grpc_health_v1.HealthCheckResponse_SERVING {
+			t.Fatalf("health without credentials = %v, %v", r, err)
+		}
+		if err := listServices(context.Background(), e.conn); codeOf(err) != codes.Unauthenticated {
+			t.Fatalf("reflection without credentials = %v", err)
+		}
+		if err := listServices(as(acmeView), e.conn); err != nil {
+			t.Fatalf("reflection with credentials = %v", err)
+		}
+
+		// Revoking a key by reloading the file: the next call is refused,
+		// the connection stays up for the tenant's other key.
+		kr2 := *kr
+		kr2.lines = append([]string(nil), kr.lines...)
+		for i, l := range kr2.lines {
+			if strings.Contains(l, "id: acme-agent-2,") {
+				kr2.lines[i] = strings.Replace(l, "disabled: false", "disabled: true", 1)
+			}
+		}
+		e.auth.Reload(kr2.creds(t, ""))
+		_, err = e.c.Lookup(as(second), &ledgerv1.LookupRequest{OperationId: id})
+		wantReason(t, err, codes.Unauthenticated, "UNAUTHENTICATED")
+		if _, err := e.c.Lookup(as(acme), &ledgerv1.LookupRequest{OperationId: id}); err != nil {
+			t.Fatalf("the other key after the reload: %v", err)
+		}
+	})
+}
+
+func listServices(ctx context.Context, conn *grpc.ClientConn) error {
+	stream, err := grpc_reflection_v1.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&grpc_reflection_v1.ServerReflectionRequest{MessageRequest: &grpc_reflection_v1.ServerReflectionRequest_ListServices{}}); err != nil {
+		return err
+	}
+	_, err = stream.Recv()
+	_ = stream.CloseSend()
+	return err
+}
+
+func TestPublicReflection(t *testing.T) {
+	kr := newKeyring(t)
+	kr.add(t, "a", "acme", "agent", false)
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{PublicReflection: true}, ledger.Options{}, nil)
+	if err := listServices(context.Background(), e.conn); err != nil {
+		t.Fatalf("public reflection = %v", err)
+	}
+	_, err := e.c.Lookup(context.Background(), &ledgerv1.LookupRequest{OperationId: "x"})
+	wantReason(t, err, codes.Unauthenticated, "UNAUTHENTICATED")
+}
+
+func TestRateLimitPerTenant(t *testing.T) {
+	kr := newKeyring(t)
+	acme := kr.add(t, "acme", "acme", "agent", false)
+	globex := kr.add(t, "globex", "globex", "agent", false)
+	vip := kr.add(t, "vip", "vip", "agent", false)
+	creds := kr.creds(t, "tenants:\n  vip: {rate: 1000, burst: 50}\n")
+	e := startSecure(t, redistest.Shared(t).Client(t), creds, server.Config{Rate: 0.5, Burst: 2}, ledger.Options{}, nil)
+	lookup := func(key string) error {
+		_, err := e.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: "rate-" + randomHex(4)})
+		if codeOf(err) == codes.NotFound {
+			return nil
+		}
+		return err
+	}
+	for i := range 2 {
+		if err := lookup(acme); err != nil {
+			t.Fatalf("call %d within the burst: %v", i+1, err)
+		}
+	}
+	err := lookup(acme)
+	wantReason(t, err, codes.ResourceExhausted, "RATE_LIMITED")
+	if !hasRetryInfo(err) {
+		t.Fatal("RATE_LIMITED without RetryInfo")
+	}
+	// Another tenant has its own bucket, and one tenant may have a larger one.
+	if err := lookup(globex); err != nil {
+		t.Fatalf("globex: %v", err)
+	}
+	for i := range 20 {
+		if err := lookup(vip); err != nil {
+			t.Fatalf("vip call %d: %v", i+1, err)
+		}
+	}
+}
+
+func TestUnresolvedLimitOverTheWire(t *testing.T) {
+	kr := newKeyring(t)
+	key := kr.add(t, "small", "small", "agent", false)
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{},
+		ledger.Options{UnresolvedLimit: func(string) int { return ledger.NumShards }}, nil)
+	prefix := "quota-" + randomHex(4) + "-"
+	for i := 0; i < 10*ledger.NumShards; i++ {
+		_, err := e.c.Reserve(as(key), reserveReq(fmt.Sprint(prefix, i), "payments.refund", nil, newHolder()))
+		if err == nil {
+			continue
+		}
+		wantReason(t, err, codes.ResourceExhausted, "UNRESOLVED_LIMIT")
+		return
+	}
+	t.Fatal("the tenant was never limited")
+}
+
+// rawCodec sends bytes as they are, to put what a proto library would refuse
+// on the wire.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *(v.(*[]byte)), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+func TestUndecodableRequestsAreInvalidArgument(t *testing.T) {
+	kr := newKeyring(t)
+	key := kr.add(t, "a", "acme", "agent", false)
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{MaxRequestBytes: 4 << 10}, ledger.Options{}, nil)
+	var badUTF8 []byte
+	badUTF8 = protowire.AppendTag(badUTF8, 1, protowire.BytesType)
+	badUTF8 = protowire.AppendBytes(badUTF8, []byte("op-\xff\xfe"))
+	badUTF8 = protowire.AppendTag(badUTF8, 2, protowire.BytesType)
+	badUTF8 = protowire.AppendBytes(badUTF8, []byte("payments.refund"))
+	var huge []byte
+	huge = protowire.AppendTag(huge, 1, protowire.BytesType)
+	huge = protowire.AppendBytes(huge, []byte(strings.Repeat("k", 8<<10)))
+	for name, msg := range map[string][]byte{"invalid UTF-8": badUTF8, "oversized": huge, "garbage": {0xff, 0xff, 0xff}} {
+		var reply []byte
+		err := e.conn.Invoke(as(key), "/ledger.v1.LedgerService/Reserve", &msg, &reply, grpc.ForceCodecV2(nil), grpc.ForceCodec(rawCodec{}))
+		c, ei, br := errorInfo(t, err)
+		if c != codes.InvalidArgument || ei.Reason != "INVALID_ARGUMENT" || br == nil || br.FieldViolations[0].Field != "request" {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+}
+
+// testPKI is a CA with a server and two client certificates.
+type testPKI struct {
+	pool               *x509.CertPool
+	server, mapped, st tls.Certificate
+}
+
+func newPKI(t *testing.T) *testPKI {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	issue := func(serial int64, cn string, uri string, server bool) tls.Certificate {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
+			NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+		if server {
+			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		}
+		if uri != "" {
+			u, _ := url.Parse(uri)
+			tmpl.URIs = []*url.URL{u}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return &testPKI{pool: pool, server: issue(2, "ledger", "", true),
+		mapped: issue(3, "agent-1.acme.internal", "", false), st: issue(4, "stranger", "spiffe://other/x", false)}
+}
+
+func TestMutualTLS(t *testing.T) {
+	pki := newPKI(t)
+	kr := newKeyring(t)
+	key := kr.add(t, "globex", "globex", "viewer", false)
+	creds := kr.creds(t, "clients:\n  - {common_name: agent-1.acme.internal, tenant: acme, scopes: [agent]}\n")
+	serverTLS := &tls.Config{Certificates: []tls.Certificate{pki.server}, ClientCAs: pki.pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
+	dial := func(cert *tls.Certificate) grpc.DialOption {
+		c := &tls.Config{RootCAs: pki.pool, MinVersion: tls.VersionTLS12}
+		if cert != nil {
+			c.Certificates = []tls.Certificate{*cert}
+		}
+		return grpc.WithTransportCredentials(credentials.NewTLS(c))
+	}
+	rdb := redistest.Shared(t).Client(t)
+	id := "mtls-" + randomHex(4)
+	mapped := startSecure(t, rdb, creds, server.Config{}, ledger.Options{}, []grpc.ServerOption{grpc.Creds(credentials.NewTLS(serverTLS))}, dial(&pki.mapped))
+	r, err := mapped.c.Reserve(context.Background(), reserveReq(id, "payments.refund", nil, newHolder()))
+	if err != nil || r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+		t.Fatalf("Reserve with a mapped certificate = %v, %v", r, err)
+	}
+	look, err := mapped.c.Lookup(context.Background(), &ledgerv1.LookupRequest{OperationId: id})
+	if err != nil || look.Operation.History[0].Principal != "cert:agent-1.acme.internal" {
+		t.Fatalf("Lookup = %v, %v", look, err)
+	}
+	// The same operation is not globex's.
+	bearer := startSecure(t, rdb, creds, server.Config{}, ledger.Options{}, []grpc.ServerOption{grpc.Creds(credentials.NewTLS(serverTLS))}, dial(nil))
+	if _, err := bearer.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: id}); codeOf(err) != codes.NotFound {
+		t.Fatalf("another tenant's Lookup = %v", err)
+	}
+	_, err = bearer.c.Lookup(context.Background(), &ledgerv1.LookupRequest{OperationId: id})
+	wantReason(t, err, codes.Unauthenticated, "UNAUTHENTICATED")
+	stranger := startSecure(t, rdb, creds, server.Config{}, ledger.Options{}, []grpc.ServerOption{grpc.Creds(credentials.NewTLS(serverTLS))}, dial(&pki.st))
+	_, err = stranger.c.Lookup(context.Background(), &ledgerv1.LookupRequest{OperationId: id})
+	wantReason(t, err, codes.Unauthenticated, "UNAUTHENTICATED")
+}
+
+func TestLogsHoldNoSecretsParamsOrResults(t *testing.T) {
+	kr := newKeyring(t)
+	key := kr.add(t, "acme-agent", "acme", "agent", false)
+	rec := kr.add(t, "acme-rec", "acme", "reconciler", false)
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{}, ledger.Options{}, nil)
+	id := "logs-" + randomHex(4)
+	params := mustStruct(t, map[string]any{"card": "4111-SECRET-PARAM", "memo": "PRIVATE-MEMO-77"})
+	r, err := e.c.Reserve(as(key), reserveReq(id, "payments.charge", params, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.MarkUnknown(as(key), &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: r.Operation.FencingToken, Reason: "timeout"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Reconcile(as(rec), &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_APPLIED,
+		Result: &ledgerv1.Result{ResourceId: "ch_1", Data: mustStruct(t, map[string]any{"receipt": "RESULT-DATA-5521"})}}); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = e.c.Reserve(as(key), reserveReq(id, "payments.charge", mustStruct(t, map[string]any{"card": "OTHER-SECRET-CARD"}), newHolder()))
+	_, _ = e.c.Lookup(as("acme-agent."+strings.Repeat("f", 64)), &ledgerv1.LookupRequest{OperationId: id})
+	logs := e.logs.String()
+	_, secret, _ := strings.Cut(key, ".")
+	_, recSecret, _ := strings.Cut(rec, ".")
+	sum := sha256.Sum256([]byte(secret))
+	for _, s := range []string{"4111-SECRET-PARAM", "PRIVATE-MEMO-77", "RESULT-DATA-5521", "OTHER-SECRET-CARD", secret, recSecret, hex.EncodeToString(sum[:]), strings.Repeat("f", 64)} {
+		if strings.Contains(logs, s) {
+			t.Fatalf("the log holds %q", s)
+		}
+	}
+	for _, s := range []string{id, `"ledger.tenant":"acme"`, `"ledger.principal":"acme-agent"`, "IDEMPOTENCY_KEY_REUSED", "Unauthenticated"} {
+		if !strings.Contains(logs, s) {
+			t.Fatalf("the log lacks %q:\n%s", s, logs)
+		}
+	}
+}
