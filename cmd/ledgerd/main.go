@@ -7,6 +7,7 @@
 //
 //	--listen            LEDGER_LISTEN            address to serve (127.0.0.1:50051); loopback only
 //	--redis-url         LEDGER_REDIS_URL         redis://[user:password@]host:port/db, rediss:// for TLS
+//	--redis-ca          LEDGER_REDIS_CA          CA of Redis's certificate (PEM), for rediss:// with a private CA
 //	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
 //	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
 //	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
@@ -38,6 +39,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -92,6 +94,7 @@ type config struct {
 	burst            int
 	maxUnresolved    int
 	allowPlaintext   bool
+	redisCA          string
 }
 
 func env(name, def string) string {
@@ -112,6 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.logLevel, "log-level", env("LEDGER_LOG_LEVEL", "info"), "debug, info, warn or error [LEDGER_LOG_LEVEL]")
 	sweep := fs.String("sweep-interval", env("LEDGER_SWEEP_INTERVAL", ledger.DefaultSweepInterval.String()), "how often expired leases are swept [LEDGER_SWEEP_INTERVAL]")
 	shutdown := fs.String("shutdown-timeout", env("LEDGER_SHUTDOWN_TIMEOUT", "10s"), "how long running calls may take to finish at shutdown [LEDGER_SHUTDOWN_TIMEOUT]")
+	fs.StringVar(&c.redisCA, "redis-ca", env("LEDGER_REDIS_CA", ""), "CA of the Redis server's certificate, PEM, for a rediss:// URL with a private CA [LEDGER_REDIS_CA]")
 	fs.StringVar(&c.authFile, "auth-file", env("LEDGER_AUTH_FILE", ""), "credentials file (API keys, client certificates, tenant limits); empty: no authentication, loopback only [LEDGER_AUTH_FILE]")
 	fs.StringVar(&c.tls.Cert, "tls-cert", env("LEDGER_TLS_CERT", ""), "server certificate chain, PEM [LEDGER_TLS_CERT]")
 	fs.StringVar(&c.tls.Key, "tls-key", env("LEDGER_TLS_KEY", ""), "server private key, PEM [LEDGER_TLS_KEY]")
@@ -220,6 +224,20 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 	opts, err := redis.ParseURL(c.redisURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--redis-url: %w", errors.New(redactURL(err.Error(), c.redisURL)))
+	}
+	if c.redisCA != "" {
+		if opts.TLSConfig == nil {
+			return nil, nil, errors.New("--redis-ca needs a rediss:// URL")
+		}
+		pem, err := os.ReadFile(c.redisCA)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--redis-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("--redis-ca %s: no PEM certificate in it", c.redisCA)
+		}
+		opts.TLSConfig.RootCAs = pool
 	}
 	opts.DisableIdentity = true
 	// A caller's gRPC deadline bounds its Redis call too.

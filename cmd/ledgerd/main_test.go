@@ -31,6 +31,7 @@ import (
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
 )
 
@@ -321,5 +322,25 @@ func TestTLSFromFiles(t *testing.T) {
 	defer plain.Close()
 	if _, err := grpc_health_v1.NewHealthClient(plain).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{}); err == nil {
 		t.Fatal("a plaintext client got through a TLS listener")
+	}
+}
+
+// TestRedisOverTLSAsRestrictedUser runs ledgerd against a redis-server that
+// only speaks TLS, as the least-privileged ACL user, from the URL.
+func TestRedisOverTLSAsRestrictedUser(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := writeSelfSigned(t, dir)
+	srv := redistest.StartTLS(t, certFile, keyFile, certFile, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	srv.CreateUser(t, "ledger", "s3cret-redis-pw", ledger.ACLRules(ledger.DefaultPrefix))
+	c, out := serve(t, "--redis-url", "rediss://ledger:s3cret-redis-pw@"+srv.Addr+"/0", "--redis-ca", certFile)
+	if r := reserveOnce(t, c, "tickets.create"); r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+		t.Fatalf("Reserve = %v", r)
+	}
+	keys, err := srv.Client(t).Keys(context.Background(), "ledger:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("nothing stored over TLS: %v %v", keys, err)
+	}
+	if strings.Contains(out.String(), "s3cret-redis-pw") {
+		t.Fatal("the Redis password reached the log")
 	}
 }

@@ -6,6 +6,7 @@ package redistest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +33,8 @@ type Server struct {
 	Addr string
 	// Dir is the server's working directory (RDB/AOF files).
 	Dir string
+	// TLS is the client configuration of a server started by StartTLS.
+	TLS *tls.Config
 
 	cmd    *exec.Cmd
 	args   []string
@@ -53,7 +56,27 @@ func Start(tb testing.TB, args ...string) *Server {
 	return s
 }
 
+// StartTLS starts a redis-server that only accepts TLS, with the PEM
+// certificate and key given, trusting clients of caFile (client
+// certificates are not required). clientTLS is how clients connect.
+func StartTLS(tb testing.TB, certFile, keyFile, caFile string, clientTLS *tls.Config) *Server {
+	tb.Helper()
+	s, err := startWith(tb.TempDir(), nil, clientTLS, func(port int) []string {
+		return []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--tls-cert-file", certFile,
+			"--tls-key-file", keyFile, "--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
 func start(dir string, args []string) (*Server, error) {
+	return startWith(dir, args, nil, func(port int) []string { return []string{"--port", strconv.Itoa(port)} })
+}
+
+func startWith(dir string, args []string, clientTLS *tls.Config, listen func(port int) []string) (*Server, error) {
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, errors.New(MissingMessage)
@@ -64,17 +87,17 @@ func start(dir string, args []string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, args: args}
-		if lastErr = s.launch(path, port); lastErr == nil {
+		s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, TLS: clientTLS, args: append(listen(port), args...)}
+		if lastErr = s.launch(path); lastErr == nil {
 			return s, nil
 		}
 	}
 	return nil, fmt.Errorf("redis-server did not start: %w", lastErr)
 }
 
-func (s *Server) launch(path string, port int) error {
+func (s *Server) launch(path string) error {
 	argv := []string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--bind", "127.0.0.1",
 		"--dir", s.Dir, "--save", "", "--appendonly", "no",
 		"--daemonize", "no", "--logfile", "",
 	}
@@ -90,7 +113,7 @@ func (s *Server) launch(path string, port int) error {
 	s.done = make(chan struct{})
 	go func() { _ = s.cmd.Wait(); close(s.done) }()
 
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DisableIdentity: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DisableIdentity: true, TLSConfig: s.TLS})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -122,7 +145,7 @@ func (s *Server) Stop() {
 
 // Client returns a client of the server, closed at the test's end.
 func (s *Server) Client(tb testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, TLSConfig: s.TLS})
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -227,7 +250,7 @@ func (s *Server) CreateUser(tb testing.TB, name, password, rules string) {
 // UserClient returns a client of the server that authenticates as an ACL
 // user, closed at the test's end.
 func (s *Server) UserClient(tb testing.TB, name, password string) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, Username: name, Password: password, DisableIdentity: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Username: name, Password: password, DisableIdentity: true, TLSConfig: s.TLS})
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
