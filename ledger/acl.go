@@ -12,7 +12,7 @@ var ACLCommands = []string{
 	// reads outside scripts (ListUnresolved, Sweep) and the clock
 	"time", "hgetall", "zrangebylex", "zrangebyscore", "zrem",
 	// inside the scripts
-	"hset", "hdel", "rpush", "ltrim", "lrange", "zadd", "zcard", "get", "set", "pexpire",
+	"hset", "hdel", "hincrby", "rpush", "ltrim", "lrange", "zadd", "zcard", "get", "set", "pexpire",
 }
 
 // ACLRules returns the rules of the least-privileged Redis user the ledger

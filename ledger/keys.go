@@ -28,6 +28,10 @@ const DefaultPrefix = "ledger"
 //	                                      this shard (zset, ordered by member)
 //	<prefix>:{sNN}:leases                 running claims of this shard by lease
 //	                                      end (zset, all tenants, for the sweeper)
+//	<prefix>:{sNN}:stats                  live counts of the shard's non-terminal
+//	                                      operations by tool, state and tenant (hash)
+//	<prefix>:{sNN}:overdue                the shard's UNKNOWN operations by recovery
+//	                                      deadline (zset, for the metrics)
 //
 // Tenants and ids are percent-encoded (see encodeComponent), so no byte of
 // theirs can open a hash tag, add a separator, or reach another tenant's key.
@@ -36,11 +40,11 @@ type keyspace struct {
 }
 
 // opKeys are the keys of one operation, in the order every write script
-// takes them (KEYS[1..5] in common.lua).
+// takes them (KEYS[1..7] in common.lua).
 type opKeys struct {
 	tenant, id string // raw
 	shard      int
-	all        []string // record, history, tombstone, unresolved, leases
+	all        []string // record, history, tombstone, unresolved, leases, stats, overdue
 	member     string   // the operation's member in the lease index
 }
 
@@ -83,6 +87,16 @@ func (k keyspace) leases(shard int) string {
 	return k.tag(shard) + ":leases"
 }
 
+// stats is the key of a shard's live counts.
+func (k keyspace) stats(shard int) string {
+	return k.tag(shard) + ":stats"
+}
+
+// overdue is the key of a shard's UNKNOWN operations by recovery deadline.
+func (k keyspace) overdue(shard int) string {
+	return k.tag(shard) + ":overdue"
+}
+
 // op returns the keys of one operation.
 func (k keyspace) op(tenant, id string) opKeys {
 	s := shardOf(tenant, id)
@@ -97,6 +111,8 @@ func (k keyspace) op(tenant, id string) opKeys {
 			k.tombstone(s, t, i),
 			k.unresolved(s, t),
 			k.leases(s),
+			k.stats(s),
+			k.overdue(s),
 		},
 		member: t + ":" + i,
 	}

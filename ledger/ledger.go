@@ -35,6 +35,9 @@ type Options struct {
 	// up, inside the same script as the creation: exact per shard, within a
 	// few percent of the limit overall for limits of thousands.
 	UnresolvedLimit func(tenant string) int
+	// Observer receives an Event for every script run, transition, decision
+	// and refusal (nil: none), for metrics and traces.
+	Observer Observer
 }
 
 // Ledger is the operation ledger on one Redis deployment. It is safe for
@@ -45,6 +48,7 @@ type Ledger struct {
 	policies *Policies
 	log      *slog.Logger
 	limit    func(tenant string) int
+	observe  Observer
 }
 
 // New returns a Ledger storing its records through rdb.
@@ -58,7 +62,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 			return nil, fmt.Errorf("ledger: key prefix %q: only letters, digits, '.', '_' and '-' are allowed", prefix)
 		}
 	}
-	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit}
+	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer}
 	if l.policies == nil {
 		l.policies = DefaultPolicies()
 	}
@@ -177,6 +181,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	switch code {
 	case codeExecute, codeReplay, codeInProgress, codeReconcile:
 		res := &ReserveResult{Decision: Decision(code), Operation: toOperation(req.OperationID, rec), Holder: holder}
+		l.emit(Event{Type: EventDecision, Op: "Reserve", Tenant: who.Tenant, Tool: req.Tool, Decision: res.Decision})
 		if code == codeInProgress {
 			ms, _ := strconv.ParseInt(aux, 10, 64)
 			res.RetryAfter = min(max(time.Duration(ms)*time.Millisecond, minRetryAfter), maxRetryAfter)
@@ -190,9 +195,10 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 				differs = append(differs, name)
 			}
 		}
+		l.emit(Event{Type: EventConflict, Op: "Reserve", Tenant: who.Tenant, Tool: req.Tool, Differs: differs})
 		return nil, &Error{Op: op, Kind: KindKeyReused, Differs: differs}
 	}
-	return nil, l.codeError(op, req.OperationID, code, aux, rec)
+	return nil, l.codeError(op, who.Tenant, req.OperationID, code, aux, rec)
 }
 
 // Complete records how the claimed attempt with req.FencingToken ended:
@@ -296,8 +302,12 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 		return nil, invalid(op, vs...)
 	}
 	r, f := derefResult(req.Result), derefFailure(req.Failure)
-	return l.update(ctx, op, reconcileScript, who, req.OperationID,
+	o, err := l.update(ctx, op, reconcileScript, who, req.OperationID,
 		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note)
+	if err == nil {
+		l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
+	}
+	return o, err
 }
 
 // Lookup reads one operation with its history.
@@ -317,7 +327,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		return nil, err
 	}
 	if code != codeOK {
-		return nil, l.codeError(op, id, code, aux, rec)
+		return nil, l.codeError(op, who.Tenant, id, code, aux, rec)
 	}
 	o := toOperation(id, rec)
 	if len(extra) > 0 {
@@ -340,7 +350,7 @@ func (l *Ledger) update(ctx context.Context, op string, s *redis.Script, who Pri
 		return nil, err
 	}
 	if code != codeOK {
-		return nil, l.codeError(op, id, code, aux, rec)
+		return nil, l.codeError(op, who.Tenant, id, code, aux, rec)
 	}
 	return toOperation(id, rec), nil
 }
@@ -357,14 +367,22 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 // run runs a write script on an operation's five keys with the principal and
 // lease member as ARGV[1..2], followed by args.
 func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, map[string]string, []any, error) {
-	return l.runKeys(ctx, op, s, k.all, principal, append([]any{k.member}, args...)...)
+	code, aux, rec, extra, err := l.runKeys(ctx, op, s, k.all, principal, append([]any{k.member}, args...)...)
+	if err == nil {
+		l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
+	}
+	return code, aux, rec, extra, err
 }
 
 func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, keys []string, principal string, args ...any) (int64, string, map[string]string, []any, error) {
+	start := time.Now()
 	raw, err := s.Run(ctx, l.rdb, keys, append([]any{principal}, args...)...).Slice()
 	if err != nil {
-		return 0, "", nil, nil, storeError(op, err)
+		err = storeError(op, err)
+		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start), ErrKind: KindOf(err)})
+		return 0, "", nil, nil, err
 	}
+	l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)})
 	if len(raw) < 3 {
 		return 0, "", nil, nil, &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("script returned %d values", len(raw))}
 	}
@@ -381,7 +399,7 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, keys [
 }
 
 // codeError turns a script's error code into an *Error.
-func (l *Ledger) codeError(op, id string, code int64, aux string, rec map[string]string) error {
+func (l *Ledger) codeError(op, tenant, id string, code int64, aux string, rec map[string]string) error {
 	e := &Error{Op: op}
 	switch code {
 	case codeNotFound:
@@ -411,6 +429,13 @@ func (l *Ledger) codeError(op, id string, code int64, aux string, rec map[string
 		if e.State == StateUnspecified {
 			e.State = e.Operation.State
 		}
+	}
+	if e.Kind != KindNotFound {
+		ev := Event{Type: EventRefused, Op: strings.TrimPrefix(op, "ledger."), Tenant: tenant, ErrKind: e.Kind}
+		if e.Operation != nil {
+			ev.Tool = e.Operation.Tool
+		}
+		l.emit(ev)
 	}
 	return e
 }

@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -746,6 +748,125 @@ func TestUnresolvedLimit(t *testing.T) {
 		other.Tenant += "-other"
 		if _, err := l.Reserve(e.ctx, other, ReserveRequest{OperationID: refused, Tool: "payments.refund", PermitID: "p", Holder: "h"}); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// liveFor returns the live counts of one tenant by state.
+func liveFor(t *testing.T, e *env) map[State]int64 {
+	t.Helper()
+	counts, err := e.l.LiveCounts(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[State]int64{}
+	for _, c := range counts {
+		if c.Tenant == e.who.Tenant {
+			out[c.State] += c.N
+		}
+	}
+	return out
+}
+
+func TestLiveCountsAndOverdue(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		pol, _ := ParsePolicies([]byte("tools:\n  - match: \"tiny.*\"\n    recovery_window: 50ms\n"))
+		l, err := New(e.lrdb, Options{Policies: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.l = l
+		e.execute(t, "running", "tiny.refund")
+		p := e.execute(t, "pending", "tiny.refund")
+		if _, err := e.complete(t, "pending", p.FencingToken, OutcomeFailedRetryable, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		u := e.execute(t, "unknown", "tiny.refund")
+		if _, err := e.markUnknown(t, "unknown", u.FencingToken); err != nil {
+			t.Fatal(err)
+		}
+		d := e.execute(t, "done", "tiny.refund")
+		if _, err := e.complete(t, "done", d.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		got := liveFor(t, e)
+		if got[StateRunning] != 1 || got[StatePending] != 1 || got[StateUnknown] != 1 || len(got) != 3 {
+			t.Fatalf("live counts = %v", got)
+		}
+		overdueFor := func() int64 {
+			t.Helper()
+			ov, err := e.l.Overdue(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n int64
+			for _, o := range ov {
+				if o.Tenant == e.who.Tenant && o.Tool == "tiny.refund" && o.Effect == EffectIrreversible {
+					n += o.N
+				}
+			}
+			return n
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n := overdueFor(); n != 1 {
+			t.Fatalf("overdue = %d, want 1", n)
+		}
+		if _, err := e.reconcile(t, "unknown", FindingApplied, nil); err != nil {
+			t.Fatal(err)
+		}
+		if n := overdueFor(); n != 0 {
+			t.Fatalf("overdue after reconciliation = %d, want 0", n)
+		}
+		if got := liveFor(t, e); got[StateUnknown] != 0 || got[StateRunning] != 1 || got[StatePending] != 1 {
+			t.Fatalf("live counts after reconciliation = %v", got)
+		}
+	})
+}
+
+func TestObserverSeesTransitionsDecisionsAndRefusals(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		var mu sync.Mutex
+		var events []Event
+		l, err := New(e.lrdb, Options{Policies: e.l.policies, Observer: func(ev Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev)
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.l = l
+		o := e.execute(t, "op", "payments.refund")
+		time.Sleep(5 * time.Millisecond)
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "payments.refund", Params: map[string]any{"amount": 1.0}, PermitID: "permit-1", Holder: "h"})
+		_, _ = e.complete(t, "op", o.FencingToken+1, OutcomeSucceeded, nil, nil)
+		mu.Lock()
+		defer mu.Unlock()
+		var kinds []string
+		for _, ev := range events {
+			switch ev.Type {
+			case EventTransition:
+				kinds = append(kinds, "transition:"+ev.From.String()+">"+ev.To.String()+":"+ev.Reason)
+				if ev.To == StateSucceeded && ev.Dwell <= 0 {
+					t.Errorf("no dwell time in RUNNING: %+v", ev)
+				}
+			case EventDecision:
+				kinds = append(kinds, "decision:"+ev.Decision.String())
+			case EventConflict:
+				kinds = append(kinds, "conflict:"+strings.Join(ev.Differs, ","))
+			case EventRefused:
+				kinds = append(kinds, "refused:"+ev.ErrKind.String())
+			}
+			if ev.Type != EventScript && ev.Tenant != e.who.Tenant {
+				t.Errorf("event without the tenant: %+v", ev)
+			}
+		}
+		want := "transition:UNSPECIFIED>RUNNING:RESERVED decision:EXECUTE transition:RUNNING>SUCCEEDED:SUCCEEDED conflict:params refused:stale fencing token"
+		if strings.Join(kinds, " ") != want {
+			t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(kinds, " "), want)
 		}
 	})
 }

@@ -9,10 +9,19 @@
 --   KEYS[3] -> the tombstone (string)               <prefix>:{sNN}:tomb:<tenant>:<id>
 --   KEYS[4] -> the tenant's unresolved index (zset) <prefix>:{sNN}:unresolved:<tenant>
 --   KEYS[5] -> the shard's lease index (zset)       <prefix>:{sNN}:leases
+--   KEYS[6] -> the shard's live counts (hash)       <prefix>:{sNN}:stats
+--   KEYS[7] -> the shard's UNKNOWN operations by recovery deadline (zset)
+--                                                   <prefix>:{sNN}:overdue
 --   ARGV[1] -> the principal recorded in the history
 --   ARGV[2] -> the operation's member in the lease index (<tenant>:<id>, encoded)
 --
--- All five keys share one hash tag, so a script runs unchanged on Redis
+-- The stats hash counts the shard's non-terminal operations by
+-- "<tool>|<state>|<tenant>" (fields at 0 are deleted); the overdue zset holds
+-- "<effect>|<tool>|<tenant>:<id>" scored by the recovery deadline while an
+-- operation is UNKNOWN. Both are maintained by transition() and finish(), so
+-- the metrics read them instead of scanning records.
+--
+-- All seven keys share one hash tag, so a script runs unchanged on Redis
 -- Cluster. Every script validates everything before its first write and
 -- raises no error after it, so a refused script (e.g. OOM under maxmemory,
 -- which Redis reports on the first write) changes nothing. The time is the
@@ -44,6 +53,7 @@ local C_NOT_FOUND, C_EXPIRED, C_KEY_REUSED, C_STALE = 10, 11, 12, 13
 local C_COMPLETION_CONFLICT, C_ALREADY_RESOLVED, C_BUSY, C_FIELDS, C_QUOTA = 14, 15, 16, 17, 18
 
 local PRINCIPAL, LEASE_MEMBER = ARGV[1], ARGV[2]
+local TENANT = string.match(LEASE_MEMBER or '', '^[^:]*')
 
 local function tostr(n)
   return string.format('%d', n)
@@ -59,6 +69,9 @@ end
 -- fields flush() must write (or delete, when R[field] is nil).
 local R = {}
 local CHANGED = {}
+-- ENTERED is when the loaded record entered its state (for dwell times);
+-- MOVED_FROM and DWELL describe this call's transition, if it made one.
+local ENTERED, MOVED_FROM, DWELL
 
 local function load()
   local flat = redis.call('HGETALL', KEYS[1])
@@ -68,6 +81,7 @@ local function load()
   for i = 1, #flat, 2 do
     R[flat[i]] = flat[i + 1]
   end
+  ENTERED = tonumber(R.uks or R.ut)
   return true
 end
 
@@ -102,17 +116,53 @@ local function flush()
   end
 end
 
--- snapshot returns the record as a flat field/value list.
+-- snapshot returns the record as a flat field/value list; after a
+-- transition it adds _from (the state left, '0' for a new record) and _dwell
+-- (ms spent in it), which are not stored.
 local function snapshot()
   local flat = {}
   for field, value in pairs(R) do
     flat[#flat + 1] = field
     flat[#flat + 1] = value
   end
+  if MOVED_FROM then
+    flat[#flat + 1] = '_from'
+    flat[#flat + 1] = MOVED_FROM
+    flat[#flat + 1] = '_dwell'
+    flat[#flat + 1] = tostr(DWELL)
+  end
   return flat
 end
 
+-- count moves the operation's live count between states (nil: none).
+local function count(from, to)
+  if from == to then
+    return
+  end
+  for _, change in ipairs({{from, -1}, {to, 1}}) do
+    local st, delta = change[1], change[2]
+    if st and st ~= ST_SUCCEEDED and st ~= ST_FAILED then
+      local field = R.tool .. '|' .. st .. '|' .. TENANT
+      if redis.call('HINCRBY', KEYS[6], field, delta) <= 0 then
+        redis.call('HDEL', KEYS[6], field)
+      end
+    end
+  end
+end
+
+local function overdue_member()
+  return R.eff .. '|' .. R.tool .. '|' .. LEASE_MEMBER
+end
+
 local function history(from, to, reason, detail)
+  MOVED_FROM = from or '0'
+  DWELL = ENTERED and (NOW - ENTERED) or 0
+  count(from, to)
+  if from ~= ST_UNKNOWN and to == ST_UNKNOWN then
+    redis.call('ZADD', KEYS[7], tonumber(R.uks) + tonumber(R.rwin), overdue_member())
+  elseif from == ST_UNKNOWN and to ~= ST_UNKNOWN then
+    redis.call('ZREM', KEYS[7], overdue_member())
+  end
   redis.call('RPUSH', KEYS[2], cjson.encode({
     t = tostr(NOW), f = from, s = to, a = R.att, k = R.tok,
     p = PRINCIPAL, r = reason, d = detail or '',

@@ -1,7 +1,8 @@
 -- expire.lua: the sweeper's lease expiry for one operation (SPEC §4: expired
 -- leases are also swept in the background).
 --
--- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal ("ledger")
 -- ARGV[2] -> lease index member

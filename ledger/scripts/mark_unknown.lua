@@ -1,7 +1,8 @@
 -- mark_unknown.lua: the claim holder cannot tell whether the effect happened
 -- (SPEC §4, MarkUnknown).
 --
--- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member

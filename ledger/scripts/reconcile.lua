@@ -1,7 +1,8 @@
 -- reconcile.lua: resolve an operation from what the destination system says
 -- (SPEC §4, Reconcile).
 --
--- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member

@@ -1,6 +1,7 @@
 -- renew.lua: extend the lease of a running claim (SPEC §4, Renew).
 --
--- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member

@@ -1,7 +1,8 @@
 -- reserve.lua: record the intent of an operation and decide how the caller
 -- proceeds (SPEC §4, the Reserve table).
 --
--- KEYS[1..5] -> record, history, tombstone, unresolved index, lease index
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
 --               (see common.lua)
 -- ARGV[1]  -> principal
 -- ARGV[2]  -> lease index member

@@ -1,0 +1,72 @@
+package ledger
+
+import "time"
+
+// EventType says what an Event reports.
+type EventType uint8
+
+// The events the ledger reports to its Observer.
+const (
+	// EventScript: one script (or read) ran against the store: Op, Duration,
+	// and ErrKind when it failed (KindUnavailable for the store's errors).
+	EventScript EventType = iota + 1
+	// EventTransition: an operation changed state: Tenant, Tool, Effect,
+	// From (StateUnspecified for a new record), To, Reason, Attempt, and
+	// Dwell, the time it spent in From.
+	EventTransition
+	// EventDecision: Reserve decided (Tenant, Tool, Decision).
+	EventDecision
+	// EventConflict: Reserve refused a changed request (Tenant, Tool as
+	// requested, Differs).
+	EventConflict
+	// EventRefused: a call was refused for a reason of the state machine
+	// (Op, Tenant, ErrKind: KindStaleToken, KindCompletionConflict,
+	// KindAlreadyResolved, KindInProgress, KindKeyExpired, KindQuotaExceeded).
+	EventRefused
+	// EventReconciled: Reconcile recorded a finding (Tenant, Tool, Finding).
+	EventReconciled
+)
+
+// Event is one thing the ledger did, for metrics and traces. It carries ids,
+// states and names, never parameters or results.
+type Event struct {
+	Type     EventType
+	Op       string // "Reserve", "Complete", ..., "Sweep"
+	Tenant   string
+	Tool     string
+	Effect   Effect
+	From, To State
+	Reason   string
+	Attempt  uint32
+	Dwell    time.Duration
+	Decision Decision
+	Differs  []string
+	Finding  Finding
+	ErrKind  Kind
+	Duration time.Duration
+}
+
+// Observer receives the ledger's events. It is called synchronously on the
+// request path: it must be cheap and must not block.
+type Observer func(Event)
+
+func (l *Ledger) emit(e Event) {
+	if l.observe != nil {
+		l.observe(e)
+	}
+}
+
+// transitionEvent reports the transition a script made, if it made one
+// (its snapshot then carries _from and _dwell).
+func (l *Ledger) transitionEvent(op, tenant string, rec map[string]string) {
+	from, moved := rec["_from"]
+	if !moved || l.observe == nil {
+		return
+	}
+	l.observe(Event{
+		Type: EventTransition, Op: op, Tenant: tenant, Tool: rec["tool"],
+		Effect: Effect(parseUint(rec["eff"])), From: parseState(from), To: parseState(rec["st"]),
+		Reason: rec["rsn"], Attempt: uint32(parseUint(rec["att"])),
+		Dwell: time.Duration(parseUint(rec["_dwell"])) * time.Millisecond,
+	})
+}

@@ -1,0 +1,113 @@
+package ledger
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// LiveCount is how many non-terminal operations of one tenant and tool are
+// in one state.
+type LiveCount struct {
+	Tenant, Tool string
+	State        State
+	N            int64
+}
+
+// OverdueCount is how many UNKNOWN operations of one tenant, tool and effect
+// are past their recovery deadline (unknown since + the recovery window).
+type OverdueCount struct {
+	Tenant, Tool string
+	Effect       Effect
+	N            int64
+}
+
+// overdueScan bounds the overdue members read per shard; beyond it the
+// count is still exact (ZCOUNT) but attributed to the first ones' labels.
+const overdueScan = 10000
+
+// LiveCounts reads the live counts every transition script maintains (one
+// round trip over all shards), for the unresolved-operations gauges.
+func (l *Ledger) LiveCounts(ctx context.Context) ([]LiveCount, error) {
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, NumShards)
+	for s := range NumShards {
+		cmds[s] = pipe.HGetAll(ctx, l.keys.stats(s))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, storeError("ledger.LiveCounts", err)
+	}
+	sum := map[LiveCount]int64{}
+	for _, c := range cmds {
+		for field, v := range c.Val() {
+			parts := strings.Split(field, "|")
+			n, err := strconv.ParseInt(v, 10, 64)
+			if len(parts) != 3 || err != nil || n <= 0 {
+				continue
+			}
+			tenant, err := decodeComponent(parts[2])
+			if err != nil {
+				continue
+			}
+			sum[LiveCount{Tenant: tenant, Tool: parts[0], State: parseState(parts[1])}] += n
+		}
+	}
+	out := make([]LiveCount, 0, len(sum))
+	for k, n := range sum {
+		k.N = n
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// Overdue counts the UNKNOWN operations past their recovery deadline, by the
+// store's clock (one round trip over all shards, after reading the time).
+func (l *Ledger) Overdue(ctx context.Context) ([]OverdueCount, error) {
+	const op = "ledger.Overdue"
+	now, err := l.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, storeError(op, err)
+	}
+	max := strconv.FormatInt(now.UnixMilli(), 10)
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, NumShards)
+	for s := range NumShards {
+		cmds[s] = pipe.ZRangeByScore(ctx, l.keys.overdue(s), &redis.ZRangeBy{Min: "-inf", Max: max, Count: overdueScan})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, storeError(op, err)
+	}
+	sum := map[OverdueCount]int64{}
+	for _, c := range cmds {
+		for _, m := range c.Val() {
+			parts := strings.SplitN(m, "|", 3)
+			if len(parts) != 3 {
+				continue
+			}
+			t, _, _ := strings.Cut(parts[2], ":")
+			tenant, err := decodeComponent(t)
+			if err != nil {
+				continue
+			}
+			sum[OverdueCount{Tenant: tenant, Tool: parts[1], Effect: Effect(parseUint(parts[0]))}]++
+		}
+	}
+	out := make([]OverdueCount, 0, len(sum))
+	for k, n := range sum {
+		k.N = n
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// StoreTime returns the store's clock.
+func (l *Ledger) StoreTime(ctx context.Context) (time.Time, error) {
+	t, err := l.rdb.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, storeError("ledger.StoreTime", err)
+	}
+	return t, nil
+}
