@@ -379,7 +379,7 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, keys [
 	raw, err := s.Run(ctx, l.rdb, keys, append([]any{principal}, args...)...).Slice()
 	if err != nil {
 		err = storeError(op, err)
-		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start), ErrKind: KindOf(err)})
+		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
 		return 0, "", nil, nil, err
 	}
 	l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)})

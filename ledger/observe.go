@@ -8,7 +8,8 @@ type EventType uint8
 // The events the ledger reports to its Observer.
 const (
 	// EventScript: one script (or read) ran against the store: Op, Duration,
-	// and ErrKind when it failed (KindUnavailable for the store's errors).
+	// and, when it failed, Failed and ErrKind (KindUnavailable for the
+	// store's errors, KindOther for a script error).
 	EventScript EventType = iota + 1
 	// EventTransition: an operation changed state: Tenant, Tool, Effect,
 	// From (StateUnspecified for a new record), To, Reason, Attempt, and
@@ -43,6 +44,7 @@ type Event struct {
 	Differs  []string
 	Finding  Finding
 	ErrKind  Kind
+	Failed   bool
 	Duration time.Duration
 }
 

@@ -29,6 +29,8 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -212,7 +214,8 @@ func (h *handler) fail(ctx context.Context, err error) error {
 	return st.Err()
 }
 
-// logOp adds the operation's ids and state to the call's log line.
+// logOp adds the operation's state and attempt to the call's log line and
+// trace span.
 func logOp(ctx context.Context, o *ledger.Operation) {
 	if o == nil {
 		return
@@ -222,16 +225,23 @@ func logOp(ctx context.Context, o *ledger.Operation) {
 		"ledger.attempt", o.Attempt,
 		"ledger.fingerprint", o.Fingerprint.String()[:16],
 	})
+	trace.SpanFromContext(ctx).SetAttributes(
+		attribute.String("ledger.state", o.State.String()),
+		attribute.Int("ledger.attempt", int(o.Attempt)),
+	)
 }
 
+// logID adds the operation id to the call's log line and trace span.
 func logID(ctx context.Context, id string) {
 	logging.AddFields(ctx, logging.Fields{"ledger.operation_id", id})
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("ledger.operation_id", id))
 }
 
 // Reserve implements ledger.v1.LedgerService.
 func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*ledgerv1.ReserveResponse, error) {
 	logID(ctx, req.GetOperationId())
 	logging.AddFields(ctx, logging.Fields{"ledger.tool", req.GetTool(), "ledger.run_id", req.GetRunId()})
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("ledger.tool", req.GetTool()), attribute.String("ledger.run_id", req.GetRunId()))
 	var errs requestErrors
 	var params map[string]any
 	if req.GetParams() != nil {
@@ -268,6 +278,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 		return nil, h.fail(ctx, err)
 	}
 	logging.AddFields(ctx, logging.Fields{"ledger.decision", res.Decision.String()})
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("ledger.decision", res.Decision.String()))
 	logOp(ctx, res.Operation)
 	out := &ledgerv1.ReserveResponse{
 		Decision:  ledgerv1.Decision(res.Decision),

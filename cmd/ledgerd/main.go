@@ -22,6 +22,11 @@
 //	--rate-burst        LEDGER_RATE_BURST        calls at once per tenant (the rate, rounded up)
 //	--max-unresolved    LEDGER_MAX_UNRESOLVED    unresolved operations a tenant may hold (100000; 0: no limit)
 //	--allow-plaintext   LEDGER_ALLOW_PLAINTEXT   serve a non-loopback address without TLS (false)
+//	--metrics-listen    LEDGER_METRICS_LISTEN    address of the Prometheus /metrics listener (off when empty)
+//	--metrics-tenant-label LEDGER_METRICS_TENANT_LABEL  add a tenant label to the ledger metrics (false)
+//	--otlp-endpoint     LEDGER_OTLP_ENDPOINT     OTLP/gRPC collector for traces, host:port (off when empty)
+//	--otlp-insecure     LEDGER_OTLP_INSECURE     send traces without TLS (false)
+//	--require-durable   LEDGER_REQUIRE_DURABLE   refuse to start unless Redis keeps acknowledged records (false)
 //
 // Without --auth-file every caller is the tenant "default" and ledgerd only
 // serves a loopback address; with it, every call but health checks needs an
@@ -46,6 +51,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -56,11 +62,19 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/metrics"
 	"github.com/opledger/ledger/server"
 )
 
@@ -95,6 +109,12 @@ type config struct {
 	maxUnresolved    int
 	allowPlaintext   bool
 	redisCA          string
+
+	metricsListen  string
+	tenantLabel    bool
+	otlpEndpoint   string
+	otlpInsecure   bool
+	requireDurable bool
 }
 
 func env(name, def string) string {
@@ -120,24 +140,35 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.tls.Cert, "tls-cert", env("LEDGER_TLS_CERT", ""), "server certificate chain, PEM [LEDGER_TLS_CERT]")
 	fs.StringVar(&c.tls.Key, "tls-key", env("LEDGER_TLS_KEY", ""), "server private key, PEM [LEDGER_TLS_KEY]")
 	fs.StringVar(&c.tls.ClientCA, "tls-client-ca", env("LEDGER_TLS_CLIENT_CA", ""), "CA of client certificates, PEM: enables mTLS [LEDGER_TLS_CLIENT_CA]")
-	publicReflection := fs.String("public-reflection", env("LEDGER_PUBLIC_REFLECTION", "false"), "serve reflection to callers without credentials [LEDGER_PUBLIC_REFLECTION]")
+	var envErr error
+	boolFlag := func(dst *bool, name, envName, usage string) {
+		def := false
+		if v, ok := os.LookupEnv(envName); ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil && envErr == nil {
+				envErr = fmt.Errorf("%s=%q: want true or false", envName, v)
+			}
+			def = b
+		}
+		fs.BoolVar(dst, name, def, usage+" ["+envName+"]")
+	}
+	boolFlag(&c.publicReflection, "public-reflection", "LEDGER_PUBLIC_REFLECTION", "serve reflection to callers without credentials")
 	rateLimit := fs.String("rate-limit", env("LEDGER_RATE_LIMIT", "0"), "calls per second per tenant; 0: no limit [LEDGER_RATE_LIMIT]")
 	rateBurst := fs.String("rate-burst", env("LEDGER_RATE_BURST", "0"), "calls at once per tenant; 0: the rate, rounded up [LEDGER_RATE_BURST]")
 	maxUnresolved := fs.String("max-unresolved", env("LEDGER_MAX_UNRESOLVED", "100000"), "unresolved operations a tenant may hold; 0: no limit [LEDGER_MAX_UNRESOLVED]")
-	allowPlaintext := fs.String("allow-plaintext", env("LEDGER_ALLOW_PLAINTEXT", "false"), "serve a non-loopback address without TLS, e.g. behind a TLS-terminating proxy [LEDGER_ALLOW_PLAINTEXT]")
+	boolFlag(&c.allowPlaintext, "allow-plaintext", "LEDGER_ALLOW_PLAINTEXT", "serve a non-loopback address without TLS, e.g. behind a TLS-terminating proxy")
+	fs.StringVar(&c.metricsListen, "metrics-listen", env("LEDGER_METRICS_LISTEN", ""), "address of the Prometheus /metrics listener, e.g. 127.0.0.1:9464; empty: off [LEDGER_METRICS_LISTEN]")
+	boolFlag(&c.tenantLabel, "metrics-tenant-label", "LEDGER_METRICS_TENANT_LABEL", "add a tenant label to the ledger metrics")
+	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", env("LEDGER_OTLP_ENDPOINT", ""), "OTLP/gRPC trace collector, host:port; empty: no tracing [LEDGER_OTLP_ENDPOINT]")
+	boolFlag(&c.otlpInsecure, "otlp-insecure", "LEDGER_OTLP_INSECURE", "send traces without TLS")
+	boolFlag(&c.requireDurable, "require-durable", "LEDGER_REQUIRE_DURABLE", "refuse to start unless Redis has appendonly yes, appendfsync always and maxmemory-policy noeviction")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	var err error
-	for _, b := range []struct {
-		name string
-		val  string
-		dst  *bool
-	}{{"public-reflection", *publicReflection, &c.publicReflection}, {"allow-plaintext", *allowPlaintext, &c.allowPlaintext}} {
-		if *b.dst, err = strconv.ParseBool(b.val); err != nil {
-			return c, fmt.Errorf("--%s %q: want true or false", b.name, b.val)
-		}
+	if envErr != nil {
+		return c, envErr
 	}
+	var err error
 	if c.rate, err = strconv.ParseFloat(*rateLimit, 64); err != nil || c.rate < 0 {
 		return c, fmt.Errorf("--rate-limit %q: want calls per second, 0 for no limit", *rateLimit)
 	}
@@ -245,6 +276,67 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 	rdb := redis.NewClient(opts)
 	log.Info("using Redis", "addr", opts.Addr, "db", opts.DB, "tls", opts.TLSConfig != nil)
 	return rdb, func() { _ = rdb.Close() }, nil
+}
+
+// durabilityChecks are the results of the start-up check, for the metric.
+var durabilityChecks []ledger.DurabilityCheck
+
+// checkDurability reads the Redis settings that decide whether records can
+// be lost or evicted, warns about each unsafe one, and refuses to start with
+// --require-durable. The embedded engine is not durable by design.
+func checkDurability(ctx context.Context, c config, rdb redis.UniversalClient, log *slog.Logger) error {
+	durabilityChecks = nil
+	if c.redisURL == "" {
+		if c.requireDurable {
+			return errors.New("--require-durable: the embedded engine keeps nothing across a restart; set --redis-url")
+		}
+		return nil
+	}
+	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix})
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	durabilityChecks = l.CheckDurability(cctx)
+	var unsafe []string
+	for _, d := range durabilityChecks {
+		if !d.OK {
+			unsafe = append(unsafe, d.Name)
+			log.Warn("Redis durability: "+d.Name+" is unsafe", "setting", d.Name, "value", d.Value, "risk", d.Why)
+		}
+	}
+	if len(unsafe) > 0 && c.requireDurable {
+		return fmt.Errorf("--require-durable: Redis settings that can lose acknowledged records: %s (want appendonly yes, appendfsync always, maxmemory-policy noeviction)", strings.Join(unsafe, ", "))
+	}
+	return nil
+}
+
+// startTracing sets up OpenTelemetry tracing when --otlp-endpoint is set:
+// an OTLP/gRPC exporter, W3C trace-context propagation (so an agent's trace
+// links the ledger's spans), and the otelgrpc server handler.
+func startTracing(ctx context.Context, c config) (func(), grpc.ServerOption, error) {
+	if c.otlpEndpoint == "" {
+		return func() {}, nil, nil
+	}
+	eopts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(c.otlpEndpoint)}
+	if c.otlpInsecure {
+		eopts = append(eopts, otlptracegrpc.WithInsecure())
+	}
+	exp, err := otlptracegrpc.New(ctx, eopts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--otlp-endpoint: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "ledgerd"))))
+	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	otel.SetTextMapPropagator(prop)
+	shutdown := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(sctx)
+	}
+	return shutdown, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop))), nil
 }
 
 // reloadOnHangup reloads the credentials and TLS files on SIGHUP. A file
@@ -368,6 +460,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if err := checkDurability(ctx, c, rdb, log); err != nil {
+		return err
+	}
+	met := metrics.New(metrics.Options{TenantLabel: c.tenantLabel})
 	unresolvedLimit := func(tenant string) int {
 		if auth != nil {
 			if n := auth.Credentials().Limits(tenant).MaxUnresolved; n > 0 {
@@ -376,7 +472,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		return c.maxUnresolved
 	}
-	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log, UnresolvedLimit: unresolvedLimit})
+	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log,
+		UnresolvedLimit: unresolvedLimit, Observer: met.Observe})
 	if err != nil {
 		return err
 	}
@@ -391,19 +488,54 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var opts []grpc.ServerOption
+	opts := met.ServerOptions()
 	if tlsr != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsr.Config())))
+	}
+	shutdownTracing, traceOpt, err := startTracing(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer shutdownTracing()
+	if traceOpt != nil {
+		opts = append(opts, traceOpt)
 	}
 	svc := server.New(server.Config{
 		Ledger: l, Logger: log, Auth: auth, PublicReflection: c.publicReflection,
 		Rate: c.rate, Burst: c.burst,
 	}, opts...)
+	met.InitializeRPC(svc.GRPC)
+	met.WatchStore(l, 0)
+	for _, d := range durabilityChecks {
+		met.SetDurability(d.Name, d.OK)
+	}
 	log.Info("ledgerd serving", "listen", lis.Addr().String(), "key_prefix", c.prefix, "policy", c.policy,
-		"auth", auth != nil, "tls", tlsr != nil, "mtls", c.tls.ClientCA != "")
+		"auth", auth != nil, "tls", tlsr != nil, "mtls", c.tls.ClientCA != "", "tracing", traceOpt != nil)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return svc.Serve(lis) })
+	if c.metricsListen != "" {
+		mlis, err := net.Listen("tcp", c.metricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", met.Handler())
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		log.Info("metrics serving", "listen", mlis.Addr().String())
+		g.Go(func() error {
+			if err := hs.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+			defer cancel()
+			return hs.Shutdown(sctx)
+		})
+	}
 	g.Go(func() error { reloadOnHangup(gctx, c, auth, tlsr, log); return nil })
 	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
 	g.Go(func() error {

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -342,5 +343,45 @@ func TestRedisOverTLSAsRestrictedUser(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "s3cret-redis-pw") {
 		t.Fatal("the Redis password reached the log")
+	}
+}
+
+func TestRequireDurable(t *testing.T) {
+	unsafe := redistest.Start(t) // appendonly no, appendfsync everysec
+	err := run(context.Background(), []string{"--listen", "127.0.0.1:0", "--redis-url", "redis://" + unsafe.Addr, "--require-durable"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "appendonly") || !strings.Contains(err.Error(), "appendfsync") {
+		t.Fatalf("--require-durable on an unsafe Redis = %v", err)
+	}
+	if err := run(context.Background(), []string{"--listen", "127.0.0.1:0", "--require-durable"}, io.Discard); err == nil || !strings.Contains(err.Error(), "embedded") {
+		t.Fatalf("--require-durable on the embedded engine = %v", err)
+	}
+
+	safe := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
+	metricsAddr := freeAddr(t)
+	c, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--require-durable", "--metrics-listen", metricsAddr)
+	reserveOnce(t, c, "tickets.create")
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`ledger_store_durability_ok{check="appendfsync"} 1`, `ledger_decisions_total{decision="execute",tool="tickets.create"} 1`, "grpc_server_handled_total"} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(out.String(), "unsafe") {
+		t.Fatalf("warnings on a durable Redis:\n%s", out.String())
+	}
+}
+
+func TestDurabilityWarnings(t *testing.T) {
+	unsafe := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
+	_, out := serve(t, "--redis-url", "redis://"+unsafe.Addr)
+	for _, s := range []string{"appendonly is unsafe", "appendfsync is unsafe", "maxmemory-policy is unsafe"} {
+		if !strings.Contains(out.String(), s) {
+			t.Fatalf("the log lacks %q:\n%s", s, out.String())
+		}
 	}
 }

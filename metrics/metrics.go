@@ -1,0 +1,314 @@
+// Package metrics exposes the operation ledger's Prometheus metrics: the RPC
+// metrics of go-grpc-middleware's Prometheus provider, and the ledger's own,
+// fed by ledger.Event values (Observe) and by the live counts the
+// transition scripts keep in the store (read on every scrape, cached
+// briefly).
+//
+// Labels stay bounded: tool (at most MaxTools distinct values, the rest as
+// "_other"), state, decision, reason and similar fixed sets; never operation
+// ids, and tenants only when Options.TenantLabel is set.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/opledger/ledger/ledger"
+)
+
+// MaxTools bounds the distinct values of the tool label; further tools are
+// counted as "_other".
+const MaxTools = 200
+
+// Options configure the metrics.
+type Options struct {
+	// TenantLabel adds a tenant label to the ledger's metrics. Off by
+	// default: tenants may be many, and their names may be sensitive.
+	TenantLabel bool
+	// StoreCacheTTL is how long the live counts read from the store serve
+	// scrapes (5s when zero).
+	StoreCacheTTL time.Duration
+}
+
+// Metrics holds the registry and every metric.
+type Metrics struct {
+	reg     *prometheus.Registry
+	grpc    *grpcprom.ServerMetrics
+	tenants bool
+
+	toolsMu sync.Mutex
+	tools   map[string]bool
+
+	decisions    *prometheus.CounterVec
+	transitions  *prometheus.CounterVec
+	finished     *prometheus.CounterVec
+	conflicts    *prometheus.CounterVec
+	refusals     *prometheus.CounterVec
+	attempts     *prometheus.HistogramVec
+	exhausted    *prometheus.CounterVec
+	dwell        *prometheus.HistogramVec
+	reconciled   *prometheus.CounterVec
+	escalations  *prometheus.CounterVec
+	scripts      *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec
+	durability   *prometheus.GaugeVec
+	storeScrapes *prometheus.CounterVec
+}
+
+// New builds the metrics in a registry of their own (with the Go and
+// process collectors).
+func New(o Options) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry(), tenants: o.TenantLabel, tools: map[string]bool{}}
+	l := func(names ...string) []string {
+		if m.tenants {
+			return append([]string{"tenant"}, names...)
+		}
+		return names
+	}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ledger", Name: name, Help: help}, labels)
+		m.reg.MustRegister(c)
+		return c
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "ledger", Name: name, Help: help, Buckets: buckets}, labels)
+		m.reg.MustRegister(h)
+		return h
+	}
+	m.decisions = counter("decisions_total", "Reserve decisions: execute, replay, in_progress, reconcile.", l("tool", "decision")...)
+	m.transitions = counter("transitions_total", "State transitions, by the state left and entered and the reason.", l("tool", "from", "to", "reason")...)
+	m.finished = counter("operations_finished_total", "Operations that reached a terminal state.", l("tool", "state")...)
+	m.conflicts = counter("conflicts_total", "Reserves refused as IDEMPOTENCY_KEY_REUSED, by what differed (tool, params, permit).", l("tool", "differs")...)
+	m.refusals = counter("refusals_total", "Calls refused by the state machine, by reason (STALE_FENCING_TOKEN, COMPLETION_CONFLICT, ...).", l("op", "reason")...)
+	m.attempts = histogram("attempts_per_operation", "Attempts an operation took, observed when it ends.", []float64{1, 2, 3, 4, 5, 8, 13, 21}, l("tool", "state")...)
+	m.exhausted = counter("retries_exhausted_total", "Operations whose attempts ran out (RETRIES_EXHAUSTED).", l("tool")...)
+	m.dwell = histogram("state_duration_seconds", "Time spent in RUNNING or UNKNOWN, observed when the operation leaves the state.",
+		[]float64{.01, .05, .1, .5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600}, l("tool", "state")...)
+	m.reconciled = counter("reconciliations_total", "Reconcile findings recorded: applied, not_applied, abandon, escalate.", l("tool", "finding")...)
+	m.escalations = counter("escalations_total", "Operations escalated to human review.", l("tool")...)
+	m.scripts = histogram("script_duration_seconds", "Latency of the ledger's store round trips (one script or read per call).",
+		[]float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 3}, "op")
+	m.storeErrors = counter("store_errors_total", "Store calls that failed (unreachable, refused, script error).", "op", "kind")
+	m.durability = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ledger", Name: "store_durability_ok",
+		Help: "1 when the store's setting protects acknowledged records (appendonly, appendfsync, maxmemory_policy), 0 when not, read at start-up."}, []string{"check"})
+	m.reg.MustRegister(m.durability)
+	m.storeScrapes = counter("store_scrape_errors_total", "Failed reads of the store's live counts for the unresolved gauges.", "what")
+	m.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	m.reg.MustRegister(m.grpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the registry, for collectors of the embedding program.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// ServerOptions are the gRPC server options that record the RPC metrics.
+func (m *Metrics) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(m.grpc.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(m.grpc.StreamServerInterceptor()),
+	}
+}
+
+// InitializeRPC zero-initializes the RPC metrics of every registered
+// method, so dashboards see them before the first call.
+func (m *Metrics) InitializeRPC(s *grpc.Server) { m.grpc.InitializeMetrics(s) }
+
+// SetDurability records the result of a durability check.
+func (m *Metrics) SetDurability(check string, ok bool) {
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	m.durability.WithLabelValues(check).Set(v)
+}
+
+// tool bounds the tool label.
+func (m *Metrics) tool(t string) string {
+	if t == "" {
+		return "_unknown"
+	}
+	m.toolsMu.Lock()
+	defer m.toolsMu.Unlock()
+	if m.tools[t] {
+		return t
+	}
+	if len(m.tools) >= MaxTools {
+		return "_other"
+	}
+	m.tools[t] = true
+	return t
+}
+
+// tenant is the tenant label's value ("" when there is no tenant label).
+func (m *Metrics) tenant(t string) string {
+	if m.tenants {
+		return t
+	}
+	return ""
+}
+
+func (m *Metrics) labels(tenant string, rest ...string) []string {
+	if m.tenants {
+		return append([]string{tenant}, rest...)
+	}
+	return rest
+}
+
+var refusalReasons = map[ledger.Kind]string{
+	ledger.KindStaleToken:         "STALE_FENCING_TOKEN",
+	ledger.KindCompletionConflict: "COMPLETION_CONFLICT",
+	ledger.KindAlreadyResolved:    "ALREADY_RESOLVED",
+	ledger.KindInProgress:         "OPERATION_IN_PROGRESS",
+	ledger.KindKeyExpired:         "IDEMPOTENCY_KEY_EXPIRED",
+	ledger.KindQuotaExceeded:      "UNRESOLVED_LIMIT",
+}
+
+var findings = map[ledger.Finding]string{
+	ledger.FindingApplied: "applied", ledger.FindingNotApplied: "not_applied",
+	ledger.FindingAbandon: "abandon", ledger.FindingEscalate: "escalate",
+}
+
+// Observe records a ledger event; it is the ledger's Observer.
+func (m *Metrics) Observe(e ledger.Event) {
+	switch e.Type {
+	case ledger.EventScript:
+		m.scripts.WithLabelValues(e.Op).Observe(e.Duration.Seconds())
+		if e.Failed {
+			kind := "script_error"
+			if e.ErrKind == ledger.KindUnavailable {
+				kind = "unavailable"
+			}
+			m.storeErrors.WithLabelValues(e.Op, kind).Inc()
+		}
+	case ledger.EventDecision:
+		m.decisions.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), strings.ToLower(e.Decision.String()))...).Inc()
+	case ledger.EventConflict:
+		m.conflicts.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), strings.Join(e.Differs, ","))...).Inc()
+	case ledger.EventRefused:
+		if r, ok := refusalReasons[e.ErrKind]; ok {
+			m.refusals.WithLabelValues(m.labels(e.Tenant, e.Op, r)...).Inc()
+		}
+	case ledger.EventReconciled:
+		m.reconciled.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), findings[e.Finding])...).Inc()
+	case ledger.EventTransition:
+		tool := m.tool(e.Tool)
+		m.transitions.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.From), stateLabel(e.To), e.Reason)...).Inc()
+		if (e.From == ledger.StateRunning || e.From == ledger.StateUnknown) && e.From != e.To {
+			m.dwell.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.From))...).Observe(e.Dwell.Seconds())
+		}
+		if e.To.Terminal() && !e.From.Terminal() {
+			m.finished.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.To))...).Inc()
+			m.attempts.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.To))...).Observe(float64(e.Attempt))
+		}
+		switch e.Reason {
+		case "RETRIES_EXHAUSTED":
+			m.exhausted.WithLabelValues(m.labels(e.Tenant, tool)...).Inc()
+		case "ESCALATED":
+			m.escalations.WithLabelValues(m.labels(e.Tenant, tool)...).Inc()
+		}
+	}
+}
+
+func stateLabel(s ledger.State) string {
+	if s == ledger.StateUnspecified {
+		return "NONE"
+	}
+	return s.String()
+}
+
+// WatchStore makes every scrape read the unresolved gauges from l (the live
+// counts the transition scripts keep), at most once per cache period.
+func (m *Metrics) WatchStore(l *ledger.Ledger, ttl time.Duration) {
+	if ttl <= 0 {
+		ttl = 5 * time.Second
+	}
+	m.reg.MustRegister(&storeCollector{m: m, l: l, ttl: ttl,
+		unresolved: prometheus.NewDesc("ledger_unresolved_operations",
+			"Non-terminal operations (PENDING, RUNNING, UNKNOWN) in the store, read from the live counts.",
+			m.labels("tenant", "tool", "state"), nil),
+		overdue: prometheus.NewDesc("ledger_unresolved_overdue",
+			"UNKNOWN operations past their recovery window (unknown since + recovery_window), by effect: the alert.",
+			m.labels("tenant", "tool", "effect"), nil),
+	})
+}
+
+// storeCollector reads the live counts on scrape.
+type storeCollector struct {
+	m                   *Metrics
+	l                   *ledger.Ledger
+	ttl                 time.Duration
+	unresolved, overdue *prometheus.Desc
+
+	mu      sync.Mutex
+	at      time.Time
+	live    []ledger.LiveCount
+	late    []ledger.OverdueCount
+	haveAny bool
+	// seen are the label sets reported before: they read 0 once their
+	// operations are gone, instead of vanishing.
+	seenUnresolved, seenOverdue map[[3]string]bool
+}
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.unresolved
+	ch <- c.overdue
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.haveAny || time.Since(c.at) >= c.ttl {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		live, err1 := c.l.LiveCounts(ctx)
+		late, err2 := c.l.Overdue(ctx)
+		cancel()
+		if err1 != nil {
+			c.m.storeScrapes.WithLabelValues("live_counts").Inc()
+		}
+		if err2 != nil {
+			c.m.storeScrapes.WithLabelValues("overdue").Inc()
+		}
+		if err1 == nil && err2 == nil {
+			c.live, c.late, c.at, c.haveAny = live, late, time.Now(), true
+		}
+	}
+	if c.seenUnresolved == nil {
+		c.seenUnresolved, c.seenOverdue = map[[3]string]bool{}, map[[3]string]bool{}
+	}
+	unresolved := map[[3]string]float64{}
+	for k := range c.seenUnresolved {
+		unresolved[k] = 0
+	}
+	for _, lc := range c.live {
+		unresolved[[3]string{c.m.tenant(lc.Tenant), c.m.tool(lc.Tool), lc.State.String()}] += float64(lc.N)
+	}
+	for k, n := range unresolved {
+		c.seenUnresolved[k] = true
+		ch <- prometheus.MustNewConstMetric(c.unresolved, prometheus.GaugeValue, n, c.m.labels(k[0], k[1], k[2])...)
+	}
+	overdue := map[[3]string]float64{}
+	for k := range c.seenOverdue {
+		overdue[k] = 0
+	}
+	for _, oc := range c.late {
+		overdue[[3]string{c.m.tenant(oc.Tenant), c.m.tool(oc.Tool), oc.Effect.String()}] += float64(oc.N)
+	}
+	for k, n := range overdue {
+		c.seenOverdue[k] = true
+		ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, n, c.m.labels(k[0], k[1], k[2])...)
+	}
+}

@@ -1,0 +1,349 @@
+package metrics_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/opledger/ledger/client"
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/metrics"
+	"github.com/opledger/ledger/server"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+const policy = `
+tools:
+  - match: "slow.*"
+    recovery_window: 300ms
+  - match: "sync.*"
+    effect: idempotent
+`
+
+type stack struct {
+	m   *metrics.Metrics
+	c   *client.Client
+	srv *httptest.Server
+}
+
+func start(t *testing.T, rdb redis.UniversalClient, o metrics.Options, extra ...grpc.ServerOption) *stack {
+	t.Helper()
+	m := metrics.New(o)
+	pol, err := ledger.ParsePolicies([]byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Observer: m.Observe, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.New(server.Config{Ledger: l, Logger: log}, append(m.ServerOptions(), extra...)...)
+	m.InitializeRPC(svc.GRPC)
+	m.WatchStore(l, time.Millisecond)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = svc.Serve(lis) }()
+	t.Cleanup(svc.GRPC.Stop)
+	c, err := client.Dial(lis.Addr().String(), client.WithBackoff(client.Backoff{Base: time.Millisecond, Max: 10 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	hs := httptest.NewServer(m.Handler())
+	t.Cleanup(hs.Close)
+	return &stack{m: m, c: c, srv: hs}
+}
+
+// scrape returns the metrics text and a lookup of sample values by
+// "name{label=value,...}" (labels sorted as exposed).
+func (s *stack) scrape(t *testing.T) (string, func(name string, labels map[string]string) float64) {
+	t.Helper()
+	resp, err := s.srv.Client().Get(s.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("unparsable metrics: %v", err)
+	}
+	return string(body), func(name string, labels map[string]string) float64 {
+		f, ok := families[name]
+		if !ok {
+			return 0
+		}
+		var sum float64
+	metric:
+		for _, mt := range f.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range mt.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue metric
+				}
+			}
+			switch {
+			case mt.Counter != nil:
+				sum += mt.GetCounter().GetValue()
+			case mt.Gauge != nil:
+				sum += mt.GetGauge().GetValue()
+			case mt.Histogram != nil:
+				sum += float64(mt.GetHistogram().GetSampleCount())
+			}
+		}
+		return sum
+	}
+}
+
+func TestLedgerMetrics(t *testing.T) {
+	s := start(t, redistest.Shared(t).Client(t), metrics.Options{})
+	ctx := context.Background()
+	id := "metrics-" + client.NewHolder()
+	ok := func(context.Context, client.Attempt) (client.Result, error) {
+		return client.Result{ResourceID: "r"}, nil
+	}
+	// Executed, then replayed.
+	if _, err := s.c.Do(ctx, client.Op{ID: id + "-a", Tool: "payments.refund", Params: map[string]any{"amount": 1}}, ok); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Do(ctx, client.Op{ID: id + "-a", Tool: "payments.refund", Params: map[string]any{"amount": 1}}, ok); err != nil {
+		t.Fatal(err)
+	}
+	// A conflict.
+	if _, err := s.c.Do(ctx, client.Op{ID: id + "-a", Tool: "payments.refund", Params: map[string]any{"amount": 2}}, ok); err == nil {
+		t.Fatal("no conflict")
+	}
+	// A stale token.
+	r, err := s.c.Reserve(ctx, client.Op{ID: id + "-b", Tool: "payments.refund"}, client.NewHolder())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.c.Complete(ctx, id+"-b", r.Operation.FencingToken-1, client.Result{})
+	// UNKNOWN, escalated, then reconciled as applied.
+	if _, err := s.c.MarkUnknown(ctx, id+"-b", r.Operation.FencingToken, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Reconcile(ctx, id+"-b", client.Finding{Kind: client.Escalate}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Reconcile(ctx, id+"-b", client.Finding{Kind: client.Applied}); err != nil {
+		t.Fatal(err)
+	}
+	text, v := s.scrape(t)
+	tool := map[string]string{"tool": "payments.refund"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{"tool": "payments.refund"}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"ledger_decisions_total", with("decision", "execute"), 2},
+		{"ledger_decisions_total", with("decision", "replay"), 1},
+		{"ledger_conflicts_total", with("differs", "params"), 1},
+		{"ledger_refusals_total", map[string]string{"op": "Complete", "reason": "STALE_FENCING_TOKEN"}, 1},
+		{"ledger_transitions_total", with("from", "RUNNING", "to", "UNKNOWN", "reason", "MARKED_UNKNOWN"), 1},
+		{"ledger_transitions_total", with("from", "UNKNOWN", "to", "SUCCEEDED", "reason", "RECONCILED_APPLIED"), 1},
+		{"ledger_operations_finished_total", with("state", "SUCCEEDED"), 2},
+		{"ledger_escalations_total", tool, 1},
+		{"ledger_reconciliations_total", with("finding", "escalate"), 1},
+		{"ledger_reconciliations_total", with("finding", "applied"), 1},
+		{"ledger_attempts_per_operation", with("state", "SUCCEEDED"), 2},
+		{"ledger_state_duration_seconds", with("state", "RUNNING"), 2},
+		{"ledger_state_duration_seconds", with("state", "UNKNOWN"), 1},
+		{"ledger_script_duration_seconds", map[string]string{"op": "Reserve"}, 4},
+		{"grpc_server_handled_total", map[string]string{"grpc_method": "Reserve", "grpc_code": "OK"}, 3},
+		{"grpc_server_handled_total", map[string]string{"grpc_method": "Reserve", "grpc_code": "FailedPrecondition"}, 1},
+	} {
+		if got := v(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if strings.Contains(text, id) || strings.Contains(text, "tenant=") {
+		t.Fatal("an operation id or a tenant reached the metrics")
+	}
+}
+
+func TestTenantLabelWhenConfigured(t *testing.T) {
+	s := start(t, redistest.Shared(t).Client(t), metrics.Options{TenantLabel: true})
+	if _, err := s.c.Do(context.Background(), client.Op{ID: "tenant-" + client.NewHolder(), Tool: "x.y"}, func(context.Context, client.Attempt) (client.Result, error) {
+		return client.Result{}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, v := s.scrape(t)
+	if v("ledger_decisions_total", map[string]string{"tenant": "default", "tool": "x.y", "decision": "execute"}) != 1 {
+		t.Fatal("no tenant label")
+	}
+}
+
+// TestOverdueAlertRisesAndFalls is the alert's test: an UNKNOWN operation
+// past its recovery window raises ledger_unresolved_overdue, which the rule
+// in docs/alerts.yml fires on; reconciling it brings the gauge back to 0.
+func TestOverdueAlertRisesAndFalls(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		s := start(t, rdb, metrics.Options{})
+		ctx := context.Background()
+		id := "overdue-" + client.NewHolder()
+		r, err := s.c.Reserve(ctx, client.Op{ID: id, Tool: "slow.refund"}, client.NewHolder())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.c.MarkUnknown(ctx, id, r.Operation.FencingToken, "timeout"); err != nil {
+			t.Fatal(err)
+		}
+		labels := map[string]string{"tool": "slow.refund", "effect": "IRREVERSIBLE"}
+		_, v := s.scrape(t)
+		if got := v("ledger_unresolved_overdue", labels); got != 0 {
+			t.Fatalf("overdue within the window = %v", got)
+		}
+		if got := v("ledger_unresolved_operations", map[string]string{"tool": "slow.refund", "state": "UNKNOWN"}); got < 1 {
+			t.Fatalf("unresolved UNKNOWN = %v", got)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, v = s.scrape(t)
+			if v("ledger_unresolved_overdue", labels) >= 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the overdue gauge never rose")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if _, err := s.c.Reconcile(ctx, id, client.Finding{Kind: client.NotApplied}); err != nil {
+			t.Fatal(err)
+		}
+		text, v := s.scrape(t)
+		if got := v("ledger_unresolved_overdue", labels); got != 0 || !strings.Contains(text, "ledger_unresolved_overdue{") {
+			t.Fatalf("overdue after reconciliation = %v (the series must read 0, not vanish)", got)
+		}
+	})
+}
+
+func TestAlertRulesFile(t *testing.T) {
+	raw, err := os.ReadFile("../docs/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Name  string
+			Rules []struct {
+				Alert       string
+				Expr        string
+				For         string
+				Labels      map[string]string
+				Annotations map[string]string
+			}
+		}
+	}
+	dec := yaml.NewDecoder(strings.NewReader(string(raw)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&rules); err != nil {
+		t.Fatal(err)
+	}
+	// Every metric a rule names is one the service defines.
+	src, err := os.ReadFile("metrics.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			seen++
+			if r.Alert == "" || r.Expr == "" || r.Annotations["summary"] == "" || r.Annotations["runbook"] == "" {
+				t.Errorf("rule %+v is incomplete", r)
+			}
+			for _, word := range strings.FieldsFunc(r.Expr, func(c rune) bool {
+				return !(c == '_' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9')
+			}) {
+				name, ok := strings.CutPrefix(word, "ledger_")
+				if ok && !strings.Contains(string(src), `"`+name+`"`) && !strings.Contains(string(src), `"`+word+`"`) {
+					t.Errorf("rule %s names %s, which the service does not define", r.Alert, word)
+				}
+			}
+		}
+	}
+	if seen == 0 || rules.Groups[0].Rules[0].Alert != "LedgerOperationUnresolvedPastRecoveryWindow" {
+		t.Fatal("the first rule must be the unresolved-past-recovery-window alert")
+	}
+}
+
+func TestTracesLinkTheCallersTrace(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	prop := propagation.TraceContext{}
+	s := start(t, redistest.Shared(t).Client(t), metrics.Options{},
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop))))
+	_ = s
+	// A caller with its own trace.
+	caller := sdktrace.NewTracerProvider()
+	ctx, span := caller.Tracer("agent").Start(context.Background(), "agent step")
+	conn, err := grpc.NewClient(strings.TrimPrefix(s.c.Conn().Target(), "passthrough:///"),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(caller), otelgrpc.WithPropagators(prop))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	id := "trace-" + client.NewHolder()
+	if _, err := ledgerv1.NewLedgerServiceClient(conn).Reserve(ctx, &ledgerv1.ReserveRequest{OperationId: id, Tool: "t.x", Holder: "h", RunId: "run-9"}); err != nil {
+		t.Fatal(err)
+	}
+	span.End()
+	var found bool
+	for _, sp := range exp.GetSpans() {
+		if !strings.HasSuffix(sp.Name, "/Reserve") {
+			continue
+		}
+		found = true
+		if sp.SpanContext.TraceID() != span.SpanContext().TraceID() {
+			t.Fatal("the ledger's span is not in the caller's trace")
+		}
+		attrs := map[string]string{}
+		for _, a := range sp.Attributes {
+			attrs[string(a.Key)] = a.Value.String()
+		}
+		for k, want := range map[string]string{"ledger.operation_id": id, "ledger.run_id": "run-9", "ledger.decision": "EXECUTE", "ledger.attempt": "1"} {
+			if attrs[k] != want {
+				t.Errorf("span attribute %s = %q, want %q", k, attrs[k], want)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no Reserve span")
+	}
+}
