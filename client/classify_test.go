@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
@@ -179,4 +180,24 @@ func TestAPIKeyIsNotSentInClearBeyondLoopback(t *testing.T) {
 			t.Errorf("%s: %v, %v", uri, md, err)
 		}
 	}
+}
+
+func TestDialRefusesAKeyInClearBeyondLoopback(t *testing.T) {
+	for target, ok := range map[string]bool{
+		"127.0.0.1:50051": true, "localhost:50051": true, "[::1]:50051": true, "dns:///127.0.0.1:1": true,
+		"10.1.2.3:50051": false, "ledger.example:443": false, "dns:///ledger.example:443": false,
+	} {
+		c, err := Dial(target, WithAPIKey("id.secret"))
+		if ok != (err == nil) || !ok && !errors.Is(err, ErrInsecureAPIKey) {
+			t.Errorf("%s: %v", target, err)
+		}
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	c, err := Dial("ledger.example:443", WithAPIKey("id.secret"), WithTLS(&tls.Config{MinVersion: tls.VersionTLS12}))
+	if err != nil {
+		t.Fatalf("with TLS: %v", err)
+	}
+	_ = c.Close()
 }

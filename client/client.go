@@ -40,6 +40,7 @@ import (
 	"errors"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,6 +68,7 @@ type Client struct {
 	callTimeout   time.Duration
 	dialOptions   []grpc.DialOption
 	transport     credentials.TransportCredentials
+	hasAPIKey     bool
 }
 
 // Option configures a Client.
@@ -95,7 +97,8 @@ func WithBackoff(b Backoff) Option { return func(c *Client) { c.backoff = b } }
 // owner: the gRPC channel does not retry on its own.
 func WithLedgerRetries(n int) Option { return func(c *Client) { c.ledgerRetries = n } }
 
-// WithCallTimeout bounds each call to the ledger (5s otherwise).
+// WithCallTimeout bounds each call Do makes to the ledger (5s otherwise);
+// the typed wrappers use the caller's context as it is.
 func WithCallTimeout(d time.Duration) Option { return func(c *Client) { c.callTimeout = d } }
 
 // WithDialOptions are passed to grpc.NewClient by Dial, after the
@@ -115,7 +118,31 @@ func WithTLS(cfg *tls.Config) Option {
 // key is only sent to a loopback address; elsewhere the call fails instead
 // of exposing the key.
 func WithAPIKey(key string) Option {
-	return WithDialOptions(grpc.WithPerRPCCredentials(apiKey(key)))
+	return func(c *Client) {
+		c.hasAPIKey = true
+		c.dialOptions = append(c.dialOptions, grpc.WithPerRPCCredentials(apiKey(key)))
+	}
+}
+
+// ErrInsecureAPIKey: Dial was asked to send an API key without TLS to an
+// address that is not loopback.
+var ErrInsecureAPIKey = errors.New("client: refusing to send an API key without TLS beyond loopback; add WithTLS")
+
+// loopbackTarget reports whether a dial target ("host:port", possibly with
+// a "dns:///" or "passthrough:///" scheme) names this machine.
+func loopbackTarget(target string) bool {
+	if i := strings.Index(target, ":///"); i >= 0 {
+		target = target[i+4:]
+	}
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		host = target
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 type apiKey string
@@ -160,11 +187,15 @@ func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 }
 
 // Dial connects to the ledger at target (host:port); the connection is made
-// on the first call.
+// on the first call. With WithAPIKey and without WithTLS it refuses a target
+// that is not loopback (ErrInsecureAPIKey).
 func Dial(target string, opts ...Option) (*Client, error) {
 	c := New(nil, opts...)
 	transport := c.transport
 	if transport == nil {
+		if c.hasAPIKey && !loopbackTarget(target) {
+			return nil, ErrInsecureAPIKey
+		}
 		transport = insecure.NewCredentials()
 	}
 	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(transport)}, c.dialOptions...)...)

@@ -1,0 +1,658 @@
+// Command ledgerctl is the operator's command line for the operation ledger
+// (ledger.v1.LedgerService): it finds the operations nobody has resolved and
+// settles them from what the destination system says.
+//
+//	ledgerctl lookup <operation_id>
+//	ledgerctl list-unresolved [--state S] [--tool T] [--overdue] [--needs-review] [--limit N]
+//	ledgerctl reconcile <operation_id> applied|not-applied|abandon|escalate [flags]
+//
+// Global flags (--addr, --api-key, --tls, --tls-ca, --tls-cert, --tls-key,
+// --timeout, --json) go before or after the command; a command's own flags
+// go after the command name, before or after its arguments. "ledgerctl help"
+// prints the whole usage; docs/ledgerctl.md is the operator's guide.
+//
+// Exit status: 0 on success, 1 when the ledger refused the call or could not
+// be reached, 2 on bad usage.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opledger/ledger/client"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// Defaults.
+const (
+	defaultAddr    = "127.0.0.1:50051"
+	defaultTimeout = 10 * time.Second
+	defaultLimit   = 1000
+	// maxPageSize is the most ListUnresolved returns in one page.
+	maxPageSize = 1000
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+const usageHead = `usage: ledgerctl [global flags] <command> [arguments] [flags]
+
+Operate the operation ledger: find the operations nobody has resolved and
+settle them from what the destination system says.
+
+commands:
+  lookup <operation_id>
+        show an operation: state, attempt, result or failure, times, history
+  list-unresolved [--state S] [--tool T] [--overdue] [--needs-review] [--limit N]
+        the operations that are not resolved (PENDING, UNKNOWN, RUNNING past
+        its lease), oldest first
+  reconcile <operation_id> applied|not-applied|abandon|escalate [flags]
+        record what the destination says about the operation
+  help [command]
+        this text, or one command's
+`
+
+const usageGlobal = `
+global flags (before or after the command):
+  --addr HOST:PORT      the ledger (env LEDGER_ADDR; default 127.0.0.1:50051)
+  --api-key KEY         API key "<id>.<secret>" (env LEDGER_API_KEY, preferred:
+                        a flag shows in ps and in the shell's history)
+  --tls                 connect with TLS (implied by --tls-ca and --tls-cert)
+  --tls-ca FILE         CA of the ledger's certificate, PEM (env LEDGER_TLS_CA;
+                        default: the system's roots)
+  --tls-cert FILE       client certificate, PEM, for mTLS (with --tls-key)
+  --tls-key FILE        the client certificate's private key, PEM
+  --timeout DURATION    give up after this long (default 10s)
+  --json                print JSON on stdout, and errors as JSON on stderr
+
+exit status: 0 success, 1 the ledger refused the call or could not be
+reached, 2 bad usage.
+`
+
+var commandUsage = map[string]string{
+	"lookup": `
+lookup <operation_id>
+  Prints the record of the operation in the tenant of your credentials, with
+  its history (the latest 50 transitions). Any scope may look up.
+`,
+	"list-unresolved": `
+list-unresolved [flags]
+  Lists the operations that are not resolved, oldest first: PENDING, UNKNOWN
+  (escalated ones included) and RUNNING past its lease. Needs the reconciler
+  or viewer scope.
+  --state S             pending, running or unknown; repeat the flag or
+                        separate states with commas (default: all three)
+  --tool NAME           only operations of this tool
+  --overdue             only UNKNOWN operations past their recovery deadline
+  --needs-review        only operations escalated to a human
+  --limit N             print at most N operations (default 1000)
+`,
+	"reconcile": `
+reconcile <operation_id> <finding> [flags]
+  Records what the destination system says about an UNKNOWN operation (or a
+  PENDING one, or a RUNNING one past its lease), and prints the record after
+  it. Ask the destination first, by operation id. Needs the reconciler scope.
+  Repeating the same finding is harmless.
+  findings:
+    applied             the effect exists: SUCCEEDED, with the result
+    not-applied         the effect does not exist: PENDING, the next Reserve
+                        runs it again
+    abandon             give up for good: FAILED_FINAL
+    escalate            a human must decide: stays UNKNOWN, needs_review
+  --resource-id ID      with applied: what the effect created (a refund id...)
+  --data JSON           with applied: the result data, a JSON object
+  --failure-code CODE   with abandon: the recorded failure code (default
+                        ABANDONED)
+  --failure-message T   with abandon: the recorded failure message
+  --note TEXT           kept in the history, with any finding (at most 256
+                        bytes; never parameters or secrets)
+`,
+}
+
+var commands = []string{"lookup", "list-unresolved", "reconcile"}
+
+// usage returns the usage text of cmd, or the whole usage for "".
+func usage(cmd string) string {
+	if u, ok := commandUsage[cmd]; ok {
+		return "usage: ledgerctl [global flags] " + strings.TrimPrefix(u, "\n") + usageGlobal
+	}
+	var b strings.Builder
+	b.WriteString(usageHead)
+	for _, c := range commands {
+		b.WriteString(commandUsage[c])
+	}
+	b.WriteString(usageGlobal)
+	return b.String()
+}
+
+// options are the parsed command line.
+type options struct {
+	cmd  string
+	args []string
+
+	addr, apiKey            string
+	tls                     bool
+	tlsCA, tlsCert, tlsKey  string
+	timeout                 time.Duration
+	json                    bool
+	states                  stateList
+	tool                    string
+	overdue, needsReview    bool
+	limit                   int
+	resourceID, data        string
+	failureCode, failureMsg string
+	note                    string
+	failureSet, resourceSet bool
+}
+
+// globalFlags are accepted with every command; the others belong to one.
+var globalFlags = []string{"addr", "api-key", "tls", "tls-ca", "tls-cert", "tls-key", "timeout", "json"}
+
+var commandFlags = map[string][]string{
+	"lookup":          nil,
+	"list-unresolved": {"state", "tool", "overdue", "needs-review", "limit"},
+	"reconcile":       {"resource-id", "data", "failure-code", "failure-message", "note"},
+}
+
+// secret is a flag value that never shows itself (in usage or errors).
+type secret struct{ p *string }
+
+func (s secret) String() string { return "" }
+func (s secret) Set(v string) error {
+	*s.p = strings.TrimSpace(v)
+	return nil
+}
+
+// stateList collects --state values.
+type stateList []client.State
+
+func (l *stateList) String() string { return "" }
+func (l *stateList) Set(v string) error {
+	for part := range strings.SplitSeq(v, ",") {
+		s, ok := parseState(strings.TrimSpace(part))
+		if !ok {
+			return fmt.Errorf("%q is not pending, running or unknown", part)
+		}
+		if !slices.Contains(*l, s) {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func parseState(s string) (client.State, bool) {
+	switch strings.TrimPrefix(strings.ToLower(s), "state_") {
+	case "pending":
+		return client.StatePending, true
+	case "running":
+		return client.StateRunning, true
+	case "unknown":
+		return client.StateUnknown, true
+	}
+	return 0, false
+}
+
+// usageError is a bad command line: exit 2 with the usage of cmd.
+type usageError struct {
+	cmd string
+	msg string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(cmd, format string, a ...any) error {
+	return &usageError{cmd: cmd, msg: fmt.Sprintf(format, a...)}
+}
+
+// errHelp asks for the usage of a command ("" for all) on stdout.
+type errHelp struct{ cmd string }
+
+func (e errHelp) Error() string { return "help requested" }
+
+// parse reads the command line. Flags may come anywhere; "--" ends them.
+// The options are returned with an error too, as far as they were read.
+func parse(args []string, env func(string) string) (*options, error) {
+	o := &options{addr: env("LEDGER_ADDR"), tlsCA: env("LEDGER_TLS_CA"), timeout: defaultTimeout, limit: defaultLimit}
+	if o.addr == "" {
+		o.addr = defaultAddr
+	}
+	o.apiKey = strings.TrimSpace(env("LEDGER_API_KEY"))
+
+	fs := flag.NewFlagSet("ledgerctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.StringVar(&o.addr, "addr", o.addr, "")
+	fs.Var(secret{&o.apiKey}, "api-key", "")
+	fs.BoolVar(&o.tls, "tls", false, "")
+	fs.StringVar(&o.tlsCA, "tls-ca", o.tlsCA, "")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "")
+	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
+	fs.BoolVar(&o.json, "json", false, "")
+	fs.Var(&o.states, "state", "")
+	fs.StringVar(&o.tool, "tool", "", "")
+	fs.BoolVar(&o.overdue, "overdue", false, "")
+	fs.BoolVar(&o.needsReview, "needs-review", false, "")
+	fs.IntVar(&o.limit, "limit", o.limit, "")
+	fs.StringVar(&o.resourceID, "resource-id", "", "")
+	fs.StringVar(&o.data, "data", "", "")
+	fs.StringVar(&o.failureCode, "failure-code", "", "")
+	fs.StringVar(&o.failureMsg, "failure-message", "", "")
+	fs.StringVar(&o.note, "note", "", "")
+
+	// Know the key before parsing, to redact it from any parse error that
+	// echoes a misplaced argument.
+	for i, a := range args {
+		if name, val, eq := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && name == "api-key" {
+			if eq {
+				o.apiKey = strings.TrimSpace(val)
+			} else if i+1 < len(args) {
+				o.apiKey = strings.TrimSpace(args[i+1])
+			}
+		}
+	}
+	flagArgs, positional := split(fs, args)
+	cmd := ""
+	if len(positional) > 0 {
+		cmd = positional[0]
+	}
+	if err := fs.Parse(flagArgs); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, errHelp{cmd: known(cmd)}
+		}
+		return o, usagef(known(cmd), "%s", strings.Replace(err.Error(), " -", " --", 1))
+	}
+	if cmd == "" {
+		return o, usagef("", "no command")
+	}
+	if cmd == "help" {
+		if len(positional) > 1 {
+			return o, errHelp{cmd: known(positional[1])}
+		}
+		return o, errHelp{}
+	}
+	if _, ok := commandFlags[cmd]; !ok {
+		return o, usagef("", "unknown command %q", cmd)
+	}
+	o.cmd, o.args = cmd, positional[1:]
+	var bad error
+	fs.Visit(func(f *flag.Flag) {
+		if bad == nil && !slices.Contains(globalFlags, f.Name) && !slices.Contains(commandFlags[cmd], f.Name) {
+			bad = usagef(cmd, "--%s is not a flag of %s", f.Name, cmd)
+		}
+		switch f.Name {
+		case "failure-code", "failure-message":
+			o.failureSet = true
+		case "resource-id", "data":
+			o.resourceSet = true
+		}
+	})
+	if bad != nil {
+		return o, bad
+	}
+	if o.addr == "" {
+		return o, usagef(cmd, "--addr is empty")
+	}
+	if o.timeout <= 0 {
+		return o, usagef(cmd, "--timeout must be positive")
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return o, usagef(cmd, "--tls-cert and --tls-key go together")
+	}
+	return o, nil
+}
+
+// redact removes the API key (and its secret part) from text that echoes
+// the command line.
+func redact(text, key string) string {
+	if key == "" {
+		return text
+	}
+	text = strings.ReplaceAll(text, key, "<redacted>")
+	if _, secret, ok := strings.Cut(key, "."); ok && len(secret) >= 8 {
+		text = strings.ReplaceAll(text, secret, "<redacted>")
+	}
+	return text
+}
+
+// known returns cmd when it names a command, "" otherwise.
+func known(cmd string) string {
+	if _, ok := commandFlags[cmd]; ok {
+		return cmd
+	}
+	return ""
+}
+
+// split separates flags (with their values) from positional arguments, so
+// that flags may follow arguments. Everything after "--" is positional.
+func split(fs *flag.FlagSet, args []string) (flags, positional []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return flags, append(positional, args[i+1:]...)
+		}
+		if len(a) < 2 || a[0] != '-' {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimPrefix(a[1:], "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // fs.Parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, positional
+}
+
+// run is the whole command: it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
+	o, err := parse(args, env)
+	if err != nil {
+		var h errHelp
+		if errors.As(err, &h) {
+			fmt.Fprint(stdout, usage(h.cmd))
+			return exitOK
+		}
+		var u *usageError
+		if errors.As(err, &u) {
+			fmt.Fprintf(stderr, "ledgerctl: %s\n\n%s", redact(u.msg, o.apiKey), usage(u.cmd))
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "ledgerctl: %s\n", redact(err.Error(), o.apiKey))
+		return exitUsage
+	}
+	var cmd func(context.Context, *client.Client, *options, io.Writer, io.Writer) error
+	switch o.cmd {
+	case "lookup":
+		err = checkLookup(o)
+		cmd = lookup
+	case "list-unresolved":
+		err = checkList(o)
+		cmd = listUnresolved
+	case "reconcile":
+		var f client.Finding
+		f, err = checkReconcile(o)
+		cmd = func(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
+			return reconcile(ctx, c, o, f, stdout, stderr)
+		}
+	}
+	if err != nil {
+		var u *usageError
+		if errors.As(err, &u) {
+			fmt.Fprintf(stderr, "ledgerctl: %s\n\n%s", redact(u.msg, o.apiKey), usage(u.cmd))
+			return exitUsage
+		}
+		report(stderr, o, err)
+		return exitError
+	}
+	c, err := dial(o)
+	if err != nil {
+		report(stderr, o, err)
+		return exitError
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	if err := cmd(ctx, c, o, stdout, stderr); err != nil {
+		report(stderr, o, err)
+		return exitError
+	}
+	return exitOK
+}
+
+func checkLookup(o *options) error {
+	switch {
+	case len(o.args) == 0 || o.args[0] == "":
+		return usagef(o.cmd, "lookup needs an operation id")
+	case len(o.args) > 1:
+		return usagef(o.cmd, "lookup takes one operation id, not %d arguments (quote an id with spaces)", len(o.args))
+	}
+	return nil
+}
+
+func checkList(o *options) error {
+	if len(o.args) > 0 {
+		return usagef(o.cmd, "list-unresolved takes no arguments, only flags (got %q)", o.args[0])
+	}
+	if o.limit <= 0 {
+		return usagef(o.cmd, "--limit must be positive")
+	}
+	if o.overdue || o.needsReview {
+		// Both select UNKNOWN operations only.
+		what := "--overdue"
+		if !o.overdue {
+			what = "--needs-review"
+		}
+		if len(o.states) > 0 && !slices.Contains(o.states, client.StateUnknown) {
+			return usagef(o.cmd, "%s selects UNKNOWN operations: it cannot be combined with --state without unknown", what)
+		}
+	}
+	return nil
+}
+
+// findings maps the command line's finding names to the SDK's.
+var findings = map[string]client.FindingKind{
+	"applied":     client.Applied,
+	"not-applied": client.NotApplied,
+	"not_applied": client.NotApplied,
+	"abandon":     client.Abandon,
+	"escalate":    client.Escalate,
+}
+
+func checkReconcile(o *options) (client.Finding, error) {
+	if len(o.args) != 2 || o.args[0] == "" {
+		return client.Finding{}, usagef(o.cmd, "reconcile needs an operation id and a finding (applied, not-applied, abandon or escalate)")
+	}
+	kind, ok := findings[strings.ToLower(o.args[1])]
+	if !ok {
+		return client.Finding{}, usagef(o.cmd, "unknown finding %q: want applied, not-applied, abandon or escalate", o.args[1])
+	}
+	f := client.Finding{Kind: kind, Note: o.note}
+	if o.resourceSet && kind != client.Applied {
+		return f, usagef(o.cmd, "--resource-id and --data go with the applied finding only")
+	}
+	if o.failureSet && kind != client.Abandon {
+		return f, usagef(o.cmd, "--failure-code and --failure-message go with the abandon finding only")
+	}
+	switch kind {
+	case client.Applied:
+		f.Result.ResourceID = o.resourceID
+		if o.data != "" {
+			data, err := parseData(o.data)
+			if err != nil {
+				return f, usagef(o.cmd, "--data: %v", err)
+			}
+			f.Result.Data = data
+		}
+	case client.Abandon:
+		if o.failureSet {
+			f.Failure = &client.Failure{Code: o.failureCode, Message: o.failureMsg}
+		}
+	}
+	return f, nil
+}
+
+// parseData reads --data: one JSON object.
+func parseData(s string) (map[string]any, error) {
+	dec := json.NewDecoder(strings.NewReader(s))
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %v", err)
+	}
+	if m == nil {
+		return nil, errors.New("not a JSON object: null")
+	}
+	if dec.More() {
+		return nil, errors.New("more than one JSON value")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("more than one JSON value")
+	}
+	return m, nil
+}
+
+// dial makes the client; the connection is made on the first call.
+func dial(o *options) (*client.Client, error) {
+	var opts []client.Option
+	if o.tls || o.tlsCA != "" || o.tlsCert != "" {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if o.tlsCA != "" {
+			pem, err := os.ReadFile(o.tlsCA)
+			if err != nil {
+				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-ca: " + err.Error()}
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-ca " + o.tlsCA + ": no PEM certificate in it"}
+			}
+			cfg.RootCAs = pool
+		}
+		if o.tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+			if err != nil {
+				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-cert/--tls-key: " + err.Error()}
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, client.WithTLS(cfg))
+	}
+	if o.apiKey != "" {
+		opts = append(opts, client.WithAPIKey(o.apiKey))
+	}
+	c, err := client.Dial(o.addr, opts...)
+	if errors.Is(err, client.ErrInsecureAPIKey) {
+		return nil, &localError{reason: "API_KEY_NOT_SENT", msg: "refusing to send the API key without TLS to " + o.addr +
+			"; add --tls (and --tls-ca): the API key is only sent over TLS beyond this machine"}
+	}
+	if err != nil {
+		return nil, &localError{reason: "BAD_ADDRESS", msg: "--addr " + o.addr + ": " + err.Error()}
+	}
+	return c, nil
+}
+
+// lookup prints one operation with its history.
+func lookup(ctx context.Context, c *client.Client, o *options, stdout, _ io.Writer) error {
+	op, err := c.Lookup(ctx, o.args[0])
+	if err != nil {
+		return err
+	}
+	return printOperation(stdout, o, op, time.Now())
+}
+
+// listUnresolved pages through the unresolved operations, applies the
+// filters the service does not know (--overdue, --needs-review), and prints
+// at most --limit of them.
+func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
+	states := o.states
+	if o.overdue || o.needsReview {
+		states = stateList{client.StateUnknown} // checkList made sure --state allows it
+	}
+	now := time.Now()
+	var ops []*client.Operation
+	truncated := false
+	token := ""
+	clientSide := o.overdue || o.needsReview
+	for {
+		size := uint32(maxPageSize)
+		if !clientSide {
+			size = uint32(min(o.limit-len(ops)+1, maxPageSize)) // one more tells whether more remain
+		}
+		p, err := c.ListUnresolved(ctx, client.ListOptions{PageSize: size, PageToken: token, States: states, Tool: o.tool})
+		if err != nil {
+			return err
+		}
+		for _, op := range p.Operations {
+			if o.overdue && !overdue(op, now) || o.needsReview && !op.NeedsReview {
+				continue
+			}
+			if len(ops) == o.limit {
+				truncated = true
+				break
+			}
+			ops = append(ops, op)
+		}
+		if truncated || p.NextPageToken == "" {
+			break
+		}
+		if p.NextPageToken == token {
+			return &localError{reason: "BAD_PAGE", msg: "the ledger returned the same page token twice"}
+		}
+		token = p.NextPageToken
+	}
+	if o.json {
+		return printList(stdout, o, ops, truncated, now)
+	}
+	if len(ops) == 0 {
+		fmt.Fprintln(stderr, "ledgerctl: no unresolved operations match")
+		return nil
+	}
+	if err := printList(stdout, o, ops, truncated, now); err != nil {
+		return err
+	}
+	if truncated {
+		fmt.Fprintf(stderr, "ledgerctl: showing the oldest %d; more remain (raise --limit)\n", len(ops))
+	}
+	return nil
+}
+
+// overdue reports whether op is UNKNOWN past its recovery deadline, by this
+// machine's clock.
+func overdue(op *client.Operation, now time.Time) bool {
+	return op.State == client.StateUnknown && !op.RecoveryDeadline.IsZero() && !now.Before(op.RecoveryDeadline)
+}
+
+// reconcile records the finding, then prints the record with its history.
+func reconcile(ctx context.Context, c *client.Client, o *options, f client.Finding, stdout, stderr io.Writer) error {
+	id := o.args[0]
+	op, err := c.Reconcile(ctx, id, f)
+	if err != nil {
+		return err
+	}
+	// Reconcile's snapshot has no history: read the record again for it.
+	if full, err := c.Lookup(ctx, id); err == nil {
+		op = full
+	} else {
+		fmt.Fprintf(stderr, "ledgerctl: reconciled, but could not read the history: %s\n", describe(o, err).line())
+	}
+	if !o.json {
+		review := ""
+		if op.NeedsReview {
+			review = " (needs review)"
+		}
+		fmt.Fprintf(stdout, "reconciled %s: %s → %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
+	}
+	return printOperation(stdout, o, op, time.Now())
+}

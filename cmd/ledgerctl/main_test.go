@@ -1,0 +1,801 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// testPolicy gives the overdue.* tools a recovery window short enough to
+// pass within the test.
+const testPolicy = `
+defaults:
+  max_attempts: 5
+tools:
+  - match: "overdue.*"
+    recovery_window: 10ms
+`
+
+// out is what one run of ledgerctl printed.
+type out struct {
+	code           int
+	stdout, stderr string
+}
+
+func (o out) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout:\n%s--- stderr:\n%s", o.code, o.stdout, o.stderr)
+}
+
+// ctl runs ledgerctl with args and the environment env.
+func ctl(t *testing.T, env map[string]string, args ...string) out {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), args, &stdout, &stderr, func(k string) string { return env[k] })
+	return out{code, stdout.String(), stderr.String()}
+}
+
+// must runs ledgerctl and fails the test unless it exits 0.
+func must(t *testing.T, env map[string]string, args ...string) out {
+	t.Helper()
+	o := ctl(t, env, args...)
+	if o.code != 0 {
+		t.Fatalf("ledgerctl %q: %s", args, o)
+	}
+	return o
+}
+
+// fails runs ledgerctl and fails the test unless it exits code with every
+// want on stderr.
+func fails(t *testing.T, env map[string]string, code int, want []string, args ...string) out {
+	t.Helper()
+	o := ctl(t, env, args...)
+	if o.code != code {
+		t.Fatalf("ledgerctl %q: want exit %d: %s", args, code, o)
+	}
+	for _, w := range want {
+		if !strings.Contains(o.stderr, w) {
+			t.Fatalf("ledgerctl %q: stderr lacks %q: %s", args, w, o)
+		}
+	}
+	return o
+}
+
+// lookupJSON runs lookup --json and decodes the record.
+func lookupJSON(t *testing.T, env map[string]string, id string) jsonOperation {
+	t.Helper()
+	o := must(t, env, "lookup", "--json", id)
+	var op jsonOperation
+	if err := json.Unmarshal([]byte(o.stdout), &op); err != nil {
+		t.Fatalf("lookup --json: %v\n%s", err, o.stdout)
+	}
+	return op
+}
+
+// listIDs runs list-unresolved --json with extra flags and returns the ids.
+func listIDs(t *testing.T, env map[string]string, flags ...string) ([]string, jsonList) {
+	t.Helper()
+	o := must(t, env, append([]string{"list-unresolved", "--json"}, flags...)...)
+	var l jsonList
+	if err := json.Unmarshal([]byte(o.stdout), &l); err != nil {
+		t.Fatalf("list-unresolved --json: %v\n%s", err, o.stdout)
+	}
+	ids := []string{}
+	for _, op := range l.Operations {
+		ids = append(ids, op.OperationID)
+	}
+	if l.Count != len(ids) {
+		t.Fatalf("count %d, %d operations", l.Count, len(ids))
+	}
+	return ids, l
+}
+
+// tableIDs returns the first column of a table's rows (not the header).
+func tableIDs(stdout string) []string {
+	ids := []string{}
+	for i, line := range strings.Split(strings.TrimRight(stdout, "\n"), "\n") {
+		if i == 0 || line == "" {
+			continue
+		}
+		ids = append(ids, strings.Fields(line)[0])
+	}
+	return ids
+}
+
+// keyring makes API keys of a tenant of the test's own.
+type keyring struct {
+	tenant string
+	doc    strings.Builder
+	keys   map[string]string // by scope
+}
+
+func newKeyring(t *testing.T, scopes ...string) *keyring {
+	t.Helper()
+	k := &keyring{tenant: "t-" + client.NewHolder()[2:14], keys: map[string]string{}}
+	k.doc.WriteString("keys:\n")
+	for _, s := range scopes {
+		id := s + "-" + k.tenant
+		key, hash, err := server.NewAPIKey(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.keys[s] = key
+		k.doc.WriteString("  - {id: " + id + ", tenant: " + k.tenant + ", scopes: [" + s + "], secret_sha256: " + hash + "}\n")
+	}
+	return k
+}
+
+func (k *keyring) creds(t *testing.T, extra string) *server.Credentials {
+	t.Helper()
+	c, err := server.ParseCredentials([]byte(k.doc.String() + extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// ledgerEnv is a ledger with a tenant of its own, an SDK client of it, and
+// the environment ledgerctl gets.
+type ledgerEnv struct {
+	addr string
+	keys *keyring
+	sdk  *client.Client
+	env  map[string]string
+}
+
+func newLedgerEnv(t *testing.T, rdb redis.UniversalClient) *ledgerEnv {
+	t.Helper()
+	keys := newKeyring(t, "agent", "reconciler", "viewer")
+	st := ledgertest.Start(t, rdb, ledgertest.Options{Policy: testPolicy, Credentials: keys.creds(t, "")})
+	sdk, err := client.Dial(st.Addr, client.WithAPIKey(keys.keys["agent"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sdk.Close() })
+	return &ledgerEnv{addr: st.Addr, keys: keys, sdk: sdk,
+		env: map[string]string{"LEDGER_ADDR": st.Addr, "LEDGER_API_KEY": keys.keys["reconciler"]}}
+}
+
+// reserve reserves a new operation and returns its fencing token.
+func (e *ledgerEnv) reserve(t *testing.T, id, tool string) uint64 {
+	t.Helper()
+	r, err := e.sdk.Reserve(context.Background(), client.Op{ID: id, Tool: tool, PermitID: "approval-1", RunID: "run-1", Step: 2,
+		Params: map[string]any{"amount": 1250}}, client.NewHolder())
+	if err != nil || r.Decision != client.DecisionExecute {
+		t.Fatalf("Reserve %s = %+v, %v", id, r, err)
+	}
+	// Operations list oldest first by creation time in milliseconds: keep
+	// them apart.
+	time.Sleep(3 * time.Millisecond)
+	return r.Operation.FencingToken
+}
+
+func (e *ledgerEnv) markUnknown(t *testing.T, id, tool, why string) {
+	t.Helper()
+	tok := e.reserve(t, id, tool)
+	if _, err := e.sdk.MarkUnknown(context.Background(), id, tok, why); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOperatorWorkflow finds and resolves operations end to end: lookup,
+// list-unresolved with its filters, and each reconcile finding.
+func TestOperatorWorkflow(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		e := newLedgerEnv(t, rdb)
+		env := e.env
+		ctx := context.Background()
+
+		// One operation in each state.
+		running := "wf-1:create-ticket"
+		e.reserve(t, running, "tickets.create")
+
+		unknown := "wf-1:refund"
+		e.markUnknown(t, unknown, "payments.refund", "gateway timeout")
+
+		pending := "wf-2:refund"
+		tok := e.reserve(t, pending, "payments.refund")
+		if _, err := e.sdk.Fail(ctx, pending, tok, false, client.Failure{Code: "RATE_LIMITED", Message: "429 before acceptance"}); err != nil {
+			t.Fatal(err)
+		}
+
+		late := "wf-3:charge"
+		e.markUnknown(t, late, "overdue.charge", "read timeout")
+
+		done := "wf-4:create-ticket"
+		tok = e.reserve(t, done, "tickets.create")
+		if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "TCK-1", Data: map[string]any{"url": "https://t/1"}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // past the 10ms recovery window of late
+
+		// lookup: the block and the history table.
+		o := must(t, env, "lookup", unknown)
+		for _, want := range []string{
+			"operation          wf-1:refund", "state              UNKNOWN", "reason             MARKED_UNKNOWN",
+			"effect             IRREVERSIBLE", "attempt            1 of 5", "permit             approval-1",
+			"run                run-1 (step 2)", "needs review       no", "lease expires      -",
+			"history (oldest first):", "TIME", "FROM → TO",
+			"- → RUNNING", "RESERVED", "RUNNING → UNKNOWN", "MARKED_UNKNOWN", "gateway timeout",
+			"agent-" + e.keys.tenant, // the principal
+		} {
+			if !strings.Contains(o.stdout, want) {
+				t.Errorf("lookup lacks %q:\n%s", want, o.stdout)
+			}
+		}
+		if lines := strings.Split(strings.TrimSpace(o.stdout[strings.Index(o.stdout, "history"):]), "\n"); len(lines) != 4 {
+			t.Errorf("history table: want a title, a header and 2 rows:\n%s", o.stdout)
+		}
+		o = must(t, env, "lookup", pending)
+		if !strings.Contains(o.stdout, "failure            RATE_LIMITED: 429 before acceptance") ||
+			!strings.Contains(o.stdout, "RUNNING → PENDING") {
+			t.Errorf("lookup of the pending one:\n%s", o.stdout)
+		}
+		o = must(t, env, "lookup", late)
+		if !strings.Contains(o.stdout, "OVERDUE by") {
+			t.Errorf("lookup of the overdue one:\n%s", o.stdout)
+		}
+
+		// lookup --json: the documented fields.
+		op := lookupJSON(t, env, done)
+		if op.State != "STATE_SUCCEEDED" || op.Result == nil || op.Result.ResourceID != "TCK-1" || op.Result.Data["url"] != "https://t/1" ||
+			op.Tool != "tickets.create" || op.Effect != "EFFECT_IRREVERSIBLE" || op.Attempt != 1 || op.MaxAttempts != 5 ||
+			len(op.ParamsSHA256) != 64 || op.ExpiresAt == nil || op.CreatedAt == nil || op.LeaseExpiresAt != nil || len(op.History) != 2 ||
+			op.History[1].FromState != "STATE_RUNNING" || op.History[1].ToState != "STATE_SUCCEEDED" || op.History[1].Reason != "SUCCEEDED" {
+			t.Errorf("lookup --json of the succeeded one: %+v", op)
+		}
+		raw := must(t, env, "--json", "lookup", unknown).stdout
+		var fields map[string]any
+		if err := json.Unmarshal([]byte(raw), &fields); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []string{"operation_id", "tool", "effect", "state", "reason", "attempt", "max_attempts", "fencing_token",
+			"params_sha256", "permit_id", "run_id", "step", "result", "failure", "needs_review", "overdue", "created_at", "updated_at",
+			"lease_expires_at", "unknown_since", "recovery_deadline", "retain_until", "expires_at", "history"} {
+			if _, ok := fields[f]; !ok {
+				t.Errorf("lookup --json lacks %q: %s", f, raw)
+			}
+		}
+		for _, f := range []string{"time", "from_state", "to_state", "attempt", "fencing_token", "principal", "reason", "detail"} {
+			if _, ok := fields["history"].([]any)[0].(map[string]any)[f]; !ok {
+				t.Errorf("lookup --json history lacks %q: %s", f, raw)
+			}
+		}
+
+		// list-unresolved: exactly the unresolved ones (not the live
+		// RUNNING one, not the SUCCEEDED one), oldest first.
+		all := []string{unknown, pending, late}
+		o = must(t, env, "list-unresolved")
+		if got := tableIDs(o.stdout); !slices.Equal(got, all) {
+			t.Errorf("list-unresolved = %q, want %q:\n%s", got, all, o.stdout)
+		}
+		header := strings.Fields(strings.SplitN(o.stdout, "\n", 2)[0])
+		if strings.Join(header, " ") != "OPERATION TOOL STATE ATTEMPT AGE UNKNOWN SINCE RECOVERY DEADLINE NEEDS REVIEW" {
+			t.Errorf("header %q", header)
+		}
+		for _, line := range strings.Split(o.stdout, "\n") {
+			if strings.HasPrefix(line, late+" ") != strings.Contains(line, "OVERDUE") {
+				t.Errorf("only %s is OVERDUE:\n%s", late, o.stdout)
+			}
+		}
+		ids, l := listIDs(t, env)
+		if !slices.Equal(ids, all) || l.Truncated {
+			t.Errorf("list-unresolved --json = %q (truncated %v), want %q", ids, l.Truncated, all)
+		}
+		if u := l.Operations[0]; u.State != "STATE_UNKNOWN" || u.UnknownSince == nil || u.RecoveryDeadline == nil || u.Overdue ||
+			u.History != nil || u.Attempt != 1 {
+			t.Errorf("list --json entry: %+v", u)
+		}
+		if p := l.Operations[1]; p.State != "STATE_PENDING" || p.Failure == nil || p.Failure.Code != "RATE_LIMITED" || p.UnknownSince != nil {
+			t.Errorf("list --json entry: %+v", p)
+		}
+		if !l.Operations[2].Overdue {
+			t.Errorf("list --json: %s is not overdue: %+v", late, l.Operations[2])
+		}
+		// Times are RFC 3339 with milliseconds: the deadline is the 10ms
+		// window after unknown_since.
+		since, err1 := time.Parse(time.RFC3339, *l.Operations[2].UnknownSince)
+		deadline, err2 := time.Parse(time.RFC3339, *l.Operations[2].RecoveryDeadline)
+		if err1 != nil || err2 != nil || deadline.Sub(since) != 10*time.Millisecond || len(*l.Operations[2].UnknownSince) != len("2006-01-02T15:04:05.000Z") {
+			t.Errorf("times: %q, %q: %v, %v", *l.Operations[2].UnknownSince, *l.Operations[2].RecoveryDeadline, err1, err2)
+		}
+
+		// Filters.
+		for _, c := range []struct {
+			flags []string
+			want  []string
+		}{
+			{[]string{"--state", "pending"}, []string{pending}},
+			{[]string{"--state", "unknown,pending"}, all},
+			{[]string{"--state", "UNKNOWN", "--state", "pending"}, all},
+			{[]string{"--state", "unknown"}, []string{unknown, late}},
+			{[]string{"--state", "running"}, []string{}},
+			{[]string{"--tool", "payments.refund"}, []string{unknown, pending}},
+			{[]string{"--tool", "overdue.charge", "--state", "unknown"}, []string{late}},
+			{[]string{"--overdue"}, []string{late}},
+			{[]string{"--overdue", "--state", "unknown,pending"}, []string{late}},
+			{[]string{"--needs-review"}, []string{}},
+			{[]string{"--limit", "2"}, []string{unknown, pending}},
+		} {
+			if ids, _ := listIDs(t, env, c.flags...); !slices.Equal(ids, c.want) {
+				t.Errorf("list-unresolved %q = %q, want %q", c.flags, ids, c.want)
+			}
+		}
+		o = must(t, env, "list-unresolved", "--overdue")
+		if got := tableIDs(o.stdout); !slices.Equal(got, []string{late}) || !strings.Contains(o.stdout, "OVERDUE") {
+			t.Errorf("list-unresolved --overdue:\n%s", o.stdout)
+		}
+		o = must(t, env, "list-unresolved", "--limit", "2")
+		if got := tableIDs(o.stdout); !slices.Equal(got, all[:2]) || !strings.Contains(o.stderr, "more remain") {
+			t.Errorf("list-unresolved --limit 2: %s", o)
+		}
+		if _, l := listIDs(t, env, "--limit", "2"); !l.Truncated {
+			t.Errorf("--limit 2: not truncated")
+		}
+		if _, l := listIDs(t, env, "--limit", "3"); l.Truncated {
+			t.Errorf("--limit 3: truncated")
+		}
+		o = must(t, env, "list-unresolved", "--needs-review")
+		if o.stdout != "" || !strings.Contains(o.stderr, "no unresolved operations") {
+			t.Errorf("list-unresolved --needs-review with none: %s", o)
+		}
+
+		// reconcile: a live claim is not reconciled.
+		fails(t, env, 1, []string{"ledgerctl: OPERATION_IN_PROGRESS: ", "lease"}, "reconcile", running, "applied")
+
+		// applied: UNKNOWN → SUCCEEDED with the result (flags after the
+		// arguments, --addr as a flag instead of the environment).
+		noAddr := map[string]string{"LEDGER_API_KEY": env["LEDGER_API_KEY"]}
+		o = must(t, noAddr, "reconcile", unknown, "applied", "--resource-id", "re_1", "--data", `{"amount": 12.5, "status": "succeeded"}`,
+			"--note", "found in the gateway's dashboard", "--addr", e.addr)
+		if !strings.HasPrefix(o.stdout, "reconciled wf-1:refund: applied → SUCCEEDED\n") || !strings.Contains(o.stdout, "RECONCILED_APPLIED") {
+			t.Errorf("reconcile applied:\n%s", o.stdout)
+		}
+		op = lookupJSON(t, env, unknown)
+		last := op.History[len(op.History)-1]
+		if op.State != "STATE_SUCCEEDED" || op.Reason != "RECONCILED_APPLIED" || op.Result == nil || op.Result.ResourceID != "re_1" ||
+			op.Result.Data["amount"] != 12.5 || op.Result.Data["status"] != "succeeded" || op.UnknownSince != nil ||
+			last.FromState != "STATE_UNKNOWN" || last.ToState != "STATE_SUCCEEDED" || last.Reason != "RECONCILED_APPLIED" ||
+			last.Detail != "found in the gateway's dashboard" || last.Principal != "reconciler-"+e.keys.tenant {
+			t.Errorf("after applied: %+v, last %+v", op, last)
+		}
+		// The same finding again is harmless; another one is refused.
+		must(t, env, "reconcile", unknown, "applied", "--resource-id", "re_1")
+		fails(t, env, 1, []string{"ledgerctl: ALREADY_RESOLVED: ", "it is SUCCEEDED: see ledgerctl lookup " + unknown}, "reconcile", unknown, "abandon")
+
+		// not-applied: UNKNOWN → PENDING, retry allowed (--json output).
+		o = must(t, env, "--json", "reconcile", late, "not-applied", "--note", "no charge at the bank")
+		if err := json.Unmarshal([]byte(o.stdout), &op); err != nil || op.State != "STATE_PENDING" || op.Reason != "RECONCILED_NOT_APPLIED" {
+			t.Errorf("reconcile --json not-applied = %v: %s", err, o.stdout)
+		}
+		op = lookupJSON(t, env, late)
+		last = op.History[len(op.History)-1]
+		if op.State != "STATE_PENDING" || op.UnknownSince != nil || op.RecoveryDeadline != nil || op.Overdue ||
+			last.FromState != "STATE_UNKNOWN" || last.ToState != "STATE_PENDING" || last.Detail != "no charge at the bank" {
+			t.Errorf("after not-applied: %+v", op)
+		}
+		if r, err := e.sdk.Reserve(ctx, client.Op{ID: late, Tool: "overdue.charge", PermitID: "approval-1", Params: map[string]any{"amount": 1250}},
+			client.NewHolder()); err != nil || r.Decision != client.DecisionExecute || r.Operation.Attempt != 2 {
+			t.Errorf("Reserve after not-applied = %+v, %v", r, err)
+		}
+
+		// abandon: PENDING → FAILED_FINAL with the failure given.
+		must(t, env, "reconcile", pending, "abandon", "--failure-code", "DUPLICATE_SUSPECTED", "--failure-message", "customer refunded by hand")
+		op = lookupJSON(t, env, pending)
+		if op.State != "STATE_FAILED_FINAL" || op.Reason != "ABANDONED" || op.Failure == nil || op.Failure.Code != "DUPLICATE_SUSPECTED" ||
+			op.Failure.Message != "customer refunded by hand" || op.History[len(op.History)-1].Reason != "ABANDONED" {
+			t.Errorf("after abandon: %+v", op)
+		}
+		// abandon without a failure: the code defaults to ABANDONED.
+		bare := "wf-5:refund"
+		e.markUnknown(t, bare, "payments.refund", "")
+		must(t, env, "reconcile", bare, "abandon")
+		if op = lookupJSON(t, env, bare); op.State != "STATE_FAILED_FINAL" || op.Failure == nil || op.Failure.Code != "ABANDONED" {
+			t.Errorf("after a bare abandon: %+v", op)
+		}
+
+		// escalate: stays UNKNOWN, flagged for review.
+		esc := "wf-6:refund"
+		e.markUnknown(t, esc, "payments.refund", "gateway 504")
+		o = must(t, env, "reconcile", esc, "escalate", "--note", "finance must check")
+		if !strings.HasPrefix(o.stdout, "reconciled "+esc+": escalate → UNKNOWN (needs review)\n") || !strings.Contains(o.stdout, "needs review       yes") {
+			t.Errorf("reconcile escalate:\n%s", o.stdout)
+		}
+		op = lookupJSON(t, env, esc)
+		last = op.History[len(op.History)-1]
+		if op.State != "STATE_UNKNOWN" || !op.NeedsReview || op.Reason != "ESCALATED" || op.UnknownSince == nil ||
+			last.FromState != "STATE_UNKNOWN" || last.ToState != "STATE_UNKNOWN" || last.Detail != "finance must check" {
+			t.Errorf("after escalate: %+v", op)
+		}
+		o = must(t, env, "list-unresolved", "--needs-review")
+		if got := tableIDs(o.stdout); !slices.Equal(got, []string{esc}) || !strings.Contains(o.stdout, " yes") {
+			t.Errorf("list-unresolved --needs-review:\n%s", o.stdout)
+		}
+		// Now unresolved: the escalated one only (late is RUNNING again
+		// under a live lease).
+		if ids, _ := listIDs(t, env); !slices.Equal(ids, []string{esc}) {
+			t.Errorf("list-unresolved at the end = %q", ids)
+		}
+
+		// Errors name the reason, once, on stderr.
+		o = fails(t, env, 1, nil, "lookup", "no-such-op")
+		if o.stderr != "ledgerctl: NOT_FOUND: no such operation\n" || o.stdout != "" {
+			t.Errorf("lookup of nothing: %s", o)
+		}
+		o = fails(t, env, 1, nil, "lookup", "--json", "no-such-op")
+		var je jsonError
+		if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "NOT_FOUND" || je.Code != "NOT_FOUND" || je.Error != "no such operation" {
+			t.Errorf("lookup --json of nothing = %v: %s", err, o)
+		}
+		fails(t, env, 1, []string{"ledgerctl: INVALID_ARGUMENT: ", "note"}, "reconcile", esc, "escalate", "--note", strings.Repeat("n", 300))
+		fails(t, env, 1, []string{"ledgerctl: DEADLINE_EXCEEDED: ", "--timeout 1ns"}, "lookup", esc, "--timeout", "1ns")
+	})
+}
+
+// TestCredentials: keys from the flag and the environment, the scope each
+// command needs, and the key never printed.
+func TestCredentials(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		e := newLedgerEnv(t, rdb)
+		id := "wf-9:refund"
+		e.markUnknown(t, id, "payments.refund", "timeout")
+		rec, agent, viewer := e.keys.keys["reconciler"], e.keys.keys["agent"], e.keys.keys["viewer"]
+		wrong := strings.SplitN(rec, ".", 2)[0] + "." + strings.Repeat("0", 64)
+		addr := map[string]string{"LEDGER_ADDR": e.addr}
+		withKey := func(k string) map[string]string { return map[string]string{"LEDGER_ADDR": e.addr, "LEDGER_API_KEY": k} }
+
+		var outs []out
+		check := func(o out) out { outs = append(outs, o); return o }
+
+		// The reconciler's key works from the flag and from the environment.
+		check(must(t, addr, "list-unresolved", "--api-key", rec))
+		check(must(t, withKey(rec), "list-unresolved"))
+		check(must(t, addr, "--api-key="+rec, "lookup", id))
+		// The viewer lists and looks up, but may not reconcile.
+		check(must(t, withKey(viewer), "list-unresolved"))
+		check(fails(t, withKey(viewer), 1, []string{"ledgerctl: PERMISSION_DENIED: ", "reconcile needs an API key with the reconciler scope"},
+			"reconcile", id, "escalate"))
+		// The agent looks up, but may neither list nor reconcile.
+		check(must(t, withKey(agent), "lookup", id))
+		check(fails(t, withKey(agent), 1, []string{"ledgerctl: PERMISSION_DENIED: ", "reconcile needs an API key with the reconciler scope"},
+			"reconcile", id, "applied"))
+		check(fails(t, withKey(agent), 1, []string{"ledgerctl: PERMISSION_DENIED: ", "list-unresolved needs an API key with the reconciler or viewer scope"},
+			"list-unresolved"))
+		o := check(fails(t, withKey(agent), 1, nil, "--json", "reconcile", id, "applied"))
+		var je jsonError
+		if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "PERMISSION_DENIED" || je.Code != "PERMISSION_DENIED" ||
+			!strings.Contains(je.Hint, "reconciler scope") || je.Error == "" {
+			t.Errorf("--json PERMISSION_DENIED = %v: %s", err, o)
+		}
+		// The flag wins over the environment.
+		check(must(t, withKey(agent), "reconcile", id, "escalate", "--api-key", rec))
+		// No key, a wrong key.
+		check(fails(t, addr, 1, []string{"ledgerctl: UNAUTHENTICATED: ", "--api-key or LEDGER_API_KEY"}, "list-unresolved"))
+		check(fails(t, withKey(wrong), 1, []string{"ledgerctl: UNAUTHENTICATED: ", "not revoked"}, "lookup", id))
+		check(fails(t, addr, 1, []string{"ledgerctl: UNAUTHENTICATED: ", "not revoked"}, "lookup", id, "--api-key", wrong))
+		// Nothing was reconciled by those refused.
+		if op := lookupJSON(t, withKey(viewer), id); op.State != "STATE_UNKNOWN" || !op.NeedsReview {
+			t.Errorf("after the refused calls: %+v", op)
+		}
+		// A bad usage does not print the key either.
+		check(fails(t, withKey(rec), 2, []string{"usage:"}, "lookup", "--api-key", rec))
+		check(fails(t, withKey(rec), 2, []string{"usage:", "<redacted>"}, rec, "lookup", "x"))
+		check(fails(t, addr, 2, []string{"usage:"}, "--api-key", rec, "lookup", "x", rec))
+		check(fails(t, addr, 2, []string{"usage:", "<redacted>"}, "lookup", "x", "--timeout", rec, "--api-key", rec))
+
+		for _, o := range outs {
+			for _, k := range []string{rec, agent, viewer, wrong} {
+				secret := strings.SplitN(k, ".", 2)[1]
+				if strings.Contains(o.stdout+o.stderr, secret) {
+					t.Fatalf("the key is printed: %s", o)
+				}
+			}
+		}
+	})
+}
+
+// TestTLS: --tls-ca and LEDGER_TLS_CA, and a client certificate (mTLS).
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	pki := newPKI(t, dir)
+	keys := newKeyring(t, "reconciler")
+	creds := keys.creds(t, "clients:\n  - {common_name: ops-cli, tenant: "+keys.tenant+", scopes: [viewer]}\n")
+	l, err := ledger.New(redistest.Shared(t).Client(t), ledger.Options{Policies: ledger.DefaultPolicies(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.New(server.Config{Ledger: l, Auth: server.NewAuthenticator(creds), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pki.server}, ClientCAs: pki.pool,
+			ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12})))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = svc.Serve(lis) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		svc.Shutdown(ctx)
+	})
+	addr := lis.Addr().String()
+	key := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": keys.keys["reconciler"]}
+
+	must(t, key, "list-unresolved", "--tls-ca", pki.caFile)
+	must(t, key, "--tls", "--tls-ca", pki.caFile, "list-unresolved")
+	envCA := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": keys.keys["reconciler"], "LEDGER_TLS_CA": pki.caFile}
+	must(t, envCA, "list-unresolved")
+	// mTLS: the certificate alone is the credential (mapped to viewer).
+	must(t, map[string]string{"LEDGER_ADDR": addr}, "list-unresolved", "--tls-ca", pki.caFile, "--tls-cert", pki.clientCert, "--tls-key", pki.clientKey)
+	fails(t, map[string]string{"LEDGER_ADDR": addr}, 1, []string{"PERMISSION_DENIED", "reconciler scope"},
+		"reconcile", "x", "escalate", "--tls-ca", pki.caFile, "--tls-cert", pki.clientCert, "--tls-key", pki.clientKey)
+	// The system's roots do not know the test CA; plaintext is not TLS.
+	fails(t, key, 1, []string{"ledgerctl: UNAVAILABLE: ", "--tls-ca"}, "--tls", "list-unresolved")
+	fails(t, key, 1, []string{"ledgerctl: UNAVAILABLE: "}, "list-unresolved")
+	// Bad TLS files.
+	fails(t, key, 1, []string{"ledgerctl: TLS_CONFIG: --tls-ca"}, "list-unresolved", "--tls-ca", filepath.Join(dir, "missing.pem"))
+	fails(t, key, 1, []string{"ledgerctl: TLS_CONFIG: --tls-ca", "no PEM certificate"}, "list-unresolved", "--tls-ca", pki.clientKey+"x")
+	fails(t, key, 2, []string{"--tls-cert and --tls-key go together"}, "list-unresolved", "--tls-cert", pki.clientCert)
+}
+
+type testPKI struct {
+	pool                          *x509.CertPool
+	server                        tls.Certificate
+	caFile, clientCert, clientKey string
+}
+
+// newPKI makes a CA, a server certificate for 127.0.0.1 and a client
+// certificate "ops-cli", and writes the CA and the client's files to dir.
+func newPKI(t *testing.T, dir string) *testPKI {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	issue := func(serial int64, cn string, server bool) (tls.Certificate, []byte, []byte) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
+			NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+		if server {
+			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kb, _ := x509.MarshalECPrivateKey(k)
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k},
+			pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+	}
+	p := &testPKI{pool: x509.NewCertPool(), caFile: filepath.Join(dir, "ca.pem"),
+		clientCert: filepath.Join(dir, "client.pem"), clientKey: filepath.Join(dir, "client-key.pem")}
+	p.pool.AddCert(ca)
+	p.server, _, _ = issue(2, "ledger", true)
+	_, certPEM, keyPEM := issue(3, "ops-cli", false)
+	for f, b := range map[string][]byte{
+		p.caFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), p.clientCert: certPEM, p.clientKey: keyPEM,
+		p.clientKey + "x": []byte("not PEM"),
+	} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// TestWithoutAuth: a ledger without credentials (every caller is the
+// tenant "default"), on the embedded engine; and no ledger at all.
+func TestWithoutAuth(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		// This is the only test of the binary in the shared server's
+		// "default" tenant; it leaves nothing unresolved there.
+		st := ledgertest.Start(t, rdb, ledgertest.Options{})
+		sdk, err := client.Dial(st.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sdk.Close()
+		id := "wf-1:refund " + client.NewHolder() // an id with a space
+		r, err := sdk.Reserve(context.Background(), client.Op{ID: id, Tool: "payments.refund"}, client.NewHolder())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sdk.MarkUnknown(context.Background(), id, r.Operation.FencingToken, "timeout"); err != nil {
+			t.Fatal(err)
+		}
+		env := map[string]string{"LEDGER_ADDR": st.Addr}
+		ids, _ := listIDs(t, env)
+		if !slices.Equal(ids, []string{id}) {
+			t.Errorf("list-unresolved = %q", ids)
+		}
+		o := must(t, env, "lookup", "--", id)
+		if !strings.Contains(o.stdout, "operation          "+id+"\n") || !strings.Contains(o.stdout, "anonymous") {
+			t.Errorf("lookup:\n%s", o.stdout)
+		}
+		must(t, env, "reconcile", id, "abandon")
+		if ids, _ := listIDs(t, env); len(ids) != 0 {
+			t.Errorf("list-unresolved after abandon = %q", ids)
+		}
+	})
+
+	// Nobody listens on a port just closed.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	o := fails(t, nil, 1, []string{"ledgerctl: UNAVAILABLE: ", "cannot reach the ledger at " + addr}, "--addr", addr, "lookup", "x")
+	if strings.Count(o.stderr, "\n") != 1 {
+		t.Errorf("want one line: %s", o)
+	}
+}
+
+// TestUsage: bad command lines exit 2 with the usage, and change nothing.
+func TestUsage(t *testing.T) {
+	// Nothing listens here: a command that got past the usage check would
+	// exit 1, not 2.
+	env := map[string]string{"LEDGER_ADDR": "127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"--json"}, "no command"},
+		{[]string{"lookup"}, "lookup needs an operation id"},
+		{[]string{"lookup", "a", "b"}, "one operation id"},
+		{[]string{"lookup", "a", "--state", "pending"}, "--state is not a flag of lookup"},
+		{[]string{"lookup", "a", "--bogus"}, "flag provided but not defined: --bogus"},
+		{[]string{"lookup", "a", "--timeout"}, "flag needs an argument"},
+		{[]string{"lookup", "a", "--timeout", "soon"}, "invalid value"},
+		{[]string{"lookup", "a", "--timeout", "0s"}, "--timeout must be positive"},
+		{[]string{"lookup", "a", "--addr", ""}, "--addr is empty"},
+		{[]string{"list-unresolved", "x"}, "takes no arguments"},
+		{[]string{"list-unresolved", "--state", "done"}, `"done" is not pending, running or unknown`},
+		{[]string{"list-unresolved", "--limit", "0"}, "--limit must be positive"},
+		{[]string{"list-unresolved", "--overdue", "--state", "pending"}, "--overdue selects UNKNOWN operations"},
+		{[]string{"list-unresolved", "--needs-review", "--state", "running"}, "--needs-review selects UNKNOWN operations"},
+		{[]string{"list-unresolved", "--note", "x"}, "--note is not a flag of list-unresolved"},
+		{[]string{"reconcile"}, "needs an operation id and a finding"},
+		{[]string{"reconcile", "a"}, "needs an operation id and a finding"},
+		{[]string{"reconcile", "a", "applied", "b"}, "needs an operation id and a finding"},
+		{[]string{"reconcile", "a", "maybe"}, `unknown finding "maybe"`},
+		{[]string{"reconcile", "a", "not-applied", "--resource-id", "r"}, "--resource-id and --data go with the applied finding only"},
+		{[]string{"reconcile", "a", "escalate", "--data", "{}"}, "--resource-id and --data go with the applied finding only"},
+		{[]string{"reconcile", "a", "applied", "--failure-code", "X"}, "--failure-code and --failure-message go with the abandon finding only"},
+		{[]string{"reconcile", "a", "applied", "--data", "not json"}, "--data: not a JSON object"},
+		{[]string{"reconcile", "a", "applied", "--data", "[1]"}, "--data: not a JSON object"},
+		{[]string{"reconcile", "a", "applied", "--data", "null"}, "--data: not a JSON object"},
+		{[]string{"reconcile", "a", "applied", "--data", `{"a":1} {"b":2}`}, "--data: more than one JSON value"},
+		{[]string{"reconcile", "a", "applied", "--tool", "t"}, "--tool is not a flag of reconcile"},
+	} {
+		o := ctl(t, env, c.args...)
+		if o.code != 2 || !strings.HasPrefix(o.stderr, "ledgerctl: ") || !strings.Contains(strings.SplitN(o.stderr, "\n", 2)[0], c.want) || !strings.Contains(o.stderr, "usage: ledgerctl") || o.stdout != "" {
+			t.Errorf("ledgerctl %q: want exit 2 with %q and the usage: %s", c.args, c.want, o)
+		}
+	}
+	// Help goes to stdout and exits 0.
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}, {"help", "reconcile"}, {"reconcile", "--help"}, {"list-unresolved", "-h"}} {
+		o := ctl(t, env, args...)
+		if o.code != 0 || !strings.HasPrefix(o.stdout, "usage: ledgerctl") || o.stderr != "" {
+			t.Errorf("ledgerctl %q: %s", args, o)
+		}
+	}
+	if o := ctl(t, env, "help"); !strings.Contains(o.stdout, "list-unresolved") || !strings.Contains(o.stdout, "--api-key") {
+		t.Errorf("help: %s", o)
+	}
+	if o := ctl(t, env, "help", "reconcile"); !strings.Contains(o.stdout, "not-applied") || strings.Contains(o.stdout, "--needs-review") {
+		t.Errorf("help reconcile: %s", o)
+	}
+}
+
+// TestSplit: flags anywhere, "--" ends them.
+func TestSplit(t *testing.T) {
+	o, err := parse([]string{"--json", "reconcile", "--note", "--", "id", "--addr=h:1", "applied", "--tls", "--resource-id", "r"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cmd != "reconcile" || !slices.Equal(o.args, []string{"id", "applied"}) || o.note != "--" || o.addr != "h:1" || !o.tls || !o.json || o.resourceID != "r" {
+		t.Errorf("parse: %+v", o)
+	}
+	o, err = parse([]string{"lookup", "--", "--weird-id"}, func(k string) string { return map[string]string{"LEDGER_ADDR": "e:1"}[k] })
+	if err != nil || !slices.Equal(o.args, []string{"--weird-id"}) || o.addr != "e:1" || o.timeout != defaultTimeout {
+		t.Errorf("parse = %+v, %v", o, err)
+	}
+}
+
+// TestClean: text from the ledger cannot drive the terminal.
+func TestClean(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain note":     "plain note",
+		"ünïcödé ok":     "ünïcödé ok",
+		"a\x1b[31mred":   `"a\x1b[31mred"`,
+		"two\nlines":     `"two\nlines"`,
+		"tab\there":      `"tab\there"`,
+		"c1 \u009b here": `"c1 \u009b here"`,
+	} {
+		if got := clean(in); got != want {
+			t.Errorf("clean(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// TestKeyNotSentInClear: the SDK refuses to send an API key without TLS
+// beyond loopback; ledgerctl says to use TLS.
+func TestKeyNotSentInClear(t *testing.T) {
+	ip := nonLoopbackIP(t)
+	keys := newKeyring(t, "reconciler")
+	l, err := ledger.New(redistest.Shared(t).Client(t), ledger.Options{Policies: ledger.DefaultPolicies(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.New(server.Config{Ledger: l, Auth: server.NewAuthenticator(keys.creds(t, "")), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Skip("cannot listen on", ip, err)
+	}
+	go func() { _ = svc.Serve(lis) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		svc.Shutdown(ctx)
+	})
+	key := keys.keys["reconciler"]
+	o := fails(t, map[string]string{"LEDGER_API_KEY": key}, 1, []string{"ledgerctl: API_KEY_NOT_SENT: ", "refusing to send the API key", "add --tls"},
+		"--addr", lis.Addr().String(), "lookup", "x")
+	if strings.Contains(o.stdout+o.stderr, strings.SplitN(key, ".", 2)[1]) {
+		t.Fatalf("the key is printed: %s", o)
+	}
+}
+
+// nonLoopbackIP returns an IPv4 address of this machine that is not
+// loopback, or skips the test.
+func nonLoopbackIP(t *testing.T) string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP.String()
+		}
+	}
+	t.Skip("no non-loopback IPv4 address")
+	return ""
+}

@@ -1,0 +1,442 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/opledger/ledger/client"
+)
+
+// The JSON output: stable snake_case names, documented in docs/ledgerctl.md.
+// Enums are their wire names (STATE_UNKNOWN), times RFC 3339 in UTC or
+// null, the fingerprint hex.
+
+type jsonOperation struct {
+	OperationID      string        `json:"operation_id"`
+	Tool             string        `json:"tool"`
+	Effect           string        `json:"effect"`
+	State            string        `json:"state"`
+	Reason           string        `json:"reason"`
+	Attempt          uint32        `json:"attempt"`
+	MaxAttempts      uint32        `json:"max_attempts"`
+	FencingToken     uint64        `json:"fencing_token"`
+	ParamsSHA256     string        `json:"params_sha256"`
+	PermitID         string        `json:"permit_id"`
+	RunID            string        `json:"run_id"`
+	Step             uint32        `json:"step"`
+	Result           *jsonResult   `json:"result"`
+	Failure          *jsonFailure  `json:"failure"`
+	NeedsReview      bool          `json:"needs_review"`
+	Overdue          bool          `json:"overdue"`
+	CreatedAt        *string       `json:"created_at"`
+	UpdatedAt        *string       `json:"updated_at"`
+	LeaseExpiresAt   *string       `json:"lease_expires_at"`
+	UnknownSince     *string       `json:"unknown_since"`
+	RecoveryDeadline *string       `json:"recovery_deadline"`
+	RetainUntil      *string       `json:"retain_until"`
+	ExpiresAt        *string       `json:"expires_at"`
+	History          []jsonHistory `json:"history,omitempty"`
+}
+
+type jsonResult struct {
+	ResourceID string         `json:"resource_id"`
+	Data       map[string]any `json:"data"`
+}
+
+type jsonFailure struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type jsonHistory struct {
+	Time         *string `json:"time"`
+	FromState    string  `json:"from_state"`
+	ToState      string  `json:"to_state"`
+	Attempt      uint32  `json:"attempt"`
+	FencingToken uint64  `json:"fencing_token"`
+	Principal    string  `json:"principal"`
+	Reason       string  `json:"reason"`
+	Detail       string  `json:"detail"`
+}
+
+type jsonList struct {
+	Operations []jsonOperation `json:"operations"`
+	Count      int             `json:"count"`
+	Truncated  bool            `json:"truncated"`
+}
+
+// jsonError is an error with --json, on stderr.
+type jsonError struct {
+	Error        string            `json:"error"`
+	Reason       string            `json:"reason"`
+	Code         string            `json:"code"`
+	Hint         string            `json:"hint,omitempty"`
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	Violations   []jsonViolation   `json:"violations,omitempty"`
+	RetryAfterMS int64             `json:"retry_after_ms,omitempty"`
+}
+
+type jsonViolation struct {
+	Field       string `json:"field"`
+	Description string `json:"description"`
+}
+
+// jsonTime is t as RFC 3339 in UTC with milliseconds (the ledger's
+// precision, as protojson prints it), or nil.
+func jsonTime(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := stamp(t)
+	return &s
+}
+
+func toJSON(op *client.Operation, now time.Time) jsonOperation {
+	j := jsonOperation{
+		OperationID: op.ID, Tool: op.Tool, Effect: op.Effect.String(), State: op.State.String(), Reason: op.Reason,
+		Attempt: op.Attempt, MaxAttempts: op.MaxAttempts, FencingToken: op.FencingToken,
+		ParamsSHA256: hex.EncodeToString(op.ParamsSHA256), PermitID: op.PermitID, RunID: op.RunID, Step: op.Step,
+		NeedsReview: op.NeedsReview, Overdue: overdue(op, now),
+		CreatedAt: jsonTime(op.CreatedAt), UpdatedAt: jsonTime(op.UpdatedAt), LeaseExpiresAt: jsonTime(op.LeaseExpiresAt),
+		UnknownSince: jsonTime(op.UnknownSince), RecoveryDeadline: jsonTime(op.RecoveryDeadline),
+		RetainUntil: jsonTime(op.RetainUntil), ExpiresAt: jsonTime(op.ExpiresAt),
+	}
+	if op.Result != nil {
+		j.Result = &jsonResult{ResourceID: op.Result.ResourceID, Data: op.Result.Data}
+	}
+	if op.Failure != nil {
+		j.Failure = &jsonFailure{Code: op.Failure.Code, Message: op.Failure.Message}
+	}
+	for _, h := range op.History {
+		j.History = append(j.History, jsonHistory{
+			Time: jsonTime(h.Time), FromState: h.From.String(), ToState: h.To.String(), Attempt: h.Attempt,
+			FencingToken: h.FencingToken, Principal: h.Principal, Reason: h.Reason, Detail: h.Detail,
+		})
+	}
+	return j
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// printOperation prints a record: JSON, or a readable block and its history.
+func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time) error {
+	if o.json {
+		return writeJSON(w, toJSON(op, now))
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("operation", clean(op.ID))
+	row("tool", clean(op.Tool))
+	row("state", stateName(op.State))
+	row("reason", orDash(clean(op.Reason)))
+	row("effect", strings.TrimPrefix(op.Effect.String(), "EFFECT_"))
+	row("attempt", fmt.Sprintf("%d of %d", op.Attempt, op.MaxAttempts))
+	row("fencing token", strconv.FormatUint(op.FencingToken, 10))
+	row("permit", orDash(clean(op.PermitID)))
+	run := orDash(clean(op.RunID))
+	if op.Step != 0 {
+		run += fmt.Sprintf(" (step %d)", op.Step)
+	}
+	row("run", run)
+	row("params sha256", orDash(hex.EncodeToString(op.ParamsSHA256)))
+	row("result", resultText(op.Result))
+	row("failure", failureText(op.Failure))
+	row("needs review", yesNo(op.NeedsReview))
+	row("created", when(op.CreatedAt, now))
+	row("updated", when(op.UpdatedAt, now))
+	lease := when(op.LeaseExpiresAt, now)
+	if !op.LeaseExpiresAt.IsZero() && !now.Before(op.LeaseExpiresAt) {
+		lease = stamp(op.LeaseExpiresAt) + " (ended " + span(now.Sub(op.LeaseExpiresAt)) + " ago)"
+	}
+	row("lease expires", lease)
+	row("unknown since", when(op.UnknownSince, now))
+	deadline := when(op.RecoveryDeadline, now)
+	if overdue(op, now) {
+		deadline = stamp(op.RecoveryDeadline) + " (OVERDUE by " + span(now.Sub(op.RecoveryDeadline)) + ")"
+	}
+	row("recovery deadline", deadline)
+	row("retain until", when(op.RetainUntil, now))
+	row("expires", when(op.ExpiresAt, now))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(op.History) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nhistory (oldest first):\n")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tFROM → TO\tATTEMPT\tPRINCIPAL\tREASON\tDETAIL")
+	for _, h := range op.History {
+		from := "-"
+		if h.From != 0 {
+			from = stateName(h.From)
+		}
+		fmt.Fprintf(tw, "%s\t%s → %s\t%d\t%s\t%s\t%s\n", stamp(h.Time), from, stateName(h.To), h.Attempt,
+			orDash(clean(h.Principal)), orDash(clean(h.Reason)), orDash(clean(h.Detail)))
+	}
+	return tw.Flush()
+}
+
+// printList prints the unresolved operations: JSON, or a table.
+func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool, now time.Time) error {
+	if o.json {
+		l := jsonList{Operations: []jsonOperation{}, Count: len(ops), Truncated: truncated}
+		for _, op := range ops {
+			l.Operations = append(l.Operations, toJSON(op, now))
+		}
+		return writeJSON(w, l)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "OPERATION\tTOOL\tSTATE\tATTEMPT\tAGE\tUNKNOWN SINCE\tRECOVERY DEADLINE\tNEEDS REVIEW")
+	for _, op := range ops {
+		age := "-"
+		if !op.CreatedAt.IsZero() {
+			age = span(now.Sub(op.CreatedAt))
+		}
+		since, deadline := "-", "-"
+		if !op.UnknownSince.IsZero() {
+			since = shortStamp(op.UnknownSince)
+		}
+		if !op.RecoveryDeadline.IsZero() {
+			deadline = shortStamp(op.RecoveryDeadline)
+			if overdue(op, now) {
+				deadline += " OVERDUE"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", clean(op.ID), clean(op.Tool), stateName(op.State),
+			op.Attempt, op.MaxAttempts, age, since, deadline, yesNo(op.NeedsReview))
+	}
+	return tw.Flush()
+}
+
+func resultText(r *client.Result) string {
+	if r == nil {
+		return "-"
+	}
+	var parts []string
+	if r.ResourceID != "" {
+		parts = append(parts, "resource_id "+clean(r.ResourceID))
+	}
+	if r.Data != nil {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(r.Data); err == nil {
+			parts = append(parts, "data "+clean(strings.TrimSpace(b.String())))
+		}
+	}
+	if len(parts) == 0 {
+		return "(empty)"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func failureText(f *client.Failure) string {
+	if f == nil {
+		return "-"
+	}
+	s := orDash(clean(f.Code))
+	if f.Message != "" {
+		s += ": " + clean(f.Message)
+	}
+	return s
+}
+
+// stateName is a state without its STATE_ prefix.
+func stateName(s client.State) string { return strings.TrimPrefix(s.String(), "STATE_") }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// clean makes text from the ledger safe for a terminal: a string with
+// control or otherwise invisible characters (a note may hold any UTF-8) is
+// shown quoted, with those characters escaped.
+func clean(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.QuoteToGraphic(s)
+}
+
+// stamp is a time in UTC with milliseconds, as the ledger records them.
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
+
+// shortStamp is a time in UTC to the second, for tables.
+func shortStamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05Z07:00") }
+
+// when is a time with how long ago (or ahead) it is, or "-".
+func when(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	if d := now.Sub(t); d >= 0 {
+		return stamp(t) + " (" + span(d) + " ago)"
+	}
+	return stamp(t) + " (in " + span(t.Sub(now)) + ")"
+}
+
+// span is a short duration: 450ms, 42s, 3m07s, 5h03m, 3d04h.
+func span(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// localError is a failure before or around a call (a TLS file, the
+// address), with a reason of its own.
+type localError struct{ reason, msg string }
+
+func (e *localError) Error() string { return e.msg }
+
+// codeNames are the canonical names of the gRPC codes.
+var codeNames = map[codes.Code]string{
+	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN", codes.InvalidArgument: "INVALID_ARGUMENT",
+	codes.DeadlineExceeded: "DEADLINE_EXCEEDED", codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
+	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
+	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED", codes.OutOfRange: "OUT_OF_RANGE",
+	codes.Unimplemented: "UNIMPLEMENTED", codes.Internal: "INTERNAL", codes.Unavailable: "UNAVAILABLE",
+	codes.DataLoss: "DATA_LOSS", codes.Unauthenticated: "UNAUTHENTICATED",
+}
+
+func codeName(c codes.Code) string {
+	if n, ok := codeNames[c]; ok {
+		return n
+	}
+	return "CODE_" + strconv.Itoa(int(c))
+}
+
+// scopeHints say which scopes each command needs (server/auth.go,
+// methodScopes).
+var scopeHints = map[string]string{
+	"lookup":          "lookup needs an API key with the agent, reconciler or viewer scope",
+	"list-unresolved": "list-unresolved needs an API key with the reconciler or viewer scope",
+	"reconcile":       "reconcile needs an API key with the reconciler scope",
+}
+
+// describe turns an error into its reason, code, message and a hint. It
+// never includes the API key.
+func describe(o *options, err error) jsonError {
+	var le *localError
+	var ce *client.Error
+	var d jsonError
+	switch {
+	case errors.As(err, &le):
+		d = jsonError{Error: le.msg, Reason: le.reason}
+	case errors.As(err, &ce):
+		d = jsonError{Error: ce.Message, Reason: ce.Reason, Code: codeName(ce.Code), Metadata: ce.Metadata,
+			RetryAfterMS: ce.RetryAfter.Milliseconds()}
+		if d.Reason == "" {
+			d.Reason = d.Code
+		}
+		for _, v := range ce.Violations {
+			d.Violations = append(d.Violations, jsonViolation{Field: v.Field, Description: v.Description})
+		}
+	case errors.Is(err, context.DeadlineExceeded):
+		d = jsonError{Error: err.Error(), Reason: "DEADLINE_EXCEEDED", Code: "DEADLINE_EXCEEDED"}
+	case errors.Is(err, context.Canceled):
+		d = jsonError{Error: "interrupted", Reason: "CANCELLED", Code: "CANCELLED"}
+	default:
+		d = jsonError{Error: err.Error(), Reason: "ERROR"}
+	}
+	d.Error = strings.ToValidUTF8(d.Error, "?")
+	id := ""
+	if len(o.args) > 0 {
+		id = " " + clean(o.args[0])
+	}
+	switch {
+	case ce != nil && ce.Reason == "" && strings.Contains(ce.Message, "refusing to send the API key"):
+		// The SDK's own refusal (client.apiKey): grpc reports it as
+		// UNAUTHENTICATED, but the ledger never saw the call.
+		d.Reason = "API_KEY_NOT_SENT"
+		d.Hint = "the API key is only sent over TLS beyond this machine: add --tls (and --tls-ca)"
+	case errors.Is(err, client.ErrUnauthenticated):
+		if o.apiKey == "" && o.tlsCert == "" {
+			d.Hint = "send an API key with --api-key or LEDGER_API_KEY (or a client certificate with --tls-cert and --tls-key)"
+		} else {
+			d.Hint = "the ledger refused the credentials: check that the API key (or client certificate) is current and not revoked"
+		}
+	case errors.Is(err, client.ErrPermissionDenied):
+		d.Hint = scopeHints[o.cmd]
+	case d.Reason == "DEADLINE_EXCEEDED":
+		d.Hint = "no answer within --timeout " + o.timeout.String() + ": is the ledger at " + o.addr + " up? (a slow link needs a longer --timeout)"
+	case d.Reason == "UNAVAILABLE":
+		switch {
+		case strings.Contains(d.Error, "certificate") || strings.Contains(d.Error, "tls:") || strings.Contains(d.Error, "x509"):
+			d.Hint = "the TLS handshake failed: check --tls-ca (the CA of the ledger's certificate) and that --addr names a host the certificate is for"
+		default:
+			d.Hint = "cannot reach the ledger at " + o.addr + ": check --addr (LEDGER_ADDR), that ledgerd runs there, and whether it serves TLS (--tls)"
+		}
+	case d.Reason == "STORE_UNAVAILABLE":
+		d.Hint = "the ledger cannot reach its store; retry the same command later"
+	case d.Reason == "OPERATION_IN_PROGRESS":
+		d.Hint = "its worker may still report; if it does not, reconcile once the lease has ended"
+		if ce != nil && ce.RetryAfter > 0 {
+			d.Hint += " (in " + span(ce.RetryAfter) + ")"
+		}
+	case d.Reason == "ALREADY_RESOLVED":
+		d.Hint = "see ledgerctl lookup" + id
+		if st := d.Metadata["state"]; st != "" {
+			d.Hint = "it is " + strings.TrimPrefix(st, "STATE_") + ": " + d.Hint
+		}
+	case d.Reason == "RATE_LIMITED" && ce != nil && ce.RetryAfter > 0:
+		d.Hint = "retry after " + span(ce.RetryAfter)
+	}
+	return d
+}
+
+// line is the error as one line for humans.
+func (d jsonError) line() string {
+	s := d.Reason + ": " + clean(d.Error)
+	if d.Hint != "" {
+		s += "; " + d.Hint
+	}
+	return s
+}
+
+// report prints an error: one line, or one JSON object with --json.
+func report(w io.Writer, o *options, err error) {
+	d := describe(o, err)
+	if o.json {
+		b, _ := json.Marshal(d)
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	fmt.Fprintln(w, "ledgerctl: "+d.line())
+}
