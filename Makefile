@@ -19,6 +19,11 @@ BIN       := $(CURDIR)/bin
 GO        ?= go
 FUZZTIME  ?= 30s
 ARGS      ?=
+# What `buf breaking` compares the protos with: the main branch (a buf git
+# input; BREAKING_AGAINST=... for another).
+BREAKING_AGAINST ?= .git\#branch=main
+# The Node example's packages, installed with `npm ci` from its package-lock.json.
+NODE_EXAMPLE_DEPS := examples/node/node_modules/.installed
 
 .PHONY: help
 help: ## list the targets
@@ -33,12 +38,13 @@ build: ## build bin/ledgerd
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
 
 .PHONY: test
-test: ## the whole test suite, with -race, against real redis-server processes (fuzz seed corpora included)
+test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples
 	./scripts/ensure-redis-server.sh
+	./scripts/ensure-python-grpc.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '^gen/' || true); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m ./...
+	LEDGER_TEST_POLYGLOT=require LEDGER_TEST_GRPCURL=$(BIN)/grpcurl $(GO) test -race -count=1 -timeout 20m ./...
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
@@ -47,6 +53,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzKeyEncoding$$' -fuzztime $(FUZZTIME) ./ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzStructParams$$' -fuzztime $(FUZZTIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzHandlers$$' -fuzztime $(FUZZTIME) ./server/
 
 .PHONY: tools
 tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) ## install the pinned code generators into ./bin
@@ -68,21 +75,33 @@ $(BIN)/.grpcurl-$(GRPCURL_VERSION):
 	@touch $@
 
 .PHONY: generate
-generate: tools ## regenerate gen/ from proto/ with the pinned local plugins
-	$(BIN)/buf generate
+generate: tools ## regenerate gen/ (Go and Python) from proto/ with the pinned local plugins and Debian's protoc
+	./scripts/generate.sh
 
 .PHONY: check-generate
-check-generate: generate ## fail when gen/ differs from what `make generate` produces
-	git diff --exit-code -- gen/
-	@test -z "$$(git status --porcelain -- gen/)" || { git status --porcelain -- gen/; echo "gen/ has files make generate does not produce"; exit 1; }
+check-generate: tools ## fail when gen/ differs from what `make generate` produces (generated into a temporary directory)
+	./scripts/generate.sh --check
 
 .PHONY: lint
-lint: tools $(BIN)/.staticcheck-$(STATICCHECK_VERSION) ## buf lint and format, gofmt, go vet, staticcheck
-	$(BIN)/buf lint
-	$(BIN)/buf format -d --exit-code
+lint: lint-proto $(BIN)/.staticcheck-$(STATICCHECK_VERSION) ## buf lint, format and breaking, gofmt, go vet, staticcheck
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'); exit 1; }
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
+
+.PHONY: lint-proto
+lint-proto: tools ## buf lint, buf format and buf breaking against the main branch (BREAKING_AGAINST)
+	$(BIN)/buf lint
+	$(BIN)/buf format -d --exit-code
+	@if [ "$(BREAKING_AGAINST)" != '.git#branch=main' ] || git rev-parse -q --verify refs/heads/main >/dev/null; then \
+	  echo "buf breaking --against '$(BREAKING_AGAINST)'"; $(BIN)/buf breaking --against '$(BREAKING_AGAINST)'; \
+	elif git rev-parse -q --verify refs/remotes/origin/main >/dev/null; then \
+	  echo "buf breaking --against '.git#ref=origin/main'"; $(BIN)/buf breaking --against '.git#ref=origin/main'; \
+	else echo "buf breaking skipped: no main branch here to compare with (BREAKING_AGAINST=... to choose one)"; fi
+
+$(NODE_EXAMPLE_DEPS): examples/node/package.json examples/node/package-lock.json
+	./scripts/ensure-node.sh
+	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 .PHONY: grpcurl
 grpcurl: $(BIN)/.grpcurl-$(GRPCURL_VERSION) ## install the pinned grpcurl into ./bin

@@ -1,0 +1,276 @@
+'use strict';
+// Wires the operation ledger into a Node.js agent runtime's side-effecting
+// tool calls. Route every tool call that changes the world through
+// Ledger.callTool:
+//
+//   const ledger = new Ledger('127.0.0.1:50051');
+//   const outcome = await ledger.callTool({
+//     operationId: `${runId}:${callId}`, // minted once, reused by every retry
+//     tool: 'tickets.create',
+//     params: { title: 'Printer on fire', priority: 2 },
+//     permitId: approvalId,
+//   }, (attempt) => tickets.create({ ..., idempotencyKey: attempt.idempotencyKey }));
+//
+// callTool reserves the operation, runs fn only when the ledger says
+// DECISION_EXECUTE, records the outcome with the attempt's fencing token, and
+// otherwise replays the recorded result, waits for another caller's live
+// claim, or stops for reconciliation. Refusals arrive as LedgerError with the
+// google.rpc.ErrorInfo reason the service attached (IDEMPOTENCY_KEY_REUSED, ...).
+//
+// The service is loaded at run time from proto/ledger/v1/ledger.proto with
+// @grpc/proto-loader; the error details (google.rpc.Status, ErrorInfo,
+// RetryInfo) from third_party/googleapis with protobufjs.
+
+const crypto = require('node:crypto');
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const protobuf = require('protobufjs');
+
+const REPO = path.resolve(__dirname, '..', '..');
+
+const ledgerProto = grpc.loadPackageDefinition(protoLoader.loadSync('ledger/v1/ledger.proto', {
+  includeDirs: [path.join(REPO, 'proto')], // google/protobuf/*.proto come with proto-loader
+  keepCase: true, // fields keep their wire names: operation_id, fencing_token, ...
+  longs: String, // uint64 fencing tokens as decimal strings: no precision lost
+  enums: String,
+  defaults: true,
+  oneofs: true,
+})).ledger.v1;
+
+const rpcTypes = new protobuf.Root();
+rpcTypes.resolvePath = (origin, target) => (target.startsWith('google/protobuf/')
+  ? target // protobufjs has the well-known types built in
+  : path.join(REPO, 'third_party', 'googleapis', target));
+rpcTypes.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto'], { keepCase: true });
+const Status = rpcTypes.lookupType('google.rpc.Status');
+const ErrorInfo = rpcTypes.lookupType('google.rpc.ErrorInfo');
+const RetryInfo = rpcTypes.lookupType('google.rpc.RetryInfo');
+
+const DOMAIN = 'ledger.v1';
+
+// A ledger call refused by the service: its gRPC code, and the ErrorInfo it
+// carried. reason is IDEMPOTENCY_KEY_REUSED, STALE_FENCING_TOKEN, NOT_FOUND,
+// ...; for IDEMPOTENCY_KEY_REUSED, metadata.differs names what changed.
+class LedgerError extends Error {
+  constructor(err, info, retryAfterMs) {
+    const codeName = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
+    super(`${codeName} ${info ? info.reason : '(no ErrorInfo)'}: ${err.details}`);
+    this.name = 'LedgerError';
+    this.code = err.code;
+    this.codeName = codeName;
+    this.reason = info ? info.reason : '';
+    this.domain = info ? info.domain : '';
+    this.metadata = info ? { ...info.metadata } : {};
+    this.retryAfterMs = retryAfterMs;
+  }
+}
+
+// The operation failed for good (this call, or an earlier one replayed).
+class ToolFailedError extends Error {
+  constructor(failure, replayed) {
+    super(`tool failed (${failure.code}): ${failure.message}`);
+    this.name = 'ToolFailedError';
+    this.failureCode = failure.code;
+    this.replayed = replayed;
+  }
+}
+
+// Nobody knows whether the effect happened: ask the destination, then Reconcile.
+class NeedsReconciliationError extends Error {
+  constructor(operation) {
+    super(`operation ${operation.operation_id} needs reconciliation (${operation.reason})`);
+    this.name = 'NeedsReconciliationError';
+    this.operation = operation;
+  }
+}
+
+// Throw from fn when the failure proves nothing was applied (HTTP 429, a 503
+// before acceptance).
+class RetryableToolError extends Error {}
+
+// Throw from fn when the tool failed for good (HTTP 400, a declined card).
+class FinalToolError extends Error {
+  constructor(code, message) {
+    super(message || code);
+    this.failureCode = code;
+  }
+}
+
+// Decodes the google.rpc.Status in a gRPC error's grpc-status-details-bin
+// trailer: the ErrorInfo (null when none) and the RetryInfo delay in ms.
+function errorDetails(err) {
+  const out = { info: null, retryAfterMs: null };
+  const raw = err.metadata ? err.metadata.get('grpc-status-details-bin') : [];
+  if (raw.length === 0) return out;
+  for (const any of Status.decode(raw[0]).details) {
+    if (any.type_url === `type.googleapis.com/${ErrorInfo.fullName.slice(1)}`) {
+      out.info = ErrorInfo.toObject(ErrorInfo.decode(any.value), { defaults: true });
+    } else if (any.type_url === `type.googleapis.com/${RetryInfo.fullName.slice(1)}`) {
+      const d = RetryInfo.decode(any.value).retry_delay;
+      if (d) out.retryAfterMs = Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6;
+    }
+  }
+  return out;
+}
+
+// google.protobuf.Struct <-> plain JSON objects, in proto-loader's shape. The
+// well-known types come from protobufjs's built-in copies, whose field names
+// are camelCase (numberValue, structValue, ...) whatever keepCase says.
+function toValue(v) {
+  if (v === null || v === undefined) return { nullValue: 'NULL_VALUE' };
+  if (typeof v === 'number') return { numberValue: v };
+  if (typeof v === 'string') return { stringValue: v };
+  if (typeof v === 'boolean') return { boolValue: v };
+  if (Array.isArray(v)) return { listValue: { values: v.map(toValue) } };
+  return { structValue: toStruct(v) };
+}
+function toStruct(obj) {
+  return { fields: Object.fromEntries(Object.entries(obj).map(([k, v]) => [k, toValue(v)])) };
+}
+function fromValue(v) {
+  switch (v.kind) {
+    case 'numberValue': return v.numberValue;
+    case 'stringValue': return v.stringValue;
+    case 'boolValue': return v.boolValue;
+    case 'listValue': return (v.listValue.values || []).map(fromValue);
+    case 'structValue': return fromStruct(v.structValue);
+    default: return null;
+  }
+}
+function fromStruct(s) {
+  return Object.fromEntries(Object.entries((s && s.fields) || {}).map(([k, v]) => [k, fromValue(v)]));
+}
+
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
+
+// Every ledger RPC is safe to repeat with the same arguments: these codes
+// mean "repeat the same call".
+const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
+
+class Ledger {
+  constructor(address, {
+    credentials = grpc.credentials.createInsecure(), callTimeoutMs = 5000, ledgerRetries = 3, log = () => {},
+  } = {}) {
+    this.client = new ledgerProto.LedgerService(address, credentials);
+    this.callTimeoutMs = callTimeoutMs;
+    this.ledgerRetries = ledgerRetries;
+    this.log = log;
+  }
+
+  close() {
+    this.client.close();
+  }
+
+  // Calls one ledger RPC, repeating it while the ledger is unavailable; any
+  // other error becomes a LedgerError with its ErrorInfo reason.
+  async rpc(method, request) {
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return await new Promise((resolve, reject) => {
+          this.client[method](request, { deadline: Date.now() + this.callTimeoutMs },
+            (err, resp) => (err ? reject(err) : resolve(resp)));
+        });
+      } catch (err) {
+        if (err.code === undefined) throw err;
+        const { info, retryAfterMs } = errorDetails(err);
+        if (RETRYABLE.has(err.code) && attempt < this.ledgerRetries) {
+          await sleep(retryAfterMs ?? 100 * 2 ** attempt);
+          continue;
+        }
+        throw new LedgerError(err, info, retryAfterMs);
+      }
+    }
+  }
+
+  async lookup(operationId) {
+    return (await this.rpc('Lookup', { operation_id: operationId })).operation;
+  }
+
+  // Runs fn at most once for op.operationId, whoever retries it and however
+  // often. fn gets { operationId, idempotencyKey, attempt, fencingToken } and
+  // returns { resource_id, data }. It throws RetryableToolError when nothing
+  // was applied, FinalToolError when the tool failed for good, and anything
+  // else when it cannot tell (a timeout): the ledger then records UNKNOWN and
+  // the operation must be reconciled before an irreversible tool runs again.
+  async callTool({
+    operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000,
+  }, fn) {
+    const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
+    const deadline = Date.now() + waitMs;
+    for (;;) {
+      const resp = await this.rpc('Reserve', {
+        operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect,
+      });
+      const op = resp.operation;
+      this.log(`Reserve ${operationId}: ${resp.decision} (${op.state}, attempt ${op.attempt}, fencing token ${op.fencing_token})`);
+      switch (resp.decision) {
+        case 'DECISION_REPLAY':
+          if (op.state === 'STATE_SUCCEEDED') return Ledger.outcome(op, true);
+          throw new ToolFailedError(op.failure || {}, true);
+        case 'DECISION_IN_PROGRESS': {
+          const pause = Math.max(durationMs(resp.retry_after), 50);
+          if (Date.now() + pause > deadline) throw new Error(`operation ${operationId} is still held by another caller`);
+          await sleep(pause);
+          break;
+        }
+        case 'DECISION_RECONCILE':
+          throw new NeedsReconciliationError(op);
+        case 'DECISION_EXECUTE':
+          return this.execute(op, fn);
+        default:
+          throw new Error(`unexpected decision ${resp.decision}`);
+      }
+    }
+  }
+
+  async execute(op, fn) {
+    const claim = { operation_id: op.operation_id, fencing_token: op.fencing_token };
+    let produced;
+    try {
+      produced = await fn({
+        operationId: op.operation_id, idempotencyKey: op.operation_id, attempt: op.attempt, fencingToken: op.fencing_token,
+      });
+    } catch (err) {
+      if (err instanceof RetryableToolError) {
+        await this.rpc('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE' });
+      } else if (err instanceof FinalToolError) {
+        const done = await this.rpc('Complete', { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } });
+        throw new ToolFailedError(done.operation.failure || {}, false);
+      } else {
+        // A timeout, a crash of the tool: nobody knows whether it applied.
+        await this.rpc('MarkUnknown', { ...claim, reason: 'the tool ended without an answer' });
+      }
+      throw err;
+    }
+    const done = await this.rpc('Complete', {
+      ...claim,
+      outcome: 'OUTCOME_SUCCEEDED',
+      result: { resource_id: produced.resource_id || '', data: toStruct(produced.data || {}) },
+    });
+    this.log(`Complete ${op.operation_id}: ${done.operation.state}`);
+    return Ledger.outcome(done.operation, false);
+  }
+
+  static outcome(op, replayed) {
+    const result = op.result || {};
+    return {
+      resourceId: result.resource_id || '', data: fromStruct(result.data), replayed, operation: op,
+    };
+  }
+}
+
+module.exports = {
+  DOMAIN,
+  Ledger,
+  LedgerError,
+  ToolFailedError,
+  NeedsReconciliationError,
+  RetryableToolError,
+  FinalToolError,
+  errorDetails,
+  toStruct,
+  fromStruct,
+  grpc,
+};

@@ -1,0 +1,250 @@
+"""Wires the operation ledger into an agent runtime's side-effecting tool calls.
+
+Copy this module into a Python agent runtime (with gen/python on sys.path, or
+the stubs generated into your own package) and route every tool call that
+changes the world through Ledger.call_tool:
+
+    ledger = Ledger("127.0.0.1:50051")
+    outcome = ledger.call_tool(
+        operation_id=f"{run_id}:{call_id}",   # minted once, reused by every retry
+        tool="tickets.create",
+        params={"title": "Printer on fire", "priority": 2},
+        permit_id=approval_id,
+        fn=lambda attempt: tickets.create(..., idempotency_key=attempt.idempotency_key),
+    )
+
+call_tool reserves the operation, runs fn only when the ledger says
+DECISION_EXECUTE, records the outcome with the attempt's fencing token, and
+otherwise replays the recorded result, waits for another caller's live claim,
+or stops for reconciliation. Refusals arrive as LedgerError with the
+google.rpc.ErrorInfo reason the service attached (IDEMPOTENCY_KEY_REUSED, ...).
+
+Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+# The generated stubs: gen/python holds ledger/v1 (ledger_pb2, ledger_pb2_grpc)
+# and google/rpc (status_pb2, error_details_pb2), produced by `make generate`.
+_GEN = Path(__file__).resolve().parents[2] / "gen" / "python"
+if str(_GEN) not in sys.path:
+    sys.path.insert(0, str(_GEN))
+
+import grpc  # noqa: E402
+from google.protobuf import json_format, struct_pb2  # noqa: E402
+from google.rpc import error_details_pb2, status_pb2  # noqa: E402
+from ledger.v1 import ledger_pb2 as pb  # noqa: E402
+from ledger.v1 import ledger_pb2_grpc  # noqa: E402
+
+DOMAIN = "ledger.v1"
+
+# Status codes after which the same ledger call may simply be repeated: every
+# ledger RPC is safe to retry with the same arguments.
+_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class LedgerError(Exception):
+    """The ledger refused a call: the gRPC code and the ErrorInfo it carried.
+
+    reason is the ErrorInfo reason (IDEMPOTENCY_KEY_REUSED, STALE_FENCING_TOKEN,
+    NOT_FOUND, ...) and metadata its metadata (for IDEMPOTENCY_KEY_REUSED,
+    metadata["differs"] names what changed: tool, params and/or permit).
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, info: error_details_pb2.ErrorInfo | None,
+                 retry_after: float | None = None):
+        self.code = code
+        self.message = message
+        self.reason = info.reason if info else ""
+        self.domain = info.domain if info else ""
+        self.metadata = dict(info.metadata) if info else {}
+        self.retry_after = retry_after
+        super().__init__(f"{code.name} {self.reason or '(no ErrorInfo)'}: {message}")
+
+
+class ToolFailed(Exception):
+    """The operation failed for good (this call, or an earlier one replayed)."""
+
+    def __init__(self, code: str, message: str, replayed: bool):
+        self.code, self.replayed = code, replayed
+        super().__init__(f"tool failed ({code}): {message}")
+
+
+class NeedsReconciliation(Exception):
+    """Nobody knows whether the effect happened: ask the destination, then Reconcile."""
+
+    def __init__(self, operation: pb.Operation):
+        self.operation = operation
+        super().__init__(f"operation {operation.operation_id} needs reconciliation ({operation.reason})")
+
+
+class RetryableToolError(Exception):
+    """Raise from fn when the failure proves nothing was applied (HTTP 429, a 503 before acceptance)."""
+
+
+class FinalToolError(Exception):
+    """Raise from fn when the tool failed for good (HTTP 400, a declined card)."""
+
+    def __init__(self, code: str, message: str = ""):
+        self.code = code
+        super().__init__(message or code)
+
+
+@dataclass
+class Attempt:
+    """What fn gets: the key to hand to the destination and the claim it runs under."""
+
+    operation_id: str
+    idempotency_key: str
+    attempt: int
+    fencing_token: int
+
+
+@dataclass
+class Outcome:
+    """What call_tool returns: the recorded result, and whether an earlier call produced it."""
+
+    resource_id: str
+    data: dict[str, Any]
+    replayed: bool
+    operation: pb.Operation = field(repr=False)
+
+
+def error_info(err: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, float | None]:
+    """Decodes the google.rpc.Status in the grpc-status-details-bin trailer.
+
+    Returns the ErrorInfo (None when there is none) and the RetryInfo delay in
+    seconds (None when there is none).
+    """
+    info, retry_after = None, None
+    for key, value in err.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                retry_after = retry.retry_delay.ToTimedelta().total_seconds()
+    return info, retry_after
+
+
+def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(value)
+    return s
+
+
+class Ledger:
+    """A client of ledger.v1.LedgerService for one agent runtime."""
+
+    def __init__(self, target: str, *, channel: grpc.Channel | None = None, call_timeout: float = 5.0,
+                 ledger_retries: int = 3, log: Callable[[str], None] | None = None):
+        self.channel = channel or grpc.insecure_channel(target)
+        self.stub = ledger_pb2_grpc.LedgerServiceStub(self.channel)
+        self.call_timeout = call_timeout
+        self.ledger_retries = ledger_retries
+        self.log = log or (lambda _msg: None)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def rpc(self, method: str, request):
+        """Calls one ledger RPC, repeating it while the ledger is unavailable.
+
+        Any other error becomes a LedgerError carrying its ErrorInfo reason.
+        """
+        call = getattr(self.stub, method)
+        for attempt in range(self.ledger_retries + 1):
+            try:
+                return call(request, timeout=self.call_timeout)
+            except grpc.RpcError as err:
+                info, retry_after = error_info(err)
+                if err.code() in _RETRYABLE_CODES and attempt < self.ledger_retries:
+                    time.sleep(retry_after or 0.1 * 2 ** attempt)
+                    continue
+                raise LedgerError(err.code(), err.details() or "", info, retry_after) from None
+        raise AssertionError("unreachable")
+
+    def lookup(self, operation_id: str) -> pb.Operation:
+        return self.rpc("Lookup", pb.LookupRequest(operation_id=operation_id)).operation
+
+    def call_tool(self, *, operation_id: str, tool: str, params: dict[str, Any], permit_id: str,
+                  fn: Callable[[Attempt], dict[str, Any]], effect: int = pb.EFFECT_UNSPECIFIED,
+                  wait: float = 30.0) -> Outcome:
+        """Runs fn at most once for operation_id, whoever retries it and however often.
+
+        fn returns {"resource_id": str, "data": dict}. It raises
+        RetryableToolError when nothing was applied, FinalToolError when the
+        tool failed for good, and anything else when it cannot tell (a
+        timeout): the ledger then records UNKNOWN and the operation must be
+        reconciled before an irreversible tool runs again.
+        """
+        holder = secrets.token_hex(16)  # one per call, never a hostname or pid
+        deadline = time.monotonic() + wait
+        while True:
+            resp = self.rpc("Reserve", pb.ReserveRequest(
+                operation_id=operation_id, tool=tool, params=to_struct(params),
+                permit_id=permit_id, holder=holder, effect=effect))
+            op = resp.operation
+            self.log(f"Reserve {operation_id}: {pb.Decision.Name(resp.decision)} "
+                     f"({pb.State.Name(op.state)}, attempt {op.attempt}, fencing token {op.fencing_token})")
+
+            if resp.decision == pb.DECISION_REPLAY:
+                if op.state == pb.STATE_SUCCEEDED:
+                    return self._outcome(op, replayed=True)
+                raise ToolFailed(op.failure.code, op.failure.message, replayed=True)
+            if resp.decision == pb.DECISION_IN_PROGRESS:
+                pause = max(resp.retry_after.ToTimedelta().total_seconds(), 0.05)
+                if time.monotonic() + pause > deadline:
+                    raise TimeoutError(f"operation {operation_id} is still held by another caller")
+                time.sleep(pause)
+                continue
+            if resp.decision == pb.DECISION_RECONCILE:
+                raise NeedsReconciliation(op)
+            if resp.decision != pb.DECISION_EXECUTE:
+                raise LedgerError(grpc.StatusCode.UNKNOWN, f"unexpected decision {resp.decision}", None)
+            return self._execute(op, fn)
+
+    def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]]) -> Outcome:
+        attempt = Attempt(operation_id=op.operation_id, idempotency_key=op.operation_id,
+                          attempt=op.attempt, fencing_token=op.fencing_token)
+        try:
+            produced = fn(attempt)
+        except RetryableToolError:
+            self.rpc("Complete", pb.CompleteRequest(operation_id=op.operation_id, fencing_token=op.fencing_token,
+                                                    outcome=pb.OUTCOME_FAILED_RETRYABLE))
+            raise
+        except FinalToolError as err:
+            done = self.rpc("Complete", pb.CompleteRequest(
+                operation_id=op.operation_id, fencing_token=op.fencing_token, outcome=pb.OUTCOME_FAILED_FINAL,
+                failure=pb.Failure(code=err.code)))
+            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False) from err
+        except BaseException:
+            # A timeout, a crash of the tool: nobody knows whether it applied.
+            self.rpc("MarkUnknown", pb.MarkUnknownRequest(operation_id=op.operation_id,
+                                                          fencing_token=op.fencing_token,
+                                                          reason="the tool ended without an answer"))
+            raise
+        done = self.rpc("Complete", pb.CompleteRequest(
+            operation_id=op.operation_id, fencing_token=op.fencing_token, outcome=pb.OUTCOME_SUCCEEDED,
+            result=pb.Result(resource_id=produced.get("resource_id", ""),
+                             data=to_struct(produced.get("data") or {}))))
+        self.log(f"Complete {op.operation_id}: {pb.State.Name(done.operation.state)}")
+        return self._outcome(done.operation, replayed=False)
+
+    @staticmethod
+    def _outcome(op: pb.Operation, replayed: bool) -> Outcome:
+        return Outcome(resource_id=op.result.resource_id,
+                       data=json_format.MessageToDict(op.result.data),
+                       replayed=replayed, operation=op)

@@ -1,0 +1,230 @@
+package polyglot
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// raceEnabled is set when the tests run with -race: ledgerd is then built
+// with -race too, so it shares the build cache with the rest of the suite
+// and reports its own races.
+var raceEnabled bool
+
+var (
+	tmpDir     string
+	buildOnce  sync.Once
+	ledgerdBin string
+	buildErr   error
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ledger-polyglot-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tmpDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// repoRoot is the module root: the tests run in internal/polyglot.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("no go.mod at %s: %v", root, err)
+	}
+	return root
+}
+
+// required reports whether a missing tool fails the test (make test) rather
+// than skipping it (a plain go test).
+func required() bool { return os.Getenv("LEDGER_TEST_POLYGLOT") == "require" }
+
+// need skips or fails the test when a tool it needs is missing.
+func need(t *testing.T, ok bool, format string, args ...any) {
+	t.Helper()
+	if ok {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if required() {
+		t.Fatalf("%s (LEDGER_TEST_POLYGLOT=require: make test installs it)", msg)
+	}
+	t.Skipf("%s: skipped (make test installs it)", msg)
+}
+
+// cleanEnv is the environment without the ledger's own variables (so ledgerd
+// runs on its embedded engine whatever the caller's shell says) and without
+// Python's (so the system interpreter sees only its own packages).
+func cleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "LEDGER_") || strings.HasPrefix(kv, "PYTHON") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// ledgerd builds cmd/ledgerd once for the package.
+func ledgerd(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		ledgerdBin = filepath.Join(tmpDir, "ledgerd")
+		args := []string{"build"}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "-o", ledgerdBin, "./cmd/ledgerd")
+		cmd := exec.Command("go", args...)
+		cmd.Dir = repoRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return ledgerdBin
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startLedgerd runs a fresh ledgerd (embedded engine) on a free loopback
+// port until the test ends, waits until it reports SERVING, and returns its
+// address.
+func startLedgerd(t *testing.T) string {
+	t.Helper()
+	bin := ledgerd(t)
+	var lastErr error
+	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
+		addr := freeAddr(t)
+		log := &lockedBuffer{}
+		cmd := exec.Command(bin, "--listen", addr)
+		cmd.Env = cleanEnv()
+		cmd.Stdout, cmd.Stderr = log, log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		if err := waitServing(addr, exited); err != nil {
+			_ = cmd.Process.Kill()
+			<-exited
+			lastErr = fmt.Errorf("%v\n%s", err, log.String())
+			continue
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("ledgerd did not stop cleanly: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+				t.Errorf("ledgerd did not stop within 20s of SIGTERM")
+			}
+			if t.Failed() {
+				t.Logf("ledgerd log:\n%s", log.String())
+			}
+		})
+		return addr
+	}
+	t.Fatalf("ledgerd never served: %v", lastErr)
+	return ""
+}
+
+func waitServing(addr string, exited <-chan error) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	health := grpc_health_v1.NewHealthClient(conn)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("ledgerd exited: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := health.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "ledger.v1.LedgerService"})
+		cancel()
+		if err == nil && r.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(errors.New("no SERVING within 30s"), err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// runClient runs an example client against addr and fails the test unless it
+// exits 0 having printed want.
+func runClient(t *testing.T, want string, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = repoRoot(t)
+	cmd.Env = cleanEnv("PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
+	if err != nil {
+		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("%s %s exited 0 without printing %q", name, strings.Join(args, " "), want)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package polyglot
+
+func init() { raceEnabled = true }
