@@ -1,11 +1,14 @@
 package ledger
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/opledger/ledger/fingerprint"
 )
@@ -601,9 +604,23 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 	})
 }
 
-// countKeys counts the keys that name the tenant.
+// countKeys counts the keys that name the tenant (on every master of a
+// cluster).
 func countKeys(e *env, tenant string) (int, error) {
-	keys, err := e.rdb.Keys(e.ctx, "*:"+encodeComponent(tenant)+"*").Result()
+	pattern := "*:" + encodeComponent(tenant) + "*"
+	if cc, ok := e.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		n := 0
+		err := cc.ForEachMaster(e.ctx, func(ctx context.Context, c *redis.Client) error {
+			keys, err := c.Keys(ctx, pattern).Result()
+			mu.Lock()
+			n += len(keys)
+			mu.Unlock()
+			return err
+		})
+		return n, err
+	}
+	keys, err := e.rdb.Keys(e.ctx, pattern).Result()
 	return len(keys), err
 }
 

@@ -134,6 +134,38 @@ func (s *Server) launch(path string) error {
 	return errors.New("redis-server did not answer PING within 10s")
 }
 
+// Running reports whether the server process is alive.
+func (s *Server) Running() bool {
+	if s.done == nil {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Restart starts the server again after Stop (or a crash), on the same
+// port, directory (its RDB/AOF files) and options.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.Stop()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatal(MissingMessage)
+	}
+	var lastErr error
+	for range 50 { // the port may take a moment to be free again
+		if lastErr = s.launch(path); lastErr == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	tb.Fatalf("restarting redis-server: %v", lastErr)
+}
+
 // Stop kills the server (SIGKILL) and waits for it to exit.
 func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
@@ -174,6 +206,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer s.Stop()
+	defer stopSharedCluster()
 	sharedMu.Lock()
 	shared = s
 	sharedMu.Unlock()
@@ -209,15 +242,20 @@ func lastLine(s string) string {
 	return s
 }
 
-// EachBackend runs f as two parallel subtests: "redis", on the shared
-// redis-server (see Main), and "embedded", on a fresh in-process engine
+// EachBackend runs f as parallel subtests: "redis", on the shared
+// redis-server (see Main); "cluster", on the shared 3-master Redis Cluster
+// (see SharedCluster); and "embedded", on a fresh in-process engine
 // (miniredis with TTLs on the real clock, as ledgerd runs without Redis).
-// Tests on the shared server keep apart by tenant or operation id.
+// Tests on the shared servers keep apart by tenant or operation id.
 func EachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
 	t.Helper()
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		f(t, Shared(t).Client(t))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		f(t, SharedCluster(t).Client(t))
 	})
 	t.Run("embedded", func(t *testing.T) {
 		t.Parallel()
