@@ -74,6 +74,7 @@ var reasons = map[string]error{
 	"NOT_FOUND":               ErrNotFound,
 	"INVALID_ARGUMENT":        ErrInvalidArgument,
 	"STORE_UNAVAILABLE":       ErrUnavailable,
+	"NOT_REPLICATED":          ErrUnavailable,
 	"UNAUTHENTICATED":         ErrUnauthenticated,
 	"PERMISSION_DENIED":       ErrPermissionDenied,
 	"RATE_LIMITED":            ErrRateLimited,

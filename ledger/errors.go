@@ -23,13 +23,14 @@ const (
 	KindInProgress                     // a live claim holds the operation
 	KindUnavailable                    // the store is unreachable or refused the write
 	KindQuotaExceeded                  // the tenant holds too many unresolved operations
+	KindNotReplicated                  // fewer replicas than required acknowledged the write
 )
 
 var kindNames = [...]string{
 	"other error", "invalid argument", "not found", "idempotency key reused",
 	"idempotency key expired", "stale fencing token", "completion conflict",
 	"already resolved", "operation in progress", "store unavailable",
-	"unresolved operations limit reached",
+	"unresolved operations limit reached", "write not replicated",
 }
 
 // String describes the kind.
@@ -53,6 +54,7 @@ var (
 	ErrInProgress         = &Error{Kind: KindInProgress}
 	ErrUnavailable        = &Error{Kind: KindUnavailable}
 	ErrQuotaExceeded      = &Error{Kind: KindQuotaExceeded}
+	ErrNotReplicated      = &Error{Kind: KindNotReplicated}
 )
 
 // Violation is one problem with one input field, named as on the wire
@@ -79,6 +81,9 @@ type Error struct {
 	State State
 	// RetryAfter is when the live claim's lease ends (KindInProgress).
 	RetryAfter time.Duration
+	// Replicas is how many replicas acknowledged a write
+	// (KindNotReplicated).
+	Replicas int
 	// Operation is the record where the caller can use it
 	// (KindCompletionConflict, KindAlreadyResolved, KindInProgress).
 	Operation *Operation

@@ -38,6 +38,14 @@ type Options struct {
 	// Observer receives an Event for every script run, transition, decision
 	// and refusal (nil: none), for metrics and traces.
 	Observer Observer
+	// WaitReplicas, when positive, makes every write wait (Redis WAIT, on the
+	// same connection, in the same round trip) until that many replicas have
+	// it, for at most WaitTimeout. When fewer acknowledge, the call fails
+	// with KindNotReplicated: the write stands on the primary, and the same
+	// call may be repeated.
+	WaitReplicas int
+	// WaitTimeout bounds WAIT (100ms when zero).
+	WaitTimeout time.Duration
 }
 
 // Ledger is the operation ledger on one Redis deployment. It is safe for
@@ -49,6 +57,8 @@ type Ledger struct {
 	log      *slog.Logger
 	limit    func(tenant string) int
 	observe  Observer
+	waitN    int
+	waitFor  time.Duration
 }
 
 // New returns a Ledger storing its records through rdb.
@@ -62,7 +72,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 			return nil, fmt.Errorf("ledger: key prefix %q: only letters, digits, '.', '_' and '-' are allowed", prefix)
 		}
 	}
-	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer}
+	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer,
+		waitN: opts.WaitReplicas, waitFor: opts.WaitTimeout}
+	if l.waitFor <= 0 {
+		l.waitFor = 100 * time.Millisecond
+	}
 	if l.policies == nil {
 		l.policies = DefaultPolicies()
 	}
@@ -322,7 +336,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		return nil, invalid(op, vs...)
 	}
 	k := l.keys.op(who.Tenant, id)
-	code, aux, rec, extra, err := l.runKeys(ctx, op, lookupScript, k.all[:3], who.ID, k.member)
+	code, aux, rec, extra, err := l.runKeys(ctx, op, lookupScript, false, k.all[:3], who.ID, k.member)
 	if err != nil {
 		return nil, err
 	}
@@ -367,16 +381,64 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 // run runs a write script on an operation's five keys with the principal and
 // lease member as ARGV[1..2], followed by args.
 func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, map[string]string, []any, error) {
-	code, aux, rec, extra, err := l.runKeys(ctx, op, s, k.all, principal, append([]any{k.member}, args...)...)
-	if err == nil {
+	code, aux, rec, extra, err := l.runKeys(ctx, op, s, true, k.all, principal, append([]any{k.member}, args...)...)
+	if err == nil || KindOf(err) == KindNotReplicated {
 		l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
 	}
 	return code, aux, rec, extra, err
 }
 
-func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, keys []string, principal string, args ...any) (int64, string, map[string]string, []any, error) {
+// eval runs a script: EVALSHA with the EVAL fallback, and for a write, when
+// replicas are required, WAIT on the same connection in the same round
+// trip. It returns the script's reply, and for a write that fewer replicas
+// acknowledged, the reply with a *Error of KindNotReplicated.
+func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write bool, keys []string, args []any) ([]any, error) {
+	if !write || l.waitN <= 0 {
+		return s.Run(ctx, l.rdb, keys, args...).Slice()
+	}
+	var c redis.Cmdable = l.rdb
+	if cc, ok := l.rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, keys[0]) // WAIT counts the replicas of this connection's node
+		if err != nil {
+			return nil, err
+		}
+		c = node
+	}
+	once := func(full bool) ([]any, int64, error) {
+		pipe := c.Pipeline() // one connection: WAIT covers the script's write
+		ev := s.EvalSha(ctx, pipe, keys, args...)
+		if full {
+			ev = s.Eval(ctx, pipe, keys, args...)
+		}
+		w := redis.NewIntCmd(ctx, "wait", l.waitN, l.waitFor.Milliseconds())
+		_ = pipe.Process(ctx, w)
+		_, _ = pipe.Exec(ctx)
+		res, err := ev.Slice()
+		if err != nil {
+			return nil, 0, err
+		}
+		return res, w.Val(), w.Err()
+	}
+	res, acked, err := once(false)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		res, acked, err = once(true)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if acked < int64(l.waitN) {
+		return res, &Error{Op: op, Kind: KindNotReplicated, Replicas: int(acked), Err: fmt.Errorf("%d of %d replicas acknowledged within %s", acked, l.waitN, l.waitFor)}
+	}
+	return res, nil
+}
+
+func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal string, args ...any) (int64, string, map[string]string, []any, error) {
 	start := time.Now()
-	raw, err := s.Run(ctx, l.rdb, keys, append([]any{principal}, args...)...).Slice()
+	raw, err := l.eval(ctx, op, s, write, keys, append([]any{principal}, args...))
+	var notReplicated error
+	if KindOf(err) == KindNotReplicated {
+		notReplicated, err = err, nil
+	}
 	if err != nil {
 		err = storeError(op, err)
 		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
@@ -395,7 +457,7 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, keys [
 		v, _ := flat[i+1].(string)
 		rec[f] = v
 	}
-	return code, aux, rec, raw[3:], nil
+	return code, aux, rec, raw[3:], notReplicated
 }
 
 // codeError turns a script's error code into an *Error.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/redistest"
 )
 
 var (
@@ -675,4 +677,51 @@ func reasonsOf(o *ledgerv1.Operation) []string {
 		out = append(out, h.Reason)
 	}
 	return out
+}
+
+// TestS1AcrossThreeInstances: 64 callers of one operation spread over three
+// ledger services sharing one store get exactly one EXECUTE.
+func TestS1AcrossThreeInstances(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		envs := []*env{startEnv(t, rdb), startEnv(t, rdb), startEnv(t, rdb)}
+		d := newDestination()
+		id := envs[0].id("refund")
+		var executes atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 64 {
+			e := envs[i%3]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := e.c.Reserve(e.ctx, reserveReq(id, "payments.refund", mustStruct(t, map[string]any{"amount": 42}), newHolder()))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Decision == ledgerv1.Decision_DECISION_EXECUTE {
+					executes.Add(1)
+					rid, _ := d.apply(id, "42")
+					if _, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: res.Operation.FencingToken,
+						Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: rid}}); err != nil {
+						t.Error(err)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if n := executes.Load(); n != 1 {
+			t.Fatalf("%d callers got EXECUTE across three instances, want 1", n)
+		}
+		if n := d.count(id); n != 1 {
+			t.Fatalf("the destination applied the effect %d times, want 1", n)
+		}
+		for _, e := range envs {
+			if got, err := e.perform(t, d, id, "payments.refund", map[string]any{"amount": 42}); err != nil || got != "R-1" {
+				t.Fatalf("replay through another instance = %q, %v", got, err)
+			}
+		}
+	})
 }

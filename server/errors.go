@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +35,7 @@ const (
 	ReasonPermissionDenied   = "PERMISSION_DENIED"
 	ReasonRateLimited        = "RATE_LIMITED"
 	ReasonUnresolvedLimit    = "UNRESOLVED_LIMIT"
+	ReasonNotReplicated      = "NOT_REPLICATED"
 	ReasonInternal           = "INTERNAL"
 	ReasonCanceled           = "CANCELED"
 	ReasonDeadlineExceeded   = "DEADLINE_EXCEEDED"
@@ -97,6 +99,11 @@ func toStatus(err error) *status.Status {
 		return withDetails(codes.ResourceExhausted,
 			"the tenant holds as many unresolved operations as it may; resolve some (ListUnresolved) before starting new ones",
 			info(ReasonUnresolvedLimit, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+	case ledger.KindNotReplicated:
+		return withDetails(codes.Unavailable,
+			"the write is on the primary but fewer replicas than required acknowledged it; retry the same call",
+			info(ReasonNotReplicated, map[string]string{"acknowledged": strconv.Itoa(e.Replicas)}),
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(storeRetryDelay)})
 	case ledger.KindUnavailable:
 		return withDetails(codes.Unavailable,
 			"the store is unavailable or refused the write; retry the same call, and never execute without a reservation",

@@ -8,6 +8,9 @@
 //	--listen            LEDGER_LISTEN            address to serve (127.0.0.1:50051); loopback only
 //	--redis-url         LEDGER_REDIS_URL         redis://[user:password@]host:port/db, rediss:// for TLS
 //	--redis-ca          LEDGER_REDIS_CA          CA of Redis's certificate (PEM), for rediss:// with a private CA
+//	--redis-mode        LEDGER_REDIS_MODE        single, cluster (?addr=... seeds) or sentinel (?master_name=...) (single)
+//	--wait-replicas     LEDGER_WAIT_REPLICAS     replicas every write waits for (WAIT); 0: none
+//	--wait-timeout      LEDGER_WAIT_TIMEOUT      how long a write waits for them (100ms)
 //	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
 //	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
 //	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
@@ -44,6 +47,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
@@ -110,6 +114,10 @@ type config struct {
 	allowPlaintext   bool
 	redisCA          string
 
+	redisMode    string
+	waitReplicas int
+	waitTimeout  time.Duration
+
 	metricsListen  string
 	tenantLabel    bool
 	otlpEndpoint   string
@@ -135,6 +143,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.logLevel, "log-level", env("LEDGER_LOG_LEVEL", "info"), "debug, info, warn or error [LEDGER_LOG_LEVEL]")
 	sweep := fs.String("sweep-interval", env("LEDGER_SWEEP_INTERVAL", ledger.DefaultSweepInterval.String()), "how often expired leases are swept [LEDGER_SWEEP_INTERVAL]")
 	shutdown := fs.String("shutdown-timeout", env("LEDGER_SHUTDOWN_TIMEOUT", "10s"), "how long running calls may take to finish at shutdown [LEDGER_SHUTDOWN_TIMEOUT]")
+	fs.StringVar(&c.redisMode, "redis-mode", env("LEDGER_REDIS_MODE", "single"), "single, cluster (Redis Cluster: --redis-url lists seed nodes as ?addr=host:port) or sentinel (?master_name=NAME) [LEDGER_REDIS_MODE]")
+	waitReplicas := fs.String("wait-replicas", env("LEDGER_WAIT_REPLICAS", "0"), "replicas every write waits for (WAIT); 0: none [LEDGER_WAIT_REPLICAS]")
+	waitTimeout := fs.String("wait-timeout", env("LEDGER_WAIT_TIMEOUT", "100ms"), "how long a write waits for its replicas [LEDGER_WAIT_TIMEOUT]")
 	fs.StringVar(&c.redisCA, "redis-ca", env("LEDGER_REDIS_CA", ""), "CA of the Redis server's certificate, PEM, for a rediss:// URL with a private CA [LEDGER_REDIS_CA]")
 	fs.StringVar(&c.authFile, "auth-file", env("LEDGER_AUTH_FILE", ""), "credentials file (API keys, client certificates, tenant limits); empty: no authentication, loopback only [LEDGER_AUTH_FILE]")
 	fs.StringVar(&c.tls.Cert, "tls-cert", env("LEDGER_TLS_CERT", ""), "server certificate chain, PEM [LEDGER_TLS_CERT]")
@@ -174,6 +185,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.burst, err = strconv.Atoi(*rateBurst); err != nil || c.burst < 0 {
 		return c, fmt.Errorf("--rate-burst %q: want a count, 0 for the rate", *rateBurst)
+	}
+	if c.waitReplicas, err = strconv.Atoi(*waitReplicas); err != nil || c.waitReplicas < 0 {
+		return c, fmt.Errorf("--wait-replicas %q: want a count, 0 for none", *waitReplicas)
+	}
+	if c.waitTimeout, err = time.ParseDuration(*waitTimeout); err != nil || c.waitTimeout <= 0 {
+		return c, fmt.Errorf("--wait-timeout %q: want a positive duration like 100ms", *waitTimeout)
 	}
 	if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
 		return c, fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
@@ -252,12 +269,47 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true})
 		return rdb, func() { _ = rdb.Close(); m.Close() }, nil
 	}
-	opts, err := redis.ParseURL(c.redisURL)
+	// Every mode: a caller's gRPC deadline bounds its Redis call too
+	// (ContextTimeoutEnabled), and no client-name handshake (DisableIdentity).
+	var (
+		newClient func() redis.UniversalClient
+		tlsConf   **tls.Config
+		addrs     []string
+		err       error
+	)
+	switch c.redisMode {
+	case "single":
+		var o *redis.Options
+		if o, err = redis.ParseURL(c.redisURL); err == nil {
+			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			tlsConf, addrs = &o.TLSConfig, []string{o.Addr}
+			newClient = func() redis.UniversalClient { return redis.NewClient(o) }
+		}
+	case "cluster":
+		var o *redis.ClusterOptions
+		if o, err = redis.ParseClusterURL(c.redisURL); err == nil {
+			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			tlsConf, addrs = &o.TLSConfig, o.Addrs
+			newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
+		}
+	case "sentinel":
+		var o *redis.FailoverOptions
+		if o, err = redis.ParseFailoverURL(c.redisURL); err == nil {
+			if o.MasterName == "" {
+				err = errors.New("a sentinel URL needs ?master_name=NAME")
+			}
+			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			tlsConf, addrs = &o.TLSConfig, o.SentinelAddrs
+			newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
+		}
+	default:
+		return nil, nil, fmt.Errorf("--redis-mode %q: want single, cluster or sentinel", c.redisMode)
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("--redis-url: %w", errors.New(redactURL(err.Error(), c.redisURL)))
+		return nil, nil, fmt.Errorf("--redis-url (%s): %w", c.redisMode, errors.New(redactURL(err.Error(), c.redisURL)))
 	}
 	if c.redisCA != "" {
-		if opts.TLSConfig == nil {
+		if *tlsConf == nil {
 			return nil, nil, errors.New("--redis-ca needs a rediss:// URL")
 		}
 		pem, err := os.ReadFile(c.redisCA)
@@ -268,13 +320,10 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, nil, fmt.Errorf("--redis-ca %s: no PEM certificate in it", c.redisCA)
 		}
-		opts.TLSConfig.RootCAs = pool
+		(*tlsConf).RootCAs = pool
 	}
-	opts.DisableIdentity = true
-	// A caller's gRPC deadline bounds its Redis call too.
-	opts.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opts)
-	log.Info("using Redis", "addr", opts.Addr, "db", opts.DB, "tls", opts.TLSConfig != nil)
+	rdb := newClient()
+	log.Info("using Redis", "mode", c.redisMode, "addrs", addrs, "tls", *tlsConf != nil)
 	return rdb, func() { _ = rdb.Close() }, nil
 }
 
@@ -473,7 +522,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return c.maxUnresolved
 	}
 	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log,
-		UnresolvedLimit: unresolvedLimit, Observer: met.Observe})
+		UnresolvedLimit: unresolvedLimit, Observer: met.Observe,
+		WaitReplicas: c.waitReplicas, WaitTimeout: c.waitTimeout})
 	if err != nil {
 		return err
 	}

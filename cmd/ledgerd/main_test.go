@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +36,7 @@ import (
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
+	"github.com/redis/go-redis/v9"
 )
 
 type lockedBuffer struct {
@@ -384,4 +387,53 @@ func TestDurabilityWarnings(t *testing.T) {
 			t.Fatalf("the log lacks %q:\n%s", s, out.String())
 		}
 	}
+}
+
+func TestRedisModes(t *testing.T) {
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.SharedCluster(t)
+		addrs := cl.Addrs()
+		url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
+		c, out := serve(t, "--redis-mode", "cluster", "--redis-url", url, "--wait-replicas", "1", "--wait-timeout", "2s")
+		for i := range 20 {
+			r, err := c.Reserve(context.Background(), &ledgerv1.ReserveRequest{OperationId: fmt.Sprintf("modes-%d", i), Tool: "t.x", Holder: "h"})
+			if err != nil || r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+				t.Fatalf("Reserve on the cluster = %v, %v\n%s", r, err, out.String())
+			}
+		}
+		// The operations are spread over the masters.
+		var masters atomic.Int32
+		err := cl.Client(t).ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error {
+			keys, err := n.Keys(ctx, "ledger:*:op:*modes-*").Result()
+			if len(keys) > 0 {
+				masters.Add(1)
+			}
+			return err
+		})
+		if err != nil || masters.Load() < 2 {
+			t.Fatalf("operations on %d masters (%v)", masters.Load(), err)
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		master := redistest.Start(t)
+		sentinel := redistest.StartSentinel(t, master, "ledgermaster")
+		c, out := serve(t, "--redis-mode", "sentinel", "--redis-url", "redis://"+sentinel.Addr+"?master_name=ledgermaster")
+		if r := reserveOnce(t, c, "tickets.create"); r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+			t.Fatalf("Reserve through sentinel = %v\n%s", r, out.String())
+		}
+		if n, _ := master.Client(t).DBSize(context.Background()).Result(); n == 0 {
+			t.Fatal("nothing written to the master sentinel named")
+		}
+	})
+	t.Run("bad", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"--redis-mode", "ring", "--redis-url", "redis://127.0.0.1:1"},
+			{"--redis-mode", "sentinel", "--redis-url", "redis://127.0.0.1:1"},
+			{"--wait-replicas", "-1"},
+		} {
+			if err := run(context.Background(), append([]string{"--listen", "127.0.0.1:0"}, args...), io.Discard); err == nil {
+				t.Errorf("%v accepted", args)
+			}
+		}
+	})
 }

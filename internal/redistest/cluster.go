@@ -70,7 +70,42 @@ func startCluster(dir string, masters, replicas int, args []string) (*Cluster, e
 		c.Stop()
 		return nil, err
 	}
+	if err := c.waitReplicas(masters, replicas, 30*time.Second); err != nil {
+		c.Stop()
+		return nil, err
+	}
 	return c, nil
+}
+
+// waitReplicas waits until the given number of masters each have their
+// replicas connected and in sync.
+func (c *Cluster) waitReplicas(masters, replicas int, timeout time.Duration) error {
+	if replicas == 0 {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		synced := 0
+		for _, s := range c.Nodes {
+			cl := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
+			info, err := cl.Info(context.Background(), "replication").Result()
+			_ = cl.Close()
+			if err != nil || !strings.Contains(info, "role:master") {
+				continue
+			}
+			online := strings.Count(info, "state=online")
+			if online >= replicas {
+				synced++
+			}
+		}
+		if synced >= masters {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the cluster's replicas did not come in sync")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // waitOK waits until every running node reports cluster_state:ok and agrees
@@ -141,6 +176,15 @@ func (c *Cluster) MasterFor(tb testing.TB, key string) *Server {
 func (c *Cluster) WaitFailover(tb testing.TB) {
 	tb.Helper()
 	if err := c.waitOK(30 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// WaitReplicas waits until the given number of masters each have that many
+// replicas online.
+func (c *Cluster) WaitReplicas(tb testing.TB, masters, replicas int) {
+	tb.Helper()
+	if err := c.waitReplicas(masters, replicas, 30*time.Second); err != nil {
 		tb.Fatal(err)
 	}
 }

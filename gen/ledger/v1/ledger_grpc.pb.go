@@ -22,6 +22,7 @@
 //   NOT_FOUND                NOT_FOUND            no such operation
 //   INVALID_ARGUMENT         INVALID_ARGUMENT     bad input, with google.rpc.BadRequest field violations
 //   STORE_UNAVAILABLE        UNAVAILABLE          the store could not be reached or refused the write
+//   NOT_REPLICATED           UNAVAILABLE          fewer replicas than required acknowledged the write; retry
 //   UNAUTHENTICATED          UNAUTHENTICATED      no, invalid or revoked credentials
 //   PERMISSION_DENIED        PERMISSION_DENIED    the credentials lack the scope for the method
 //   RATE_LIMITED             RESOURCE_EXHAUSTED   the tenant is over its rate; RetryInfo says when

@@ -1,0 +1,110 @@
+package ledger
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/opledger/ledger/internal/redistest"
+)
+
+// TestWaitReplicas makes every write wait for one replica: with the replica
+// up, calls succeed; with it down, a write reports KindNotReplicated (it
+// stands on the primary), and the same call repeated once the replica is
+// back succeeds with the same outcome.
+func TestWaitReplicas(t *testing.T) {
+	primary := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", portOf(primary.Addr))
+	waitReplicated(t, primary)
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	who := Principal{Tenant: "t", ID: "a"}
+	req := ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"}
+	first, err := l.Reserve(ctx, who, req)
+	if err != nil || first.Decision != DecisionExecute {
+		t.Fatalf("Reserve with the replica up = %v, %v", first, err)
+	}
+	if n, _ := replica.Client(t).Exists(ctx, l.keys.op("t", "op").all[0]).Result(); n != 1 {
+		t.Fatal("the acknowledged write is not on the replica")
+	}
+
+	replica.Stop()
+	_, err = l.Complete(ctx, who, CompleteRequest{OperationID: "op", FencingToken: first.Operation.FencingToken, Outcome: OutcomeSucceeded})
+	var e *Error
+	if KindOf(err) != KindNotReplicated || !asError(err, &e) || e.Replicas != 0 {
+		t.Fatalf("Complete with the replica down = %v, want KindNotReplicated", err)
+	}
+	// The write stands on the primary.
+	if o, err := l.Lookup(ctx, who, "op"); err != nil || o.State != StateSucceeded {
+		t.Fatalf("Lookup = %+v, %v", o, err)
+	}
+
+	replica.Restart(t)
+	waitReplicated(t, primary)
+	done, err := l.Complete(ctx, who, CompleteRequest{OperationID: "op", FencingToken: first.Operation.FencingToken, Outcome: OutcomeSucceeded})
+	if err != nil || done.State != StateSucceeded {
+		t.Fatalf("the same Complete once the replica is back = %+v, %v", done, err)
+	}
+	o, _ := l.Lookup(ctx, who, "op")
+	if len(o.History) != 2 {
+		t.Fatalf("history = %v: the repeated Complete left a trace", o.History)
+	}
+}
+
+func portOf(addr string) string {
+	for i := len(addr) - 1; i >= 0; i-- {
+		if addr[i] == ':' {
+			return addr[i+1:]
+		}
+	}
+	return addr
+}
+
+// waitReplicated waits until the primary has a connected replica.
+func waitReplicated(t *testing.T, primary *redistest.Server) {
+	t.Helper()
+	c := primary.Client(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if n, err := c.Do(context.Background(), "WAIT", 1, 100).Int(); err == nil && n >= 1 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the replica never connected")
+}
+
+func asError(err error, e **Error) bool {
+	x, ok := err.(*Error)
+	if ok {
+		*e = x
+	}
+	return ok
+}
+
+// TestWaitReplicasOnCluster: on Redis Cluster the WAIT goes to the master of
+// the operation's slot, with the script, on one connection.
+func TestWaitReplicasOnCluster(t *testing.T) {
+	cl := redistest.SharedCluster(t)
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	l, err := New(cl.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	who := Principal{Tenant: "wait-" + randomHex(4), ID: "a"}
+	for i := range 20 {
+		id := "op-" + itoa(int64(i))
+		r, err := l.Reserve(ctx, who, ReserveRequest{OperationID: id, Tool: "payments.refund", PermitID: "p", Holder: "h"})
+		if err != nil {
+			t.Fatalf("Reserve %s: %v", id, err)
+		}
+		if _, err := l.Complete(ctx, who, CompleteRequest{OperationID: id, FencingToken: r.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
+			t.Fatalf("Complete %s: %v", id, err)
+		}
+	}
+}
