@@ -289,6 +289,12 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		var o *redis.ClusterOptions
 		if o, err = redis.ParseClusterURL(c.redisURL); err == nil {
 			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			// go-redis learns a failover from MOVED replies or this reload;
+			// its 60s default leaves a dead master's slots unreachable that
+			// long.
+			if o.ClusterStateReloadInterval == 0 {
+				o.ClusterStateReloadInterval = time.Second
+			}
 			tlsConf, addrs = &o.TLSConfig, o.Addrs
 			newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
 		}

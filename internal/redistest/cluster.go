@@ -171,12 +171,37 @@ func (c *Cluster) MasterFor(tb testing.TB, key string) *Server {
 	return nil
 }
 
-// WaitFailover waits until the cluster is ok again after a master died
-// (its replica promoted).
-func (c *Cluster) WaitFailover(tb testing.TB) {
+// WaitFailover waits, after the master dead was killed, until the other
+// nodes have marked it failed (a replica took its slots) and the cluster is
+// ok again. (Right after the kill the survivors still report ok: they only
+// notice after the node timeout.)
+func (c *Cluster) WaitFailover(tb testing.TB, dead *Server) {
 	tb.Helper()
-	if err := c.waitOK(30 * time.Second); err != nil {
-		tb.Fatal(err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		failed := false
+		for _, s := range c.Nodes {
+			if s == dead || !s.Running() {
+				continue
+			}
+			cl := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
+			nodes, err := cl.ClusterNodes(context.Background()).Result()
+			_ = cl.Close()
+			for _, line := range strings.Split(nodes, "\n") {
+				f := strings.Fields(line)
+				if err == nil && len(f) > 2 && strings.HasPrefix(f[1], dead.Addr) && strings.Contains(f[2], "fail") && !strings.Contains(f[2], "fail?") {
+					failed = true
+				}
+			}
+			break
+		}
+		if failed && c.waitOK(time.Second) == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("no failover within 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
