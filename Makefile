@@ -19,6 +19,9 @@ BIN       := $(CURDIR)/bin
 GO        ?= go
 FUZZTIME  ?= 30s
 ARGS      ?=
+# Flags of `make bench` (cmd/ledgerbench): the default adds the growth
+# measurement with 1k and 1M records stored (several minutes).
+BENCH_ARGS ?= --growth 1000,1000000
 # What `buf breaking` compares the protos with: the main branch (a buf git
 # input; BREAKING_AGAINST=... for another).
 BREAKING_AGAINST ?= .git\#branch=main
@@ -45,6 +48,12 @@ test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPL
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	LEDGER_TEST_POLYGLOT=require LEDGER_TEST_GRPCURL=$(BIN)/grpcurl $(GO) test -race -count=1 -timeout 20m ./...
+
+.PHONY: bench
+bench: ## measure ledgerd on fresh redis-servers: throughput and latency against health Check, memory per record, growth (BENCH_ARGS=... for flags; docs/benchmarks.md)
+	./scripts/ensure-redis-server.sh
+	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
+	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd $(BENCH_ARGS)
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)

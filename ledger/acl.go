@@ -7,12 +7,13 @@ import "strings"
 // handshake) and from inside its scripts, which Redis checks against the
 // same ACL.
 var ACLCommands = []string{
-	// connection and scripts
-	"hello", "ping", "eval", "evalsha", "script|load",
-	// reads outside scripts (ListUnresolved, Sweep) and the clock
-	"time", "hgetall", "zrangebylex", "zrangebyscore", "zrem",
-	// inside the scripts
-	"hset", "hdel", "hincrby", "rpush", "ltrim", "lrange", "zadd", "zcard", "get", "set", "pexpire",
+	// connection and scripts; wait only with Options.WaitReplicas
+	"hello", "ping", "eval", "evalsha", "script|load", "wait",
+	// reads outside scripts (ListUnresolved, Sweep, the live counts) and the clock
+	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem",
+	// inside the scripts; lrange and del only for records of the previous
+	// layout, which the scripts convert (scripts/common.lua, load_legacy)
+	"set", "hdel", "hincrby", "zadd", "zcard", "lrange", "del",
 }
 
 // ACLRules returns the rules of the least-privileged Redis user the ledger

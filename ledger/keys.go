@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"errors"
-	"fmt"
 	"hash/fnv"
 	"strings"
 )
@@ -49,7 +48,7 @@ type opKeys struct {
 }
 
 func (k keyspace) tag(shard int) string {
-	return fmt.Sprintf("%s:{s%02d}", k.prefix, shard)
+	return k.prefix + ":{s" + string([]byte{'0' + byte(shard/10), '0' + byte(shard%10)}) + "}"
 }
 
 // shardOf returns the shard of an operation: FNV-1a of the encoded tenant,

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"unicode"
@@ -139,4 +140,14 @@ func FuzzValidateID(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestSecurityDocShowsTheACL(t *testing.T) {
+	doc, err := os.ReadFile("../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "ACL SETUSER ledger on >PASSWORD "+ACLRules(DefaultPrefix)) {
+		t.Fatalf("docs/security.md does not show the rules of ACLRules:\n%s", ACLRules(DefaultPrefix))
+	}
 }

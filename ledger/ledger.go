@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -163,13 +162,13 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 			shardLimit = (n + NumShards - 1) / NumShards
 		}
 	}
-	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, map[string]string, error) {
+	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, *record, error) {
 		digest, list := fieldsDigest(fields)
 		code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
-			req.Tool, fp.String(), req.PermitID, holder, int(effect), req.RunID, req.Step,
-			retainMS, retainEndMS, pol.Lease.Milliseconds(), pol.MaxAttempts,
-			pol.Retention.Milliseconds(), pol.TombstoneRetention.Milliseconds(),
-			pol.RecoveryWindow.Milliseconds(), req.OperationID, digest, list, shardLimit)
+			req.Tool, string(fp[:]), req.PermitID, holder, int(effect), req.RunID, req.Step,
+			retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
+			encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
+			encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, shardLimit)
 		return code, aux, rec, err
 	}
 	code, aux, rec, err := run(fp, pol.ConsequentialFields)
@@ -336,7 +335,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		return nil, invalid(op, vs...)
 	}
 	k := l.keys.op(who.Tenant, id)
-	code, aux, rec, extra, err := l.runKeys(ctx, op, lookupScript, false, k.all[:3], who.ID, k.member)
+	code, aux, rec, _, err := l.runKeys(ctx, op, lookupScript, false, k.all[:3], who.ID, k.member)
 	if err != nil {
 		return nil, err
 	}
@@ -344,15 +343,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		return nil, l.codeError(op, who.Tenant, id, code, aux, rec)
 	}
 	o := toOperation(id, rec)
-	if len(extra) > 0 {
-		entries, _ := extra[0].([]any)
-		for _, e := range entries {
-			s, _ := e.(string)
-			if h, ok := parseHistory(s); ok {
-				o.History = append(o.History, h)
-			}
-		}
-	}
+	o.History = parseHistory(rec.history, o.CreatedAt)
 	return o, nil
 }
 
@@ -380,7 +371,7 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 
 // run runs a write script on an operation's five keys with the principal and
 // lease member as ARGV[1..2], followed by args.
-func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, map[string]string, []any, error) {
+func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, *record, []any, error) {
 	code, aux, rec, extra, err := l.runKeys(ctx, op, s, true, k.all, principal, append([]any{k.member}, args...)...)
 	if err == nil || KindOf(err) == KindNotReplicated {
 		l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
@@ -432,7 +423,7 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write boo
 	return res, nil
 }
 
-func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal string, args ...any) (int64, string, map[string]string, []any, error) {
+func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal string, args ...any) (int64, string, *record, []any, error) {
 	start := time.Now()
 	raw, err := l.eval(ctx, op, s, write, keys, append([]any{principal}, args...))
 	var notReplicated error
@@ -450,18 +441,15 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write 
 	}
 	code, _ := raw[0].(int64)
 	aux, _ := raw[1].(string)
-	flat, _ := raw[2].([]any)
-	rec := make(map[string]string, len(flat)/2)
-	for i := 0; i+1 < len(flat); i += 2 {
-		f, _ := flat[i].(string)
-		v, _ := flat[i+1].(string)
-		rec[f] = v
+	rec, err := recordFromReply(raw)
+	if err != nil {
+		return 0, "", nil, nil, &Error{Op: op, Kind: KindOther, Err: err}
 	}
 	return code, aux, rec, raw[3:], notReplicated
 }
 
 // codeError turns a script's error code into an *Error.
-func (l *Ledger) codeError(op, tenant, id string, code int64, aux string, rec map[string]string) error {
+func (l *Ledger) codeError(op, tenant, id string, code int64, aux string, rec *record) error {
 	e := &Error{Op: op}
 	switch code {
 	case codeNotFound:
@@ -486,7 +474,7 @@ func (l *Ledger) codeError(op, tenant, id string, code int64, aux string, rec ma
 	default:
 		return &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("unexpected script code %d", code)}
 	}
-	if len(rec) > 0 {
+	if rec != nil && rec.op != nil {
 		e.Operation = toOperation(id, rec)
 		if e.State == StateUnspecified {
 			e.State = e.Operation.State
@@ -534,20 +522,6 @@ func derefFailure(f *Failure) Failure {
 	return *f
 }
 
-// outcomeDigest identifies a Complete's outcome, so a repeat can be told
-// from a different report under the same token.
-func outcomeDigest(o Outcome, r Result, f Failure) string {
-	h := sha256.New()
-	var n [8]byte
-	h.Write([]byte{byte(o)})
-	for _, part := range [][]byte{r.Data, []byte(r.ResourceID), []byte(f.Code), []byte(f.Message)} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write(part)
-	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
 // fieldsDigest identifies a list of consequential fields: a digest and the
 // JSON list, both empty when the fingerprint covers every parameter.
 func fieldsDigest(fields []string) (string, string) {
@@ -563,89 +537,4 @@ func newHolder() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return "ledger-" + hex.EncodeToString(b[:])
-}
-
-func parseState(s string) State {
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 || n > int(StateUnknown) {
-		return StateUnspecified
-	}
-	return State(n)
-}
-
-func parseUint(s string) uint64 {
-	n, _ := strconv.ParseUint(s, 10, 64)
-	return n
-}
-
-func parseMillis(s string) time.Time {
-	if s == "" {
-		return time.Time{}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n == 0 {
-		return time.Time{}
-	}
-	return time.UnixMilli(n).UTC()
-}
-
-// toOperation decodes a record's fields (see common.lua) into a snapshot.
-func toOperation(id string, m map[string]string) *Operation {
-	o := &Operation{
-		ID:             id,
-		Tool:           m["tool"],
-		Effect:         Effect(parseUint(m["eff"])),
-		State:          parseState(m["st"]),
-		Attempt:        uint32(parseUint(m["att"])),
-		FencingToken:   parseUint(m["tok"]),
-		PermitID:       m["pmt"],
-		RunID:          m["run"],
-		Step:           uint32(parseUint(m["stp"])),
-		Holder:         m["hld"],
-		Reason:         m["rsn"],
-		NeedsReview:    m["rev"] == "1",
-		CreatedAt:      parseMillis(m["ct"]),
-		UpdatedAt:      parseMillis(m["ut"]),
-		LeaseExpiresAt: parseMillis(m["lse"]),
-		UnknownSince:   parseMillis(m["uks"]),
-		RetainUntil:    parseMillis(m["ru"]),
-		ExpiresAt:      parseMillis(m["exp"]),
-		MaxAttempts:    uint32(parseUint(m["max"])),
-	}
-	o.Fingerprint, _ = fingerprint.Parse(m["fp"])
-	if !o.UnknownSince.IsZero() {
-		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(parseUint(m["rwin"])) * time.Millisecond)
-	}
-	if o.State == StateSucceeded {
-		o.Result = &Result{ResourceID: m["rid"]}
-		if d := m["rd"]; d != "" {
-			o.Result.Data = []byte(d)
-		}
-	}
-	if m["fc"] != "" || m["fm"] != "" {
-		o.Failure = &Failure{Code: m["fc"], Message: m["fm"]}
-	}
-	return o
-}
-
-// historyJSON is a history entry as common.lua's history() writes it.
-type historyJSON struct {
-	T, F, S, A, K, P, R, D string
-}
-
-func parseHistory(s string) (HistoryEntry, bool) {
-	var h historyJSON
-	if err := json.Unmarshal([]byte(s), &h); err != nil {
-		return HistoryEntry{}, false
-	}
-	return HistoryEntry{
-		Time:         parseMillis(h.T),
-		From:         parseState(h.F),
-		To:           parseState(h.S),
-		Attempt:      uint32(parseUint(h.A)),
-		FencingToken: parseUint(h.K),
-		Principal:    h.P,
-		Reason:       h.R,
-		Detail:       h.D,
-	}, true
 }

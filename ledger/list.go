@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -145,22 +146,35 @@ func (l *Ledger) unresolvedAfter(ctx context.Context, tenant, cursor string, lim
 func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]*Operation, time.Time, error) {
 	pipe := l.rdb.Pipeline()
 	now := pipe.Time(ctx)
-	cmds := make([]*redis.MapStringStringCmd, len(members))
+	cmds := make([]*redis.StringCmd, len(members))
 	ids := make([]string, len(members))
 	for i, m := range members {
 		_, ids[i], _ = strings.Cut(m, ":")
-		cmds[i] = pipe.HGetAll(ctx, l.keys.op(tenant, ids[i]).all[0])
+		cmds[i] = pipe.Get(ctx, l.keys.op(tenant, ids[i]).all[0])
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && !isWrongType(err) {
 		return nil, time.Time{}, err
 	}
 	ops := make([]*Operation, len(members))
 	var stale []string
 	for i, c := range cmds {
-		if rec := c.Val(); len(rec) > 0 {
-			ops[i] = toOperation(ids[i], rec)
-		} else {
+		switch err := c.Err(); {
+		case err == nil:
+			if o, _, derr := decodeRecord(c.Val()); derr == nil {
+				o.ID = ids[i]
+				ops[i] = o
+			}
+		case errors.Is(err, redis.Nil):
 			stale = append(stale, members[i])
+		case isWrongType(err):
+			// A record of the previous layout, not converted yet.
+			m, err := l.rdb.HGetAll(ctx, l.keys.op(tenant, ids[i]).all[0]).Result()
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			ops[i] = legacyOperation(ids[i], m)
+		default:
+			return nil, time.Time{}, err
 		}
 	}
 	// An index entry without its record can only come from a key removed
@@ -176,6 +190,10 @@ func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]
 		_, _ = pipe.Exec(ctx) // best effort: the next page tries again
 	}
 	return ops, now.Val(), nil
+}
+
+func isWrongType(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
 }
 
 // decodePageToken returns the index member a page token continues after;

@@ -58,17 +58,15 @@ func (l *Ledger) emit(e Event) {
 	}
 }
 
-// transitionEvent reports the transition a script made, if it made one
-// (its snapshot then carries _from and _dwell).
-func (l *Ledger) transitionEvent(op, tenant string, rec map[string]string) {
-	from, moved := rec["_from"]
-	if !moved || l.observe == nil {
+// transitionEvent reports the transition a script made, if it made one.
+func (l *Ledger) transitionEvent(op, tenant string, rec *record) {
+	if rec == nil || !rec.moved || rec.op == nil || l.observe == nil {
 		return
 	}
+	o := rec.op
 	l.observe(Event{
-		Type: EventTransition, Op: op, Tenant: tenant, Tool: rec["tool"],
-		Effect: Effect(parseUint(rec["eff"])), From: parseState(from), To: parseState(rec["st"]),
-		Reason: rec["rsn"], Attempt: uint32(parseUint(rec["att"])),
-		Dwell: time.Duration(parseUint(rec["_dwell"])) * time.Millisecond,
+		Type: EventTransition, Op: op, Tenant: tenant, Tool: o.Tool,
+		Effect: o.Effect, From: rec.from, To: o.State,
+		Reason: o.Reason, Attempt: o.Attempt, Dwell: rec.dwell,
 	})
 }

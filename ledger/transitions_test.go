@@ -136,13 +136,18 @@ func TestCompleteSucceeded(t *testing.T) {
 		if inLeaseIndex(e, "op") {
 			t.Fatalf("terminal operation still in the lease index")
 		}
-		for _, key := range k.all[:3] {
-			if ttl, _ := e.rdb.PTTL(e.ctx, key).Result(); ttl <= 0 {
-				t.Fatalf("%s has no TTL after the terminal transition", key)
-			}
+		// One key holds the record, its history and, after the retention,
+		// its tombstone: it lives until the end of the tombstone retention.
+		ttl, _ := e.rdb.PTTL(e.ctx, k.all[0]).Result()
+		if want := time.Until(done.ExpiresAt) + DefaultPolicy.TombstoneRetention; ttl <= 0 || ttl > want+time.Second || ttl < want-time.Minute {
+			t.Fatalf("record TTL %v after the terminal transition, want about %v", ttl, want)
 		}
-		if tomb, _ := e.rdb.Get(e.ctx, k.all[2]).Result(); tomb != "3:"+o.Fingerprint.String() {
-			t.Fatalf("tombstone = %q", tomb)
+		if n, _ := e.rdb.Exists(e.ctx, k.all[1], k.all[2]).Result(); n != 0 {
+			t.Fatalf("%d keys of the previous layout (history list, tombstone) written", n)
+		}
+		stored, _ := e.rdb.Get(e.ctx, k.all[0]).Result()
+		if tomb, _, err := decodeRecord(stored); err != nil || tomb.State != StateSucceeded || tomb.Fingerprint != o.Fingerprint {
+			t.Fatalf("stored record = %+v, %v; want the final state and the fingerprint", tomb, err)
 		}
 		// A repeat succeeds again, without a second history entry.
 		again, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, r, nil)
@@ -504,6 +509,8 @@ func TestTombstone(t *testing.T) { // S6 at the script level
 		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil); err != nil {
 			t.Fatal(err)
 		}
+		// The record is its own tombstone after its retention.
+		stored, _ := e.rdb.Get(e.ctx, e.opKeys("op").all[0]).Result()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			_, err := e.l.Lookup(e.ctx, e.who, "op")
@@ -520,7 +527,7 @@ func TestTombstone(t *testing.T) { // S6 at the script level
 		}
 		_, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "short.refund", Params: map[string]any{"amount": 10.0}, PermitID: "permit-1", Holder: "late"})
 		wantKind(t, err, KindKeyExpired)
-		if n, _ := e.rdb.Exists(e.ctx, e.opKeys("op").all[0]).Result(); n != 0 {
+		if now, _ := e.rdb.Get(e.ctx, e.opKeys("op").all[0]).Result(); now != stored {
 			t.Fatal("a late Reserve re-created the record")
 		}
 	})
@@ -690,8 +697,12 @@ func TestLateSuccessCorrectsConcludedFailure(t *testing.T) {
 		if h := got.History[len(got.History)-1]; h.From != StateFailedFinal || h.To != StateSucceeded || h.Detail != "late report after RETRIES_EXHAUSTED" {
 			t.Fatalf("last history entry = %+v", h)
 		}
-		if tomb, _ := e.rdb.Get(e.ctx, e.opKeys("op").all[2]).Result(); tomb[:2] != "3:" {
-			t.Fatalf("tombstone = %q", tomb)
+		stored, _ := e.rdb.Get(e.ctx, e.opKeys("op").all[0]).Result()
+		if tomb, _, err := decodeRecord(stored); err != nil || tomb.State != StateSucceeded {
+			t.Fatalf("stored record (the tombstone after the retention) = %+v, %v", tomb, err)
+		}
+		if ttl, _ := e.rdb.PTTL(e.ctx, e.opKeys("op").all[0]).Result(); ttl <= 0 {
+			t.Fatalf("record TTL %v after the late success", ttl)
 		}
 		// A final failure the worker itself reported stays final.
 		o := e.execute(t, "final", "payments.refund")

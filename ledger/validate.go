@@ -106,6 +106,10 @@ func checkResult(prefix string, r *Result) []Violation {
 		vs = append(vs, Violation{prefix + ".data", "larger than " + itoa(MaxResultDataLen) + " bytes as JSON"})
 	} else if len(r.Data) > 0 && (r.Data[0] != '{' || !json.Valid(r.Data)) {
 		vs = append(vs, Violation{prefix + ".data", "not a JSON object"})
+	} else if !utf8.Valid(r.Data) {
+		// JSON text is UTF-8 (RFC 8259), and the stored record relies on
+		// it (record.go).
+		vs = append(vs, Violation{prefix + ".data", "not valid UTF-8"})
 	}
 	if v := checkID(prefix+".resource_id", r.ResourceID, MaxResourceIDLen, false); v != nil {
 		vs = append(vs, *v)

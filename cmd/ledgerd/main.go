@@ -11,6 +11,7 @@
 //	--redis-mode        LEDGER_REDIS_MODE        single, cluster (?addr=... seeds) or sentinel (?master_name=...) (single)
 //	--wait-replicas     LEDGER_WAIT_REPLICAS     replicas every write waits for (WAIT); 0: none
 //	--wait-timeout      LEDGER_WAIT_TIMEOUT      how long a write waits for them (100ms)
+//	--redis-autopipeline LEDGER_REDIS_AUTOPIPELINE batch concurrent scripts into pipelines (true)
 //	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
 //	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
 //	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
@@ -77,6 +78,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/opledger/ledger/internal/autopipe"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
 	"github.com/opledger/ledger/server"
@@ -117,6 +119,8 @@ type config struct {
 	redisMode    string
 	waitReplicas int
 	waitTimeout  time.Duration
+	// autopipeline batches concurrent scripts (internal/autopipe).
+	autopipeline bool
 
 	metricsListen  string
 	tenantLabel    bool
@@ -173,6 +177,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", env("LEDGER_OTLP_ENDPOINT", ""), "OTLP/gRPC trace collector, host:port; empty: no tracing [LEDGER_OTLP_ENDPOINT]")
 	boolFlag(&c.otlpInsecure, "otlp-insecure", "LEDGER_OTLP_INSECURE", "send traces without TLS")
 	boolFlag(&c.requireDurable, "require-durable", "LEDGER_REQUIRE_DURABLE", "refuse to start unless Redis has appendonly yes, appendfsync always and maxmemory-policy noeviction")
+	autopipeline := true
+	if v, ok := os.LookupEnv("LEDGER_REDIS_AUTOPIPELINE"); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil && envErr == nil {
+			envErr = fmt.Errorf("LEDGER_REDIS_AUTOPIPELINE=%q: want true or false", v)
+		}
+		autopipeline = b
+	}
+	fs.BoolVar(&c.autopipeline, "redis-autopipeline", autopipeline, "send the scripts of concurrent calls to Redis in shared pipelines (docs/benchmarks.md); false: one round trip each [LEDGER_REDIS_AUTOPIPELINE]")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -329,7 +342,14 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		(*tlsConf).RootCAs = pool
 	}
 	rdb := newClient()
-	log.Info("using Redis", "mode", c.redisMode, "addrs", addrs, "tls", *tlsConf != nil)
+	log.Info("using Redis", "mode", c.redisMode, "addrs", addrs, "tls", *tlsConf != nil, "autopipeline", c.autopipeline)
+	if c.autopipeline {
+		// Concurrent calls' scripts share round trips: less CPU per call in
+		// ledgerd and in Redis (docs/benchmarks.md). Each call is still one
+		// command, and its deadline still bounds its wait.
+		h := autopipe.Enable(rdb, autopipe.Options{})
+		return rdb, func() { h.Close(); _ = rdb.Close() }, nil
+	}
 	return rdb, func() { _ = rdb.Close() }, nil
 }
 

@@ -4,9 +4,12 @@
 --
 -- Conventions shared by all write scripts:
 --
---   KEYS[1] -> the operation record (hash)          <prefix>:{sNN}:op:<tenant>:<id>
---   KEYS[2] -> the operation history (list)         <prefix>:{sNN}:h:<tenant>:<id>
---   KEYS[3] -> the tombstone (string)               <prefix>:{sNN}:tomb:<tenant>:<id>
+--   KEYS[1] -> the operation record (string)        <prefix>:{sNN}:op:<tenant>:<id>
+--   KEYS[2] -> the history list of the previous record layout, read and
+--              deleted when such a record is converted (see load_legacy)
+--                                                   <prefix>:{sNN}:h:<tenant>:<id>
+--   KEYS[3] -> the tombstone of the previous record layout, read while it
+--              lasts and deleted on conversion     <prefix>:{sNN}:tomb:<tenant>:<id>
 --   KEYS[4] -> the tenant's unresolved index (zset) <prefix>:{sNN}:unresolved:<tenant>
 --   KEYS[5] -> the shard's lease index (zset)       <prefix>:{sNN}:leases
 --   KEYS[6] -> the shard's live counts (hash)       <prefix>:{sNN}:stats
@@ -27,37 +30,60 @@
 -- which Redis reports on the first write) changes nothing. The time is the
 -- store's (TIME), the one clock shared by every ledger instance.
 --
--- Record fields (all strings):
+-- The record (R below, all values strings as documented in design.md):
 --   st state (1 PENDING, 2 RUNNING, 3 SUCCEEDED, 4 FAILED_FINAL, 5 UNKNOWN)
---   tool, fp (fingerprint, hex), pmt (permit), eff (1 READ_ONLY, 2 IDEMPOTENT,
---   3 IRREVERSIBLE), att (attempt), tok (fencing token), hld (holder of the
---   live claim), lse (lease end, ms), run, stp (run id, step), ct / ut
---   (created / updated, ms), ru (retain_until, ms), rue (retain_until plus
---   grace, ms), rsn (reason of the latest transition), rev ("1" when escalated
---   to a human), uks (UNKNOWN since, ms), rd / rid (result data JSON,
---   resource id), fc / fm (failure code, message), ctk / cdg (token and
+--   tool, fp (fingerprint, 32 bytes), pmt (permit), eff (1 READ_ONLY,
+--   2 IDEMPOTENT, 3 IRREVERSIBLE), att (attempt), tok (fencing token), hld
+--   (holder of the live claim), lse (lease end, ms), run, stp (run id, step),
+--   ct / ut (created / updated, ms), ru (retain_until, ms), rue (retain_until
+--   plus grace, ms), rsn (reason of the latest transition), rev ("1" when
+--   escalated to a human), uks (UNKNOWN since, ms), rd / rid (result data
+--   JSON, resource id), fc / fm (failure code, message), ctk / cdg (token and
 --   outcome digest of the latest accepted Complete), exp (when a terminal
---   record expires, ms), ix (member in the unresolved index), and the policy
---   bound at creation: lms (lease, ms), max (max attempts), ret (retention,
---   ms), tret (tombstone retention, ms), rwin (recovery window, ms), cf / cfh
---   (the consequential fields the fingerprint covers, a JSON list, and its
---   digest; absent when it covers all parameters).
+--   record expires, ms), and the policy bound at creation: lms (lease),
+--   max (max attempts), ret (retention), tret (tombstone retention),
+--   rwin (recovery window), cf / cfh (the consequential fields the
+--   fingerprint covers, a JSON list, and its digest; absent when it covers
+--   all parameters). S.hist holds the history, at most 50 entries
+--   (HISTORY_LIMIT, HistoryLimit in types.go).
+--
+-- Stored form: one string per operation, with the history in it, and the
+-- tombstone too: a terminal record lives until exp + tret, and from exp on
+-- load() reports it as expired (only its final state is ever read again).
+-- ledger/record.go decodes the same form; docs/design.md §2 describes it.
+--
+--   'L' <fp: 32 bytes> <field> \255 <field> ... [\254 <entry>]...
+--
+-- Fields, in this order (trailing empty ones left out): st, exp (ms after
+-- ut), ct (base 36), ut (ms after ct), att, tok (after ct), eff, rsn (one
+-- letter, REASONS below), tool, pmt, lms, max, ret, tret, rwin, cdg (only
+-- while ctk = tok), hld, lse (after ut), uks (after ut), rev, rd, rid, fc,
+-- fm, run, stp, ru (after ct), rue (after ct), cfh, cf. Durations and time
+-- differences are decimal milliseconds, or whole s/m/h/d with that suffix
+-- ("7d"); a difference of 0 in ut, tok and the history is left empty. The
+-- policy durations (lms, ret, tret, rwin) arrive from Go in that form and
+-- stay in it in R too (ms() reads them).
+-- Every other value is UTF-8 text the ledger validated, so the separator
+-- bytes \252-\255 (never part of UTF-8) cannot occur in them.
+--
+-- A history entry is <from><to><reason letter><t> \253 <att> \253 <tok>
+-- [\253 <principal> [\253 <detail>]] with t and tok after ct; the principal
+-- is left out (or \252 when a detail follows) when it equals the previous
+-- entry's.
+
+-- Redis runs this whole text on every call, so the helpers below are built
+-- in one table constructor and capture few upvalues (F, R, S, NOW): each
+-- captured local costs a search at closure creation, which made the
+-- prelude cost about as much as the commands of a Reserve. Inside F,
+-- states are written as literals ('3' is SUCCEEDED).
 
 local ST_PENDING, ST_RUNNING, ST_SUCCEEDED, ST_FAILED, ST_UNKNOWN = '1', '2', '3', '4', '5'
 local EFF_IRREVERSIBLE = '3'
-local HISTORY_LIMIT = 50
 
 -- Return codes, mapped one to one to Go values in scripts.go.
 local C_OK, C_EXECUTE, C_REPLAY, C_IN_PROGRESS, C_RECONCILE = 0, 1, 2, 3, 4
 local C_NOT_FOUND, C_EXPIRED, C_KEY_REUSED, C_STALE = 10, 11, 12, 13
 local C_COMPLETION_CONFLICT, C_ALREADY_RESOLVED, C_BUSY, C_FIELDS, C_QUOTA = 14, 15, 16, 17, 18
-
-local PRINCIPAL, LEASE_MEMBER = ARGV[1], ARGV[2]
-local TENANT = string.match(LEASE_MEMBER or '', '^[^:]*')
-
-local function tostr(n)
-  return string.format('%d', n)
-end
 
 local NOW
 do
@@ -65,186 +91,389 @@ do
   NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- R is the record as loaded, with every change applied; CHANGED names the
--- fields flush() must write (or delete, when R[field] is nil).
+-- R is the record as loaded, with every change applied.
 local R = {}
-local CHANGED = {}
--- ENTERED is when the loaded record entered its state (for dwell times);
--- MOVED_FROM and DWELL describe this call's transition, if it made one.
-local ENTERED, MOVED_FROM, DWELL
+-- S is the rest of the script's state:
+--   hist      the history as stored (each entry with its leading \254)
+--   encoded   the stored form of R while it matches (nil: encode it)
+--   ct36      the stored creation time
+--   legacy    R was read from a record of the previous layout (a hash, a
+--             history list and a tombstone); its first write converts it
+--   expired   the final state, when only the tombstone is left
+--   entered   when the loaded record entered its state (for dwell times)
+--   from, dwell  this call's transition, if it made one
+--   principal, member, tenant  ARGV[1], ARGV[2] and the tenant part of it
+local S = {hist = '', legacy = false, principal = ARGV[1], member = ARGV[2],
+  tenant = string.match(ARGV[2] or '', '^[^:]*')}
 
-local function load()
-  local flat = redis.call('HGETALL', KEYS[1])
-  if #flat == 0 then
-    return false
-  end
-  for i = 1, #flat, 2 do
-    R[flat[i]] = flat[i + 1]
-  end
-  ENTERED = tonumber(R.uks or R.ut)
-  return true
-end
+-- The letter each transition reason is stored as (record.go mirrors it).
+local REASONS = ' RESERVED=A CLAIMED=B RECLAIMED=C SUCCEEDED=D FAILED_FINAL=E FAILED_RETRYABLE=F' ..
+  ' MARKED_UNKNOWN=G LEASE_EXPIRED=H RETRIES_EXHAUSTED=I RECONCILED_APPLIED=J' ..
+  ' RECONCILED_NOT_APPLIED=K ABANDONED=L ESCALATED=M '
+
+local F
+F = {
+  tostr = function(n)
+    return string.format('%d', n)
+  end,
+
+  -- ms decodes a duration or time difference ('' is 0).
+  ms = function(s)
+    local u = string.sub(s, -1)
+    if u == 's' then return tonumber(string.sub(s, 1, -2)) * 1000 end
+    if u == 'm' then return tonumber(string.sub(s, 1, -2)) * 60000 end
+    if u == 'h' then return tonumber(string.sub(s, 1, -2)) * 3600000 end
+    if u == 'd' then return tonumber(string.sub(s, 1, -2)) * 86400000 end
+    return tonumber(s) or 0
+  end,
+
+  -- enc encodes a whole number of ms, in the largest unit that divides it.
+  enc = function(n)
+    if n ~= 0 then
+      if n % 86400000 == 0 then return string.format('%dd', n / 86400000) end
+      if n % 3600000 == 0 then return string.format('%dh', n / 3600000) end
+      if n % 60000 == 0 then return string.format('%dm', n / 60000) end
+      if n % 1000 == 0 then return string.format('%ds', n / 1000) end
+    end
+    return string.format('%d', n)
+  end,
+
+  -- enc0 is enc with 0 left empty (for values that are always present).
+  enc0 = function(n)
+    if n == 0 then return '' end
+    return F.enc(n)
+  end,
+
+  -- base36 writes a time in ms in base 36: 8 digits from 1972 to 2059.
+  base36 = function(n)
+    local s = ''
+    while n >= 36 ^ 8 do
+      local r = n % 36
+      s = string.sub('0123456789abcdefghijklmnopqrstuvwxyz', r + 1, r + 1) .. s
+      n = (n - r) / 36
+    end
+    local r1 = n % 36; n = (n - r1) / 36
+    local r2 = n % 36; n = (n - r2) / 36
+    local r3 = n % 36; n = (n - r3) / 36
+    local r4 = n % 36; n = (n - r4) / 36
+    local r5 = n % 36; n = (n - r5) / 36
+    local r6 = n % 36; n = (n - r6) / 36
+    local r7 = n % 36; n = (n - r7) / 36
+    local r8 = n % 36
+    return string.char(
+      r8 < 10 and 48 + r8 or 87 + r8, r7 < 10 and 48 + r7 or 87 + r7,
+      r6 < 10 and 48 + r6 or 87 + r6, r5 < 10 and 48 + r5 or 87 + r5,
+      r4 < 10 and 48 + r4 or 87 + r4, r3 < 10 and 48 + r3 or 87 + r3,
+      r2 < 10 and 48 + r2 or 87 + r2, r1 < 10 and 48 + r1 or 87 + r1) .. s
+  end,
+
+  reason_code = function(name)
+    local _, e = string.find(REASONS, ' ' .. name .. '=', 1, true)
+    return string.sub(REASONS, e + 1, e + 1)
+  end,
+
+  reason_name = function(code)
+    return string.match(REASONS, ' ([%u_]+)=' .. code .. ' ')
+  end,
+
+  -- entry_principal returns the principal an encoded history entry names
+  -- (nil when it is the previous entry's).
+  entry_principal = function(e)
+    local _, _, p = string.find(e, '^[^\253]*\253[^\253]*\253[^\253]*\253([^\253]*)')
+    if p == '\252' then return nil end
+    return p
+  end,
+
+  -- last_principal is the principal of the latest history entry.
+  last_principal = function()
+    local p
+    for e in string.gmatch(S.hist, '\254([^\254]*)') do
+      p = F.entry_principal(e) or p
+    end
+    return p
+  end,
+
+  -- entry encodes one history entry (with its leading \254); prev is the
+  -- previous entry's principal.
+  entry = function(from, to, reason, t, att, tok, p, detail, prev)
+    local ct = tonumber(R.ct)
+    local e = '\254' .. from .. to .. F.reason_code(reason) .. F.enc0(t - ct) .. '\253' .. att .. '\253' .. F.enc0(tok - ct)
+    if p ~= prev then
+      e = e .. '\253' .. p
+      if detail ~= '' then e = e .. '\253' .. detail end
+    elseif detail ~= '' then
+      e = e .. '\253\252\253' .. detail
+    end
+    return e
+  end,
+
+  -- history records the transition from -> to (written by the next flush)
+  -- and keeps the latest HISTORY_LIMIT = 50 entries.
+  history = function(from, to, reason, detail)
+    S.from = from or '0'
+    S.dwell = S.entered and (NOW - S.entered) or 0
+    local hist = S.hist .. F.entry(from or '0', to, reason, NOW, R.att, tonumber(R.tok), S.principal, detail or '', F.last_principal())
+    local _, n = string.gsub(hist, '\254', '')
+    if n > 50 then
+      -- Drop the oldest entry; the next one may name its principal only by
+      -- reference to it.
+      local cut = string.find(hist, '\254', 2, true)
+      local p = F.entry_principal(string.sub(hist, 2, cut - 1))
+      local nxt = string.find(hist, '\254', cut + 1, true) or (#hist + 1)
+      local second = string.sub(hist, cut + 1, nxt - 1)
+      if p and F.entry_principal(second) == nil then
+        local head, tail = string.match(second, '^([^\253]*\253[^\253]*\253[^\253]*)(.*)$')
+        second = head .. '\253' .. p .. string.sub(tail, 3)
+      end
+      hist = '\254' .. second .. string.sub(hist, nxt)
+    end
+    S.hist = hist
+  end,
+
+  -- load_legacy reads a record of the previous layout: a hash with the
+  -- fields above (times and policy durations in ms, fp in hex, cdg 32 hex
+  -- digits), its history a list of JSON entries {t, f, s, a, k, p, r, d}.
+  load_legacy = function()
+    local flat = redis.call('HGETALL', KEYS[1])
+    for i = 1, #flat, 2 do
+      R[flat[i]] = flat[i + 1]
+    end
+    R.fp = string.gsub(R.fp or '', '%x%x', function(x) return string.char(tonumber(x, 16)) end)
+    if R.cdg then R.cdg = string.sub(R.cdg, 1, 16) end
+    for _, f in ipairs({'lms', 'ret', 'tret', 'rwin'}) do
+      R[f] = F.enc(tonumber(R[f]) or 0)
+    end
+    R.ix = nil
+    local prev
+    for _, j in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+      local h = cjson.decode(j)
+      local p = h.p or ''
+      S.hist = S.hist .. F.entry(h.f or '0', h.s, h.r, tonumber(h.t), h.a, tonumber(h.k), p, h.d or '', prev)
+      prev = p
+    end
+    S.legacy = true
+  end,
+
+  -- load reads the record. It returns false when there is none, with
+  -- S.expired set when only its tombstone is left.
+  load = function()
+    local s = redis.pcall('GET', KEYS[1])
+    if type(s) == 'table' and s.err then
+      F.load_legacy()
+    elseif not s then
+      local tomb = redis.call('GET', KEYS[3]) -- of the previous layout
+      if tomb then
+        S.expired = string.sub(tomb, 1, 1)
+      end
+      return false
+    else
+      R.fp = string.sub(s, 2, 33)
+      local h = string.find(s, '\254', 34, true)
+      local body
+      if h then
+        S.hist = string.sub(s, h)
+        body = string.sub(s, 34, h - 1)
+      else
+        body = string.sub(s, 34)
+      end
+      local v, n = {}, 0
+      for f in string.gmatch(body .. '\255', '([^\255]*)\255') do
+        n = n + 1
+        v[n] = f
+      end
+      for i = n + 1, 30 do v[i] = '' end
+      local ms, tostr = F.ms, F.tostr
+      S.ct36 = v[3]
+      local ct = tonumber(v[3], 36)
+      local ut = ct + ms(v[4])
+      R.st, R.ct, R.ut, R.att, R.tok = v[1], tostr(ct), tostr(ut), v[5], tostr(ct + ms(v[6]))
+      R.eff, R.rsn, R.tool, R.pmt = v[7], F.reason_name(v[8]), v[9], v[10]
+      R.lms, R.max, R.ret, R.tret, R.rwin = v[11], v[12], v[13], v[14], v[15]
+      if v[2] ~= '' then R.exp = tostr(ut + ms(v[2])) end
+      if v[16] ~= '' then R.ctk, R.cdg = R.tok, v[16] end
+      if v[17] ~= '' then R.hld = v[17] end
+      if v[18] ~= '' then R.lse = tostr(ut + ms(v[18])) end
+      if v[19] ~= '' then R.uks = tostr(ut + ms(v[19])) end
+      if v[20] ~= '' then R.rev = v[20] end
+      if v[21] ~= '' then R.rd = v[21] end
+      if v[22] ~= '' then R.rid = v[22] end
+      if v[23] ~= '' then R.fc = v[23] end
+      if v[24] ~= '' then R.fm = v[24] end
+      if v[25] ~= '' then R.run = v[25] end
+      if v[26] ~= '' then R.stp = v[26] end
+      if v[27] ~= '' then R.ru = tostr(ct + ms(v[27])) end
+      if v[28] ~= '' then R.rue = tostr(ct + ms(v[28])) end
+      if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
+      S.encoded = s
+    end
+    if (R.st == '3' or R.st == '4') and tonumber(R.exp) < NOW then
+      -- Past its retention: only the tombstone counts.
+      S.expired = R.st
+      return false
+    end
+    S.entered = tonumber(R.uks or R.ut)
+    return true
+  end,
+
+  -- encode returns the stored form of R and its history.
+  encode = function()
+    local ct, ut = tonumber(R.ct), tonumber(R.ut)
+    local enc, enc0 = F.enc, F.enc0
+    local exp, lse, uks, ru, rue, cdg = '', '', '', '', '', ''
+    if R.exp then exp = enc(tonumber(R.exp) - ut) end
+    if R.lse then lse = enc(tonumber(R.lse) - ut) end
+    if R.uks then uks = enc(tonumber(R.uks) - ut) end
+    if R.ru then ru = enc(tonumber(R.ru) - ct) end
+    if R.rue then rue = enc(tonumber(R.rue) - ct) end
+    if R.cdg and R.ctk == R.tok then cdg = R.cdg end
+    local v = {
+      R.st, exp, S.ct36 or F.base36(ct), enc0(ut - ct), R.att, enc0(tonumber(R.tok) - ct),
+      R.eff, F.reason_code(R.rsn), R.tool, R.pmt, R.lms, R.max, R.ret, R.tret, R.rwin,
+      cdg, R.hld or '', lse, uks, R.rev or '', R.rd or '', R.rid or '', R.fc or '', R.fm or '',
+      R.run or '', R.stp or '', ru, rue, R.cfh or '', R.cf or '',
+    }
+    local n = 30
+    while v[n] == '' do n = n - 1 end
+    return 'L' .. R.fp .. table.concat(v, '\255', 1, n) .. S.hist
+  end,
+
+  -- flush writes the record: a terminal one with the TTL that keeps it (as
+  -- its tombstone) until exp + tret, a live one without any.
+  flush = function()
+    local s = F.encode()
+    if R.st == '3' or R.st == '4' then
+      redis.call('SET', KEYS[1], s, 'PX', tonumber(R.exp) - NOW + F.ms(R.tret))
+    else
+      redis.call('SET', KEYS[1], s)
+    end
+    S.encoded = s
+    if S.legacy then
+      redis.call('DEL', KEYS[2], KEYS[3])
+      S.legacy = false
+    end
+  end,
+
+  -- reply is a script's answer with the record: {code, aux, record, moved},
+  -- moved being "<state left>:<ms spent in it>" after a transition ('0' as
+  -- the state left by a new record), else ''.
+  reply = function(code, aux)
+    if not S.encoded then
+      S.encoded = F.encode()
+    end
+    local moved = ''
+    if S.from then
+      moved = S.from .. ':' .. F.tostr(S.dwell)
+    end
+    return {code, aux, S.encoded, moved}
+  end,
+
+  -- bump moves the live count of the operation's state st by delta.
+  bump = function(st, delta)
+    if st == '3' or st == '4' then
+      return
+    end
+    local field = R.tool .. '|' .. st .. '|' .. S.tenant
+    if redis.call('HINCRBY', KEYS[6], field, delta) <= 0 then
+      redis.call('HDEL', KEYS[6], field)
+    end
+  end,
+
+  -- indexes moves the live count and the overdue entry with a transition
+  -- (from nil: a new record).
+  indexes = function(from, to)
+    if from == to then
+      return
+    end
+    if from then F.bump(from, -1) end
+    F.bump(to, 1)
+    local member = R.eff .. '|' .. R.tool .. '|' .. S.member
+    if to == '5' then
+      redis.call('ZADD', KEYS[7], tonumber(R.uks) + F.ms(R.rwin), member)
+    elseif from == '5' then
+      redis.call('ZREM', KEYS[7], member)
+    end
+  end,
+
+  -- transition moves a live record to a non-terminal state (or records a
+  -- change within one, like an escalation), with the common bookkeeping,
+  -- and writes it with its history entry.
+  transition = function(to, reason, detail)
+    local from = R.st
+    R.st, R.rsn, R.ut = to, reason, F.tostr(NOW)
+    if to ~= '2' then
+      R.lse, R.hld = nil, nil
+    end
+    if to == '5' then
+      if from ~= '5' then
+        R.uks = R.ut
+      end
+    else
+      R.uks, R.rev = nil, nil
+    end
+    F.history(from, to, reason, detail)
+    F.flush()
+    F.indexes(from, to)
+    if to ~= '2' then
+      redis.call('ZREM', KEYS[5], S.member)
+    end
+  end,
+
+  -- unresolved_member is the operation's member in the unresolved index:
+  -- the creation time and the raw operation id (the lease member's id
+  -- part, percent-decoded).
+  unresolved_member = function()
+    local id = string.match(S.member, '^[^:]*:(.*)$')
+    id = string.gsub(id, '%%(%x%x)', function(x) return string.char(tonumber(x, 16)) end)
+    return string.format('%013d', tonumber(R.ct)) .. ':' .. id
+  end,
+
+  -- finish moves a record to a terminal state: it leaves the indexes,
+  -- expires after max(retention, retain_until + grace), and stays as its
+  -- own tombstone for the tombstone retention after that.
+  finish = function(to, reason, detail)
+    local from = R.st
+    local ttl = F.ms(R.ret)
+    local rue = tonumber(R.rue or '0')
+    if rue - NOW > ttl then
+      ttl = rue - NOW
+    end
+    R.st, R.rsn, R.ut, R.exp = to, reason, F.tostr(NOW), F.tostr(NOW + ttl)
+    R.lse, R.hld, R.uks, R.rev = nil, nil, nil, nil
+    F.history(from, to, reason, detail)
+    F.flush()
+    F.indexes(from, to)
+    redis.call('ZREM', KEYS[4], F.unresolved_member())
+    redis.call('ZREM', KEYS[5], S.member)
+  end,
+
+  -- missing answers for an operation without a record: expired (its
+  -- tombstone says how it ended) or never seen.
+  missing = function()
+    if S.expired then
+      return {11, S.expired, ''} -- C_EXPIRED
+    end
+    return {10, '', ''} -- C_NOT_FOUND
+  end,
+
+  -- set_outcome records a result or a failure (empty strings clear it).
+  set_outcome = function(data, resource_id, fcode, fmsg)
+    R.rd, R.rid, R.fc, R.fm = nil, nil, nil, nil
+    if data ~= '' then R.rd = data end
+    if resource_id ~= '' then R.rid = resource_id end
+    if fcode ~= '' then R.fc = fcode end
+    if fmsg ~= '' then R.fm = fmsg end
+  end,
+}
+
+-- What the scripts use.
+local tostr, ms, load, flush, reply, missing = F.tostr, F.ms, F.load, F.flush, F.reply, F.missing
+local transition, finish, set_outcome = F.transition, F.finish, F.set_outcome
+local LEASE_MEMBER = S.member
 
 local function set(field, value)
   R[field] = value
-  CHANGED[field] = true
-end
-
-local function unset(field)
-  if R[field] ~= nil then
-    R[field] = nil
-    CHANGED[field] = true
-  end
-end
-
-local function flush()
-  local hset, hdel = {}, {}
-  for field in pairs(CHANGED) do
-    if R[field] == nil then
-      hdel[#hdel + 1] = field
-    else
-      hset[#hset + 1] = field
-      hset[#hset + 1] = R[field]
-    end
-  end
-  CHANGED = {}
-  if #hset > 0 then
-    redis.call('HSET', KEYS[1], unpack(hset))
-  end
-  if #hdel > 0 then
-    redis.call('HDEL', KEYS[1], unpack(hdel))
-  end
-end
-
--- snapshot returns the record as a flat field/value list; after a
--- transition it adds _from (the state left, '0' for a new record) and _dwell
--- (ms spent in it), which are not stored.
-local function snapshot()
-  local flat = {}
-  for field, value in pairs(R) do
-    flat[#flat + 1] = field
-    flat[#flat + 1] = value
-  end
-  if MOVED_FROM then
-    flat[#flat + 1] = '_from'
-    flat[#flat + 1] = MOVED_FROM
-    flat[#flat + 1] = '_dwell'
-    flat[#flat + 1] = tostr(DWELL)
-  end
-  return flat
-end
-
--- count moves the operation's live count between states (nil: none).
-local function count(from, to)
-  if from == to then
-    return
-  end
-  for _, change in ipairs({{from, -1}, {to, 1}}) do
-    local st, delta = change[1], change[2]
-    if st and st ~= ST_SUCCEEDED and st ~= ST_FAILED then
-      local field = R.tool .. '|' .. st .. '|' .. TENANT
-      if redis.call('HINCRBY', KEYS[6], field, delta) <= 0 then
-        redis.call('HDEL', KEYS[6], field)
-      end
-    end
-  end
-end
-
-local function overdue_member()
-  return R.eff .. '|' .. R.tool .. '|' .. LEASE_MEMBER
-end
-
-local function history(from, to, reason, detail)
-  MOVED_FROM = from or '0'
-  DWELL = ENTERED and (NOW - ENTERED) or 0
-  count(from, to)
-  if from ~= ST_UNKNOWN and to == ST_UNKNOWN then
-    redis.call('ZADD', KEYS[7], tonumber(R.uks) + tonumber(R.rwin), overdue_member())
-  elseif from == ST_UNKNOWN and to ~= ST_UNKNOWN then
-    redis.call('ZREM', KEYS[7], overdue_member())
-  end
-  redis.call('RPUSH', KEYS[2], cjson.encode({
-    t = tostr(NOW), f = from, s = to, a = R.att, k = R.tok,
-    p = PRINCIPAL, r = reason, d = detail or '',
-  }))
-  redis.call('LTRIM', KEYS[2], -HISTORY_LIMIT, -1)
-end
-
--- transition moves a live record to a non-terminal state (or records a
--- change within one, like an escalation), with the common bookkeeping, and
--- writes it with its history entry.
-local function transition(to, reason, detail)
-  local from = R.st
-  set('st', to)
-  set('rsn', reason)
-  set('ut', tostr(NOW))
-  if to ~= ST_RUNNING then
-    unset('lse')
-    unset('hld')
-  end
-  if to == ST_UNKNOWN then
-    if from ~= ST_UNKNOWN then
-      set('uks', tostr(NOW))
-    end
-  else
-    unset('uks')
-    unset('rev')
-  end
-  flush()
-  history(from, to, reason, detail)
-  if to ~= ST_RUNNING then
-    redis.call('ZREM', KEYS[5], LEASE_MEMBER)
-  end
-end
-
--- finish moves a record to a terminal state: it leaves the indexes, expires
--- after max(retention, retain_until + grace), and leaves a tombstone that
--- outlives it by the tombstone retention.
-local function finish(to, reason, detail)
-  local from = R.st
-  local ttl = tonumber(R.ret)
-  local rue = tonumber(R.rue or '0')
-  if rue - NOW > ttl then
-    ttl = rue - NOW
-  end
-  set('st', to)
-  set('rsn', reason)
-  set('ut', tostr(NOW))
-  set('exp', tostr(NOW + ttl))
-  unset('lse')
-  unset('hld')
-  unset('uks')
-  unset('rev')
-  flush()
-  history(from, to, reason, detail)
-  redis.call('ZREM', KEYS[4], R.ix)
-  redis.call('ZREM', KEYS[5], LEASE_MEMBER)
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
-  redis.call('SET', KEYS[3], to .. ':' .. R.fp, 'PX', ttl + tonumber(R.tret))
 end
 
 local function is_terminal(st)
-  return st == ST_SUCCEEDED or st == ST_FAILED
-end
-
--- missing answers for an operation without a record: expired (its tombstone
--- says how it ended) or never seen.
-local function missing()
-  local tomb = redis.call('GET', KEYS[3])
-  if tomb then
-    return {C_EXPIRED, tomb, {}}
-  end
-  return {C_NOT_FOUND, '', {}}
-end
-
--- set_outcome records a result or a failure (empty strings clear a field).
-local function set_outcome(data, resource_id, fcode, fmsg)
-  for field, value in pairs({rd = data, rid = resource_id, fc = fcode, fm = fmsg}) do
-    if value == '' then
-      unset(field)
-    else
-      set(field, value)
-    end
-  end
+  return st == '3' or st == '4' -- SUCCEEDED, FAILED_FINAL
 end

@@ -8,18 +8,18 @@
 -- ARGV[2] -> lease index member
 -- ARGV[3] -> fencing token of the attempt
 -- ARGV[4] -> outcome (1 SUCCEEDED, 2 FAILED_FINAL, 3 FAILED_RETRYABLE)
--- ARGV[5] -> digest of the outcome (outcome, result, failure), hex
+-- ARGV[5] -> digest of the outcome (outcome, result, failure), 16 hex digits
 -- ARGV[6] -> result data (canonical JSON, '' for none)
 -- ARGV[7] -> resource id ('' for none)
 -- ARGV[8] -> failure code ('' for none)
 -- ARGV[9] -> failure message ('' for none)
 --
--- Output: {code, aux, record}:
+-- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
 --   {C_OK, '', record}                    recorded (or already recorded the
 --                                         same way)
---   {C_STALE, state, {}}                  the token is not the current one
+--   {C_STALE, state, ''}                  the token is not the current one
 --   {C_COMPLETION_CONFLICT, '', record}   another outcome is already recorded
---   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Accepted from RUNNING, from UNKNOWN (a late but authoritative report) and
 -- from PENDING when the token is still the latest (a reconciler found
@@ -35,26 +35,26 @@ if not load() then
   return missing()
 end
 if R.tok ~= token then
-  return {C_STALE, R.st, {}}
+  return {C_STALE, R.st, ''}
 end
 if R.ctk == token then
   if R.cdg == digest then
-    return {C_OK, '', snapshot()}
+    return reply(C_OK, '')
   end
-  return {C_COMPLETION_CONFLICT, '', snapshot()}
+  return reply(C_COMPLETION_CONFLICT, '')
 end
 
 local st = R.st
 if st == ST_SUCCEEDED then
   -- Resolved by a reconciler: the same kind of outcome agrees with it.
   if outcome == '1' then
-    return {C_OK, '', snapshot()}
+    return reply(C_OK, '')
   end
-  return {C_COMPLETION_CONFLICT, '', snapshot()}
+  return reply(C_COMPLETION_CONFLICT, '')
 end
 if st == ST_FAILED then
   if outcome == '2' then
-    return {C_OK, '', snapshot()}
+    return reply(C_OK, '')
   end
   if outcome == '1' and (R.rsn == 'RETRIES_EXHAUSTED' or R.rsn == 'ABANDONED') then
     -- The ledger (out of attempts) or a reconciler (abandon) concluded that
@@ -65,9 +65,9 @@ if st == ST_FAILED then
     set('cdg', digest)
     set_outcome(ARGV[6], ARGV[7], '', '')
     finish(ST_SUCCEEDED, 'SUCCEEDED', 'late report after ' .. was)
-    return {C_OK, '', snapshot()}
+    return reply(C_OK, '')
   end
-  return {C_COMPLETION_CONFLICT, '', snapshot()}
+  return reply(C_COMPLETION_CONFLICT, '')
 end
 
 set('ctk', token)
@@ -83,4 +83,4 @@ elseif st == ST_PENDING then
 else
   transition(ST_PENDING, 'FAILED_RETRYABLE', '')
 end
-return {C_OK, '', snapshot()}
+return reply(C_OK, '')

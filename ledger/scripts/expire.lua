@@ -7,27 +7,27 @@
 -- ARGV[1] -> principal ("ledger")
 -- ARGV[2] -> lease index member
 --
--- Output: {code, aux, record}:
+-- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
 --   {C_OK, 'unknown', record}   an irreversible operation's lease had expired:
 --                               it is UNKNOWN now (LEASE_EXPIRED)
---   {C_OK, 'dropped', {}}       nothing to expire (gone, not RUNNING, or an
+--   {C_OK, 'dropped', ''}       nothing to expire (gone, not RUNNING, or an
 --                               idempotent operation, which stays RUNNING
 --                               past its lease until reclaimed): the index
 --                               entry is removed
---   {C_OK, 'live', {}}          the lease was renewed; nothing changes
+--   {C_OK, 'live', ''}          the lease was renewed; nothing changes
 --
 -- Idempotent: a second run finds UNKNOWN and only drops the index entry.
 
 if not load() or R.st ~= ST_RUNNING then
   redis.call('ZREM', KEYS[5], LEASE_MEMBER)
-  return {C_OK, 'dropped', {}}
+  return {C_OK, 'dropped', ''}
 end
 if tonumber(R.lse) > NOW then
-  return {C_OK, 'live', {}}
+  return {C_OK, 'live', ''}
 end
 if R.eff ~= EFF_IRREVERSIBLE then
   redis.call('ZREM', KEYS[5], LEASE_MEMBER)
-  return {C_OK, 'dropped', {}}
+  return {C_OK, 'dropped', ''}
 end
 transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')
-return {C_OK, 'unknown', snapshot()}
+return reply(C_OK, 'unknown')

@@ -1,14 +1,29 @@
 -- lookup.lua: read one operation with its history, atomically (SPEC §3,
 -- Lookup). Writes nothing.
 --
--- KEYS[1..3] -> record, history, tombstone (see common.lua)
--- ARGV: none used
+-- KEYS[1..3] -> record, and the history list and tombstone of the previous
+--               record layout (see common.lua)
+-- ARGV[1] -> principal (unused)
+-- ARGV[2] -> lease index member
 --
 -- Output:
---   {C_OK, '', record, history}   history: JSON entries, oldest first
---   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--   {C_OK, '', record, ''}   the record in its stored form, history included
+--   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
+--
+-- A record in the current form is returned as stored: only its state and,
+-- when terminal, its expiry are decoded.
 
+local s = redis.pcall('GET', KEYS[1])
+if type(s) == 'string' then
+  local st, exp, ct, ut = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255]*)', 34)
+  if st then
+    if (st == ST_SUCCEEDED or st == ST_FAILED) and tonumber(ct, 36) + ms(ut) + ms(exp) < NOW then
+      return {C_EXPIRED, st, ''}
+    end
+    return {C_OK, '', s, ''}
+  end
+end
 if not load() then
   return missing()
 end
-return {C_OK, '', snapshot(), redis.call('LRANGE', KEYS[2], 0, -1)}
+return reply(C_OK, '')

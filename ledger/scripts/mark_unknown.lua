@@ -9,14 +9,14 @@
 -- ARGV[3] -> fencing token of the attempt
 -- ARGV[4] -> the caller's note ('' for none)
 --
--- Output: {code, aux, record}:
+-- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
 --   {C_OK, '', record}                    UNKNOWN now (or already), or
 --                                         terminal and left as it is
---   {C_STALE, state, {}}                  the token is not the current one
+--   {C_STALE, state, ''}                  the token is not the current one
 --   {C_COMPLETION_CONFLICT, '', record}   this attempt already reported an
 --                                         outcome (it is PENDING after a
 --                                         retryable failure)
---   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Never downgrades a terminal state. A repeat finds UNKNOWN and succeeds
 -- again without a second history entry.
@@ -27,15 +27,15 @@ if not load() then
   return missing()
 end
 if R.tok ~= token then
-  return {C_STALE, R.st, {}}
+  return {C_STALE, R.st, ''}
 end
 if is_terminal(R.st) or R.st == ST_UNKNOWN then
-  return {C_OK, '', snapshot()}
+  return reply(C_OK, '')
 end
 if R.ctk == token then
-  return {C_COMPLETION_CONFLICT, '', snapshot()}
+  return reply(C_COMPLETION_CONFLICT, '')
 end
 -- RUNNING, or PENDING after a not-applied finding while this attempt was
 -- still out: either way nobody can tell any more.
 transition(ST_UNKNOWN, 'MARKED_UNKNOWN', ARGV[4])
-return {C_OK, '', snapshot()}
+return reply(C_OK, '')

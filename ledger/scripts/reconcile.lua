@@ -13,12 +13,12 @@
 -- ARGV[7] -> failure message ('' for none)
 -- ARGV[8] -> the reconciler's note ('' for none)
 --
--- Output: {code, aux, record}:
+-- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
 --   {C_OK, '', record}                 resolved (or already resolved the
 --                                      same way)
 --   {C_BUSY, ms, record}               a live lease holds it; it ends in ms
 --   {C_ALREADY_RESOLVED, '', record}   terminal with another finding
---   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Accepted from UNKNOWN, from RUNNING past its lease, and from PENDING (where
 -- APPLIED and ABANDON settle it, NOT_APPLIED changes nothing and ESCALATE
@@ -35,12 +35,12 @@ end
 local st = R.st
 if st == ST_SUCCEEDED or st == ST_FAILED then
   if (finding == '1' and st == ST_SUCCEEDED) or (finding == '3' and st == ST_FAILED) then
-    return {C_OK, '', snapshot()}
+    return reply(C_OK, '')
   end
-  return {C_ALREADY_RESOLVED, '', snapshot()}
+  return reply(C_ALREADY_RESOLVED, '')
 end
 if st == ST_RUNNING and tonumber(R.lse) > NOW then
-  return {C_BUSY, tostr(tonumber(R.lse) - NOW), snapshot()}
+  return reply(C_BUSY, tostr(tonumber(R.lse) - NOW))
 end
 
 if finding == '1' then
@@ -61,4 +61,4 @@ else
     transition(ST_UNKNOWN, 'ESCALATED', note)
   end
 end
-return {C_OK, '', snapshot()}
+return reply(C_OK, '')

@@ -7,13 +7,13 @@
 -- ARGV[2] -> lease index member
 -- ARGV[3] -> fencing token of the claim
 --
--- Output: {code, aux, record}:
---   {C_OK, '', record}       the lease now ends at record.lse
---   {C_STALE, state, {}}     the claim is gone: another token is current, the
+-- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
+--   {C_OK, '', record, ''}   the lease now ends at the record's lse
+--   {C_STALE, state, ''}     the claim is gone: another token is current, the
 --                            operation left RUNNING, or the lease already
 --                            expired (an irreversible operation becomes
 --                            UNKNOWN here, as the sweeper would make it)
---   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- A repeat extends the lease from the store's current time again: the same
 -- outcome as one call.
@@ -24,16 +24,16 @@ if not load() then
   return missing()
 end
 if R.tok ~= token or R.st ~= ST_RUNNING then
-  return {C_STALE, R.st, {}}
+  return {C_STALE, R.st, ''}
 end
 if tonumber(R.lse) <= NOW then
   if R.eff == EFF_IRREVERSIBLE then
     transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')
   end
-  return {C_STALE, R.st, {}}
+  return {C_STALE, R.st, ''}
 end
-local lease_end = NOW + tonumber(R.lms)
+local lease_end = NOW + ms(R.lms)
 set('lse', tostr(lease_end))
 flush()
 redis.call('ZADD', KEYS[5], lease_end, LEASE_MEMBER)
-return {C_OK, '', snapshot()}
+return reply(C_OK, '')

@@ -1,0 +1,107 @@
+// Command ledgerbench measures the operation ledger: it starts ledgerd on a
+// fresh redis-server and drives it over gRPC with the generated client, at
+// 50 concurrent calls by default:
+//
+//   - health Check, the transport baseline every other number is compared
+//     with (same run, same machine: absolute numbers drift, ratios hold);
+//   - Reserve of new keys, full Reserve+Complete cycles (100-byte result),
+//     Reserve replays of completed operations, and Lookup;
+//   - health Check and Reserve at concurrency 1, for the latency ratio;
+//   - the Redis memory per SUCCEEDED record (100k records, default policy),
+//     on another fresh redis-server;
+//   - with --growth, Reserve throughput and memory with that many records
+//     stored (e.g. --growth 1000,1000000).
+//
+// Every throughput and latency run repeats --rounds times (3); the report
+// shows medians of calls/s, p50 and p99, of each as a ratio to health Check
+// in the same round, and of the CPU time the load generator, ledgerd and
+// redis-server each spent per call. It fails (exit status 1) when any call
+// failed; it asserts no timing. `make bench` builds ledgerd and runs it;
+// docs/benchmarks.md explains the numbers.
+//
+//	ledgerbench --ledgerd bin/ledgerd [--duration 10s] [--concurrency 50]
+//	ledgerbench --addr 127.0.0.1:50051 --redis-addr 127.0.0.1:6379   # a running service
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/opledger/ledger/internal/bench"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	var c bench.Config
+	fs := flag.NewFlagSet("ledgerbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.Ledgerd, "ledgerd", "", "the ledgerd binary to start on fresh redis-servers (make bench builds bin/ledgerd)")
+	fs.StringVar(&c.RedisServer, "redis-server", "redis-server", "the redis-server binary")
+	fs.StringVar(&c.Addr, "addr", "", "drive an already running ledgerd at this address instead (throughput only)")
+	fs.StringVar(&c.RedisAddr, "redis-addr", "", "the Redis of --addr, for the environment line")
+	fs.IntVar(&c.Concurrency, "concurrency", 50, "concurrent calls of the throughput runs")
+	fs.IntVar(&c.Conns, "connections", 1, "HTTP/2 connections to ledgerd")
+	fs.DurationVar(&c.Warmup, "warmup", 2e9, "unmeasured calls before each measured window")
+	fs.DurationVar(&c.Duration, "duration", 10e9, "measured window of each throughput run")
+	fs.DurationVar(&c.LatencyDuration, "latency-duration", 5e9, "measured window of each concurrency-1 run")
+	fs.IntVar(&c.Rounds, "rounds", 3, "rounds of every throughput and latency run; the report shows medians")
+	fs.Int64Var(&c.Preload, "preload", 10000, "completed operations the replay and Lookup runs read")
+	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
+	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
+	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency (health always runs; empty: all)")
+	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
+	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
+	verbose := fs.Bool("v", true, "progress on stderr")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	for _, s := range strings.Split(*growth, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--growth %q: want positive record counts", *growth)
+		}
+		c.Growth = append(c.Growth, n)
+	}
+	for _, s := range strings.Split(*only, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "":
+		case "reserve", "cycle", "replay", "lookup", "latency":
+			c.Only = append(c.Only, s)
+		default:
+			return fmt.Errorf("--only %q: want reserve, cycle, replay, lookup or latency", s)
+		}
+	}
+	c.NoThroughput = *noThroughput
+	c.LedgerdFlags = strings.Fields(*ledgerdFlags)
+	c.Out = stdout
+	if *verbose {
+		c.Log = stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_, err := bench.Run(ctx, c)
+	return err
+}

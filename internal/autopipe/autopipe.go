@@ -1,0 +1,279 @@
+// Package autopipe batches the scripts that concurrent callers send through
+// one go-redis client into pipelines: one write and one read per batch
+// instead of one of each per script, for Redis and for the client. It is a
+// go-redis hook, so the client keeps its type (*redis.Client,
+// *redis.ClusterClient) and everything else it sends (single commands,
+// explicit pipelines such as the ledger's EVALSHA+WAIT) goes out as before.
+//
+// There is no flusher goroutine: a caller that finds a free lane sends the
+// batch itself (its own command and whatever is queued) and, once its own
+// command is answered, hands the lane to the oldest queued caller. A lone
+// caller therefore pays one round trip and no goroutine hand-off, as with a
+// plain client; under load, callers queue while the lanes are busy and go
+// out together.
+//
+// Contexts: a call whose context ends while it is queued is never sent; a
+// queued caller whose context ends while its batch is in flight returns at
+// once (the script may have run, as when a plain call's deadline cuts its
+// reply). A batch runs until the latest deadline among its callers (none if
+// one has none), within the client's read and write timeouts. A batch that
+// fails on a network error is retried whole by go-redis (MaxRetries), so
+// only commands that are safe to run twice may be batched: the ledger's
+// scripts are (docs/design.md §4).
+package autopipe
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configure a Hook.
+type Options struct {
+	// Lanes is how many batches may be in flight at once, each on a
+	// connection of its own (2 when 0): while one waits for its replies the
+	// next one fills.
+	Lanes int
+	// MaxBatch bounds the commands of one batch (256 when 0).
+	MaxBatch int
+}
+
+// Hook is the batching go-redis hook. Install it with Enable.
+type Hook struct {
+	rdb      redis.UniversalClient
+	lanes    int
+	maxBatch int
+	closed   atomic.Bool
+	batches  atomic.Int64
+	commands atomic.Int64
+
+	mu      sync.Mutex
+	pending []*call // queued, oldest first
+	active  int     // lanes in use (callers sending batches)
+}
+
+// The states of a call, guarded by Hook.mu.
+const (
+	queued    = iota // in pending
+	sent             // in a batch in flight
+	answered         // its batch returned: inner holds the reply
+	abandoned        // its caller's context ended first
+)
+
+type call struct {
+	inner    *redis.Cmd
+	deadline time.Time // zero: none
+	wake     chan struct{}
+	state    int  // guarded by Hook.mu
+	lead     bool // guarded by Hook.mu: the caller must take over a lane
+}
+
+// Enable adds a Hook to rdb that batches its EVAL and EVALSHA commands, and
+// returns it. Close it before closing rdb.
+func Enable(rdb redis.UniversalClient, o Options) *Hook {
+	if o.Lanes <= 0 {
+		o.Lanes = 2
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 256
+	}
+	h := &Hook{rdb: rdb, lanes: o.Lanes, maxBatch: o.MaxBatch}
+	rdb.AddHook(h)
+	return h
+}
+
+// Close stops batching: later commands go out one by one. Calls already
+// queued are still sent.
+func (h *Hook) Close() { h.closed.Store(true) }
+
+// Stats returns how many batches and commands the hook has sent.
+func (h *Hook) Stats() (batches, commands int64) {
+	return h.batches.Load(), h.commands.Load()
+}
+
+// DialHook implements redis.Hook.
+func (h *Hook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessPipelineHook implements redis.Hook: explicit pipelines (and the
+// hook's own batches) go out as they are.
+func (h *Hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// ProcessHook implements redis.Hook: scripts join a batch; everything else
+// goes out as it is.
+func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c, ok := cmd.(*redis.Cmd)
+		if !ok || h.closed.Load() {
+			return next(ctx, cmd)
+		}
+		switch cmd.Name() {
+		case "evalsha", "eval", "evalsha_ro", "eval_ro":
+		default:
+			return next(ctx, cmd)
+		}
+		if err := ctx.Err(); err != nil {
+			c.SetErr(err)
+			return err
+		}
+		q := &call{inner: redis.NewCmd(ctx, c.Args()...), wake: make(chan struct{}, 1)}
+		q.deadline, _ = ctx.Deadline()
+		if err := h.do(ctx, q, next); err != nil {
+			c.SetErr(err)
+			return err
+		}
+		c.SetVal(q.inner.Val())
+		c.SetErr(q.inner.Err())
+		return q.inner.Err()
+	}
+}
+
+// do sends q, in a batch this caller sends itself or in one another caller
+// sends, and returns once q is answered (nil) or ctx ended (its error).
+func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
+	h.mu.Lock()
+	h.pending = append(h.pending, q)
+	lead := h.active < h.lanes
+	if lead {
+		h.active++
+		q.lead = true
+	}
+	h.mu.Unlock()
+	for !lead {
+		select {
+		case <-q.wake:
+			h.mu.Lock()
+			if q.state == answered {
+				if q.lead {
+					h.release() // asked to lead, but already answered
+				}
+				h.mu.Unlock()
+				return nil
+			}
+			lead = q.lead
+			h.mu.Unlock()
+		case <-ctx.Done():
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if q.state == answered {
+				if q.lead {
+					h.release()
+				}
+				return nil
+			}
+			q.state = abandoned
+			if q.lead {
+				h.release() // asked to lead just now: pass the lane on
+			}
+			return ctx.Err()
+		}
+	}
+	h.lead(q, next)
+	return nil
+}
+
+// lead sends batches from the queue until q is answered, then hands its lane
+// to the oldest queued caller (or frees it).
+func (h *Hook) lead(q *call, next redis.ProcessHook) {
+	batch := make([]*call, 0, 8)
+	for {
+		h.mu.Lock()
+		if q.state == answered {
+			h.release()
+			h.mu.Unlock()
+			return
+		}
+		batch = batch[:0]
+		n := 0
+		for _, c := range h.pending {
+			if len(batch) == h.maxBatch {
+				break
+			}
+			n++
+			if c.state == queued {
+				c.state = sent
+				batch = append(batch, c)
+			}
+		}
+		h.pending = h.pending[:copy(h.pending, h.pending[n:])]
+		h.mu.Unlock()
+		if len(batch) == 0 {
+			// q is in another lane's batch, which wakes it when answered.
+			<-q.wake
+			continue
+		}
+		h.exec(batch, next)
+		h.mu.Lock()
+		for _, c := range batch {
+			if c.state == sent {
+				c.state = answered
+				if c != q {
+					wake(c)
+				}
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// wake signals c's caller; one pending signal is enough, since the caller
+// looks at its state when it wakes.
+func wake(c *call) {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// release hands the caller's lane to the oldest queued caller, or frees it.
+// h.mu is held.
+func (h *Hook) release() {
+	for _, c := range h.pending {
+		if c.state == queued && !c.lead {
+			c.lead = true
+			wake(c)
+			return
+		}
+	}
+	h.active--
+}
+
+// exec sends one batch: alone through the client's own path, or as a
+// pipeline.
+func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
+	ctx := context.Background()
+	var latest time.Time
+	for _, c := range batch {
+		if c.deadline.IsZero() {
+			latest = time.Time{}
+			break
+		}
+		if c.deadline.After(latest) {
+			latest = c.deadline
+		}
+	}
+	if !latest.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
+	h.batches.Add(1)
+	h.commands.Add(int64(len(batch)))
+	if len(batch) == 1 {
+		// The client's own path, which leaves setting the error to its
+		// caller (Process).
+		if err := next(ctx, batch[0].inner); err != nil {
+			batch[0].inner.SetErr(err)
+		}
+		return
+	}
+	pipe := h.rdb.Pipeline()
+	for _, c := range batch {
+		_ = pipe.Process(ctx, c.inner)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+}

@@ -1,0 +1,60 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+)
+
+// TestBenchmarkSmoke runs the benchmark briefly against a service in this
+// process, so `make test` proves it still works. It asserts that every call
+// succeeded and what the numbers describe, never how fast anything was.
+func TestBenchmarkSmoke(t *testing.T) {
+	srv := redistest.Start(t)
+	stack := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	var out, log bytes.Buffer
+	rep, err := Run(context.Background(), Config{
+		Addr: stack.Addr, RedisAddr: srv.Addr,
+		Concurrency: 4, Warmup: 50 * time.Millisecond, Duration: 200 * time.Millisecond,
+		LatencyDuration: 100 * time.Millisecond, Rounds: 2, Preload: 50,
+		Out: &out, Log: &log,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.Throughput) != 5 || len(rep.Latency) != 2 {
+		t.Fatalf("%d throughput and %d latency rows:\n%s", len(rep.Throughput), len(rep.Latency), out.String())
+	}
+	for _, s := range append(rep.Throughput, rep.Latency...) {
+		if s.Calls == 0 || s.Rounds != 2 {
+			t.Fatalf("%s: %d calls in %d rounds", s.Name, s.Calls, s.Rounds)
+		}
+	}
+	for _, want := range []string{"health Check", "Reserve (new key)", "Reserve+Complete cycle", "Reserve (replay)", "Lookup", "p50 ÷ health"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report without %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestMemorySmoke measures the memory of a few SUCCEEDED records on a fresh
+// redis-server, and checks that each one takes one key: the record holds
+// its history and, after its retention, its tombstone.
+func TestMemorySmoke(t *testing.T) {
+	srv := redistest.Start(t)
+	svc := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	c := Config{Concurrency: 8, Log: &bytes.Buffer{}}
+	c.defaults()
+	m, err := c.fill(context.Background(), &stack{addr: svc.Addr, rdbAddr: srv.Addr}, 200, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.KeysPerRecord != 1 || m.After <= m.Before || !strings.HasPrefix(m.SampleKeyUsage, "op ") {
+		t.Fatalf("memory = %+v; want one key per record", m)
+	}
+}

@@ -1,0 +1,279 @@
+// Package bench measures a running ledger service: a closed-loop gRPC load
+// generator built on the generated client (health Check as the transport
+// baseline, Reserve, Reserve+Complete cycles, Reserve replays, Lookup), the
+// Redis memory its records take, and how both behave as the store grows.
+// cmd/ledgerbench drives it (`make bench`); docs/benchmarks.md has the
+// numbers and what limits them.
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Process is a child process the benchmark started (redis-server or
+// ledgerd), killed with Stop.
+type Process struct {
+	Addr string // host:port it serves
+	cmd  *exec.Cmd
+	done chan struct{}
+	out  *bytes.Buffer
+}
+
+// Stop kills the process and waits for it.
+func (p *Process) Stop() {
+	if p == nil || p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *Process) start(path string, args []string, stdout *os.File) error {
+	p.cmd = exec.Command(path, args...)
+	p.out = &bytes.Buffer{}
+	if stdout != nil {
+		p.cmd.Stdout, p.cmd.Stderr = stdout, stdout
+	} else {
+		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	}
+	// The child dies with the benchmark.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		return err
+	}
+	p.done = make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	return nil
+}
+
+func (p *Process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// FreeAddr returns a free loopback address.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// StartRedis starts a fresh redis-server on a free loopback port with its
+// working directory in dir, no persistence, and the default memory settings
+// (the record encoding is measured against Redis's defaults).
+func StartRedis(path, dir string, args ...string) (*Process, error) {
+	if path == "" {
+		path = "redis-server"
+	}
+	bin, err := exec.LookPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found (%v): install it (apt-get install redis-server) or pass its path", err)
+	}
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	p := &Process{Addr: addr}
+	argv := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", dir, "--save", "", "--appendonly", "no",
+		"--daemonize", "no", "--logfile", ""}, args...)
+	if err := p.start(bin, argv, nil); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return nil, fmt.Errorf("redis-server exited: %s", strings.TrimSpace(p.out.String()))
+		}
+		if r, err := DialRedis(addr); err == nil {
+			_, err = r.Do("PING")
+			r.Close()
+			if err == nil {
+				return p, nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.Stop()
+	return nil, errors.New("redis-server did not answer PING within 10s")
+}
+
+// StartLedgerd starts the ledgerd binary on a free loopback port against the
+// Redis at redisAddr, with extra flags, and waits until its health check
+// answers SERVING. Its log goes to logFile.
+func StartLedgerd(bin, redisAddr, logFile string, flags ...string) (*Process, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Create(logFile)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	p := &Process{Addr: addr}
+	args := append([]string{"--listen", addr, "--redis-url", "redis://" + redisAddr + "/0"}, flags...)
+	if err := p.start(bin, args, f); err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.Stop()
+		return nil, err
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return nil, fmt.Errorf("ledgerd exited; its log: %s", lastLines(logFile, 5))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		res, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return p, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.Stop()
+	return nil, fmt.Errorf("ledgerd did not become SERVING within 20s; its log: %s", lastLines(logFile, 5))
+}
+
+func lastLines(file string, n int) string {
+	b, _ := os.ReadFile(file)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Redis is a minimal RESP client for the benchmark's own questions to the
+// store (INFO, CONFIG, DBSIZE): it keeps the measuring side independent of
+// the client library under test.
+type Redis struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// DialRedis connects to addr.
+func DialRedis(addr string) (*Redis, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &Redis{c: c, r: bufio.NewReader(c)}, nil
+}
+
+// Close closes the connection.
+func (r *Redis) Close() { _ = r.c.Close() }
+
+// Do sends one command and returns its reply: a string, an int64, nil, or a
+// []any of those.
+func (r *Redis) Do(args ...string) (any, error) {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	_ = r.c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := r.c.Write(b.Bytes()); err != nil {
+		return nil, err
+	}
+	return r.read()
+}
+
+func (r *Redis) read() (any, error) {
+	line, err := r.r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if line == "" {
+		return nil, errors.New("empty reply line")
+	}
+	switch line[0] {
+	case '+':
+		return line[1:], nil
+	case '-':
+		return nil, errors.New(line[1:])
+	case ':':
+		return strconv.ParseInt(line[1:], 10, 64)
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return nil, err
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r.r, buf); err != nil {
+			return nil, err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return nil, err
+		}
+		out := make([]any, n)
+		for i := range out {
+			if out[i], err = r.read(); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("unexpected reply %q", line)
+}
+
+// Info returns the fields of an INFO section.
+func (r *Redis) Info(section string) (map[string]string, error) {
+	v, err := r.Do("INFO", section)
+	if err != nil {
+		return nil, err
+	}
+	s, _ := v.(string)
+	out := map[string]string{}
+	for _, line := range strings.Split(s, "\r\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && !strings.HasPrefix(line, "#") {
+			out[k] = v
+		}
+	}
+	return out, nil
+}
+
+// InfoInt returns one integer field of an INFO section.
+func (r *Redis) InfoInt(section, field string) (int64, error) {
+	m, err := r.Info(section)
+	if err != nil {
+		return 0, err
+	}
+	v, ok := m[field]
+	if !ok {
+		return 0, fmt.Errorf("INFO %s has no %s", section, field)
+	}
+	return strconv.ParseInt(v, 10, 64)
+}

@@ -1,0 +1,228 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/autopipe"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+)
+
+// countingProxy forwards a client's connections to Redis and records the
+// name of every command the client sends (parsed from the RESP stream), so
+// a test can count what one RPC costs without MONITOR or CLIENT commands.
+type countingProxy struct {
+	ln   net.Listener
+	to   string
+	mu   sync.Mutex
+	cmds []string
+}
+
+func newCountingProxy(t *testing.T, to string) *countingProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &countingProxy{ln: ln, to: to}
+	go p.serve()
+	t.Cleanup(func() { _ = ln.Close() })
+	return p
+}
+
+func (p *countingProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.to)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+		go func() {
+			defer s.Close()
+			r := bufio.NewReader(io.TeeReader(c, s))
+			for {
+				name, err := readCommand(r)
+				if err != nil {
+					return
+				}
+				p.mu.Lock()
+				p.cmds = append(p.cmds, name)
+				p.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// readCommand reads one RESP command (an array of bulk strings) and returns
+// its name, lower-cased.
+func readCommand(r *bufio.Reader) (string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	if !strings.HasPrefix(line, "*") {
+		return "", fmt.Errorf("not a command: %q", line)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
+	if err != nil {
+		return "", err
+	}
+	var name string
+	for i := range n {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		size, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
+		if err != nil {
+			return "", err
+		}
+		buf := make([]byte, size+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		if i == 0 {
+			name = strings.ToLower(string(buf[:size]))
+		}
+	}
+	return name, nil
+}
+
+// since returns the commands sent after the first n.
+func (p *countingProxy) since(n int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.cmds[n:]...)
+}
+
+func (p *countingProxy) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.cmds)
+}
+
+// commandCalls returns INFO commandstats as command -> calls (commands run
+// inside scripts included).
+func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		out[name] = n
+	}
+	return out
+}
+
+// TestOneRoundTripPerRPC runs each ledger RPC through the whole service on a
+// warm script cache and checks it sends Redis exactly one command (an
+// EVALSHA), counted on the wire by a proxy and by Redis's own
+// commandstats, with the plain client and with autopipelining.
+func TestOneRoundTripPerRPC(t *testing.T) {
+	for _, mode := range []string{"plain", "autopipeline"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			direct := srv.Client(t)
+			proxy := newCountingProxy(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), DisableIdentity: true, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = rdb.Close() })
+			if mode == "autopipeline" {
+				h := autopipe.Enable(rdb, autopipe.Options{})
+				t.Cleanup(h.Close)
+			}
+			// A sweep once an hour: nothing else talks to Redis meanwhile.
+			stack := ledgertest.Start(t, rdb, ledgertest.Options{SweepInterval: time.Hour})
+			ctx := context.Background()
+			if err := stack.Ledger.LoadScripts(ctx); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := grpc.NewClient(stack.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			c := ledgerv1.NewLedgerServiceClient(conn)
+
+			var token uint64
+			reserve := func() error {
+				res, err := c.Reserve(ctx, &ledgerv1.ReserveRequest{OperationId: "wf-1:refund", Tool: "payments.refund", PermitId: "p", Holder: "h"})
+				if err == nil {
+					token = res.GetOperation().GetFencingToken()
+				}
+				return err
+			}
+			rpcs := []struct {
+				name string
+				call func() error
+			}{
+				{"Reserve (new)", reserve},
+				{"Renew", func() error {
+					_, err := c.Renew(ctx, &ledgerv1.RenewRequest{OperationId: "wf-1:refund", FencingToken: token})
+					return err
+				}},
+				{"MarkUnknown", func() error {
+					_, err := c.MarkUnknown(ctx, &ledgerv1.MarkUnknownRequest{OperationId: "wf-1:refund", FencingToken: token})
+					return err
+				}},
+				{"Reconcile", func() error {
+					_, err := c.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: "wf-1:refund", Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
+					return err
+				}},
+				{"Reserve (claim)", reserve},
+				{"Complete", func() error {
+					_, err := c.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: "wf-1:refund", FencingToken: token, Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED})
+					return err
+				}},
+				{"Lookup", func() error {
+					res, err := c.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: "wf-1:refund"})
+					if err == nil && len(res.GetOperation().GetHistory()) != 5 {
+						err = fmt.Errorf("history has %d entries, want 5", len(res.GetOperation().GetHistory()))
+					}
+					return err
+				}},
+				{"Reserve (replay)", reserve},
+			}
+			for _, rpc := range rpcs {
+				before, stats := proxy.count(), commandCalls(t, direct)
+				if err := rpc.call(); err != nil {
+					t.Fatalf("%s: %v", rpc.name, err)
+				}
+				after := commandCalls(t, direct)
+				if sent := proxy.since(before); len(sent) != 1 || sent[0] != "evalsha" {
+					t.Errorf("%s sent %v to Redis, want exactly one evalsha", rpc.name, sent)
+				}
+				if d := after["evalsha"] - stats["evalsha"]; d != 1 {
+					t.Errorf("%s: Redis ran %d EVALSHA, want 1", rpc.name, d)
+				}
+				if d := after["eval"] - stats["eval"]; d != 0 {
+					t.Errorf("%s: Redis ran %d EVAL on a warm script cache, want 0", rpc.name, d)
+				}
+			}
+		})
+	}
+}

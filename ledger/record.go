@@ -1,0 +1,364 @@
+package ledger
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/opledger/ledger/fingerprint"
+)
+
+// The stored form of a record (scripts/common.lua writes it, docs/design.md
+// §2 describes it): one string per operation,
+//
+//	'L' <fingerprint: 32 bytes> <field> 0xFF <field> ... [0xFE <history entry>]...
+//
+// with the fields in recordFields order (trailing empty ones left out) and
+// each history entry <from><to><reason letter><t> 0xFD <attempt> 0xFD
+// <token> [0xFD <principal> [0xFD <detail>]]. Every text value is UTF-8 the
+// ledger validated, so the separator bytes 0xFC-0xFF, which UTF-8 never
+// uses, cannot occur in one.
+const (
+	recordVersion = 'L'
+	fieldSep      = 0xFF
+	historySep    = 0xFE
+	entrySep      = 0xFD
+	samePrincipal = "\xFC" // the principal of the previous entry
+)
+
+// The fields of the stored form, in order.
+const (
+	fSt = iota
+	fExp
+	fCt
+	fUt
+	fAtt
+	fTok
+	fEff
+	fRsn
+	fTool
+	fPmt
+	fLms
+	fMax
+	fRet
+	fTret
+	fRwin
+	fCdg
+	fHld
+	fLse
+	fUks
+	fRev
+	fRd
+	fRid
+	fFc
+	fFm
+	fRun
+	fStp
+	fRu
+	fRue
+	fCfh
+	fCf
+	numFields
+)
+
+// reasonNames are the transition reasons by their stored letter ('A' + i).
+var reasonNames = [...]string{
+	"RESERVED", "CLAIMED", "RECLAIMED", "SUCCEEDED", "FAILED_FINAL",
+	"FAILED_RETRYABLE", "MARKED_UNKNOWN", "LEASE_EXPIRED", "RETRIES_EXHAUSTED",
+	"RECONCILED_APPLIED", "RECONCILED_NOT_APPLIED", "ABANDONED", "ESCALATED",
+}
+
+func reasonName(code string) string {
+	if len(code) == 1 && code[0] >= 'A' && int(code[0]-'A') < len(reasonNames) {
+		return reasonNames[code[0]-'A']
+	}
+	return code
+}
+
+// record is what a script answered about one operation: the snapshot of its
+// record (op nil when the answer carries none) and the transition the call
+// made, if any.
+type record struct {
+	op      *Operation
+	history string // the stored history, decoded by Lookup only
+	moved   bool
+	from    State
+	dwell   time.Duration
+}
+
+var errBadRecord = errors.New("malformed record")
+
+// recordFromReply decodes a script's reply {code, aux, record, moved}.
+func recordFromReply(raw []any) (*record, error) {
+	r := &record{}
+	s, _ := raw[2].(string)
+	if s != "" {
+		var err error
+		if r.op, r.history, err = decodeRecord(s); err != nil {
+			return nil, err
+		}
+	}
+	if len(raw) > 3 {
+		if m, _ := raw[3].(string); m != "" {
+			from, dwell, _ := strings.Cut(m, ":")
+			r.moved, r.from = true, parseState(from)
+			r.dwell = time.Duration(parseUint(dwell)) * time.Millisecond
+		}
+	}
+	return r, nil
+}
+
+// toOperation returns the snapshot of a script's answer, for operation id.
+func toOperation(id string, r *record) *Operation {
+	r.op.ID = id
+	return r.op
+}
+
+// decodeRecord decodes a record's stored form into a snapshot without
+// history, and returns its stored history for parseHistory.
+func decodeRecord(s string) (*Operation, string, error) {
+	if len(s) < 1+len(fingerprint.Fingerprint{}) || s[0] != recordVersion {
+		return nil, "", errBadRecord
+	}
+	o := &Operation{}
+	copy(o.Fingerprint[:], s[1:33])
+	body, hist := s[33:], ""
+	if i := strings.IndexByte(body, historySep); i >= 0 {
+		body, hist = body[:i], body[i:]
+	}
+	var f [numFields]string
+	for i := 0; i < numFields && body != ""; i++ {
+		j := strings.IndexByte(body, fieldSep)
+		if j < 0 {
+			f[i], body = body, ""
+			break
+		}
+		f[i], body = body[:j], body[j+1:]
+	}
+	ct, err := strconv.ParseInt(f[fCt], 36, 64)
+	if err != nil || f[fSt] == "" {
+		return nil, "", errBadRecord
+	}
+	ut := ct + millis(f[fUt])
+	o.State = parseState(f[fSt])
+	o.Tool = f[fTool]
+	o.Effect = Effect(parseUint(f[fEff]))
+	o.Attempt = uint32(parseUint(f[fAtt]))
+	o.FencingToken = uint64(ct + millis(f[fTok]))
+	o.PermitID = f[fPmt]
+	o.RunID = f[fRun]
+	o.Step = uint32(parseUint(f[fStp]))
+	o.Holder = f[fHld]
+	o.Reason = reasonName(f[fRsn])
+	o.NeedsReview = f[fRev] == "1"
+	o.CreatedAt = msTime(ct)
+	o.UpdatedAt = msTime(ut)
+	o.MaxAttempts = uint32(parseUint(f[fMax]))
+	if f[fLse] != "" {
+		o.LeaseExpiresAt = msTime(ut + millis(f[fLse]))
+	}
+	if f[fUks] != "" {
+		o.UnknownSince = msTime(ut + millis(f[fUks]))
+		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(millis(f[fRwin])) * time.Millisecond)
+	}
+	if f[fRu] != "" {
+		o.RetainUntil = msTime(ct + millis(f[fRu]))
+	}
+	if f[fExp] != "" {
+		o.ExpiresAt = msTime(ut + millis(f[fExp]))
+	}
+	if o.State == StateSucceeded {
+		o.Result = &Result{ResourceID: f[fRid]}
+		if d := f[fRd]; d != "" {
+			o.Result.Data = []byte(d)
+		}
+	}
+	if f[fFc] != "" || f[fFm] != "" {
+		o.Failure = &Failure{Code: f[fFc], Message: f[fFm]}
+	}
+	return o, hist, nil
+}
+
+// parseHistory decodes a record's stored history, oldest first. It needs
+// the record's creation time: entry times and tokens are stored after it.
+func parseHistory(h string, created time.Time) []HistoryEntry {
+	if h == "" {
+		return nil
+	}
+	ct := created.UnixMilli()
+	out := make([]HistoryEntry, 0, strings.Count(h, "\xfe")+1)
+	principal := ""
+	for h != "" {
+		h = h[1:] // the separator
+		e := h
+		if i := strings.IndexByte(h, historySep); i >= 0 {
+			e, h = h[:i], h[i:]
+		} else {
+			h = ""
+		}
+		if len(e) < 3 {
+			continue
+		}
+		var sub [5]string
+		n := 0
+		for rest := e[3:]; n < len(sub); n++ {
+			j := strings.IndexByte(rest, entrySep)
+			if j < 0 {
+				sub[n] = rest
+				n++
+				break
+			}
+			sub[n], rest = rest[:j], rest[j+1:]
+		}
+		if n >= 4 && sub[3] != samePrincipal {
+			principal = sub[3]
+		}
+		out = append(out, HistoryEntry{
+			Time:         msTime(ct + millis(sub[0])),
+			From:         parseState(e[0:1]),
+			To:           parseState(e[1:2]),
+			Reason:       reasonName(e[2:3]),
+			Attempt:      uint32(parseUint(sub[1])),
+			FencingToken: uint64(ct + millis(sub[2])),
+			Principal:    principal,
+			Detail:       sub[4],
+		})
+	}
+	return out
+}
+
+// millis decodes a stored duration or time difference: decimal ms, or whole
+// seconds, minutes, hours or days with the suffix s, m, h or d; "" is 0.
+func millis(s string) int64 {
+	unit := int64(1)
+	if s != "" {
+		switch s[len(s)-1] {
+		case 's':
+			unit = 1000
+		case 'm':
+			unit = 60 * 1000
+		case 'h':
+			unit = 3600 * 1000
+		case 'd':
+			unit = 24 * 3600 * 1000
+		}
+		if unit != 1 {
+			s = s[:len(s)-1]
+		}
+	}
+	if s == "" {
+		return 0
+	}
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n * unit
+}
+
+// encodeMillis encodes a duration as the record stores it (millis decodes
+// it): whole days, hours, minutes or seconds with their suffix when the
+// duration is one, else decimal ms.
+func encodeMillis(d time.Duration) string {
+	ms := d.Milliseconds()
+	for _, u := range []struct {
+		ms     int64
+		suffix string
+	}{{24 * 3600 * 1000, "d"}, {3600 * 1000, "h"}, {60 * 1000, "m"}, {1000, "s"}} {
+		if ms != 0 && ms%u.ms == 0 {
+			return strconv.FormatInt(ms/u.ms, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(ms, 10)
+}
+
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+func parseState(s string) State {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > int(StateUnknown) {
+		return StateUnspecified
+	}
+	return State(n)
+}
+
+func parseUint(s string) uint64 {
+	if s == "" {
+		return 0
+	}
+	n, _ := strconv.ParseUint(s, 10, 64)
+	return n
+}
+
+func parseMillis(s string) time.Time {
+	if s == "" {
+		return time.Time{}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(n).UTC()
+}
+
+// legacyOperation decodes a record of the previous layout (a hash; the
+// scripts convert it on its next write), which ListUnresolved may still
+// meet.
+func legacyOperation(id string, m map[string]string) *Operation {
+	o := &Operation{
+		ID:             id,
+		Tool:           m["tool"],
+		Effect:         Effect(parseUint(m["eff"])),
+		State:          parseState(m["st"]),
+		Attempt:        uint32(parseUint(m["att"])),
+		FencingToken:   parseUint(m["tok"]),
+		PermitID:       m["pmt"],
+		RunID:          m["run"],
+		Step:           uint32(parseUint(m["stp"])),
+		Holder:         m["hld"],
+		Reason:         m["rsn"],
+		NeedsReview:    m["rev"] == "1",
+		CreatedAt:      parseMillis(m["ct"]),
+		UpdatedAt:      parseMillis(m["ut"]),
+		LeaseExpiresAt: parseMillis(m["lse"]),
+		UnknownSince:   parseMillis(m["uks"]),
+		RetainUntil:    parseMillis(m["ru"]),
+		ExpiresAt:      parseMillis(m["exp"]),
+		MaxAttempts:    uint32(parseUint(m["max"])),
+	}
+	o.Fingerprint, _ = fingerprint.Parse(m["fp"])
+	if !o.UnknownSince.IsZero() {
+		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(parseUint(m["rwin"])) * time.Millisecond)
+	}
+	if o.State == StateSucceeded {
+		o.Result = &Result{ResourceID: m["rid"]}
+		if d := m["rd"]; d != "" {
+			o.Result.Data = []byte(d)
+		}
+	}
+	if m["fc"] != "" || m["fm"] != "" {
+		o.Failure = &Failure{Code: m["fc"], Message: m["fm"]}
+	}
+	return o
+}
+
+// outcomeDigest identifies a Complete's outcome, so a repeat can be told
+// from a different report under the same token: 16 hex digits (64 bits) of
+// SHA-256 over the outcome and the length-prefixed result and failure.
+func outcomeDigest(o Outcome, r Result, f Failure) string {
+	h := sha256.New()
+	var n [8]byte
+	h.Write([]byte{byte(o)})
+	for _, part := range [][]byte{r.Data, []byte(r.ResourceID), []byte(f.Code), []byte(f.Message)} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}

@@ -1,0 +1,107 @@
+package ledger
+
+import (
+	"testing"
+	"time"
+)
+
+// TestHistoryKeepsTheLatest50 drives an operation through more than 50
+// transitions by two principals, with notes, and checks Lookup returns
+// exactly the latest 50 entries with their own principal, reason and
+// detail: the stored history drops the oldest entry and names a principal
+// only when it changes, so the entry that becomes the first must get its
+// principal back.
+func TestHistoryKeepsTheLatest50(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		pol, err := ParsePolicies([]byte("defaults:\n  max_attempts: 100\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := New(e.lrdb, Options{Policies: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type want struct{ reason, principal, detail string }
+		var model []want
+		who := func(name string) Principal { return Principal{Tenant: e.who.Tenant, ID: name} }
+		reserve := func(p Principal, reason string) uint64 {
+			res, err := l.Reserve(e.ctx, p, ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h-" + p.ID})
+			if err != nil || res.Decision != DecisionExecute {
+				t.Fatalf("Reserve: %v %v", res, err)
+			}
+			model = append(model, want{reason, p.ID, ""})
+			return res.Operation.FencingToken
+		}
+		tok := reserve(who("agent-1"), "RESERVED")
+		for i := range 30 {
+			p := who("agent-1")
+			if i%3 == 1 {
+				p = who("agent-2")
+			}
+			if _, err := l.Complete(e.ctx, p, CompleteRequest{OperationID: "op", FencingToken: tok, Outcome: OutcomeFailedRetryable,
+				Failure: &Failure{Code: "busy"}}); err != nil {
+				t.Fatal(err)
+			}
+			model = append(model, want{"FAILED_RETRYABLE", p.ID, ""})
+			if i%5 == 4 {
+				p = who("") // an empty principal is one too
+			}
+			tok = reserve(p, "CLAIMED")
+		}
+		// Same principal as the entry before, with a note; then another one.
+		if _, err := l.MarkUnknown(e.ctx, who(model[len(model)-1].principal), MarkUnknownRequest{OperationID: "op", FencingToken: tok, Reason: "timeout ÿ"}); err != nil {
+			t.Fatal(err)
+		}
+		model = append(model, want{"MARKED_UNKNOWN", model[len(model)-1].principal, "timeout ÿ"})
+		if _, err := l.Reconcile(e.ctx, who("reconciler"), ReconcileRequest{OperationID: "op", Finding: FindingEscalate, Note: "ask finance"}); err != nil {
+			t.Fatal(err)
+		}
+		model = append(model, want{"ESCALATED", "reconciler", "ask finance"})
+
+		o, err := l.Lookup(e.ctx, e.who, "op")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(o.History) != HistoryLimit {
+			t.Fatalf("%d history entries, want %d", len(o.History), HistoryLimit)
+		}
+		model = model[len(model)-HistoryLimit:]
+		for i, h := range o.History {
+			if w := model[i]; h.Reason != w.reason || h.Principal != w.principal || h.Detail != w.detail {
+				t.Fatalf("entry %d = %s by %q (%q), want %s by %q (%q)", i, h.Reason, h.Principal, h.Detail, w.reason, w.principal, w.detail)
+			}
+			if i > 0 && (h.Time.Before(o.History[i-1].Time) || h.From != o.History[i-1].To) {
+				t.Fatalf("entry %d does not follow entry %d: %+v after %+v", i, i-1, h, o.History[i-1])
+			}
+		}
+		if last := o.History[len(o.History)-1]; last.To != StateUnknown || last.Attempt != 31 || o.Reason != "ESCALATED" || !o.NeedsReview {
+			t.Fatalf("last entry %+v, record %+v", last, o)
+		}
+	})
+}
+
+// TestResultMustBeUTF8 checks result data that is not UTF-8 is refused: the
+// stored record relies on it (its separators are bytes UTF-8 never uses).
+func TestResultMustBeUTF8(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		_, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{Data: []byte("{\"a\":\"\xff\xfe\"}")}, nil)
+		wantKind(t, err, KindInvalid)
+		if got := e.lookup(t, "op"); got.State != StateRunning {
+			t.Fatalf("state %v after a refused Complete", got.State)
+		}
+	})
+}
+
+// TestEncodeMillis checks the duration form the record stores, and that
+// millis reads it back.
+func TestEncodeMillis(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0", 150 * time.Millisecond: "150", 30 * time.Second: "30s", 90 * time.Second: "90s",
+		15 * time.Minute: "15m", time.Hour: "1h", 7 * 24 * time.Hour: "7d", 1500 * time.Millisecond: "1500",
+	} {
+		if got := encodeMillis(d); got != want || millis(got) != d.Milliseconds() {
+			t.Errorf("encodeMillis(%v) = %q (reads back %d ms), want %q", d, got, millis(got), want)
+		}
+	}
+}

@@ -1,0 +1,86 @@
+-- complete.lua: the claim holder reports how its attempt ended (SPEC §4,
+-- Complete).
+--
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
+--               (see common.lua)
+-- ARGV[1] -> principal
+-- ARGV[2] -> lease index member
+-- ARGV[3] -> fencing token of the attempt
+-- ARGV[4] -> outcome (1 SUCCEEDED, 2 FAILED_FINAL, 3 FAILED_RETRYABLE)
+-- ARGV[5] -> digest of the outcome (outcome, result, failure), hex
+-- ARGV[6] -> result data (canonical JSON, '' for none)
+-- ARGV[7] -> resource id ('' for none)
+-- ARGV[8] -> failure code ('' for none)
+-- ARGV[9] -> failure message ('' for none)
+--
+-- Output: {code, aux, record}:
+--   {C_OK, '', record}                    recorded (or already recorded the
+--                                         same way)
+--   {C_STALE, state, {}}                  the token is not the current one
+--   {C_COMPLETION_CONFLICT, '', record}   another outcome is already recorded
+--   {C_NOT_FOUND, '', {}} / {C_EXPIRED, tombstone, {}}
+--
+-- Accepted from RUNNING, from UNKNOWN (a late but authoritative report) and
+-- from PENDING when the token is still the latest (a reconciler found
+-- nothing yet the attempt did finish): refusing that report would let the
+-- next claim apply the effect twice. For the same reason a success reported
+-- with the latest token turns a FAILED_FINAL the ledger concluded on its own
+-- (RETRIES_EXHAUSTED, ABANDONED) into SUCCEEDED. A repeat with the same token
+-- and outcome succeeds again without a second history entry.
+
+local token, outcome, digest = ARGV[3], ARGV[4], ARGV[5]
+
+if not load() then
+  return missing()
+end
+if R.tok ~= token then
+  return {C_STALE, R.st, {}}
+end
+if R.ctk == token then
+  if R.cdg == digest then
+    return {C_OK, '', snapshot()}
+  end
+  return {C_COMPLETION_CONFLICT, '', snapshot()}
+end
+
+local st = R.st
+if st == ST_SUCCEEDED then
+  -- Resolved by a reconciler: the same kind of outcome agrees with it.
+  if outcome == '1' then
+    return {C_OK, '', snapshot()}
+  end
+  return {C_COMPLETION_CONFLICT, '', snapshot()}
+end
+if st == ST_FAILED then
+  if outcome == '2' then
+    return {C_OK, '', snapshot()}
+  end
+  if outcome == '1' and (R.rsn == 'RETRIES_EXHAUSTED' or R.rsn == 'ABANDONED') then
+    -- The ledger (out of attempts) or a reconciler (abandon) concluded that
+    -- the effect never happened; the attempt holding the latest token says
+    -- it did. The record must not keep the lie.
+    local was = R.rsn
+    set('ctk', token)
+    set('cdg', digest)
+    set_outcome(ARGV[6], ARGV[7], '', '')
+    finish(ST_SUCCEEDED, 'SUCCEEDED', 'late report after ' .. was)
+    return {C_OK, '', snapshot()}
+  end
+  return {C_COMPLETION_CONFLICT, '', snapshot()}
+end
+
+set('ctk', token)
+set('cdg', digest)
+set_outcome(ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+if outcome == '1' then
+  finish(ST_SUCCEEDED, 'SUCCEEDED', '')
+elseif outcome == '2' then
+  finish(ST_FAILED, 'FAILED_FINAL', '')
+elseif st == ST_PENDING then
+  -- Already claimable: remember the report so a repeat agrees with it.
+  flush()
+else
+  transition(ST_PENDING, 'FAILED_RETRYABLE', '')
+end
+return {C_OK, '', snapshot()}

@@ -1,0 +1,154 @@
+-- reserve.lua: record the intent of an operation and decide how the caller
+-- proceeds (SPEC §4, the Reserve table).
+--
+-- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
+--               stats, overdue
+--               (see common.lua)
+-- ARGV[1]  -> principal
+-- ARGV[2]  -> lease index member
+-- ARGV[3]  -> tool
+-- ARGV[4]  -> fingerprint (hex)
+-- ARGV[5]  -> permit id
+-- ARGV[6]  -> holder
+-- ARGV[7]  -> effect (1 READ_ONLY, 2 IDEMPOTENT, 3 IRREVERSIBLE)
+-- ARGV[8]  -> run id
+-- ARGV[9]  -> step
+-- ARGV[10] -> retain_until (ms, 0 for none)
+-- ARGV[11] -> retain_until plus the policy's grace (ms, 0 for none)
+-- ARGV[12] -> lease (ms)
+-- ARGV[13] -> max attempts
+-- ARGV[14] -> retention of the terminal record (ms)
+-- ARGV[15] -> tombstone retention (ms)
+-- ARGV[16] -> recovery window (ms)
+-- ARGV[17] -> operation id (raw), for the unresolved index member
+-- ARGV[18] -> digest of the policy's consequential fields ('' for all fields)
+-- ARGV[19] -> the consequential fields, a JSON list ('' for all fields)
+-- ARGV[20] -> the most unresolved operations the tenant may hold in this
+--             shard (0 for no limit)
+--
+-- Output: {code, aux, record}, record a flat field/value list:
+--   {C_EXECUTE, '', record}       the caller holds the claim (new, claimed,
+--                                 reclaimed, or its own live claim again)
+--   {C_REPLAY, '', record}        terminal: replay the recorded outcome
+--   {C_IN_PROGRESS, ms, record}   another holder's live claim ends in ms
+--   {C_RECONCILE, '', record}     UNKNOWN (now or just now): reconcile first
+--   {C_KEY_REUSED, mask, {}}      tool (1), fingerprint (2), permit (4) differ
+--   {C_EXPIRED, tombstone, {}}    the record expired; "<state>:<fingerprint>"
+--   {C_QUOTA, '', {}}             a new operation would exceed the tenant's
+--                                 unresolved limit in this shard
+--   {C_FIELDS, fields, {}}        the record was fingerprinted over other
+--                                 consequential fields (the policy changed):
+--                                 call again with a fingerprint over these
+--
+-- Run twice with the same arguments, it gives the same decision: the second
+-- run finds the caller's own live claim (same holder) and returns EXECUTE
+-- with the same attempt and token, without a second history entry.
+
+local tool, fp, permit, holder, effect = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+
+local function claim(reason)
+  local tok = tonumber(R.tok or '0') + 1
+  if tok < NOW then
+    tok = NOW
+  end
+  local lease_end = NOW + tonumber(R.lms)
+  set('att', tostr(tonumber(R.att or '0') + 1))
+  set('tok', tostr(tok))
+  set('hld', holder)
+  set('lse', tostr(lease_end))
+  set_outcome('', '', '', '')
+  transition(ST_RUNNING, reason, '')
+  redis.call('ZADD', KEYS[5], lease_end, LEASE_MEMBER)
+  return {C_EXECUTE, '', snapshot()}
+end
+
+if not load() then
+  local tomb = redis.call('GET', KEYS[3])
+  if tomb then
+    return {C_EXPIRED, tomb, {}}
+  end
+  local limit = tonumber(ARGV[20])
+  if limit > 0 and redis.call('ZCARD', KEYS[4]) >= limit then
+    return {C_QUOTA, '', {}}
+  end
+  set('tool', tool)
+  set('fp', fp)
+  set('pmt', permit)
+  set('eff', effect)
+  if ARGV[8] ~= '' then set('run', ARGV[8]) end
+  if ARGV[9] ~= '0' then set('stp', ARGV[9]) end
+  if ARGV[10] ~= '0' then set('ru', ARGV[10]) end
+  if ARGV[11] ~= '0' then set('rue', ARGV[11]) end
+  set('lms', ARGV[12])
+  set('max', ARGV[13])
+  set('ret', ARGV[14])
+  set('tret', ARGV[15])
+  set('rwin', ARGV[16])
+  set('ct', tostr(NOW))
+  set('ix', string.format('%013d', NOW) .. ':' .. ARGV[17])
+  if ARGV[18] ~= '' then
+    set('cfh', ARGV[18])
+    set('cf', ARGV[19])
+  end
+  local out = claim('RESERVED')
+  redis.call('ZADD', KEYS[4], 0, R.ix)
+  return out
+end
+
+-- The fields the fingerprint covers are bound at creation: a changed policy
+-- must not turn the retries of a running operation into conflicts.
+if (R.cfh or '') ~= ARGV[18] then
+  return {C_FIELDS, R.cf or '', {}}
+end
+
+local mask = 0
+if R.tool ~= tool then mask = mask + 1 end
+if R.fp ~= fp then mask = mask + 2 end
+if R.pmt ~= permit then mask = mask + 4 end
+if mask ~= 0 then
+  return {C_KEY_REUSED, tostr(mask), {}}
+end
+
+local st = R.st
+local exhausted = tonumber(R.att) >= tonumber(R.max)
+
+if is_terminal(st) then
+  return {C_REPLAY, '', snapshot()}
+end
+
+if st == ST_PENDING then
+  -- Proven not applied: claim again, or fail for good when out of attempts.
+  if exhausted then
+    set_outcome('', '', 'RETRIES_EXHAUSTED', 'the policy allows ' .. R.max .. ' attempts')
+    finish(ST_FAILED, 'RETRIES_EXHAUSTED', '')
+    return {C_REPLAY, '', snapshot()}
+  end
+  return claim('CLAIMED')
+end
+
+if st == ST_RUNNING then
+  local lease_end = tonumber(R.lse)
+  if lease_end > NOW then
+    if R.hld == holder then
+      return {C_EXECUTE, '', snapshot()}
+    end
+    return {C_IN_PROGRESS, tostr(lease_end - NOW), snapshot()}
+  end
+  -- The lease expired: the worker may have applied the effect and died.
+  if R.eff == EFF_IRREVERSIBLE then
+    transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')
+    return {C_RECONCILE, '', snapshot()}
+  end
+  if exhausted then
+    transition(ST_UNKNOWN, 'RETRIES_EXHAUSTED', '')
+    return {C_RECONCILE, '', snapshot()}
+  end
+  return claim('RECLAIMED')
+end
+
+-- UNKNOWN: repeating is harmless only for idempotent and read-only tools,
+-- and only while attempts remain.
+if R.eff == EFF_IRREVERSIBLE or exhausted then
+  return {C_RECONCILE, '', snapshot()}
+end
+return claim('RECLAIMED')
