@@ -205,6 +205,14 @@ func (c *Cluster) WaitFailover(tb testing.TB, dead *Server) {
 	}
 }
 
+// WaitOK waits until every running node reports cluster_state:ok.
+func (c *Cluster) WaitOK(tb testing.TB) {
+	tb.Helper()
+	if err := c.waitOK(30 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // WaitReplicas waits until the given number of masters each have that many
 // replicas online.
 func (c *Cluster) WaitReplicas(tb testing.TB, masters, replicas int) {

@@ -1,0 +1,131 @@
+package faults
+
+import (
+	"testing"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// seq builds a sequential history of one operation: each call returns
+// before the next starts, except those marked concurrent with the previous.
+type seq struct {
+	ops []porcupine.Operation
+	t   int64
+}
+
+func (s *seq) add(in input, out output) *seq {
+	in.ID = "op"
+	if in.Kind == kReserve {
+		in.Effect, in.Max = effIrreversible, 3
+	}
+	s.t += 10
+	s.ops = append(s.ops, porcupine.Operation{Input: in, Call: s.t, Output: out, Return: s.t + 5})
+	return s
+}
+
+// unknown adds a call whose outcome was not learned (it returns at the end).
+func (s *seq) unknown(in input) *seq {
+	in.ID = "op"
+	if in.Kind == kReserve {
+		in.Effect, in.Max = effIrreversible, 3
+	}
+	s.t += 10
+	s.ops = append(s.ops, porcupine.Operation{Input: in, Call: s.t, Output: output{Unknown: true}, Return: 1 << 40})
+	return s
+}
+
+func running(dec int, att uint32, tok uint64) output {
+	return output{Decision: dec, HasOp: true, State: stRunning, Attempt: att, Token: tok}
+}
+
+func rec(st int, att uint32, tok uint64, rid string) output {
+	return output{HasOp: true, State: st, Attempt: att, Token: tok, RID: rid}
+}
+
+func reserve(h string) input { return input{Kind: kReserve, Holder: h} }
+func completeOK(tok uint64, rid string) input {
+	return input{Kind: kComplete, Token: tok, Outcome: outSucceeded, RID: rid, Digest: "1|" + rid}
+}
+func markUnknownIn(tok uint64) input { return input{Kind: kMarkUnknown, Token: tok} }
+func reconcileIn(f int, rid string) input {
+	return input{Kind: kReconcile, Finding: f, RID: rid}
+}
+func lookup() input { return input{Kind: kLookup} }
+
+// TestModel checks the model on small histories: the legal ones the ledger
+// produces pass, and the violations the suite exists to catch (a second
+// EXECUTE, a lost acknowledged write, a reused token) are found. It keeps
+// the linearizability checks of the fault tests from passing vacuously.
+func TestModel(t *testing.T) {
+	m := model()
+	cases := []struct {
+		name  string
+		h     *seq
+		legal bool
+	}{
+		{"execute, in progress, complete, replay", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(reserve("h2"), running(decInProgress, 1, 100)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(reserve("h3"), output{Decision: decReplay, HasOp: true, State: stSucceeded, Attempt: 1, Token: 100, RID: "r1"}), true},
+		{"lost Reserve answer recovered by the same holder", new(seq).
+			unknown(reserve("h1")).
+			add(reserve("h1"), running(decExecute, 1, 100)), true},
+		{"lease ended (sweeper), reconciled not applied, claimed again with a larger token", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(lookup(), rec(stUnknown, 1, 100, "")).
+			add(reserve("h2"), output{Decision: decReconcile, HasOp: true, State: stUnknown, Attempt: 1, Token: 100}).
+			add(reconcileIn(findNotApplied, ""), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 250)).
+			add(completeOK(100, "r0"), output{Err: "STALE_FENCING_TOKEN"}).
+			add(completeOK(250, "r2"), rec(stSucceeded, 2, 250, "r2")), true},
+		{"ambiguous attempt marked unknown, reconciled applied, late Complete agrees", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(reconcileIn(findApplied, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")), true},
+		{"a Reserve that may never have arrived: another holder creates the record", new(seq).
+			unknown(reserve("h1")).
+			add(reserve("h2"), running(decExecute, 1, 100)).
+			add(reserve("h1"), running(decInProgress, 1, 100)), true},
+		{"a Complete with an unknown outcome took effect", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			unknown(completeOK(100, "r1")).
+			add(lookup(), rec(stSucceeded, 1, 100, "r1")), true},
+
+		{"a second EXECUTE while the first claim is live", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(reserve("h2"), running(decExecute, 2, 200)), false},
+		{"a second EXECUTE of an irreversible operation without reconciliation", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(reserve("h2"), output{Decision: decReconcile, HasOp: true, State: stUnknown, Attempt: 1, Token: 100}).
+			add(reserve("h2"), running(decExecute, 2, 200)), false},
+		{"an acknowledged Complete lost", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(lookup(), rec(stRunning, 1, 100, "")), false},
+		{"an acknowledged claim lost", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(lookup(), output{Err: "NOT_FOUND"}), false},
+		{"a token reused by a new claim", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(reconcileIn(findNotApplied, ""), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 100)), false},
+		{"a replay of another result", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(reserve("h2"), output{Decision: decReplay, HasOp: true, State: stSucceeded, Attempt: 1, Token: 100, RID: "r2"}), false},
+		{"a stale token accepted", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(reconcileIn(findNotApplied, ""), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 2, 200, "r1")), false},
+	}
+	for _, c := range cases {
+		if got := porcupine.CheckOperations(m, c.h.ops); got != c.legal {
+			t.Errorf("%s: linearizable = %v, want %v\n%s", c.name, got, c.legal, describeAll(c.h.ops))
+		}
+	}
+}

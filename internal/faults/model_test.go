@@ -1,0 +1,502 @@
+package faults
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// This file is a sequential model of one operation's record, written from
+// SPEC §4 and the transition tables of docs/design.md §3.3, for porcupine.
+// A history is partitioned by operation id; each partition is checked on its
+// own against this model.
+//
+// What the model cannot see is nondeterministic:
+//   - time: a RUNNING claim's lease may end at any moment (and stays ended
+//     until the next claim), and the sweeper may then turn an irreversible
+//     one into UNKNOWN (LEASE_EXPIRED) without any call;
+//   - tokens: a claim issues some token larger than the previous one (the
+//     store's clock decides which); the first answer that shows it pins it;
+//   - calls whose outcome the client could not learn (a timeout, a reset, an
+//     UNAVAILABLE store): they may have taken effect, once, at any time after
+//     they were sent, or not at all. Their return time is the end of the
+//     history and their output is not compared.
+
+// kind is which RPC a call is.
+type kind uint8
+
+const (
+	kReserve kind = iota + 1
+	kComplete
+	kMarkUnknown
+	kRenew
+	kReconcile
+	kLookup
+)
+
+var kindNames = map[kind]string{kReserve: "Reserve", kComplete: "Complete", kMarkUnknown: "MarkUnknown",
+	kRenew: "Renew", kReconcile: "Reconcile", kLookup: "Lookup"}
+
+// States, decisions, outcomes, findings and effects, as on the wire.
+const (
+	stPending   = 1
+	stRunning   = 2
+	stSucceeded = 3
+	stFailed    = 4
+	stUnknown   = 5
+
+	decExecute    = 1
+	decReplay     = 2
+	decInProgress = 3
+	decReconcile  = 4
+
+	outSucceeded = 1
+	outFinal     = 2
+	outRetryable = 3
+
+	findApplied    = 1
+	findNotApplied = 2
+	findAbandon    = 3
+	findEscalate   = 4
+
+	effIrreversible = 3
+)
+
+var stateNames = map[int]string{0: "-", stPending: "PENDING", stRunning: "RUNNING", stSucceeded: "SUCCEEDED", stFailed: "FAILED_FINAL", stUnknown: "UNKNOWN"}
+var decisionNames = map[int]string{decExecute: "EXECUTE", decReplay: "REPLAY", decInProgress: "IN_PROGRESS", decReconcile: "RECONCILE"}
+
+// input is one ledger call as the client sent it.
+type input struct {
+	Kind    kind
+	ID      string
+	Holder  string // Reserve
+	Effect  int    // Reserve: the effect the operation is bound to on creation
+	Max     uint32 // Reserve: the policy's max attempts, bound on creation
+	Token   uint64 // Complete, MarkUnknown, Renew
+	Outcome int    // Complete
+	Finding int    // Reconcile
+	// Digest identifies a Complete's outcome (outcome, result, failure), as
+	// the ledger's cdg does; RID is the resource id of a result (Complete
+	// SUCCEEDED, Reconcile APPLIED); Code the failure code (Complete
+	// failures, Reconcile ABANDON).
+	Digest string
+	RID    string
+	Code   string
+}
+
+// output is what the client got back.
+type output struct {
+	// Unknown: the call ended without telling whether it took effect; Why
+	// is its error's reason (not compared).
+	Unknown bool
+	Why     string
+	// Err is the ErrorInfo reason of a definite refusal ("" on success).
+	Err string
+	// Decision of a Reserve; the snapshot of the record after the call.
+	Decision int
+	HasOp    bool
+	State    int
+	Attempt  uint32
+	Token    uint64
+	RID      string // the result's resource id, when SUCCEEDED
+}
+
+// record is the model's state of one operation. It is a comparable value.
+type record struct {
+	Exists bool
+	St     int
+	Att    uint32
+	Tok    uint64 // 0 while not yet seen (see TokLo)
+	TokLo  uint64 // when Tok is 0: the token is larger than this
+	Hld    string
+	Ended  bool // a RUNNING claim whose lease has ended
+	Ctk    uint64
+	Cdg    string
+	Rsn    string
+	Rev    bool
+	RID    string
+	Code   string
+	Eff    int
+	Max    uint32
+}
+
+func (r record) terminal() bool { return r.St == stSucceeded || r.St == stFailed }
+
+func (r record) String() string {
+	if !r.Exists {
+		return "none"
+	}
+	tok := fmt.Sprint(r.Tok)
+	if r.Tok == 0 {
+		tok = fmt.Sprintf(">%d", r.TokLo)
+	}
+	s := fmt.Sprintf("%s a%d t%s", stateNames[r.St], r.Att, tok)
+	if r.St == stRunning {
+		s += " h=" + short(r.Hld)
+		if r.Ended {
+			s += " (lease ended)"
+		}
+	}
+	if r.RID != "" {
+		s += " rid=" + r.RID
+	}
+	if r.Rev {
+		s += " review"
+	}
+	return s
+}
+
+func short(s string) string {
+	if len(s) > 8 {
+		return s[len(s)-6:]
+	}
+	return s
+}
+
+// result is one way a call can go from a state: the record after it and
+// the answer it gives.
+type result struct {
+	next record
+	err  string
+	dec  int
+	snap bool // the answer carries the record (next) to compare
+}
+
+// spontaneous returns the states a record can reach without any call: a
+// live lease ends; an ended irreversible claim is swept to UNKNOWN.
+func spontaneous(r record) []record {
+	out := []record{r}
+	if r.Exists && r.St == stRunning {
+		if !r.Ended {
+			e := r
+			e.Ended = true
+			out = append(out, e)
+		}
+		if r.Eff == effIrreversible {
+			out = append(out, toUnknown(r, "LEASE_EXPIRED"))
+		}
+	}
+	return out
+}
+
+// toUnknown is transition(UNKNOWN, reason).
+func toUnknown(r record, reason string) record {
+	r.St, r.Rsn, r.Hld, r.Ended = stUnknown, reason, "", false
+	return r
+}
+
+// claim is reserve.lua's claim(): a new attempt with a new, larger token.
+func claim(r record, holder string) record {
+	lo := r.Tok
+	if lo == 0 {
+		lo = r.TokLo
+	}
+	r.Att++
+	r.Tok, r.TokLo = 0, lo
+	r.St, r.Hld, r.Ended = stRunning, holder, false
+	r.RID, r.Code, r.Rev = "", "", false
+	return r
+}
+
+// tokens returns the ways a call carrying token t can relate to the record:
+// it is the current token (the record with the token pinned) and/or it is
+// not. With a token not yet seen, both may be true.
+func tokens(r record, t uint64) (cur []record, stale bool) {
+	switch {
+	case r.Tok != 0:
+		if r.Tok == t {
+			return []record{r}, false
+		}
+		return nil, true
+	case t > r.TokLo:
+		p := r
+		p.Tok = t
+		return []record{p}, true
+	}
+	return nil, true
+}
+
+// apply returns the ways call in can go from record r (SPEC §4; design.md
+// §3.3).
+func apply(r record, in input) []result {
+	ok := func(n record) result { return result{next: n, snap: true} }
+	refuse := func(n record, reason string) result { return result{next: n, err: reason} }
+	if in.Kind != kReserve && !r.Exists {
+		return []result{refuse(r, "NOT_FOUND")}
+	}
+	switch in.Kind {
+	case kLookup:
+		return []result{ok(r)}
+
+	case kReserve:
+		dec := func(n record, d int) result { return result{next: n, dec: d, snap: true} }
+		exhausted := r.Att >= r.Max
+		switch {
+		case !r.Exists:
+			n := claim(record{Exists: true, Eff: in.Effect, Max: in.Max}, in.Holder)
+			n.Rsn = "RESERVED"
+			return []result{dec(n, decExecute)}
+		case r.terminal():
+			return []result{dec(r, decReplay)}
+		case r.St == stPending && exhausted:
+			n := r
+			n.St, n.Rsn, n.Code, n.RID = stFailed, "RETRIES_EXHAUSTED", "RETRIES_EXHAUSTED", ""
+			return []result{dec(n, decReplay)}
+		case r.St == stPending:
+			return []result{dec(claim(r, in.Holder), decExecute)}
+		case r.St == stRunning && !r.Ended:
+			if r.Hld == in.Holder {
+				return []result{dec(r, decExecute)}
+			}
+			return []result{dec(r, decInProgress)}
+		case r.St == stRunning && r.Eff == effIrreversible:
+			return []result{dec(toUnknown(r, "LEASE_EXPIRED"), decReconcile)}
+		case r.St == stRunning && exhausted:
+			return []result{dec(toUnknown(r, "RETRIES_EXHAUSTED"), decReconcile)}
+		case r.St == stRunning:
+			return []result{dec(claim(r, in.Holder), decExecute)}
+		case r.Eff == effIrreversible || exhausted: // UNKNOWN
+			return []result{dec(r, decReconcile)}
+		default:
+			return []result{dec(claim(r, in.Holder), decExecute)}
+		}
+
+	case kComplete, kMarkUnknown, kRenew:
+		cur, stale := tokens(r, in.Token)
+		var out []result
+		if stale {
+			out = append(out, refuse(r, "STALE_FENCING_TOKEN"))
+		}
+		for _, c := range cur {
+			switch in.Kind {
+			case kComplete:
+				out = append(out, complete(c, in))
+			case kMarkUnknown:
+				out = append(out, markUnknown(c, in))
+			case kRenew:
+				out = append(out, renew(c))
+			}
+		}
+		return out
+
+	case kReconcile:
+		return []result{reconcile(r, in)}
+	}
+	return nil
+}
+
+func complete(r record, in input) result {
+	ok := func(n record) result { return result{next: n, snap: true} }
+	conflict := result{next: r, err: "COMPLETION_CONFLICT"}
+	if r.Ctk == in.Token {
+		if r.Cdg == in.Digest {
+			return ok(r)
+		}
+		return conflict
+	}
+	switch r.St {
+	case stSucceeded:
+		if in.Outcome == outSucceeded {
+			return ok(r)
+		}
+		return conflict
+	case stFailed:
+		if in.Outcome == outFinal {
+			return ok(r)
+		}
+		if in.Outcome == outSucceeded && (r.Rsn == "RETRIES_EXHAUSTED" || r.Rsn == "ABANDONED") {
+			n := r
+			n.Ctk, n.Cdg = in.Token, in.Digest
+			n.St, n.Rsn, n.RID, n.Code = stSucceeded, "SUCCEEDED", in.RID, ""
+			return ok(n)
+		}
+		return conflict
+	}
+	n := r
+	n.Ctk, n.Cdg = in.Token, in.Digest
+	n.RID, n.Code = in.RID, in.Code
+	switch {
+	case in.Outcome == outSucceeded:
+		n.St, n.Rsn, n.Code = stSucceeded, "SUCCEEDED", ""
+	case in.Outcome == outFinal:
+		n.St, n.Rsn, n.RID = stFailed, "FAILED_FINAL", ""
+	case r.St == stPending:
+		n.RID = ""
+	default:
+		n.St, n.Rsn, n.RID = stPending, "FAILED_RETRYABLE", ""
+	}
+	n.Hld, n.Ended, n.Rev = "", false, false
+	return ok(n)
+}
+
+func markUnknown(r record, in input) result {
+	switch {
+	case r.terminal() || r.St == stUnknown:
+		return result{next: r, snap: true}
+	case r.Ctk == in.Token:
+		return result{next: r, err: "COMPLETION_CONFLICT"}
+	}
+	return result{next: toUnknown(r, "MARKED_UNKNOWN"), snap: true}
+}
+
+func renew(r record) result {
+	switch {
+	case r.St != stRunning:
+		return result{next: r, err: "STALE_FENCING_TOKEN"}
+	case r.Ended && r.Eff == effIrreversible:
+		return result{next: toUnknown(r, "LEASE_EXPIRED"), err: "STALE_FENCING_TOKEN"}
+	case r.Ended:
+		return result{next: r, err: "STALE_FENCING_TOKEN"}
+	}
+	return result{next: r, snap: true}
+}
+
+func reconcile(r record, in input) result {
+	ok := func(n record) result { return result{next: n, snap: true} }
+	switch {
+	case r.St == stSucceeded || r.St == stFailed:
+		if (in.Finding == findApplied && r.St == stSucceeded) || (in.Finding == findAbandon && r.St == stFailed) {
+			return ok(r)
+		}
+		return result{next: r, err: "ALREADY_RESOLVED"}
+	case r.St == stRunning && !r.Ended:
+		return result{next: r, err: "OPERATION_IN_PROGRESS"}
+	}
+	n := r
+	switch in.Finding {
+	case findApplied:
+		n.St, n.Rsn, n.RID, n.Code = stSucceeded, "RECONCILED_APPLIED", in.RID, ""
+	case findAbandon:
+		code := in.Code
+		if code == "" {
+			code = "ABANDONED"
+		}
+		n.St, n.Rsn, n.RID, n.Code = stFailed, "ABANDONED", "", code
+	case findNotApplied:
+		if r.St != stPending {
+			n.St, n.Rsn, n.Rev = stPending, "RECONCILED_NOT_APPLIED", false
+		}
+	case findEscalate:
+		if r.St == stUnknown && r.Rev {
+			return ok(r)
+		}
+		n.St, n.Rsn, n.Rev = stUnknown, "ESCALATED", true
+	}
+	n.Hld, n.Ended = "", false
+	return ok(n)
+}
+
+// matches reports whether the answer out agrees with result res, and
+// returns the record with the token pinned by the answer.
+func matches(res result, out output) (record, bool) {
+	n := res.next
+	if out.Err != res.err {
+		return n, false
+	}
+	if res.err != "" {
+		return n, true
+	}
+	if out.Decision != res.dec || !out.HasOp {
+		return n, false
+	}
+	if out.State != n.St || out.Attempt != n.Att {
+		return n, false
+	}
+	if n.St == stSucceeded && out.RID != n.RID {
+		return n, false
+	}
+	switch {
+	case n.Tok == 0 && out.Token > n.TokLo:
+		n.Tok = out.Token
+	case n.Tok != out.Token:
+		return n, false
+	}
+	return n, true
+}
+
+// step is the nondeterministic model's step.
+func step(state, in, out any) []any {
+	r, i, o := state.(record), in.(input), out.(output)
+	var next []any
+	for _, s := range spontaneous(r) {
+		if o.Unknown {
+			// It may not have reached the store, or may have run there.
+			next = append(next, s)
+			for _, res := range apply(s, i) {
+				next = append(next, res.next)
+			}
+			continue
+		}
+		for _, res := range apply(s, i) {
+			if n, ok := matches(res, o); ok {
+				next = append(next, n)
+			}
+		}
+	}
+	return next
+}
+
+// model is the porcupine model of the ledger, partitioned by operation id.
+func model() porcupine.Model {
+	nd := porcupine.NondeterministicModel{
+		Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+			by := map[string][]porcupine.Operation{}
+			var ids []string
+			for _, op := range h {
+				id := op.Input.(input).ID
+				if _, ok := by[id]; !ok {
+					ids = append(ids, id)
+				}
+				by[id] = append(by[id], op)
+			}
+			sort.Strings(ids)
+			out := make([][]porcupine.Operation, 0, len(ids))
+			for _, id := range ids {
+				out = append(out, by[id])
+			}
+			return out
+		},
+		Init: func() []any { return []any{record{}} },
+		Step: step,
+		Equal: func(a, b any) bool {
+			return a.(record) == b.(record)
+		},
+		DescribeOperation: describe,
+		DescribeState:     func(s any) string { return s.(record).String() },
+	}
+	return nd.ToModel()
+}
+
+func describe(in, out any) string {
+	i, o := in.(input), out.(output)
+	var b strings.Builder
+	b.WriteString(kindNames[i.Kind])
+	switch i.Kind {
+	case kReserve:
+		fmt.Fprintf(&b, "(h=%s)", short(i.Holder))
+	case kComplete:
+		fmt.Fprintf(&b, "(t%d, outcome %d, rid=%s)", i.Token, i.Outcome, i.RID)
+	case kMarkUnknown, kRenew:
+		fmt.Fprintf(&b, "(t%d)", i.Token)
+	case kReconcile:
+		fmt.Fprintf(&b, "(finding %d, rid=%s)", i.Finding, i.RID)
+	}
+	b.WriteString(" -> ")
+	switch {
+	case o.Unknown:
+		b.WriteString("?")
+	case o.Err != "":
+		b.WriteString(o.Err)
+	default:
+		if i.Kind == kReserve {
+			b.WriteString(decisionNames[o.Decision] + " ")
+		}
+		fmt.Fprintf(&b, "%s a%d t%d", stateNames[o.State], o.Attempt, o.Token)
+		if o.RID != "" {
+			b.WriteString(" rid=" + o.RID)
+		}
+	}
+	return b.String()
+}

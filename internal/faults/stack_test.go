@@ -1,0 +1,365 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
+)
+
+// raceEnabled is set when the tests run with -race: ledgerd is then built
+// with -race too (shared build cache, and it reports its own races).
+var raceEnabled bool
+
+var tmpDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ledger-faults-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tmpDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// long reports whether the larger load runs were asked for
+// (LEDGER_TEST_FAULTS=long).
+func long() bool { return os.Getenv("LEDGER_TEST_FAULTS") == "long" }
+
+// scale returns n, or n times factor for the long runs.
+func scale(n, factor int) int {
+	if long() {
+		return n * factor
+	}
+	return n
+}
+
+// stack is a ledger service running in the test process.
+type stack struct {
+	Addr    string
+	Ledger  *ledger.Ledger
+	scripts atomic.Int64 // script runs the ledger asked for
+	failed  atomic.Int64 // ... that ended in an error
+}
+
+// redisOptions are go-redis's options as ledgerd sets them: the caller's
+// deadline bounds every Redis call; go-redis re-sends a command after a
+// read timeout or a broken connection (MaxRetries).
+func redisOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, DisableIdentity: true, ContextTimeoutEnabled: true}
+}
+
+// startStack runs a ledger (with its sweeper) and its gRPC service on rdb
+// until the test ends.
+func startStack(t testing.TB, rdb redis.UniversalClient, policy string, opts ledger.Options) *stack {
+	t.Helper()
+	pol, err := ledger.ParsePolicies([]byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &stack{}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	opts.Policies, opts.Logger = pol, log
+	opts.Observer = func(e ledger.Event) {
+		if e.Type == ledger.EventScript {
+			s.scripts.Add(1)
+			if e.Failed {
+				s.failed.Add(1)
+			}
+		}
+	}
+	l, err := ledger.New(rdb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Ledger = l
+	svc := server.New(server.Config{Ledger: l, Logger: log})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Addr = lis.Addr().String()
+	go func() { _ = svc.Serve(lis) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	swept := make(chan struct{})
+	go func() { l.RunSweeper(ctx, 100*time.Millisecond); close(swept) }()
+	t.Cleanup(func() {
+		cancel()
+		<-swept
+		sctx, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		svc.Shutdown(sctx)
+	})
+	return s
+}
+
+// moduleRoot is the directory of go.mod.
+func moduleRoot(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		t.Fatal("go env GOMOD: not in a module")
+	}
+	return filepath.Dir(mod)
+}
+
+var (
+	buildOnce  sync.Once
+	ledgerdBin string
+	buildErr   error
+)
+
+// ledgerdBinary builds cmd/ledgerd once per test binary.
+func ledgerdBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		ledgerdBin = filepath.Join(tmpDir, "ledgerd")
+		args := []string{"build"}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		args = append(args, "-o", ledgerdBin, "./cmd/ledgerd")
+		cmd := exec.Command("go", args...)
+		cmd.Dir = moduleRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return ledgerdBin
+}
+
+// ledgerd is a ledgerd process, restartable on the same address.
+type ledgerd struct {
+	Addr string
+	args []string
+
+	cmd    *exec.Cmd
+	exited chan error
+	log    *lockedBuffer
+	starts int
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startLedgerd runs ledgerd on Redis at redisURL with the policy, on a free
+// loopback port, until the test ends; extra are more flags.
+func startLedgerd(t testing.TB, redisURL, policy string, extra ...string) *ledgerd {
+	t.Helper()
+	bin := ledgerdBinary(t)
+	pfile := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pfile, []byte(policy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := &ledgerd{log: &lockedBuffer{}}
+	var err error
+	for range 3 { // the free port may be taken before ledgerd binds it
+		d.Addr = freeAddr(t)
+		d.args = append([]string{bin, "--listen", d.Addr, "--redis-url", redisURL, "--policy", pfile,
+			"--sweep-interval", "100ms", "--log-level", "warn"}, extra...)
+		if err = d.start(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("ledgerd did not start: %v\n%s", err, d.log.String())
+	}
+	t.Cleanup(func() {
+		d.kill()
+		if t.Failed() {
+			t.Logf("ledgerd log:\n%s", d.log.String())
+		}
+	})
+	return d
+}
+
+func (d *ledgerd) start() error {
+	d.starts++
+	fmt.Fprintf(d.log, "--- start %d\n", d.starts)
+	d.cmd = exec.Command(d.args[0], d.args[1:]...)
+	d.cmd.Env = cleanEnv()
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := d.cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	d.exited = exited
+	go func() { exited <- d.cmd.Wait() }()
+	if err := waitServing(d.Addr, exited); err != nil {
+		d.kill()
+		return err
+	}
+	return nil
+}
+
+// kill sends SIGKILL and waits for the process to exit.
+func (d *ledgerd) kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	d.cmd = nil
+}
+
+// restart starts ledgerd again on the same address (the port may take a
+// moment to be free).
+func (d *ledgerd) restart(t testing.TB) {
+	t.Helper()
+	var err error
+	for range 20 {
+		if err = d.start(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("ledgerd did not restart: %v\n%s", err, d.log.String())
+}
+
+// cleanEnv is the environment without the ledger's own variables.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LEDGER_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitServing(addr string, exited <-chan error) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	health := grpc_health_v1.NewHealthClient(conn)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("ledgerd exited: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := health.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "ledger.v1.LedgerService"})
+		cancel()
+		if err == nil && r.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(errors.New("no SERVING within 60s"), err)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// redisInfo returns one field of INFO section (0 when absent).
+func redisInfo(t testing.TB, rdb *redis.Client, section, prefix string) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatalf("INFO %s: %v", section, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix)
+		if !ok {
+			continue
+		}
+		end := strings.IndexAny(rest, ",\r")
+		if end < 0 {
+			end = len(rest)
+		}
+		n, _ := strconv.ParseInt(rest[:end], 10, 64)
+		return n
+	}
+	return 0
+}
+
+// scriptRuns returns how many EVALSHA and EVAL calls Redis has run without
+// an error (INFO commandstats: calls minus failed_calls).
+func scriptRuns(t testing.TB, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		if !ok {
+			rest, ok = strings.CutPrefix(line, "cmdstat_eval:")
+		}
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				n += x
+			case "failed_calls":
+				n -= x
+			}
+		}
+	}
+	return n
+}
