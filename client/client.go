@@ -344,9 +344,10 @@ func (c *Client) Lookup(ctx context.Context, id string) (*Operation, error) {
 	return operationFromProto(r.GetOperation()), nil
 }
 
-// Reconcile records what the destination says about an operation.
+// Reconcile records what the destination says about an operation (about
+// the attempt with f.FencingToken, when set).
 func (c *Client) Reconcile(ctx context.Context, id string, f Finding) (*Operation, error) {
-	req := &ledgerv1.ReconcileRequest{OperationId: id, Finding: f.Kind, Note: f.Note}
+	req := &ledgerv1.ReconcileRequest{OperationId: id, Finding: f.Kind, Note: f.Note, FencingToken: f.FencingToken}
 	if f.Kind == Applied {
 		res, err := resultToProto(f.Result)
 		if err != nil {

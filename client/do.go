@@ -260,6 +260,12 @@ func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *
 	if err != nil {
 		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("reconciler: %w", err)}
 	}
+	if f.FencingToken == 0 {
+		// The finding is about the attempt the snapshot shows: if another
+		// attempt holds the operation by the time it arrives, it must not
+		// resolve that one.
+		f.FencingToken = o.FencingToken
+	}
 	var (
 		busy time.Duration
 		now  *Operation
@@ -273,8 +279,8 @@ func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *
 		return err
 	})
 	switch {
-	case errors.Is(err, ErrAlreadyResolved):
-		return nil, nil // someone else settled it: Reserve reads it
+	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrStaleToken):
+		return nil, nil // someone else settled it or claimed it again: Reserve reads it
 	case errors.Is(err, ErrInProgress):
 		return nil, sleep(ctx, max(busy, c.backoff.Delay(1)))
 	case err != nil:

@@ -177,6 +177,12 @@ type Finding struct {
 	Failure *Failure
 	// Note is kept in the operation's history; never parameters or secrets.
 	Note string
+	// FencingToken is the token of the attempt the finding is about, from
+	// the snapshot the reconciler was given (Do sets it); 0 for whichever
+	// attempt is current. When another attempt holds the operation by the
+	// time the finding arrives, the ledger refuses it (ErrStaleToken) and
+	// changes nothing, so a late finding never resolves the next attempt.
+	FencingToken uint64
 }
 
 // Reconciler asks the destination, by operation id (and what the snapshot

@@ -286,11 +286,13 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // FindingApplied → SUCCEEDED with req.Result; FindingNotApplied → PENDING;
 // FindingAbandon → FAILED_FINAL; FindingEscalate → UNKNOWN flagged for
 // review. Accepted from UNKNOWN, RUNNING past its lease, and PENDING; on a
-// terminal record the same finding succeeds again.
+// terminal record the same finding succeeds again. With req.FencingToken,
+// a finding about an attempt that is no longer the current one is refused
+// (KindStaleToken), unless it repeats a call that took effect.
 //
 // May return an *Error of KindInvalid, KindInProgress (a live lease; see
-// RetryAfter), KindAlreadyResolved, KindNotFound, KindKeyExpired or
-// KindUnavailable.
+// RetryAfter), KindAlreadyResolved, KindStaleToken, KindNotFound,
+// KindKeyExpired or KindUnavailable.
 func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequest) (*Operation, error) {
 	const op = "ledger.Reconcile"
 	vs := checkPrincipal(who)
@@ -315,8 +317,12 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 		return nil, invalid(op, vs...)
 	}
 	r, f := derefResult(req.Result), derefFailure(req.Failure)
+	token := ""
+	if req.FencingToken != 0 {
+		token = strconv.FormatUint(req.FencingToken, 10)
+	}
 	o, err := l.update(ctx, op, reconcileScript, who, req.OperationID,
-		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note)
+		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note, token)
 	if err == nil {
 		l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
 	}
@@ -387,19 +393,47 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write boo
 	if !write || l.waitN <= 0 {
 		return s.Run(ctx, l.rdb, keys, args...).Slice()
 	}
-	var c redis.Cmdable = l.rdb
-	if cc, ok := l.rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, keys[0]) // WAIT counts the replicas of this connection's node
-		if err != nil {
-			return nil, err
+	cc, cluster := l.rdb.(*redis.ClusterClient)
+	for try := 0; ; try++ {
+		var c redis.Cmdable = l.rdb
+		if cluster {
+			// WAIT counts the replicas of the connection's node, so the
+			// script goes to the slot's master directly, not through the
+			// cluster client's redirections.
+			node, err := cc.MasterForKey(ctx, keys[0])
+			if err != nil {
+				return nil, err
+			}
+			c = node
 		}
-		c = node
+		res, err := l.evalWait(ctx, op, c, s, keys, args)
+		if !cluster || try == 3 || !movedError(err) {
+			return res, err
+		}
+		// The slot moved (a failover, a resharding) and the cached slot map
+		// is behind: MOVED and ASK mean the script did not run. Reload the
+		// map and go to the new master.
+		cc.ReloadState(ctx)
+		t := time.NewTimer(time.Duration(50<<try) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
 	}
+}
+
+// evalWait runs a write script and WAIT in one pipeline on c's connection,
+// with EVAL instead of EVALSHA when the node does not know the script.
+func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, keys []string, args []any) ([]any, error) {
 	once := func(full bool) ([]any, int64, error) {
 		pipe := c.Pipeline() // one connection: WAIT covers the script's write
-		ev := s.EvalSha(ctx, pipe, keys, args...)
+		var ev *redis.Cmd
 		if full {
 			ev = s.Eval(ctx, pipe, keys, args...)
+		} else {
+			ev = s.EvalSha(ctx, pipe, keys, args...)
 		}
 		w := redis.NewIntCmd(ctx, "wait", l.waitN, l.waitFor.Milliseconds())
 		_ = pipe.Process(ctx, w)
@@ -421,6 +455,12 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write boo
 		return res, &Error{Op: op, Kind: KindNotReplicated, Replicas: int(acked), Err: fmt.Errorf("%d of %d replicas acknowledged within %s", acked, l.waitN, l.waitFor)}
 	}
 	return res, nil
+}
+
+// movedError reports a Redis Cluster redirection: the node no longer (or not
+// yet) serves the key's slot.
+func movedError(err error) bool {
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
 }
 
 func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal string, args ...any) (int64, string, *record, []any, error) {
@@ -498,7 +538,7 @@ func storeError(op string, err error) error {
 	var rerr redis.Error
 	if errors.As(err, &rerr) && !errors.Is(err, redis.ErrClosed) {
 		msg := rerr.Error()
-		for _, p := range []string{"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY"} {
+		for _, p := range []string{"OOM", "READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "BUSY", "MOVED", "ASK"} {
 			if strings.HasPrefix(msg, p) {
 				return &Error{Op: op, Kind: KindUnavailable, Err: err}
 			}

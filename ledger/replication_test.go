@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,5 +107,62 @@ func TestWaitReplicasOnCluster(t *testing.T) {
 		if _, err := l.Complete(ctx, who, CompleteRequest{OperationID: id, FencingToken: r.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
 			t.Fatalf("Complete %s: %v", id, err)
 		}
+	}
+}
+
+// TestWaitReplicasOnClusterAfterFailover: the WAIT path sends the script to
+// the slot's master directly, from the cluster client's cached slot map.
+// After a failover that map is behind and the old master (a replica now)
+// answers MOVED: the ledger reloads the map and goes to the new master, so
+// the caller sees no error.
+func TestWaitReplicasOnClusterAfterFailover(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 1)
+	cl.WaitReplicas(t, 3, 1)
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	l, err := New(cl.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	who := Principal{Tenant: "t", ID: "a"}
+	r, err := l.Reserve(ctx, who, ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"})
+	if err != nil || r.Decision != DecisionExecute {
+		t.Fatalf("Reserve = %v, %v", r, err)
+	}
+
+	// A manual failover: the master's replica takes over, without loss.
+	old := cl.MasterFor(t, l.keys.op("t", "op").all[0])
+	var replica *redistest.Server
+	for _, s := range cl.Nodes {
+		info, _ := s.Client(t).Info(ctx, "replication").Result()
+		if strings.Contains(info, "role:slave") && strings.Contains(info, "master_port:"+portOf(old.Addr)+"\r\n") {
+			replica = s
+		}
+	}
+	if replica == nil {
+		t.Fatal("no replica of the operation's master")
+	}
+	if err := replica.Client(t).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, _ := old.Client(t).Info(ctx, "replication").Result()
+		if strings.Contains(info, "role:slave") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the failover did not happen within 20s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cl.WaitOK(t)
+
+	o, err := l.Complete(ctx, who, CompleteRequest{OperationID: "op", FencingToken: r.Operation.FencingToken, Outcome: OutcomeSucceeded})
+	if err != nil || o.State != StateSucceeded {
+		t.Fatalf("Complete after the failover = %v, %v; want SUCCEEDED", o, err)
+	}
+	if o, err := l.Lookup(ctx, who, "op"); err != nil || o.State != StateSucceeded || len(o.History) != 2 {
+		t.Fatalf("Lookup = %v, %v", o, err)
 	}
 }

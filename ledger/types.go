@@ -233,6 +233,11 @@ type ReconcileRequest struct {
 	Result      *Result  // with FindingApplied
 	Failure     *Failure // with FindingAbandon (optional)
 	Note        string
+	// FencingToken is the token of the attempt the finding is about (from
+	// the caller's snapshot); 0 for whichever attempt is current. When set
+	// and another attempt holds the operation, Reconcile refuses with
+	// KindStaleToken and changes nothing.
+	FencingToken uint64
 }
 
 // ListRequest asks for a page of unresolved operations.

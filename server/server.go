@@ -350,11 +350,12 @@ func (h *handler) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest)
 		return nil, h.fail(ctx, err)
 	}
 	o, err := h.l.Reconcile(ctx, h.principal(ctx), ledger.ReconcileRequest{
-		OperationID: req.GetOperationId(),
-		Finding:     ledger.Finding(enum8(req.GetFinding())),
-		Result:      result,
-		Failure:     fromFailure(req.GetFailure()),
-		Note:        req.GetNote(),
+		OperationID:  req.GetOperationId(),
+		Finding:      ledger.Finding(enum8(req.GetFinding())),
+		Result:       result,
+		Failure:      fromFailure(req.GetFailure()),
+		Note:         req.GetNote(),
+		FencingToken: req.GetFencingToken(),
 	})
 	if err != nil {
 		return nil, h.fail(ctx, err)

@@ -128,6 +128,9 @@ reconcile <operation_id> <finding> [flags]
   --failure-message T   with abandon: the recorded failure message
   --note TEXT           kept in the history, with any finding (at most 256
                         bytes; never parameters or secrets)
+  --fencing-token N     the fencing token lookup showed: the finding is about
+                        that attempt, and is refused (STALE_FENCING_TOKEN)
+                        if another attempt holds the operation by then
 `,
 }
 
@@ -164,6 +167,7 @@ type options struct {
 	resourceID, data        string
 	failureCode, failureMsg string
 	note                    string
+	fencingToken            uint64
 	failureSet, resourceSet bool
 }
 
@@ -173,7 +177,7 @@ var globalFlags = []string{"addr", "api-key", "tls", "tls-ca", "tls-cert", "tls-
 var commandFlags = map[string][]string{
 	"lookup":          nil,
 	"list-unresolved": {"state", "tool", "overdue", "needs-review", "limit"},
-	"reconcile":       {"resource-id", "data", "failure-code", "failure-message", "note"},
+	"reconcile":       {"resource-id", "data", "failure-code", "failure-message", "note", "fencing-token"},
 }
 
 // secret is a flag value that never shows itself (in usage or errors).
@@ -261,6 +265,7 @@ func parse(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&o.failureCode, "failure-code", "", "")
 	fs.StringVar(&o.failureMsg, "failure-message", "", "")
 	fs.StringVar(&o.note, "note", "", "")
+	fs.Uint64Var(&o.fencingToken, "fencing-token", 0, "")
 
 	// Know the key before parsing, to redact it from any parse error that
 	// echoes a misplaced argument.
@@ -480,7 +485,7 @@ func checkReconcile(o *options) (client.Finding, error) {
 	if !ok {
 		return client.Finding{}, usagef(o.cmd, "unknown finding %q: want applied, not-applied, abandon or escalate", o.args[1])
 	}
-	f := client.Finding{Kind: kind, Note: o.note}
+	f := client.Finding{Kind: kind, Note: o.note, FencingToken: o.fencingToken}
 	if o.resourceSet && kind != client.Applied {
 		return f, usagef(o.cmd, "--resource-id and --data go with the applied finding only")
 	}

@@ -107,7 +107,7 @@ func (r *recorder) input(req any) (input, bool) {
 	case *ledgerv1.RenewRequest:
 		return input{Kind: kRenew, ID: q.GetOperationId(), Token: q.GetFencingToken()}, true
 	case *ledgerv1.ReconcileRequest:
-		return input{Kind: kReconcile, ID: q.GetOperationId(), Finding: int(q.GetFinding()),
+		return input{Kind: kReconcile, ID: q.GetOperationId(), Finding: int(q.GetFinding()), Token: q.GetFencingToken(),
 			RID: q.GetResult().GetResourceId(), Code: q.GetFailure().GetCode()}, true
 	case *ledgerv1.LookupRequest:
 		return input{Kind: kLookup, ID: q.GetOperationId()}, true

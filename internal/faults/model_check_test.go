@@ -50,6 +50,9 @@ func markUnknownIn(tok uint64) input { return input{Kind: kMarkUnknown, Token: t
 func reconcileIn(f int, rid string) input {
 	return input{Kind: kReconcile, Finding: f, RID: rid}
 }
+func fencedReconcileIn(f int, tok uint64) input {
+	return input{Kind: kReconcile, Finding: f, Token: tok}
+}
 func lookup() input { return input{Kind: kLookup} }
 
 // TestModel checks the model on small histories: the legal ones the ledger
@@ -92,6 +95,23 @@ func TestModel(t *testing.T) {
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			unknown(completeOK(100, "r1")).
 			add(lookup(), rec(stSucceeded, 1, 100, "r1")), true},
+		{"repeats after the record moved on are recognised: reconcile, mark unknown, retryable failure", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stRunning, 2, 200, "")).
+			add(markUnknownIn(100), rec(stRunning, 2, 200, "")).
+			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stPending, 2, 200, "")).
+			add(reserve("h3"), running(decExecute, 3, 300)).
+			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stRunning, 3, 300, "")), true},
+		{"a fenced finding about an earlier attempt is refused", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(fencedReconcileIn(findAbandon, 100), output{Err: "STALE_FENCING_TOKEN"}).
+			add(lookup(), rec(stRunning, 2, 200, "")), true},
 
 		{"a second EXECUTE while the first claim is live", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
@@ -116,6 +136,19 @@ func TestModel(t *testing.T) {
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
 			add(reserve("h2"), output{Decision: decReplay, HasOp: true, State: stSucceeded, Attempt: 1, Token: 100, RID: "r2"}), false},
+		{"a repeated finding about attempt 1 resolves attempt 2", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(markUnknownIn(200), rec(stUnknown, 2, 200, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 2, 200, "")), false},
+		{"a repeat that was never recorded answered OK", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(input{Kind: kComplete, Token: 100, Outcome: outRetryable, Digest: "3|"}, rec(stRunning, 2, 200, "")), false},
 		{"a stale token accepted", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).

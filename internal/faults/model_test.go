@@ -23,6 +23,13 @@ import (
 //     UNAVAILABLE store): they may have taken effect, once, at any time after
 //     they were sent, or not at all. Their return time is the end of the
 //     history and their output is not compared.
+//
+// A call with an earlier attempt's token is answered from the history: OK
+// when that attempt's history shows the call's own effect (a repeat after
+// the record moved on), STALE_FENCING_TOKEN otherwise. The model keeps each
+// earlier attempt's token and which of those transitions it made (up to
+// maxModelAttempts attempts; the ledger keeps the latest 50 history
+// entries, far more than the fault tests' operations produce).
 
 // kind is which RPC a call is.
 type kind uint8
@@ -74,7 +81,7 @@ type input struct {
 	Holder  string // Reserve
 	Effect  int    // Reserve: the effect the operation is bound to on creation
 	Max     uint32 // Reserve: the policy's max attempts, bound on creation
-	Token   uint64 // Complete, MarkUnknown, Renew
+	Token   uint64 // Complete, MarkUnknown, Renew, Reconcile (0: unfenced)
 	Outcome int    // Complete
 	Finding int    // Reconcile
 	// Digest identifies a Complete's outcome (outcome, result, failure), as
@@ -120,6 +127,31 @@ type record struct {
 	Code   string
 	Eff    int
 	Max    uint32
+	// Toks are the pinned tokens of earlier attempts (index: attempt), and
+	// the bit sets (bit: attempt) of the transitions a repeat recognises.
+	Toks                                   [maxModelAttempts + 1]uint64
+	Retried, Marked, NotApplied, Escalated uint64
+}
+
+// maxModelAttempts bounds the attempts whose tokens the model remembers.
+const maxModelAttempts = 40
+
+// did reports whether the attempt that held token t made a transition of
+// the set bits.
+func (r record) did(t uint64, bits uint64) bool {
+	for a := uint32(1); a < r.Att && a <= maxModelAttempts; a++ {
+		if r.Toks[a] == t && t != 0 {
+			return bits&(1<<a) != 0
+		}
+	}
+	return false
+}
+
+// mark sets the current attempt's bit in *bits.
+func (r *record) mark(bits *uint64) {
+	if r.Att <= maxModelAttempts {
+		*bits |= 1 << r.Att
+	}
 }
 
 func (r record) terminal() bool { return r.St == stSucceeded || r.St == stFailed }
@@ -192,6 +224,9 @@ func claim(r record, holder string) record {
 	lo := r.Tok
 	if lo == 0 {
 		lo = r.TokLo
+	}
+	if r.Att >= 1 && r.Att <= maxModelAttempts {
+		r.Toks[r.Att] = r.Tok
 	}
 	r.Att++
 	r.Tok, r.TokLo = 0, lo
@@ -267,7 +302,13 @@ func apply(r record, in input) []result {
 		cur, stale := tokens(r, in.Token)
 		var out []result
 		if stale {
-			out = append(out, refuse(r, "STALE_FENCING_TOKEN"))
+			switch {
+			case in.Kind == kComplete && in.Outcome == outRetryable && r.did(in.Token, r.Retried),
+				in.Kind == kMarkUnknown && r.did(in.Token, r.Marked):
+				out = append(out, ok(r)) // a repeat after the record moved on
+			default:
+				out = append(out, refuse(r, "STALE_FENCING_TOKEN"))
+			}
 		}
 		for _, c := range cur {
 			switch in.Kind {
@@ -282,7 +323,24 @@ func apply(r record, in input) []result {
 		return out
 
 	case kReconcile:
-		return []result{reconcile(r, in)}
+		if in.Token == 0 || r.terminal() {
+			return []result{reconcile(r, in)}
+		}
+		cur, stale := tokens(r, in.Token)
+		var out []result
+		if stale {
+			switch {
+			case in.Finding == findNotApplied && r.did(in.Token, r.NotApplied),
+				in.Finding == findEscalate && r.did(in.Token, r.Escalated):
+				out = append(out, ok(r))
+			default:
+				out = append(out, refuse(r, "STALE_FENCING_TOKEN"))
+			}
+		}
+		for _, c := range cur {
+			out = append(out, reconcile(c, in))
+		}
+		return out
 	}
 	return nil
 }
@@ -326,6 +384,7 @@ func complete(r record, in input) result {
 		n.RID = ""
 	default:
 		n.St, n.Rsn, n.RID = stPending, "FAILED_RETRYABLE", ""
+		n.mark(&n.Retried)
 	}
 	n.Hld, n.Ended, n.Rev = "", false, false
 	return ok(n)
@@ -338,7 +397,9 @@ func markUnknown(r record, in input) result {
 	case r.Ctk == in.Token:
 		return result{next: r, err: "COMPLETION_CONFLICT"}
 	}
-	return result{next: toUnknown(r, "MARKED_UNKNOWN"), snap: true}
+	n := toUnknown(r, "MARKED_UNKNOWN")
+	n.mark(&n.Marked)
+	return result{next: n, snap: true}
 }
 
 func renew(r record) result {
@@ -377,12 +438,14 @@ func reconcile(r record, in input) result {
 	case findNotApplied:
 		if r.St != stPending {
 			n.St, n.Rsn, n.Rev = stPending, "RECONCILED_NOT_APPLIED", false
+			n.mark(&n.NotApplied)
 		}
 	case findEscalate:
 		if r.St == stUnknown && r.Rev {
 			return ok(r)
 		}
 		n.St, n.Rsn, n.Rev = stUnknown, "ESCALATED", true
+		n.mark(&n.Escalated)
 	}
 	n.Hld, n.Ended = "", false
 	return ok(n)
@@ -481,7 +544,7 @@ func describe(in, out any) string {
 	case kMarkUnknown, kRenew:
 		fmt.Fprintf(&b, "(t%d)", i.Token)
 	case kReconcile:
-		fmt.Fprintf(&b, "(finding %d, rid=%s)", i.Finding, i.RID)
+		fmt.Fprintf(&b, "(t%d, finding %d, rid=%s)", i.Token, i.Finding, i.RID)
 	}
 	b.WriteString(" -> ")
 	switch {

@@ -73,7 +73,7 @@ func scriptFlush(t *testing.T, srv *redistest.Server, opts ledger.Options) {
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome; Do errors retried: %s", calls, unknown, l.errors())
 	t.Logf("scripts: the ledger asked for %d (%d failed); Redis answered NOSCRIPT %d times and ran %d scripts",
 		st.scripts.Load(), st.failed.Load(), noscript, scriptRuns(t, direct))
-	if opts.WaitReplicas == 0 && scriptRuns(t, direct) != st.scripts.Load() {
+	if scriptRuns(t, direct) != st.scripts.Load() {
 		t.Errorf("Redis ran %d scripts for the ledger's %d: the NOSCRIPT fallback ran some twice", scriptRuns(t, direct), st.scripts.Load())
 	}
 	if noscript == 0 {

@@ -193,6 +193,21 @@ F = {
     return p
   end,
 
+  -- did reports whether the history holds a transition for the given reason
+  -- made while the given fencing token was current: how a repeated call
+  -- recognises its own earlier effect after the record has moved on.
+  did = function(token, reason)
+    local code = F.reason_code(reason)
+    local tok = F.enc0((tonumber(token) or 0) - tonumber(R.ct))
+    for e in string.gmatch(S.hist, '\254([^\254]*)') do
+      local r, k = string.match(e, '^..(.)[^\253]*\253[^\253]*\253([^\253]*)')
+      if r == code and k == tok then
+        return true
+      end
+    end
+    return false
+  end,
+
   -- entry encodes one history entry (with its leading \254); prev is the
   -- previous entry's principal.
   entry = function(from, to, reason, t, att, tok, p, detail, prev)
@@ -467,7 +482,7 @@ F = {
 
 -- What the scripts use.
 local tostr, ms, load, flush, reply, missing = F.tostr, F.ms, F.load, F.flush, F.reply, F.missing
-local transition, finish, set_outcome = F.transition, F.finish, F.set_outcome
+local transition, finish, set_outcome, did = F.transition, F.finish, F.set_outcome, F.did
 local LEASE_MEMBER = S.member
 
 local function set(field, value)

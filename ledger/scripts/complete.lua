@@ -27,7 +27,9 @@
 -- next claim apply the effect twice. For the same reason a success reported
 -- with the latest token turns a FAILED_FINAL the ledger concluded on its own
 -- (RETRIES_EXHAUSTED, ABANDONED) into SUCCEEDED. A repeat with the same token
--- and outcome succeeds again without a second history entry.
+-- and outcome succeeds again without a second history entry, also a repeat
+-- of a retryable failure after the next attempt has claimed the operation
+-- (recognised from the history: the attempt's FAILED_RETRYABLE entry).
 
 local token, outcome, digest = ARGV[3], ARGV[4], ARGV[5]
 
@@ -35,6 +37,11 @@ if not load() then
   return missing()
 end
 if R.tok ~= token then
+  if outcome == '3' and did(token, 'FAILED_RETRYABLE') then
+    -- A repeat of the report that returned this attempt to PENDING, after
+    -- the next attempt claimed it: it took effect, say so.
+    return reply(C_OK, '')
+  end
   return {C_STALE, R.st, ''}
 end
 if R.ctk == token then

@@ -19,7 +19,8 @@
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Never downgrades a terminal state. A repeat finds UNKNOWN and succeeds
--- again without a second history entry.
+-- again without a second history entry; so does a repeat that arrives after
+-- the record moved on (the attempt's MARKED_UNKNOWN entry in the history).
 
 local token = ARGV[3]
 
@@ -27,6 +28,11 @@ if not load() then
   return missing()
 end
 if R.tok ~= token then
+  if did(token, 'MARKED_UNKNOWN') then
+    -- A repeat of this call after the record moved on (reconciled, claimed
+    -- again): it took effect, say so.
+    return reply(C_OK, '')
+  end
   return {C_STALE, R.st, ''}
 end
 if is_terminal(R.st) or R.st == ST_UNKNOWN then

@@ -12,12 +12,16 @@
 -- ARGV[6] -> failure code, with ABANDON ('' for the default, ABANDONED)
 -- ARGV[7] -> failure message ('' for none)
 -- ARGV[8] -> the reconciler's note ('' for none)
+-- ARGV[9] -> the fencing token of the attempt the finding is about ('' for
+--            whichever attempt is current)
 --
 -- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
 --   {C_OK, '', record}                 resolved (or already resolved the
 --                                      same way)
 --   {C_BUSY, ms, record}               a live lease holds it; it ends in ms
 --   {C_ALREADY_RESOLVED, '', record}   terminal with another finding
+--   {C_STALE, state, ''}               ARGV[9] is not the current attempt's
+--                                      token
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Accepted from UNKNOWN, from RUNNING past its lease, and from PENDING (where
@@ -25,9 +29,12 @@
 -- holds it for a human). APPLIED -> SUCCEEDED with the result; NOT_APPLIED
 -- -> PENDING; ABANDON -> FAILED_FINAL; ESCALATE -> UNKNOWN, flagged for
 -- review. A repeat of the same finding succeeds again without a second
--- history entry.
+-- history entry. With a token, a finding about an attempt that is no longer
+-- the current one changes nothing (STALE), unless the history shows that
+-- this very finding was recorded for that attempt (a repeat after the
+-- record moved on: OK).
 
-local finding, note = ARGV[3], ARGV[8]
+local finding, note, token = ARGV[3], ARGV[8], ARGV[9]
 
 if not load() then
   return missing()
@@ -38,6 +45,12 @@ if st == ST_SUCCEEDED or st == ST_FAILED then
     return reply(C_OK, '')
   end
   return reply(C_ALREADY_RESOLVED, '')
+end
+if token ~= '' and R.tok ~= token then
+  if (finding == '2' and did(token, 'RECONCILED_NOT_APPLIED')) or (finding == '4' and did(token, 'ESCALATED')) then
+    return reply(C_OK, '')
+  end
+  return {C_STALE, st, ''}
 end
 if st == ST_RUNNING and tonumber(R.lse) > NOW then
   return reply(C_BUSY, tostr(tonumber(R.lse) - NOW))

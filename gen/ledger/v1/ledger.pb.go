@@ -1400,7 +1400,15 @@ type ReconcileRequest struct {
 	// Why the operation is abandoned, with FINDING_ABANDON (optional).
 	Failure *Failure `protobuf:"bytes,4,opt,name=failure,proto3" json:"failure,omitempty"`
 	// A short note for operators, kept in the history. At most 256 bytes.
-	Note          string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
+	// The fencing token of the attempt the finding is about, as the caller's
+	// snapshot (Reserve's RECONCILE decision, Lookup, ListUnresolved) showed
+	// it; 0 for whichever attempt is current. When set and another attempt
+	// holds the operation now, the call is refused with STALE_FENCING_TOKEN
+	// and changes nothing, so a late or repeated finding about one attempt
+	// can never resolve the next. Repeating a call that took effect succeeds
+	// again.
+	FencingToken  uint64 `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1468,6 +1476,13 @@ func (x *ReconcileRequest) GetNote() string {
 		return x.Note
 	}
 	return ""
+}
+
+func (x *ReconcileRequest) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
 }
 
 // ReconcileResponse carries the record after reconciliation.
@@ -1831,13 +1846,14 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\rLookupRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\"D\n" +
 	"\x0eLookupResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"\xd0\x01\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"\xf5\x01\n" +
 	"\x10ReconcileRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12,\n" +
 	"\afinding\x18\x02 \x01(\x0e2\x12.ledger.v1.FindingR\afinding\x12)\n" +
 	"\x06result\x18\x03 \x01(\v2\x11.ledger.v1.ResultR\x06result\x12,\n" +
 	"\afailure\x18\x04 \x01(\v2\x12.ledger.v1.FailureR\afailure\x12\x12\n" +
-	"\x04note\x18\x05 \x01(\tR\x04note\"G\n" +
+	"\x04note\x18\x05 \x01(\tR\x04note\x12#\n" +
+	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"G\n" +
 	"\x11ReconcileResponse\x122\n" +
 	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"V\n" +
 	"\fRenewRequest\x12!\n" +

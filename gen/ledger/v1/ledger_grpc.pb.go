@@ -90,7 +90,8 @@ type LedgerServiceClient interface {
 	// the result), not applied (retry allowed, or abandoned), or escalated to a
 	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
 	// operation the same finding succeeds again and another is
-	// ALREADY_RESOLVED.
+	// ALREADY_RESOLVED. With a fencing_token, a finding about an attempt that
+	// is no longer the current one is STALE_FENCING_TOKEN.
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
 	// heartbeat.
@@ -211,7 +212,8 @@ type LedgerServiceServer interface {
 	// the result), not applied (retry allowed, or abandoned), or escalated to a
 	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
 	// operation the same finding succeeds again and another is
-	// ALREADY_RESOLVED.
+	// ALREADY_RESOLVED. With a fencing_token, a finding about an attempt that
+	// is no longer the current one is STALE_FENCING_TOKEN.
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
 	// heartbeat.

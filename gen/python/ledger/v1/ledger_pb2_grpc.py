@@ -105,7 +105,8 @@ class LedgerServiceServicer(object):
         the result), not applied (retry allowed, or abandoned), or escalated to a
         human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
         operation the same finding succeeds again and another is
-        ALREADY_RESOLVED.
+        ALREADY_RESOLVED. With a fencing_token, a finding about an attempt that
+        is no longer the current one is STALE_FENCING_TOKEN.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
