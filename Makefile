@@ -49,6 +49,11 @@ test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPL
 	$(GO) vet ./...
 	LEDGER_TEST_POLYGLOT=require LEDGER_TEST_GRPCURL=$(BIN)/grpcurl $(GO) test -race -count=1 -timeout 20m ./...
 
+.PHONY: test-faults
+test-faults: ## the fault suite alone in its long form (more kills, longer schedules; also part of make test in its short form; docs/failure-model.md)
+	./scripts/ensure-redis-server.sh
+	LEDGER_TEST_FAULTS=long $(GO) test -race -count=1 -timeout 40m -v ./internal/faults/ 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|MEASURED|lost|linearizab|duplicate'
+
 .PHONY: bench
 bench: ## measure ledgerd on fresh redis-servers: throughput and latency against health Check, memory per record, growth (BENCH_ARGS=... for flags; docs/benchmarks.md)
 	./scripts/ensure-redis-server.sh
