@@ -37,7 +37,9 @@
 // destination before anything runs again). Each claim increments the
 // attempt and the fencing token; Complete, MarkUnknown and Renew must carry
 // the current token, so a worker whose claim was taken over cannot
-// overwrite the outcome. The holder, a random id per call, lets a caller
+// overwrite the outcome. Reconcile may carry the token of the attempt its
+// finding is about, so a late or repeated finding never resolves the next
+// attempt. The holder, a random id per call, lets a caller
 // whose Reserve response was lost recover its own claim.
 //
 // # Storage
