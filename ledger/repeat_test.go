@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math"
 	"testing"
 )
 
@@ -134,9 +135,15 @@ func TestRepeatAfterTheRecordMovedOn(t *testing.T) {
 			if o.State != StateRunning || o.Attempt != 2 {
 				t.Fatalf("after the repeat: %v attempt %d, want RUNNING attempt 2", o.State, o.Attempt)
 			}
-			// A token that never marked anything is stale.
-			_, err = e.markUnknown(t, id, first.FencingToken-1)
-			wantKind(t, err, KindStaleToken)
+			// Tokens that never marked anything are stale, whatever their size.
+			for _, tok := range []uint64{first.FencingToken - 1, 1, math.MaxUint64} {
+				_, err = e.markUnknown(t, id, tok)
+				wantKind(t, err, KindStaleToken)
+				_, err = e.complete(t, id, tok, OutcomeFailedRetryable, nil, nil)
+				wantKind(t, err, KindStaleToken)
+				_, err = e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingNotApplied, FencingToken: tok})
+				wantKind(t, err, KindStaleToken)
+			}
 		})
 	})
 }
