@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
@@ -56,19 +57,10 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // serve runs ledgerd with args until the test ends, and returns a client.
 func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *lockedBuffer) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := ledgertest.FreeAddr(t)
 	out := &lockedBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -293,7 +285,7 @@ func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *
 
 func TestTLSFromFiles(t *testing.T) {
 	certFile, keyFile, pool := writeSelfSigned(t, t.TempDir())
-	addr := freeAddr(t)
+	addr := ledgertest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	out := &lockedBuffer{}
@@ -360,7 +352,7 @@ func TestRequireDurable(t *testing.T) {
 	}
 
 	safe := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
-	metricsAddr := freeAddr(t)
+	metricsAddr := ledgertest.FreeAddr(t)
 	c, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--require-durable", "--metrics-listen", metricsAddr)
 	reserveOnce(t, c, "tickets.create")
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")

@@ -3,7 +3,6 @@ package faults
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,10 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
 )
@@ -199,7 +196,7 @@ func startLedgerd(t testing.TB, redisURL, policy string, extra ...string) *ledge
 	d := &ledgerd{log: &lockedBuffer{}}
 	var err error
 	for range 3 { // the free port may be taken before ledgerd binds it
-		d.Addr = freeAddr(t)
+		d.Addr = ledgertest.FreeAddr(t)
 		d.args = append([]string{bin, "--listen", d.Addr, "--redis-url", redisURL, "--policy", pfile,
 			"--sweep-interval", "100ms", "--log-level", "warn"}, extra...)
 		if err = d.start(); err == nil {
@@ -231,7 +228,7 @@ func (d *ledgerd) start() error {
 	exited := make(chan error, 1)
 	d.exited = exited
 	go func() { exited <- d.cmd.Wait() }()
-	if err := waitServing(d.Addr, exited); err != nil {
+	if err := ledgertest.WaitServing(d.Addr, exited, 60*time.Second); err != nil {
 		d.kill()
 		return err
 	}
@@ -271,43 +268,6 @@ func cleanEnv() []string {
 		}
 	}
 	return env
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func waitServing(addr string, exited <-chan error) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	health := grpc_health_v1.NewHealthClient(conn)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("ledgerd exited: %v", err)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := health.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "ledger.v1.LedgerService"})
-		cancel()
-		if err == nil && r.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.Join(errors.New("no SERVING within 60s"), err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // redisInfo returns one field of INFO section (0 when absent).

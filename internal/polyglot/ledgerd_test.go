@@ -3,9 +3,7 @@ package polyglot
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health/grpc_health_v1"
+	"github.com/opledger/ledger/internal/ledgertest"
 )
 
 // raceEnabled is set when the tests run with -race: ledgerd is then built
@@ -127,16 +123,6 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startLedgerd runs a fresh ledgerd (embedded engine) on a free loopback
 // port until the test ends, waits until it reports SERVING, and returns its
 // address.
@@ -145,7 +131,7 @@ func startLedgerd(t *testing.T) string {
 	bin := ledgerd(t)
 	var lastErr error
 	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
-		addr := freeAddr(t)
+		addr := ledgertest.FreeAddr(t)
 		log := &lockedBuffer{}
 		cmd := exec.Command(bin, "--listen", addr)
 		cmd.Env = cleanEnv()
@@ -155,7 +141,7 @@ func startLedgerd(t *testing.T) string {
 		}
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
-		if err := waitServing(addr, exited); err != nil {
+		if err := ledgertest.WaitServing(addr, exited, 30*time.Second); err != nil {
 			_ = cmd.Process.Kill()
 			<-exited
 			lastErr = fmt.Errorf("%v\n%s", err, log.String())
@@ -181,33 +167,6 @@ func startLedgerd(t *testing.T) string {
 	}
 	t.Fatalf("ledgerd never served: %v", lastErr)
 	return ""
-}
-
-func waitServing(addr string, exited <-chan error) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	health := grpc_health_v1.NewHealthClient(conn)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("ledgerd exited: %v", err)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := health.Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: "ledger.v1.LedgerService"})
-		cancel()
-		if err == nil && r.GetStatus() == grpc_health_v1.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.Join(errors.New("no SERVING within 30s"), err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // runClient runs an example client against addr and fails the test unless it
