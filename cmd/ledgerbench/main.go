@@ -7,6 +7,10 @@
 //   - Reserve of new keys, full Reserve+Complete cycles (100-byte result),
 //     Reserve replays of completed operations, and Lookup;
 //   - health Check and Reserve at concurrency 1, for the latency ratio;
+//   - the bare server (this binary's serve-bare command, its own process): a
+//     health Check that sends one EVALSHA of a trivial script per call,
+//     through the same go-redis client: the floor of one Redis round trip
+//     per call, at both concurrencies;
 //   - the Redis memory per SUCCEEDED record (100k records, default policy),
 //     on another fresh redis-server;
 //   - with --growth, Reserve throughput and memory with that many records
@@ -38,6 +42,21 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == bench.BareCommand {
+		// The bare server, started by the benchmark as its own process.
+		fs := flag.NewFlagSet(bench.BareCommand, flag.ExitOnError)
+		listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
+		redisAddr := fs.String("redis-addr", "", "the Redis of the one EVALSHA per call")
+		plain := fs.Bool("plain", false, "a plain go-redis client, without auto-pipelining")
+		_ = fs.Parse(os.Args[2:])
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := bench.ServeBare(ctx, *listen, *redisAddr, *plain); err != nil {
+			fmt.Fprintln(os.Stderr, "ledgerbench serve-bare:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
 		os.Exit(1)
@@ -62,8 +81,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency, bare (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
+	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call")
 	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
 	verbose := fs.Bool("v", true, "progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -88,13 +108,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "cycle", "replay", "lookup", "latency":
+		case "reserve", "cycle", "replay", "lookup", "latency", "bare":
 			c.Only = append(c.Only, s)
 		default:
-			return fmt.Errorf("--only %q: want reserve, cycle, replay, lookup or latency", s)
+			return fmt.Errorf("--only %q: want reserve, cycle, replay, lookup, latency or bare", s)
 		}
 	}
 	c.NoThroughput = *noThroughput
+	if *bare {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--bare: %w", err)
+		}
+		c.BareServer = self
+	}
 	c.LedgerdFlags = strings.Fields(*ledgerdFlags)
 	c.Out = stdout
 	if *verbose {

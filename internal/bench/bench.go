@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,12 @@ type Config struct {
 	Addr, RedisAddr string
 	// LedgerdFlags are extra ledgerd flags (e.g. --log-level).
 	LedgerdFlags []string
+	// BareServer is a binary that runs the bare server (ServeBare) when
+	// given BareCommand: cmd/ledgerbench itself. When set (and Addr is not),
+	// the throughput part also measures the bare server's Check, with one
+	// EVALSHA per call, at both concurrencies: the floor of one Redis round
+	// trip per call on this machine.
+	BareServer string
 
 	Concurrency int           // concurrent calls of the throughput runs (50)
 	Conns       int           // HTTP/2 connections to the service (1)
@@ -55,7 +62,8 @@ type Config struct {
 	// always runs.
 	Only []string
 
-	pids [2]int // ledgerd and redis-server of the current stack, when started here
+	pids    [2]int // ledgerd and redis-server of the current stack, when started here
+	barePid int    // the bare server, when started
 
 	// Dir is the scratch directory (a temporary one when empty).
 	Dir string
@@ -202,7 +210,16 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	rep.Env = environment(rdbAddr)
 	fmt.Fprintln(c.Out, rep.Env)
 	if !c.NoThroughput {
-		if err := c.throughput(ctx, rep, addr); err != nil {
+		bare := ""
+		if c.Addr == "" && c.BareServer != "" {
+			b, err := c.startBare(rdbAddr)
+			if err != nil {
+				return rep, err
+			}
+			defer b.Stop()
+			bare, c.barePid = b.Addr, b.cmd.Process.Pid
+		}
+		if err := c.throughput(ctx, rep, addr, bare); err != nil {
 			return rep, err
 		}
 		c.printThroughput(rep)
@@ -229,8 +246,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 }
 
 func (c *Config) run(ctx context.Context, spec Spec, call Call) (*Result, error) {
+	return c.runOn(ctx, c.pids[0], spec, call)
+}
+
+// runOn is run with the CPU of the server process pid counted in the
+// ledgerd column.
+func (c *Config) runOn(ctx context.Context, pid int, spec Spec, call Call) (*Result, error) {
 	fmt.Fprintf(c.Log, "  %s at concurrency %d ...\n", spec.Name, spec.Concurrency)
-	m := &cpuMeter{ledgerd: c.pids[0], redis: c.pids[1]}
+	m := &cpuMeter{ledgerd: pid, redis: c.pids[1]}
 	spec.Window = m.window
 	r := Drive(ctx, spec, call)
 	r.CPU = m.perCall(r.Calls)
@@ -243,12 +266,19 @@ func (c *Config) run(ctx context.Context, spec Spec, call Call) (*Result, error)
 	return r, nil
 }
 
-func (c *Config) throughput(ctx context.Context, rep *Report, addr string) error {
+func (c *Config) throughput(ctx context.Context, rep *Report, addr, bareAddr string) error {
 	t, err := Dial(addr, c.Conns)
 	if err != nil {
 		return err
 	}
 	defer t.Close()
+	var bare *Target
+	if bareAddr != "" {
+		if bare, err = Dial(bareAddr, c.Conns); err != nil {
+			return err
+		}
+		defer bare.Close()
+	}
 	run := RunID()
 	fmt.Fprintln(c.Log, "throughput:")
 	window := func(name string, conc int, d time.Duration, rpcs int) Spec {
@@ -262,17 +292,22 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string) error
 		key  string
 		spec Spec
 		call func(round string) Call
+		pid  int // the server's process, when not ledgerd
 	}
 	phases := []phase{
-		{"health", window("health Check", c.Concurrency, c.Duration, 1), func(string) Call { return t.Health() }},
-		{"reserve", window("Reserve (new key)", c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }},
-		{"cycle", window("Reserve+Complete cycle", c.Concurrency, c.Duration, 2), func(r string) Call { return t.Cycle(run + "c" + r) }},
-		{"replay", window("Reserve (replay)", c.Concurrency, c.Duration, 1), func(string) Call { return t.Replay(run+"p", c.Preload) }},
-		{"lookup", window("Lookup", c.Concurrency, c.Duration, 1), func(string) Call { return t.Lookup(run+"p", c.Preload) }},
+		{"health", window("health Check", c.Concurrency, c.Duration, 1), func(string) Call { return t.Health() }, 0},
+		{"reserve", window("Reserve (new key)", c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }, 0},
+		{"cycle", window("Reserve+Complete cycle", c.Concurrency, c.Duration, 2), func(r string) Call { return t.Cycle(run + "c" + r) }, 0},
+		{"replay", window("Reserve (replay)", c.Concurrency, c.Duration, 1), func(string) Call { return t.Replay(run+"p", c.Preload) }, 0},
+		{"lookup", window("Lookup", c.Concurrency, c.Duration, 1), func(string) Call { return t.Lookup(run+"p", c.Preload) }, 0},
 	}
 	latency := []phase{
-		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }},
-		{"reserve", window("Reserve (new key)", 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }},
+		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }, 0},
+		{"reserve", window("Reserve (new key)", 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
+	}
+	if bare != nil {
+		phases = append(phases, phase{"bare", window(BareName, c.Concurrency, c.Duration, 1), func(string) Call { return bare.Health() }, c.barePid})
+		latency = append(latency, phase{"bare", window(BareName, 1, c.LatencyDuration, 1), func(string) Call { return bare.Health() }, c.barePid})
 	}
 	var tp, lat [][]*Result // [phase][round]
 	for round := range c.Rounds {
@@ -285,7 +320,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string) error
 			if !c.selected(p.key) {
 				continue
 			}
-			res, err := c.run(ctx, p.spec, p.call(r))
+			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
 			if err != nil {
 				return err
 			}
@@ -299,7 +334,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string) error
 			continue
 		}
 		for i, p := range latency {
-			res, err := c.run(ctx, p.spec, p.call(r))
+			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
 			if err != nil {
 				return err
 			}
@@ -464,6 +499,7 @@ func (c *Config) printThroughput(rep *Report) {
 			r.RatioRPS, r.RatioP50, r.RatioP99, us(r.CPU.Client), us(r.CPU.Ledgerd), us(r.CPU.Redis))
 	}
 	_ = w.Flush()
+	c.printAgainstBare(rep.Throughput, "throughput: RPCs/s", func(s *Summary) float64 { return 1 / s.RatioRPS })
 	if len(rep.Latency) > 0 {
 		fmt.Fprintf(c.Out, "\nlatency at concurrency 1 (%v windows; medians of %d rounds):\n", c.LatencyDuration, c.Rounds)
 		w := tabwriter.NewWriter(c.Out, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -472,7 +508,32 @@ func (c *Config) printThroughput(rep *Report) {
 			fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t%.2f\t%s\t%s\t%s\t\n", x.Name, x.RPS, ms(x.P50), ms(x.P99), x.RatioP50, us(x.CPU.Client), us(x.CPU.Ledgerd), us(x.CPU.Redis))
 		}
 		_ = w.Flush()
+		c.printAgainstBare(rep.Latency, "latency at concurrency 1: p50", func(s *Summary) float64 { return s.RatioP50 })
 	}
+}
+
+// printAgainstBare prints each ledger scenario against the bare server (the
+// floor of one Redis round trip per call), from their ratios to health
+// Check: cost(s) is a scenario's cost relative to health Check (1/throughput
+// ratio, or latency ratio).
+func (c *Config) printAgainstBare(sums []*Summary, what string, cost func(*Summary) float64) {
+	var bare *Summary
+	for _, s := range sums {
+		if s.Name == BareName {
+			bare = s
+		}
+	}
+	if bare == nil || cost(bare) == 0 {
+		return
+	}
+	fmt.Fprintf(c.Out, "  against the bare server (%s, per RPC, cost ÷ the bare server's; 1.00: no more than one Redis round trip costs):", what)
+	for _, s := range sums {
+		if s == bare || s.Name == "health Check" || cost(s) == 0 {
+			continue
+		}
+		fmt.Fprintf(c.Out, " %s %.2f;", s.Name, cost(s)/cost(bare))
+	}
+	fmt.Fprintln(c.Out)
 }
 
 func (c *Config) printMemory(m *Memory) {

@@ -26,8 +26,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-// Process is a child process the benchmark started (redis-server or
-// ledgerd), killed with Stop.
+// Process is a child process the benchmark started (redis-server, ledgerd
+// or the bare server), killed with Stop.
 type Process struct {
 	Addr string // host:port it serves
 	cmd  *exec.Cmd
@@ -129,13 +129,19 @@ func StartLedgerd(bin, redisAddr, logFile string, flags ...string) (*Process, er
 	if err != nil {
 		return nil, err
 	}
+	args := append([]string{"--listen", addr, "--redis-url", "redis://" + redisAddr + "/0"}, flags...)
+	return startServing(bin, args, addr, logFile, "ledgerd")
+}
+
+// startServing starts a gRPC server process that listens on addr and waits
+// until its health check answers SERVING. Its output goes to logFile.
+func startServing(bin string, args []string, addr, logFile, what string) (*Process, error) {
 	f, err := os.Create(logFile)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	p := &Process{Addr: addr}
-	args := append([]string{"--listen", addr, "--redis-url", "redis://" + redisAddr + "/0"}, flags...)
 	if err := p.start(bin, args, f); err != nil {
 		return nil, err
 	}
@@ -149,7 +155,7 @@ func StartLedgerd(bin, redisAddr, logFile string, flags ...string) (*Process, er
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		if p.exited() {
-			return nil, fmt.Errorf("ledgerd exited; its log: %s", lastLines(logFile, 5))
+			return nil, fmt.Errorf("%s exited; its log: %s", what, lastLines(logFile, 5))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		res, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
@@ -160,7 +166,7 @@ func StartLedgerd(bin, redisAddr, logFile string, flags ...string) (*Process, er
 		time.Sleep(50 * time.Millisecond)
 	}
 	p.Stop()
-	return nil, fmt.Errorf("ledgerd did not become SERVING within 20s; its log: %s", lastLines(logFile, 5))
+	return nil, fmt.Errorf("%s did not become SERVING within 20s; its log: %s", what, lastLines(logFile, 5))
 }
 
 func lastLines(file string, n int) string {
