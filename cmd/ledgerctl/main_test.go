@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -392,8 +393,10 @@ func TestOperatorWorkflow(t *testing.T) {
 		must(t, env, "reconcile", unknown, "applied", "--resource-id", "re_1")
 		fails(t, env, 1, []string{"ledgerctl: ALREADY_RESOLVED: ", "it is SUCCEEDED: see ledgerctl lookup " + unknown}, "reconcile", unknown, "abandon")
 
-		// not-applied: UNKNOWN → PENDING, retry allowed (--json output).
-		o = must(t, env, "--json", "reconcile", late, "not-applied", "--note", "no charge at the bank")
+		// not-applied: UNKNOWN → PENDING, retry allowed (--json output),
+		// fenced to the attempt looked up.
+		attempt1 := strconv.FormatUint(lookupJSON(t, env, late).FencingToken, 10)
+		o = must(t, env, "--json", "reconcile", late, "not-applied", "--note", "no charge at the bank", "--fencing-token", attempt1)
 		if err := json.Unmarshal([]byte(o.stdout), &op); err != nil || op.State != "STATE_PENDING" || op.Reason != "RECONCILED_NOT_APPLIED" {
 			t.Errorf("reconcile --json not-applied = %v: %s", err, o.stdout)
 		}
@@ -406,6 +409,15 @@ func TestOperatorWorkflow(t *testing.T) {
 		if r, err := e.sdk.Reserve(ctx, client.Op{ID: late, Tool: "overdue.charge", PermitID: "approval-1", Params: map[string]any{"amount": 1250}},
 			client.NewHolder()); err != nil || r.Decision != client.DecisionExecute || r.Operation.Attempt != 2 {
 			t.Errorf("Reserve after not-applied = %+v, %v", r, err)
+		}
+		// The same finding again is recognised; another one about attempt 1,
+		// now that attempt 2 holds the operation, is refused and changes
+		// nothing.
+		must(t, env, "reconcile", late, "not-applied", "--fencing-token", attempt1)
+		fails(t, env, 1, []string{"ledgerctl: STALE_FENCING_TOKEN: ", "another attempt holds the operation now"},
+			"reconcile", late, "abandon", "--fencing-token", attempt1)
+		if op = lookupJSON(t, env, late); op.State != "STATE_RUNNING" || op.Attempt != 2 {
+			t.Errorf("after a stale finding: %+v", op)
 		}
 
 		// abandon: PENDING → FAILED_FINAL with the failure given.

@@ -415,6 +415,8 @@ func describe(o *options, err error) jsonError {
 		if st := d.Metadata["state"]; st != "" {
 			d.Hint = "it is " + strings.TrimPrefix(st, "STATE_") + ": " + d.Hint
 		}
+	case d.Reason == "STALE_FENCING_TOKEN" && o.cmd == "reconcile":
+		d.Hint = "another attempt holds the operation now: nothing was recorded; see ledgerctl lookup" + id + " and ask the destination again"
 	case d.Reason == "RATE_LIMITED" && ce != nil && ce.RetryAfter > 0:
 		d.Hint = "retry after " + span(ce.RetryAfter)
 	}
