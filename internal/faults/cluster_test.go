@@ -81,10 +81,7 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	l := newLoad(dest, clients, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	stop := make(chan struct{})
-	var opIDs []string
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); opIDs = l.run(ctx, t, "cf", 0, stop) }()
+	finish := l.background(ctx, t, "cf")
 
 	var f failoverFigures
 	checkLost := func() int {
@@ -124,8 +121,7 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	cl.WaitReplicas(t, 3, 1)
 
 	sleepCtx(ctx, 500*time.Millisecond)
-	close(stop)
-	<-loadDone
+	opIDs := finish()
 	f.acked = len(rec.acknowledged())
 	f.notReplicated = rec.unknownWhy()["NOT_REPLICATED"]
 	f.operations = len(opIDs)

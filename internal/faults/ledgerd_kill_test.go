@@ -40,10 +40,7 @@ func TestLedgerdKill(t *testing.T) {
 	crashed := crashAgents(ctx, t, clients, dest, "crash", 9)
 
 	l := newLoad(dest, clients, 6)
-	stop := make(chan struct{})
-	var opIDs []string
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); opIDs = l.run(ctx, t, "lk", 0, stop) }()
+	finish := l.background(ctx, t, "lk")
 
 	downs := []time.Duration{200 * time.Millisecond, 1500 * time.Millisecond, 500 * time.Millisecond}
 	for i := range scale(3, 4) {
@@ -71,8 +68,7 @@ func TestLedgerdKill(t *testing.T) {
 	resolveCrashed(ctx, t, clients[0], dest, crashed)
 
 	sleepCtx(ctx, time.Second)
-	close(stop)
-	<-loadDone
+	opIDs := finish()
 	v := l.verify(context.Background(), t, clients[0], opIDs)
 	abandoned, reconciled := 0, 0
 	for _, id := range opIDs {

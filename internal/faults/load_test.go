@@ -180,6 +180,21 @@ func newLoad(d *destination, clients []*client.Client, workers int) *load {
 	return &load{dest: d, clients: clients, workers: workers, think: 10 * time.Millisecond, outcome: map[string]string{}, errs: map[string]int{}}
 }
 
+// background runs l.run in the background until the returned function is
+// called; that function waits for every started operation to settle and
+// returns their ids.
+func (l *load) background(ctx context.Context, t testing.TB, prefix string) (finish func() []string) {
+	stop := make(chan struct{})
+	var ids []string
+	done := make(chan struct{})
+	go func() { defer close(done); ids = l.run(ctx, t, prefix, 0, stop) }()
+	return func() []string {
+		close(stop)
+		<-done
+		return ids
+	}
+}
+
 // run performs fresh operations, prefix-NNNN, each by two callers (the
 // second a moment after the first, often while it runs), until stop is
 // closed or n operations have started (n ≤ 0: no limit), and returns when

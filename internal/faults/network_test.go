@@ -97,10 +97,7 @@ func TestNetworkFaults(t *testing.T) {
 	l := newLoad(dest, clients, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	stop := make(chan struct{})
-	var opIDs []string
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); opIDs = l.run(ctx, t, "net", 0, stop) }()
+	finish := l.background(ctx, t, "net")
 
 	// The fault schedule, run once (LEDGER_TEST_FAULTS=long: 5 times)
 	// while the load goes on.
@@ -163,8 +160,7 @@ func TestNetworkFaults(t *testing.T) {
 		}
 	}
 	sleepCtx(ctx, 500*time.Millisecond)
-	close(stop)
-	<-loadDone
+	opIDs := finish()
 
 	v := l.verify(context.Background(), t, clients[0], opIDs)
 	calls, unknown := rec.counts()

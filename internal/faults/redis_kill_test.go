@@ -117,10 +117,7 @@ func redisKill(t *testing.T, kills int, args []string, measure bool) {
 		crashed = crashAgents(ctx, t, clients, dest, "crash", 6)
 	}
 	l := newLoad(dest, clients, 6)
-	stop := make(chan struct{})
-	var opIDs []string
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); opIDs = l.run(ctx, t, "rk", 0, stop) }()
+	finish := l.background(ctx, t, "rk")
 
 	report := func(s string) { t.Error(s) }
 	if measure {
@@ -149,8 +146,7 @@ func redisKill(t *testing.T, kills int, args []string, measure bool) {
 	}
 	resolveCrashed(ctx, t, clients[0], dest, crashed)
 	sleepCtx(ctx, time.Second)
-	close(stop)
-	<-loadDone
+	opIDs := finish()
 
 	var v verdict
 	if measure {

@@ -50,10 +50,7 @@ func scriptFlush(t *testing.T, srv *redistest.Server, opts ledger.Options) {
 	l := newLoad(dest, clients, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	stop := make(chan struct{})
-	var opIDs []string
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); opIDs = l.run(ctx, t, "sf", 0, stop) }()
+	finish := l.background(ctx, t, "sf")
 
 	flushes := 0
 	for end := time.Now().Add(time.Duration(scale(3, 5)) * time.Second); time.Now().Before(end); {
@@ -63,8 +60,7 @@ func scriptFlush(t *testing.T, srv *redistest.Server, opts ledger.Options) {
 		flushes++
 		sleepCtx(ctx, 30*time.Millisecond)
 	}
-	close(stop)
-	<-loadDone
+	opIDs := finish()
 
 	v := l.verify(context.Background(), t, clients[0], opIDs)
 	noscript := redisInfo(t, direct, "errorstats", "errorstat_NOSCRIPT:count=")

@@ -59,10 +59,7 @@ func sentinelFailover(t *testing.T, wait int) {
 	l := newLoad(dest, clients, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	stop := make(chan struct{})
-	var opIDs []string
-	loadDone := make(chan struct{})
-	go func() { defer close(loadDone); opIDs = l.run(ctx, t, "sn", 0, stop) }()
+	finish := l.background(ctx, t, "sn")
 
 	sleepCtx(ctx, time.Second)
 	cutReplication(t, primary, replica)
@@ -98,8 +95,7 @@ func sentinelFailover(t *testing.T, wait int) {
 		}
 	}
 	sleepCtx(ctx, 500*time.Millisecond)
-	close(stop)
-	<-loadDone
+	opIDs := finish()
 
 	fail := t.Errorf
 	if wait == 0 {

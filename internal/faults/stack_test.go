@@ -25,10 +25,6 @@ import (
 	"github.com/opledger/ledger/server"
 )
 
-// raceEnabled is set when the tests run with -race: ledgerd is then built
-// with -race too (shared build cache, and it reports its own races).
-var raceEnabled bool
-
 var tmpDir string
 
 func TestMain(m *testing.M) {
@@ -114,48 +110,6 @@ func startStack(t testing.TB, rdb redis.UniversalClient, policy string, opts led
 	return s
 }
 
-// moduleRoot is the directory of go.mod.
-func moduleRoot(t testing.TB) string {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		t.Fatal("go env GOMOD: not in a module")
-	}
-	return filepath.Dir(mod)
-}
-
-var (
-	buildOnce  sync.Once
-	ledgerdBin string
-	buildErr   error
-)
-
-// ledgerdBinary builds cmd/ledgerd once per test binary.
-func ledgerdBinary(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		ledgerdBin = filepath.Join(tmpDir, "ledgerd")
-		args := []string{"build"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		args = append(args, "-o", ledgerdBin, "./cmd/ledgerd")
-		cmd := exec.Command("go", args...)
-		cmd.Dir = moduleRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return ledgerdBin
-}
-
 // ledgerd is a ledgerd process, restartable on the same address.
 type ledgerd struct {
 	Addr string
@@ -188,7 +142,7 @@ func (l *lockedBuffer) String() string {
 // loopback port, until the test ends; extra are more flags.
 func startLedgerd(t testing.TB, redisURL, policy string, extra ...string) *ledgerd {
 	t.Helper()
-	bin := ledgerdBinary(t)
+	bin := ledgertest.LedgerdBinary(t, tmpDir)
 	pfile := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(pfile, []byte(policy), 0o600); err != nil {
 		t.Fatal(err)

@@ -16,17 +16,7 @@ import (
 	"github.com/opledger/ledger/internal/ledgertest"
 )
 
-// raceEnabled is set when the tests run with -race: ledgerd is then built
-// with -race too, so it shares the build cache with the rest of the suite
-// and reports its own races.
-var raceEnabled bool
-
-var (
-	tmpDir     string
-	buildOnce  sync.Once
-	ledgerdBin string
-	buildErr   error
-)
+var tmpDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "ledger-polyglot-")
@@ -84,28 +74,6 @@ func cleanEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// ledgerd builds cmd/ledgerd once for the package.
-func ledgerd(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		ledgerdBin = filepath.Join(tmpDir, "ledgerd")
-		args := []string{"build"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		args = append(args, "-o", ledgerdBin, "./cmd/ledgerd")
-		cmd := exec.Command("go", args...)
-		cmd.Dir = repoRoot(t)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return ledgerdBin
-}
-
 type lockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -128,7 +96,7 @@ func (l *lockedBuffer) String() string {
 // address.
 func startLedgerd(t *testing.T) string {
 	t.Helper()
-	bin := ledgerd(t)
+	bin := ledgertest.LedgerdBinary(t, tmpDir)
 	var lastErr error
 	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
 		addr := ledgertest.FreeAddr(t)

@@ -1,5 +1,5 @@
 //go:build race
 
-package polyglot
+package ledgertest
 
 func init() { raceEnabled = true }

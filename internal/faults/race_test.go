@@ -1,5 +1,0 @@
-//go:build race
-
-package faults
-
-func init() { raceEnabled = true }
