@@ -128,9 +128,15 @@ func TestS8TenantsAndCredentials(t *testing.T) {
 		if err != nil || a.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 			t.Fatalf("acme Reserve = %v, %v", a, err)
 		}
+		// Tokens start at the store's clock in ms: a millisecond apart, the
+		// two records' tokens differ, so acme's token is not globex's.
+		time.Sleep(2 * time.Millisecond)
 		g, err := e.c.Reserve(as(globex), reserveReq(id, "payments.refund", mustStruct(t, map[string]any{"amount": 999}), newHolder()))
 		if err != nil || g.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 			t.Fatalf("globex Reserve of the same id = %v, %v; want its own EXECUTE", g, err)
+		}
+		if g.Operation.FencingToken == a.Operation.FencingToken {
+			t.Fatalf("both tenants' records hold token %d", a.Operation.FencingToken)
 		}
 		if _, err := e.c.Complete(as(acme), &ledgerv1.CompleteRequest{OperationId: id, FencingToken: a.Operation.FencingToken,
 			Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "acme-refund"}}); err != nil {
