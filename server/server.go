@@ -22,6 +22,7 @@ package server
 
 import (
 	"context"
+	"encoding/hex"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -41,6 +42,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/ledger"
 )
@@ -214,34 +216,62 @@ func (h *handler) fail(ctx context.Context, err error) error {
 	return st.Err()
 }
 
-// logOp adds the operation's state and attempt to the call's log line and
-// trace span.
-func logOp(ctx context.Context, o *ledger.Operation) {
-	if o == nil {
+// logOp adds the operation's state, attempt and fingerprint prefix, and the
+// given fields (string values), to the call's log line and trace span, in
+// one step: every AddFields call copies the fields collected so far.
+func logOp(ctx context.Context, o *ledger.Operation, more ...string) {
+	if o == nil && len(more) == 0 {
 		return
 	}
-	logging.AddFields(ctx, logging.Fields{
-		"ledger.state", o.State.String(),
-		"ledger.attempt", o.Attempt,
-		"ledger.fingerprint", o.Fingerprint.String()[:16],
-	})
-	trace.SpanFromContext(ctx).SetAttributes(
-		attribute.String("ledger.state", o.State.String()),
-		attribute.Int("ledger.attempt", int(o.Attempt)),
-	)
+	f := make(logging.Fields, 0, 6+len(more))
+	if o != nil {
+		f = append(f, "ledger.state", o.State.String(), "ledger.attempt", o.Attempt,
+			"ledger.fingerprint", fingerprintPrefix(o.Fingerprint))
+	}
+	for _, s := range more {
+		f = append(f, s)
+	}
+	logging.AddFields(ctx, f)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		if o != nil {
+			span.SetAttributes(attribute.String("ledger.state", o.State.String()), attribute.Int("ledger.attempt", int(o.Attempt)))
+		}
+		for i := 0; i+1 < len(more); i += 2 {
+			span.SetAttributes(attribute.String(more[i], more[i+1]))
+		}
+	}
 }
 
-// logID adds the operation id to the call's log line and trace span.
-func logID(ctx context.Context, id string) {
-	logging.AddFields(ctx, logging.Fields{"ledger.operation_id", id})
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("ledger.operation_id", id))
+// fingerprintPrefix logs the first 16 hex digits of a fingerprint; they are
+// formatted only when the line is written (slog resolves a LogValuer then),
+// not on every call.
+type fingerprintPrefix fingerprint.Fingerprint
+
+// LogValue implements slog.LogValuer.
+func (f fingerprintPrefix) LogValue() slog.Value {
+	return slog.StringValue(hex.EncodeToString(f[:8]))
+}
+
+// logID adds the operation id and the given fields (string values) to the
+// call's log line and trace span, in one step.
+func logID(ctx context.Context, id string, more ...string) {
+	f := make(logging.Fields, 0, 2+len(more))
+	f = append(f, "ledger.operation_id", id)
+	for _, s := range more {
+		f = append(f, s)
+	}
+	logging.AddFields(ctx, f)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("ledger.operation_id", id))
+		for i := 0; i+1 < len(more); i += 2 {
+			span.SetAttributes(attribute.String(more[i], more[i+1]))
+		}
+	}
 }
 
 // Reserve implements ledger.v1.LedgerService.
 func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*ledgerv1.ReserveResponse, error) {
-	logID(ctx, req.GetOperationId())
-	logging.AddFields(ctx, logging.Fields{"ledger.tool", req.GetTool(), "ledger.run_id", req.GetRunId()})
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("ledger.tool", req.GetTool()), attribute.String("ledger.run_id", req.GetRunId()))
+	logID(ctx, req.GetOperationId(), "ledger.tool", req.GetTool(), "ledger.run_id", req.GetRunId())
 	var errs requestErrors
 	var params map[string]any
 	if req.GetParams() != nil {
@@ -277,9 +307,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 	if err != nil {
 		return nil, h.fail(ctx, err)
 	}
-	logging.AddFields(ctx, logging.Fields{"ledger.decision", res.Decision.String()})
-	trace.SpanFromContext(ctx).SetAttributes(attribute.String("ledger.decision", res.Decision.String()))
-	logOp(ctx, res.Operation)
+	logOp(ctx, res.Operation, "ledger.decision", res.Decision.String())
 	out := &ledgerv1.ReserveResponse{
 		Decision:  ledgerv1.Decision(res.Decision),
 		Operation: toProto(res.Operation),
@@ -293,8 +321,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 
 // Complete implements ledger.v1.LedgerService.
 func (h *handler) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*ledgerv1.CompleteResponse, error) {
-	logID(ctx, req.GetOperationId())
-	logging.AddFields(ctx, logging.Fields{"ledger.outcome", req.GetOutcome().String()})
+	logID(ctx, req.GetOperationId(), "ledger.outcome", req.GetOutcome().String())
 	var errs requestErrors
 	result := fromResult("result", req.GetResult(), &errs)
 	if err := errs.err(); err != nil {
@@ -342,8 +369,7 @@ func (h *handler) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*led
 
 // Reconcile implements ledger.v1.LedgerService.
 func (h *handler) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest) (*ledgerv1.ReconcileResponse, error) {
-	logID(ctx, req.GetOperationId())
-	logging.AddFields(ctx, logging.Fields{"ledger.finding", req.GetFinding().String()})
+	logID(ctx, req.GetOperationId(), "ledger.finding", req.GetFinding().String())
 	var errs requestErrors
 	result := fromResult("result", req.GetResult(), &errs)
 	if err := errs.err(); err != nil {
