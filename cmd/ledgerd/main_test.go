@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -428,4 +429,22 @@ func TestRedisModes(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestTuneGC(t *testing.T) {
+	old := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(old)
+	tuneGC(func(string) string { return "" })
+	if got := debug.SetGCPercent(100); got != DefaultGCPercent {
+		t.Fatalf("without GOGC the GC target is %d, want %d", got, DefaultGCPercent)
+	}
+	tuneGC(func(k string) string {
+		if k == "GOGC" {
+			return "50"
+		}
+		return ""
+	})
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Fatalf("with GOGC set, tuneGC changed the GC target to %d", got)
+	}
 }
