@@ -378,7 +378,7 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 // run runs a write script on an operation's five keys with the principal and
 // lease member as ARGV[1..2], followed by args.
 func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, *record, []any, error) {
-	code, aux, rec, extra, err := l.runKeys(ctx, op, s, true, k.all, principal, append([]any{k.member}, args...)...)
+	code, aux, rec, extra, err := l.runKeys(ctx, op, s, true, k.all, principal, k.member, args...)
 	if err == nil || KindOf(err) == KindNotReplicated {
 		l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
 	}
@@ -463,9 +463,16 @@ func movedError(err error) bool {
 	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
 }
 
-func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal string, args ...any) (int64, string, *record, []any, error) {
+// runKeys runs script s on keys with ARGV principal, member, args..., and
+// splits its reply: code, aux, the record (nil when the script returned
+// none) and any further values.
+func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
 	start := time.Now()
-	raw, err := l.eval(ctx, op, s, write, keys, append([]any{principal}, args...))
+	// ARGV is principal, member, args: built once (go-redis copies it once
+	// more into the command).
+	argv := make([]any, 0, 2+len(args))
+	argv = append(argv, principal, member)
+	raw, err := l.eval(ctx, op, s, write, keys, append(argv, args...))
 	var notReplicated error
 	if KindOf(err) == KindNotReplicated {
 		notReplicated, err = err, nil
