@@ -324,12 +324,23 @@ func TestTracesLinkTheCallersTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	span.End()
+	// The server ends its span after the reply is sent, so the caller may
+	// have the reply before the span is exported.
 	var found bool
-	for _, sp := range exp.GetSpans() {
+	spans := exp.GetSpans()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		for _, sp := range spans {
+			found = found || strings.HasSuffix(sp.Name, "/Reserve")
+		}
+		if found || time.Now().After(deadline) {
+			break
+		}
+		spans = exp.GetSpans()
+	}
+	for _, sp := range spans {
 		if !strings.HasSuffix(sp.Name, "/Reserve") {
 			continue
 		}
-		found = true
 		if sp.SpanContext.TraceID() != span.SpanContext().TraceID() {
 			t.Fatal("the ledger's span is not in the caller's trace")
 		}
