@@ -217,25 +217,43 @@ func (h *handler) fail(ctx context.Context, err error) error {
 }
 
 // logOp adds the operation's state, attempt and fingerprint prefix, and the
-// given fields (string values), to the call's log line and trace span, in
-// one step: every AddFields call copies the fields collected so far.
+// string pairs in more, to the call's log line and trace span.
 func logOp(ctx context.Context, o *ledger.Operation, more ...string) {
-	if o == nil && len(more) == 0 {
+	if o == nil {
+		annotate(ctx, nil, more)
 		return
 	}
 	f := make(logging.Fields, 0, 6+len(more))
-	if o != nil {
-		f = append(f, "ledger.state", o.State.String(), "ledger.attempt", o.Attempt,
-			"ledger.fingerprint", fingerprintPrefix(o.Fingerprint))
-	}
-	for _, s := range more {
-		f = append(f, s)
-	}
-	logging.AddFields(ctx, f)
+	f = append(f, "ledger.state", o.State.String(), "ledger.attempt", o.Attempt,
+		"ledger.fingerprint", fingerprintPrefix(o.Fingerprint))
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		if o != nil {
-			span.SetAttributes(attribute.String("ledger.state", o.State.String()), attribute.Int("ledger.attempt", int(o.Attempt)))
-		}
+		span.SetAttributes(attribute.String("ledger.state", o.State.String()), attribute.Int("ledger.attempt", int(o.Attempt)))
+	}
+	annotate(ctx, f, more)
+}
+
+// logID adds the operation id, and the string pairs in more, to the call's
+// log line and trace span.
+func logID(ctx context.Context, id string, more ...string) {
+	f := make(logging.Fields, 0, 2+len(more))
+	annotate(ctx, append(f, "ledger.operation_id", id), more)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("ledger.operation_id", id))
+	}
+}
+
+// annotate adds fields and the string pairs in more to the call's log line
+// in one AddFields (each call copies the fields collected so far), and the
+// pairs in more to its trace span when the span records.
+func annotate(ctx context.Context, fields logging.Fields, more []string) {
+	for _, s := range more {
+		fields = append(fields, s)
+	}
+	if len(fields) == 0 {
+		return
+	}
+	logging.AddFields(ctx, fields)
+	if span := trace.SpanFromContext(ctx); len(more) > 0 && span.IsRecording() {
 		for i := 0; i+1 < len(more); i += 2 {
 			span.SetAttributes(attribute.String(more[i], more[i+1]))
 		}
@@ -250,23 +268,6 @@ type fingerprintPrefix fingerprint.Fingerprint
 // LogValue implements slog.LogValuer.
 func (f fingerprintPrefix) LogValue() slog.Value {
 	return slog.StringValue(hex.EncodeToString(f[:8]))
-}
-
-// logID adds the operation id and the given fields (string values) to the
-// call's log line and trace span, in one step.
-func logID(ctx context.Context, id string, more ...string) {
-	f := make(logging.Fields, 0, 2+len(more))
-	f = append(f, "ledger.operation_id", id)
-	for _, s := range more {
-		f = append(f, s)
-	}
-	logging.AddFields(ctx, f)
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attribute.String("ledger.operation_id", id))
-		for i := 0; i+1 < len(more); i += 2 {
-			span.SetAttributes(attribute.String(more[i], more[i+1]))
-		}
-	}
 }
 
 // Reserve implements ledger.v1.LedgerService.
