@@ -13,9 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
 
-	"github.com/opledger/ledger/internal/autopipe"
-	"github.com/opledger/ledger/internal/redistest"
-	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
 )
 
@@ -71,13 +68,7 @@ func (c *segmentClock) intercept(ctx context.Context, req any, _ *grpc.UnaryServ
 //
 //	go test -run '^$' -bench Segments -benchtime 5000x ./internal/bench
 func BenchmarkSegments(b *testing.B) {
-	srv := redistest.Start(b)
-	rdb := srv.Client(b)
-	autopipe.Enable(rdb, autopipe.Options{})
-	l, err := ledger.New(rdb, ledger.Options{Policies: ledger.DefaultPolicies()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, l := benchLedger(b)
 	clock := &segmentClock{}
 	svc := server.New(server.Config{Ledger: l, Logger: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))},
 		grpc.StatsHandler(clock), grpc.ChainUnaryInterceptor(clock.intercept))

@@ -21,13 +21,7 @@ import (
 //
 //	go test -run '^$' -bench Wakeups ./internal/bench
 func BenchmarkWakeups(b *testing.B) {
-	srv := redistest.Start(b)
-	rdb := srv.Client(b)
-	autopipe.Enable(rdb, autopipe.Options{})
-	l, err := ledger.New(rdb, ledger.Options{Policies: ledger.DefaultPolicies()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	rdb, l := benchLedger(b)
 	ctx := context.Background()
 	if err := l.LoadScripts(ctx); err != nil {
 		b.Fatal(err)
@@ -75,4 +69,17 @@ func BenchmarkWakeups(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchLedger starts a redis-server for the benchmark and returns a client
+// of it with autopipelining, as ledgerd's, and a ledger with the default
+// policies on it.
+func benchLedger(b *testing.B) (*redis.Client, *ledger.Ledger) {
+	rdb := redistest.Start(b).Client(b)
+	autopipe.Enable(rdb, autopipe.Options{})
+	l, err := ledger.New(rdb, ledger.Options{Policies: ledger.DefaultPolicies()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return rdb, l
 }
