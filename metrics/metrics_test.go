@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -326,17 +327,12 @@ func TestTracesLinkTheCallersTrace(t *testing.T) {
 	span.End()
 	// The server ends its span after the reply is sent, so the caller may
 	// have the reply before the span is exported.
-	var found bool
+	isReserve := func(sp tracetest.SpanStub) bool { return strings.HasSuffix(sp.Name, "/Reserve") }
 	spans := exp.GetSpans()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		for _, sp := range spans {
-			found = found || strings.HasSuffix(sp.Name, "/Reserve")
-		}
-		if found || time.Now().After(deadline) {
-			break
-		}
-		spans = exp.GetSpans()
+	for deadline := time.Now().Add(10 * time.Second); !slices.ContainsFunc(spans, isReserve) && time.Now().Before(deadline); spans = exp.GetSpans() {
+		time.Sleep(10 * time.Millisecond)
 	}
+	found := slices.ContainsFunc(spans, isReserve)
 	for _, sp := range spans {
 		if !strings.HasSuffix(sp.Name, "/Reserve") {
 			continue
