@@ -151,12 +151,14 @@ func (t *tenantLimiter) interceptor(anon string) grpc.UnaryServerInterceptor {
 // decodeErrors wraps the ledger service's handlers so a request the codec
 // could not decode (see requestCodec) gets INVALID_ARGUMENT with the
 // contract's details, not grpc-go's bare INTERNAL or RESOURCE_EXHAUSTED.
-// Nothing reaches the ledger.
+// Nothing reaches the ledger. Being the outermost frame of each call, the
+// wrapper also grows the call's stack once (growStack).
 func decodeErrors(sd grpc.ServiceDesc) grpc.ServiceDesc {
 	methods := make([]grpc.MethodDesc, len(sd.Methods))
 	for i, m := range sd.Methods {
 		h := m.Handler
 		m.Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
+			growStack() // while the stack is shallow: see stack.go
 			return h(srv, ctx, func(v any) error {
 				if err := dec(v); err != nil {
 					return err

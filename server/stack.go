@@ -1,0 +1,28 @@
+package server
+
+// growStack grows the calling goroutine's stack to 16 KiB, if it is
+// smaller, while the stack is still shallow.
+//
+// grpc-go runs every call on a new goroutine, which starts with a small
+// stack (8 KiB, or the runtime's running average). A ledger call needs
+// more than that by the time it is deep in the interceptors, the go-redis
+// client and the codec, and growing the stack there copies it and adjusts
+// every frame on it: about a tenth of ledgerd's CPU per Reserve
+// (docs/benchmarks.md §6.5). Called first thing in each ledger handler,
+// the same growth copies a few frames instead, once.
+func growStack() {
+	_ = stack12k()
+}
+
+// stack12k has a 12 KiB frame: calling it with little stack in use makes
+// the runtime grow the stack to 16 KiB before it runs. It must not be
+// inlined, and its array must be used, or the frame would shrink.
+//
+//go:noinline
+func stack12k() byte {
+	var buf [12 << 10]byte
+	for i := 0; i < len(buf); i += 4 << 10 {
+		buf[i] = byte(i >> 12)
+	}
+	return buf[4<<10]
+}
