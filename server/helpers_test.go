@@ -83,12 +83,18 @@ func eachBackend(t *testing.T, f func(t *testing.T, e *env)) {
 
 func startEnv(t *testing.T, rdb redis.UniversalClient, dialOpts ...grpc.DialOption) *env {
 	t.Helper()
+	return startEnvLogging(t, rdb, slog.LevelDebug, dialOpts...)
+}
+
+// startEnvLogging is startEnv with the service's log at level.
+func startEnvLogging(t *testing.T, rdb redis.UniversalClient, level slog.Level, dialOpts ...grpc.DialOption) *env {
+	t.Helper()
 	pol, err := ledger.ParsePolicies([]byte(testPolicy))
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &syncBuffer{}
-	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log})
 	if err != nil {
 		t.Fatal(err)

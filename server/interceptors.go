@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"golang.org/x/time/rate"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -38,7 +38,7 @@ func (a *Authenticator) authFunc(ctx context.Context) (context.Context, error) {
 	if err != nil {
 		return nil, err
 	}
-	logging.AddFields(ctx, logging.Fields{"ledger.tenant", p.Tenant, "ledger.principal", p.ID})
+	addLog(ctx, slog.String("ledger.tenant", p.Tenant), slog.String("ledger.principal", p.ID))
 	ctx = WithPrincipal(ctx, p.Principal)
 	return context.WithValue(ctx, scopesKey{}, p.scopes), nil
 }

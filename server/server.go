@@ -28,7 +28,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -114,27 +113,15 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxRequestBytes
 	}
-	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		log.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithErrorFields(errorReason),
-	}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil)).Err()
 	})}
 	// The chain, outermost first: one log line per call, panic recovery,
 	// authentication and scope, the tenant's rate.
-	unary := []grpc.UnaryServerInterceptor{
-		logging.UnaryServerInterceptor(logger, logOpts...),
-		recovery.UnaryServerInterceptor(recoverOpts...),
-	}
-	stream := []grpc.StreamServerInterceptor{
-		logging.StreamServerInterceptor(logger, logOpts...),
-		recovery.StreamServerInterceptor(recoverOpts...),
-	}
+	logUnary, logStream := callLoggers(log)
+	unary := []grpc.UnaryServerInterceptor{logUnary, recovery.UnaryServerInterceptor(recoverOpts...)}
+	stream := []grpc.StreamServerInterceptor{logStream, recovery.StreamServerInterceptor(recoverOpts...)}
 	if cfg.Auth != nil {
 		u, st := authInterceptors(cfg.Auth, cfg.PublicReflection)
 		unary, stream = append(unary, u), append(stream, st)
@@ -180,15 +167,16 @@ func (s *Service) Shutdown(ctx context.Context) {
 	}
 }
 
-// errorReason puts an error's ErrorInfo reason in its log line.
-func errorReason(err error) logging.Fields {
+// errorReason is an error's ErrorInfo reason, for its log line ("" when
+// it has none).
+func errorReason(err error) string {
 	st, _ := status.FromError(err)
 	for _, d := range st.Details() {
 		if ei, ok := d.(*errdetails.ErrorInfo); ok {
-			return logging.Fields{"ledger.reason", ei.GetReason()}
+			return ei.GetReason()
 		}
 	}
-	return nil
+	return ""
 }
 
 type principalKey struct{}
@@ -223,36 +211,35 @@ func logOp(ctx context.Context, o *ledger.Operation, more ...string) {
 		annotate(ctx, nil, more)
 		return
 	}
-	f := make(logging.Fields, 0, 6+len(more))
-	f = append(f, "ledger.state", o.State.String(), "ledger.attempt", o.Attempt,
-		"ledger.fingerprint", fingerprintPrefix(o.Fingerprint))
+	var buf [5]slog.Attr
+	attrs := append(buf[:0], slog.String("ledger.state", o.State.String()), slog.Int64("ledger.attempt", int64(o.Attempt)),
+		slog.Any("ledger.fingerprint", fingerprintPrefix{&o.Fingerprint}))
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(attribute.String("ledger.state", o.State.String()), attribute.Int("ledger.attempt", int(o.Attempt)))
 	}
-	annotate(ctx, f, more)
+	annotate(ctx, attrs, more)
 }
 
 // logID adds the operation id, and the string pairs in more, to the call's
 // log line and trace span.
 func logID(ctx context.Context, id string, more ...string) {
-	f := make(logging.Fields, 0, 2+len(more))
-	annotate(ctx, append(f, "ledger.operation_id", id), more)
+	var buf [3]slog.Attr
+	annotate(ctx, append(buf[:0], slog.String("ledger.operation_id", id)), more)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(attribute.String("ledger.operation_id", id))
 	}
 }
 
-// annotate adds fields and the string pairs in more to the call's log line
-// in one AddFields (each call copies the fields collected so far), and the
-// pairs in more to its trace span when the span records.
-func annotate(ctx context.Context, fields logging.Fields, more []string) {
-	for _, s := range more {
-		fields = append(fields, s)
+// annotate adds attrs and the string pairs in more to the call's log line,
+// and the pairs in more to its trace span when the span records.
+func annotate(ctx context.Context, attrs []slog.Attr, more []string) {
+	for i := 0; i+1 < len(more); i += 2 {
+		attrs = append(attrs, slog.String(more[i], more[i+1]))
 	}
-	if len(fields) == 0 {
+	if len(attrs) == 0 {
 		return
 	}
-	logging.AddFields(ctx, fields)
+	addLog(ctx, attrs...)
 	if span := trace.SpanFromContext(ctx); len(more) > 0 && span.IsRecording() {
 		for i := 0; i+1 < len(more); i += 2 {
 			span.SetAttributes(attribute.String(more[i], more[i+1]))
@@ -262,12 +249,13 @@ func annotate(ctx context.Context, fields logging.Fields, more []string) {
 
 // fingerprintPrefix logs the first 16 hex digits of a fingerprint; they are
 // formatted only when the line is written (slog resolves a LogValuer then),
-// not on every call.
-type fingerprintPrefix fingerprint.Fingerprint
+// not on every call. It holds a pointer so that it fits in an interface
+// without an allocation.
+type fingerprintPrefix struct{ f *fingerprint.Fingerprint }
 
 // LogValue implements slog.LogValuer.
-func (f fingerprintPrefix) LogValue() slog.Value {
-	return slog.StringValue(hex.EncodeToString(f[:8]))
+func (p fingerprintPrefix) LogValue() slog.Value {
+	return slog.StringValue(hex.EncodeToString(p.f[:8]))
 }
 
 // Reserve implements ledger.v1.LedgerService.
@@ -423,7 +411,7 @@ func (h *handler) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolv
 	for _, o := range page.Operations {
 		out.Operations = append(out.Operations, toProto(o))
 	}
-	logging.AddFields(ctx, logging.Fields{"ledger.count", len(out.Operations)})
+	addLog(ctx, slog.Int("ledger.count", len(out.Operations)))
 	return out, nil
 }
 
