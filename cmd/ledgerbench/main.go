@@ -10,7 +10,9 @@
 //   - the bare server (this binary's serve-bare command, its own process): a
 //     health Check that sends one EVALSHA of a trivial script per call,
 //     through the same go-redis client: the floor of one Redis round trip
-//     per call, at both concurrencies;
+//     per call, at both concurrencies; and its ledger variant, whose Check
+//     calls ledger.Reserve of a new operation instead: the ledger's work
+//     without the service's messages and interceptors;
 //   - the Redis memory per SUCCEEDED record (100k records, default policy),
 //     on another fresh redis-server;
 //   - with --growth, Reserve throughput and memory with that many records
@@ -48,10 +50,12 @@ func main() {
 		listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
 		redisAddr := fs.String("redis-addr", "", "the Redis of the one EVALSHA per call")
 		plain := fs.Bool("plain", false, "a plain go-redis client, without auto-pipelining")
+		withLedger := fs.Bool("ledger", false, "each Check is a ledger.Reserve of a new operation instead of a trivial script")
 		_ = fs.Parse(os.Args[2:])
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		if err := bench.ServeBare(ctx, *listen, *redisAddr, *plain); err != nil {
+		o := bench.BareOptions{Listen: *listen, RedisAddr: *redisAddr, Plain: *plain, Ledger: *withLedger}
+		if err := bench.ServeBare(ctx, o); err != nil {
 			fmt.Fprintln(os.Stderr, "ledgerbench serve-bare:", err)
 			os.Exit(1)
 		}
@@ -81,9 +85,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency, bare (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency, bare, bare-ledger (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
-	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call")
+	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; and its ledger variant (one ledger.Reserve per call)")
 	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
 	verbose := fs.Bool("v", true, "progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -108,10 +112,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "cycle", "replay", "lookup", "latency", "bare":
+		case "reserve", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger":
 			c.Only = append(c.Only, s)
 		default:
-			return fmt.Errorf("--only %q: want reserve, cycle, replay, lookup, latency or bare", s)
+			return fmt.Errorf("--only %q: want reserve, cycle, replay, lookup, latency, bare or bare-ledger", s)
 		}
 	}
 	c.NoThroughput = *noThroughput

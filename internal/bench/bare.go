@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/opledger/ledger/internal/autopipe"
+	"github.com/opledger/ledger/ledger"
 )
 
 // The bare server is the reference the goals were set against: a
@@ -20,41 +22,97 @@ import (
 // and auto-pipelining hook as ledgerd) before it answers. It is the floor
 // of "one Redis round trip per call" on this machine: what any service
 // that consults Redis once per call costs, with no work of its own.
+//
+// Its ledger variant (BareOptions.Ledger) calls ledger.Reserve of a new
+// operation instead, with the request the Reserve scenario sends: the
+// ledger's own work (validation, fingerprint, the Reserve script, decoding
+// the record) inside the bare server's small messages and empty
+// interceptor chain. Between the two variants and ledgerd, a Reserve's cost
+// splits into the Redis hop, the ledger's work and the service's gRPC
+// surface (its messages and interceptors).
 
 // bareScript does nothing: the round trip is what is measured.
 var bareScript = redis.NewScript("return 1")
 
-// bareHealth answers Check after one EVALSHA.
+// bareHealth answers Check after one EVALSHA, or one ledger.Reserve when l
+// is set.
 type bareHealth struct {
 	healthpb.UnimplementedHealthServer
 	rdb *redis.Client
+	l   *ledger.Ledger
+	run string       // operation ids of this process: RunID
+	seq atomic.Int64 // and a sequence number
 }
 
+// bareWho is the ledger variant's caller.
+var bareWho = ledger.Principal{Tenant: "default", ID: "bench"}
+
 func (h *bareHealth) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
-	if err := bareScript.Run(ctx, h.rdb, nil).Err(); err != nil {
+	if h.l != nil {
+		n := h.seq.Add(1)
+		op, err := h.l.Reserve(ctx, bareWho, ledger.ReserveRequest{
+			OperationID: OperationID(h.run, n), Tool: "payments.refund", Params: refundParams,
+			PermitID: "approval-77", Holder: holder(n),
+		})
+		if err != nil {
+			return nil, err
+		}
+		if op.Decision != ledger.DecisionExecute {
+			return nil, fmt.Errorf("bare ledger: Reserve of a new operation decided %v", op.Decision)
+		}
+	} else if err := bareScript.Run(ctx, h.rdb, nil).Err(); err != nil {
 		return nil, err
 	}
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
 }
 
-// ServeBare runs the bare server on listen until ctx ends, against the
-// Redis at redisAddr, auto-pipelined unless plain is set.
-func ServeBare(ctx context.Context, listen, redisAddr string, plain bool) error {
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, DisableIdentity: true})
+// BareOptions configure the bare server.
+type BareOptions struct {
+	Listen    string // gRPC listen address
+	RedisAddr string // the Redis of the one script call per Check
+	Plain     bool   // a plain go-redis client, without auto-pipelining
+	// Ledger makes each Check a ledger.Reserve of a new operation (keys
+	// under BarePrefix, the benchmark's policy) instead of a trivial script.
+	Ledger bool
+}
+
+// BarePrefix is the key prefix of the ledger variant's records, apart from
+// ledgerd's so that ledgerd's sweeper never reads them.
+const BarePrefix = "benchbare"
+
+// ServeBare runs the bare server until ctx ends.
+func ServeBare(ctx context.Context, o BareOptions) error {
+	rdb := redis.NewClient(&redis.Options{Addr: o.RedisAddr, DisableIdentity: true})
 	defer rdb.Close()
-	if !plain {
+	if !o.Plain {
 		h := autopipe.Enable(rdb, autopipe.Options{})
 		defer h.Close()
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis %s: %w", redisAddr, err)
+		return fmt.Errorf("redis %s: %w", o.RedisAddr, err)
 	}
-	ln, err := net.Listen("tcp", listen)
+	h := &bareHealth{rdb: rdb, run: RunID()}
+	if o.Ledger {
+		pol, err := ledger.ParsePolicies([]byte(benchPolicy))
+		if err != nil {
+			return err
+		}
+		// As ledgerd runs in the benchmark: a limit no run reaches, so that
+		// the check runs.
+		h.l, err = ledger.New(rdb, ledger.Options{Prefix: BarePrefix, Policies: pol, UnresolvedLimit: func(string) int { return 1_000_000_000 }})
+		if err != nil {
+			return err
+		}
+		if err := h.l.LoadScripts(ctx); err != nil {
+			return err
+		}
+	}
+	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
 		return err
 	}
 	s := grpc.NewServer()
-	healthpb.RegisterHealthServer(s, &bareHealth{rdb: rdb})
+	healthpb.RegisterHealthServer(s, h)
 	go func() { <-ctx.Done(); s.Stop() }()
 	if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
@@ -62,16 +120,20 @@ func ServeBare(ctx context.Context, listen, redisAddr string, plain bool) error 
 	return nil
 }
 
-// startBare starts the bare server as its own process (the benchmark's
-// binary, with its serve-bare command), so that it costs what a separate
-// service costs, on the throughput stack's Redis.
-func (c *Config) startBare(redisAddr string) (*Process, error) {
+// startBare starts the bare server (its ledger variant when withLedger)
+// as its own process (the benchmark's binary, with its serve-bare
+// command), so that it costs what a separate service costs, on the
+// throughput stack's Redis.
+func (c *Config) startBare(redisAddr string, withLedger bool) (*Process, error) {
 	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	return startServing(c.BareServer, []string{BareCommand, "--listen", addr, "--redis-addr", redisAddr},
-		addr, filepath.Join(c.Dir, "bare.log"), "the bare server")
+	args, log := []string{BareCommand, "--listen", addr, "--redis-addr", redisAddr}, "bare.log"
+	if withLedger {
+		args, log = append(args, "--ledger"), "bare-ledger.log"
+	}
+	return startServing(c.BareServer, args, addr, filepath.Join(c.Dir, log), "the bare server")
 }
 
 // BareCommand is the benchmark binary's command that runs the bare server:
@@ -80,3 +142,6 @@ const BareCommand = "serve-bare"
 
 // BareName is the bare server's scenario in the report.
 const BareName = "bare server: Check + 1 EVALSHA"
+
+// BareLedgerName is its ledger variant's scenario.
+const BareLedgerName = "bare server: Check + ledger.Reserve"

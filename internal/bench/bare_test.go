@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -15,20 +17,22 @@ import (
 
 // TestBareServer checks the bare server the benchmark compares the ledger
 // with: each health Check is SERVING and costs Redis exactly one script
-// call, with and without auto-pipelining.
+// call, with and without auto-pipelining; in the ledger variant, that
+// script is a Reserve that records one new operation under BarePrefix.
 func TestBareServer(t *testing.T) {
-	for _, plain := range []bool{false, true} {
+	for _, o := range []BareOptions{{}, {Plain: true}, {Ledger: true}} {
 		srv := redistest.Start(t)
-		addr := ledgertest.FreeAddr(t)
+		o.Listen, o.RedisAddr = ledgertest.FreeAddr(t), srv.Addr
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- ServeBare(ctx, addr, srv.Addr, plain) }()
+		go func() { done <- ServeBare(ctx, o) }()
 		t.Cleanup(func() { cancel(); <-done })
-		if err := ledgertest.WaitServing(addr, done, 20*time.Second); err != nil {
+		if err := ledgertest.WaitServing(o.Listen, done, 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		before := commandCalls(t, srv.Client(t))
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		rdb := srv.Client(t)
+		before, recordsBefore := commandCalls(t, rdb), bareRecords(t, rdb)
+		conn, err := grpc.NewClient(o.Listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,12 +41,36 @@ func TestBareServer(t *testing.T) {
 		for range n {
 			r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
 			if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-				t.Fatalf("plain=%v: Check = %v, %v", plain, r, err)
+				t.Fatalf("%+v: Check = %v, %v", o, r, err)
 			}
 		}
-		after := commandCalls(t, srv.Client(t))
+		after := commandCalls(t, rdb)
 		if got := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]; got != n {
-			t.Fatalf("plain=%v: %d scripts for %d checks, want one each", plain, got, n)
+			t.Fatalf("%+v: %d scripts for %d checks, want one each", o, got, n)
+		}
+		records := bareRecords(t, rdb) - recordsBefore
+		if want := map[bool]int{false: 0, true: n}[o.Ledger]; records != want {
+			t.Fatalf("%+v: %d new records after %d checks, want %d", o, records, n, want)
 		}
 	}
+}
+
+// bareRecords counts the operation records in rdb, and fails the test if
+// a key lies outside BarePrefix.
+func bareRecords(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	keys, err := rdb.Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, k := range keys {
+		if !strings.HasPrefix(k, BarePrefix+":") {
+			t.Fatalf("key %q outside the prefix %q", k, BarePrefix)
+		}
+		if strings.Contains(k, ":op:") {
+			n++
+		}
+	}
+	return n
 }

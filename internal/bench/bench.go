@@ -33,7 +33,8 @@ type Config struct {
 	// given BareCommand: cmd/ledgerbench itself. When set (and Addr is not),
 	// the throughput part also measures the bare server's Check, with one
 	// EVALSHA per call, at both concurrencies: the floor of one Redis round
-	// trip per call on this machine.
+	// trip per call on this machine; and its ledger variant's, with one
+	// ledger.Reserve per call.
 	BareServer string
 
 	Concurrency int           // concurrent calls of the throughput runs (50)
@@ -58,12 +59,11 @@ type Config struct {
 	// NoThroughput skips the throughput part (for a memory or growth run).
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
-	// key (reserve, cycle, replay, lookup, latency) it lists; health Check
-	// always runs.
+	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger) it
+	// lists; health Check always runs, and at concurrency 1 so does Reserve.
 	Only []string
 
-	pids    [2]int // ledgerd and redis-server of the current stack, when started here
-	barePid int    // the bare server, when started
+	pids [2]int // ledgerd and redis-server of the current stack, when started here
 
 	// Dir is the scratch directory (a temporary one when empty).
 	Dir string
@@ -210,14 +210,19 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	rep.Env = environment(rdbAddr)
 	fmt.Fprintln(c.Out, rep.Env)
 	if !c.NoThroughput {
-		bare := ""
+		var bare [2]*Process // the bare server and its ledger variant
 		if c.Addr == "" && c.BareServer != "" {
-			b, err := c.startBare(rdbAddr)
-			if err != nil {
-				return rep, err
+			for i, key := range []string{"bare", "bare-ledger"} {
+				if !c.selected(key) {
+					continue
+				}
+				b, err := c.startBare(rdbAddr, i == 1)
+				if err != nil {
+					return rep, err
+				}
+				defer b.Stop()
+				bare[i] = b
 			}
-			defer b.Stop()
-			bare, c.barePid = b.Addr, b.cmd.Process.Pid
 		}
 		if err := c.throughput(ctx, rep, addr, bare); err != nil {
 			return rep, err
@@ -266,18 +271,21 @@ func (c *Config) runOn(ctx context.Context, pid int, spec Spec, call Call) (*Res
 	return r, nil
 }
 
-func (c *Config) throughput(ctx context.Context, rep *Report, addr, bareAddr string) error {
+func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareServers [2]*Process) error {
 	t, err := Dial(addr, c.Conns)
 	if err != nil {
 		return err
 	}
 	defer t.Close()
-	var bare *Target
-	if bareAddr != "" {
-		if bare, err = Dial(bareAddr, c.Conns); err != nil {
+	var bare [2]*Target
+	for i, b := range bareServers {
+		if b == nil {
+			continue
+		}
+		if bare[i], err = Dial(b.Addr, c.Conns); err != nil {
 			return err
 		}
-		defer bare.Close()
+		defer bare[i].Close()
 	}
 	run := RunID()
 	fmt.Fprintln(c.Log, "throughput:")
@@ -305,9 +313,13 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr, bareAddr str
 		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }, 0},
 		{"reserve", window("Reserve (new key)", 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
 	}
-	if bare != nil {
-		phases = append(phases, phase{"bare", window(BareName, c.Concurrency, c.Duration, 1), func(string) Call { return bare.Health() }, c.barePid})
-		latency = append(latency, phase{"bare", window(BareName, 1, c.LatencyDuration, 1), func(string) Call { return bare.Health() }, c.barePid})
+	for i, name := range []string{BareName, BareLedgerName} {
+		if bare[i] == nil {
+			continue
+		}
+		key, health, pid := []string{"bare", "bare-ledger"}[i], bare[i].Health, bareServers[i].cmd.Process.Pid
+		phases = append(phases, phase{key, window(name, c.Concurrency, c.Duration, 1), func(string) Call { return health() }, pid})
+		latency = append(latency, phase{key, window(name, 1, c.LatencyDuration, 1), func(string) Call { return health() }, pid})
 	}
 	var tp, lat [][]*Result // [phase][round]
 	for round := range c.Rounds {
@@ -333,7 +345,11 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr, bareAddr str
 		if !c.selected("latency") {
 			continue
 		}
-		for i, p := range latency {
+		i = 0
+		for _, p := range latency {
+			if p.key != "health" && p.key != "reserve" && !c.selected(p.key) {
+				continue
+			}
 			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
 			if err != nil {
 				return err
@@ -342,6 +358,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr, bareAddr str
 				lat = append(lat, nil)
 			}
 			lat[i] = append(lat[i], res)
+			i++
 		}
 	}
 	rep.Throughput = summarize(tp)

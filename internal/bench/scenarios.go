@@ -49,10 +49,7 @@ func Dial(addr string, conns int) (*Target, error) {
 		t.health = append(t.health, healthpb.NewHealthClient(c))
 	}
 	var err error
-	// A refund's consequential parameters: what a real agent would send.
-	t.params, err = structpb.NewStruct(map[string]any{
-		"charge": "ch_3MmlLrLkdIwHu7ix0snN0B15", "amount": 1250, "currency": "eur", "reason": "requested_by_customer",
-	})
+	t.params, err = structpb.NewStruct(refundParams)
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +61,15 @@ func Dial(addr string, conns int) (*Target, error) {
 	t.result = &ledgerv1.Result{Data: data}
 	return t, nil
 }
+
+// refundParams are a refund's consequential parameters: what a real agent
+// would send, in every Reserve of the benchmark.
+var refundParams = map[string]any{
+	"charge": "ch_3MmlLrLkdIwHu7ix0snN0B15", "amount": 1250, "currency": "eur", "reason": "requested_by_customer",
+}
+
+// holder is the holder of the seq-th Reserve of a phase.
+func holder(seq int64) string { return fmt.Sprintf("h-%032x", seq) }
 
 // Close closes the connections.
 func (t *Target) Close() {
@@ -109,7 +115,7 @@ func (t *Target) Health() Call {
 func (t *Target) reserveRequest(id string, seq int64) *ledgerv1.ReserveRequest {
 	return &ledgerv1.ReserveRequest{
 		OperationId: id, Tool: "payments.refund", Params: t.params,
-		PermitId: "approval-77", Holder: fmt.Sprintf("h-%032x", seq),
+		PermitId: "approval-77", Holder: holder(seq),
 	}
 }
 

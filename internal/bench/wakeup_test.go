@@ -30,7 +30,6 @@ func BenchmarkWakeups(b *testing.B) {
 	if err := trivial.Load(ctx, rdb).Err(); err != nil {
 		b.Fatal(err)
 	}
-	params := map[string]any{"charge": "ch_3MmlLrLkdIwHu7ix0snN0B15", "amount": 1250, "currency": "eur", "reason": "requested_by_customer"}
 	who := ledger.Principal{Tenant: "default", ID: "bench"}
 	run := RunID()
 	var seq atomic.Int64
@@ -42,8 +41,8 @@ func BenchmarkWakeups(b *testing.B) {
 		{"Reserve", func() error {
 			n := seq.Add(1)
 			_, err := l.Reserve(ctx, who, ledger.ReserveRequest{
-				OperationID: OperationID(run, n), Tool: "payments.refund", Params: params,
-				PermitID: "approval-77", Holder: fmt.Sprintf("h-%032x", n),
+				OperationID: OperationID(run, n), Tool: "payments.refund", Params: refundParams,
+				PermitID: "approval-77", Holder: holder(n),
 			})
 			return err
 		}},
