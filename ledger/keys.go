@@ -20,9 +20,11 @@ const DefaultPrefix = "ledger"
 // keyspace builds every Redis key the ledger uses, one function per key, so
 // the layout lives in one place (docs/design.md describes it).
 //
-//	<prefix>:{sNN}:op:<tenant>:<id>       operation record (hash)
-//	<prefix>:{sNN}:h:<tenant>:<id>        operation history (list)
-//	<prefix>:{sNN}:tomb:<tenant>:<id>     tombstone of an expired record (string)
+//	<prefix>:{sNN}:op:<tenant>:<id>       operation record with its history, and
+//	                                      its tombstone after its retention (string)
+//	<prefix>:{sNN}:h:<tenant>:<id>        previous layout only: the history (list),
+//	                                      read and deleted when the record is converted
+//	<prefix>:{sNN}:tomb:<tenant>:<id>     previous layout only: the tombstone (string)
 //	<prefix>:{sNN}:unresolved:<tenant>    non-terminal operations of a tenant in
 //	                                      this shard (zset, ordered by member)
 //	<prefix>:{sNN}:leases                 running claims of this shard by lease
@@ -61,17 +63,17 @@ func shardOf(tenant, id string) int {
 	return int(h.Sum32() % NumShards)
 }
 
-// record is the key of an operation's record hash.
+// record is the key of an operation's record.
 func (k keyspace) record(shard int, t, id string) string {
 	return k.tag(shard) + ":op:" + t + ":" + id
 }
 
-// history is the key of an operation's history list.
+// history is the key of an operation's history list in the previous layout.
 func (k keyspace) history(shard int, t, id string) string {
 	return k.tag(shard) + ":h:" + t + ":" + id
 }
 
-// tombstone is the key of an operation's tombstone.
+// tombstone is the key of an operation's tombstone in the previous layout.
 func (k keyspace) tombstone(shard int, t, id string) string {
 	return k.tag(shard) + ":tomb:" + t + ":" + id
 }
