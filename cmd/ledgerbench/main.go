@@ -87,6 +87,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
 	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency, bare, bare-ledger (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
+	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; and its ledger variant (one ledger.Reserve per call)")
 	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
 	verbose := fs.Bool("v", true, "progress on stderr")

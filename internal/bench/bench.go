@@ -29,6 +29,11 @@ type Config struct {
 	Addr, RedisAddr string
 	// LedgerdFlags are extra ledgerd flags (e.g. --log-level).
 	LedgerdFlags []string
+	// DurableRedis starts every redis-server with the settings
+	// docs/operations.md requires in production (appendonly yes,
+	// appendfsync always: every write reaches the disk before its reply)
+	// instead of without persistence.
+	DurableRedis bool
 	// BareServer is a binary that runs the bare server (ServeBare) when
 	// given BareCommand: cmd/ledgerbench itself. When set (and Addr is not),
 	// the throughput part also measures the bare server's Check, with one
@@ -158,7 +163,11 @@ func (c *Config) startStack(name string, policy string) (*stack, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	r, err := StartRedis(c.RedisServer, dir)
+	var redisArgs []string
+	if c.DurableRedis {
+		redisArgs = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	r, err := StartRedis(c.RedisServer, dir, redisArgs...)
 	if err != nil {
 		return nil, err
 	}
