@@ -158,16 +158,20 @@ func (s *stack) stop() {
 	s.redis.Stop()
 }
 
+// redisArgs are the redis-server flags of every stack beyond StartRedis's.
+func (c *Config) redisArgs() []string {
+	if c.DurableRedis {
+		return []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	return nil
+}
+
 func (c *Config) startStack(name string, policy string) (*stack, error) {
 	dir := filepath.Join(c.Dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	var redisArgs []string
-	if c.DurableRedis {
-		redisArgs = []string{"--appendonly", "yes", "--appendfsync", "always"}
-	}
-	r, err := StartRedis(c.RedisServer, dir, redisArgs...)
+	r, err := StartRedis(c.RedisServer, dir, c.redisArgs()...)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +57,39 @@ func TestMemorySmoke(t *testing.T) {
 	}
 	if m.KeysPerRecord != 1 || m.After <= m.Before || !strings.HasPrefix(m.SampleKeyUsage, "op ") {
 		t.Fatalf("memory = %+v; want one key per record", m)
+	}
+}
+
+// TestDurableRedis: with DurableRedis the benchmark's redis-servers run
+// with the production settings, without it with no persistence.
+func TestDurableRedis(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		c := Config{DurableRedis: durable}
+		r, err := StartRedis("redis-server", t.TempDir(), c.redisArgs()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := DialRedis(r.Addr)
+		if err != nil {
+			r.Stop()
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, name := range []string{"appendonly", "appendfsync"} {
+			v, err := conn.Do("CONFIG", "GET", name)
+			if l, ok := v.([]any); err == nil && ok && len(l) == 2 {
+				got[name] = fmt.Sprint(l[1])
+			} else {
+				t.Errorf("CONFIG GET %s = %v, %v", name, v, err)
+			}
+		}
+		conn.Close()
+		r.Stop()
+		if want := map[bool]string{false: "no", true: "yes"}[durable]; got["appendonly"] != want {
+			t.Errorf("durable=%v: appendonly %q, want %q", durable, got["appendonly"], want)
+		}
+		if durable && got["appendfsync"] != "always" {
+			t.Errorf("durable: appendfsync %q, want always", got["appendfsync"])
+		}
 	}
 }
