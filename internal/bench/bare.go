@@ -145,3 +145,8 @@ const BareName = "bare server: Check + 1 EVALSHA"
 
 // BareLedgerName is its ledger variant's scenario.
 const BareLedgerName = "bare server: Check + ledger.Reserve"
+
+// bareVariants are the bare server's scenarios, by their --only key: the
+// plain one, then the ledger variant. A variant not selected is not
+// started, so it has no phases either.
+var bareVariants = [2]struct{ key, name string }{{"bare", BareName}, {"bare-ledger", BareLedgerName}}

@@ -225,8 +225,8 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	if !c.NoThroughput {
 		var bare [2]*Process // the bare server and its ledger variant
 		if c.Addr == "" && c.BareServer != "" {
-			for i, key := range []string{"bare", "bare-ledger"} {
-				if !c.selected(key) {
+			for i, v := range bareVariants {
+				if !c.selected(v.key) {
 					continue
 				}
 				b, err := c.startBare(rdbAddr, i == 1)
@@ -326,13 +326,13 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }, 0},
 		{"reserve", window("Reserve (new key)", 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
 	}
-	for i, name := range []string{BareName, BareLedgerName} {
-		if bare[i] == nil {
+	for i, v := range bareVariants {
+		if bare[i] == nil { // not selected
 			continue
 		}
-		key, health, pid := []string{"bare", "bare-ledger"}[i], bare[i].Health, bareServers[i].cmd.Process.Pid
-		phases = append(phases, phase{key, window(name, c.Concurrency, c.Duration, 1), func(string) Call { return health() }, pid})
-		latency = append(latency, phase{key, window(name, 1, c.LatencyDuration, 1), func(string) Call { return health() }, pid})
+		health, pid := bare[i].Health, bareServers[i].cmd.Process.Pid
+		phases = append(phases, phase{v.key, window(v.name, c.Concurrency, c.Duration, 1), func(string) Call { return health() }, pid})
+		latency = append(latency, phase{v.key, window(v.name, 1, c.LatencyDuration, 1), func(string) Call { return health() }, pid})
 	}
 	var tp, lat [][]*Result // [phase][round]
 	for round := range c.Rounds {
@@ -358,11 +358,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		if !c.selected("latency") {
 			continue
 		}
-		i = 0
-		for _, p := range latency {
-			if p.key != "health" && p.key != "reserve" && !c.selected(p.key) {
-				continue
-			}
+		for i, p := range latency {
 			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
 			if err != nil {
 				return err
@@ -371,7 +367,6 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 				lat = append(lat, nil)
 			}
 			lat[i] = append(lat[i], res)
-			i++
 		}
 	}
 	rep.Throughput = summarize(tp)
