@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -130,10 +129,7 @@ func writeCallLog(ctx context.Context, log *slog.Logger, fullMethod, typ string,
 		return
 	}
 	took := time.Since(start)
-	service, method := "unknown", "unknown"
-	if s, m, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/"); ok {
-		service, method = s, m
-	}
+	service, method := splitMethod(fullMethod)
 	cl.mu.Lock()
 	attrs := make([]slog.Attr, 0, 13+len(cl.attrs))
 	attrs = append(attrs,
