@@ -10,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 )
@@ -74,10 +73,7 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 
 	rec := newRecorder(effIrreversible, maxAttempts)
 	dest := newDestination(true, 5)
-	var clients []*client.Client
-	for range 3 {
-		clients = append(clients, newClient(t, st.Addr, rec, dest))
-	}
+	clients := newClients(t, 3, st.Addr, rec, dest)
 	l := newLoad(dest, clients, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

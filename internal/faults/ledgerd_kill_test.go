@@ -27,12 +27,9 @@ func TestLedgerdKill(t *testing.T) {
 
 	rec := newRecorder(effIrreversible, maxAttempts)
 	dest := newDestination(true, 2)
-	var clients []*client.Client
-	for range 3 {
-		// Few ledger retries: a report made while ledgerd is down is given
-		// up, and the claim is left for the lease and the sweeper.
-		clients = append(clients, newClient(t, d.Addr, rec, dest, client.WithLedgerRetries(1), client.WithCallTimeout(time.Second)))
-	}
+	// Few ledger retries: a report made while ledgerd is down is given
+	// up, and the claim is left for the lease and the sweeper.
+	clients := newClients(t, 3, d.Addr, rec, dest, client.WithLedgerRetries(1), client.WithCallTimeout(time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 

@@ -176,6 +176,16 @@ type load struct {
 	done    atomic.Int64
 }
 
+// newClients returns n clients of the ledger at addr, as newClient makes
+// them.
+func newClients(t testing.TB, n int, addr string, rec *recorder, d *destination, opts ...client.Option) []*client.Client {
+	clients := make([]*client.Client, n)
+	for i := range clients {
+		clients[i] = newClient(t, addr, rec, d, opts...)
+	}
+	return clients
+}
+
 func newLoad(d *destination, clients []*client.Client, workers int) *load {
 	return &load{dest: d, clients: clients, workers: workers, think: 10 * time.Millisecond, outcome: map[string]string{}, errs: map[string]int{}}
 }

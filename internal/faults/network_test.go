@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
-	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 )
@@ -89,10 +88,7 @@ func TestNetworkFaults(t *testing.T) {
 
 	rec := newRecorder(effIrreversible, maxAttempts)
 	dest := newDestination(true, 3)
-	var clients []*client.Client
-	for range 3 {
-		clients = append(clients, newClient(t, st.Addr, rec, dest))
-	}
+	clients := newClients(t, 3, st.Addr, rec, dest)
 	ran := func() int64 { return scriptRuns(t, direct) }
 	l := newLoad(dest, clients, 6)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -104,10 +104,7 @@ func redisKill(t *testing.T, kills int, args []string, measure bool) {
 
 	rec := newRecorder(effIrreversible, maxAttempts)
 	dest := newDestination(true, 1)
-	var clients []*client.Client
-	for range 3 {
-		clients = append(clients, newClient(t, st.Addr, rec, dest))
-	}
+	clients := newClients(t, 3, st.Addr, rec, dest)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	// S7: operations left RUNNING or UNKNOWN by crashed agents must survive

@@ -9,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 )
@@ -43,10 +42,7 @@ func scriptFlush(t *testing.T, srv *redistest.Server, opts ledger.Options) {
 
 	rec := newRecorder(effIrreversible, maxAttempts)
 	dest := newDestination(true, 4)
-	var clients []*client.Client
-	for range 2 {
-		clients = append(clients, newClient(t, st.Addr, rec, dest))
-	}
+	clients := newClients(t, 2, st.Addr, rec, dest)
 	l := newLoad(dest, clients, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
