@@ -1,13 +1,11 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
@@ -50,27 +49,9 @@ type env struct {
 	conn   *grpc.ClientConn
 	rdb    redis.UniversalClient
 	ledger *ledger.Ledger
-	logs   *syncBuffer
+	logs   *ledgertest.Buffer
 	ctx    context.Context
 	prefix string // unique operation id prefix of the test
-}
-
-// syncBuffer collects the service's log lines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // eachBackend runs f against a real redis-server and the embedded engine.
@@ -93,7 +74,7 @@ func startEnvLogging(t *testing.T, rdb redis.UniversalClient, level slog.Level, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &ledgertest.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log})
 	if err != nil {

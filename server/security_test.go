@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
@@ -72,13 +73,13 @@ type secureEnv struct {
 	conn *grpc.ClientConn
 	c    ledgerv1.LedgerServiceClient
 	auth *server.Authenticator
-	logs *syncBuffer
+	logs *ledgertest.Buffer
 	rdb  redis.UniversalClient
 }
 
 func startSecure(t *testing.T, rdb redis.UniversalClient, creds *server.Credentials, cfg server.Config, lopts ledger.Options, serverOpts []grpc.ServerOption, dialOpts ...grpc.DialOption) *secureEnv {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &ledgertest.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	lopts.Logger = log
 	l, err := ledger.New(rdb, lopts)

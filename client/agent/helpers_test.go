@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -152,24 +151,6 @@ func callOnceThenAnswer(c agent.ToolCall) agent.ModelFunc {
 		}
 		return agent.Turn{Calls: []agent.ToolCall{c}}, nil
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // mustNew builds a runner or fails the test.

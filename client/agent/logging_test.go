@@ -17,6 +17,7 @@ import (
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 )
 
@@ -42,7 +43,7 @@ var secrets = []string{
 func TestLoggingContract(t *testing.T) {
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		env := startLedger(t, rdb)
-		var logs lockedBuffer
+		var logs ledgertest.Buffer
 		logger := slog.New(slog.NewJSONHandler(&logs, nil))
 
 		readArgs := map[string]any{"api_key": secrets[1], "email": secrets[2]}

@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -41,28 +40,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // serve runs ledgerd with args until the test ends, and returns a client.
-func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *lockedBuffer) {
+func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *ledgertest.Buffer) {
 	t.Helper()
 	addr := ledgertest.FreeAddr(t)
-	out := &lockedBuffer{}
+	out := &ledgertest.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, append([]string{"--listen", addr}, args...), out) }()
@@ -289,7 +271,7 @@ func TestTLSFromFiles(t *testing.T) {
 	addr := ledgertest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	out := &lockedBuffer{}
+	out := &ledgertest.Buffer{}
 	go func() {
 		done <- run(ctx, []string{"--listen", addr, "--tls-cert", certFile, "--tls-key", keyFile}, out)
 	}()

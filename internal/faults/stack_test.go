@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -117,25 +115,8 @@ type ledgerd struct {
 
 	cmd    *exec.Cmd
 	exited chan error
-	log    *lockedBuffer
+	log    *ledgertest.Buffer
 	starts int
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startLedgerd runs ledgerd on Redis at redisURL with the policy, on a free
@@ -147,7 +128,7 @@ func startLedgerd(t testing.TB, redisURL, policy string, extra ...string) *ledge
 	if err := os.WriteFile(pfile, []byte(policy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := &ledgerd{log: &lockedBuffer{}}
+	d := &ledgerd{log: &ledgertest.Buffer{}}
 	var err error
 	for range 3 { // the free port may be taken before ledgerd binds it
 		d.Addr = ledgertest.FreeAddr(t)

@@ -1,14 +1,12 @@
 package polyglot
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,23 +72,6 @@ func cleanEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startLedgerd runs a fresh ledgerd (embedded engine) on a free loopback
 // port until the test ends, waits until it reports SERVING, and returns its
 // address.
@@ -100,7 +81,7 @@ func startLedgerd(t *testing.T) string {
 	var lastErr error
 	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
 		addr := ledgertest.FreeAddr(t)
-		log := &lockedBuffer{}
+		log := &ledgertest.Buffer{}
 		cmd := exec.Command(bin, "--listen", addr)
 		cmd.Env = cleanEnv()
 		cmd.Stdout, cmd.Stderr = log, log
