@@ -52,63 +52,96 @@ func structData(field string, s *structpb.Struct, errs *requestErrors) []byte {
 // "NaN" and "Infinity" (so they would fingerprint like those strings), it
 // refuses them, and values without a kind, naming the path, never the value.
 func structMap(field string, s *structpb.Struct, errs *requestErrors) (map[string]any, bool) {
-	var bad string // the first problem found
-	// deep reports (and records) a container nested past the limit; the
-	// outermost object is level 1, as in fingerprint.Canonical.
-	deep := func(level int, path string) bool {
-		if level > fingerprint.MaxDepth && bad == "" {
-			bad = "nested deeper than " + strconv.Itoa(fingerprint.MaxDepth) + " levels at " + strconv.Quote(path)
-		}
-		return bad != ""
-	}
-	var walk func(v *structpb.Value, path string, level int) any
-	walkStruct := func(s *structpb.Struct, path string, level int) map[string]any {
-		m := make(map[string]any, len(s.GetFields()))
-		for k, v := range s.GetFields() {
-			m[k] = walk(v, path+"/"+escapePointer(k), level+1)
-		}
-		return m
-	}
-	walk = func(v *structpb.Value, path string, level int) any {
-		if bad != "" {
-			return nil
-		}
-		switch k := v.GetKind().(type) {
-		case *structpb.Value_NullValue:
-			return nil
-		case *structpb.Value_NumberValue:
-			if math.IsNaN(k.NumberValue) || math.IsInf(k.NumberValue, 0) {
-				bad = "number is NaN or infinite at " + strconv.Quote(path)
+	var w structWalker
+	m := w.object(s, 1)
+	if w.bad != "" {
+		var path strings.Builder
+		for i := len(w.path) - 1; i >= 0; i-- {
+			path.WriteByte('/')
+			if t := w.path[i]; t.index < 0 {
+				path.WriteString(escapePointer(t.name))
+			} else {
+				path.WriteString(strconv.Itoa(t.index))
 			}
-			return k.NumberValue
-		case *structpb.Value_StringValue:
-			return k.StringValue
-		case *structpb.Value_BoolValue:
-			return k.BoolValue
-		case *structpb.Value_StructValue:
-			if deep(level, path) {
-				return nil
-			}
-			return walkStruct(k.StructValue, path, level)
-		case *structpb.Value_ListValue:
-			if deep(level, path) {
-				return nil
-			}
-			l := make([]any, len(k.ListValue.GetValues()))
-			for i, e := range k.ListValue.GetValues() {
-				l[i] = walk(e, path+"/"+strconv.Itoa(i), level+1)
-			}
-			return l
 		}
-		bad = "value without a kind at " + strconv.Quote(path)
-		return nil
-	}
-	m := walkStruct(s, "", 1)
-	if bad != "" {
-		errs.add(field, bad)
+		errs.add(field, w.bad+" at "+strconv.Quote(path.String()))
 		return nil, false
 	}
 	return m, true
+}
+
+// structWalker converts a Struct's values. After a refusal, each level on
+// the way back up adds its member name or index to path, so that the
+// refusal can name its place without every value paying for a path.
+type structWalker struct {
+	bad  string      // the first problem found, without its place
+	path []pathToken // its place, innermost first
+}
+
+// pathToken is a member name (index -1) or an index.
+type pathToken struct {
+	name  string
+	index int
+}
+
+// object converts a Struct at the given level (the outermost object is level
+// 1, as in fingerprint.Canonical).
+func (w *structWalker) object(s *structpb.Struct, level int) map[string]any {
+	m := make(map[string]any, len(s.GetFields()))
+	for k, v := range s.GetFields() {
+		m[k] = w.value(v, level+1)
+		if w.bad != "" {
+			w.path = append(w.path, pathToken{name: k, index: -1})
+			return nil
+		}
+	}
+	return m
+}
+
+func (w *structWalker) value(v *structpb.Value, level int) any {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_NullValue:
+		return nil
+	case *structpb.Value_NumberValue:
+		if math.IsNaN(k.NumberValue) || math.IsInf(k.NumberValue, 0) {
+			w.bad = "number is NaN or infinite"
+			return nil
+		}
+		return k.NumberValue
+	case *structpb.Value_StringValue:
+		return k.StringValue
+	case *structpb.Value_BoolValue:
+		return k.BoolValue
+	case *structpb.Value_StructValue:
+		if w.deep(level) {
+			return nil
+		}
+		return w.object(k.StructValue, level)
+	case *structpb.Value_ListValue:
+		if w.deep(level) {
+			return nil
+		}
+		l := make([]any, len(k.ListValue.GetValues()))
+		for i, e := range k.ListValue.GetValues() {
+			l[i] = w.value(e, level+1)
+			if w.bad != "" {
+				w.path = append(w.path, pathToken{index: i})
+				return nil
+			}
+		}
+		return l
+	}
+	w.bad = "value without a kind"
+	return nil
+}
+
+// deep reports (and records) a container nested past the limit.
+func (w *structWalker) deep(level int) bool {
+	if level > fingerprint.MaxDepth {
+		w.bad = "nested deeper than " + strconv.Itoa(fingerprint.MaxDepth) + " levels"
+		return true
+	}
+	return false
 }
 
 // escapePointer escapes a member name as a JSON pointer token (RFC 6901).
