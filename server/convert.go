@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -201,9 +200,8 @@ func toProto(o *ledger.Operation) *ledgerv1.Operation {
 	if o.Result != nil {
 		p.Result = &ledgerv1.Result{ResourceId: o.Result.ResourceID}
 		if len(o.Result.Data) > 0 {
-			data := &structpb.Struct{}
 			// The ledger stored canonical JSON it produced from a Struct.
-			if err := protojson.Unmarshal(o.Result.Data, data); err == nil {
+			if data, err := resultStruct(o.Result.Data); err == nil {
 				p.Result.Data = data
 			}
 		}
