@@ -1,5 +1,6 @@
 // Package metrics exposes the operation ledger's Prometheus metrics: the RPC
-// metrics of go-grpc-middleware's Prometheus provider, and the ledger's own,
+// metrics of go-grpc-middleware's Prometheus provider (recorded by this
+// package, under the same names), and the ledger's own,
 // fed by ledger.Event values (Observe) and by the live counts the
 // transition scripts keep in the store (read on every scrape, cached
 // briefly).
@@ -16,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -42,7 +42,7 @@ type Options struct {
 // Metrics holds the registry and every metric.
 type Metrics struct {
 	reg     *prometheus.Registry
-	grpc    *grpcprom.ServerMetrics
+	rpc     *rpcMetrics
 	tenants bool
 
 	toolsMu sync.Mutex
@@ -102,8 +102,8 @@ func New(o Options) *Metrics {
 		Help: "1 when the store's setting protects acknowledged records (appendonly, appendfsync, maxmemory_policy), 0 when not, read at start-up."}, []string{"check"})
 	m.reg.MustRegister(m.durability)
 	m.storeScrapes = counter("store_scrape_errors_total", "Failed reads of the store's live counts for the unresolved gauges.", "what")
-	m.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	m.reg.MustRegister(m.grpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.rpc = newRPCMetrics()
+	m.reg.MustRegister(m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -118,14 +118,14 @@ func (m *Metrics) Handler() http.Handler {
 // ServerOptions are the gRPC server options that record the RPC metrics.
 func (m *Metrics) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(m.grpc.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(m.grpc.StreamServerInterceptor()),
+		grpc.ChainUnaryInterceptor(m.rpc.unary),
+		grpc.ChainStreamInterceptor(m.rpc.stream),
 	}
 }
 
 // InitializeRPC zero-initializes the RPC metrics of every registered
 // method, so dashboards see them before the first call.
-func (m *Metrics) InitializeRPC(s *grpc.Server) { m.grpc.InitializeMetrics(s) }
+func (m *Metrics) InitializeRPC(s *grpc.Server) { m.rpc.initialize(s) }
 
 // SetDurability records the result of a durability check.
 func (m *Metrics) SetDurability(check string, ok bool) {
