@@ -102,21 +102,31 @@ func (p *jsonParser) object(depth int) (*structpb.Struct, error) {
 			return nil, err
 		}
 		s.Fields[k] = v
-		p.space()
-		if p.i >= len(p.b) {
-			return nil, errJSON
-		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-			p.space()
-		case '}':
-			p.i++
+		if done, err := p.after('}'); err != nil {
+			return nil, err
+		} else if done {
 			return s, nil
-		default:
-			return nil, errJSON
 		}
 	}
+}
+
+// after reads what follows a member or an element: a comma (more to come)
+// or the container's closing byte (done).
+func (p *jsonParser) after(closing byte) (done bool, err error) {
+	p.space()
+	if p.i >= len(p.b) {
+		return false, errJSON
+	}
+	switch p.b[p.i] {
+	case ',':
+		p.i++
+		p.space()
+		return false, nil
+	case closing:
+		p.i++
+		return true, nil
+	}
+	return false, errJSON
 }
 
 // value parses the value at p.i, inside a container at depth.
@@ -177,19 +187,10 @@ func (p *jsonParser) array(depth int) (*structpb.Value, error) {
 			return nil, err
 		}
 		l.Values = append(l.Values, v)
-		p.space()
-		if p.i >= len(p.b) {
-			return nil, errJSON
-		}
-		switch p.b[p.i] {
-		case ',':
-			p.i++
-			p.space()
-		case ']':
-			p.i++
+		if done, err := p.after(']'); err != nil {
+			return nil, err
+		} else if done {
 			return structpb.NewListValue(l), nil
-		default:
-			return nil, errJSON
 		}
 	}
 }
