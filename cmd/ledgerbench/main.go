@@ -85,7 +85,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, cycle, replay, lookup, latency, bare, bare-ledger (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; and its ledger variant (one ledger.Reserve per call)")
@@ -113,10 +113,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger":
+		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger":
 			c.Only = append(c.Only, s)
 		default:
-			return fmt.Errorf("--only %q: want reserve, cycle, replay, lookup, latency, bare or bare-ledger", s)
+			return fmt.Errorf("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare or bare-ledger", s)
 		}
 	}
 	c.NoThroughput = *noThroughput

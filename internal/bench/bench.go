@@ -318,6 +318,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 	phases := []phase{
 		{"health", window("health Check", c.Concurrency, c.Duration, 1), func(string) Call { return t.Health() }, 0},
 		{"reserve", window("Reserve (new key)", c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }, 0},
+		{"reserve-sha", window(reserveSHAName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "f" + r) }, 0},
 		{"cycle", window("Reserve+Complete cycle", c.Concurrency, c.Duration, 2), func(r string) Call { return t.Cycle(run + "c" + r) }, 0},
 		{"replay", window("Reserve (replay)", c.Concurrency, c.Duration, 1), func(string) Call { return t.Replay(run+"p", c.Preload) }, 0},
 		{"lookup", window("Lookup", c.Concurrency, c.Duration, 1), func(string) Call { return t.Lookup(run+"p", c.Preload) }, 0},
@@ -325,6 +326,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 	latency := []phase{
 		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }, 0},
 		{"reserve", window("Reserve (new key)", 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
+		{"reserve-sha", window(reserveSHAName, 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "g" + r) }, 0},
 	}
 	for i, v := range bareVariants {
 		if bare[i] == nil { // not selected
@@ -358,7 +360,11 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		if !c.selected("latency") {
 			continue
 		}
-		for i, p := range latency {
+		i = 0
+		for _, p := range latency {
+			if p.key == "reserve-sha" && !c.selected(p.key) {
+				continue
+			}
 			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
 			if err != nil {
 				return err
@@ -367,12 +373,18 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 				lat = append(lat, nil)
 			}
 			lat[i] = append(lat[i], res)
+			i++
 		}
 	}
 	rep.Throughput = summarize(tp)
 	rep.Latency = summarize(lat)
 	return nil
 }
+
+// reserveSHAName is the scenario of a client that sends the parameters'
+// fingerprint (params_sha256) instead of the parameters. It also runs at
+// concurrency 1 when latency runs, unless --only leaves it out.
+const reserveSHAName = "Reserve (new key, params_sha256)"
 
 func (c *Config) selected(key string) bool {
 	return key == "health" || len(c.Only) == 0 || slices.Contains(c.Only, key)

@@ -28,7 +28,7 @@ func TestBenchmarkSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.Throughput) != 5 || len(rep.Latency) != 2 {
+	if len(rep.Throughput) != 6 || len(rep.Latency) != 3 {
 		t.Fatalf("%d throughput and %d latency rows:\n%s", len(rep.Throughput), len(rep.Latency), out.String())
 	}
 	for _, s := range append(rep.Throughput, rep.Latency...) {
@@ -36,9 +36,47 @@ func TestBenchmarkSmoke(t *testing.T) {
 			t.Fatalf("%s: %d calls in %d rounds", s.Name, s.Calls, s.Rounds)
 		}
 	}
-	for _, want := range []string{"health Check", "Reserve (new key)", "Reserve+Complete cycle", "Reserve (replay)", "Lookup", "p50 ÷ health"} {
+	for _, want := range []string{"health Check", "Reserve (new key)", reserveSHAName, "Reserve+Complete cycle", "Reserve (replay)", "Lookup", "p50 ÷ health"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report without %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestOnlyChoosesScenarios: --only runs the scenarios it names and health
+// Check; the fingerprint scenario runs at concurrency 1 only when named.
+func TestOnlyChoosesScenarios(t *testing.T) {
+	srv := redistest.Start(t)
+	stack := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	for _, c := range []struct {
+		only           []string
+		throughput, c1 []string
+	}{
+		{[]string{"latency"}, []string{"health Check"}, []string{"health Check", "Reserve (new key)"}},
+		{[]string{"reserve-sha", "latency"}, []string{"health Check", reserveSHAName}, []string{"health Check", "Reserve (new key)", reserveSHAName}},
+		{[]string{"lookup"}, []string{"health Check", "Lookup"}, nil},
+	} {
+		var out, log bytes.Buffer
+		rep, err := Run(context.Background(), Config{
+			Addr: stack.Addr, RedisAddr: srv.Addr, Only: c.only,
+			Concurrency: 2, Warmup: 10 * time.Millisecond, Duration: 50 * time.Millisecond,
+			LatencyDuration: 50 * time.Millisecond, Rounds: 1, Preload: 10,
+			Out: &out, Log: &log,
+		})
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", c.only, err, log.String())
+		}
+		names := func(sums []*Summary) (n []string) {
+			for _, s := range sums {
+				n = append(n, s.Name)
+			}
+			return n
+		}
+		if got := names(rep.Throughput); fmt.Sprint(got) != fmt.Sprint(c.throughput) {
+			t.Errorf("--only %v: throughput %q, want %q", c.only, got, c.throughput)
+		}
+		if got := names(rep.Latency); fmt.Sprint(got) != fmt.Sprint(c.c1) {
+			t.Errorf("--only %v: concurrency 1 %q, want %q", c.only, got, c.c1)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
@@ -131,6 +132,26 @@ func (t *Target) reserve(ctx context.Context, id string, seq int64, want ledgerv
 func (t *Target) ReserveNew(prefix string) Call {
 	return func(ctx context.Context, seq int64) error {
 		_, err := t.reserve(ctx, OperationID(prefix, seq), seq, ledgerv1.Decision_DECISION_EXECUTE)
+		return err
+	}
+}
+
+// ReserveNewFingerprint is ReserveNew from a client that computes the
+// fingerprint of the parameters itself, on every call, and sends it as
+// params_sha256 instead of the parameters.
+func (t *Target) ReserveNewFingerprint(prefix string) Call {
+	return func(ctx context.Context, seq int64) error {
+		fp, err := fingerprint.Compute(refundParams, nil)
+		if err != nil {
+			return err
+		}
+		id := OperationID(prefix, seq)
+		req := t.reserveRequest(id, seq)
+		req.Params, req.ParamsSha256 = nil, fp[:]
+		res, err := t.ledger[t.pick()].Reserve(ctx, req)
+		if err == nil && res.GetDecision() != ledgerv1.Decision_DECISION_EXECUTE {
+			err = fmt.Errorf("Reserve(%s) = %v, want EXECUTE", id, res.GetDecision())
+		}
 		return err
 	}
 }
