@@ -337,43 +337,41 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		latency = append(latency, phase{v.key, window(v.name, 1, c.LatencyDuration, 1), func(string) Call { return health() }, pid})
 	}
 	var tp, lat [][]*Result // [phase][round]
+	// runPhases runs one round of the phases want takes, appending each
+	// result to its phase's row of out.
+	runPhases := func(phases []phase, r string, out *[][]*Result, want func(key string) bool) error {
+		i := 0
+		for _, p := range phases {
+			if !want(p.key) {
+				continue
+			}
+			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
+			if err != nil {
+				return err
+			}
+			if len(*out) == i {
+				*out = append(*out, nil)
+			}
+			(*out)[i] = append((*out)[i], res)
+			i++
+		}
+		return nil
+	}
+	// At concurrency 1: health Check and Reserve, and every other scenario
+	// selected that has a concurrency-1 run.
+	atC1 := func(key string) bool { return key == "reserve" || c.selected(key) }
 	for round := range c.Rounds {
 		if c.Rounds > 1 {
 			fmt.Fprintf(c.Log, " round %d of %d\n", round+1, c.Rounds)
 		}
 		r := strconv.Itoa(round)
-		i := 0
-		for _, p := range phases {
-			if !c.selected(p.key) {
-				continue
-			}
-			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
-			if err != nil {
+		if err := runPhases(phases, r, &tp, c.selected); err != nil {
+			return err
+		}
+		if c.selected("latency") {
+			if err := runPhases(latency, r, &lat, atC1); err != nil {
 				return err
 			}
-			if round == 0 {
-				tp = append(tp, nil)
-			}
-			tp[i] = append(tp[i], res)
-			i++
-		}
-		if !c.selected("latency") {
-			continue
-		}
-		i = 0
-		for _, p := range latency {
-			if p.key == "reserve-sha" && !c.selected(p.key) {
-				continue
-			}
-			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
-			if err != nil {
-				return err
-			}
-			if round == 0 {
-				lat = append(lat, nil)
-			}
-			lat[i] = append(lat[i], res)
-			i++
 		}
 	}
 	rep.Throughput = summarize(tp)
