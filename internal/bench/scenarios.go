@@ -121,9 +121,14 @@ func (t *Target) reserveRequest(id string, seq int64) *ledgerv1.ReserveRequest {
 }
 
 func (t *Target) reserve(ctx context.Context, id string, seq int64, want ledgerv1.Decision) (*ledgerv1.ReserveResponse, error) {
-	res, err := t.ledger[t.pick()].Reserve(ctx, t.reserveRequest(id, seq))
+	return t.send(ctx, t.reserveRequest(id, seq), want)
+}
+
+// send sends a Reserve and checks its decision.
+func (t *Target) send(ctx context.Context, req *ledgerv1.ReserveRequest, want ledgerv1.Decision) (*ledgerv1.ReserveResponse, error) {
+	res, err := t.ledger[t.pick()].Reserve(ctx, req)
 	if err == nil && res.GetDecision() != want {
-		err = fmt.Errorf("Reserve(%s) = %v, want %v", id, res.GetDecision(), want)
+		err = fmt.Errorf("Reserve(%s) = %v, want %v", req.GetOperationId(), res.GetDecision(), want)
 	}
 	return res, err
 }
@@ -145,13 +150,9 @@ func (t *Target) ReserveNewFingerprint(prefix string) Call {
 		if err != nil {
 			return err
 		}
-		id := OperationID(prefix, seq)
-		req := t.reserveRequest(id, seq)
+		req := t.reserveRequest(OperationID(prefix, seq), seq)
 		req.Params, req.ParamsSha256 = nil, fp[:]
-		res, err := t.ledger[t.pick()].Reserve(ctx, req)
-		if err == nil && res.GetDecision() != ledgerv1.Decision_DECISION_EXECUTE {
-			err = fmt.Errorf("Reserve(%s) = %v, want EXECUTE", id, res.GetDecision())
-		}
+		_, err = t.send(ctx, req, ledgerv1.Decision_DECISION_EXECUTE)
 		return err
 	}
 }
