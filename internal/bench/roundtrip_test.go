@@ -57,53 +57,60 @@ func (p *countingProxy) serve() {
 		go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
 		go func() {
 			defer s.Close()
-			r := bufio.NewReader(io.TeeReader(c, s))
+			r := bufio.NewReader(c)
 			for {
-				name, err := readCommand(r)
+				name, raw, err := readCommand(r)
 				if err != nil {
 					return
 				}
+				// Recorded before it is forwarded: once Redis has it, the
+				// reply may end the RPC, and the test then counts.
 				p.mu.Lock()
 				p.cmds = append(p.cmds, name)
 				p.mu.Unlock()
+				if _, err := s.Write(raw); err != nil {
+					return
+				}
 			}
 		}()
 	}
 }
 
 // readCommand reads one RESP command (an array of bulk strings) and returns
-// its name, lower-cased.
-func readCommand(r *bufio.Reader) (string, error) {
+// its name, lower-cased, and the command's bytes as read.
+func readCommand(r *bufio.Reader) (name string, raw []byte, err error) {
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if !strings.HasPrefix(line, "*") {
-		return "", fmt.Errorf("not a command: %q", line)
+		return "", nil, fmt.Errorf("not a command: %q", line)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	var name string
+	raw = append(raw, line...)
 	for i := range n {
 		line, err := r.ReadString('\n')
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		size, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "$")))
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
-		buf := make([]byte, size+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return "", err
+		raw = append(raw, line...)
+		start := len(raw)
+		raw = append(raw, make([]byte, size+2)...)
+		if _, err := io.ReadFull(r, raw[start:]); err != nil {
+			return "", nil, err
 		}
 		if i == 0 {
-			name = strings.ToLower(string(buf[:size]))
+			name = strings.ToLower(string(raw[start : start+size]))
 		}
 	}
-	return name, nil
+	return name, raw, nil
 }
 
 // since returns the commands sent after the first n.
