@@ -151,4 +151,28 @@ func wantKind(t *testing.T, err error, k Kind) *Error {
 // waitLeaseExpiry sleeps past a lease of the test policy's 150ms.
 func waitLeaseExpiry() { time.Sleep(300 * time.Millisecond) }
 
+// sweeps keeps one test's Sweep from moving another test's expired claim
+// while that test looks at it as expired but not yet swept: the "redis"
+// and "redis-acl" runs of a test share one redis-server and run in
+// parallel, and a Sweep reaches every tenant's claims. Such a look holds
+// the read lock (unswept); e.sweep holds the write lock.
+var sweeps sync.RWMutex
+
+// unswept runs f with no Sweep of any test running meanwhile.
+func unswept(f func()) {
+	sweeps.RLock()
+	defer sweeps.RUnlock()
+	f()
+}
+
+// sweep runs one Sweep pass of e's ledger.
+func (e *env) sweep(t *testing.T) {
+	t.Helper()
+	sweeps.Lock()
+	defer sweeps.Unlock()
+	if _, err := e.l.Sweep(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func nan() float64 { return math.NaN() }

@@ -148,19 +148,23 @@ func TestPreviousLayoutRecords(t *testing.T) {
 		}
 
 		// A claim past its lease is listed (read from its hash).
-		e.layout0Reserve(t, "stuck", 100)
-		waitLeaseExpiry()
-		page, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(page.Operations) != 1 || page.Operations[0].ID != "stuck" || page.Operations[0].State != StateRunning {
-			t.Fatalf("listed %+v", page.Operations)
-		}
+		unswept(func() {
+			e.layout0Reserve(t, "stuck", 100)
+			waitLeaseExpiry()
+			page, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Operations) != 1 || page.Operations[0].ID != "stuck" || page.Operations[0].State != StateRunning {
+				var got []string
+				for _, o := range page.Operations {
+					got = append(got, o.ID+" "+o.State.String())
+				}
+				t.Fatalf("listed %v, want [stuck RUNNING]", got)
+			}
+		})
 		// And the sweeper converts it on its way to UNKNOWN.
-		if _, err := e.l.Sweep(e.ctx); err != nil {
-			t.Fatal(err)
-		}
+		e.sweep(t)
 		if got := e.lookup(t, "stuck"); got.State != StateUnknown || !slices.Equal(reasons(got), []string{"RESERVED", "LEASE_EXPIRED"}) {
 			t.Fatalf("swept layout-0 record = %+v", got)
 		}

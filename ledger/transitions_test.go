@@ -456,9 +456,7 @@ func TestCompleteAfterNotAppliedFinding(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		o := e.execute(t, "op", "expiring.refund")
 		waitLeaseExpiry()
-		if _, err := e.l.Sweep(e.ctx); err != nil {
-			t.Fatal(err)
-		}
+		e.sweep(t)
 		if _, err := e.reconcile(t, "op", FindingNotApplied, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -480,9 +478,7 @@ func TestSweeper(t *testing.T) {
 		waitLeaseExpiry()
 		// Other tests share the store: count only this tenant's operations.
 		for range 2 {
-			if _, err := e.l.Sweep(e.ctx); err != nil {
-				t.Fatal(err)
-			}
+			e.sweep(t)
 		}
 		irrev := e.lookup(t, "irrev")
 		if irrev.State != StateUnknown || irrev.Reason != "LEASE_EXPIRED" || irrev.History[1].Principal != SweeperPrincipal {
