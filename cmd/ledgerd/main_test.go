@@ -370,8 +370,10 @@ func TestRedisModes(t *testing.T) {
 		addrs := cl.Addrs()
 		url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
 		c, out := serve(t, "--redis-mode", "cluster", "--redis-url", url, "--wait-replicas", "1", "--wait-timeout", "2s")
+		// The cluster outlives the test (-count=N reruns it): ids of this run.
+		run := fmt.Sprintf("modes%x-", time.Now().UnixNano())
 		for i := range 20 {
-			r, err := c.Reserve(context.Background(), &ledgerv1.ReserveRequest{OperationId: fmt.Sprintf("modes-%d", i), Tool: "t.x", Holder: "h"})
+			r, err := c.Reserve(context.Background(), &ledgerv1.ReserveRequest{OperationId: fmt.Sprintf("%s%d", run, i), Tool: "t.x", Holder: "h"})
 			if err != nil || r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 				t.Fatalf("Reserve on the cluster = %v, %v\n%s", r, err, out.String())
 			}
@@ -379,7 +381,7 @@ func TestRedisModes(t *testing.T) {
 		// The operations are spread over the masters.
 		var masters atomic.Int32
 		err := cl.Client(t).ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error {
-			keys, err := n.Keys(ctx, "ledger:*:op:*modes-*").Result()
+			keys, err := n.Keys(ctx, "ledger:*:op:*"+run+"*").Result()
 			if len(keys) > 0 {
 				masters.Add(1)
 			}
