@@ -43,20 +43,28 @@ import (
 // serve runs ledgerd with args until the test ends, and returns a client.
 func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *ledgertest.Buffer) {
 	t.Helper()
-	addr := ledgertest.FreeAddr(t)
 	out := &ledgertest.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, append([]string{"--listen", addr}, args...), out) }()
+	var runErr error
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		runErr = run(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), out)
+	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("ledgerd: %v", err)
+		<-exited
+		if runErr != nil {
+			t.Errorf("ledgerd: %v", runErr)
 		}
 		if !strings.Contains(out.String(), `"msg":"stopped"`) {
 			t.Errorf("no clean stop in the log:\n%s", out.String())
 		}
 	})
+	addr, err := ledgertest.ListenAddr(out.String, "ledgerd serving", exited, 10*time.Second)
+	if err != nil {
+		t.Fatalf("ledgerd: %v\n%s", err, out.String())
+	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -268,19 +276,25 @@ func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *
 
 func TestTLSFromFiles(t *testing.T) {
 	certFile, keyFile, pool := writeSelfSigned(t, t.TempDir())
-	addr := ledgertest.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	var runErr error
+	exited := make(chan struct{})
 	out := &ledgertest.Buffer{}
 	go func() {
-		done <- run(ctx, []string{"--listen", addr, "--tls-cert", certFile, "--tls-key", keyFile}, out)
+		defer close(exited)
+		runErr = run(ctx, []string{"--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile}, out)
 	}()
 	defer func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
+		<-exited
+		if runErr != nil {
+			t.Error(runErr)
 		}
 	}()
+	addr, err := ledgertest.ListenAddr(out.String, "ledgerd serving", exited, 10*time.Second)
+	if err != nil {
+		t.Fatalf("ledgerd: %v\n%s", err, out.String())
+	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
 	if err != nil {
 		t.Fatal(err)
@@ -335,8 +349,11 @@ func TestRequireDurable(t *testing.T) {
 	}
 
 	safe := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
-	metricsAddr := ledgertest.FreeAddr(t)
-	c, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--require-durable", "--metrics-listen", metricsAddr)
+	c, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--require-durable", "--metrics-listen", "127.0.0.1:0")
+	metricsAddr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
 	reserveOnce(t, c, "tickets.create")
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {

@@ -1,0 +1,37 @@
+package ledgertest
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ListenAddr waits until log holds a JSON line whose "msg" is msg (ledgerd
+// writes "ledgerd serving" and "metrics serving") and returns its "listen"
+// field: the address a listener given port 0 bound. Tests start ledgerd on
+// 127.0.0.1:0 and read the address back, so no other process can take the
+// port between choosing it and binding it. It gives up when exited is
+// closed (nil: never) or after timeout.
+func ListenAddr(log func() string, msg string, exited <-chan struct{}, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, line := range strings.Split(log(), "\n") {
+			if !strings.HasPrefix(line, "{") {
+				continue
+			}
+			var l struct{ Msg, Listen string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.Listen != "" {
+				return l.Listen, nil
+			}
+		}
+		select {
+		case <-exited:
+			return "", fmt.Errorf("exited before logging %q", msg)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no %q line within %s", msg, timeout)
+		}
+	}
+}
