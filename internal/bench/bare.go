@@ -74,6 +74,9 @@ type BareOptions struct {
 	// Ledger makes each Check a ledger.Reserve of a new operation (keys
 	// under BarePrefix, the benchmark's policy) instead of a trivial script.
 	Ledger bool
+	// Listener, when set, is served instead of a listener on Listen (a
+	// test's, bound to port 0).
+	Listener net.Listener
 }
 
 // BarePrefix is the key prefix of the ledger variant's records, apart from
@@ -107,9 +110,12 @@ func ServeBare(ctx context.Context, o BareOptions) error {
 			return err
 		}
 	}
-	ln, err := net.Listen("tcp", o.Listen)
-	if err != nil {
-		return err
+	ln := o.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", o.Listen); err != nil {
+			return err
+		}
 	}
 	s := grpc.NewServer()
 	healthpb.RegisterHealthServer(s, h)
@@ -125,15 +131,13 @@ func ServeBare(ctx context.Context, o BareOptions) error {
 // command), so that it costs what a separate service costs, on the
 // throughput stack's Redis.
 func (c *Config) startBare(redisAddr string, withLedger bool) (*Process, error) {
-	addr, err := FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	args, log := []string{BareCommand, "--listen", addr, "--redis-addr", redisAddr}, "bare.log"
-	if withLedger {
-		args, log = append(args, "--ledger"), "bare-ledger.log"
-	}
-	return startServing(c.BareServer, args, addr, filepath.Join(c.Dir, log), "the bare server")
+	return onFreePort(func(addr string) (*Process, error) {
+		args, log := []string{BareCommand, "--listen", addr, "--redis-addr", redisAddr}, "bare.log"
+		if withLedger {
+			args, log = append(args, "--ledger"), "bare-ledger.log"
+		}
+		return startServing(c.BareServer, args, addr, filepath.Join(c.Dir, log), "the bare server")
+	})
 }
 
 // BareCommand is the benchmark binary's command that runs the bare server:

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,12 @@ import (
 func TestBareServer(t *testing.T) {
 	for _, o := range []BareOptions{{}, {Plain: true}, {Ledger: true}} {
 		srv := redistest.Start(t)
-		o.Listen, o.RedisAddr = ledgertest.FreeAddr(t), srv.Addr
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		o.Listener, o.Listen, o.RedisAddr = ln, ln.Addr().String(), srv.Addr
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- ServeBare(ctx, o) }()

@@ -3,7 +3,10 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -129,5 +132,47 @@ func TestDurableRedis(t *testing.T) {
 		if durable && got["appendfsync"] != "always" {
 			t.Errorf("durable: appendfsync %q, want always", got["appendfsync"])
 		}
+	}
+}
+
+// TestOnFreePort: a redis-server that finds its port taken, by a silent
+// listener or by another redis-server, is started again on another port;
+// any other failure is not retried.
+func TestOnFreePort(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	other := redistest.Start(t)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal(redistest.MissingMessage)
+	}
+	for _, taken := range []string{silent.Addr().String(), other.Addr} {
+		var tried []string
+		r, err := onFreePort(func(addr string) (*Process, error) {
+			tried = append(tried, addr)
+			if len(tried) == 1 {
+				addr = taken
+			}
+			return startRedis(bin, addr, t.TempDir(), nil)
+		})
+		if err != nil || len(tried) != 2 {
+			t.Fatalf("onFreePort after %s was taken: %v, %d tries", taken, err, len(tried))
+		}
+		if pid, err := redisPID(r.Addr); err != nil || pid != r.cmd.Process.Pid {
+			t.Fatalf("the Redis at %s is pid %d (%v), not the one started (%d)", r.Addr, pid, err, r.cmd.Process.Pid)
+		}
+		r.Stop()
+	}
+
+	var tried []string
+	_, err = onFreePort(func(addr string) (*Process, error) {
+		tried = append(tried, addr)
+		return nil, errors.New("redis-server exited: unknown option")
+	})
+	if err == nil || len(tried) != 1 {
+		t.Fatalf("onFreePort after another failure: %v, %d tries", err, len(tried))
 	}
 }

@@ -81,6 +81,22 @@ func FreeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
+// onFreePort calls start with a free loopback address, and again with
+// another (three tries in all) when the server could not bind it: another
+// process may take the port between FreeAddr's look and the server's bind.
+func onFreePort(start func(addr string) (*Process, error)) (*Process, error) {
+	for try := 1; ; try++ {
+		addr, err := FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		p, err := start(addr)
+		if err == nil || try == 3 || !strings.Contains(strings.ToLower(err.Error()), "address already in use") {
+			return p, err
+		}
+	}
+}
+
 // StartRedis starts a fresh redis-server on a free loopback port with its
 // working directory in dir, no persistence, and the default memory settings
 // (the record encoding is measured against Redis's defaults).
@@ -92,10 +108,10 @@ func StartRedis(path, dir string, args ...string) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (%v): install it (apt-get install redis-server) or pass its path", err)
 	}
-	addr, err := FreeAddr()
-	if err != nil {
-		return nil, err
-	}
+	return onFreePort(func(addr string) (*Process, error) { return startRedis(bin, addr, dir, args) })
+}
+
+func startRedis(bin, addr, dir string, args []string) (*Process, error) {
 	_, port, _ := net.SplitHostPort(addr)
 	p := &Process{Addr: addr}
 	argv := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", dir, "--save", "", "--appendonly", "no",
@@ -108,29 +124,49 @@ func StartRedis(path, dir string, args ...string) (*Process, error) {
 		if p.exited() {
 			return nil, fmt.Errorf("redis-server exited: %s", strings.TrimSpace(p.out.String()))
 		}
-		if r, err := DialRedis(addr); err == nil {
-			_, err = r.Do("PING")
-			r.Close()
-			if err == nil {
-				return p, nil
+		if pid, err := redisPID(addr); err == nil {
+			if pid != p.cmd.Process.Pid {
+				// Another server had the port: ours could not bind it.
+				p.Stop()
+				return nil, fmt.Errorf("redis-server: %s: address already in use (by pid %d)", addr, pid)
 			}
+			return p, nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	p.Stop()
-	return nil, errors.New("redis-server did not answer PING within 10s")
+	return nil, errors.New("redis-server did not answer within 10s")
+}
+
+// redisPID asks the Redis at addr for its process id, within a second.
+func redisPID(addr string) (int, error) {
+	r, err := DialRedis(addr)
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	r.timeout = time.Second
+	v, err := r.Do("INFO", "server")
+	if err != nil {
+		return 0, err
+	}
+	info, _ := v.(string)
+	for _, line := range strings.Split(info, "\n") {
+		if pid, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(pid)
+		}
+	}
+	return 0, errors.New("INFO server without process_id")
 }
 
 // StartLedgerd starts the ledgerd binary on a free loopback port against the
 // Redis at redisAddr, with extra flags, and waits until its health check
 // answers SERVING. Its log goes to logFile.
 func StartLedgerd(bin, redisAddr, logFile string, flags ...string) (*Process, error) {
-	addr, err := FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	args := append([]string{"--listen", addr, "--redis-url", "redis://" + redisAddr + "/0"}, flags...)
-	return startServing(bin, args, addr, logFile, "ledgerd")
+	return onFreePort(func(addr string) (*Process, error) {
+		args := append([]string{"--listen", addr, "--redis-url", "redis://" + redisAddr + "/0"}, flags...)
+		return startServing(bin, args, addr, logFile, "ledgerd")
+	})
 }
 
 // startServing starts a gRPC server process that listens on addr and waits
@@ -182,8 +218,9 @@ func lastLines(file string, n int) string {
 // store (INFO, CONFIG, DBSIZE): it keeps the measuring side independent of
 // the client library under test.
 type Redis struct {
-	c net.Conn
-	r *bufio.Reader
+	c       net.Conn
+	r       *bufio.Reader
+	timeout time.Duration // of each command; 30s when 0
 }
 
 // DialRedis connects to addr.
@@ -206,7 +243,11 @@ func (r *Redis) Do(args ...string) (any, error) {
 	for _, a := range args {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
-	_ = r.c.SetDeadline(time.Now().Add(30 * time.Second))
+	timeout := r.timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	_ = r.c.SetDeadline(time.Now().Add(timeout))
 	if _, err := r.c.Write(b.Bytes()); err != nil {
 		return nil, err
 	}
