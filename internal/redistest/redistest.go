@@ -123,15 +123,31 @@ func (s *Server) launch(path string) error {
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
+		info, err := c.Info(ctx, "server").Result()
 		cancel()
 		if err == nil {
+			// Another server may hold the port (another test binary's): then
+			// this one could not bind it, and the caller tries another.
+			if pid := infoField(info, "process_id"); pid != strconv.Itoa(s.cmd.Process.Pid) {
+				s.Stop()
+				return fmt.Errorf("%s: address already in use by redis-server pid %s", s.Addr, pid)
+			}
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.Stop()
 	return errors.New("redis-server did not answer PING within 10s")
+}
+
+// infoField returns the value of name in an INFO reply.
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // Running reports whether the server process is alive.
