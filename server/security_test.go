@@ -112,13 +112,16 @@ func as(key string) context.Context {
 
 func TestS8TenantsAndCredentials(t *testing.T) {
 	kr := newKeyring(t)
-	acme := kr.add(t, "acme-agent", "acme", "agent", false)
-	acmeRec := kr.add(t, "acme-reconciler", "acme", "reconciler", false)
-	acmeView := kr.add(t, "acme-viewer", "acme", "viewer", false)
-	globex := kr.add(t, "globex-agent", "globex", "agent", false)
-	globexRec := kr.add(t, "globex-reconciler", "globex", "reconciler", false)
-	revoked := kr.add(t, "acme-old", "acme", "agent", true)
-	second := kr.add(t, "acme-agent-2", "acme", "agent", false)
+	// Tenants of this run: the shared stores outlive it (-count=N), and a
+	// tenant's lists must hold only this run's operations.
+	acmeT, globexT := "acme-"+randomHex(4), "globex-"+randomHex(4)
+	acme := kr.add(t, "acme-agent", acmeT, "agent", false)
+	acmeRec := kr.add(t, "acme-reconciler", acmeT, "reconciler", false)
+	acmeView := kr.add(t, "acme-viewer", acmeT, "viewer", false)
+	globex := kr.add(t, "globex-agent", globexT, "agent", false)
+	globexRec := kr.add(t, "globex-reconciler", globexT, "reconciler", false)
+	revoked := kr.add(t, "acme-old", acmeT, "agent", true)
+	second := kr.add(t, "acme-agent-2", acmeT, "agent", false)
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		e := startSecure(t, rdb, kr.creds(t, ""), server.Config{}, ledger.Options{}, nil)
 		id := "S8-" + randomHex(4) + ":refund"
