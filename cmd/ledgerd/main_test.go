@@ -43,6 +43,15 @@ import (
 // serve runs ledgerd with args until the test ends, and returns a client.
 func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *ledgertest.Buffer) {
 	t.Helper()
+	conn, _, out := start(t, insecure.NewCredentials(), args...)
+	return ledgerv1.NewLedgerServiceClient(conn), out
+}
+
+// start runs ledgerd with args on 127.0.0.1:0 until the test ends, waits
+// until it reports SERVING to a client with creds, and returns that
+// client's connection, the address ledgerd bound and its log.
+func start(t *testing.T, creds credentials.TransportCredentials, args ...string) (*grpc.ClientConn, string, *ledgertest.Buffer) {
+	t.Helper()
 	out := &ledgertest.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	var runErr error
@@ -65,7 +74,7 @@ func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *ledgert
 	if err != nil {
 		t.Fatalf("ledgerd: %v\n%s", err, out.String())
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,14 +83,13 @@ func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *ledgert
 	for {
 		r, err := grpc_health_v1.NewHealthClient(conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{})
 		if err == nil && r.Status == grpc_health_v1.HealthCheckResponse_SERVING {
-			break
+			return conn, addr, out
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("ledgerd never served: %v\n%s", err, out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return ledgerv1.NewLedgerServiceClient(conn), out
 }
 
 func reserveOnce(t *testing.T, c ledgerv1.LedgerServiceClient, tool string) *ledgerv1.ReserveResponse {
@@ -276,41 +284,8 @@ func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *
 
 func TestTLSFromFiles(t *testing.T) {
 	certFile, keyFile, pool := writeSelfSigned(t, t.TempDir())
-	ctx, cancel := context.WithCancel(context.Background())
-	var runErr error
-	exited := make(chan struct{})
-	out := &ledgertest.Buffer{}
-	go func() {
-		defer close(exited)
-		runErr = run(ctx, []string{"--listen", "127.0.0.1:0", "--tls-cert", certFile, "--tls-key", keyFile}, out)
-	}()
-	defer func() {
-		cancel()
-		<-exited
-		if runErr != nil {
-			t.Error(runErr)
-		}
-	}()
-	addr, err := ledgertest.ListenAddr(out.String, "ledgerd serving", exited, 10*time.Second)
-	if err != nil {
-		t.Fatalf("ledgerd: %v\n%s", err, out.String())
-	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r, err := grpc_health_v1.NewHealthClient(conn).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{})
-		if err == nil && r.Status == grpc_health_v1.HealthCheckResponse_SERVING {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no TLS service: %v\n%s", err, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tlsCreds := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	_, addr, _ := start(t, tlsCreds, "--tls-cert", certFile, "--tls-key", keyFile)
 	plain, _ := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	defer plain.Close()
 	if _, err := grpc_health_v1.NewHealthClient(plain).Check(context.Background(), &grpc_health_v1.HealthCheckRequest{}); err == nil {
