@@ -137,7 +137,7 @@ func (s *Server) launch(path string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.Stop()
-	return errors.New("redis-server did not answer PING within 10s")
+	return errors.New("redis-server did not answer INFO within 10s")
 }
 
 // infoField returns the value of name in an INFO reply.
