@@ -88,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
+	fs.StringVar(&c.ServerCPUs, "server-cpus", "", "CPU list (taskset -c form, e.g. 1 or 2-3): run redis-server, ledgerd and the bare servers on these CPUs only and the load generator on the others, as when the agents run elsewhere (docs/benchmarks.md, section 5.2); empty: every process on every CPU")
 	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; and its ledger variant (one ledger.Reserve per call)")
 	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
 	verbose := fs.Bool("v", true, "progress on stderr")

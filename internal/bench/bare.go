@@ -136,7 +136,7 @@ func (c *Config) startBare(redisAddr string, withLedger bool) (*Process, error) 
 		if withLedger {
 			args, log = append(args, "--ledger"), "bare-ledger.log"
 		}
-		return startServing(c.BareServer, args, addr, filepath.Join(c.Dir, log), "the bare server")
+		return startServing(c.placement, c.BareServer, args, addr, filepath.Join(c.Dir, log), "the bare server")
 	})
 }
 

@@ -41,6 +41,11 @@ type Config struct {
 	// trip per call on this machine; and its ledger variant's, with one
 	// ledger.Reserve per call.
 	BareServer string
+	// ServerCPUs, when set, is a CPU list in taskset's form ("1", "2-3"):
+	// the servers the benchmark starts (redis-server, ledgerd, the bare
+	// servers) run on those CPUs only, under taskset, and the load
+	// generator on the CPUs left. Empty: every process may use every CPU.
+	ServerCPUs string
 
 	Concurrency int           // concurrent calls of the throughput runs (50)
 	Conns       int           // HTTP/2 connections to the service (1)
@@ -68,7 +73,8 @@ type Config struct {
 	// lists; health Check always runs, and at concurrency 1 so does Reserve.
 	Only []string
 
-	pids [2]int // ledgerd and redis-server of the current stack, when started here
+	pids      [2]int     // ledgerd and redis-server of the current stack, when started here
+	placement *placement // from ServerCPUs; nil: no placement
 
 	// Dir is the scratch directory (a temporary one when empty).
 	Dir string
@@ -171,7 +177,7 @@ func (c *Config) startStack(name string, policy string) (*stack, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	r, err := StartRedis(c.RedisServer, dir, c.redisArgs()...)
+	r, err := startRedisOn(c.placement, c.RedisServer, dir, c.redisArgs())
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +192,7 @@ func (c *Config) startStack(name string, policy string) (*stack, error) {
 		flags = append(flags, "--policy", p)
 	}
 	flags = append(flags, c.LedgerdFlags...)
-	l, err := StartLedgerd(c.Ledgerd, r.Addr, filepath.Join(dir, "ledgerd.log"), flags...)
+	l, err := startLedgerdOn(c.placement, c.Ledgerd, r.Addr, filepath.Join(dir, "ledgerd.log"), flags)
 	if err != nil {
 		r.Stop()
 		return nil, err
@@ -200,6 +206,21 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	c.defaults()
 	if c.Addr == "" && c.Ledgerd == "" {
 		return nil, errors.New("bench: the ledgerd binary (or the address of a running service) is required")
+	}
+	if c.ServerCPUs != "" {
+		if c.Addr != "" {
+			return nil, errors.New("bench: server CPUs place the servers the benchmark starts, not a running service (--addr)")
+		}
+		pl, err := newPlacement(c.ServerCPUs)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		restore, err := pl.pinLoad()
+		if err != nil {
+			return nil, fmt.Errorf("bench: placing the load generator: %w", err)
+		}
+		defer restore()
+		c.placement = pl
 	}
 	if c.Dir == "" {
 		dir, err := os.MkdirTemp("", "ledgerbench-")
@@ -221,6 +242,9 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		c.pids[0], c.pids[1] = s.pids()
 	}
 	rep.Env = environment(rdbAddr)
+	if c.placement != nil {
+		rep.Env += "; " + c.placement.String()
+	}
 	fmt.Fprintln(c.Out, rep.Env)
 	if !c.NoThroughput {
 		var bare [2]*Process // the bare server and its ledger variant

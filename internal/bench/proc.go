@@ -44,7 +44,9 @@ func (p *Process) Stop() {
 	<-p.done
 }
 
-func (p *Process) start(path string, args []string, stdout *os.File) error {
+// start starts path with args, on the server CPUs of pl when it is set.
+func (p *Process) start(pl *placement, path string, args []string, stdout *os.File) error {
+	path, args = pl.command(path, args)
 	p.cmd = exec.Command(path, args...)
 	p.out = &bytes.Buffer{}
 	if stdout != nil {
@@ -101,6 +103,11 @@ func onFreePort(start func(addr string) (*Process, error)) (*Process, error) {
 // working directory in dir, no persistence, and the default memory settings
 // (the record encoding is measured against Redis's defaults).
 func StartRedis(path, dir string, args ...string) (*Process, error) {
+	return startRedisOn(nil, path, dir, args)
+}
+
+// startRedisOn is StartRedis on the server CPUs of pl (all when nil).
+func startRedisOn(pl *placement, path, dir string, args []string) (*Process, error) {
 	if path == "" {
 		path = "redis-server"
 	}
@@ -108,15 +115,15 @@ func StartRedis(path, dir string, args ...string) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (%v): install it (apt-get install redis-server) or pass its path", err)
 	}
-	return onFreePort(func(addr string) (*Process, error) { return startRedis(bin, addr, dir, args) })
+	return onFreePort(func(addr string) (*Process, error) { return startRedis(pl, bin, addr, dir, args) })
 }
 
-func startRedis(bin, addr, dir string, args []string) (*Process, error) {
+func startRedis(pl *placement, bin, addr, dir string, args []string) (*Process, error) {
 	_, port, _ := net.SplitHostPort(addr)
 	p := &Process{Addr: addr}
 	argv := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", dir, "--save", "", "--appendonly", "no",
 		"--daemonize", "no", "--logfile", ""}, args...)
-	if err := p.start(bin, argv, nil); err != nil {
+	if err := p.start(pl, bin, argv, nil); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -163,22 +170,28 @@ func redisPID(addr string) (int, error) {
 // Redis at redisAddr, with extra flags, and waits until its health check
 // answers SERVING. Its log goes to logFile.
 func StartLedgerd(bin, redisAddr, logFile string, flags ...string) (*Process, error) {
+	return startLedgerdOn(nil, bin, redisAddr, logFile, flags)
+}
+
+// startLedgerdOn is StartLedgerd on the server CPUs of pl (all when nil).
+func startLedgerdOn(pl *placement, bin, redisAddr, logFile string, flags []string) (*Process, error) {
 	return onFreePort(func(addr string) (*Process, error) {
 		args := append([]string{"--listen", addr, "--redis-url", "redis://" + redisAddr + "/0"}, flags...)
-		return startServing(bin, args, addr, logFile, "ledgerd")
+		return startServing(pl, bin, args, addr, logFile, "ledgerd")
 	})
 }
 
-// startServing starts a gRPC server process that listens on addr and waits
-// until its health check answers SERVING. Its output goes to logFile.
-func startServing(bin string, args []string, addr, logFile, what string) (*Process, error) {
+// startServing starts a gRPC server process (on the server CPUs of pl when
+// set) that listens on addr and waits until its health check answers
+// SERVING. Its output goes to logFile.
+func startServing(pl *placement, bin string, args []string, addr, logFile, what string) (*Process, error) {
 	f, err := os.Create(logFile)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	p := &Process{Addr: addr}
-	if err := p.start(bin, args, f); err != nil {
+	if err := p.start(pl, bin, args, f); err != nil {
 		return nil, err
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
