@@ -64,13 +64,24 @@ func cpuNumber(s string) (int, error) {
 	return n, nil
 }
 
-// cpuListString formats CPUs as a list taskset -c takes.
+// cpuListString formats ascending CPUs as a list taskset -c takes, in the
+// form of the kernel's Cpus_allowed_list: runs of consecutive CPUs as
+// "a-b", e.g. "0-2,4".
 func cpuListString(cpus []int) string {
-	s := make([]string, len(cpus))
-	for i, c := range cpus {
-		s[i] = strconv.Itoa(c)
+	var parts []string
+	for i := 0; i < len(cpus); {
+		j := i
+		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, strconv.Itoa(cpus[i]))
+		} else {
+			parts = append(parts, strconv.Itoa(cpus[i])+"-"+strconv.Itoa(cpus[j]))
+		}
+		i = j + 1
 	}
-	return strings.Join(s, ",")
+	return strings.Join(parts, ",")
 }
 
 // allowedCPUs returns the CPUs this process may run on.

@@ -33,6 +33,9 @@ func TestParseCPUList(t *testing.T) {
 			t.Errorf("parseCPUList(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
+	if got := cpuListString([]int{0, 1, 2, 4, 6, 7}); got != "0-2,4,6-7" {
+		t.Errorf("cpuListString = %q, want the kernel's form 0-2,4,6-7", got)
+	}
 	for _, in := range []string{"", " ", "a", "-1", "1-", "-", "3-1", "1024", "0-1024", "1.5", "0x1", "1 2"} {
 		if got, err := parseCPUList(in); err == nil {
 			t.Errorf("parseCPUList(%q) = %v, want an error", in, got)
@@ -117,7 +120,7 @@ func TestPlacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	if got, want := allowedList(t, fmt.Sprintf("/proc/%d/status", r.cmd.Process.Pid)), allowedListOf(server); got != want {
+	if got, want := allowedList(t, fmt.Sprintf("/proc/%d/status", r.cmd.Process.Pid)), cpuListString(server); got != want {
 		t.Fatalf("redis-server runs on CPUs %s, want %s", got, want)
 	}
 
@@ -139,7 +142,7 @@ func TestPlacement(t *testing.T) {
 	}
 	pinned, gomaxprocs := threads(), runtime.GOMAXPROCS(0)
 	restore()
-	wantLoad := allowedListOf(pl.load)
+	wantLoad := cpuListString(pl.load)
 	for i, l := range pinned {
 		if l != wantLoad {
 			t.Fatalf("thread %d of %d pinned to %s, want %s", i, len(pinned), l, wantLoad)
@@ -151,23 +154,4 @@ func TestPlacement(t *testing.T) {
 	if after := allowedList(t, "/proc/self/status"); after != before || runtime.GOMAXPROCS(0) != procs {
 		t.Fatalf("after restore: CPUs %s and GOMAXPROCS %d, want %s and %d", after, runtime.GOMAXPROCS(0), before, procs)
 	}
-}
-
-// allowedListOf formats CPUs as the kernel's Cpus_allowed_list does
-// (ranges of consecutive CPUs as "a-b").
-func allowedListOf(cpus []int) string {
-	var parts []string
-	for i := 0; i < len(cpus); {
-		j := i
-		for j+1 < len(cpus) && cpus[j+1] == cpus[j]+1 {
-			j++
-		}
-		if j == i {
-			parts = append(parts, fmt.Sprint(cpus[i]))
-		} else {
-			parts = append(parts, fmt.Sprintf("%d-%d", cpus[i], cpus[j]))
-		}
-		i = j + 1
-	}
-	return strings.Join(parts, ",")
 }
