@@ -183,7 +183,8 @@ func startLedgerdOn(pl *placement, bin, redisAddr, logFile string, flags []strin
 
 // startServing starts a gRPC server process (on the server CPUs of pl when
 // set) that listens on addr and waits until its health check answers
-// SERVING. Its output goes to logFile.
+// SERVING from that process (not from another that holds the port). Its
+// output goes to logFile.
 func startServing(pl *placement, bin string, args []string, addr, logFile, what string) (*Process, error) {
 	f, err := os.Create(logFile)
 	if err != nil {
@@ -210,6 +211,16 @@ func startServing(pl *placement, bin string, args []string, addr, logFile, what 
 		res, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			owns, known, err := listenerOwner(p.cmd.Process.Pid, addr)
+			if err != nil {
+				p.Stop()
+				return nil, fmt.Errorf("%s: who listens on %s: %w", what, addr, err)
+			}
+			if known && !owns {
+				// Another process's server answered: ours could not bind the port.
+				p.Stop()
+				return nil, fmt.Errorf("%s: %s: address already in use (by another process)", what, addr)
+			}
 			return p, nil
 		}
 		time.Sleep(50 * time.Millisecond)
