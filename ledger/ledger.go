@@ -288,7 +288,11 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // review. Accepted from UNKNOWN, RUNNING past its lease, and PENDING; on a
 // terminal record the same finding succeeds again. With req.FencingToken,
 // a finding about an attempt that is no longer the current one is refused
-// (KindStaleToken), unless it repeats a call that took effect.
+// (KindStaleToken). A repeat of a call that took effect (the same finding
+// and note from the same principal, about the same attempt, or about any
+// attempt without req.FencingToken) returns the record and changes nothing,
+// whatever happened since; a second finding about one attempt needs a new
+// note.
 //
 // May return an *Error of KindInvalid, KindInProgress (a live lease; see
 // RetryAfter), KindAlreadyResolved, KindStaleToken, KindNotFound,

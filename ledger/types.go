@@ -232,7 +232,10 @@ type ReconcileRequest struct {
 	Finding     Finding
 	Result      *Result  // with FindingApplied
 	Failure     *Failure // with FindingAbandon (optional)
-	Note        string
+	// Note is kept in the history. It is part of what makes a call a
+	// repeat of an earlier one (with the finding, the principal and the
+	// attempt): a second finding about one attempt needs a new note.
+	Note string
 	// FencingToken is the token of the attempt the finding is about (from
 	// the caller's snapshot); 0 for whichever attempt is current. When set
 	// and another attempt holds the operation, Reconcile refuses with

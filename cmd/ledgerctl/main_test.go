@@ -410,12 +410,15 @@ func TestOperatorWorkflow(t *testing.T) {
 			client.NewHolder()); err != nil || r.Decision != client.DecisionExecute || r.Operation.Attempt != 2 {
 			t.Errorf("Reserve after not-applied = %+v, %v", r, err)
 		}
-		// The same finding again is recognised; another one about attempt 1,
-		// now that attempt 2 holds the operation, is refused and changes
-		// nothing.
-		must(t, env, "reconcile", late, "not-applied", "--fencing-token", attempt1)
+		// The same call again (a retry: finding, note and token) is
+		// recognised; another one about attempt 1, now that attempt 2 holds
+		// the operation, is refused and changes nothing: another finding,
+		// or the same finding with another note.
+		must(t, env, "reconcile", late, "not-applied", "--note", "no charge at the bank", "--fencing-token", attempt1)
 		fails(t, env, 1, []string{"ledgerctl: STALE_FENCING_TOKEN: ", "another attempt holds the operation now"},
 			"reconcile", late, "abandon", "--fencing-token", attempt1)
+		fails(t, env, 1, []string{"ledgerctl: STALE_FENCING_TOKEN: "},
+			"reconcile", late, "not-applied", "--note", "looked again", "--fencing-token", attempt1)
 		if op = lookupJSON(t, env, late); op.State != "STATE_RUNNING" || op.Attempt != 2 {
 			t.Errorf("after a stale finding: %+v", op)
 		}

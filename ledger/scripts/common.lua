@@ -194,14 +194,21 @@ F = {
   end,
 
   -- did reports whether the history holds a transition for the given reason
-  -- made while the given fencing token was current: how a repeated call
-  -- recognises its own earlier effect after the record has moved on.
-  did = function(token, reason)
+  -- made while the given fencing token was current (while any was, when
+  -- token is nil), and, when principal is given, made by that principal with
+  -- that detail: how a repeated call recognises its own earlier effect, also
+  -- after the record has moved on. The latest HISTORY_LIMIT entries count.
+  did = function(token, reason, principal, detail)
     local code = F.reason_code(reason)
-    local tok = F.enc0((tonumber(token) or 0) - tonumber(R.ct))
+    local tok = token and F.enc0((tonumber(token) or 0) - tonumber(R.ct))
+    local p
     for e in string.gmatch(S.hist, '\254([^\254]*)') do
-      local r, k = string.match(e, '^..(.)[^\253]*\253[^\253]*\253([^\253]*)')
-      if r == code and k == tok then
+      local r, k, rest = string.match(e, '^..(.)[^\253]*\253[^\253]*\253([^\253]*)(.*)$')
+      -- rest: '', or \253 <principal> [\253 <detail>], or \253 \252 \253 <detail>
+      -- (the principal left out when it is the previous entry's).
+      local ep, ed = string.match(rest, '^\253([^\253]*)\253?(.*)$')
+      if ep and ep ~= '\252' then p = ep end
+      if r == code and (not tok or k == tok) and (not principal or (p == principal and (ed or '') == detail)) then
         return true
       end
     end

@@ -52,16 +52,18 @@ if R.ctk == token then
 end
 
 local st = R.st
-if st == ST_SUCCEEDED then
-  -- Resolved by a reconciler: the same kind of outcome agrees with it.
-  if outcome == '1' then
+if st == ST_SUCCEEDED or st == ST_FAILED then
+  -- Resolved by a reconciler or the ledger: the same kind of outcome agrees
+  -- with it. The attempt's report is remembered, so that a different
+  -- outcome with this token is a conflict, not a second answer.
+  if (outcome == '1' and st == ST_SUCCEEDED) or (outcome == '2' and st == ST_FAILED) then
+    set('ctk', token)
+    set('cdg', digest)
+    flush()
     return reply(C_OK, '')
   end
-  return reply(C_COMPLETION_CONFLICT, '')
-end
-if st == ST_FAILED then
-  if outcome == '2' then
-    return reply(C_OK, '')
+  if st == ST_SUCCEEDED then
+    return reply(C_COMPLETION_CONFLICT, '')
   end
   if outcome == '1' and (R.rsn == 'RETRIES_EXHAUSTED' or R.rsn == 'ABANDONED') then
     -- The ledger (out of attempts) or a reconciler (abandon) concluded that
@@ -84,10 +86,9 @@ if outcome == '1' then
   finish(ST_SUCCEEDED, 'SUCCEEDED', '')
 elseif outcome == '2' then
   finish(ST_FAILED, 'FAILED_FINAL', '')
-elseif st == ST_PENDING then
-  -- Already claimable: remember the report so a repeat agrees with it.
-  flush()
 else
+  -- From PENDING too (already claimable) the report gets its history
+  -- entry, so that a repeat after the next claim is recognised.
   transition(ST_PENDING, 'FAILED_RETRYABLE', '')
 end
 return reply(C_OK, '')

@@ -18,21 +18,22 @@
 --                                         retryable failure)
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
--- Never downgrades a terminal state. A repeat finds UNKNOWN and succeeds
--- again without a second history entry; so does a repeat that arrives after
--- the record moved on (the attempt's MARKED_UNKNOWN entry in the history).
+-- Never downgrades a terminal state. A repeat (the attempt's MARKED_UNKNOWN
+-- entry in the history) succeeds again and changes nothing, also after the
+-- record moved on.
 
 local token = ARGV[3]
 
 if not load() then
   return missing()
 end
+if did(token, 'MARKED_UNKNOWN') then
+  -- A repeat of this call, also after the record moved on (reconciled,
+  -- claimed again): it took effect, say so, and undo nothing that came
+  -- after it (a reconciler's finding must not be turned back to UNKNOWN).
+  return reply(C_OK, '')
+end
 if R.tok ~= token then
-  if did(token, 'MARKED_UNKNOWN') then
-    -- A repeat of this call after the record moved on (reconciled, claimed
-    -- again): it took effect, say so.
-    return reply(C_OK, '')
-  end
   return {C_STALE, R.st, ''}
 end
 if is_terminal(R.st) or R.st == ST_UNKNOWN then

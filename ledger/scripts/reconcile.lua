@@ -30,11 +30,20 @@
 -- -> PENDING; ABANDON -> FAILED_FINAL; ESCALATE -> UNKNOWN, flagged for
 -- review. A repeat of the same finding succeeds again without a second
 -- history entry. With a token, a finding about an attempt that is no longer
--- the current one changes nothing (STALE), unless the history shows that
--- this very finding was recorded for that attempt (a repeat after the
--- record moved on: OK).
+-- the current one changes nothing (STALE).
+--
+-- A repeat of a call that took effect (the history holds its finding, made
+-- by the same principal with the same note, about the same attempt, or
+-- about any attempt when the call has no token) answers OK and changes
+-- nothing, whatever happened since: the worker of that attempt may have
+-- reported UNKNOWN after the finding, or the next attempt may have claimed
+-- the operation, applied the effect and ended UNKNOWN, and the repeat must
+-- not return either to PENDING for another attempt to apply the effect
+-- again. A new finding about the same attempt after that must differ from
+-- the recorded one in its note (or come from another principal).
 
 local finding, note, token = ARGV[3], ARGV[8], ARGV[9]
+local REASON = ({'RECONCILED_APPLIED', 'RECONCILED_NOT_APPLIED', 'ABANDONED', 'ESCALATED'})[tonumber(finding)]
 
 if not load() then
   return missing()
@@ -46,10 +55,11 @@ if st == ST_SUCCEEDED or st == ST_FAILED then
   end
   return reply(C_ALREADY_RESOLVED, '')
 end
-if token ~= '' and R.tok ~= token then
-  if (finding == '2' and did(token, 'RECONCILED_NOT_APPLIED')) or (finding == '4' and did(token, 'ESCALATED')) then
-    return reply(C_OK, '')
-  end
+if token == '' then token = nil end
+if did(token, REASON, S.principal, note) then
+  return reply(C_OK, '')
+end
+if token and R.tok ~= token then
   return {C_STALE, st, ''}
 end
 if st == ST_RUNNING and tonumber(R.lse) > NOW then

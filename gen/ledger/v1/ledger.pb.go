@@ -1400,6 +1400,9 @@ type ReconcileRequest struct {
 	// Why the operation is abandoned, with FINDING_ABANDON (optional).
 	Failure *Failure `protobuf:"bytes,4,opt,name=failure,proto3" json:"failure,omitempty"`
 	// A short note for operators, kept in the history. At most 256 bytes.
+	// Part of what makes a call a repeat: a new finding about an attempt that
+	// was already found once (say, after its worker reported UNKNOWN) must
+	// say something new here, or it is taken for a repeat of the first.
 	Note string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`
 	// The fencing token of the attempt the finding is about, as the caller's
 	// snapshot (Reserve's RECONCILE decision, Lookup, ListUnresolved) showed
@@ -1407,7 +1410,9 @@ type ReconcileRequest struct {
 	// holds the operation now, the call is refused with STALE_FENCING_TOKEN
 	// and changes nothing, so a late or repeated finding about one attempt
 	// can never resolve the next. Repeating a call that took effect succeeds
-	// again.
+	// again and changes nothing. With 0, a call is a repeat of any earlier
+	// one with the same finding and note from the same principal, whichever
+	// attempt that one resolved: to resolve a later attempt, name its token.
 	FencingToken  uint64 `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

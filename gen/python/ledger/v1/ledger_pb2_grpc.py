@@ -106,7 +106,10 @@ class LedgerServiceServicer(object):
         human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
         operation the same finding succeeds again and another is
         ALREADY_RESOLVED. With a fencing_token, a finding about an attempt that
-        is no longer the current one is STALE_FENCING_TOKEN.
+        is no longer the current one is STALE_FENCING_TOKEN. A repeat of a call
+        that took effect (the same finding and note from the same principal,
+        about the same attempt) succeeds again and changes nothing, whatever
+        happened since; a second finding about one attempt needs a new note.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,189 @@
+package ledger
+
+import "testing"
+
+// A call repeated while its token is still the current one, after other
+// calls changed the record, is recognised from the history as well: it
+// answers OK and changes nothing, so it cannot undo what came after it.
+// Each case counts the effects at the destination where one could be
+// applied twice.
+func TestRepeatUndoesNothingThatCameAfter(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		params := map[string]any{"amount": 10.0}
+
+		t.Run("reconcile after the worker reported unknown", func(t *testing.T) {
+			applied := 0
+			id := "reconcile-then-unknown"
+			first := e.execute(t, id, "expiring.refund") // irreversible, 150 ms lease
+			waitLeaseExpiry()
+			e.sweep(t) // LEASE_EXPIRED: UNKNOWN
+			notApplied := ReconcileRequest{OperationID: id, Finding: FindingNotApplied, FencingToken: first.FencingToken, Note: "no refund at the bank"}
+			if o, err := e.l.Reconcile(e.ctx, e.who, notApplied); err != nil || o.State != StatePending {
+				t.Fatalf("Reconcile(not applied) = %v, %v; want PENDING", o, err) // its answer is lost
+			}
+			applied++ // the slow worker's refund lands after the reconciler looked
+			if o, err := e.markUnknown(t, id, first.FencingToken); err != nil || o.State != StateUnknown {
+				t.Fatalf("MarkUnknown = %v, %v; want UNKNOWN", o, err)
+			}
+			before := reasons(e.lookup(t, id))
+
+			// The reconciler's call arrives again.
+			o, err := e.l.Reconcile(e.ctx, e.who, notApplied)
+			if err != nil || o.State != StateUnknown {
+				t.Fatalf("repeated Reconcile(not applied) = %v, %v; want OK, still UNKNOWN", o, err)
+			}
+			if got := reasons(e.lookup(t, id)); len(got) != len(before) {
+				t.Fatalf("history %v, want it unchanged: %v", got, before)
+			}
+			if r := e.reserve(t, id, "expiring.refund", params, "h2"); r.Decision == DecisionExecute {
+				applied++
+			} else if r.Decision != DecisionReconcile {
+				t.Fatalf("Reserve = %v, want RECONCILE", r.Decision)
+			}
+			if applied != 1 {
+				t.Fatalf("the refund was applied %d times, want 1", applied)
+			}
+			// A new look at the destination is a new call: it says so in
+			// its note, and settles the operation.
+			o, err = e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingApplied,
+				FencingToken: first.FencingToken, Note: "refund found on second look", Result: &Result{ResourceID: "re_1"}})
+			if err != nil || o.State != StateSucceeded {
+				t.Fatalf("Reconcile(applied) = %v, %v; want SUCCEEDED", o, err)
+			}
+		})
+
+		t.Run("a new finding about the same attempt", func(t *testing.T) {
+			applied := 0
+			id := "reconcile-again"
+			first := e.execute(t, id, "expiring.refund")
+			waitLeaseExpiry()
+			e.sweep(t)
+			look := func(note string, who Principal) *Operation {
+				t.Helper()
+				o, err := e.l.Reconcile(e.ctx, who, ReconcileRequest{OperationID: id, Finding: FindingNotApplied, FencingToken: first.FencingToken, Note: note})
+				if err != nil {
+					t.Fatalf("Reconcile(not applied, %q by %s): %v", note, who.ID, err)
+				}
+				return o
+			}
+			look("first look", e.who)
+			// The worker, still out, cannot tell; the refund never happened.
+			if _, err := e.markUnknown(t, id, first.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+			if o := look("first look", e.who); o.State != StateUnknown {
+				t.Fatalf("the same call again: %v, want UNKNOWN (a repeat)", o.State)
+			}
+			// Another reconciler's look, or this one's with a new note, is a
+			// new finding: the operation may run again, once.
+			other := Principal{Tenant: e.who.Tenant, ID: "reconciler-2"}
+			if o := look("first look", other); o.State != StatePending {
+				t.Fatalf("another principal's finding: %v, want PENDING", o.State)
+			}
+			if r := e.reserve(t, id, "expiring.refund", params, "h2"); r.Decision == DecisionExecute {
+				applied++
+			}
+			if applied != 1 {
+				t.Fatalf("the refund was applied %d times, want 1", applied)
+			}
+		})
+
+		t.Run("unfenced reconcile after the next attempt", func(t *testing.T) {
+			applied := 0
+			id := "unfenced-reconcile"
+			first := e.execute(t, id, "payments.refund")
+			if _, err := e.markUnknown(t, id, first.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+			unfenced := ReconcileRequest{OperationID: id, Finding: FindingNotApplied} // no fencing_token
+			if _, err := e.l.Reconcile(e.ctx, e.who, unfenced); err != nil {          // its answer is lost
+				t.Fatal(err)
+			}
+			second := e.reserve(t, id, "payments.refund", params, "h2")
+			if second.Decision != DecisionExecute {
+				t.Fatalf("Reserve = %v, want EXECUTE", second.Decision)
+			}
+			applied++ // attempt 2 refunds, and cannot tell
+			if _, err := e.markUnknown(t, id, second.Operation.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+			o, err := e.l.Reconcile(e.ctx, e.who, unfenced) // the retry
+			if err != nil || o.State != StateUnknown || o.Attempt != 2 {
+				t.Fatalf("repeated unfenced Reconcile = %v, %v; want OK, UNKNOWN attempt 2", o, err)
+			}
+			if r := e.reserve(t, id, "payments.refund", params, "h3"); r.Decision == DecisionExecute {
+				applied++
+			} else if r.Decision != DecisionReconcile {
+				t.Fatalf("Reserve = %v, want RECONCILE", r.Decision)
+			}
+			if applied != 1 {
+				t.Fatalf("the refund was applied %d times, want 1", applied)
+			}
+		})
+
+		t.Run("complete after the ledger concluded", func(t *testing.T) {
+			id := "complete-after-abandon"
+			first := e.execute(t, id, "expiring.refund")
+			waitLeaseExpiry()
+			if o, err := e.reconcile(t, id, FindingAbandon, nil); err != nil || o.State != StateFailedFinal {
+				t.Fatalf("Reconcile(abandon) = %v, %v", o, err)
+			}
+			if _, err := e.complete(t, id, first.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "declined"}); err != nil {
+				t.Fatalf("Complete(FAILED_FINAL) agreeing with the abandon: %v, want OK", err)
+			}
+			if _, err := e.complete(t, id, first.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "declined"}); err != nil {
+				t.Fatalf("its repeat: %v, want OK", err)
+			}
+			_, err := e.complete(t, id, first.FencingToken, OutcomeSucceeded, &Result{ResourceID: "re_1"}, nil)
+			wantKind(t, err, KindCompletionConflict)
+			if o := e.lookup(t, id); o.State != StateFailedFinal {
+				t.Fatalf("after a contradicting Complete: %v, history %v; want FAILED_FINAL", o.State, reasons(o))
+			}
+		})
+
+		t.Run("mark unknown after a reconciler's finding", func(t *testing.T) {
+			id := "unknown-then-reconciled"
+			first := e.execute(t, id, "payments.refund")
+			if _, err := e.markUnknown(t, id, first.FencingToken); err != nil { // its answer is lost
+				t.Fatal(err)
+			}
+			if o, err := e.reconcile(t, id, FindingNotApplied, nil); err != nil || o.State != StatePending {
+				t.Fatalf("Reconcile(not applied) = %v, %v", o, err)
+			}
+			before := reasons(e.lookup(t, id))
+			o, err := e.markUnknown(t, id, first.FencingToken) // the worker's retry
+			if err != nil || o.State != StatePending {
+				t.Fatalf("repeated MarkUnknown = %v, %v; want OK, still PENDING", o, err)
+			}
+			if got := reasons(e.lookup(t, id)); len(got) != len(before) {
+				t.Fatalf("history %v, want it unchanged: %v", got, before)
+			}
+		})
+
+		t.Run("retryable failure reported while pending", func(t *testing.T) {
+			id := "retryable-from-pending"
+			first := e.execute(t, id, "payments.refund")
+			if _, err := e.markUnknown(t, id, first.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.reconcile(t, id, FindingNotApplied, nil); err != nil {
+				t.Fatal(err)
+			}
+			fail := &Failure{Code: "503"}
+			if o, err := e.complete(t, id, first.FencingToken, OutcomeFailedRetryable, nil, fail); err != nil || o.State != StatePending {
+				t.Fatalf("Complete(retryable) from PENDING = %v, %v", o, err) // its answer is lost
+			}
+			if got := reasons(e.lookup(t, id)); got[len(got)-1] != "FAILED_RETRYABLE" {
+				t.Fatalf("history %v, want the report recorded", got)
+			}
+			second := e.reserve(t, id, "payments.refund", params, "h2")
+			if second.Decision != DecisionExecute {
+				t.Fatalf("Reserve = %v, want EXECUTE", second.Decision)
+			}
+			o, err := e.complete(t, id, first.FencingToken, OutcomeFailedRetryable, nil, fail)
+			if err != nil || o.State != StateRunning || o.FencingToken != second.Operation.FencingToken {
+				t.Fatalf("repeated Complete(retryable) = %v, %v; want OK, attempt 2's claim untouched", o, err)
+			}
+		})
+	})
+}
