@@ -19,13 +19,13 @@ type Class int
 // The classes of a failed attempt.
 const (
 	// Ambiguous: the effect may or may not exist (timeouts, lost responses,
-	// 5xx after the request was accepted, anything unclassified). Do calls
-	// MarkUnknown: an irreversible tool must be reconciled before it runs
-	// again; an idempotent one is retried.
+	// HTTP 5xx, gRPC codes other than the final ones, anything
+	// unclassified). Do calls MarkUnknown: an irreversible tool must be
+	// reconciled before it runs again; an idempotent one is retried.
 	Ambiguous Class = iota
-	// Retryable: proven not applied (429, 503 before acceptance, connection
-	// refused). Do completes the attempt as FAILED_RETRYABLE and retries
-	// under the same operation id.
+	// Retryable: proven not applied (HTTP 408, 425 and 429, connection
+	// refused, or marked so by the caller). Do completes the attempt as
+	// FAILED_RETRYABLE and retries under the same operation id.
 	Retryable
 	// Final: the destination refused for good (a 4xx-class answer). Do
 	// completes the operation as FAILED_FINAL; it is never retried.
@@ -99,11 +99,18 @@ func failureCode(err error) string {
 
 // ClassifyHTTP classifies the outcome of an HTTP request to a destination:
 // nil for 1xx–3xx; with err set, err marked by ClassOf (a refused
-// connection is retryable, a timeout ambiguous); 408, 425, 429 and 503
-// (refused before the request was accepted) retryable; 500, 502, 504 and
-// other 5xx ambiguous (the request may have been processed); other 4xx
+// connection is retryable, a timeout ambiguous); 408, 425 and 429 retryable
+// (the server refused the request before processing it); 500, 502, 503, 504
+// and other 5xx ambiguous (the request may have been processed); other 4xx
 // final, with the code "http_<status>". The error names the status, never
 // the body.
+//
+// 503 is ambiguous because it is not proof that nothing was applied: a proxy
+// or load balancer answers 503 when its upstream resets the connection or
+// fails after the request was forwarded, and the upstream may have applied
+// the effect by then. Mark it retryable yourself (MarkRetryable) when the
+// destination guarantees that its 503 means refused before processing and
+// nothing between you and it answers 503 on its own.
 func ClassifyHTTP(resp *http.Response, err error) error {
 	if err != nil {
 		return &classified{class: ClassOf(err), err: err}
@@ -113,8 +120,7 @@ func ClassifyHTTP(resp *http.Response, err error) error {
 	}
 	e := fmt.Errorf("http %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))
 	switch sc := resp.StatusCode; {
-	case sc == http.StatusRequestTimeout, sc == http.StatusTooEarly, sc == http.StatusTooManyRequests,
-		sc == http.StatusServiceUnavailable:
+	case sc == http.StatusRequestTimeout, sc == http.StatusTooEarly, sc == http.StatusTooManyRequests:
 		return MarkRetryable(e)
 	case sc >= 500:
 		return MarkAmbiguous(e)
@@ -124,20 +130,27 @@ func ClassifyHTTP(resp *http.Response, err error) error {
 }
 
 // ClassifyGRPC classifies the error of a gRPC call to a destination: nil for
-// nil; RESOURCE_EXHAUSTED and ABORTED retryable (refused, nothing applied);
-// INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+// nil; INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
 // UNAUTHENTICATED, FAILED_PRECONDITION, OUT_OF_RANGE and UNIMPLEMENTED final,
-// with the code name as failure code; everything else (DEADLINE_EXCEEDED,
-// UNAVAILABLE, INTERNAL, UNKNOWN, ...) ambiguous: UNAVAILABLE does not say
-// whether the request reached the server, so mark it retryable yourself when
-// the destination guarantees that.
+// with the code name as failure code; everything else ambiguous
+// (DEADLINE_EXCEEDED, UNAVAILABLE, INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED,
+// ABORTED, ...).
+//
+// No code is retryable on its own, because none proves that nothing was
+// applied: UNAVAILABLE does not say whether the request reached the server;
+// grpc-go itself returns RESOURCE_EXHAUSTED when a message exceeds a size
+// limit in either direction, so also when the response is too large for the
+// caller after the server applied the effect (or when the server's own reply
+// exceeds its send limit); and ABORTED is whatever the server's handler
+// makes of it, after a partial effect too. Mark the error retryable yourself
+// (MarkRetryable) when the destination guarantees that a code means refused
+// before anything was applied, e.g. a rate limit answered in front of the
+// handler.
 func ClassifyGRPC(err error) error {
 	if err == nil {
 		return nil
 	}
 	switch c := status.Code(err); c {
-	case codes.ResourceExhausted, codes.Aborted:
-		return MarkRetryable(err)
 	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
 		codes.Unauthenticated, codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented:
 		return MarkFinal(c.String(), err)

@@ -17,8 +17,8 @@ import (
 
 func TestClassifyHTTP(t *testing.T) {
 	for sc, want := range map[int]Class{
-		408: Retryable, 425: Retryable, 429: Retryable, 503: Retryable,
-		500: Ambiguous, 502: Ambiguous, 504: Ambiguous, 599: Ambiguous,
+		408: Retryable, 425: Retryable, 429: Retryable,
+		500: Ambiguous, 502: Ambiguous, 503: Ambiguous, 504: Ambiguous, 599: Ambiguous,
 		400: Final, 401: Final, 403: Final, 404: Final, 409: Final, 422: Final,
 	} {
 		err := ClassifyHTTP(&http.Response{StatusCode: sc}, nil)
@@ -58,7 +58,7 @@ func closedAddr(t *testing.T) string {
 
 func TestClassifyGRPC(t *testing.T) {
 	for c, want := range map[codes.Code]Class{
-		codes.ResourceExhausted: Retryable, codes.Aborted: Retryable,
+		codes.ResourceExhausted: Ambiguous, codes.Aborted: Ambiguous,
 		codes.InvalidArgument: Final, codes.NotFound: Final, codes.AlreadyExists: Final,
 		codes.PermissionDenied: Final, codes.Unauthenticated: Final, codes.FailedPrecondition: Final,
 		codes.OutOfRange: Final, codes.Unimplemented: Final,
