@@ -66,6 +66,7 @@ type Client struct {
 	backoff       Backoff
 	ledgerRetries int
 	callTimeout   time.Duration
+	reportTimeout time.Duration
 	dialOptions   []grpc.DialOption
 	transport     credentials.TransportCredentials
 	hasAPIKey     bool
@@ -100,6 +101,13 @@ func WithLedgerRetries(n int) Option { return func(c *Client) { c.ledgerRetries 
 // WithCallTimeout bounds each call Do makes to the ledger (5s otherwise);
 // the typed wrappers use the caller's context as it is.
 func WithCallTimeout(d time.Duration) Option { return func(c *Client) { c.callTimeout = d } }
+
+// WithReportTimeout bounds how long Do keeps recording an attempt's outcome
+// (Complete, MarkUnknown, Reconcile), repeating the call while the ledger
+// gives no answer, even after the caller's context has ended (10s
+// otherwise, and when d is not positive). An outcome not recorded within it is returned as an error
+// matching ErrUnavailable (ErrCompletionNotRecorded after a success).
+func WithReportTimeout(d time.Duration) Option { return func(c *Client) { c.reportTimeout = d } }
 
 // WithDialOptions are passed to grpc.NewClient by Dial, after the
 // transport credentials (plaintext, or WithTLS's).
@@ -179,6 +187,7 @@ func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 		backoff:       DefaultBackoff,
 		ledgerRetries: 3,
 		callTimeout:   5 * time.Second,
+		reportTimeout: defaultReportTimeout,
 	}
 	for _, o := range opts {
 		o(c)

@@ -12,10 +12,9 @@ import (
 // attempt. Its error decides what the ledger records (see ClassOf).
 type Func func(ctx context.Context, a Attempt) (Result, error)
 
-// reportTimeout bounds the calls that record an attempt's outcome, which run
-// even when the caller's context has ended: an outcome the ledger does not
-// learn becomes an UNKNOWN to reconcile.
-const reportTimeout = 10 * time.Second
+// defaultReportTimeout bounds the calls that record an attempt's outcome
+// (see WithReportTimeout).
+const defaultReportTimeout = 10 * time.Second
 
 // Do performs op through the ledger: it runs fn at most as often as the
 // ledger allows (see the package doc), and returns fn's result, or the
@@ -32,7 +31,11 @@ const reportTimeout = 10 * time.Second
 //     UNKNOWN operation.
 //   - ErrKeyReused, ErrKeyExpired, ErrInvalidArgument (an *Error): stop;
 //     never retry under a new key on your own.
-//   - ErrUnavailable: the ledger could not be reached; fn was not run.
+//   - ErrUnavailable: the ledger could not be reached, or gave no answer.
+//     Before an EXECUTE decision fn was not run. While recording how fn
+//     ended (the error says so), the outcome is not recorded: the
+//     operation stays claimed until its lease ends, then an irreversible
+//     one is UNKNOWN until reconciled. Never retry it under a new id.
 //   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
 //     result: the effect happened but the ledger did not record it.
 //   - ctx's error, when it ends while Do waits.
@@ -284,7 +287,8 @@ func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *
 	case errors.Is(err, ErrInProgress):
 		return nil, sleep(ctx, max(busy, c.backoff.Delay(1)))
 	case err != nil:
-		return nil, err
+		// The operation is still unresolved, whatever kept the finding out.
+		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("recording the finding: %w", err)}
 	case f.Kind == Escalate:
 		return now, &ReconcileError{Operation: now, Escalated: true, Err: lastErr}
 	}
@@ -342,11 +346,30 @@ func (c *Client) call(ctx context.Context, f func(context.Context) error) error 
 }
 
 // report runs a call that records an outcome: like call, but it goes on
-// when ctx has ended, for at most reportTimeout.
+// when ctx has ended, for at most the report timeout. A call that got no
+// answer from the ledger (unavailable, timed out, cut off, or a status
+// without the ledger's ErrorInfo) returns an error matching ErrUnavailable,
+// whether or not the report timeout ended it: the outcome is not recorded.
 func (c *Client) report(ctx context.Context, f func(context.Context) error) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
+	budget := c.reportTimeout
+	if budget <= 0 {
+		budget = defaultReportTimeout
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer cancel()
-	return c.call(rctx, f)
+	err := c.call(rctx, f)
+	if err == nil || answered(err) || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: no answer while recording the outcome: %w", ErrUnavailable, err)
+}
+
+// answered says whether err is the ledger's own answer (a status with its
+// ErrorInfo, or the SDK's refusal of a request it cannot send) rather than a
+// failure to get one.
+func answered(err error) bool {
+	var le *Error
+	return errors.As(err, &le) && le.Reason != ""
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -35,8 +35,10 @@ var (
 	ErrNotFound = errors.New("operation not found")
 	// ErrInvalidArgument: the request is malformed; see Error.Violations.
 	ErrInvalidArgument = errors.New("invalid argument")
-	// ErrUnavailable: the ledger (or its store) cannot be reached. The tool
-	// was not run for it: there is no execution without a reservation.
+	// ErrUnavailable: the ledger (or its store) cannot be reached, or gave
+	// no answer. Without a reservation the tool is not run; when Do was
+	// recording how the tool ended, the outcome is not recorded and the
+	// effect may exist: retry only under the same operation id.
 	ErrUnavailable = errors.New("ledger unavailable")
 	// ErrUnauthenticated: no or bad credentials.
 	ErrUnauthenticated = errors.New("unauthenticated")
@@ -201,7 +203,8 @@ type ReconcileError struct {
 	Operation *Operation
 	// Escalated is true when a reconciler handed it to a human.
 	Escalated bool
-	// Err is the last attempt's error, if this call ran one.
+	// Err is the last attempt's error, if this call ran one, or why the
+	// ledger did not record a reconciler's finding.
 	Err error
 }
 
@@ -220,7 +223,7 @@ func (e *ReconcileError) Error() string {
 // Is matches ErrNeedsReconciliation.
 func (e *ReconcileError) Is(target error) bool { return target == ErrNeedsReconciliation }
 
-// Unwrap returns the last attempt's error.
+// Unwrap returns Err.
 func (e *ReconcileError) Unwrap() error { return e.Err }
 
 // ExhaustedError is returned when the tool policy's retries are used up: the
