@@ -78,15 +78,20 @@
 // own setting). Run ids must be unique per run and should not contain ':'.
 // Non-mutating tools run directly, bounded by Tool.Policy.Timeout.
 //
-// The error of a mutating call is handed to the model as data when the
-// ledger says the attempt is settled: a final failure (client.ErrOperationFailed),
-// retryable failures that used up the retries (nothing was applied), invalid
-// arguments. It ends the run with status "error" when the ledger says stop
-// (SPEC §5): client.ErrKeyReused, ErrKeyExpired, ErrNeedsReconciliation (the
-// effect may exist: a new call id must not be minted for it), ErrUnavailable,
-// ErrRateLimited, ErrUnauthenticated, ErrPermissionDenied, or the context
-// ended. Such a call gets no result in the transcript: it stays pending, and
-// a run resumed from that transcript sends it again under the same call id.
+// The error of a mutating call is handed to the model as data only when it
+// is a settled failure that leaves no unsettled effect behind: a final
+// failure the ledger recorded or replayed (client.ErrOperationFailed),
+// retryable failures that used up the retries (nothing was applied), a
+// request refused as invalid before the tool ran. Any other error ends the
+// run with status "error" (deny by default): the ledger's stop signals (SPEC
+// §5: client.ErrKeyReused, ErrKeyExpired, ErrNeedsReconciliation, where the
+// effect may exist and a new call id must not be minted for it,
+// ErrUnavailable, also when the ledger did not answer while Do recorded an
+// outcome, ErrRateLimited, ErrUnauthenticated, ErrPermissionDenied, ...),
+// any other refusal by the ledger, an error the runner does not know, or the
+// context ended. Such a call gets no result in the transcript: it stays
+// pending, and a run resumed from that transcript sends it again under the
+// same call id.
 // A result that the ledger failed to record (client.ErrCompletionNotRecorded)
 // is handed to the model as a success: the effect happened. Result data that
 // google.protobuf.Struct cannot carry as it is ([]string, map[string]string,

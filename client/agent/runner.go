@@ -392,7 +392,7 @@ func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (
 		// reconciled as applied later).
 		res.Data, res.ResourceID, res.Replayed = out.Data, out.ResourceID, out.Replayed
 		return res, nil
-	case isStop(ctx, err):
+	case !settled(ctx, err, attempts > 0):
 		return res, err
 	}
 	res.Error = err.Error()
@@ -433,22 +433,29 @@ func (s *run) do(ctx context.Context, op client.Op, fn client.Func) (out client.
 	return out, err, nil
 }
 
-// isStop says whether a mutating call's error is a ledger stop signal (SPEC
-// §5) rather than a settled failure to hand to the model.
-func isStop(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return true
+// settled says whether a mutating call's error is a settled failure to hand
+// to the model, which may then ask again under a new call id: a final
+// failure (recorded, or replayed), retries used up by failures proven not
+// applied, or a request the ledger refused as malformed before fn ran.
+// Anything else stops the run (deny by default): a ledger stop signal (SPEC
+// §5), an effect that may exist, an outcome the ledger did not record or did
+// not answer about, the run's context ended, and errors not known here.
+func settled(ctx context.Context, err error, ran bool) bool {
+	if ctx.Err() != nil || errors.Is(err, client.ErrNeedsReconciliation) || errors.Is(err, client.ErrUnavailable) {
+		return false
 	}
-	for _, stop := range []error{
-		client.ErrKeyReused, client.ErrKeyExpired, client.ErrNeedsReconciliation,
-		client.ErrUnavailable, client.ErrRateLimited, client.ErrUnauthenticated, client.ErrPermissionDenied,
-		client.ErrStaleToken, client.ErrCompletionConflict, client.ErrAlreadyResolved, client.ErrInProgress,
-	} {
-		if errors.Is(err, stop) {
-			return true
-		}
+	var (
+		le *client.Error
+		fe *client.FailedError
+		ee *client.ExhaustedError
+	)
+	if errors.As(err, &le) {
+		// The ledger refused a call; only a Reserve of malformed input (fn
+		// never ran) is the model's to fix. Any other refusal, also one of
+		// recording an outcome, leaves the operation for the ledger to settle.
+		return !ran && errors.Is(err, client.ErrInvalidArgument)
 	}
-	return false
+	return errors.As(err, &fe) || errors.As(err, &ee) && !ee.Ambiguous
 }
 
 func (s *run) toolCall(c ToolCall, a client.Attempt) Call {

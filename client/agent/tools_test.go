@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
@@ -310,5 +315,58 @@ func TestMutatingResultDataIsRecorded(t *testing.T) {
 	op, err := env.client.Lookup(context.Background(), runID+":call-1")
 	if err != nil || op.State != client.StateSucceeded || op.Result == nil || op.Result.ResourceID != "t-1" {
 		t.Fatalf("operation = %+v, %v; want SUCCEEDED with the result", op, err)
+	}
+}
+
+// The ledger does not record how an ambiguous refund ended: it hangs, is
+// unavailable, or answers that it no longer has the operation. The effect
+// may exist, so the run stops with the call pending instead of handing the
+// model an error it would answer with a new call id (a second refund).
+func TestOutcomeNotRecordedEndsRun(t *testing.T) {
+	notFound, _ := status.New(codes.NotFound, "no such operation").WithDetails(&errdetails.ErrorInfo{Reason: "NOT_FOUND", Domain: "ledger.v1"})
+	for _, mode := range []string{"hung", "unavailable", "not-found"} {
+		t.Run(mode, func(t *testing.T) {
+			fault := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if !strings.HasSuffix(method, "/MarkUnknown") {
+					return invoker(ctx, method, req, reply, cc, opts...)
+				}
+				switch mode {
+				case "hung":
+					<-ctx.Done()
+					return status.FromContextError(ctx.Err()).Err()
+				case "unavailable":
+					return status.Error(codes.Unavailable, "connection refused")
+				}
+				return notFound.Err()
+			}))
+			env := startLedger(t, redistest.Shared(t).Client(t), fault,
+				client.WithReportTimeout(200*time.Millisecond), client.WithCallTimeout(time.Minute))
+			dest := newDestination()
+			refund := agent.Tool{Name: "refund", Mutating: true,
+				Policy: client.ToolPolicy{Timeout: 5 * time.Second, MaxRetries: 1, Effect: client.EffectIrreversible},
+				Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+					dest.apply(c.Attempt.OperationID)
+					return client.Result{}, errors.New("read tcp: i/o timeout") // applied, response lost
+				}}
+			calls := 0
+			model := agent.ModelFunc(func(ctx context.Context, tr []agent.Message) (agent.Turn, error) {
+				if r := lastResult(tr); r != nil && r.Error == "" || calls >= 2 {
+					return agent.Turn{Text: "done"}, nil
+				}
+				calls++ // a failed call is asked for again, under a new call id
+				return agent.Turn{Calls: []agent.ToolCall{{ID: "call-" + strconv.Itoa(calls), Name: "refund", Args: map[string]any{"amount": 5}}}}, nil
+			})
+			r := mustNew(t, agent.Config{Client: env.client, Model: model, Tools: []agent.Tool{refund}})
+			out := r.Run(context.Background(), agent.Input{RunID: newRunID(t), PermitID: "p", Transcript: user("refund 5")})
+			if dest.total() != 1 {
+				t.Fatalf("refund applied %d times (status %q, results %+v)", dest.total(), out.Status, results(out.Transcript))
+			}
+			if out.Status != agent.StatusError || len(results(out.Transcript)) != 0 {
+				t.Fatalf("status %q, err %v, results %+v; want error with the call pending", out.Status, out.Err, results(out.Transcript))
+			}
+			if mode != "not-found" && !errors.Is(out.Err, client.ErrUnavailable) {
+				t.Fatalf("err %v; want ErrUnavailable", out.Err)
+			}
+		})
 	}
 }
