@@ -30,6 +30,8 @@ defaults:
 tools:
   - match: "short.*"
     lease: 200ms
+  - match: "leased.*"
+    lease: 1s
   - match: "idem.*"
     effect: idempotent
 `

@@ -143,14 +143,18 @@ func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operatio
 	return fn(actx, Attempt{OperationID: o.ID, IdempotencyKey: key, FencingToken: o.FencingToken, Number: o.Attempt})
 }
 
-// renew extends the claim's lease every third of its length until ctx ends;
-// a lost claim cancels the attempt.
+// renew extends the claim's lease until ctx ends, so that at least two
+// thirds of it are always left: first when the lease the ledger reported
+// (o.LeaseExpiresAt) is down to two thirds, which is at once for a claim
+// recovered late in its lease after a lost Reserve response, then every
+// third of the lease after each renewal. A lost claim cancels the attempt.
 func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelCauseFunc) {
 	lease := o.lease()
 	if lease <= 0 {
 		return
 	}
-	t := time.NewTicker(max(lease/3, 10*time.Millisecond))
+	period := max(lease/3, 10*time.Millisecond)
+	t := time.NewTimer(firstRenewal(o.LeaseExpiresAt, lease))
 	defer t.Stop()
 	for {
 		select {
@@ -165,7 +169,15 @@ func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelC
 			cancel(err)
 			return
 		}
+		t.Reset(period)
 	}
+}
+
+// firstRenewal is how long after now a claim whose lease of length lease
+// ends at end is first renewed: when two thirds of the lease are left, and
+// never later than a third of the lease (when the store's clock is ahead).
+func firstRenewal(end time.Time, lease time.Duration) time.Duration {
+	return min(max(time.Until(end)-lease*2/3, 0), max(lease/3, 10*time.Millisecond))
 }
 
 // succeed records fn's result. The ledger's record wins over fn's result
