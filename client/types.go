@@ -176,6 +176,9 @@ type Finding struct {
 	// Failure says why, with Abandon (optional).
 	Failure *Failure
 	// Note is kept in the operation's history; never parameters or secrets.
+	// With Kind, the principal and FencingToken it makes a call a repeat of
+	// an earlier one that the ledger answers without a change: a second
+	// finding about an attempt already found once needs a new note.
 	Note string
 	// FencingToken is the token of the attempt the finding is about, from
 	// the snapshot the reconciler was given (Do sets it); 0 for whichever
