@@ -12,7 +12,9 @@
 // plain client; under load, callers queue while the lanes are busy and go
 // out together.
 //
-// Contexts: a call whose context ends while it is queued is never sent; a
+// Contexts: a call whose context ends while it is queued is never sent (the
+// caller that forms a batch leaves out, and wakes, every queued call whose
+// context has ended or whose deadline has passed); a
 // queued caller whose context ends while its batch is in flight returns at
 // once (the script may have run, as when a plain call's deadline cuts its
 // reply). A batch runs until the latest deadline among its callers (none if
@@ -65,7 +67,8 @@ const (
 
 type call struct {
 	inner    *redis.Cmd
-	deadline time.Time // zero: none
+	done     <-chan struct{} // its context's; nil: it cannot end
+	deadline time.Time       // zero: none
 	wake     chan struct{}
 	state    int  // guarded by Hook.mu
 	lead     bool // guarded by Hook.mu: the caller must take over a lane
@@ -120,7 +123,7 @@ func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			c.SetErr(err)
 			return err
 		}
-		q := &call{inner: redis.NewCmd(ctx, c.Args()...), wake: make(chan struct{}, 1)}
+		q := &call{inner: redis.NewCmd(ctx, c.Args()...), done: ctx.Done(), wake: make(chan struct{}, 1)}
 		q.deadline, _ = ctx.Deadline()
 		if err := h.do(ctx, q, next); err != nil {
 			c.SetErr(err)
@@ -147,11 +150,15 @@ func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
 		select {
 		case <-q.wake:
 			h.mu.Lock()
-			if q.state == answered {
+			if q.state == answered || q.state == abandoned {
 				if q.lead {
-					h.release() // asked to lead, but already answered
+					h.release() // asked to lead, but already done
 				}
+				abandoned := q.state == abandoned
 				h.mu.Unlock()
+				if abandoned {
+					return ctxErr(ctx) // its context ended before its batch formed
+				}
 				return nil
 			}
 			lead = q.lead
@@ -165,6 +172,12 @@ func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
 				}
 				return nil
 			}
+			if q.state == abandoned {
+				if q.lead {
+					h.release()
+				}
+				return ctxErr(ctx)
+			}
 			q.state = abandoned
 			if q.lead {
 				h.release() // asked to lead just now: pass the lane on
@@ -172,34 +185,35 @@ func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
 			return ctx.Err()
 		}
 	}
-	h.lead(q, next)
-	return nil
+	return h.lead(ctx, q, next)
 }
 
-// lead sends batches from the queue until q is answered, then hands its lane
-// to the oldest queued caller (or frees it).
-func (h *Hook) lead(q *call, next redis.ProcessHook) {
+// ctxErr is ctx's error, or DeadlineExceeded when its deadline has passed
+// before its timer fired.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
+}
+
+// lead sends batches from the queue until q is answered (nil) or its context
+// ended before its batch formed (its error), then hands its lane to the
+// oldest queued caller (or frees it).
+func (h *Hook) lead(ctx context.Context, q *call, next redis.ProcessHook) error {
 	batch := make([]*call, 0, 8)
 	for {
 		h.mu.Lock()
-		if q.state == answered {
+		if q.state == answered || q.state == abandoned {
 			h.release()
+			abandoned := q.state == abandoned
 			h.mu.Unlock()
-			return
-		}
-		batch = batch[:0]
-		n := 0
-		for _, c := range h.pending {
-			if len(batch) == h.maxBatch {
-				break
+			if abandoned {
+				return ctxErr(ctx)
 			}
-			n++
-			if c.state == queued {
-				c.state = sent
-				batch = append(batch, c)
-			}
+			return nil
 		}
-		h.pending = h.pending[:copy(h.pending, h.pending[n:])]
+		batch = h.take(batch[:0])
 		h.mu.Unlock()
 		if len(batch) == 0 {
 			// q is in another lane's batch, which wakes it when answered.
@@ -218,6 +232,50 @@ func (h *Hook) lead(q *call, next redis.ProcessHook) {
 		}
 		h.mu.Unlock()
 	}
+}
+
+// take moves the oldest queued calls, up to MaxBatch, from the queue into
+// batch and returns it. A call whose context has ended, or whose deadline has
+// passed, is not taken: it is abandoned and its caller woken, so it is never
+// sent. h.mu is held.
+func (h *Hook) take(batch []*call) []*call {
+	var now time.Time
+	n := 0
+	for _, c := range h.pending {
+		if len(batch) == h.maxBatch {
+			break
+		}
+		n++
+		if c.state != queued {
+			continue
+		}
+		if c.ended(&now) {
+			c.state = abandoned
+			wake(c)
+			continue
+		}
+		c.state = sent
+		batch = append(batch, c)
+	}
+	h.pending = h.pending[:copy(h.pending, h.pending[n:])]
+	return batch
+}
+
+// ended reports whether c's context has ended or its deadline has passed;
+// *now is the time, read on first need.
+func (c *call) ended(now *time.Time) bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+	}
+	if c.deadline.IsZero() {
+		return false
+	}
+	if now.IsZero() {
+		*now = time.Now()
+	}
+	return !now.Before(c.deadline)
 }
 
 // wake signals c's caller; one pending signal is enough, since the caller

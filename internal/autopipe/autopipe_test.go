@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -109,6 +110,106 @@ func TestQueuedCallWhoseContextEndsIsNotSent(t *testing.T) {
 	// The lane is free again, and the abandoned call never ran.
 	if n, err := incr.Run(ctx, rdb, []string{"counter"}).Int(); err != nil || n != 1 {
 		t.Fatalf("counter = %d, %v; want 1 (the abandoned call never sent)", n, err)
+	}
+}
+
+// TestCallCancelledWhileQueuedIsNeverSent holds the only lane with a short
+// busy script while two calls queue behind it, A and then W. W's context is
+// cancelled while W is still queued, with h.mu held so that the batch after
+// the busy one forms before W's own goroutine can mark it abandoned: the
+// caller that forms it must leave W out, so W returns its context's error
+// and its script never runs. Each round is one chance for that order.
+func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	h := Enable(rdb, Options{Lanes: 1})
+	defer h.Close()
+	ctx := context.Background()
+	incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+	for _, s := range []*redis.Script{busy, echo, incr} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const rounds, busyMS = 10, 50
+	tried := 0
+	for i := range rounds {
+		b0, _ := h.Stats()
+		occupant := make(chan error, 1)
+		go func() { occupant <- busy.Run(ctx, rdb, []string{"o"}, busyMS).Err() }()
+		waitBatches(t, h, b0+1)
+		a := make(chan error, 1)
+		go func() { a <- echo.Run(ctx, rdb, []string{"a"}, "a").Err() }()
+		waitPending(t, h, 1)
+		wctx, cancel := context.WithCancel(ctx)
+		key := "w" + strconv.Itoa(i)
+		w := make(chan error, 1)
+		go func() { w <- incr.Run(wctx, rdb, []string{key}).Err() }()
+		waitPending(t, h, 2)
+		h.mu.Lock()
+		if len(h.pending) != 2 || h.pending[1].state != queued {
+			// The busy batch returned first: no chance this round.
+			h.mu.Unlock()
+			cancel()
+			<-w
+			<-occupant
+			<-a
+			continue
+		}
+		tried++
+		time.Sleep(busyMS * time.Millisecond) // the busy batch returns and waits for h.mu
+		cancel()                              // W is still queued: the lane has not moved
+		time.Sleep(time.Millisecond)          // W's goroutine waits for h.mu too, behind it
+		h.mu.Unlock()
+		if err := <-w; !errors.Is(err, context.Canceled) {
+			t.Fatalf("round %d: W = %v, want its context's error", i, err)
+		}
+		for _, c := range []chan error{occupant, a} {
+			if err := <-c; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n, err := rdb.Get(ctx, key).Int(); !errors.Is(err, redis.Nil) {
+			t.Fatalf("round %d: %s = %d, %v: W's script ran though W was cancelled while queued", i, key, n, err)
+		}
+	}
+	if tried < rounds/2 {
+		t.Fatalf("W was queued behind the busy batch in %d of %d rounds only", tried, rounds)
+	}
+}
+
+// busy runs for ARGV[1] milliseconds and returns 'busy'.
+var busy = redis.NewScript(`
+	local function now()
+		local t = redis.call('TIME')
+		return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+	end
+	local stop = now() + tonumber(ARGV[1])
+	while now() < stop do end
+	return 'busy'`)
+
+// waitPending waits until at least n calls are queued.
+func waitPending(t *testing.T, h *Hook, n int) {
+	t.Helper()
+	waitFor(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.pending) >= n
+	}, "%d queued calls", n)
+}
+
+// waitBatches waits until the hook has sent at least n batches.
+func waitBatches(t *testing.T, h *Hook, n int64) {
+	t.Helper()
+	waitFor(t, func() bool { b, _ := h.Stats(); return b >= n }, "%d batches", n)
+}
+
+func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
+	t.Helper()
+	for stop := time.Now().Add(10 * time.Second); !cond(); time.Sleep(100 * time.Microsecond) {
+		if time.Now().After(stop) {
+			t.Fatalf("no "+format+" after 10s", args...)
+		}
 	}
 }
 
