@@ -14,18 +14,25 @@
 //
 // Contexts: a call whose context ends while it is queued is never sent (the
 // caller that forms a batch leaves out, and wakes, every queued call whose
-// context has ended or whose deadline has passed); a
-// queued caller whose context ends while its batch is in flight returns at
-// once (the script may have run, as when a plain call's deadline cuts its
-// reply). A batch runs until the latest deadline among its callers (none if
-// one has none), within the client's read and write timeouts. A batch that
-// fails on a network error is retried whole by go-redis (MaxRetries), so
-// only commands that are safe to run twice may be batched: the ledger's
-// scripts are (docs/design.md §4).
+// context has ended or whose deadline has passed). A caller whose context
+// ends while its batch is in flight returns at once with its context's
+// error (the script may have run, as when a plain call's deadline cuts its
+// reply). That holds for the caller sending the batch too: when its context
+// can end and the batch holds other callers' commands, the batch goes out
+// from a goroutine of its own, which answers the others and hands the lane
+// on when its replies are in. A caller sending its own command alone does
+// so through the client's own path under its own context, as a plain call:
+// its deadline bounds the call when the client has ContextTimeoutEnabled (as
+// ledgerd's clients have). Any other batch runs until the latest deadline
+// among its callers (none if one has none), within the client's read and
+// write timeouts. A batch that fails on a network error is retried whole by
+// go-redis (MaxRetries), so only commands that are safe to run twice may be
+// batched: the ledger's scripts are (docs/design.md §4).
 package autopipe
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,52 +147,48 @@ func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
 	h.mu.Lock()
 	h.pending = append(h.pending, q)
-	lead := h.active < h.lanes
-	if lead {
+	if h.active < h.lanes {
 		h.active++
 		q.lead = true
 	}
-	h.mu.Unlock()
-	for !lead {
+	var buf [8]*call
+	batch := buf[:0]
+	for {
+		switch {
+		case q.state == answered || q.state == abandoned:
+			if q.lead {
+				h.release()
+			}
+			done := q.state == answered
+			h.mu.Unlock()
+			if done {
+				return nil
+			}
+			return ctxErr(ctx)
+		case q.lead && q.state == sent:
+			// q went out in another lane's batch: pass the lane on, and
+			// wait for that batch like any other caller.
+			q.lead = false
+			h.release()
+		case q.lead:
+			if batch = h.take(batch[:0]); len(batch) > 0 {
+				h.mu.Unlock()
+				h.send(ctx, q, batch, next) // returns with h.mu held
+				continue
+			}
+			continue // q's context ended: take abandoned it
+		}
+		h.mu.Unlock()
 		select {
 		case <-q.wake:
 			h.mu.Lock()
-			if q.state == answered || q.state == abandoned {
-				if q.lead {
-					h.release() // asked to lead, but already done
-				}
-				abandoned := q.state == abandoned
-				h.mu.Unlock()
-				if abandoned {
-					return ctxErr(ctx) // its context ended before its batch formed
-				}
-				return nil
-			}
-			lead = q.lead
-			h.mu.Unlock()
 		case <-ctx.Done():
 			h.mu.Lock()
-			defer h.mu.Unlock()
-			if q.state == answered {
-				if q.lead {
-					h.release()
-				}
-				return nil
+			if q.state == queued || q.state == sent {
+				q.state = abandoned
 			}
-			if q.state == abandoned {
-				if q.lead {
-					h.release()
-				}
-				return ctxErr(ctx)
-			}
-			q.state = abandoned
-			if q.lead {
-				h.release() // asked to lead just now: pass the lane on
-			}
-			return ctx.Err()
 		}
 	}
-	return h.lead(ctx, q, next)
 }
 
 // ctxErr is ctx's error, or DeadlineExceeded when its deadline has passed
@@ -197,40 +200,85 @@ func ctxErr(ctx context.Context) error {
 	return context.DeadlineExceeded
 }
 
-// lead sends batches from the queue until q is answered (nil) or its context
-// ended before its batch formed (its error), then hands its lane to the
-// oldest queued caller (or frees it).
-func (h *Hook) lead(ctx context.Context, q *call, next redis.ProcessHook) error {
-	batch := make([]*call, 0, 8)
-	for {
+// send sends batch, taken from the queue by q's caller on q's lane, and
+// returns with h.mu held once the batch's replies are in, or once q's caller
+// is done without them (ctx ended, or q was answered in another lane's
+// batch). A batch of q alone goes out through the client's own path under
+// ctx, as a plain call would. A larger one goes out from this goroutine when
+// ctx cannot end, and otherwise from a goroutine of its own, so that the
+// caller can return at its context's end while the batch runs on: the lane
+// then stays with the batch, which hands it on when its replies are in.
+func (h *Hook) send(ctx context.Context, q *call, batch []*call, next redis.ProcessHook) {
+	if len(batch) == 1 && batch[0] == q {
+		h.count(batch)
+		if err := next(ctx, q.inner); err != nil {
+			// The client's own path leaves setting the error to its
+			// caller (Process).
+			q.inner.SetErr(err)
+		}
 		h.mu.Lock()
-		if q.state == answered || q.state == abandoned {
-			h.release()
-			abandoned := q.state == abandoned
-			h.mu.Unlock()
-			if abandoned {
-				return ctxErr(ctx)
-			}
-			return nil
-		}
-		batch = h.take(batch[:0])
-		h.mu.Unlock()
-		if len(batch) == 0 {
-			// q is in another lane's batch, which wakes it when answered.
-			<-q.wake
-			continue
-		}
+		h.answer(batch, q)
+		return
+	}
+	if ctx.Done() == nil {
 		h.exec(batch, next)
 		h.mu.Lock()
-		for _, c := range batch {
-			if c.state == sent {
-				c.state = answered
-				if c != q {
-					wake(c)
-				}
-			}
+		h.answer(batch, q)
+		return
+	}
+	f := &flight{}
+	flying := slices.Clone(batch) // batch may be on the caller's stack
+	go func() {
+		h.exec(flying, next)
+		h.mu.Lock()
+		h.answer(flying, nil) // wakes q's caller too
+		f.landed = true
+		if f.orphaned {
+			h.release()
 		}
 		h.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-q.wake:
+			h.mu.Lock()
+		case <-ctx.Done():
+			h.mu.Lock()
+			if !f.landed && (q.state == queued || q.state == sent) {
+				q.state = abandoned
+			}
+		}
+		if f.landed {
+			return
+		}
+		if q.state == answered || q.state == abandoned {
+			// The caller is done (q went out in another batch, or its
+			// context ended): it leaves, and its lane goes with the batch.
+			f.orphaned = true
+			q.lead = false
+			return
+		}
+		h.mu.Unlock()
+	}
+}
+
+// A flight is a batch sent from a goroutine of its own. Its fields are
+// guarded by Hook.mu.
+type flight struct {
+	landed   bool // its replies are in
+	orphaned bool // its caller left: it releases the lane when it lands
+}
+
+// answer marks the calls of batch still waiting for it answered and wakes
+// their callers, all but except's. h.mu is held.
+func (h *Hook) answer(batch []*call, except *call) {
+	for _, c := range batch {
+		if c.state == sent {
+			c.state = answered
+			if c != except {
+				wake(c)
+			}
+		}
 	}
 }
 
@@ -288,20 +336,35 @@ func wake(c *call) {
 }
 
 // release hands the caller's lane to the oldest queued caller, or frees it.
-// h.mu is held.
+// A queued caller whose context has ended is passed over: its call is
+// abandoned and the caller woken. h.mu is held.
 func (h *Hook) release() {
 	for _, c := range h.pending {
-		if c.state == queued && !c.lead {
-			c.lead = true
-			wake(c)
-			return
+		if c.state != queued || c.lead {
+			continue
 		}
+		select {
+		case <-c.done:
+			c.state = abandoned
+			wake(c)
+			continue
+		default:
+		}
+		c.lead = true
+		wake(c)
+		return
 	}
 	h.active--
 }
 
-// exec sends one batch: alone through the client's own path, or as a
-// pipeline.
+// count adds batch to the hook's statistics.
+func (h *Hook) count(batch []*call) {
+	h.batches.Add(1)
+	h.commands.Add(int64(len(batch)))
+}
+
+// exec sends one batch, under the latest deadline among its callers (none if
+// one has none): alone through the client's own path, or as a pipeline.
 func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
 	ctx := context.Background()
 	var latest time.Time
@@ -319,8 +382,7 @@ func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	h.batches.Add(1)
-	h.commands.Add(int64(len(batch)))
+	h.count(batch)
 	if len(batch) == 1 {
 		// The client's own path, which leaves setting the error to its
 		// caller (Process).

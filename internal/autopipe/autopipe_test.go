@@ -3,6 +3,7 @@ package autopipe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -114,68 +115,168 @@ func TestQueuedCallWhoseContextEndsIsNotSent(t *testing.T) {
 }
 
 // TestCallCancelledWhileQueuedIsNeverSent holds the only lane with a short
-// busy script while two calls queue behind it, A and then W. W's context is
-// cancelled while W is still queued, with h.mu held so that the batch after
-// the busy one forms before W's own goroutine can mark it abandoned: the
-// caller that forms it must leave W out, so W returns its context's error
-// and its script never runs. Each round is one chance for that order.
+// busy script while two calls queue behind it, W and A in either order. W's
+// context is cancelled while W is still queued, with h.mu held and the busy
+// batch already returned, so that the lane moves on and the next batch forms
+// before W's own goroutine can mark W abandoned: the lane must not go to W
+// (first in line), and the caller that forms the batch must leave W out
+// (second in line), so W returns its context's error and its script never
+// runs. Each round is one chance for that order.
 func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	h := Enable(rdb, Options{Lanes: 1})
-	defer h.Close()
-	ctx := context.Background()
-	incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
-	for _, s := range []*redis.Script{busy, echo, incr} {
-		if err := s.Load(ctx, rdb).Err(); err != nil {
-			t.Fatal(err)
-		}
+	for _, wAt := range []int{0, 1} {
+		t.Run(fmt.Sprintf("W%d", wAt+1), func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.Client(t)
+			h := Enable(rdb, Options{Lanes: 1})
+			defer h.Close()
+			ctx := context.Background()
+			incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+			for _, s := range []*redis.Script{busy, echo, incr} {
+				if err := s.Load(ctx, rdb).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const rounds, busyMS = 10, 50
+			tried := 0
+			for i := range rounds {
+				b0, _ := h.Stats()
+				occupant := make(chan error, 1)
+				go func() { occupant <- busy.Run(ctx, rdb, []string{"o"}, busyMS).Err() }()
+				waitBatches(t, h, b0+1)
+				wctx, cancel := context.WithCancel(ctx)
+				key := "w" + strconv.Itoa(i)
+				w, a := make(chan error, 1), make(chan error, 1)
+				for at := range 2 {
+					if at == wAt {
+						go func() { w <- incr.Run(wctx, rdb, []string{key}).Err() }()
+					} else {
+						go func() { a <- echo.Run(ctx, rdb, []string{"a"}, "a").Err() }()
+					}
+					waitPending(t, h, at+1)
+				}
+				h.mu.Lock()
+				if len(h.pending) != 2 || h.pending[wAt].state != queued || h.active != 1 {
+					// The busy batch returned first: no chance this round.
+					h.mu.Unlock()
+					cancel()
+					<-w
+					<-occupant
+					<-a
+					continue
+				}
+				tried++
+				time.Sleep(busyMS * time.Millisecond) // the busy batch returns and waits for h.mu
+				cancel()                              // W is still queued: the lane has not moved
+				time.Sleep(time.Millisecond)          // W's goroutine waits for h.mu too, behind it
+				h.mu.Unlock()
+				if err := <-w; !errors.Is(err, context.Canceled) {
+					t.Fatalf("round %d: W = %v, want its context's error", i, err)
+				}
+				for _, c := range []chan error{occupant, a} {
+					if err := <-c; err != nil {
+						t.Fatal(err)
+					}
+				}
+				if n, err := rdb.Get(ctx, key).Int(); !errors.Is(err, redis.Nil) {
+					t.Fatalf("round %d: %s = %d, %v: W's script ran though W was cancelled while queued", i, key, n, err)
+				}
+			}
+			if tried < rounds/2 {
+				t.Fatalf("W was queued behind the busy batch in %d of %d rounds only", tried, rounds)
+			}
+			waitIdle(t, h)
+		})
 	}
-	const rounds, busyMS = 10, 50
-	tried := 0
-	for i := range rounds {
-		b0, _ := h.Stats()
-		occupant := make(chan error, 1)
-		go func() { occupant <- busy.Run(ctx, rdb, []string{"o"}, busyMS).Err() }()
-		waitBatches(t, h, b0+1)
-		a := make(chan error, 1)
-		go func() { a <- echo.Run(ctx, rdb, []string{"a"}, "a").Err() }()
-		waitPending(t, h, 1)
-		wctx, cancel := context.WithCancel(ctx)
-		key := "w" + strconv.Itoa(i)
-		w := make(chan error, 1)
-		go func() { w <- incr.Run(wctx, rdb, []string{key}).Err() }()
-		waitPending(t, h, 2)
-		h.mu.Lock()
-		if len(h.pending) != 2 || h.pending[1].state != queued {
-			// The busy batch returned first: no chance this round.
-			h.mu.Unlock()
-			cancel()
-			<-w
-			<-occupant
-			<-a
-			continue
-		}
-		tried++
-		time.Sleep(busyMS * time.Millisecond) // the busy batch returns and waits for h.mu
-		cancel()                              // W is still queued: the lane has not moved
-		time.Sleep(time.Millisecond)          // W's goroutine waits for h.mu too, behind it
-		h.mu.Unlock()
-		if err := <-w; !errors.Is(err, context.Canceled) {
-			t.Fatalf("round %d: W = %v, want its context's error", i, err)
-		}
-		for _, c := range []chan error{occupant, a} {
-			if err := <-c; err != nil {
+}
+
+// TestBatchSenderReturnsAtItsContextsEnd holds the only lane with a busy
+// script while W, whose context ends in 200ms, and then X, a long script
+// with no deadline, queue behind it. W is handed the lane and sends both:
+// it must return at its context's end, not when X is answered, and X must
+// still get its reply, and the lane be handed on to the call queued after.
+func TestBatchSenderReturnsAtItsContextsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 200*time.Millisecond)
+		}, context.DeadlineExceeded},
+		{"cancel", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.Client(t)
+			h := Enable(rdb, Options{Lanes: 1})
+			defer h.Close()
+			ctx := context.Background()
+			for _, s := range []*redis.Script{busy, echo} {
+				if err := s.Load(ctx, rdb).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			occupant := make(chan error, 1)
+			go func() { occupant <- busy.Run(ctx, rdb, []string{"o"}, 50).Err() }()
+			waitBatches(t, h, 1)
+			wctx, cancel := tc.ctx()
+			defer cancel()
+			start := time.Now()
+			w := make(chan error, 1)
+			go func() { w <- echo.Run(wctx, rdb, []string{"w"}, "w").Err() }()
+			waitPending(t, h, 1)
+			x := make(chan error, 1)
+			go func() { x <- busy.Run(ctx, rdb, []string{"x"}, 1000).Err() }()
+			waitPending(t, h, 2)
+			if err := <-occupant; err != nil {
 				t.Fatal(err)
 			}
-		}
-		if n, err := rdb.Get(ctx, key).Int(); !errors.Is(err, redis.Nil) {
-			t.Fatalf("round %d: %s = %d, %v: W's script ran though W was cancelled while queued", i, key, n, err)
-		}
+			waitBatches(t, h, 2) // W sends W and X
+			y := make(chan string, 1)
+			go func() {
+				got, err := echo.Run(ctx, rdb, []string{"y"}, "y").Text()
+				y <- got + errString(err)
+			}()
+			err := <-w
+			if took := time.Since(start); !errors.Is(err, tc.want) || took > 700*time.Millisecond {
+				t.Fatalf("W = %v after %v, want %v at about 200ms", err, took, tc.want)
+			}
+			if err := <-x; err != nil {
+				t.Fatalf("X = %v, want its reply", err)
+			}
+			if got := <-y; got != "y"+errString(nil) {
+				t.Fatalf("the call queued after W's batch = %q, want its reply", got)
+			}
+			waitIdle(t, h)
+		})
 	}
-	if tried < rounds/2 {
-		t.Fatalf("W was queued behind the busy batch in %d of %d rounds only", tried, rounds)
+}
+
+// TestLoneCallReturnsAtItsDeadline sends one long script alone, with a
+// deadline, through a client that lets contexts bound its calls: it goes out
+// as a plain call and returns at its deadline.
+func TestLoneCallReturnsAtItsDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	h := Enable(rdb, Options{})
+	defer h.Close()
+	ctx := context.Background()
+	if err := busy.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
 	}
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := busy.Run(cctx, rdb, []string{"k"}, 1000).Err()
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > 700*time.Millisecond {
+		t.Fatalf("lone call = %v after %v, want %v at about 200ms", err, took, context.DeadlineExceeded)
+	}
+	waitIdle(t, h)
 }
 
 // busy runs for ARGV[1] milliseconds and returns 'busy'.
@@ -196,6 +297,21 @@ func waitPending(t *testing.T, h *Hook, n int) {
 		defer h.mu.Unlock()
 		return len(h.pending) >= n
 	}, "%d queued calls", n)
+}
+
+// waitIdle waits until no lane is in use and no call is queued.
+func waitIdle(t *testing.T, h *Hook) {
+	t.Helper()
+	waitFor(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, c := range h.pending {
+			if c.state == queued {
+				return false
+			}
+		}
+		return h.active == 0
+	}, "idle hook")
 }
 
 // waitBatches waits until the hook has sent at least n batches.
