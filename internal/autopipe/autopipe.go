@@ -231,10 +231,14 @@ func (h *Hook) send(ctx context.Context, q *call, batch []*call, next redis.Proc
 	go func() {
 		h.exec(flying, next)
 		h.mu.Lock()
-		h.answer(flying, nil) // wakes q's caller too
+		h.answer(flying, nil)
 		f.landed = true
 		if f.orphaned {
 			h.release()
+		} else {
+			// q's caller may not be in the batch (its command was not among
+			// the oldest MaxBatch): it sends the next one.
+			wake(q)
 		}
 		h.mu.Unlock()
 	}()

@@ -153,3 +153,42 @@ func TestConnectionsKilledMidBatch(t *testing.T) {
 	}
 	t.Logf("%d answered, %d failed", answered, failed)
 }
+
+// TestLeaderOutsideItsOwnBatch: with more lanes than MaxBatch, a caller
+// handed a lane may find its own command beyond the oldest MaxBatch queued
+// ones, and send a batch of others first. When that batch lands the caller
+// must send the next one, not wait for its context to end. The scripts are
+// instant; a call that waits out its generous deadline is the defect.
+func TestLeaderOutsideItsOwnBatch(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	h := Enable(rdb, Options{Lanes: 2, MaxBatch: 1})
+	defer h.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	late := 0
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				want := strconv.Itoa(g*1000 + i)
+				got, err := echo.Run(ctx, rdb, nil, want).Text()
+				cancel()
+				switch {
+				case errors.Is(err, context.DeadlineExceeded):
+					mu.Lock()
+					late++
+					mu.Unlock()
+				case err != nil || got != want:
+					t.Errorf("call %s: %q, %v", want, got, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if late > 0 {
+		t.Fatalf("%d calls of instant scripts waited out their 10s deadline", late)
+	}
+}
