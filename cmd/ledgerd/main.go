@@ -285,6 +285,52 @@ const embeddedBanner = `
 ==========================================================================
 `
 
+// parseRedisURL reads --redis-url in --redis-mode mode: how to make the
+// client, where its TLS configuration is (nil without TLS) and the addresses
+// it names. An error never holds the URL's password (redisURLError).
+func parseRedisURL(mode, raw string) (newClient func() redis.UniversalClient, tlsConf **tls.Config, addrs []string, err error) {
+	// Every mode: a caller's gRPC deadline bounds its Redis call too
+	// (ContextTimeoutEnabled), and no client-name handshake (DisableIdentity).
+	switch mode {
+	case "single":
+		var o *redis.Options
+		if o, err = redis.ParseURL(raw); err == nil {
+			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			tlsConf, addrs = &o.TLSConfig, []string{o.Addr}
+			newClient = func() redis.UniversalClient { return redis.NewClient(o) }
+		}
+	case "cluster":
+		var o *redis.ClusterOptions
+		if o, err = redis.ParseClusterURL(raw); err == nil {
+			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			// go-redis learns a failover from MOVED replies or this reload;
+			// its 60s default leaves a dead master's slots unreachable that
+			// long.
+			if o.ClusterStateReloadInterval == 0 {
+				o.ClusterStateReloadInterval = time.Second
+			}
+			tlsConf, addrs = &o.TLSConfig, o.Addrs
+			newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
+		}
+	case "sentinel":
+		var o *redis.FailoverOptions
+		if o, err = redis.ParseFailoverURL(raw); err == nil {
+			if o.MasterName == "" {
+				err = errors.New("a sentinel URL needs ?master_name=NAME")
+			}
+			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			tlsConf, addrs = &o.TLSConfig, o.SentinelAddrs
+			newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
+		}
+	default:
+		return nil, nil, nil, fmt.Errorf("--redis-mode %q: want single, cluster or sentinel", mode)
+	}
+	if err != nil {
+		return nil, nil, nil, redisURLError(mode, raw, err)
+	}
+	return newClient, tlsConf, addrs, nil
+}
+
 // openStore connects to Redis, or starts the embedded engine when no URL is
 // configured. The returned stop releases what it started.
 func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalClient, func(), error) {
@@ -299,50 +345,9 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true})
 		return rdb, func() { _ = rdb.Close(); m.Close() }, nil
 	}
-	// Every mode: a caller's gRPC deadline bounds its Redis call too
-	// (ContextTimeoutEnabled), and no client-name handshake (DisableIdentity).
-	var (
-		newClient func() redis.UniversalClient
-		tlsConf   **tls.Config
-		addrs     []string
-		err       error
-	)
-	switch c.redisMode {
-	case "single":
-		var o *redis.Options
-		if o, err = redis.ParseURL(c.redisURL); err == nil {
-			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
-			tlsConf, addrs = &o.TLSConfig, []string{o.Addr}
-			newClient = func() redis.UniversalClient { return redis.NewClient(o) }
-		}
-	case "cluster":
-		var o *redis.ClusterOptions
-		if o, err = redis.ParseClusterURL(c.redisURL); err == nil {
-			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
-			// go-redis learns a failover from MOVED replies or this reload;
-			// its 60s default leaves a dead master's slots unreachable that
-			// long.
-			if o.ClusterStateReloadInterval == 0 {
-				o.ClusterStateReloadInterval = time.Second
-			}
-			tlsConf, addrs = &o.TLSConfig, o.Addrs
-			newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
-		}
-	case "sentinel":
-		var o *redis.FailoverOptions
-		if o, err = redis.ParseFailoverURL(c.redisURL); err == nil {
-			if o.MasterName == "" {
-				err = errors.New("a sentinel URL needs ?master_name=NAME")
-			}
-			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
-			tlsConf, addrs = &o.TLSConfig, o.SentinelAddrs
-			newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
-		}
-	default:
-		return nil, nil, fmt.Errorf("--redis-mode %q: want single, cluster or sentinel", c.redisMode)
-	}
+	newClient, tlsConf, addrs, err := parseRedisURL(c.redisMode, c.redisURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--redis-url (%s): %w", c.redisMode, errors.New(redactURL(err.Error(), c.redisURL)))
+		return nil, nil, err
 	}
 	if c.redisCA != "" {
 		if *tlsConf == nil {
@@ -495,14 +500,76 @@ func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.log.WarnContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
 }
 
-// redactURL removes the URL's password from a message.
-func redactURL(msg, raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
+// redactURL returns raw with the password of its userinfo replaced by
+// "xxxxx". It does not parse raw, so that a malformed URL is redacted too:
+// the userinfo is everything between "://" (or the start, without a scheme)
+// and the last '@'; its user name, before the first ':', stays (a userinfo
+// without ':' is redacted whole). Over-redacting an '@' outside the userinfo
+// is the price of never showing a password.
+func redactURL(raw string) string {
+	start := 0
+	if i := strings.Index(raw, "://"); i > 0 && validScheme(raw[:i]) {
+		start = i + len("://")
+	}
+	at := strings.LastIndexByte(raw, '@')
+	if at < start {
+		return raw
+	}
+	user, _, ok := strings.Cut(raw[start:at], ":")
+	if !ok {
+		user = ""
+	} else {
+		user += ":"
+	}
+	return raw[:start] + user + "xxxxx" + raw[at:]
+}
+
+// validScheme reports whether s is a URL scheme (RFC 3986: a letter, then
+// letters, digits, '+', '-' or '.').
+func validScheme(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
 		}
 	}
-	return msg
+	return s != ""
+}
+
+// redisURLError is the error for a --redis-url that go-redis refused with
+// err, without the URL's password: the URL is shown redacted (redactURL).
+// go-redis's message is kept only when the URL is well formed and its last
+// '@' ends its userinfo, so that no piece of the password can be elsewhere
+// in it, and then with the password replaced. Otherwise (url.Parse failed,
+// and its error quotes the input, or a piece of it such as an invalid
+// escape or port) a message of its own replaces it.
+func redisURLError(mode, raw string, err error) error {
+	reason := "not a valid URL; want redis://[user:password@]host:port/db, with reserved characters in the user name and password percent-encoded"
+	if u, perr := url.Parse(raw); perr == nil && u.Opaque == "" && !strings.ContainsRune(u.Host+u.Path+u.RawPath+u.RawQuery+u.Fragment, '@') {
+		reason = err.Error()
+		if u.User != nil {
+			secrets := []string{u.User.String()}
+			if p, ok := u.User.Password(); ok {
+				secrets = append(secrets, p)
+			}
+			if start := strings.Index(raw, "://"); start >= 0 {
+				if at := strings.LastIndexByte(raw, '@'); at > start {
+					if _, p, ok := strings.Cut(raw[start+3:at], ":"); ok {
+						secrets = append(secrets, p)
+					}
+				}
+			}
+			for _, s := range secrets {
+				if s != "" {
+					reason = strings.ReplaceAll(reason, s, "xxxxx")
+				}
+			}
+		}
+	}
+	return fmt.Errorf("--redis-url %s (%s): %s", redactURL(raw), mode, reason)
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
