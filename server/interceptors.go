@@ -151,26 +151,42 @@ func (t *tenantLimiter) interceptor(anon string) grpc.UnaryServerInterceptor {
 // decodeErrors wraps the ledger service's handlers so a request the codec
 // could not decode (see requestCodec) gets INVALID_ARGUMENT with the
 // contract's details, not grpc-go's bare INTERNAL or RESOURCE_EXHAUSTED.
-// Nothing reaches the ledger. Being the outermost frame of each call, the
-// wrapper also grows the call's stack once (growStack).
+//
+// The generated handler decodes the request before it runs the interceptor
+// chain, and returns at once when decoding fails. So the wrapper lets it go
+// on with the empty request and has the chain end in the decoding error
+// instead of the method: the call is authenticated (an unauthenticated
+// caller gets UNAUTHENTICATED, not a description of its request), counted
+// against its tenant's rate, logged and measured like any other, and
+// nothing reaches the ledger. (A message the transport itself refuses,
+// more than four times the size limit, is answered by grpc-go with
+// RESOURCE_EXHAUSTED before any of this: see New.) Being the outermost
+// frame of each call, the wrapper also grows the call's stack once
+// (growStack).
 func decodeErrors(sd grpc.ServiceDesc) grpc.ServiceDesc {
 	methods := make([]grpc.MethodDesc, len(sd.Methods))
 	for i, m := range sd.Methods {
 		h := m.Handler
 		m.Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
 			growStack() // while the stack is shallow: see stack.go
-			return h(srv, ctx, func(v any) error {
-				if err := dec(v); err != nil {
-					return err
-				}
-				if m, ok := v.(proto.Message); ok {
+			// dec leaves a request the codec could not decode empty, with
+			// a mark (markFailure); an error from dec is the transport's,
+			// whose status grpc-go has sent already.
+			chain := func(ctx context.Context, req any, call *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+				if m, ok := req.(proto.Message); ok {
 					if desc := decodeFailure(m); desc != "" {
-						return withDetails(codes.InvalidArgument, "invalid request: "+desc, info(ReasonInvalidArgument, nil),
-							&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request", Description: desc}}}).Err()
+						handler = func(context.Context, any) (any, error) {
+							return nil, withDetails(codes.InvalidArgument, "invalid request: "+desc, info(ReasonInvalidArgument, nil),
+								&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request", Description: desc}}}).Err()
+						}
 					}
 				}
-				return nil
-			}, in)
+				if in == nil {
+					return handler(ctx, req)
+				}
+				return in(ctx, req, call, handler)
+			}
+			return h(srv, ctx, dec, chain)
 		}
 		methods[i] = m
 	}

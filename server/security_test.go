@@ -347,6 +347,40 @@ func TestUndecodableRequestsAreInvalidArgument(t *testing.T) {
 	}
 }
 
+// TestUndecodableRequestsGoThroughTheChain: a request that does not decode
+// still meets authentication first, then the scope and the tenant's rate,
+// and writes its call log line; only a caller allowed to make the call
+// learns that the request was invalid.
+func TestUndecodableRequestsGoThroughTheChain(t *testing.T) {
+	kr := newKeyring(t)
+	key := kr.add(t, "a", "acme", "agent", false)
+	viewer := kr.add(t, "v", "acme", "viewer", false)
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{Rate: 0.01, Burst: 1}, ledger.Options{}, nil)
+	garbage := []byte{0xff, 0xff, 0xff}
+	call := func(ctx context.Context) error {
+		var reply []byte
+		return e.conn.Invoke(ctx, "/ledger.v1.LedgerService/Reserve", &garbage, &reply, grpc.ForceCodecV2(nil), grpc.ForceCodec(rawCodec{}))
+	}
+	wantReason(t, call(context.Background()), codes.Unauthenticated, "UNAUTHENTICATED")
+	wantReason(t, call(as("a."+strings.Repeat("0", 64))), codes.Unauthenticated, "UNAUTHENTICATED")
+	wantReason(t, call(as(viewer)), codes.PermissionDenied, "PERMISSION_DENIED")
+	err := call(as(key))
+	if c, ei, br := errorInfo(t, err); c != codes.InvalidArgument || ei.Reason != "INVALID_ARGUMENT" || br == nil || br.FieldViolations[0].Field != "request" {
+		t.Fatalf("garbage with credentials: %v", err)
+	}
+	wantReason(t, call(as(key)), codes.ResourceExhausted, "RATE_LIMITED")
+	var got []string
+	for _, l := range finishedCalls(t, e.logs.String()) {
+		if l.fields["grpc.method"] == "Reserve" {
+			got = append(got, fmt.Sprint(l.fields["grpc.code"]))
+		}
+	}
+	want := []string{"Unauthenticated", "Unauthenticated", "PermissionDenied", "InvalidArgument", "ResourceExhausted"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("call log codes %v, want %v:\n%s", got, want, e.logs.String())
+	}
+}
+
 // testPKI is a CA with a server and two client certificates.
 type testPKI struct {
 	pool               *x509.CertPool
