@@ -70,8 +70,11 @@ type clientCert struct {
 	scopes          []Scope
 }
 
-// TenantLimits are a tenant's overrides of the service-wide limits (zero:
-// the service-wide value).
+// TenantLimits are a tenant's overrides of the service-wide limits. Each
+// field that is zero is the service-wide value, on its own: a tenant may set
+// its rate and keep the service's burst, or the reverse. A burst that is zero
+// in both is the tenant's rate (its own or the service's), rounded up, as
+// for the service.
 type TenantLimits struct {
 	// Rate is how many calls per second the tenant may make.
 	Rate float64 `yaml:"rate"`

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,8 +82,10 @@ func splitMethod(full string) (service, method string) {
 	return full[:i], full[i+1:]
 }
 
-// tenantLimiter is a token bucket per tenant: Rate calls per second, Burst
-// at once, unless the credentials file sets the tenant's own.
+// tenantLimiter is a token bucket per tenant: rate calls per second, burst
+// at once, unless the credentials file sets the tenant's own. Each limit the
+// file leaves at zero is the service-wide one; a burst that is zero there
+// too is the tenant's rate rounded up (burstOf).
 type tenantLimiter struct {
 	rate   float64
 	burst  int
@@ -95,15 +98,19 @@ type tenantLimiter struct {
 func (t *tenantLimiter) limiter(tenant string) *rate.Limiter {
 	r, b := t.rate, t.burst
 	if t.limits != nil {
-		if o := t.limits(tenant); o.Rate > 0 {
-			r, b = o.Rate, max(o.Burst, 1)
+		o := t.limits(tenant)
+		if o.Rate > 0 {
+			r = o.Rate
+		}
+		if o.Burst > 0 {
+			b = o.Burst
 		}
 	}
 	if r <= 0 {
 		return nil
 	}
 	if b <= 0 {
-		b = max(1, int(r))
+		b = burstOf(r)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -116,6 +123,18 @@ func (t *tenantLimiter) limiter(tenant string) *rate.Limiter {
 		l.SetBurst(b)
 	}
 	return l
+}
+
+// maxBurst bounds the burst burstOf derives from a rate.
+const maxBurst = 1 << 30
+
+// burstOf is the burst of a bucket whose burst is not set: its rate of
+// calls per second, rounded up (at least 1, at most maxBurst).
+func burstOf(rate float64) int {
+	if !(rate < maxBurst) {
+		return maxBurst
+	}
+	return max(1, int(math.Ceil(rate)))
 }
 
 // interceptor refuses a tenant's call beyond its rate with

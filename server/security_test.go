@@ -297,6 +297,48 @@ func TestRateLimitPerTenant(t *testing.T) {
 	}
 }
 
+// TestTenantLimitsFallBackFieldByField: a limit a tenant's entry leaves at
+// zero is the service-wide one, each on its own, and a burst set nowhere is
+// the rate rounded up. Each case makes calls in quick succession (far
+// quicker than a token comes back) and counts the refused ones.
+func TestTenantLimitsFallBackFieldByField(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cfg     server.Config
+		tenant  string // the tenant's entry in the credentials file
+		calls   int
+		refused int
+	}{
+		{"own rate, no burst anywhere: the rate rounded up", server.Config{}, "{rate: 100}", 20, 0},
+		{"own rate, no burst anywhere, fractional", server.Config{}, "{rate: 1.5}", 4, 2},
+		{"own rate, the service's burst", server.Config{Rate: 0.01, Burst: 3}, "{rate: 2}", 5, 2},
+		{"own burst, the service's rate", server.Config{Rate: 0.01, Burst: 2}, "{burst: 50}", 10, 0},
+		{"own burst of 4, the service's rate", server.Config{Rate: 0.01, Burst: 2}, "{burst: 4}", 6, 2},
+		{"no entry: the service's rate rounded up", server.Config{Rate: 1.5}, "{max_unresolved: 10}", 4, 2},
+		{"both its own", server.Config{Rate: 0.01, Burst: 1}, "{rate: 2, burst: 3}", 5, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kr := newKeyring(t)
+			key := kr.add(t, "k", "t1", "agent", false)
+			e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, "tenants:\n  t1: "+tc.tenant+"\n"), tc.cfg, ledger.Options{}, nil)
+			refused := 0
+			for range tc.calls {
+				_, err := e.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: "rate-" + randomHex(4)})
+				switch codeOf(err) {
+				case codes.NotFound:
+				case codes.ResourceExhausted:
+					refused++
+				default:
+					t.Fatal(err)
+				}
+			}
+			if refused != tc.refused {
+				t.Fatalf("%d of %d calls refused, want %d", refused, tc.calls, tc.refused)
+			}
+		})
+	}
+}
+
 func TestUnresolvedLimitOverTheWire(t *testing.T) {
 	kr := newKeyring(t)
 	key := kr.add(t, "small", "small", "agent", false)

@@ -72,8 +72,9 @@ type Config struct {
 	// PublicReflection serves reflection to unauthenticated callers when
 	// Auth is set (it describes the API, not any data).
 	PublicReflection bool
-	// Rate and Burst bound each tenant's calls per second and at once (0:
-	// no limit); the credentials file may set a tenant's own.
+	// Rate and Burst bound each tenant's calls per second and at once
+	// (Rate 0: no limit; Burst 0: the rate, rounded up); the credentials
+	// file may set a tenant's own (TenantLimits).
 	Rate  float64
 	Burst int
 }
