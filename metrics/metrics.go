@@ -116,6 +116,9 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // ServerOptions are the gRPC server options that record the RPC metrics.
+// Given to server.New, their interceptors run before the service's own, so
+// that calls refused by authentication or the rate limit, and calls that
+// panicked, are counted too.
 func (m *Metrics) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(m.rpc.unary),

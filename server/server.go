@@ -99,8 +99,12 @@ type handler struct {
 
 var _ ledgerv1.LedgerServiceServer = (*handler)(nil)
 
-// New builds the service. Extra options (credentials, more interceptors) are
-// appended to its own.
+// New builds the service. Extra options (credentials, more interceptors)
+// come after its codec and size limit, so they may replace them; the
+// interceptors among them run before the service's own chain (outermost
+// first), so that they see every call, also one refused by authentication,
+// its scope or its tenant's rate, or one that panicked: the RPC metrics
+// (metrics.Metrics.ServerOptions) count every call so.
 func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	log := cfg.Logger
 	if log == nil {
@@ -118,8 +122,9 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 		log.ErrorContext(ctx, "panic in handler", "panic", p, "stack", string(debug.Stack()))
 		return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil)).Err()
 	})}
-	// The chain, outermost first: one log line per call, panic recovery,
-	// authentication and scope, the tenant's rate.
+	// The service's chain, outermost first (inside the interceptors of
+	// opts): one log line per call, panic recovery, authentication and
+	// scope, the tenant's rate.
 	logUnary, logStream := callLoggers(log)
 	unary := []grpc.UnaryServerInterceptor{logUnary, recovery.UnaryServerInterceptor(recoverOpts...)}
 	stream := []grpc.StreamServerInterceptor{logStream, recovery.StreamServerInterceptor(recoverOpts...)}
@@ -137,9 +142,10 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 		// the transport drops what is far over it before reading it whole.
 		grpc.ForceServerCodecV2(newRequestCodec(maxBytes)),
 		grpc.MaxRecvMsgSize(max(4*maxBytes, maxBytes+64<<10)),
-		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
 	}, opts...)
+	// grpc-go chains interceptors in the order of the options: the
+	// caller's first.
+	all = append(all, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	s := grpc.NewServer(all...)
 	desc := decodeErrors(ledgerv1.LedgerService_ServiceDesc)
 	s.RegisterService(&desc, &handler{l: cfg.Ledger, log: log, anon: ledger.Principal{Tenant: tenant, ID: "anonymous"}})

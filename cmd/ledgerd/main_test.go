@@ -346,6 +346,55 @@ func TestRequireDurable(t *testing.T) {
 	}
 }
 
+// TestMetricsCountRefusedCalls: the RPC metrics ledgerd serves count the
+// calls that authentication, the scope check and the rate limit refuse.
+func TestMetricsCountRefusedCalls(t *testing.T) {
+	agentKey, agentEntry := keygenEntry(t, "acme-agent", "acme", "agent")
+	viewerKey, viewerEntry := keygenEntry(t, "acme-viewer", "acme", "viewer")
+	file := filepath.Join(t.TempDir(), "credentials.yaml")
+	if err := os.WriteFile(file, []byte("keys:\n"+agentEntry+"\n"+viewerEntry+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, out := serve(t, "--auth-file", file, "--rate-limit", "0.01", "--rate-burst", "1", "--metrics-listen", "127.0.0.1:0")
+	metricsAddr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	as := func(key string) context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+key)
+	}
+	req := &ledgerv1.LookupRequest{OperationId: "wf-1:step-1"}
+	if _, err := c.Lookup(context.Background(), req); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Lookup without a key = %v", err)
+	}
+	if _, err := c.Reserve(as(viewerKey), &ledgerv1.ReserveRequest{OperationId: "wf-1:step-1", Tool: "tickets.create", Holder: "h"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Reserve with the viewer key = %v", err)
+	}
+	if _, err := c.Lookup(as(agentKey), req); status.Code(err) != codes.NotFound {
+		t.Fatalf("Lookup within the burst = %v", err)
+	}
+	if _, err := c.Lookup(as(agentKey), req); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Lookup over the rate = %v", err)
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`grpc_server_started_total{grpc_method="Lookup",grpc_service="ledger.v1.LedgerService",grpc_type="unary"} 3`,
+		`grpc_server_handled_total{grpc_code="Unauthenticated",grpc_method="Lookup",grpc_service="ledger.v1.LedgerService",grpc_type="unary"} 1`,
+		`grpc_server_handled_total{grpc_code="ResourceExhausted",grpc_method="Lookup",grpc_service="ledger.v1.LedgerService",grpc_type="unary"} 1`,
+		`grpc_server_handled_total{grpc_code="NotFound",grpc_method="Lookup",grpc_service="ledger.v1.LedgerService",grpc_type="unary"} 1`,
+		`grpc_server_handled_total{grpc_code="PermissionDenied",grpc_method="Reserve",grpc_service="ledger.v1.LedgerService",grpc_type="unary"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
 func TestDurabilityWarnings(t *testing.T) {
 	unsafe := redistest.Start(t, "--maxmemory-policy", "allkeys-lru")
 	_, out := serve(t, "--redis-url", "redis://"+unsafe.Addr)
