@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"slices"
@@ -178,8 +179,11 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 		if err := ledger.ValidateTenant(t); err != nil {
 			return nil, fmt.Errorf("tenants[%q]: %w", t, err)
 		}
-		if lim.Rate < 0 || lim.Burst < 0 || lim.MaxUnresolved < 0 {
+		if lim.Burst < 0 || lim.MaxUnresolved < 0 {
 			return nil, fmt.Errorf("tenants[%q]: limits must not be negative", t)
+		}
+		if !(lim.Rate >= 0) || math.IsInf(lim.Rate, 0) {
+			return nil, fmt.Errorf("tenants[%q]: rate: want a finite number of calls per second, not negative", t)
 		}
 	}
 	return c, nil

@@ -339,6 +339,21 @@ func TestTenantLimitsFallBackFieldByField(t *testing.T) {
 	}
 }
 
+// TestCredentialsRefuseBadLimits: a tenant's limit that is negative, or a
+// rate that is not a finite number, makes the credentials file invalid.
+func TestCredentialsRefuseBadLimits(t *testing.T) {
+	kr := newKeyring(t)
+	kr.add(t, "k", "t1", "agent", false)
+	for _, limits := range []string{"{rate: -1}", "{rate: .nan}", "{rate: .inf}", "{rate: -.inf}", "{burst: -1}", "{max_unresolved: -1}"} {
+		if _, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  t1: " + limits + "\n"))); err == nil || !strings.Contains(err.Error(), "t1") {
+			t.Errorf("%s: %v, want an error about tenant t1", limits, err)
+		}
+	}
+	if _, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  t1: {rate: 0.5, burst: 2, max_unresolved: 10}\n"))); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestUnresolvedLimitOverTheWire(t *testing.T) {
 	kr := newKeyring(t)
 	key := kr.add(t, "small", "small", "agent", false)

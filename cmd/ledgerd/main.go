@@ -55,6 +55,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -210,8 +211,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, envErr
 	}
 	var err error
-	if c.rate, err = strconv.ParseFloat(*rateLimit, 64); err != nil || c.rate < 0 {
-		return c, fmt.Errorf("--rate-limit %q: want calls per second, 0 for no limit", *rateLimit)
+	if c.rate, err = strconv.ParseFloat(*rateLimit, 64); err != nil || !(c.rate >= 0) || math.IsInf(c.rate, 0) {
+		return c, fmt.Errorf("--rate-limit %q: want a finite number of calls per second, 0 for no limit", *rateLimit)
 	}
 	if c.burst, err = strconv.Atoi(*rateBurst); err != nil || c.burst < 0 {
 		return c, fmt.Errorf("--rate-burst %q: want a count, 0 for the rate", *rateBurst)

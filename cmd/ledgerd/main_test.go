@@ -150,6 +150,9 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--redis-url", "redis://:s3cret-pw@127.0.0.1:1/0"}, "cannot use the store"},
 		{[]string{"--listen", "127.0.0.1:0", "--log-level", "loud"}, "log-level"},
 		{[]string{"--listen", "127.0.0.1:0", "--sweep-interval", "0s"}, "sweep-interval"},
+		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "NaN"}, "rate-limit"},
+		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "Inf"}, "rate-limit"},
+		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "-1"}, "rate-limit"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), tc.args, &out)
