@@ -154,3 +154,40 @@ func TestCallLogLevel(t *testing.T) {
 		t.Fatalf("the refused call's line: %v", l)
 	}
 }
+
+// TestCallLogBoundsInvalidValues: the ids of a request are logged before
+// the ledger validates them, so one over its size limit is cut to the limit
+// in the call's line (and the call refused): a request cannot write
+// kilobytes of its own into the log.
+func TestCallLogBoundsInvalidValues(t *testing.T) {
+	e := startEnv(t, redistest.Shared(t).Client(t))
+	huge := strings.Repeat("é", 50<<10) // 100 KiB, two bytes a character
+	for _, req := range []*ledgerv1.ReserveRequest{
+		{OperationId: e.id("x") + huge, Tool: "payments.refund", Holder: newHolder()},
+		{OperationId: e.id("x"), Tool: "payments.refund" + huge, Holder: newHolder()},
+		{OperationId: e.id("x"), Tool: "payments.refund", RunId: huge, Holder: newHolder()},
+	} {
+		_, err := e.c.Reserve(e.ctx, req)
+		if c, ei, _ := errorInfo(t, err); c != codes.InvalidArgument || ei.GetReason() != "INVALID_ARGUMENT" {
+			t.Fatalf("oversized id: %v", err)
+		}
+	}
+	if _, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: huge}); codeOf(err) != codes.InvalidArgument {
+		t.Fatalf("Lookup of an oversized id: %v", err)
+	}
+	lines := finishedCalls(t, e.logs.String())
+	if len(lines) != 4 {
+		t.Fatalf("%d finished-call lines, want 4:\n%s", len(lines), e.logs.String())
+	}
+	for _, l := range lines {
+		for k, max := range map[string]int{"ledger.operation_id": 256, "ledger.tool": 128, "ledger.run_id": 256} {
+			v, _ := l.fields[k].(string)
+			if len(v) > max+len("...(truncated)") {
+				t.Errorf("%s of %d bytes in the log", k, len(v))
+			}
+		}
+	}
+	if n := len(e.logs.String()); n > 16<<10 {
+		t.Fatalf("4 refused calls wrote %d bytes of log", n)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"net"
 	"runtime/debug"
 	"time"
+	"unicode/utf8"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"go.opentelemetry.io/otel/attribute"
@@ -228,13 +229,34 @@ func logOp(ctx context.Context, o *ledger.Operation, more ...string) {
 }
 
 // logID adds the operation id, and the string pairs in more, to the call's
-// log line and trace span.
+// log line and trace span. They are logged before the ledger validates the
+// request: the id is cut to its size limit (bounded), and so must be the
+// values in more.
 func logID(ctx context.Context, id string, more ...string) {
+	id = bounded(id, ledger.MaxOperationIDLen)
 	var buf [3]slog.Attr
 	annotate(ctx, append(buf[:0], slog.String("ledger.operation_id", id)), more)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetAttributes(attribute.String("ledger.operation_id", id))
 	}
+}
+
+// truncated marks a value bounded cut.
+const truncated = "...(truncated)"
+
+// bounded is s, or, when s is longer than max bytes (and so invalid, the
+// request refused), its first max bytes at most, cut at a character
+// boundary, followed by truncated: a request may not write more than a
+// field's size limit into the log.
+func bounded(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	i := max
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + truncated
 }
 
 // annotate adds attrs and the string pairs in more to the call's log line,
@@ -267,7 +289,7 @@ func (p fingerprintPrefix) LogValue() slog.Value {
 
 // Reserve implements ledger.v1.LedgerService.
 func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*ledgerv1.ReserveResponse, error) {
-	logID(ctx, req.GetOperationId(), "ledger.tool", req.GetTool(), "ledger.run_id", req.GetRunId())
+	logID(ctx, req.GetOperationId(), "ledger.tool", bounded(req.GetTool(), ledger.MaxToolLen), "ledger.run_id", bounded(req.GetRunId(), ledger.MaxRunIDLen))
 	var errs requestErrors
 	var params map[string]any
 	if req.GetParams() != nil {
