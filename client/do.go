@@ -38,7 +38,8 @@ const defaultReportTimeout = 10 * time.Second
 //     one is UNKNOWN until reconciled. Never retry it under a new id.
 //   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
 //     result: the effect happened but the ledger did not record it.
-//   - ctx's error, when it ends while Do waits.
+//   - ctx's error, when it ends while Do waits. A claim that arrives after
+//     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run.
 func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	if op.ID == "" || op.Tool == "" {
 		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID and Op.Tool are required", sentinel: ErrInvalidArgument}
@@ -84,6 +85,15 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			}
 
 		case DecisionExecute:
+			if err := ctx.Err(); err != nil {
+				// The caller gave up while the claim was on its way: fn
+				// never runs, so the attempt is proven not applied. Return
+				// the claim, rather than leave it to expire into UNKNOWN.
+				if _, rerr := c.reportFailure(ctx, o, Retryable); rerr != nil {
+					return Result{}, fmt.Errorf("%w (returning the claim: %w)", err, rerr)
+				}
+				return Result{}, err
+			}
 			out, ferr := c.execute(ctx, op, pol, o, fn)
 			if ferr == nil {
 				return c.succeed(ctx, o, out)
