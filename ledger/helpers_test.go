@@ -104,6 +104,20 @@ func (e *env) execute(t *testing.T, id, tool string) *Operation {
 	return res.Operation
 }
 
+// retryMustReconcile is an agent's retry of an operation whose effect may
+// exist: the ledger must answer RECONCILE. An EXECUTE counts as one more
+// effect at the destination (the caller then checks the count).
+func (e *env) retryMustReconcile(t *testing.T, id, tool string, params map[string]any, holder string, applied *int) {
+	t.Helper()
+	switch r := e.reserve(t, id, tool, params, holder); r.Decision {
+	case DecisionExecute:
+		*applied++
+	case DecisionReconcile:
+	default:
+		t.Fatalf("Reserve = %v, want RECONCILE", r.Decision)
+	}
+}
+
 func (e *env) lookup(t *testing.T, id string) *Operation {
 	t.Helper()
 	o, err := e.l.Lookup(e.ctx, e.who, id)

@@ -35,11 +35,7 @@ func TestRepeatUndoesNothingThatCameAfter(t *testing.T) {
 			if got := reasons(e.lookup(t, id)); len(got) != len(before) {
 				t.Fatalf("history %v, want it unchanged: %v", got, before)
 			}
-			if r := e.reserve(t, id, "expiring.refund", params, "h2"); r.Decision == DecisionExecute {
-				applied++
-			} else if r.Decision != DecisionReconcile {
-				t.Fatalf("Reserve = %v, want RECONCILE", r.Decision)
-			}
+			e.retryMustReconcile(t, id, "expiring.refund", params, "h2", &applied)
 			if applied != 1 {
 				t.Fatalf("the refund was applied %d times, want 1", applied)
 			}
@@ -111,11 +107,7 @@ func TestRepeatUndoesNothingThatCameAfter(t *testing.T) {
 			if err != nil || o.State != StateUnknown || o.Attempt != 2 {
 				t.Fatalf("repeated unfenced Reconcile = %v, %v; want OK, UNKNOWN attempt 2", o, err)
 			}
-			if r := e.reserve(t, id, "payments.refund", params, "h3"); r.Decision == DecisionExecute {
-				applied++
-			} else if r.Decision != DecisionReconcile {
-				t.Fatalf("Reserve = %v, want RECONCILE", r.Decision)
-			}
+			e.retryMustReconcile(t, id, "payments.refund", params, "h3", &applied)
 			if applied != 1 {
 				t.Fatalf("the refund was applied %d times, want 1", applied)
 			}

@@ -54,11 +54,7 @@ func TestRepeatAfterTheRecordMovedOn(t *testing.T) {
 			}
 			// An agent retries: it must be told to reconcile, not to refund
 			// a second time.
-			if r := e.reserve(t, id, "payments.refund", params, "h3"); r.Decision == DecisionExecute {
-				applied++
-			} else if r.Decision != DecisionReconcile {
-				t.Fatalf("Reserve = %v, want RECONCILE", r.Decision)
-			}
+			e.retryMustReconcile(t, id, "payments.refund", params, "h3", &applied)
 			if applied != 1 {
 				t.Fatalf("the refund was applied %d times, want 1", applied)
 			}
