@@ -157,14 +157,17 @@ func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operatio
 // thirds of it are always left: first when the lease the ledger reported
 // (o.LeaseExpiresAt) is down to two thirds, which is at once for a claim
 // recovered late in its lease after a lost Reserve response, then every
-// third of the lease after each renewal. A lost claim cancels the attempt.
+// third of the lease after each renewal. A lost claim cancels the attempt,
+// and so does a lease that ends while no renewal gets through (the ledger
+// unreachable from here): the claim may be someone else's by then.
 func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelCauseFunc) {
 	lease := o.lease()
 	if lease <= 0 {
 		return
 	}
 	period := max(lease/3, 10*time.Millisecond)
-	t := time.NewTimer(firstRenewal(o.LeaseExpiresAt, lease))
+	end := o.LeaseExpiresAt
+	t := time.NewTimer(firstRenewal(end, lease))
 	defer t.Stop()
 	for {
 		select {
@@ -173,15 +176,29 @@ func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelC
 		case <-t.C:
 		}
 		cctx, done := context.WithTimeout(ctx, c.callTimeout)
-		_, err := c.Renew(cctx, o.ID, o.FencingToken)
+		now, err := c.Renew(cctx, o.ID, o.FencingToken)
 		done()
-		if errors.Is(err, ErrStaleToken) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrKeyExpired) {
+		switch {
+		case err == nil:
+			end = time.Now().Add(lease)
+			if now != nil && !now.LeaseExpiresAt.IsZero() {
+				end = now.LeaseExpiresAt
+			}
+		case errors.Is(err, ErrStaleToken) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrKeyExpired):
 			cancel(err)
 			return
+		case !time.Now().Before(end):
+			cancel(fmt.Errorf("%w: the claim's lease ended with no renewal getting through (%w)", errLeaseLapsed, err))
+			return
 		}
-		t.Reset(period)
+		// After a failed renewal, try again by the lease's end at the latest.
+		t.Reset(min(period, max(time.Until(end), 0)))
 	}
 }
+
+// errLeaseLapsed is the cause of an attempt cut because its lease ended
+// while the ledger could not be reached to renew it.
+var errLeaseLapsed = errors.New("client: attempt stopped at the end of its lease")
 
 // firstRenewal is how long after now a claim whose lease of length lease
 // ends at end is first renewed: when two thirds of the lease are left, and

@@ -59,3 +59,40 @@ func TestDoRenewsARecoveredClaimBeforeItsLeaseEnds(t *testing.T) {
 		t.Fatalf("history %s: the recovered claim was lost", r)
 	}
 }
+
+// The ledger stops answering this worker's renewals (a partition: others
+// still reach it). When the claim's lease ends without a renewal getting
+// through, the claim may be someone else's, so Do cancels fn's context
+// instead of letting fn run on past its lease, and the attempt is marked
+// UNKNOWN (fn was cut, its effect may exist).
+func TestDoStopsTheToolWhenItsLeaseEndsUnrenewed(t *testing.T) {
+	noRenew := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Renew") {
+			return status.Error(codes.Unavailable, "connection refused")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
+	e := newEnv(t, redistest.Shared(t).Client(t), noRenew)
+	op := e.op("export", "leased.export", nil)
+	var cause atomic.Value
+	_, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		select {
+		case <-time.After(20 * time.Second): // far past the 1s lease
+			return client.Result{ResourceID: "done"}, nil
+		case <-ctx.Done():
+			cause.Store(context.Cause(ctx))
+			return client.Result{}, ctx.Err()
+		}
+	})
+	c, _ := cause.Load().(error)
+	if c == nil || !strings.Contains(c.Error(), "lease") {
+		t.Fatalf("Do = %v; fn's context ended with %v, want the lease's end", err, c)
+	}
+	o, lerr := e.c.Lookup(e.ctx, op.ID)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if o.State != client.StateUnknown {
+		t.Fatalf("after the cut attempt: %v, history %s; want UNKNOWN", o.State, strings.Join(reasons(o), ","))
+	}
+}
