@@ -437,12 +437,9 @@ func startTracing(ctx context.Context, c config) (func(), grpc.ServerOption, err
 	return shutdown, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop))), nil
 }
 
-// reloadOnHangup reloads the credentials and TLS files on SIGHUP. A file
-// that fails to load leaves the previous one in force.
-func reloadOnHangup(ctx context.Context, c config, auth *server.Authenticator, tlsr *server.TLSReloader, log *slog.Logger) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+// reloadOnHangup reloads the credentials and TLS files on each SIGHUP hup
+// delivers. A file that fails to load leaves the previous one in force.
+func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, c config, auth *server.Authenticator, tlsr *server.TLSReloader, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -589,6 +586,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := checkListen(c); err != nil {
 		return err
 	}
+	// SIGHUP is caught from here on, so that one sent while ledgerd starts
+	// (connecting to Redis may take a while) is not its default action,
+	// which ends the process: the reload runs once ledgerd serves.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var (
 		auth  *server.Authenticator
 		creds = &server.Credentials{}
@@ -697,7 +700,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return hs.Shutdown(sctx)
 		})
 	}
-	g.Go(func() error { reloadOnHangup(gctx, c, auth, tlsr, log); return nil })
+	g.Go(func() error { reloadOnHangup(gctx, hup, c, auth, tlsr, log); return nil })
 	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
 	g.Go(func() error {
 		<-gctx.Done()

@@ -476,3 +476,62 @@ func TestTuneGC(t *testing.T) {
 		t.Fatalf("with GOGC set, tuneGC changed the GC target to %d", got)
 	}
 }
+
+// TestHangupWhileStarting: a SIGHUP that arrives while ledgerd is still
+// connecting to Redis (here held up by a proxy that forwards nothing until
+// released) must not end the process, as SIGHUP's default action would: it
+// is kept, and the reload it asks for runs once ledgerd serves.
+func TestHangupWhileStarting(t *testing.T) {
+	srv := redistest.Shared(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	accepted, release := make(chan struct{}, 1), make(chan struct{})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+			go func() {
+				defer c.Close()
+				<-release
+				r, err := net.Dial("tcp", srv.Addr)
+				if err != nil {
+					return
+				}
+				defer r.Close()
+				go func() { _, _ = io.Copy(r, c) }()
+				_, _ = io.Copy(c, r)
+			}()
+		}
+	}()
+	_, entry := keygenEntry(t, "acme-agent", "acme", "agent")
+	file := filepath.Join(t.TempDir(), "credentials.yaml")
+	if err := os.WriteFile(file, []byte("keys:\n"+entry+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		select {
+		case <-accepted: // ledgerd is starting: its first Redis command waits
+		case <-time.After(10 * time.Second):
+		}
+		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
+		time.Sleep(200 * time.Millisecond) // the signal is handled (or the process gone)
+		close(release)
+	}()
+	_, _, out := start(t, insecure.NewCredentials(), "--redis-url", "redis://"+ln.Addr().String()+"/0", "--auth-file", file)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), "reload: credentials file loaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the SIGHUP sent while starting was not acted on once serving:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
