@@ -5,10 +5,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -149,7 +152,7 @@ func writeCallLog(ctx context.Context, log *slog.Logger, fullMethod, typ string,
 	cl.mu.Unlock()
 	attrs = append(attrs, slog.String("grpc.code", code.String()))
 	if err != nil {
-		attrs = append(attrs, slog.String("grpc.error", err.Error()))
+		attrs = append(attrs, slog.String("grpc.error", loggedError(err)))
 		if r := errorReason(err); r != "" {
 			attrs = append(attrs, slog.String("ledger.reason", r))
 		}
@@ -157,4 +160,26 @@ func writeCallLog(ctx context.Context, log *slog.Logger, fullMethod, typ string,
 	ms := float32(took.Nanoseconds()/1000) / 1000
 	attrs = append(attrs, slog.String("grpc.time_ms", strconv.FormatFloat(float64(ms), 'f', -1, 32)))
 	log.LogAttrs(ctx, level, "finished call", attrs...)
+}
+
+// loggedError is err as the call log shows it. A refused request's error
+// names only the refused fields there: its descriptions, which the caller
+// gets, may quote the request's own data (the member names of its
+// parameters, on the way to a bad value).
+func loggedError(err error) string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		br, ok := d.(*errdetails.BadRequest)
+		if !ok {
+			continue
+		}
+		var fields []string
+		for _, v := range br.GetFieldViolations() {
+			if !slices.Contains(fields, v.GetField()) {
+				fields = append(fields, v.GetField())
+			}
+		}
+		return "rpc error: code = " + st.Code().String() + " desc = invalid request: " + strings.Join(fields, ", ")
+	}
+	return err.Error()
 }

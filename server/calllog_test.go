@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,6 +13,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
@@ -189,5 +192,34 @@ func TestCallLogBoundsInvalidValues(t *testing.T) {
 	}
 	if n := len(e.logs.String()); n > 16<<10 {
 		t.Fatalf("4 refused calls wrote %d bytes of log", n)
+	}
+}
+
+// TestCallLogKeepsParamsOut: a refused request's parameters stay out of the
+// log, their member names too (a caller may key parameters by data, such as
+// an e-mail address): the caller's error names the place of the bad value,
+// the log line only the request fields that were refused.
+func TestCallLogKeepsParamsOut(t *testing.T) {
+	e := startEnv(t, redistest.Shared(t).Client(t))
+	params := &structpb.Struct{Fields: map[string]*structpb.Value{
+		"alice@example.com": structpb.NewNumberValue(math.Inf(1)),
+	}}
+	_, err := e.c.Reserve(e.ctx, reserveReq(e.id("x"), "payments.refund", params, newHolder()))
+	c, ei, _ := errorInfo(t, err)
+	if c != codes.InvalidArgument || ei.GetReason() != "INVALID_ARGUMENT" || !strings.Contains(status.Convert(err).Message(), "alice@example.com") {
+		t.Fatalf("Reserve with a bad parameter: %v; want INVALID_ARGUMENT naming its place", err)
+	}
+	lines := finishedCalls(t, e.logs.String())
+	if len(lines) != 1 {
+		t.Fatalf("%d finished-call lines, want 1:\n%s", len(lines), e.logs.String())
+	}
+	if strings.Contains(e.logs.String(), "alice@example.com") {
+		t.Fatalf("a parameter's name reached the log:\n%s", e.logs.String())
+	}
+	if got, _ := lines[0].fields["grpc.error"].(string); !strings.Contains(got, "params") {
+		t.Errorf("grpc.error %q: want the refused field named", got)
+	}
+	if lines[0].fields["ledger.reason"] != "INVALID_ARGUMENT" {
+		t.Errorf("ledger.reason %v", lines[0].fields["ledger.reason"])
 	}
 }
