@@ -3,36 +3,20 @@ package client_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 )
 
 // ledgerFault makes every call of one ledger method fail the way a ledger
-// that does not answer fails: hung until the caller gives up, unavailable,
-// or cut off with a transport status that carries no ErrorInfo.
+// that does not answer fails (ledgertest.Fault).
 func ledgerFault(method, mode string) client.Option {
-	return client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if !strings.HasSuffix(m, "/"+method) {
-			return invoker(ctx, m, req, reply, cc, opts...)
-		}
-		switch mode {
-		case "hung":
-			<-ctx.Done()
-			return status.FromContextError(ctx.Err()).Err()
-		case "unavailable":
-			return status.Error(codes.Unavailable, "connection refused")
-		default: // "cut"
-			return status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: INTERNAL_ERROR")
-		}
-	}))
+	return client.WithDialOptions(grpc.WithChainUnaryInterceptor(ledgertest.Fault(method, mode)))
 }
 
 // The ledger gives no answer while Do records an ambiguous attempt: however

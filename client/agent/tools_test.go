@@ -11,13 +11,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 )
 
@@ -323,22 +321,9 @@ func TestMutatingResultDataIsRecorded(t *testing.T) {
 // may exist, so the run stops with the call pending instead of handing the
 // model an error it would answer with a new call id (a second refund).
 func TestOutcomeNotRecordedEndsRun(t *testing.T) {
-	notFound, _ := status.New(codes.NotFound, "no such operation").WithDetails(&errdetails.ErrorInfo{Reason: "NOT_FOUND", Domain: "ledger.v1"})
 	for _, mode := range []string{"hung", "unavailable", "not-found"} {
 		t.Run(mode, func(t *testing.T) {
-			fault := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				if !strings.HasSuffix(method, "/MarkUnknown") {
-					return invoker(ctx, method, req, reply, cc, opts...)
-				}
-				switch mode {
-				case "hung":
-					<-ctx.Done()
-					return status.FromContextError(ctx.Err()).Err()
-				case "unavailable":
-					return status.Error(codes.Unavailable, "connection refused")
-				}
-				return notFound.Err()
-			}))
+			fault := client.WithDialOptions(grpc.WithChainUnaryInterceptor(ledgertest.Fault("MarkUnknown", mode)))
 			env := startLedger(t, redistest.Shared(t).Client(t), fault,
 				client.WithReportTimeout(200*time.Millisecond), client.WithCallTimeout(time.Minute))
 			dest := newDestination()
