@@ -677,7 +677,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		"auth", auth != nil, "tls", tlsr != nil, "mtls", c.tls.ClientCA != "", "tracing", traceOpt != nil)
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return svc.Serve(lis) })
+	g.Go(func() error {
+		// A stop that came before Serve began leaves it nothing to serve:
+		// that is the stop asked for, not a failure.
+		if err := svc.Serve(lis); !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	})
 	if c.metricsListen != "" {
 		mlis, err := net.Listen("tcp", c.metricsListen)
 		if err != nil {

@@ -535,3 +535,34 @@ func TestHangupWhileStarting(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// cancelOn is a log writer that cancels a context when a line holding
+// marker is written.
+type cancelOn struct {
+	ledgertest.Buffer
+	marker string
+	cancel context.CancelFunc
+}
+
+func (w *cancelOn) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.marker) {
+		w.cancel()
+	}
+	return w.Buffer.Write(p)
+}
+
+// TestStopRequestedAsServingStarts: a stop (SIGTERM, here the run's context)
+// that arrives between the last step of starting and the gRPC server's
+// Serve is a clean stop, not an error: the server stopped before it served
+// is what was asked for.
+func TestStopRequestedAsServingStarts(t *testing.T) {
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		out := &cancelOn{marker: "ledgerd serving", cancel: cancel}
+		err := run(ctx, []string{"--listen", "127.0.0.1:0"}, out)
+		cancel()
+		if err != nil || !strings.Contains(out.String(), `"msg":"stopped"`) {
+			t.Fatalf("run %d, stopped as it started serving: %v\n%s", i, err, out.String())
+		}
+	}
+}
