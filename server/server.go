@@ -162,7 +162,10 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 func (s *Service) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
 
 // Shutdown reports NOT_SERVING to health checks, lets running calls finish
-// until ctx ends, then stops the server.
+// until ctx ends, then cancels those still running. It returns once every
+// handler has returned (the wait of GracefulStop, which Stop ends early
+// but does not skip), so what the handlers use, such as the Redis client,
+// can be closed after it.
 func (s *Service) Shutdown(ctx context.Context) {
 	s.Health.Shutdown()
 	done := make(chan struct{})
