@@ -85,8 +85,10 @@ class NeedsReconciliationError extends Error {
   }
 }
 
-// Throw from fn when the failure proves nothing was applied (HTTP 429, a 503
-// before acceptance).
+// Throw from fn only when the failure proves nothing was applied (HTTP 429, a
+// refused connection). An HTTP 503 or a gRPC RESOURCE_EXHAUSTED or ABORTED
+// may come after the effect: let those propagate (UNKNOWN), unless the
+// destination guarantees they mean refused before processing.
 class RetryableToolError extends Error {}
 
 // Throw from fn when the tool failed for good (HTTP 400, a declined card).

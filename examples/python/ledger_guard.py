@@ -86,7 +86,12 @@ class NeedsReconciliation(Exception):
 
 
 class RetryableToolError(Exception):
-    """Raise from fn when the failure proves nothing was applied (HTTP 429, a 503 before acceptance)."""
+    """Raise from fn only when the failure proves nothing was applied (HTTP 429, a refused connection).
+
+    An HTTP 503 or a gRPC RESOURCE_EXHAUSTED or ABORTED may come after the
+    effect: let those propagate (UNKNOWN), unless the destination guarantees
+    they mean refused before processing.
+    """
 
 
 class FinalToolError(Exception):
