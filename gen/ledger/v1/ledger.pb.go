@@ -28,7 +28,7 @@
 //   RATE_LIMITED             RESOURCE_EXHAUSTED   the tenant is over its rate; RetryInfo says when
 //   UNRESOLVED_LIMIT         RESOURCE_EXHAUSTED   the tenant holds as many unresolved operations as it may
 //   DEADLINE_EXCEEDED        DEADLINE_EXCEEDED    the caller's deadline passed first; retry the same call
-//   CANCELED                 CANCELED             the caller canceled the call
+//   CANCELED                 CANCELLED            the caller canceled the call
 //   INTERNAL                 INTERNAL             an unexpected failure (logged by the service)
 //
 // Every RPC is safe to retry with the same arguments after any error or lost
