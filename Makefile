@@ -25,6 +25,10 @@ BENCH_ARGS ?= --growth 1000,1000000
 # What `buf breaking` compares the protos with: the main branch (a buf git
 # input; BREAKING_AGAINST=... for another).
 BREAKING_AGAINST ?= .git\#branch=main
+# The commit that published ledger.v1: every later proto must stay
+# compatible with it (checked besides BREAKING_AGAINST, which on main itself
+# compares main with main).
+PROTO_V1_BASELINE := 81f0528db3e89469d27041f72b0e5c9a3b244dcf
 # The Node example's packages, installed with `npm ci` from its package-lock.json.
 NODE_EXAMPLE_DEPS := examples/node/node_modules/.installed
 
@@ -106,9 +110,12 @@ lint: lint-proto $(BIN)/.staticcheck-$(STATICCHECK_VERSION) ## buf lint, format 
 	$(BIN)/staticcheck ./...
 
 .PHONY: lint-proto
-lint-proto: tools ## buf lint, buf format and buf breaking against the main branch (BREAKING_AGAINST)
+lint-proto: tools ## buf lint, buf format and buf breaking against ledger.v1 as published and against the main branch (BREAKING_AGAINST)
 	$(BIN)/buf lint
 	$(BIN)/buf format -d --exit-code
+	@if git cat-file -e '$(PROTO_V1_BASELINE)^{commit}' 2>/dev/null; then \
+	  echo "buf breaking --against '.git#ref=$(PROTO_V1_BASELINE)'"; $(BIN)/buf breaking --against '.git#ref=$(PROTO_V1_BASELINE)'; \
+	else echo "buf breaking against ledger.v1 as published skipped: commit $(PROTO_V1_BASELINE) is not in this clone (a shallow one?)"; fi
 	@if [ "$(BREAKING_AGAINST)" != '.git#branch=main' ] || git rev-parse -q --verify refs/heads/main >/dev/null; then \
 	  echo "buf breaking --against '$(BREAKING_AGAINST)'"; $(BIN)/buf breaking --against '$(BREAKING_AGAINST)'; \
 	elif git rev-parse -q --verify refs/remotes/origin/main >/dev/null; then \
