@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,6 +41,12 @@ const defaultReportTimeout = 10 * time.Second
 //     result: the effect happened but the ledger did not record it.
 //   - ctx's error, when it ends while Do waits. A claim that arrives after
 //     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run.
+//   - *WaitDeadlineError (ErrWaitDeadline): the wait deadline ctx carries
+//     (WithWaitDeadline) came while Do waited (on another holder's claim, a
+//     backoff, a reconciler), or before its next Reserve. The operation is
+//     left as the ledger has it, and its effect may exist: retry only under
+//     the same id. A claim that arrives after the deadline is returned
+//     unused, as after ctx ends. The deadline cuts no fn that is running.
 func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	if op.ID == "" || op.Tool == "" {
 		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID and Op.Tool are required", sentinel: ErrInvalidArgument}
@@ -52,27 +59,51 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 		op.Effect = pol.Effect
 	}
 	holder := NewHolder() // one per call of the operation, reused only by its retries
+	// Waits end at the wait deadline too; fn, ledger calls and reports
+	// never get wctx.
+	until, bounded := WaitDeadline(ctx)
+	wctx, stopWaits := waitContext(ctx, until, bounded)
+	defer stopWaits()
 	var (
 		failures, waits, reconciles int
-		lastErr                     error // the last attempt's error
+		lastErr                     error      // the last attempt's error
+		last                        *Operation // the record as last seen
+		waited                      Wait       // what Do waited for last
 	)
+	deadline := func(w Wait, o *Operation, err error) error {
+		return &WaitDeadlineError{Deadline: until, Waiting: w, Operation: o, Err: err}
+	}
 	for {
+		if pastWaitDeadline(ctx) {
+			return Result{}, deadline(waited, last, lastErr)
+		}
 		var res *Reservation
-		err := c.call(ctx, func(ctx context.Context) (err error) {
+		err := c.callWaiting(ctx, wctx, func(ctx context.Context) (err error) {
 			res, err = c.Reserve(ctx, op, holder)
 			return err
 		})
 		if err != nil {
+			var cut *waitCutError
+			if errors.As(err, &cut) {
+				return Result{}, deadline(cut.wait, last, cut.err)
+			}
 			return Result{}, err
 		}
 		o := res.Operation
+		last = o
 		switch res.Decision {
 		case DecisionReplay:
 			return replay(o)
 
 		case DecisionInProgress:
 			waits++
-			if err := sleep(ctx, max(res.RetryAfter, c.backoff.Delay(waits))); err != nil {
+			waited = WaitInProgress
+			if err := pause(ctx, wctx, max(res.RetryAfter, c.backoff.Delay(waits))); err != nil {
+				if err == errWaitDeadline {
+					// Someone else holds the claim: its outcome is unknown
+					// here, and the record stays theirs.
+					return Result{}, deadline(WaitInProgress, o, lastErr)
+				}
 				return Result{}, err
 			}
 
@@ -80,16 +111,30 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			if reconciles++; reconciles > pol.MaxRetries+2 {
 				return Result{}, &ReconcileError{Operation: o, Err: lastErr}
 			}
-			if _, err := c.reconcile(ctx, op.Tool, pol, o, lastErr); err != nil {
+			now, err := c.reconcile(ctx, wctx, op.Tool, pol, o, lastErr)
+			if w, ok := waitCut(err); ok {
+				return Result{}, deadline(w, o, lastErr)
+			}
+			if err != nil {
 				return Result{}, err
 			}
+			if now != nil {
+				last = now
+			}
+			waited = WaitReconciliation
 
 		case DecisionExecute:
-			if err := ctx.Err(); err != nil {
-				// The caller gave up while the claim was on its way: fn
-				// never runs, so the attempt is proven not applied. Return
-				// the claim, rather than leave it to expire into UNKNOWN.
-				if _, rerr := c.reportFailure(ctx, o, Retryable); rerr != nil {
+			if ctx.Err() != nil || pastWaitDeadline(ctx) {
+				// The caller gave up, or its wait deadline passed, while
+				// the claim was on its way: fn never runs, so the attempt
+				// is proven not applied. Return the claim, rather than
+				// leave it to expire into UNKNOWN.
+				now, rerr := c.reportFailure(ctx, o, Retryable)
+				var err error = ctx.Err()
+				if err == nil {
+					err = deadline(waited, cmp.Or(now, o), lastErr)
+				}
+				if rerr != nil {
 					return Result{}, fmt.Errorf("%w (returning the claim: %w)", err, rerr)
 				}
 				return Result{}, err
@@ -107,15 +152,26 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			if err != nil {
 				return Result{}, fmt.Errorf("recording the failed attempt (%v): %w", ferr, err)
 			}
+			if now != nil {
+				last = now
+			}
 			if failures++; failures > pol.MaxRetries {
 				if class == Ambiguous && now != nil && now.State == StateUnknown && now.Effect == EffectIrreversible && c.reconciler(op.Tool) != nil {
 					// No attempts are left, but the effect may exist: asking
 					// the destination runs nothing again.
-					return c.settleLast(ctx, op.Tool, pol, now, failures, ferr)
+					res, err := c.settleLast(ctx, wctx, op.Tool, pol, now, failures, ferr)
+					if w, ok := waitCut(err); ok {
+						return Result{}, deadline(w, now, ferr)
+					}
+					return res, err
 				}
 				return Result{}, &ExhaustedError{Attempts: failures, Ambiguous: class == Ambiguous, Err: ferr}
 			}
-			if err := sleep(ctx, c.backoff.Delay(failures)); err != nil {
+			waited = WaitBackoff
+			if err := pause(ctx, wctx, c.backoff.Delay(failures)); err != nil {
+				if err == errWaitDeadline {
+					return Result{}, deadline(WaitBackoff, last, ferr)
+				}
 				return Result{}, err
 			}
 
@@ -271,8 +327,8 @@ func (c *Client) reportFailure(ctx context.Context, o *Operation, class Class) (
 // settleLast reconciles the last, ambiguous attempt of a call that has no
 // attempts left: found applied, its result is returned; otherwise the call
 // ends as exhausted (or needing reconciliation).
-func (c *Client) settleLast(ctx context.Context, tool string, pol ToolPolicy, o *Operation, attempts int, ferr error) (Result, error) {
-	now, err := c.reconcile(ctx, tool, pol, o, ferr)
+func (c *Client) settleLast(ctx, wctx context.Context, tool string, pol ToolPolicy, o *Operation, attempts int, ferr error) (Result, error) {
+	now, err := c.reconcile(ctx, wctx, tool, pol, o, ferr)
 	if err != nil {
 		return Result{}, err
 	}
@@ -291,15 +347,24 @@ func (c *Client) settleLast(ctx context.Context, tool string, pol ToolPolicy, o 
 // reconcile runs the tool's reconciler on an operation whose outcome is
 // unknown and records its finding. It returns the record after it (nil when
 // someone else got there first); either way the caller may Reserve again.
-func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *Operation, lastErr error) (*Operation, error) {
+// The reconciler (it applies nothing) and the wait for a live claim end at
+// wctx's wait deadline too, with a *waitCutError; the finding, once the
+// reconciler has it, is recorded whatever the deadline.
+func (c *Client) reconcile(ctx, wctx context.Context, tool string, pol ToolPolicy, o *Operation, lastErr error) (*Operation, error) {
 	r := c.reconciler(tool)
 	if r == nil {
 		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: lastErr}
 	}
-	rctx, cancel := context.WithTimeout(ctx, pol.Timeout)
+	if pastWaitDeadline(ctx) {
+		return nil, &waitCutError{wait: WaitReconciliation}
+	}
+	rctx, cancel := context.WithTimeout(wctx, pol.Timeout)
 	f, err := r(rctx, o)
 	cancel()
 	if err != nil {
+		if pastWaitDeadline(ctx) {
+			return nil, &waitCutError{wait: WaitReconciliation}
+		}
 		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("reconciler: %w", err)}
 	}
 	if f.FencingToken == 0 {
@@ -324,7 +389,13 @@ func (c *Client) reconcile(ctx context.Context, tool string, pol ToolPolicy, o *
 	case errors.Is(err, ErrAlreadyResolved), errors.Is(err, ErrStaleToken):
 		return nil, nil // someone else settled it or claimed it again: Reserve reads it
 	case errors.Is(err, ErrInProgress):
-		return nil, sleep(ctx, max(busy, c.backoff.Delay(1)))
+		if err := pause(ctx, wctx, max(busy, c.backoff.Delay(1))); err != nil {
+			if err == errWaitDeadline {
+				return nil, &waitCutError{wait: WaitInProgress}
+			}
+			return nil, err
+		}
+		return nil, nil
 	case err != nil:
 		// The operation is still unresolved, whatever kept the finding out.
 		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: fmt.Errorf("recording the finding: %w", err)}
@@ -354,6 +425,14 @@ func replay(o *Operation) (Result, error) {
 // ledger is unavailable or the tenant is over its rate (at most
 // ledgerRetries more times, waiting the backoff or the RetryInfo's delay).
 func (c *Client) call(ctx context.Context, f func(context.Context) error) error {
+	return c.callWaiting(ctx, ctx, f)
+}
+
+// callWaiting is call whose waits between repeats end at wctx's end too (a
+// wait deadline: see waitContext). A wait cut by the wait deadline returns a
+// *waitCutError with the last call's error; a call in flight is never cut by
+// it.
+func (c *Client) callWaiting(ctx, wctx context.Context, f func(context.Context) error) error {
 	var err error
 	for i := 0; ; i++ {
 		cctx, cancel := context.WithTimeout(ctx, c.callTimeout)
@@ -378,7 +457,10 @@ func (c *Client) call(ctx context.Context, f func(context.Context) error) error 
 		if errors.As(err, &le) && le.RetryAfter > wait {
 			wait = le.RetryAfter // the ledger says when (RetryInfo)
 		}
-		if serr := sleep(ctx, wait); serr != nil {
+		if serr := pause(ctx, wctx, wait); serr != nil {
+			if serr == errWaitDeadline {
+				return &waitCutError{wait: WaitLedger, err: err}
+			}
 			return err
 		}
 	}

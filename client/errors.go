@@ -64,6 +64,11 @@ var (
 	// returned, but the ledger did not record it (unreachable, or the claim
 	// was gone). The operation surfaces as UNKNOWN and reconciles as applied.
 	ErrCompletionNotRecorded = errors.New("completion not recorded")
+	// ErrWaitDeadline: Do stopped waiting at the wait deadline its context
+	// carries (WithWaitDeadline) before the operation settled for this
+	// caller; see *WaitDeadlineError. Its effect may exist: retry only under
+	// the same operation id.
+	ErrWaitDeadline = errors.New("wait deadline passed")
 )
 
 var reasons = map[string]error{
@@ -264,3 +269,55 @@ func (e *NotRecordedError) Is(target error) bool { return target == ErrCompletio
 
 // Unwrap returns why the ledger did not record it.
 func (e *NotRecordedError) Unwrap() error { return e.Err }
+
+// WaitDeadlineError is returned by Do when the wait deadline its context
+// carries (WithWaitDeadline) came while Do waited, or before it could send
+// the next Reserve. The operation did not settle for this caller, and Do
+// leaves it as the ledger has it: another holder's claim stays that holder's
+// (its effect may be happening now), an ambiguous attempt of this call stays
+// UNKNOWN, a retryable one PENDING. The effect may exist: never take this
+// error for "not applied", and never retry under a new operation id; a later
+// Do of the same Op replays, waits, reconciles or executes as the record
+// says.
+//
+// It matches ErrWaitDeadline only. It does not unwrap to Err, so no
+// sentinel or class of an earlier attempt speaks for the operation (ClassOf
+// says Ambiguous).
+type WaitDeadlineError struct {
+	// Deadline is the wait deadline.
+	Deadline time.Time
+	// Waiting is what Do waited for when the deadline came (WaitNone when it
+	// came before Do waited at all).
+	Waiting Wait
+	// Operation is the record as Do last saw it; nil when no Reserve of this
+	// call was answered.
+	Operation *Operation
+	// Err is, for information, the last attempt's error when this call ran
+	// fn, or the ledger's error when Do was about to repeat a Reserve.
+	Err error
+}
+
+// Error describes it.
+func (e *WaitDeadlineError) Error() string {
+	msg := "the wait deadline passed"
+	switch e.Waiting {
+	case WaitInProgress:
+		msg += " while another holder's claim was running"
+	case WaitBackoff:
+		msg += " in the backoff before another attempt"
+	case WaitLedger:
+		msg += " while the ledger gave no answer"
+	case WaitReconciliation:
+		msg += " while the reconciler was asked"
+	}
+	if e.Operation != nil {
+		msg += fmt.Sprintf("; operation %s is %s (attempt %d), its outcome unknown to this caller", e.Operation.ID, e.Operation.State, e.Operation.Attempt)
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is matches ErrWaitDeadline.
+func (e *WaitDeadlineError) Is(target error) bool { return target == ErrWaitDeadline }
