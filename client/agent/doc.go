@@ -36,9 +36,18 @@
 //     transcript count, so a run that keeps crashing cannot escape the cap.
 //   - Wall-clock deadline: checked at the start of every step; a model call
 //     is also cut off when the deadline passes, and the run ends with
-//     "deadline". A tool call in flight is not interrupted by the deadline
+//     "deadline". The deadline also bounds the waits of a mutating call
+//     inside client.Client.Do (it is passed with client.WithWaitDeadline):
+//     on another holder's claim (IN_PROGRESS), in the backoff between
+//     attempts, for a reconciler's answer. When it ends such a wait, the
+//     run ends with "deadline", Outcome.Err is the *client.WaitDeadlineError
+//     (client.ErrWaitDeadline), and the call stays pending: its operation
+//     is left as the ledger has it (another holder's claim stays theirs),
+//     so a run resumed from the transcript sends it again under the same
+//     call id. A tool call in flight is not interrupted by the deadline
 //     (cancelling a side effect half way is what makes outcomes ambiguous):
-//     each tool is bounded by its own timeout (Tool.Policy.Timeout).
+//     each tool is bounded by its own timeout (Tool.Policy.Timeout); its
+//     outcome is recorded, and the next step's check ends the run.
 //   - Model timeout: each model call gets Config.ModelTimeout. The model runs
 //     on its own goroutine, so the timeout holds even for a model that
 //     ignores its context (that goroutine is then abandoned; its answer is
@@ -91,7 +100,9 @@
 // any other refusal by the ledger, an error the runner does not know, or the
 // context ended. Such a call gets no result in the transcript: it stays
 // pending, and a run resumed from that transcript sends it again under the
-// same call id.
+// same call id. The same holds for a call whose wait in Do the run's
+// deadline ended (client.ErrWaitDeadline), except that the run ends with
+// status "deadline".
 // A result that the ledger failed to record (client.ErrCompletionNotRecorded)
 // is handed to the model as a success: the effect happened. Result data that
 // google.protobuf.Struct cannot carry as it is ([]string, map[string]string,

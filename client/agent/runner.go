@@ -279,6 +279,10 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
 			if ctx.Err() != nil {
 				return s.ctxEnded(ctx), true
 			}
+			if errors.Is(stop, client.ErrWaitDeadline) {
+				return s.end(StatusDeadline, fmt.Sprintf("the run's deadline (%s) passed while call %s of tool %q waited on the ledger (it stays pending)",
+					s.deadline, c.ID, c.Name), stop), true
+			}
 			return s.end(StatusError, fmt.Sprintf("the ledger stopped call %s of tool %q (it stays pending)", c.ID, c.Name), stop), true
 		}
 		if keyErr == nil {
@@ -372,7 +376,9 @@ func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (
 		return out, err
 	}
 	began := time.Now()
-	out, err, panicked := s.do(ctx, op, fn)
+	// The run's deadline bounds Do's waits (another holder's claim, backoff,
+	// reconciliation), never fn: a tool under way finishes and is recorded.
+	out, err, panicked := s.do(client.WithWaitDeadline(ctx, s.until), op, fn)
 	if panicked != nil {
 		// The SDK marked the operation UNKNOWN: reconcile, never re-mint.
 		return res, panicked
@@ -439,9 +445,10 @@ func (s *run) do(ctx context.Context, op client.Op, fn client.Func) (out client.
 // applied, or a request the ledger refused as malformed before fn ran.
 // Anything else stops the run (deny by default): a ledger stop signal (SPEC
 // §5), an effect that may exist, an outcome the ledger did not record or did
-// not answer about, the run's context ended, and errors not known here.
+// not answer about, the run's context ended or its deadline passed while Do
+// waited (client.ErrWaitDeadline), and errors not known here.
 func settled(ctx context.Context, err error, ran bool) bool {
-	if ctx.Err() != nil || errors.Is(err, client.ErrNeedsReconciliation) || errors.Is(err, client.ErrUnavailable) {
+	if ctx.Err() != nil || errors.Is(err, client.ErrNeedsReconciliation) || errors.Is(err, client.ErrUnavailable) || errors.Is(err, client.ErrWaitDeadline) {
 		return false
 	}
 	var (

@@ -20,7 +20,9 @@ const (
 	// StatusStepLimit: the model used up Config.MaxSteps turns.
 	StatusStepLimit Status = "step_limit"
 	// StatusDeadline: the run's wall-clock deadline (or the caller's context
-	// deadline) passed.
+	// deadline) passed: at the start of a step, during a model call, or
+	// while a mutating call waited on the ledger (Outcome.Err is then the
+	// client's *client.WaitDeadlineError, and the call stays pending).
 	StatusDeadline Status = "deadline"
 	// StatusRepetition: the model asked for the same tool with the same
 	// canonical arguments Config.RepeatLimit times.
@@ -185,8 +187,10 @@ type Config struct {
 	// MaxSteps caps the model turns of a run (DefaultMaxSteps when zero).
 	MaxSteps int
 	// Deadline is the wall-clock budget of one Run call, checked at the
-	// start of every step and bounding every model call (DefaultDeadline
-	// when zero).
+	// start of every step, bounding every model call and every wait of a
+	// mutating call inside client.Client.Do (another holder's claim,
+	// backoff, reconciliation: see client.WithWaitDeadline), but never a
+	// tool that is running (DefaultDeadline when zero).
 	Deadline time.Duration
 	// ModelTimeout bounds each model call (DefaultModelTimeout when zero).
 	ModelTimeout time.Duration
@@ -231,8 +235,10 @@ type Outcome struct {
 	// counts only, never argument values).
 	Reason string
 	// Err is the cause, with StatusError; it matches the client's sentinels
-	// (client.ErrKeyReused, ...), ErrModelTimeout, or is a *PanicError. Nil
-	// otherwise.
+	// (client.ErrKeyReused, ...), ErrModelTimeout, or is a *PanicError. With
+	// StatusDeadline it is the *client.WaitDeadlineError of a mutating call
+	// whose wait the deadline ended (client.ErrWaitDeadline), nil when the
+	// deadline came elsewhere. Nil otherwise.
 	Err error
 }
 
