@@ -24,7 +24,8 @@
 // the tool (it asks the destination whether the effect exists) or returns
 // ErrNeedsReconciliation. A conflict (ErrKeyReused) is a stop signal: the SDK
 // never mints a new key. When the ledger is unreachable fn is never called:
-// there is no execution without a reservation.
+// there is no execution without a reservation. A wait deadline in ctx
+// (WithWaitDeadline) bounds Do's waits without cutting a running fn.
 //
 // The typed wrappers (Reserve, Complete, MarkUnknown, Lookup, Reconcile,
 // Renew, ListUnresolved) expose every RPC; their errors are *Error values
