@@ -25,8 +25,8 @@
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Accepted from UNKNOWN, from RUNNING past its lease, and from PENDING (where
--- APPLIED and ABANDON settle it, NOT_APPLIED changes nothing and ESCALATE
--- holds it for a human). APPLIED -> SUCCEEDED with the result; NOT_APPLIED
+-- APPLIED and ABANDON settle it, NOT_APPLIED leaves it PENDING with the
+-- finding in its history and ESCALATE holds it for a human). APPLIED -> SUCCEEDED with the result; NOT_APPLIED
 -- -> PENDING; ABANDON -> FAILED_FINAL; ESCALATE -> UNKNOWN, flagged for
 -- review. A repeat of the same finding succeeds again without a second
 -- history entry. With a token, a finding about an attempt that is no longer
@@ -75,9 +75,10 @@ elseif finding == '3' then
   set_outcome('', '', code, ARGV[7])
   finish(ST_FAILED, 'ABANDONED', note)
 elseif finding == '2' then
-  if st ~= ST_PENDING then
-    transition(ST_PENDING, 'RECONCILED_NOT_APPLIED', note)
-  end
+  -- From PENDING too (already claimable) the finding gets its history
+  -- entry, so that a repeat after the next attempt ended UNKNOWN is
+  -- recognised and does not return that attempt to PENDING.
+  transition(ST_PENDING, 'RECONCILED_NOT_APPLIED', note)
 else
   if not (st == ST_UNKNOWN and R.rev == '1') then
     set('rev', '1')
