@@ -436,10 +436,10 @@ func reconcile(r record, in input) result {
 		}
 		n.St, n.Rsn, n.RID, n.Code = stFailed, "ABANDONED", "", code
 	case findNotApplied:
-		if r.St != stPending {
-			n.St, n.Rsn, n.Rev = stPending, "RECONCILED_NOT_APPLIED", false
-			n.mark(&n.NotApplied)
-		}
+		// From PENDING too: the finding is recorded, so its repeat after
+		// the next claim is recognised.
+		n.St, n.Rsn, n.Rev = stPending, "RECONCILED_NOT_APPLIED", false
+		n.mark(&n.NotApplied)
 	case findEscalate:
 		if r.St == stUnknown && r.Rev {
 			return ok(r)
