@@ -52,6 +52,15 @@ func (l *Ledger) ListUnresolved(ctx context.Context, who Principal, req ListRequ
 	if len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
+	// Each listed operation is checked against the states: keep each state
+	// once, so that a request repeating them costs no more per operation.
+	var states []State
+	for _, s := range req.States {
+		if !slices.Contains(states, s) {
+			states = append(states, s)
+		}
+	}
+	req.States = states
 
 	page := &ListPage{}
 	scanned := 0

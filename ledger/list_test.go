@@ -72,6 +72,18 @@ func TestListUnresolved(t *testing.T) {
 		if got := ids(only.Operations); !slices.Equal(got, []string{"pending", "expired"}) {
 			t.Fatalf("PENDING+RUNNING = %v", got)
 		}
+		// States repeated many times select the same operations.
+		repeated := make([]State, 0, 100_000)
+		for len(repeated) < cap(repeated) {
+			repeated = append(repeated, StateRunning, StatePending)
+		}
+		again, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{States: repeated})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ids(again.Operations); !slices.Equal(got, []string{"pending", "expired"}) {
+			t.Fatalf("PENDING+RUNNING repeated = %v", got)
+		}
 		byTool, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{Tool: "payments.charge"})
 		if err != nil {
 			t.Fatal(err)
