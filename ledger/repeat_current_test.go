@@ -152,6 +152,43 @@ func TestRepeatUndoesNothingThatCameAfter(t *testing.T) {
 			}
 		})
 
+		t.Run("mark unknown after the lease ran out, repeated after a finding", func(t *testing.T) {
+			applied := 0
+			id := "expired-unknown-then-reconciled"
+			first := e.execute(t, id, "expiring.refund")
+			waitLeaseExpiry()
+			e.sweep(t) // LEASE_EXPIRED: UNKNOWN before the worker says so
+
+			// The worker's MarkUnknown; its answer is lost.
+			if o, err := e.markUnknown(t, id, first.FencingToken); err != nil || o.State != StateUnknown {
+				t.Fatalf("MarkUnknown on UNKNOWN = %v, %v", o, err)
+			}
+			if got := reasons(e.lookup(t, id)); got[len(got)-1] != "MARKED_UNKNOWN" {
+				t.Fatalf("history %v, want the worker's report recorded", got)
+			}
+			finding := ReconcileRequest{OperationID: id, Finding: FindingNotApplied, FencingToken: first.FencingToken, Note: "no refund at the bank"}
+			if o, err := e.l.Reconcile(e.ctx, e.who, finding); err != nil || o.State != StatePending {
+				t.Fatalf("Reconcile(not applied) = %v, %v", o, err)
+			}
+			before := reasons(e.lookup(t, id))
+			o, err := e.markUnknown(t, id, first.FencingToken) // the worker's retry
+			if err != nil || o.State != StatePending {
+				t.Fatalf("repeated MarkUnknown = %v, %v; want OK, still PENDING", o, err)
+			}
+			if got := reasons(e.lookup(t, id)); len(got) != len(before) {
+				t.Fatalf("history %v, want it unchanged: %v", got, before)
+			}
+			// The finding stands: the next call runs the refund, once.
+			if r := e.reserve(t, id, "expiring.refund", params, "h2"); r.Decision == DecisionExecute {
+				applied++
+			} else {
+				t.Fatalf("Reserve after the finding = %v, want EXECUTE", r.Decision)
+			}
+			if applied != 1 {
+				t.Fatalf("the refund was applied %d times, want 1", applied)
+			}
+		})
+
 		t.Run("retryable failure reported while pending", func(t *testing.T) {
 			id := "retryable-from-pending"
 			first := e.execute(t, id, "payments.refund")

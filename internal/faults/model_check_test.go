@@ -105,6 +105,18 @@ func TestModel(t *testing.T) {
 			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stPending, 2, 200, "")).
 			add(reserve("h3"), running(decExecute, 3, 300)).
 			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stRunning, 3, 300, "")), true},
+		{"mark unknown repeated after a finding, before the next claim: the finding stands", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(markUnknownIn(100), rec(stPending, 1, 100, "")), true},
+		{"mark unknown after the lease ended (sweeper), repeated after a finding: the finding stands", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(lookup(), rec(stUnknown, 1, 100, "")).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(markUnknownIn(100), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)), true},
 		{"a fenced finding about an earlier attempt is refused", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).

@@ -390,10 +390,22 @@ func complete(r record, in input) result {
 	return ok(n)
 }
 
+// markUnknown is mark_unknown.lua for the current attempt's token.
 func markUnknown(r record, in input) result {
 	switch {
-	case r.terminal() || r.St == stUnknown:
+	case r.Att <= maxModelAttempts && r.Marked&(1<<r.Att) != 0:
+		// A repeat: this attempt's report is in the history, also after a
+		// reconciler's finding returned the record to PENDING.
 		return result{next: r, snap: true}
+	case r.terminal():
+		return result{next: r, snap: true}
+	case r.St == stUnknown && r.Ctk == in.Token:
+		return result{next: r, snap: true}
+	case r.St == stUnknown:
+		n := r
+		n.Rsn = "MARKED_UNKNOWN" // recorded, the state kept
+		n.mark(&n.Marked)
+		return result{next: n, snap: true}
 	case r.Ctk == in.Token:
 		return result{next: r, err: "COMPLETION_CONFLICT"}
 	}

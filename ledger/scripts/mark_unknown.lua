@@ -10,7 +10,8 @@
 -- ARGV[4] -> the caller's note ('' for none)
 --
 -- Output: {code, aux, record, moved} (common.lua, reply) or {code, aux, ''}:
---   {C_OK, '', record}                    UNKNOWN now (or already), or
+--   {C_OK, '', record}                    UNKNOWN now (or already: the
+--                                         report is still recorded), or
 --                                         terminal and left as it is
 --   {C_STALE, state, ''}                  the token is not the current one
 --   {C_COMPLETION_CONFLICT, '', record}   this attempt already reported an
@@ -36,7 +37,16 @@ end
 if R.tok ~= token then
   return {C_STALE, R.st, ''}
 end
-if is_terminal(R.st) or R.st == ST_UNKNOWN then
+if is_terminal(R.st) then
+  return reply(C_OK, '')
+end
+if R.st == ST_UNKNOWN then
+  if R.ctk ~= token then
+    -- UNKNOWN already (its lease ran out first): the report still gets its
+    -- entry, so that its repeat after a reconciler's finding is recognised
+    -- above and does not undo the finding.
+    transition(ST_UNKNOWN, 'MARKED_UNKNOWN', ARGV[4])
+  end
   return reply(C_OK, '')
 end
 if R.ctk == token then
