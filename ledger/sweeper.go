@@ -26,18 +26,9 @@ const DefaultSweepInterval = time.Second
 // same store at once. Sweep returns how many operations became UNKNOWN.
 func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 	const op = "ledger.Sweep"
-	now, err := l.rdb.Time(ctx).Result()
+	cmds, err := l.sweepCandidates(ctx)
 	if err != nil {
-		return 0, storeError(op, err)
-	}
-	max := strconv.FormatInt(now.UnixMilli(), 10)
-	pipe := l.rdb.Pipeline()
-	cmds := make([]*redis.StringSliceCmd, NumShards)
-	for s := range NumShards {
-		cmds[s] = pipe.ZRangeByScore(ctx, l.keys.leases(s), &redis.ZRangeBy{Min: "-inf", Max: max, Count: sweepBatch})
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, storeError(op, err)
+		return 0, err
 	}
 	moved := 0
 	var firstErr error // one operation's failure does not stop the pass
@@ -68,6 +59,38 @@ func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 		}
 	}
 	return moved, firstErr
+}
+
+// sweepCandidates reads the store's time and the expired leases of every
+// shard. Like every script, the read is reported as an EventScript (op
+// "Sweep"), so that a store the sweeper cannot reach counts as a store error
+// even when no caller is there to see one.
+func (l *Ledger) sweepCandidates(ctx context.Context) ([]*redis.StringSliceCmd, error) {
+	const op = "ledger.Sweep"
+	start := time.Now()
+	fail := func(err error) ([]*redis.StringSliceCmd, error) {
+		err = storeError(op, err)
+		if ctx.Err() != nil { // stopped, not a store error
+			return nil, err
+		}
+		l.emit(Event{Type: EventScript, Op: "Sweep", Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
+		return nil, err
+	}
+	now, err := l.rdb.Time(ctx).Result()
+	if err != nil {
+		return fail(err)
+	}
+	max := strconv.FormatInt(now.UnixMilli(), 10)
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.StringSliceCmd, NumShards)
+	for s := range NumShards {
+		cmds[s] = pipe.ZRangeByScore(ctx, l.keys.leases(s), &redis.ZRangeBy{Min: "-inf", Max: max, Count: sweepBatch})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fail(err)
+	}
+	l.emit(Event{Type: EventScript, Op: "Sweep", Duration: time.Since(start)})
+	return cmds, nil
 }
 
 // RunSweeper calls Sweep every interval (DefaultSweepInterval when not

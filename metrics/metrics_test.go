@@ -354,3 +354,34 @@ func TestTracesLinkTheCallersTrace(t *testing.T) {
 		t.Fatal("no Reserve span")
 	}
 }
+
+// TestStoreErrorsWithoutCallers: a store the sweeper cannot reach counts in
+// ledger_store_errors_total (LedgerStoreErrors) while no caller is there to
+// get an error.
+func TestStoreErrorsWithoutCallers(t *testing.T) {
+	srv := redistest.Start(t)
+	m := metrics.New(metrics.Options{})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	l, err := ledger.New(srv.Client(t), ledger.Options{Observer: m.Observe, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(m.Handler())
+	t.Cleanup(hs.Close)
+	s := &stack{m: m, srv: hs}
+	ctx := context.Background()
+	if _, err := l.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"op": "Sweep", "kind": "unavailable"}
+	if _, v := s.scrape(t); v("ledger_store_errors_total", labels) != 0 || v("ledger_script_duration_seconds", map[string]string{"op": "Sweep"}) != 1 {
+		t.Fatal("a sweep of a reachable store: want no store error and one round trip observed")
+	}
+	srv.Stop()
+	if _, err := l.Sweep(ctx); ledger.KindOf(err) != ledger.KindUnavailable {
+		t.Fatalf("Sweep of a stopped store = %v", err)
+	}
+	if _, v := s.scrape(t); v("ledger_store_errors_total", labels) != 1 {
+		t.Fatal("a sweep that cannot reach the store is not counted in ledger_store_errors_total")
+	}
+}
