@@ -223,3 +223,29 @@ func TestCallLogKeepsParamsOut(t *testing.T) {
 		t.Errorf("ledger.reason %v", lines[0].fields["ledger.reason"])
 	}
 }
+
+// TestCallLogSaysWhyTheStoreRefused: a call the store refuses (here Redis
+// at maxmemory with noeviction) logs the store's reason, never the
+// parameters.
+func TestCallLogSaysWhyTheStoreRefused(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+	e := startEnv(t, srv.Client(t))
+	if err := e.rdb.ConfigSet(e.ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	params := mustStruct(t, map[string]any{"card": "4111-SECRET"})
+	_, err := e.c.Reserve(e.ctx, reserveReq(e.id("oom"), "payments.refund", params, newHolder()))
+	if c, ei, _ := errorInfo(t, err); c != codes.Unavailable || ei.GetReason() != "STORE_UNAVAILABLE" {
+		t.Fatalf("Reserve on a full store = %v", err)
+	}
+	lines := finishedCalls(t, e.logs.String())
+	if len(lines) != 1 {
+		t.Fatalf("%d finished-call lines, want 1:\n%s", len(lines), e.logs.String())
+	}
+	if got, _ := lines[0].fields["ledger.store_error"].(string); !strings.Contains(got, "OOM") {
+		t.Errorf("ledger.store_error %q: want the store's OOM reason", got)
+	}
+	if strings.Contains(e.logs.String(), "SECRET") {
+		t.Fatalf("a parameter reached the log:\n%s", e.logs.String())
+	}
+}

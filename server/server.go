@@ -206,11 +206,17 @@ func (h *handler) principal(ctx context.Context) ledger.Principal {
 }
 
 // fail converts err to the contract's status; an internal error's cause is
-// logged (it names no parameters) and not sent.
+// logged (it names no parameters) and not sent. So is the store's own reason
+// for refusing a call (OOM, READONLY, LOADING, a refused dial, too few
+// replicas), as ledger.store_error on the call's line: the caller only
+// learns STORE_UNAVAILABLE, the operator needs to know what to fix.
 func (h *handler) fail(ctx context.Context, err error) error {
 	st := toStatus(err)
-	if st.Code() == codes.Internal {
+	switch {
+	case st.Code() == codes.Internal:
 		h.log.ErrorContext(ctx, "internal error", "error", err.Error())
+	case ledger.KindOf(err) == ledger.KindUnavailable, ledger.KindOf(err) == ledger.KindNotReplicated:
+		addLog(ctx, slog.String("ledger.store_error", err.Error()))
 	}
 	return st.Err()
 }
