@@ -410,6 +410,45 @@ func checkDurability(ctx context.Context, c config, rdb redis.UniversalClient, l
 	return nil
 }
 
+// durabilityInterval is how often a running ledgerd reads the durability
+// settings again.
+var durabilityInterval = time.Minute
+
+// watchDurability reads the durability settings every interval, so that
+// ledger_store_durability_ok follows a setting changed on a running Redis
+// (CONFIG SET), and logs each change. A setting it cannot read keeps its
+// last result: an unreachable store is a store error, not an unsafe one.
+func watchDurability(ctx context.Context, l *ledger.Ledger, met *metrics.Metrics, log *slog.Logger, checks []ledger.DurabilityCheck, every time.Duration) {
+	ok := map[string]bool{}
+	for _, d := range checks {
+		ok[d.Name] = d.OK
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		now := l.CheckDurability(cctx)
+		cancel()
+		for _, d := range now {
+			if d.Value == "" || d.OK == ok[d.Name] {
+				continue
+			}
+			ok[d.Name] = d.OK
+			met.SetDurability(d.Name, d.OK)
+			if d.OK {
+				log.Info("Redis durability: "+d.Name+" is safe again", "setting", d.Name, "value", d.Value)
+			} else {
+				log.Warn("Redis durability: "+d.Name+" is unsafe", "setting", d.Name, "value", d.Value, "risk", d.Why)
+			}
+		}
+	}
+}
+
 // startTracing sets up OpenTelemetry tracing when --otlp-endpoint is set:
 // an OTLP/gRPC exporter, W3C trace-context propagation (so an agent's trace
 // links the ledger's spans), and the otelgrpc server handler.
@@ -709,6 +748,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	g.Go(func() error { reloadOnHangup(gctx, hup, c, auth, tlsr, log); return nil })
 	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
+	if c.redisURL != "" {
+		checks, every := durabilityChecks, durabilityInterval
+		g.Go(func() error { watchDurability(gctx, l, met, log, checks, every); return nil })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down")

@@ -566,3 +566,47 @@ func TestStopRequestedAsServingStarts(t *testing.T) {
 		}
 	}
 }
+
+// TestDurabilityFollowsARunningRedis: a setting changed on a running Redis
+// (CONFIG SET appendonly no, then yes) moves ledger_store_durability_ok
+// (LedgerStoreNotDurable) and is logged, without restarting ledgerd.
+func TestDurabilityFollowsARunningRedis(t *testing.T) {
+	prev := durabilityInterval
+	durabilityInterval = 20 * time.Millisecond
+	t.Cleanup(func() { durabilityInterval = prev })
+	safe := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
+	_, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--metrics-listen", "127.0.0.1:0")
+	metricsAddr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	waitFor := func(sample, logged string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := http.Get("http://" + metricsAddr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), sample) && strings.Contains(out.String(), logged) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q with %q in the log:\n%s", sample, logged, out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor(`ledger_store_durability_ok{check="appendonly"} 1`, "ledgerd serving")
+	rdb := safe.Client(t)
+	if err := rdb.ConfigSet(context.Background(), "appendonly", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(`ledger_store_durability_ok{check="appendonly"} 0`, "appendonly is unsafe")
+	if err := rdb.ConfigSet(context.Background(), "appendonly", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(`ledger_store_durability_ok{check="appendonly"} 1`, "appendonly is safe again")
+}
