@@ -62,6 +62,9 @@ type Metrics struct {
 	storeErrors  *prometheus.CounterVec
 	durability   *prometheus.GaugeVec
 	storeScrapes *prometheus.CounterVec
+	reloaded     *prometheus.GaugeVec
+	certExpiry   prometheus.Gauge
+	certOnce     sync.Once
 }
 
 // New builds the metrics in a registry of their own (with the Go and
@@ -102,6 +105,11 @@ func New(o Options) *Metrics {
 		Help: "1 when the store's setting protects acknowledged records (check: appendonly, appendfsync, maxmemory-policy), 0 when not, read at start-up."}, []string{"check"})
 	m.reg.MustRegister(m.durability)
 	m.storeScrapes = counter("store_scrape_errors_total", "Failed reads of the store's live counts for the unresolved gauges.", "what")
+	m.reloaded = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ledger", Name: "config_last_reload_successful",
+		Help: "1 when the file (credentials, tls) loaded at start-up or at the last SIGHUP, 0 when that reload failed and the previous contents stay in use."}, []string{"file"})
+	m.certExpiry = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "ledger", Name: "tls_certificate_expiry_timestamp_seconds",
+		Help: "When the served TLS certificate expires (Unix time), as last loaded."})
+	m.reg.MustRegister(m.reloaded)
 	m.rpc = newRPCMetrics()
 	m.reg.MustRegister(m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -129,6 +137,24 @@ func (m *Metrics) ServerOptions() []grpc.ServerOption {
 // InitializeRPC zero-initializes the RPC metrics of every registered
 // method, so dashboards see them before the first call.
 func (m *Metrics) InitializeRPC(s *grpc.Server) { m.rpc.initialize(s) }
+
+// SetReloaded records whether file ("credentials", "tls") loaded, at
+// start-up or at a reload.
+func (m *Metrics) SetReloaded(file string, ok bool) {
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	m.reloaded.WithLabelValues(file).Set(v)
+}
+
+// SetCertificateExpiry records when the served TLS certificate expires. The
+// gauge is registered by the first call, so that a ledgerd without TLS does
+// not export it.
+func (m *Metrics) SetCertificateExpiry(t time.Time) {
+	m.certOnce.Do(func() { m.reg.MustRegister(m.certExpiry) })
+	m.certExpiry.Set(float64(t.Unix()))
+}
 
 // SetDurability records the result of a durability check.
 func (m *Metrics) SetDurability(check string, ok bool) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"time"
 )
 
 // TLSFiles name the PEM files of the service's TLS: its certificate chain
@@ -20,8 +21,9 @@ type TLSFiles struct {
 // handshakes use the new certificate and client CA, open connections keep
 // theirs.
 type TLSReloader struct {
-	files TLSFiles
-	cur   atomic.Pointer[tls.Config]
+	files    TLSFiles
+	cur      atomic.Pointer[tls.Config]
+	notAfter atomic.Int64 // Unix seconds: when the served certificate expires
 }
 
 // NewTLSReloader loads the files.
@@ -39,6 +41,12 @@ func (r *TLSReloader) Reload() error {
 	if err != nil {
 		return fmt.Errorf("TLS certificate: %w", err)
 	}
+	leaf := cert.Leaf
+	if leaf == nil { // GODEBUG=x509keypairleaf=0
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return fmt.Errorf("TLS certificate: %w", err)
+		}
+	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if r.files.ClientCA != "" {
 		pem, err := os.ReadFile(r.files.ClientCA)
@@ -55,8 +63,12 @@ func (r *TLSReloader) Reload() error {
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
 	}
 	r.cur.Store(cfg)
+	r.notAfter.Store(leaf.NotAfter.Unix())
 	return nil
 }
+
+// NotAfter is when the served certificate expires.
+func (r *TLSReloader) NotAfter() time.Time { return time.Unix(r.notAfter.Load(), 0) }
 
 // Config returns the tls.Config to serve with.
 func (r *TLSReloader) Config() *tls.Config {

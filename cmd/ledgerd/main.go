@@ -478,7 +478,7 @@ func startTracing(ctx context.Context, c config) (func(), grpc.ServerOption, err
 
 // reloadOnHangup reloads the credentials and TLS files on each SIGHUP hup
 // delivers. A file that fails to load leaves the previous one in force.
-func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, c config, auth *server.Authenticator, tlsr *server.TLSReloader, log *slog.Logger) {
+func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, c config, auth *server.Authenticator, tlsr *server.TLSReloader, met *metrics.Metrics, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -486,19 +486,24 @@ func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, c config, auth *s
 		case <-hup:
 		}
 		if auth != nil {
-			if creds, err := server.LoadCredentials(c.authFile); err != nil {
+			creds, err := server.LoadCredentials(c.authFile)
+			if err != nil {
 				log.Error("reload: the credentials file did not load; the previous one stays", "error", err)
 			} else {
 				auth.Reload(creds)
 				log.Info("reload: credentials file loaded", "file", c.authFile)
 			}
+			met.SetReloaded("credentials", err == nil)
 		}
 		if tlsr != nil {
-			if err := tlsr.Reload(); err != nil {
+			err := tlsr.Reload()
+			if err != nil {
 				log.Error("reload: the TLS files did not load; the previous ones stay", "error", err)
 			} else {
-				log.Info("reload: TLS files loaded")
+				log.Info("reload: TLS files loaded", "not_after", tlsr.NotAfter().UTC().Format(time.RFC3339))
+				met.SetCertificateExpiry(tlsr.NotAfter())
 			}
+			met.SetReloaded("tls", err == nil)
 		}
 	}
 }
@@ -712,6 +717,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for _, d := range durabilityChecks {
 		met.SetDurability(d.Name, d.OK)
 	}
+	if auth != nil {
+		met.SetReloaded("credentials", true)
+	}
+	if tlsr != nil {
+		met.SetReloaded("tls", true)
+		met.SetCertificateExpiry(tlsr.NotAfter())
+	}
 	log.Info("ledgerd serving", "listen", lis.Addr().String(), "key_prefix", c.prefix, "policy", c.policy,
 		"auth", auth != nil, "tls", tlsr != nil, "mtls", c.tls.ClientCA != "", "tracing", traceOpt != nil)
 
@@ -746,7 +758,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 			return hs.Shutdown(sctx)
 		})
 	}
-	g.Go(func() error { reloadOnHangup(gctx, hup, c, auth, tlsr, log); return nil })
+	g.Go(func() error { reloadOnHangup(gctx, hup, c, auth, tlsr, met, log); return nil })
 	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
 	if c.redisURL != "" {
 		checks, every := durabilityChecks, durabilityInterval

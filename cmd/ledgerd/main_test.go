@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -266,9 +267,16 @@ func TestKeygenRefusesBadInput(t *testing.T) {
 // writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its key.
 func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
 	t.Helper()
+	return writeSelfSignedUntil(t, dir, time.Now().Add(time.Hour))
+}
+
+// writeSelfSignedUntil is writeSelfSigned with a certificate that expires at
+// notAfter.
+func writeSelfSignedUntil(t *testing.T, dir string, notAfter time.Time) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
 	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ledgerd"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
@@ -609,4 +617,74 @@ func TestDurabilityFollowsARunningRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(`ledger_store_durability_ok{check="appendonly"} 1`, "appendonly is safe again")
+}
+
+// TestReloadsShowInMetrics: whether the credentials and TLS files loaded at
+// the last SIGHUP, and when the served certificate expires, can be alerted
+// on: a file broken on disk would stop the next start.
+func TestReloadsShowInMetrics(t *testing.T) {
+	dir := t.TempDir()
+	firstEnd := time.Now().Add(48 * time.Hour).Truncate(time.Second)
+	certFile, keyFile, pool := writeSelfSignedUntil(t, dir, firstEnd)
+	_, entry := keygenEntry(t, "acme-agent", "acme", "agent")
+	file := filepath.Join(dir, "credentials.yaml")
+	write := func(text string) {
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("keys:\n" + entry + "\n")
+	tlsCreds := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	_, _, out := start(t, tlsCreds, "--auth-file", file, "--tls-cert", certFile, "--tls-key", keyFile, "--metrics-listen", "127.0.0.1:0")
+	metricsAddr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	waitFor := func(samples ...string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := http.Get("http://" + metricsAddr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			missing := ""
+			for _, s := range samples {
+				if !strings.Contains(string(body), s+"\n") {
+					missing = s
+				}
+			}
+			if missing == "" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/metrics lacks %s:\n%s\nlog:\n%s", missing, body, out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	expiry := func(t time.Time) string {
+		return "ledger_tls_certificate_expiry_timestamp_seconds " + strconv.FormatFloat(float64(t.Unix()), 'g', -1, 64)
+	}
+	waitFor(`ledger_config_last_reload_successful{file="credentials"} 1`,
+		`ledger_config_last_reload_successful{file="tls"} 1`, expiry(firstEnd))
+
+	// A broken credentials file and a renewed certificate: the first reload
+	// fails (the previous keys stay), the second succeeds.
+	write("keys: [")
+	secondEnd := firstEnd.Add(24 * time.Hour)
+	writeSelfSignedUntil(t, dir, secondEnd)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(`ledger_config_last_reload_successful{file="credentials"} 0`,
+		`ledger_config_last_reload_successful{file="tls"} 1`, expiry(secondEnd))
+
+	write("keys:\n" + entry + "\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(`ledger_config_last_reload_successful{file="credentials"} 1`)
 }
