@@ -160,22 +160,26 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 }
 
 // replayTranscript counts the input's model turns and completed calls, and
-// returns the calls of the last model turn that have no result yet.
+// returns the calls of the last model turn that have no result yet. Results
+// follow their turn's calls in order, so a result answers the first call of
+// the turn with its call id that has none yet: a model may send one id twice.
 func (s *run) replayTranscript() []ToolCall {
-	var last []ToolCall // calls of the latest assistant message
-	done := map[string]bool{}
+	var (
+		last []ToolCall // calls of the latest assistant message
+		done []bool     // which of them have a result
+	)
 	for _, m := range s.transcript {
 		switch m.Role {
 		case RoleAssistant:
 			s.steps++
-			last, done = m.Calls, map[string]bool{}
+			last, done = m.Calls, make([]bool, len(m.Calls))
 		case RoleTool:
 			if m.Result == nil {
 				continue
 			}
-			done[m.Result.CallID] = true
-			for _, c := range last {
-				if c.ID == m.Result.CallID {
+			for i, c := range last {
+				if !done[i] && c.ID == m.Result.CallID {
+					done[i] = true
 					if key, err := repeatKey(c); err == nil {
 						s.counts[key]++
 					}
@@ -185,8 +189,8 @@ func (s *run) replayTranscript() []ToolCall {
 		}
 	}
 	var pending []ToolCall
-	for _, c := range last {
-		if !done[c.ID] {
+	for i, c := range last {
+		if !done[i] {
 			pending = append(pending, c)
 		}
 	}
