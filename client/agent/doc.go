@@ -91,9 +91,14 @@
 // is a settled failure that leaves no unsettled effect behind: a final
 // failure the ledger recorded or replayed (client.ErrOperationFailed),
 // retryable failures that used up the retries (nothing was applied), a
-// request refused as invalid before the tool ran. Any other error ends the
-// run with status "error" (deny by default): the ledger's stop signals (SPEC
-// §5: client.ErrKeyReused, ErrKeyExpired, ErrNeedsReconciliation, where the
+// request refused as invalid before the tool ran, and a call the ledger
+// refused (client.ErrKeyReused) because the model sent it under a call id
+// that a completed call of the run used for another tool or other arguments
+// (a model or adapter that numbers call ids per turn): nothing ran, the
+// other call's operation is untouched, and the error asks the model for a
+// new call id. Any other error ends the run with status "error" (deny by
+// default): the ledger's stop signals (SPEC §5: client.ErrKeyReused
+// otherwise, ErrKeyExpired, ErrNeedsReconciliation, where the
 // effect may exist and a new call id must not be minted for it,
 // ErrUnavailable, also when the ledger did not answer while Do recorded an
 // outcome, ErrRateLimited, ErrUnauthenticated, ErrPermissionDenied, ...),

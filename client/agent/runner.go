@@ -99,7 +99,8 @@ type run struct {
 	transcript []Message
 	until      time.Time // the run's deadline
 	steps      int
-	counts     map[string]int // completed calls per tool + canonical arguments
+	counts     map[string]int      // completed calls per tool + canonical arguments
+	byID       map[string][]string // tool + canonical arguments of the completed calls per call id
 }
 
 // Run runs the agent loop on in until it ends, and returns how it ended. It
@@ -111,6 +112,7 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 		transcript: slices.Clone(in.Transcript),
 		until:      time.Now().Add(r.deadline),
 		counts:     map[string]int{},
+		byID:       map[string][]string{},
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -180,9 +182,7 @@ func (s *run) replayTranscript() []ToolCall {
 			for i, c := range last {
 				if !done[i] && c.ID == m.Result.CallID {
 					done[i] = true
-					if key, err := repeatKey(c); err == nil {
-						s.counts[key]++
-					}
+					s.completed(c)
 					break
 				}
 			}
@@ -289,14 +289,28 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
 			}
 			return s.end(StatusError, fmt.Sprintf("the ledger stopped call %s of tool %q (it stays pending)", c.ID, c.Name), stop), true
 		}
-		if keyErr == nil {
-			s.counts[key]++
-		}
+		s.completed(c)
 		if o, stop := s.appendMessage(ctx, Message{Role: RoleTool, Result: &res}); stop {
 			return o, true
 		}
 	}
 	return Outcome{}, false
+}
+
+// completed counts a call that has its result.
+func (s *run) completed(c ToolCall) {
+	if key, err := repeatKey(c); err == nil {
+		s.counts[key]++
+		s.byID[c.ID] = append(s.byID[c.ID], key)
+	}
+}
+
+// idTaken says whether a completed call of the run has c's call id but
+// another tool or other canonical arguments: the operation run_id:call_id is
+// that call's, and c is another intent the model sent under the same id.
+func (s *run) idTaken(c ToolCall) bool {
+	key, err := repeatKey(c)
+	return err == nil && slices.ContainsFunc(s.byID[c.ID], func(k string) bool { return k != key })
 }
 
 // repeatKey identifies a call's tool and canonical arguments.
@@ -401,6 +415,13 @@ func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (
 		// The effect happened (a result the ledger failed to record is
 		// reconciled as applied later).
 		res.Data, res.ResourceID, res.Replayed = out.Data, out.ResourceID, out.Replayed
+		return res, nil
+	case errors.Is(err, client.ErrKeyReused) && attempts == 0 && s.idTaken(c):
+		// The model sent a new intent under a call id the run already used
+		// for another call: the ledger refused it and ran nothing, and the
+		// other call's operation is untouched. The model may ask again under
+		// a new call id.
+		res.Error = fmt.Sprintf("call id %q was already used in this run for another call; this call was not run (ask again under a new call id): %v", c.ID, err)
 		return res, nil
 	case !settled(ctx, err, attempts > 0):
 		return res, err

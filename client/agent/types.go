@@ -65,7 +65,10 @@ type Message struct {
 type ToolCall struct {
 	// ID is the model's call id. It must be unique within the run and stable
 	// across resumptions: a mutating call's operation id is
-	// run_id + ":" + ID.
+	// run_id + ":" + ID. A mutating call under an id that a completed call
+	// of the run used for another tool or other arguments is refused by the
+	// ledger and not run; the model gets an error result asking for a new
+	// call id. The same id with the same tool and arguments replays.
 	ID string
 	// Name is the tool's name.
 	Name string
