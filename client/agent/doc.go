@@ -90,7 +90,8 @@
 // The error of a mutating call is handed to the model as data only when it
 // is a settled failure that leaves no unsettled effect behind: a final
 // failure the ledger recorded or replayed (client.ErrOperationFailed),
-// retryable failures that used up the retries (nothing was applied), a
+// retryable failures that used up the retries (nothing was applied: every
+// attempt of the operation ran in this call and failed retryably), a
 // request refused as invalid before the tool ran, and a call the ledger
 // refused (client.ErrKeyReused) because the model sent it under a call id
 // that a completed call of the run used for another tool or other arguments
@@ -102,8 +103,11 @@
 // effect may exist and a new call id must not be minted for it,
 // ErrUnavailable, also when the ledger did not answer while Do recorded an
 // outcome, ErrRateLimited, ErrUnauthenticated, ErrPermissionDenied, ...),
-// any other refusal by the ledger, an error the runner does not know, or the
-// context ended. Such a call gets no result in the transcript: it stays
+// any other refusal by the ledger, used-up retries after an attempt that was
+// ambiguous or ran elsewhere (the ledger claims an UNKNOWN idempotent
+// operation again without reconciling it, so the effect may exist under the
+// operation's idempotency key, which a new call id would not share), an
+// error the runner does not know, or the context ended. Such a call gets no result in the transcript: it stays
 // pending, and a run resumed from that transcript sends it again under the
 // same call id. The same holds for a call whose wait in Do the run's
 // deadline ended (client.ErrWaitDeadline), except that the run ends with

@@ -380,13 +380,22 @@ func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (
 		ID: s.in.RunID + ":" + c.ID, Tool: c.Name, Params: c.Args,
 		PermitID: s.in.PermitID, RunID: s.in.RunID, Step: uint32(s.steps),
 	}
-	attempts := 0 // fn runs on Do's goroutine, synchronously
+	// fn runs on Do's goroutine, synchronously. proven stays true while
+	// every attempt of the operation so far ran here (attempts 1, 2, ...)
+	// and failed retryably, that is proven not applied.
+	attempts, proven := 0, true
 	fn := func(actx context.Context, a client.Attempt) (out client.Result, err error) {
 		attempts++
+		if a.Number != uint32(attempts) {
+			proven = false // an attempt ran elsewhere, its outcome unknown here
+		}
 		started := lc.start(ctx, a.Number, false)
 		ok := false
 		defer func() { lc.end(ctx, a.Number, false, started, ok) }() // also when fn panics
 		out, err = t.Func(actx, s.toolCall(c, a))
+		if err != nil && client.ClassOf(err) != client.Retryable {
+			proven = false
+		}
 		ok = err == nil
 		if ok {
 			out.Data = jsonData(out.Data)
@@ -423,7 +432,7 @@ func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (
 		// a new call id.
 		res.Error = fmt.Sprintf("call id %q was already used in this run for another call; this call was not run (ask again under a new call id): %v", c.ID, err)
 		return res, nil
-	case !settled(ctx, err, attempts > 0):
+	case !settled(ctx, err, attempts > 0, proven):
 		return res, err
 	}
 	res.Error = err.Error()
@@ -467,12 +476,16 @@ func (s *run) do(ctx context.Context, op client.Op, fn client.Func) (out client.
 // settled says whether a mutating call's error is a settled failure to hand
 // to the model, which may then ask again under a new call id: a final
 // failure (recorded, or replayed), retries used up by failures proven not
-// applied, or a request the ledger refused as malformed before fn ran.
+// applied (proven: every attempt of the operation ran in this Do and failed
+// retryably; an ambiguous attempt of an idempotent operation is claimed
+// again without reconciliation, so its effect may exist under the
+// operation's idempotency key, which a new call id would not share), or a
+// request the ledger refused as malformed before fn ran.
 // Anything else stops the run (deny by default): a ledger stop signal (SPEC
 // §5), an effect that may exist, an outcome the ledger did not record or did
 // not answer about, the run's context ended or its deadline passed while Do
 // waited (client.ErrWaitDeadline), and errors not known here.
-func settled(ctx context.Context, err error, ran bool) bool {
+func settled(ctx context.Context, err error, ran, proven bool) bool {
 	if ctx.Err() != nil || errors.Is(err, client.ErrNeedsReconciliation) || errors.Is(err, client.ErrUnavailable) || errors.Is(err, client.ErrWaitDeadline) {
 		return false
 	}
@@ -487,7 +500,7 @@ func settled(ctx context.Context, err error, ran bool) bool {
 		// recording an outcome, leaves the operation for the ledger to settle.
 		return !ran && errors.Is(err, client.ErrInvalidArgument)
 	}
-	return errors.As(err, &fe) || errors.As(err, &ee) && !ee.Ambiguous
+	return errors.As(err, &fe) || errors.As(err, &ee) && !ee.Ambiguous && proven
 }
 
 func (s *run) toolCall(c ToolCall, a client.Attempt) Call {

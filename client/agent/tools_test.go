@@ -355,3 +355,62 @@ func TestOutcomeNotRecordedEndsRun(t *testing.T) {
 		})
 	}
 }
+
+// An idempotent tool (its destination honours the idempotency key) whose
+// first attempt applied the effect but lost the response, and whose retry
+// was refused (connection refused): the retries are used up, but the first
+// attempt was never proven not applied (the ledger reclaims an UNKNOWN
+// idempotent operation without reconciling it). The run stops with the call
+// pending instead of handing the model an error it would answer under a new
+// call id, a new key the destination would apply again; the resumed run
+// retries under the same key.
+func TestExhaustedAfterUnsettledAttemptEndsRun(t *testing.T) {
+	env := startLedger(t, redistest.Shared(t).Client(t))
+	var (
+		mu      sync.Mutex
+		byKey   = map[string]string{} // idempotency key -> shipment
+		applied int
+		runs    atomic.Int32
+	)
+	ship := agent.Tool{Name: "ship", Mutating: true,
+		Policy: client.ToolPolicy{Timeout: 5 * time.Second, MaxRetries: 1, Effect: client.EffectIdempotent},
+		Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+			n := runs.Add(1)
+			if n == 2 {
+				return client.Result{}, client.MarkRetryable(errors.New("dial tcp: connection refused"))
+			}
+			mu.Lock()
+			id, ok := byKey[c.Attempt.IdempotencyKey]
+			if !ok {
+				applied++
+				id = "ship-" + strconv.Itoa(applied)
+				byKey[c.Attempt.IdempotencyKey] = id
+			}
+			mu.Unlock()
+			if n == 1 {
+				return client.Result{}, errors.New("read tcp: i/o timeout") // applied, response lost
+			}
+			return client.Result{ResourceID: id}, nil
+		}}
+	calls := 0
+	model := agent.ModelFunc(func(ctx context.Context, tr []agent.Message) (agent.Turn, error) {
+		if r := lastResult(tr); r != nil && r.Error == "" || calls >= 2 {
+			return agent.Turn{Text: "done"}, nil
+		}
+		calls++ // a failed call is asked for again, under a new call id
+		return agent.Turn{Calls: []agent.ToolCall{{ID: "call-" + strconv.Itoa(calls), Name: "ship", Args: map[string]any{"order": "o-1"}}}}, nil
+	})
+	r := mustNew(t, agent.Config{Client: env.client, Model: model, Tools: []agent.Tool{ship}})
+	runID := newRunID(t)
+	out := r.Run(context.Background(), agent.Input{RunID: runID, Transcript: user("ship o-1")})
+	if applied != 1 {
+		t.Fatalf("the destination shipped %d times (status %q, results %+v)", applied, out.Status, results(out.Transcript))
+	}
+	if out.Status != agent.StatusError || !errors.Is(out.Err, client.ErrRetriesExhausted) || len(results(out.Transcript)) != 0 {
+		t.Fatalf("status %q, err %v, results %+v; want error with the call pending", out.Status, out.Err, results(out.Transcript))
+	}
+	out = r.Run(context.Background(), agent.Input{RunID: runID, Transcript: out.Transcript})
+	if res := results(out.Transcript); out.Status != agent.StatusDone || len(res) != 1 || res[0].ResourceID != "ship-1" || applied != 1 {
+		t.Fatalf("resumed: status %q (%v), results %+v, shipped %d times; want done with ship-1", out.Status, out.Err, res, applied)
+	}
+}
