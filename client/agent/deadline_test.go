@@ -182,3 +182,41 @@ func TestS14DeadlineInTheBackoff(t *testing.T) {
 		t.Fatalf("resumed: status %q (%v), results %+v, effects %d; want done, one effect", o.Status, o.Err, res, dest.total())
 	}
 }
+
+// S14: the deadline passes while the first of a turn's two read calls runs.
+// That call finishes and is recorded, but the second one is not started
+// after the deadline: the run ends with "deadline" and the call stays
+// pending; the resumed run runs it.
+func TestS14DeadlineBetweenCallsOfOneTurn(t *testing.T) {
+	const deadline = 50 * time.Millisecond
+	var slowRuns, lookups atomic.Int32
+	tools := []agent.Tool{
+		{Name: "slow", Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+			slowRuns.Add(1)
+			time.Sleep(3 * deadline) // the run started before this call did
+			return client.Result{}, nil
+		}},
+		{Name: "lookup", Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+			lookups.Add(1)
+			return client.Result{}, nil
+		}},
+	}
+	model := agent.ModelFunc(func(ctx context.Context, tr []agent.Message) (agent.Turn, error) {
+		if turns(tr) == 0 {
+			return agent.Turn{Calls: []agent.ToolCall{{ID: "c1", Name: "slow"}, {ID: "c2", Name: "lookup"}}}, nil
+		}
+		return agent.Turn{Text: "done"}, nil
+	})
+	r := mustNew(t, agent.Config{Model: model, Tools: tools, Deadline: deadline})
+	out := r.Run(context.Background(), agent.Input{RunID: "r", Transcript: user("go")})
+	if out.Status != agent.StatusDeadline || out.Err != nil {
+		t.Fatalf("status %q (%s, %v); want deadline", out.Status, out.Reason, out.Err)
+	}
+	if res := results(out.Transcript); len(res) != 1 || res[0].CallID != "c1" || lookups.Load() != 0 {
+		t.Fatalf("results %+v, lookups %d; want c1's result only, c2 not started", res, lookups.Load())
+	}
+	out = mustNew(t, agent.Config{Model: model, Tools: tools}).Run(context.Background(), agent.Input{RunID: "r", Transcript: out.Transcript})
+	if res := results(out.Transcript); out.Status != agent.StatusDone || len(res) != 2 || res[1].CallID != "c2" || lookups.Load() != 1 || slowRuns.Load() != 1 {
+		t.Fatalf("resumed: status %q, results %+v, lookups %d, slow runs %d", out.Status, res, lookups.Load(), slowRuns.Load())
+	}
+}

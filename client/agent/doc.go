@@ -34,7 +34,9 @@
 //     the transcript already holds MaxSteps model turns (assistant
 //     messages), the run ends with "step_limit". Turns of a resumed
 //     transcript count, so a run that keeps crashing cannot escape the cap.
-//   - Wall-clock deadline: checked at the start of every step; a model call
+//   - Wall-clock deadline: checked at the start of every step and before
+//     every tool call (the calls of the turn not started stay pending, and a
+//     resumed run sends them under the same call ids); a model call
 //     is also cut off when the deadline passes, and the run ends with
 //     "deadline". The deadline also bounds the waits of a mutating call
 //     inside client.Client.Do (it is passed with client.WithWaitDeadline):
@@ -47,7 +49,8 @@
 //     call id. A tool call in flight is not interrupted by the deadline
 //     (cancelling a side effect half way is what makes outcomes ambiguous):
 //     each tool is bounded by its own timeout (Tool.Policy.Timeout); its
-//     outcome is recorded, and the next step's check ends the run.
+//     outcome is recorded, and the check before the next call or step ends
+//     the run.
 //   - Model timeout: each model call gets Config.ModelTimeout. The model runs
 //     on its own goroutine, so the timeout holds even for a model that
 //     ignores its context (that goroutine is then abandoned; its answer is

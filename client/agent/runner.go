@@ -131,15 +131,12 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 		return o
 	}
 	if len(pending) > 0 {
-		if o, stop := s.guards(ctx, false); stop {
-			return o
-		}
 		if o, stop := s.runCalls(ctx, pending); stop {
 			return o
 		}
 	}
 	for {
-		if o, stop := s.guards(ctx, true); stop {
+		if o, stop := s.guards(ctx); stop {
 			return o
 		}
 		s.steps++
@@ -197,16 +194,16 @@ func (s *run) replayTranscript() []ToolCall {
 	return pending
 }
 
-// guards checks the caller's context, the deadline and (before a model turn)
+// guards checks, before a model turn, the caller's context, the deadline and
 // the step cap.
-func (s *run) guards(ctx context.Context, modelTurn bool) (Outcome, bool) {
+func (s *run) guards(ctx context.Context) (Outcome, bool) {
 	if err := ctx.Err(); err != nil {
 		return s.ctxEnded(ctx), true
 	}
 	if !time.Now().Before(s.until) {
 		return s.end(StatusDeadline, fmt.Sprintf("the run's deadline (%s) passed before step %d", s.deadline, s.steps+1), nil), true
 	}
-	if modelTurn && s.steps >= s.maxSteps {
+	if s.steps >= s.maxSteps {
 		return s.end(StatusStepLimit, fmt.Sprintf("the model had %d turns, the step cap", s.steps), nil), true
 	}
 	return Outcome{}, false
@@ -270,9 +267,17 @@ func (s *run) modelFailed(ctx context.Context, err error) Outcome {
 	return s.end(StatusError, fmt.Sprintf("the model failed in step %d", s.steps), fmt.Errorf("agent: model: %w", err))
 }
 
-// runCalls runs a turn's calls in order and appends their results.
+// runCalls runs a turn's calls in order and appends their results. No call
+// starts once the caller's context has ended or the run's deadline has
+// passed: the calls left stay pending.
 func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
 	for _, c := range calls {
+		if ctx.Err() != nil {
+			return s.ctxEnded(ctx), true
+		}
+		if !time.Now().Before(s.until) {
+			return s.end(StatusDeadline, fmt.Sprintf("the run's deadline (%s) passed before call %s of step %d (it stays pending)", s.deadline, c.ID, s.steps), nil), true
+		}
 		key, keyErr := repeatKey(c)
 		if keyErr == nil && s.counts[key]+1 >= s.repeatLimit {
 			return s.end(StatusRepetition, fmt.Sprintf("the model asked for tool %q with the same arguments %d times (call %s of step %d not run)",

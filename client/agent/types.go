@@ -20,8 +20,9 @@ const (
 	// StatusStepLimit: the model used up Config.MaxSteps turns.
 	StatusStepLimit Status = "step_limit"
 	// StatusDeadline: the run's wall-clock deadline (or the caller's context
-	// deadline) passed: at the start of a step, during a model call, or
-	// while a mutating call waited on the ledger (Outcome.Err is then the
+	// deadline) passed: at the start of a step, before a tool call (the
+	// calls not started stay pending), during a model call, or while a
+	// mutating call waited on the ledger (Outcome.Err is then the
 	// client's *client.WaitDeadlineError, and the call stays pending).
 	StatusDeadline Status = "deadline"
 	// StatusRepetition: the model asked for the same tool with the same
@@ -190,7 +191,7 @@ type Config struct {
 	// MaxSteps caps the model turns of a run (DefaultMaxSteps when zero).
 	MaxSteps int
 	// Deadline is the wall-clock budget of one Run call, checked at the
-	// start of every step, bounding every model call and every wait of a
+	// start of every step and before every tool call, bounding every model call and every wait of a
 	// mutating call inside client.Client.Do (another holder's claim,
 	// backoff, reconciliation: see client.WithWaitDeadline), but never a
 	// tool that is running (DefaultDeadline when zero).
