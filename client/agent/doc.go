@@ -88,7 +88,10 @@
 // tool's Policy and Reconciler to the client (client.Client.SetToolPolicy and
 // RegisterReconciler; a zero Policy or nil Reconciler leaves the client's
 // own setting). Run ids must be unique per run and should not contain ':'.
-// Non-mutating tools run directly, bounded by Tool.Policy.Timeout.
+// Non-mutating tools run directly, bounded by Tool.Policy.Timeout: each runs
+// on its own goroutine, so the timeout holds even for a tool that ignores
+// its context (that goroutine is then abandoned, its answer discarded, and
+// the model gets a timeout error for the call).
 //
 // The error of a mutating call is handed to the model as data only when it
 // is a settled failure that leaves no unsettled effect behind: a final

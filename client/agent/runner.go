@@ -352,6 +352,9 @@ func (s *run) runCall(ctx context.Context, c ToolCall, argsErr error) (res ToolR
 }
 
 // runDirect runs a non-mutating tool: one attempt, bounded by its timeout.
+// The tool runs on its own goroutine, so the timeout holds even for a tool
+// that ignores its context (like the model's; a read has no effect to lose):
+// that goroutine is then abandoned and its answer discarded.
 func (s *run) runDirect(ctx context.Context, t Tool, c ToolCall, lc logCall) (res ToolResult) {
 	res = ToolResult{CallID: c.ID, Tool: c.Name}
 	timeout := t.Policy.Timeout
@@ -361,20 +364,45 @@ func (s *run) runDirect(ctx context.Context, t Tool, c ToolCall, lc logCall) (re
 	tctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	started := lc.start(ctx, 1, false)
-	ok := false
-	defer func() {
-		lc.end(ctx, 1, false, started, ok)
-		if p := recover(); p != nil {
-			res.Error = fmt.Sprintf("tool panicked: %v", p)
-		}
-	}()
-	out, err := t.Func(tctx, s.toolCall(c, client.Attempt{}))
-	if err != nil {
-		res.Error = err.Error()
-		return res
+	type answer struct {
+		out      client.Result
+		err      error
+		panicked string // "tool panicked: ..." when it did
 	}
-	ok = true
-	res.Data, res.ResourceID = out.Data, out.ResourceID
+	ch := make(chan answer, 1) // buffered: an abandoned tool does not block
+	call := s.toolCall(c, client.Attempt{})
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				ch <- answer{panicked: fmt.Sprintf("tool panicked: %v", p)}
+			}
+		}()
+		out, err := t.Func(tctx, call)
+		ch <- answer{out: out, err: err}
+	}()
+	var a answer
+	select {
+	case a = <-ch:
+	case <-tctx.Done():
+		select {
+		case a = <-ch: // it answered as its context ended
+		default:
+			if ctx.Err() != nil {
+				a.err = ctx.Err()
+			} else {
+				a.err = fmt.Errorf("the tool timed out after %s", timeout)
+			}
+		}
+	}
+	switch {
+	case a.panicked != "":
+		res.Error = a.panicked
+	case a.err != nil:
+		res.Error = a.err.Error()
+	default:
+		res.Data, res.ResourceID = a.out.Data, a.out.ResourceID
+	}
+	lc.end(ctx, 1, false, started, a.panicked == "" && a.err == nil)
 	return res
 }
 

@@ -414,3 +414,28 @@ func TestExhaustedAfterUnsettledAttemptEndsRun(t *testing.T) {
 		t.Fatalf("resumed: status %q (%v), results %+v, shipped %d times; want done with ship-1", out.Status, out.Err, res, applied)
 	}
 }
+
+// A read tool that ignores its context (a client call without one) is still
+// bounded by its timeout: the model gets a timeout error for the call and
+// the run goes on, as with a model that ignores its context.
+func TestReadToolIgnoringItsTimeout(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	stuck := agent.Tool{Name: "fetch", Policy: client.ToolPolicy{Timeout: 20 * time.Millisecond},
+		Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+			<-release
+			return client.Result{ResourceID: "too late"}, nil
+		}}
+	model := agent.ModelFunc(func(ctx context.Context, tr []agent.Message) (agent.Turn, error) {
+		if r := lastResult(tr); r != nil {
+			return agent.Turn{Text: "fetch failed: " + r.Error}, nil
+		}
+		return agent.Turn{Calls: []agent.ToolCall{{ID: "c1", Name: "fetch", Args: map[string]any{"url": "u"}}}}, nil
+	})
+	r := mustNew(t, agent.Config{Model: model, Tools: []agent.Tool{stuck}})
+	out := ended(t, runAsync(r, agent.Input{RunID: "r", Transcript: user("fetch u")}))
+	res := results(out.Transcript)
+	if out.Status != agent.StatusDone || len(res) != 1 || !strings.Contains(res[0].Error, "timed out") || res[0].ResourceID != "" {
+		t.Fatalf("status %q (%s, %v), results %+v; want done with a timeout error", out.Status, out.Reason, out.Err, res)
+	}
+}

@@ -157,7 +157,8 @@ type Tool struct {
 	// attempt, MaxRetries after a retryable or ambiguous outcome, and the
 	// Effect sent with Reserve. New passes it to client.SetToolPolicy unless
 	// it is the zero value. Policy.Timeout also bounds each run of a
-	// non-mutating tool (client.DefaultToolPolicy.Timeout when zero).
+	// non-mutating tool (client.DefaultToolPolicy.Timeout when zero), even
+	// one that ignores its context.
 	Policy client.ToolPolicy
 	// Reconciler asks the destination whether a mutating call's effect
 	// exists when its outcome is unknown; New registers it with the client
