@@ -202,7 +202,8 @@ func TestModelPanicAndErrorEndRun(t *testing.T) {
 	})
 }
 
-// A canceled context ends the run with "error"; a missing run id too.
+// A canceled context ends the run with "error"; a missing run id, or one
+// with ':', too.
 func TestCanceledAndBadInput(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -213,6 +214,17 @@ func TestCanceledAndBadInput(t *testing.T) {
 	out = mustNew(t, agent.Config{Model: slowModel(time.Millisecond)}).Run(context.Background(), agent.Input{})
 	if out.Status != agent.StatusError || out.Err == nil {
 		t.Fatalf("no run id: status = %q, err = %v", out.Status, out.Err)
+	}
+	// Run "a:b" with call "c" would share operation id "a:b:c" with run "a"
+	// and call "b:c": a run id with ':' is refused before the model is asked.
+	asked := false
+	m := agent.ModelFunc(func(ctx context.Context, transcript []agent.Message) (agent.Turn, error) {
+		asked = true
+		return agent.Turn{Text: "done"}, nil
+	})
+	out = mustNew(t, agent.Config{Model: m}).Run(context.Background(), agent.Input{RunID: "a:b", Transcript: user("hi")})
+	if out.Status != agent.StatusError || out.Err == nil || asked {
+		t.Fatalf("run id with ':': status = %q, err = %v, model asked: %v", out.Status, out.Err, asked)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -123,6 +124,12 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 	}()
 	if in.RunID == "" {
 		return s.end(StatusError, "no run id", errors.New("agent: Input.RunID is required"))
+	}
+	if strings.Contains(in.RunID, ":") {
+		// Operation ids are run_id:call_id: run "a:b" with call "c" and run
+		// "a" with call "b:c" would share one, and the second would replay
+		// the first's result instead of running.
+		return s.end(StatusError, "a run id with ':'", errors.New("agent: Input.RunID must not contain ':'"))
 	}
 	pending := s.replayTranscript()
 	if n := len(s.transcript); n > 0 && s.transcript[n-1].Role == RoleAssistant && len(s.transcript[n-1].Calls) == 0 {

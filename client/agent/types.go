@@ -215,7 +215,8 @@ type Config struct {
 // Input is what one Run call works on.
 type Input struct {
 	// RunID identifies the run; required, unique per run, stable across
-	// resumptions, without ':' (operation ids are run_id:call_id).
+	// resumptions, without ':' (operation ids are run_id:call_id; Run ends
+	// with StatusError on a run id with ':').
 	RunID string
 	// PermitID is the authorization grant the run acts under (the user's
 	// approval); it is bound to every mutating operation.
