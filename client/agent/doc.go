@@ -61,7 +61,8 @@
 //     (fingerprint.Compute: SHA-256 over JCS). Before a call runs, the
 //     Runner counts the completed calls of the run (in the transcript) with
 //     the same tool and the same canonical arguments; when this call would be
-//     the RepeatLimit-th, it is not run and the run ends with "repetition".
+//     the RepeatLimit-th, it is not run (its result says so, so that a
+//     resumed run goes on to the model) and the run ends with "repetition".
 //     Map key order, and 1 versus 1.0, do not make arguments different.
 //     The guard bounds a looping model's cost; it does not deduplicate
 //     effects: two calls with different call ids are two intents for the

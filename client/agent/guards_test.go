@@ -29,7 +29,8 @@ func TestS14RepetitionLoopingModel(t *testing.T) {
 			return agent.Turn{Calls: []agent.ToolCall{{ID: "call-1", Name: "book", Args: map[string]any{"slot": "09:30", "patient": "p-1"}}}}, nil
 		})
 		r := mustNew(t, agent.Config{Client: env.client, Model: loop, Tools: []agent.Tool{bookTool(dest)}, MaxSteps: 50})
-		out := r.Run(context.Background(), agent.Input{RunID: newRunID(t), Transcript: user("book me in")})
+		runID := newRunID(t)
+		out := r.Run(context.Background(), agent.Input{RunID: runID, Transcript: user("book me in")})
 
 		if out.Status != agent.StatusRepetition || out.Err != nil {
 			t.Fatalf("status = %q (%s, %v), want repetition", out.Status, out.Reason, out.Err)
@@ -41,8 +42,23 @@ func TestS14RepetitionLoopingModel(t *testing.T) {
 			t.Fatalf("steps = %d, model calls = %d; want 3 (the third identical call ends the run)", out.Steps, modelCalls.Load())
 		}
 		res := results(out.Transcript)
-		if len(res) != 2 || res[0].Replayed || !res[1].Replayed || res[0].ResourceID != res[1].ResourceID {
-			t.Fatalf("results = %+v; want the effect, then its replay", res)
+		if len(res) != 3 || res[0].Replayed || !res[1].Replayed || res[0].ResourceID != res[1].ResourceID ||
+			res[2].Error == "" || res[2].ResourceID != "" {
+			t.Fatalf("results = %+v; want the effect, its replay, and the third call refused", res)
+		}
+
+		// Resumed with a user's message, the run goes on to the model: the
+		// refused call is not met again.
+		answer := agent.ModelFunc(func(ctx context.Context, _ []agent.Message) (agent.Turn, error) {
+			return agent.Turn{Text: "booked once, at 09:30"}, nil
+		})
+		resumed := mustNew(t, agent.Config{Client: env.client, Model: answer, Tools: []agent.Tool{bookTool(dest)}})
+		again := resumed.Run(context.Background(), agent.Input{RunID: runID, Transcript: append(out.Transcript, user("stop booking")...)})
+		if again.Status != agent.StatusDone || again.Answer != "booked once, at 09:30" {
+			t.Fatalf("resumed: status = %q (%s, %v), want done with the model's answer", again.Status, again.Reason, again.Err)
+		}
+		if got := dest.total(); got != 1 {
+			t.Fatalf("after the resume the destination applied %d effects, want exactly 1", got)
 		}
 	})
 }

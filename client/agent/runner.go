@@ -287,8 +287,17 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
 		}
 		key, keyErr := repeatKey(c)
 		if keyErr == nil && s.counts[key]+1 >= s.repeatLimit {
+			// The call gets a result saying it was not run, so that a run
+			// resumed (with a user's new message, say) goes on to the model
+			// instead of meeting the same call first and stopping again.
+			n := s.counts[key] + 1
+			refused := ToolResult{CallID: c.ID, Tool: c.Name,
+				Error: fmt.Sprintf("not run: tool %q was asked for with the same arguments %d times; the run stopped (repetition)", c.Name, n)}
+			if o, stop := s.appendMessage(ctx, Message{Role: RoleTool, Result: &refused}); stop {
+				return o, true
+			}
 			return s.end(StatusRepetition, fmt.Sprintf("the model asked for tool %q with the same arguments %d times (call %s of step %d not run)",
-				c.Name, s.counts[key]+1, c.ID, s.steps), nil), true
+				c.Name, n, c.ID, s.steps), nil), true
 		}
 		res, stop := s.runCall(ctx, c, keyErr)
 		if stop != nil {
