@@ -9,8 +9,9 @@ import "strings"
 var ACLCommands = []string{
 	// connection and scripts; wait only with Options.WaitReplicas
 	"hello", "ping", "eval", "evalsha", "script|load", "wait",
-	// reads outside scripts (ListUnresolved, Sweep, the live counts) and the clock
-	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem",
+	// reads outside scripts (ListUnresolved, Sweep, the live counts, the
+	// compaction pass's walk over the record keys) and the clock
+	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem", "scan",
 	// inside the scripts; lrange and del only for records of the previous
 	// layout, which the scripts convert (scripts/common.lua, load_legacy)
 	"set", "hdel", "hincrby", "zadd", "zcard", "lrange", "del",

@@ -34,6 +34,10 @@ tools:
     retention: 1s
     retain_grace: 0s
     tombstone_retention: 2s
+  - match: "compact.*"
+    retention: 1s
+    retain_grace: 0s
+    tombstone_retention: 1h
   - match: "fields.*"
     consequential_fields: ["/amount", "/currency"]
 `

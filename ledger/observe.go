@@ -26,6 +26,13 @@ const (
 	EventRefused
 	// EventReconciled: Reconcile recorded a finding (Tenant, Tool, Finding).
 	EventReconciled
+	// EventCompacted: the compaction pass cut Count terminal records past
+	// their retention to their tombstone (Op "Compact").
+	EventCompacted
+	// EventCompactionPass: the compaction pass's walk over one master's
+	// keys reached the end of the keyspace: every record key there was
+	// looked at once (Op "Compact").
+	EventCompactionPass
 )
 
 // Event is one thing the ledger did, for metrics and traces. It carries ids,
@@ -46,6 +53,7 @@ type Event struct {
 	ErrKind  Kind
 	Failed   bool
 	Duration time.Duration
+	Count    int // EventCompacted: how many records
 }
 
 // Observer receives the ledger's events. It is called synchronously on the

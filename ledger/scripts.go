@@ -27,6 +27,8 @@ var (
 	expireLua string
 	//go:embed scripts/lookup.lua
 	lookupLua string
+	//go:embed scripts/compact.lua
+	compactLua string
 
 	reserveScript     = newScript(reserveLua)
 	completeScript    = newScript(completeLua)
@@ -35,11 +37,12 @@ var (
 	reconcileScript   = newScript(reconcileLua)
 	expireScript      = newScript(expireLua)
 	lookupScript      = newScript(lookupLua)
+	compactScript     = newScript(compactLua)
 )
 
 var allScripts = []*redis.Script{
 	reserveScript, completeScript, markUnknownScript, renewScript,
-	reconcileScript, expireScript, lookupScript,
+	reconcileScript, expireScript, lookupScript, compactScript,
 }
 
 // LoadScripts loads every script into the store's script cache, so the first

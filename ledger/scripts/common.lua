@@ -50,6 +50,8 @@
 -- Stored form: one string per operation, with the history in it, and the
 -- tombstone too: a terminal record lives until exp + tret, and from exp on
 -- load() reports it as expired (only its final state is ever read again).
+-- The compaction pass (compact.lua) then cuts it to its tombstone, the
+-- fingerprint and the first four fields (st, exp, ct, ut), keeping its TTL.
 -- ledger/record.go decodes the same form; docs/design.md §2 describes it.
 --
 --   'L' <fp: 32 bytes> <field> \255 <field> ... [\254 <entry>]...
@@ -328,8 +330,10 @@ F = {
       if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
       S.encoded = s
     end
-    if (R.st == '3' or R.st == '4') and tonumber(R.exp) < NOW then
-      -- Past its retention: only the tombstone counts.
+    if (R.st == '3' or R.st == '4') and (tonumber(R.exp) < NOW or R.att == '') then
+      -- Past its retention: only the tombstone counts. A compacted one
+      -- (compact.lua: no attempt, nothing after ut) is expired whatever the
+      -- clock says, as it was when it was compacted.
       S.expired = R.st
       return false
     end

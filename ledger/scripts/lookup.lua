@@ -11,13 +11,14 @@
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- A record in the current form is returned as stored: only its state and,
--- when terminal, its expiry are decoded.
+-- when terminal, its expiry are decoded. A compacted tombstone (compact.lua:
+-- nothing after ut) is expired whatever the clock says.
 
 local s = redis.pcall('GET', KEYS[1])
 if type(s) == 'string' then
-  local st, exp, ct, ut = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255]*)', 34)
+  local st, exp, ct, ut, more = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255\254]*)(.?)', 34)
   if st then
-    if (st == ST_SUCCEEDED or st == ST_FAILED) and tonumber(ct, 36) + ms(ut) + ms(exp) < NOW then
+    if (st == ST_SUCCEEDED or st == ST_FAILED) and (more == '' or tonumber(ct, 36) + ms(ut) + ms(exp) < NOW) then
       return {C_EXPIRED, st, ''}
     end
     return {C_OK, '', s, ''}

@@ -1,0 +1,376 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// compactor returns a compactor of e's ledger that walks only the records of
+// e's tenant: the "redis" and "cluster" runs share their servers with other
+// tests, whose records past their retention (TestTombstone reads one
+// byte for byte) are not this test's to compact.
+func (e *env) compactor(batch int) *Compactor {
+	c := e.l.NewCompactor(batch)
+	c.match = e.l.keys.prefix + ":{s[0-9][0-9]}:op:" + encodeComponent(e.who.Tenant) + ":*"
+	return c
+}
+
+// answers are the answers of every call about id (with token tok) that
+// must not change when the record is compacted, each as a comparable
+// string; a call that returns an operation says so (it must not, for an
+// expired one). A Reserve that decides EXECUTE counts one more effect.
+func (e *env) answers(t *testing.T, id string, tok uint64, applied *int) []string {
+	t.Helper()
+	say := func(what string, o any, err error) string {
+		var ee *Error
+		switch {
+		case errors.As(err, &ee):
+			return fmt.Sprintf("%s: %v state %v, operation %v", what, ee.Kind, ee.State, ee.Operation != nil)
+		case err != nil:
+			t.Fatalf("%s(%s): %v", what, id, err)
+		}
+		return fmt.Sprintf("%s: ok %+v", what, o)
+	}
+	var out []string
+	res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: id, Tool: "compact.refund", Params: map[string]any{"amount": 10.0}, PermitID: "permit-1", Holder: "late"})
+	if err == nil && res.Decision == DecisionExecute {
+		*applied++
+	}
+	out = append(out, say("Reserve", res, err))
+	// A late replay with other parameters, tool or permit: expired too.
+	res, err = e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: id, Tool: "compact.other", Params: map[string]any{"amount": 11.0}, PermitID: "permit-2", Holder: "late"})
+	if err == nil && res.Decision == DecisionExecute {
+		*applied++
+	}
+	out = append(out, say("Reserve changed", res, err))
+	o, err := e.l.Lookup(e.ctx, e.who, id)
+	out = append(out, say("Lookup", o, err))
+	o, err = e.complete(t, id, tok, OutcomeSucceeded, &Result{ResourceID: "late"}, nil)
+	out = append(out, say("Complete", o, err))
+	o, err = e.complete(t, id, tok, OutcomeFailedRetryable, nil, &Failure{Code: "late"})
+	out = append(out, say("Complete retryable", o, err))
+	o, err = e.markUnknown(t, id, tok)
+	out = append(out, say("MarkUnknown", o, err))
+	o, err = e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: id, FencingToken: tok})
+	out = append(out, say("Renew", o, err))
+	o, err = e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingApplied, Result: &Result{ResourceID: "late"}})
+	out = append(out, say("Reconcile applied", o, err))
+	o, err = e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingNotApplied, Note: "late"})
+	out = append(out, say("Reconcile not applied", o, err))
+	return out
+}
+
+// stored is a key's value and remaining TTL, read in one round trip.
+func (e *env) stored(t *testing.T, key string) (string, time.Duration) {
+	t.Helper()
+	pipe := e.rdb.Pipeline()
+	get := pipe.Get(e.ctx, key)
+	ttl := pipe.PTTL(e.ctx, key)
+	if _, err := pipe.Exec(e.ctx); err != nil {
+		t.Fatalf("GET/PTTL %s: %v", key, err)
+	}
+	return get.Val(), ttl.Val()
+}
+
+// tombstoneOf is what compaction leaves of a stored record: its
+// fingerprint and its first four fields (st, exp, ct, ut).
+func tombstoneOf(s string) string {
+	fields := strings.SplitN(s[33:], "\xff", 5)
+	return s[:33] + strings.Join(fields[:4], "\xff")
+}
+
+// lookupState is the final state Lookup reports for an expired id.
+func (e *env) lookupState(id string) string {
+	_, err := e.l.Lookup(e.ctx, e.who, id)
+	var ee *Error
+	if !errors.As(err, &ee) {
+		return "none"
+	}
+	return ee.State.String()
+}
+
+// waitExpired waits until Lookup reports every id as expired.
+func (e *env) waitExpired(t *testing.T, ids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, id := range ids {
+		for {
+			_, err := e.l.Lookup(e.ctx, e.who, id)
+			var ee *Error
+			if errors.As(err, &ee) && ee.Kind == KindKeyExpired {
+				break
+			}
+			if err != nil && !errors.As(err, &ee) {
+				t.Fatal(err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never expired", id)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// TestCompaction: at the end of a terminal record's retention, a pass cuts
+// it to its tombstone: the result, the failure, the notes and the history
+// are gone from the store, the key ends when it did, and every call answers
+// as it did before (a late Reserve is refused, never executed). Records in
+// their retention, non-terminal ones, records of the previous layout and
+// other keys are left byte for byte.
+func TestCompaction(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		secrets := []string{"customer-data-4711", "res-4711", "declined-for-customer-4711", "note-4711", "timeout"}
+		tokens := map[string]uint64{}
+
+		// Succeeded with a result.
+		o := e.execute(t, "ok", "compact.refund")
+		tokens["ok"] = o.FencingToken
+		if _, err := e.complete(t, "ok", o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"card":"customer-data-4711"}`), ResourceID: "res-4711"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		// Failed with a message.
+		o = e.execute(t, "failed", "compact.refund")
+		tokens["failed"] = o.FencingToken
+		if _, err := e.complete(t, "failed", o.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "declined", Message: "declined-for-customer-4711"}); err != nil {
+			t.Fatal(err)
+		}
+		// Reported UNKNOWN, then resolved by a reconciler with a note.
+		o = e.execute(t, "reconciled", "compact.refund")
+		tokens["reconciled"] = o.FencingToken
+		if _, err := e.markUnknown(t, "reconciled", o.FencingToken); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: "reconciled", Finding: FindingAbandon,
+			Failure: &Failure{Code: "gone", Message: "declined-for-customer-4711"}, Note: "note-4711"}); err != nil {
+			t.Fatal(err)
+		}
+		expired := []string{"ok", "failed", "reconciled"}
+
+		// Left alone: in its retention, running, of the previous layout,
+		// and keys that are no records of this layout.
+		o = e.execute(t, "kept", "payments.refund")
+		if _, err := e.complete(t, "kept", o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"card":"customer-data-4711"}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		e.execute(t, "running", "compact.refund")
+		tok := e.layout0Reserve(t, "legacy", 30000)
+		e.layout0Complete(t, "legacy", tok, OutcomeSucceeded, Result{Data: []byte(`{"card":"customer-data-4711"}`)}, Failure{})
+		other := map[string]string{
+			e.opKeys("not-a-record").all[0]: "L and some text",
+			e.opKeys("short").all[0]:        "3\xff1\xff",
+		}
+		for k, v := range other {
+			if err := e.rdb.Set(e.ctx, k, v, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		untouched := map[string]string{}
+		for _, id := range []string{"kept", "running", "not-a-record", "short"} {
+			untouched[id], _ = e.stored(t, e.opKeys(id).all[0])
+		}
+		legacy, err := e.rdb.HGetAll(e.ctx, e.opKeys("legacy").all[0]).Result()
+		if err != nil || len(legacy) == 0 {
+			t.Fatalf("layout-0 record: %v %v", legacy, err)
+		}
+
+		e.waitExpired(t, expired...)
+		applied := 0
+		before := map[string][]string{}
+		values := map[string]string{}
+		ttls := map[string]time.Duration{}
+		for _, id := range expired {
+			before[id] = e.answers(t, id, tokens[id], &applied)
+			values[id], ttls[id] = e.stored(t, e.opKeys(id).all[0])
+		}
+		st, err := e.compactor(0).Pass(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Compacted != len(expired) || st.Examined < len(untouched)+len(expired)+1 {
+			t.Fatalf("pass = %+v, want %d records compacted", st, len(expired))
+		}
+		for _, id := range expired {
+			now, ttl := e.stored(t, e.opKeys(id).all[0])
+			if now != tombstoneOf(values[id]) || len(now) >= len(values[id]) {
+				t.Fatalf("%s compacted to %q, want %q", id, now, tombstoneOf(values[id]))
+			}
+			for _, s := range secrets {
+				if strings.Contains(now, s) {
+					t.Fatalf("%s still holds %q after compaction", id, s)
+				}
+			}
+			if d := ttls[id] - ttl; d < 0 || d > 5*time.Second || ttl < 50*time.Minute {
+				t.Fatalf("%s: TTL %v after compaction, %v before", id, ttl, ttls[id])
+			}
+			if got := e.answers(t, id, tokens[id], &applied); !slices.Equal(got, before[id]) {
+				t.Fatalf("%s: answers after compaction\n%s\nbefore\n%s", id, strings.Join(got, "\n"), strings.Join(before[id], "\n"))
+			}
+			for _, a := range before[id] {
+				if !strings.HasSuffix(a, ": idempotency key expired state "+e.lookupState(id)+", operation false") {
+					t.Fatalf("%s: %s, want expired", id, a)
+				}
+			}
+		}
+		if applied != 0 {
+			t.Fatalf("late Reserves executed %d times", applied)
+		}
+		check := func() {
+			t.Helper()
+			for id, v := range untouched {
+				if now, _ := e.stored(t, e.opKeys(id).all[0]); now != v {
+					t.Fatalf("%s changed by compaction: %q, was %q", id, now, v)
+				}
+			}
+			now, err := e.rdb.HGetAll(e.ctx, e.opKeys("legacy").all[0]).Result()
+			if err != nil || !maps.Equal(now, legacy) {
+				t.Fatalf("layout-0 record changed by compaction: %v (%v)", now, err)
+			}
+		}
+		check()
+
+		// A second pass changes nothing.
+		compacted := map[string]string{}
+		for _, id := range expired {
+			compacted[id], _ = e.stored(t, e.opKeys(id).all[0])
+		}
+		if st, err := e.compactor(0).Pass(e.ctx); err != nil || st.Compacted != 0 {
+			t.Fatalf("second pass = %+v, %v", st, err)
+		}
+		for _, id := range expired {
+			if now, _ := e.stored(t, e.opKeys(id).all[0]); now != compacted[id] {
+				t.Fatalf("%s changed by a second pass", id)
+			}
+		}
+		check()
+		if got := e.lookup(t, "kept"); string(got.Result.Data) != `{"card":"customer-data-4711"}` || len(got.History) != 2 {
+			t.Fatalf("record in its retention = %+v", got)
+		}
+	})
+}
+
+// TestCompactionSteps: Step walks the keys a batch at a time, on every
+// master of a cluster, and compacts every due record by the end of a pass.
+func TestCompactionSteps(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		const n = 30 // spread over the shards, so over every master of a cluster
+		var ids []string
+		for i := range n {
+			id := fmt.Sprintf("op-%d", i)
+			o := e.execute(t, id, "compact.refund")
+			if _, err := e.complete(t, id, o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"card":"customer-data-4711"}`)}, nil); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		e.waitExpired(t, ids...)
+		const batch = 7
+		c := e.compactor(batch)
+		masters := 1
+		if cc, ok := e.rdb.(*redis.ClusterClient); ok {
+			shards, err := cc.ClusterShards(e.ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			masters = len(shards)
+		}
+		total, passes := 0, 0
+		for steps := 0; passes < masters; steps++ {
+			if steps > 100000 {
+				t.Fatalf("no pass after %d steps (%d compacted)", steps, total)
+			}
+			st, err := c.Step(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Examined > batch*masters {
+				t.Fatalf("a step examined %d keys, want at most %d per master", st.Examined, batch)
+			}
+			total += st.Compacted
+			passes += st.Passes
+		}
+		if total != n {
+			t.Fatalf("steps compacted %d records, want %d", total, n)
+		}
+		// Every master held some of them, and holds no body any more.
+		seen := 0
+		var mu sync.Mutex
+		per := func(ctx context.Context, c redis.Cmdable) error {
+			keys, err := c.Keys(ctx, e.l.keys.prefix+":*:op:"+encodeComponent(e.who.Tenant)+":*").Result()
+			if err != nil {
+				return err
+			}
+			for _, k := range keys {
+				v, err := c.Get(ctx, k).Result()
+				if err != nil {
+					return err
+				}
+				if strings.Contains(v, "customer-data") || v[33] != '3' || strings.Count(v[33:], "\xff") != 3 {
+					return fmt.Errorf("%s not compacted: %q", k, v)
+				}
+			}
+			mu.Lock()
+			if len(keys) > 0 {
+				seen++
+			}
+			mu.Unlock()
+			return nil
+		}
+		var err error
+		if cc, ok := e.rdb.(*redis.ClusterClient); ok {
+			err = cc.ForEachMaster(e.ctx, func(ctx context.Context, c *redis.Client) error { return per(ctx, c) })
+		} else {
+			err = per(e.ctx, e.rdb)
+		}
+		if err != nil || seen != masters {
+			t.Fatalf("records on %d of %d masters (%v)", seen, masters, err)
+		}
+	})
+}
+
+// TestCompactedTombstoneIsExpired: a compacted tombstone is expired whatever
+// the store's clock says (a clock set back after the compaction must not
+// bring a record without its body back to life).
+func TestCompactedTombstoneIsExpired(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		o := e.execute(t, "op", "payments.refund")
+		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		k := e.opKeys("op").all[0]
+		v, ttl := e.stored(t, k)
+		// The tombstone as the compaction writes it, of a record whose
+		// retention (7 days) has not ended by this clock.
+		if err := e.rdb.Set(e.ctx, k, tombstoneOf(v), ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
+		applied := 0
+		for _, a := range e.answers(t, "op", o.FencingToken, &applied) {
+			if !strings.HasSuffix(a, ": idempotency key expired state SUCCEEDED, operation false") {
+				t.Fatalf("on a compacted tombstone: %s", a)
+			}
+		}
+		if applied != 0 {
+			t.Fatal("a late Reserve executed")
+		}
+		if now, _ := e.stored(t, k); now != tombstoneOf(v) {
+			t.Fatal("a call changed the tombstone")
+		}
+		// And the compaction leaves it as it is.
+		if st, err := e.compactor(0).Pass(e.ctx); err != nil || st.Compacted != 0 {
+			t.Fatalf("pass = %+v, %v", st, err)
+		}
+		if now, _ := e.stored(t, k); !bytes.Equal([]byte(now), []byte(tombstoneOf(v))) {
+			t.Fatal("the pass changed the tombstone")
+		}
+	})
+}

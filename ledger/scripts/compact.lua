@@ -1,0 +1,47 @@
+-- compact.lua: drop the body of a terminal record past its retention, so
+-- that only its tombstone (SPEC §6: fingerprint and final state) stays for
+-- the tombstone retention. Run by the compaction pass (Compactor) on every
+-- key it finds; writes only when the record is due.
+--
+-- KEYS[1] -> a key the pass found under <prefix>:{sNN}:op:* (the record of
+--            one operation, see common.lua; any other key is left alone)
+-- ARGV: none
+--
+-- Output: 1 when the record was compacted now, 0 when it was left as it was:
+-- no such key, not a string (a record of the previous layout), not a record
+-- of the current layout, not terminal, still in its retention (exp not
+-- passed by the store's clock), or a tombstone already.
+--
+-- The tombstone is the record cut after its fourth field:
+--
+--   'L' <fp: 32 bytes> <st> \255 <exp> \255 <ct> \255 <ut>
+--
+-- which is all that any script reads of a terminal record once exp has
+-- passed: load() and lookup.lua decode st, ct, ut and exp (the expiry is
+-- ct + ut + exp), find it expired and answer C_EXPIRED with the final state
+-- and nothing else. The fields are kept verbatim, so the expiry reads the
+-- same; load() and lookup.lua also take a record without the fifth field
+-- (the attempt, present in every full record) for an expired tombstone
+-- whatever the clock says. The value is written with KEEPTTL: the key ends
+-- exactly when it did before (exp + tombstone retention), so a late replay
+-- is still refused until then. Running it twice changes nothing the second
+-- time.
+
+local s = redis.pcall('GET', KEYS[1])
+if type(s) ~= 'string' or string.sub(s, 1, 1) ~= 'L' then
+  return 0
+end
+local head = string.match(s, '^[34]\255%d+[smhd]?\255%w+\255%d*[smhd]?', 34)
+if not head then
+  return 0 -- not terminal (or not a record)
+end
+local n = 33 + #head
+if #s == n or string.sub(s, n + 1, n + 1) ~= '\255' then
+  return 0 -- a tombstone already (or not a record)
+end
+local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\255]*)$')
+if tonumber(ct, 36) + ms(ut) + ms(exp) >= NOW then
+  return 0 -- still in its retention
+end
+redis.call('SET', KEYS[1], string.sub(s, 1, n), 'KEEPTTL')
+return 1
