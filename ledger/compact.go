@@ -52,12 +52,14 @@ type Compactor struct {
 	walks map[string]*walk // by master address ("" for a single node)
 }
 
-// walk is the compactor's position on one master: the SCAN cursor and the
-// keys of the last SCAN reply not examined yet (an engine may return more
-// than asked for: the embedded one returns every key at once).
+// walk is the compactor's position on one master: the SCAN cursor, whether
+// the SCAN has returned cursor 0 (the end of the keyspace), and the keys it
+// returned that are not examined yet (SCAN may return more than COUNT: the
+// embedded engine returns every key at once).
 type walk struct {
 	mu      sync.Mutex // one step at a time
 	cursor  uint64
+	ended   bool
 	pending []string
 }
 
@@ -136,12 +138,12 @@ func (c *Compactor) step(ctx context.Context, node redis.Cmdable, w *walk) (Comp
 	defer w.mu.Unlock()
 	const op = "ledger.Compact"
 	var st CompactStats
-	if len(w.pending) == 0 {
+	if len(w.pending) < c.batch && !w.ended {
 		keys, next, err := node.Scan(ctx, w.cursor, c.match, int64(c.batch)).Result()
 		if err != nil {
 			return st, storeError(op, err)
 		}
-		w.pending, w.cursor = keys, next
+		w.pending, w.cursor, w.ended = append(w.pending, keys...), next, next == 0
 	}
 	keys := w.pending
 	if len(keys) > c.batch {
@@ -155,7 +157,8 @@ func (c *Compactor) step(ctx context.Context, node redis.Cmdable, w *walk) (Comp
 	}
 	st.Examined = len(keys)
 	w.pending = w.pending[len(keys):]
-	if len(w.pending) == 0 && w.cursor == 0 {
+	if len(w.pending) == 0 && w.ended {
+		w.ended = false // the next step starts over at cursor 0
 		st.Passes = 1
 		c.l.emit(Event{Type: EventCompactionPass, Op: "Compact"})
 	}
