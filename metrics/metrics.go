@@ -65,6 +65,8 @@ type Metrics struct {
 	reloaded     *prometheus.GaugeVec
 	certExpiry   prometheus.Gauge
 	certOnce     sync.Once
+	compacted    prometheus.Counter
+	passes       prometheus.Counter
 }
 
 // New builds the metrics in a registry of their own (with the Go and
@@ -110,6 +112,11 @@ func New(o Options) *Metrics {
 	m.certExpiry = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "ledger", Name: "tls_certificate_expiry_timestamp_seconds",
 		Help: "When the served TLS certificate expires (Unix time), as last loaded."})
 	m.reg.MustRegister(m.reloaded)
+	m.compacted = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ledger", Name: "records_compacted_total",
+		Help: "Terminal records past their retention cut to their tombstone by the compaction pass."})
+	m.passes = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ledger", Name: "compaction_passes_total",
+		Help: "Compaction passes that reached the end of a Redis master's keys (one per master and pass)."})
+	m.reg.MustRegister(m.compacted, m.passes)
 	m.rpc = newRPCMetrics()
 	m.reg.MustRegister(m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -231,6 +238,10 @@ func (m *Metrics) Observe(e ledger.Event) {
 		if r, ok := refusalReasons[e.ErrKind]; ok {
 			m.refusals.WithLabelValues(m.labels(e.Tenant, e.Op, r)...).Inc()
 		}
+	case ledger.EventCompacted:
+		m.compacted.Add(float64(e.Count))
+	case ledger.EventCompactionPass:
+		m.passes.Inc()
 	case ledger.EventReconciled:
 		m.reconciled.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), findings[e.Finding])...).Inc()
 	case ledger.EventTransition:

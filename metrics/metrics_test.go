@@ -385,3 +385,25 @@ func TestStoreErrorsWithoutCallers(t *testing.T) {
 		t.Fatal("a sweep that cannot reach the store is not counted in ledger_store_errors_total")
 	}
 }
+
+func TestCompactionMetrics(t *testing.T) {
+	m := metrics.New(metrics.Options{})
+	m.Observe(ledger.Event{Type: ledger.EventCompacted, Op: "Compact", Count: 3})
+	m.Observe(ledger.Event{Type: ledger.EventCompacted, Op: "Compact", Count: 2})
+	m.Observe(ledger.Event{Type: ledger.EventCompactionPass, Op: "Compact"})
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			if c := mt.GetCounter(); c != nil {
+				got[f.GetName()] += c.GetValue()
+			}
+		}
+	}
+	if got["ledger_records_compacted_total"] != 5 || got["ledger_compaction_passes_total"] != 1 {
+		t.Fatalf("compacted %v, passes %v", got["ledger_records_compacted_total"], got["ledger_compaction_passes_total"])
+	}
+}

@@ -15,6 +15,7 @@
 //	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
 //	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
 //	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
+//	--compact-batch     LEDGER_COMPACT_BATCH     keys per master and second the compaction pass looks at (250; 0: off)
 //	--log-level         LEDGER_LOG_LEVEL         debug, info, warn or error (info)
 //	--shutdown-timeout  LEDGER_SHUTDOWN_TIMEOUT  how long running calls may finish at shutdown (10s)
 //	--auth-file         LEDGER_AUTH_FILE         credentials file: API keys, client certificates, tenant limits
@@ -122,6 +123,7 @@ type config struct {
 	policy          string
 	prefix          string
 	sweepInterval   time.Duration
+	compactBatch    int
 	shutdownTimeout time.Duration
 	logLevel        string
 
@@ -164,6 +166,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.prefix, "key-prefix", env("LEDGER_KEY_PREFIX", ledger.DefaultPrefix), "first segment of every Redis key [LEDGER_KEY_PREFIX]")
 	fs.StringVar(&c.logLevel, "log-level", env("LEDGER_LOG_LEVEL", "info"), "debug, info, warn or error [LEDGER_LOG_LEVEL]")
 	sweep := fs.String("sweep-interval", env("LEDGER_SWEEP_INTERVAL", ledger.DefaultSweepInterval.String()), "how often expired leases are swept [LEDGER_SWEEP_INTERVAL]")
+	compactBatch := fs.String("compact-batch", env("LEDGER_COMPACT_BATCH", strconv.Itoa(ledger.DefaultCompactBatch)), "record keys per Redis master the compaction pass looks at each second, cutting terminal records past their retention to their tombstone; 0: off [LEDGER_COMPACT_BATCH]")
 	shutdown := fs.String("shutdown-timeout", env("LEDGER_SHUTDOWN_TIMEOUT", "10s"), "how long running calls may take to finish at shutdown [LEDGER_SHUTDOWN_TIMEOUT]")
 	fs.StringVar(&c.redisMode, "redis-mode", env("LEDGER_REDIS_MODE", "single"), "single, cluster (Redis Cluster: --redis-url lists seed nodes as ?addr=host:port) or sentinel (?master_name=NAME) [LEDGER_REDIS_MODE]")
 	waitReplicas := fs.String("wait-replicas", env("LEDGER_WAIT_REPLICAS", "0"), "replicas every write waits for (WAIT); 0: none [LEDGER_WAIT_REPLICAS]")
@@ -225,6 +228,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
 		return c, fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
+	}
+	if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 {
+		return c, fmt.Errorf("--compact-batch %q: want a count of keys, 0 for no compaction", *compactBatch)
 	}
 	if (c.tls.Cert == "") != (c.tls.Key == "") {
 		return c, errors.New("--tls-cert and --tls-key go together")
@@ -763,6 +769,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.redisURL != "" {
 		checks, every := durabilityChecks, durabilityInterval
 		g.Go(func() error { watchDurability(gctx, l, met, log, checks, every); return nil })
+	}
+	if c.compactBatch > 0 {
+		g.Go(func() error { l.RunCompactor(gctx, ledger.DefaultCompactInterval, c.compactBatch); return nil })
 	}
 	g.Go(func() error {
 		<-gctx.Done()

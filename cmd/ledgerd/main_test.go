@@ -134,6 +134,51 @@ func TestRedisURLAndPolicy(t *testing.T) {
 	}
 }
 
+// TestCompactsTerminalRecords: ledgerd runs the compaction pass, which cuts
+// a record past its retention to its tombstone and keeps its TTL.
+func TestCompactsTerminalRecords(t *testing.T) {
+	srv := redistest.Start(t)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("tools:\n  - match: \"tickets.*\"\n    retention: 1s\n    retain_grace: 0s\n    tombstone_retention: 1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("LEDGER_REDIS_URL", "redis://"+srv.Addr+"/0")
+	t.Setenv("LEDGER_COMPACT_BATCH", "100")
+	c, _ := serve(t, "--policy", policy)
+	ctx := context.Background()
+	r := reserveOnce(t, c, "tickets.create")
+	if _, err := c.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: "wf-1:step-1", FencingToken: r.Operation.FencingToken,
+		Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "customer-resource-4711"}}); err != nil {
+		t.Fatal(err)
+	}
+	rdb := srv.Client(t)
+	keys, err := rdb.Keys(ctx, "ledger:*:op:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("record keys %v (%v)", keys, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		v, err := rdb.Get(ctx, keys[0]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(v, "customer-resource-4711") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the record was never compacted")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ttl, _ := rdb.PTTL(ctx, keys[0]).Result(); ttl < 50*time.Minute {
+		t.Fatalf("TTL %v after compaction, want about the tombstone retention (1h)", ttl)
+	}
+	_, err = c.Reserve(ctx, &ledgerv1.ReserveRequest{OperationId: "wf-1:step-1", Tool: "tickets.create", Holder: "late"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("late Reserve after compaction: %v", err)
+	}
+}
+
 func TestRefusesBadConfiguration(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	if err := os.WriteFile(bad, []byte("defaults:\n  lease: forever\n"), 0o600); err != nil {
@@ -151,6 +196,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--redis-url", "redis://:s3cret-pw@127.0.0.1:1/0"}, "cannot use the store"},
 		{[]string{"--listen", "127.0.0.1:0", "--log-level", "loud"}, "log-level"},
 		{[]string{"--listen", "127.0.0.1:0", "--sweep-interval", "0s"}, "sweep-interval"},
+		{[]string{"--listen", "127.0.0.1:0", "--compact-batch", "-1"}, "compact-batch"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "NaN"}, "rate-limit"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "Inf"}, "rate-limit"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "-1"}, "rate-limit"},
