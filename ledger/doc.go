@@ -55,7 +55,9 @@
 // Non-terminal records never expire. A terminal record lives for
 // max(retention, retain_until + grace) and leaves a tombstone that outlives
 // it, so a late replay from a queue is reported (KindKeyExpired) instead of
-// executed again. The sweeper (Sweep, RunSweeper) turns abandoned
+// executed again. The compaction pass (Compactor, RunCompactor) cuts each
+// terminal record to that tombstone (fingerprint and final state) when its
+// retention ends, keeping the key's TTL. The sweeper (Sweep, RunSweeper) turns abandoned
 // irreversible claims into UNKNOWN without anyone retrying them, and
 // ListUnresolved pages through what needs attention.
 //
