@@ -85,6 +85,19 @@ class NeedsReconciliationError extends Error {
   }
 }
 
+// The tool ran (it returned result, or threw toolError) but the ledger did
+// not record how it ended: the effect may exist. Use the result; never run the
+// tool again under a new operation id. A retry under the same id waits for
+// the claim's lease to end; an irreversible tool is then reconciled first.
+class NotRecordedError extends Error {
+  constructor(cause, { result, toolError } = {}) {
+    super(`the ledger did not record how the tool ended: ${cause.message}`, { cause });
+    this.name = 'NotRecordedError';
+    this.result = result;
+    this.toolError = toolError;
+  }
+}
+
 // Throw from fn only when the failure proves nothing was applied (HTTP 429, a
 // refused connection). An HTTP 503 or a gRPC RESOURCE_EXHAUSTED or ABORTED
 // may come after the effect: let those propagate (UNKNOWN), unless the
@@ -119,16 +132,29 @@ function errorDetails(err) {
 // google.protobuf.Struct <-> plain JSON objects, in proto-loader's shape. The
 // well-known types come from protobufjs's built-in copies, whose field names
 // are camelCase (numberValue, structValue, ...) whatever keepCase says.
+//
+// Only what JSON can carry is sent: a value that has no JSON form (a BigInt,
+// NaN, a Map, a class instance) is refused with a TypeError rather than sent
+// as {} or null, where two different requests would share a fingerprint and
+// the second would replay the first's result. A Date is sent as its ISO
+// string (toJSON).
 function toValue(v) {
   if (v === null || v === undefined) return { nullValue: 'NULL_VALUE' };
-  if (typeof v === 'number') return { numberValue: v };
+  if (typeof v === 'number' && Number.isFinite(v)) return { numberValue: v };
   if (typeof v === 'string') return { stringValue: v };
   if (typeof v === 'boolean') return { boolValue: v };
   if (Array.isArray(v)) return { listValue: { values: v.map(toValue) } };
-  return { structValue: toStruct(v) };
+  if (typeof v === 'object' && typeof v.toJSON === 'function') return toValue(v.toJSON());
+  if (typeof v === 'object' && [Object.prototype, null].includes(Object.getPrototypeOf(v))) {
+    return { structValue: { fields: Object.fromEntries(Object.entries(v).map(([k, x]) => [k, toValue(x)])) } };
+  }
+  const what = typeof v === 'object' ? `a ${v.constructor?.name || 'object'}` : `${typeof v} ${String(v)}`;
+  throw new TypeError(`no JSON value for ${what}`);
 }
 function toStruct(obj) {
-  return { fields: Object.fromEntries(Object.entries(obj).map(([k, v]) => [k, toValue(v)])) };
+  const v = toValue(obj);
+  if (!v.structValue) throw new TypeError('params and result data must be JSON objects');
+  return v.structValue;
 }
 function fromValue(v) {
   switch (v.kind) {
@@ -145,11 +171,13 @@ function fromStruct(s) {
 }
 
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
 const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
 // Every ledger RPC is safe to repeat with the same arguments: these codes
-// mean "repeat the same call".
-const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
+// mean "repeat the same call" (RESOURCE_EXHAUSTED: the tenant is over its
+// rate; the RetryInfo says when).
+const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.RESOURCE_EXHAUSTED]);
 
 class Ledger {
   constructor(address, {
@@ -191,11 +219,14 @@ class Ledger {
   }
 
   // Runs fn at most once for op.operationId, whoever retries it and however
-  // often. fn gets { operationId, idempotencyKey, attempt, fencingToken } and
-  // returns { resource_id, data }. It throws RetryableToolError when nothing
-  // was applied, FinalToolError when the tool failed for good, and anything
-  // else when it cannot tell (a timeout): the ledger then records UNKNOWN and
-  // the operation must be reconciled before an irreversible tool runs again.
+  // often. fn gets { operationId, idempotencyKey, attempt, fencingToken,
+  // signal } and returns { resource_id, data }. It throws RetryableToolError
+  // when nothing was applied, FinalToolError when the tool failed for good,
+  // and anything else when it cannot tell (a timeout): the ledger then
+  // records UNKNOWN and the operation must be reconciled before an
+  // irreversible tool runs again. When the ledger cannot record how fn ended,
+  // callTool throws NotRecordedError: fn ran, and must not run again under a
+  // new operation id.
   async callTool({
     operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000,
   }, fn) {
@@ -229,30 +260,88 @@ class Ledger {
 
   async execute(op, fn) {
     const claim = { operation_id: op.operation_id, fencing_token: op.fencing_token };
+    const renewal = this.keepLeased(op);
     let produced;
     try {
       produced = await fn({
-        operationId: op.operation_id, idempotencyKey: op.operation_id, attempt: op.attempt, fencingToken: op.fencing_token,
+        operationId: op.operation_id,
+        idempotencyKey: op.operation_id,
+        attempt: op.attempt,
+        fencingToken: op.fencing_token,
+        signal: renewal.signal, // aborted when the claim is lost: stop the tool if you can
       });
     } catch (err) {
-      if (err instanceof RetryableToolError) {
-        await this.rpc('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE' });
-      } else if (err instanceof FinalToolError) {
-        const done = await this.rpc('Complete', { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } });
+      renewal.stop();
+      if (err instanceof FinalToolError) {
+        const done = await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } }, { toolError: err });
         throw new ToolFailedError(done.operation.failure || {}, false);
+      }
+      if (err instanceof RetryableToolError) {
+        await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE' }, { toolError: err });
       } else {
         // A timeout, a crash of the tool: nobody knows whether it applied.
-        await this.rpc('MarkUnknown', { ...claim, reason: 'the tool ended without an answer' });
+        await this.report('MarkUnknown', { ...claim, reason: 'the tool ended without an answer' }, { toolError: err });
       }
       throw err;
     }
-    const done = await this.rpc('Complete', {
-      ...claim,
-      outcome: 'OUTCOME_SUCCEEDED',
-      result: { resource_id: produced.resource_id || '', data: toStruct(produced.data || {}) },
-    });
+    renewal.stop();
+    const ran = { result: { resourceId: produced?.resource_id || '', data: produced?.data || {}, replayed: false } };
+    let result;
+    try {
+      result = { resource_id: ran.result.resourceId, data: toStruct(ran.result.data) };
+    } catch (err) {
+      // The effect happened but its result cannot be sent: leave it to
+      // reconciliation rather than record a result that is not the tool's.
+      await this.report('MarkUnknown', { ...claim, reason: 'the result cannot be encoded' }, ran).catch(() => {});
+      throw new NotRecordedError(err, ran);
+    }
+    const done = await this.report('Complete', { ...claim, outcome: 'OUTCOME_SUCCEEDED', result }, ran);
     this.log(`Complete ${op.operation_id}: ${done.operation.state}`);
     return Ledger.outcome(done.operation, false);
+  }
+
+  // Records how the tool ended (Complete or MarkUnknown, repeated like every
+  // ledger call). When that fails, the effect may exist but the ledger does
+  // not say so: NotRecordedError, with what the tool returned or threw.
+  async report(method, request, ran) {
+    try {
+      return await this.rpc(method, request);
+    } catch (err) {
+      throw new NotRecordedError(err, ran);
+    }
+  }
+
+  // Renews the claim's lease while the tool runs, so that two thirds of it
+  // are always left: nobody else finds it expired (and reconciles it, or
+  // runs the tool again) while the tool is still at work. The first renewal
+  // comes at once for a claim recovered late in its lease. signal is aborted
+  // when the ledger says the claim is gone.
+  keepLeased(op) {
+    const abort = new AbortController();
+    const end = timeMs(op.lease_expires_at);
+    const lease = end - timeMs(op.updated_at);
+    let timer;
+    let stopped = false;
+    const renew = async () => {
+      try {
+        await this.rpc('Renew', { operation_id: op.operation_id, fencing_token: op.fencing_token });
+      } catch (err) {
+        this.log(`Renew ${op.operation_id}: ${err.message}`);
+        if (err instanceof LedgerError && err.code !== grpc.status.UNAVAILABLE && err.code !== grpc.status.DEADLINE_EXCEEDED) {
+          abort.abort(err); // STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
+          return;
+        }
+      }
+      if (!stopped) timer = setTimeout(renew, lease / 3);
+    };
+    if (lease > 0) timer = setTimeout(renew, Math.min(Math.max(end - Date.now() - (lease * 2) / 3, 0), lease / 3));
+    return {
+      signal: abort.signal,
+      stop: () => {
+        stopped = true;
+        clearTimeout(timer);
+      },
+    };
   }
 
   static outcome(op, replayed) {
@@ -269,6 +358,7 @@ module.exports = {
   LedgerError,
   ToolFailedError,
   NeedsReconciliationError,
+  NotRecordedError,
   RetryableToolError,
   FinalToolError,
   errorDetails,
