@@ -273,7 +273,8 @@ class Ledger {
     } catch (err) {
       renewal.stop();
       if (err instanceof FinalToolError) {
-        const done = await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } }, { toolError: err });
+        const failed = { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } };
+        const done = await this.report('Complete', failed, { toolError: err });
         throw new ToolFailedError(done.operation.failure || {}, false);
       }
       if (err instanceof RetryableToolError) {
@@ -327,7 +328,7 @@ class Ledger {
         await this.rpc('Renew', { operation_id: op.operation_id, fencing_token: op.fencing_token });
       } catch (err) {
         this.log(`Renew ${op.operation_id}: ${err.message}`);
-        if (err instanceof LedgerError && err.code !== grpc.status.UNAVAILABLE && err.code !== grpc.status.DEADLINE_EXCEEDED) {
+        if (err instanceof LedgerError && !RETRYABLE.has(err.code)) {
           abort.abort(err); // STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
           return;
         }
