@@ -24,8 +24,10 @@ Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf).
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +48,10 @@ from ledger.v1 import ledger_pb2_grpc  # noqa: E402
 DOMAIN = "ledger.v1"
 
 # Status codes after which the same ledger call may simply be repeated: every
-# ledger RPC is safe to retry with the same arguments.
-_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# ledger RPC is safe to retry with the same arguments (RESOURCE_EXHAUSTED: the
+# tenant is over its rate; the RetryInfo says when).
+_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class LedgerError(Exception):
@@ -85,6 +89,19 @@ class NeedsReconciliation(Exception):
         super().__init__(f"operation {operation.operation_id} needs reconciliation ({operation.reason})")
 
 
+class NotRecorded(Exception):
+    """The tool ran (it returned result, or raised tool_error) but the ledger did not record how it ended.
+
+    The effect may exist. Use the result; never run the tool again under a new
+    operation id. A retry under the same id waits for the claim's lease to end;
+    an irreversible tool is then reconciled first.
+    """
+
+    def __init__(self, cause: Exception, result: Outcome | None = None, tool_error: BaseException | None = None):
+        self.result, self.tool_error = result, tool_error
+        super().__init__(f"the ledger did not record how the tool ended: {cause}")
+
+
 class RetryableToolError(Exception):
     """Raise from fn only when the failure proves nothing was applied (HTTP 429, a refused connection).
 
@@ -110,6 +127,8 @@ class Attempt:
     idempotency_key: str
     attempt: int
     fencing_token: int
+    # Set when the ledger says the claim is gone (its lease renewed too late): stop the tool if you can.
+    claim_lost: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
 @dataclass
@@ -194,6 +213,8 @@ class Ledger:
         tool failed for good, and anything else when it cannot tell (a
         timeout): the ledger then records UNKNOWN and the operation must be
         reconciled before an irreversible tool runs again.
+        When the ledger cannot record how fn ended, call_tool raises
+        NotRecorded: fn ran, and must not run again under a new operation id.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = time.monotonic() + wait
@@ -224,29 +245,79 @@ class Ledger:
     def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]]) -> Outcome:
         attempt = Attempt(operation_id=op.operation_id, idempotency_key=op.operation_id,
                           attempt=op.attempt, fencing_token=op.fencing_token)
+        claim = {"operation_id": op.operation_id, "fencing_token": op.fencing_token}
+        stop_renewing = self._keep_leased(op, attempt.claim_lost)
         try:
             produced = fn(attempt)
-        except RetryableToolError:
-            self.rpc("Complete", pb.CompleteRequest(operation_id=op.operation_id, fencing_token=op.fencing_token,
-                                                    outcome=pb.OUTCOME_FAILED_RETRYABLE))
+        except RetryableToolError as err:
+            self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE), tool_error=err)
             raise
         except FinalToolError as err:
-            done = self.rpc("Complete", pb.CompleteRequest(
-                operation_id=op.operation_id, fencing_token=op.fencing_token, outcome=pb.OUTCOME_FAILED_FINAL,
-                failure=pb.Failure(code=err.code)))
+            done = self._report("Complete", pb.CompleteRequest(
+                **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=err.code)), tool_error=err)
             raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False) from err
-        except BaseException:
+        except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
-            self.rpc("MarkUnknown", pb.MarkUnknownRequest(operation_id=op.operation_id,
-                                                          fencing_token=op.fencing_token,
-                                                          reason="the tool ended without an answer"))
+            self._report("MarkUnknown", pb.MarkUnknownRequest(
+                **claim, reason="the tool ended without an answer"), tool_error=err)
             raise
-        done = self.rpc("Complete", pb.CompleteRequest(
-            operation_id=op.operation_id, fencing_token=op.fencing_token, outcome=pb.OUTCOME_SUCCEEDED,
-            result=pb.Result(resource_id=produced.get("resource_id", ""),
-                             data=to_struct(produced.get("data") or {}))))
+        finally:
+            stop_renewing.set()
+        ran = None
+        try:
+            ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
+                          replayed=False, operation=op)
+            result = pb.Result(resource_id=ran.resource_id, data=to_struct(ran.data))
+        except (AttributeError, TypeError, ValueError) as err:
+            # The effect happened but its result cannot be sent: leave it to
+            # reconciliation rather than record a result that is not the tool's.
+            with contextlib.suppress(NotRecorded):
+                self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason="the result cannot be encoded"))
+            raise NotRecorded(err, result=ran) from err
+        done = self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_SUCCEEDED, result=result),
+                            result=ran)
         self.log(f"Complete {op.operation_id}: {pb.State.Name(done.operation.state)}")
         return self._outcome(done.operation, replayed=False)
+
+    def _report(self, method: str, request, result: Outcome | None = None, tool_error: BaseException | None = None):
+        """Records how the tool ended (Complete or MarkUnknown, repeated like every ledger call).
+
+        When that fails, the effect may exist but the ledger does not say so:
+        NotRecorded, with what the tool returned or raised.
+        """
+        try:
+            return self.rpc(method, request)
+        except LedgerError as err:
+            raise NotRecorded(err, result=result, tool_error=tool_error) from err
+
+    def _keep_leased(self, op: pb.Operation, claim_lost: threading.Event) -> threading.Event:
+        """Renews the claim's lease while the tool runs, until the returned event is set.
+
+        Two thirds of the lease are always left, so nobody else finds it
+        expired (and reconciles it, or runs the tool again) while the tool is
+        still at work; the first renewal comes at once for a claim recovered
+        late in its lease. claim_lost is set when the ledger says the claim is gone.
+        """
+        stop = threading.Event()
+        end = op.lease_expires_at.ToNanoseconds() / 1e9
+        lease = end - op.updated_at.ToNanoseconds() / 1e9
+        if lease <= 0:
+            return stop
+
+        def renew() -> None:
+            wait = min(max(end - time.time() - lease * 2 / 3, 0), lease / 3)
+            while not stop.wait(wait):
+                try:
+                    self.rpc("Renew", pb.RenewRequest(operation_id=op.operation_id, fencing_token=op.fencing_token))
+                except LedgerError as err:
+                    self.log(f"Renew {op.operation_id}: {err}")
+                    if err.code not in _RETRYABLE_CODES:  # STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
+                        claim_lost.set()
+                        return
+                wait = lease / 3
+
+        threading.Thread(target=renew, name=f"renew {op.operation_id}", daemon=True).start()
+        return stop
 
     @staticmethod
     def _outcome(op: pb.Operation, replayed: bool) -> Outcome:
