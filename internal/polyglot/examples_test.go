@@ -35,3 +35,44 @@ func TestNodeExample(t *testing.T) {
 	addr := startLedgerd(t)
 	runClient(t, "PASS: node example", node, "examples/node/demo.js", addr)
 }
+
+// faultsPolicy is the policy of the ledgerd the fault scenarios run against:
+// a tool whose lease ends while it runs, unless it is renewed.
+const faultsPolicy = `tools:
+  - match: "tickets.slow"
+    effect: irreversible
+    lease: 1s
+`
+
+// startFaultsLedgerd runs a ledgerd with faultsPolicy.
+func startFaultsLedgerd(t *testing.T) string {
+	t.Helper()
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(faultsPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startLedgerd(t, "--policy", policy)
+}
+
+// TestNodeFaults runs examples/node/faults.js: outcomes the ledger could not
+// record, a rate-limited report, parameters and results JSON cannot carry, a
+// tool that outlives its lease; each counting the effects at a fake
+// destination.
+func TestNodeFaults(t *testing.T) {
+	t.Parallel()
+	node, err := exec.LookPath("node")
+	need(t, err == nil, "node is not on PATH")
+	_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
+	need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
+	runClient(t, "PASS: node faults", node, "examples/node/faults.js", startFaultsLedgerd(t))
+}
+
+// TestPythonFaults runs examples/python/faults.py: the scenarios of
+// TestNodeFaults that apply to Python.
+func TestPythonFaults(t *testing.T) {
+	t.Parallel()
+	probe := exec.Command(systemPython, "-s", "-c", "import grpc, google.protobuf")
+	probe.Env = cleanEnv()
+	need(t, probe.Run() == nil, "%s cannot import grpc and google.protobuf (Debian: python3-grpcio, python3-protobuf)", systemPython)
+	runClient(t, "PASS: python faults", systemPython, "-s", "examples/python/faults.py", startFaultsLedgerd(t))
+}

@@ -72,17 +72,17 @@ func cleanEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// startLedgerd runs a fresh ledgerd (embedded engine) on a free loopback
-// port until the test ends, waits until it reports SERVING, and returns its
-// address.
-func startLedgerd(t *testing.T) string {
+// startLedgerd runs a fresh ledgerd (embedded engine, with flags) on a free
+// loopback port until the test ends, waits until it reports SERVING, and
+// returns its address.
+func startLedgerd(t *testing.T, flags ...string) string {
 	t.Helper()
 	bin := ledgertest.LedgerdBinary(t, tmpDir)
 	var lastErr error
 	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
 		addr := ledgertest.FreeAddr(t)
 		log := &ledgertest.Buffer{}
-		cmd := exec.Command(bin, "--listen", addr)
+		cmd := exec.Command(bin, append([]string{"--listen", addr}, flags...)...)
 		cmd.Env = cleanEnv()
 		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Start(); err != nil {

@@ -1,0 +1,184 @@
+'use strict';
+// The failure paths of ledger.js, against a running ledgerd whose policy
+// gives tickets.slow a lease of 1s (internal/polyglot starts one):
+//
+//   node examples/node/faults.js ADDRESS
+//
+// Each scenario counts how often the fake destination applied the effect.
+// Faults in the ledger's answers are injected by wrapping the client's
+// method; everything else is the real service. It exits non-zero when any
+// check fails.
+
+const crypto = require('node:crypto');
+const { Ledger, grpc } = require('./ledger');
+
+class CheckFailed extends Error {}
+
+function check(ok, what) {
+  if (!ok) throw new CheckFailed(what);
+  console.log(`ok: ${what}`);
+}
+
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+
+// The next `times` calls of method fail with code before they reach the ledger.
+function inject(ledger, method, code, times = Infinity) {
+  const real = ledger.client[method].bind(ledger.client);
+  let left = times;
+  ledger.client[method] = (request, options, callback) => {
+    if (left <= 0) return real(request, options, callback);
+    left -= 1;
+    const err = Object.assign(new Error('injected'), { code, details: 'injected', metadata: new grpc.Metadata() });
+    setImmediate(() => callback(err));
+    return undefined;
+  };
+}
+
+// The fake destination: every ticket it created, by idempotency key.
+function destination() {
+  const tickets = [];
+  return {
+    tickets,
+    create: async (attempt) => {
+      tickets.push(attempt.idempotencyKey);
+      const id = `TCK-${tickets.length}`;
+      return { resource_id: id, data: { url: `https://tickets.example/${id}` } };
+    },
+    applied: (key) => tickets.filter((k) => k === key).length,
+  };
+}
+
+async function outcome(promise) {
+  try {
+    return { value: await promise };
+  } catch (err) {
+    return { err };
+  }
+}
+
+let failed = 0;
+
+// Runs one scenario; a failed check or an exception fails it, not the run.
+async function scenario(fn) {
+  try {
+    await fn();
+  } catch (err) {
+    failed += 1;
+    console.error(`FAIL: ${err instanceof CheckFailed ? err.message : err.stack || err}`);
+  }
+}
+
+async function main() {
+  const address = process.argv[2] || process.env.LEDGER_ADDR || '127.0.0.1:50051';
+  const runId = `node-faults-${crypto.randomUUID().slice(0, 8)}`;
+  const op = (step, extra = {}) => ({
+    operationId: `${runId}:${step}`, tool: 'tickets.create', params: { title: 'Printer on fire' }, permitId: 'approval-77', ...extra,
+  });
+
+  await scenario(async () => {
+    console.log('1. the tool ran, then the ledger is unreachable for its Complete');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    inject(ledger, 'Complete', grpc.status.UNAVAILABLE);
+    const { err } = await outcome(ledger.callTool(op('unrecorded'), dest.create));
+    check(dest.applied(`${runId}:unrecorded`) === 1, 'the destination applied the effect once');
+    check(err && err.name === 'NotRecordedError', `the caller learns the outcome is not recorded (got ${err && err.name})`);
+    check(err.result && err.result.resourceId === 'TCK-1', 'and gets the result the tool produced');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('2. the tool failed without an answer, then the ledger is unreachable for its MarkUnknown');
+    const ledger = new Ledger(address);
+    inject(ledger, 'MarkUnknown', grpc.status.DEADLINE_EXCEEDED);
+    const { err } = await outcome(ledger.callTool(op('unknown-unrecorded'), async () => { throw new Error('read timeout'); }));
+    check(err && err.name === 'NotRecordedError', `the caller learns the outcome is not recorded (got ${err && err.name})`);
+    check(err.toolError && err.toolError.message === 'read timeout', 'with the tool\'s error');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('3. the ledger rate-limits the Complete once (RESOURCE_EXHAUSTED)');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    inject(ledger, 'Complete', grpc.status.RESOURCE_EXHAUSTED, 1);
+    const { value, err } = await outcome(ledger.callTool(op('rate-limited'), dest.create));
+    check(!err, `the Complete is repeated after the back-off (${err ? err.message : 'recorded'})`);
+    check(value.operation.state === 'STATE_SUCCEEDED', 'the operation SUCCEEDED');
+    check(dest.applied(`${runId}:rate-limited`) === 1, 'the destination applied the effect once');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('4. parameters JSON has no value for: a new date is a new request, a BigInt is refused');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const when = (day) => op('dated', { params: { title: 'Call back', when: new Date(`2026-12-0${day}T10:00:00Z`) } });
+    await ledger.callTool(when(1), dest.create);
+    const { err } = await outcome(ledger.callTool(when(2), dest.create));
+    check(err && err.reason === 'IDEMPOTENCY_KEY_REUSED', `another date under the same key is refused (got ${err ? err.message : 'a replay'})`);
+    const big = await outcome(ledger.callTool(op('bigint', { params: { amount: 10n } }), dest.create));
+    check(big.err instanceof TypeError, `a BigInt parameter is refused before Reserve (got ${big.err ? big.err.message : 'a result'})`);
+    check(dest.tickets.length === 1, 'the destination applied one effect in all');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('5. the tool ran but its result cannot be encoded');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const { err } = await outcome(ledger.callTool(op('bad-result'), async (a) => {
+      await dest.create(a);
+      return { resource_id: 'TCK-1', data: { amount: 10n } };
+    }));
+    check(err && err.name === 'NotRecordedError', `the caller learns the outcome is not recorded (got ${err ? err.message : 'a result'})`);
+    check(err.result && err.result.data.amount === 10n, 'and gets the result the tool produced');
+    const record = await ledger.lookup(`${runId}:bad-result`);
+    check(record.state === 'STATE_UNKNOWN', `the operation is UNKNOWN, to be reconciled (${record.state})`);
+    check(dest.applied(`${runId}:bad-result`) === 1, 'the destination applied the effect once');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('6. a tool that runs 2.5s under a lease of 1s; a second worker retries the step at 1.5s');
+    const first = new Ledger(address);
+    const second = new Ledger(address);
+    const dest = destination();
+    const slow = op('slow', { tool: 'tickets.slow' });
+    const running = outcome(first.callTool(slow, async (a) => {
+      await sleep(2500);
+      return dest.create(a);
+    }));
+    await sleep(1500);
+    // The second worker has a reconciler: it asks the destination.
+    let retried;
+    for (let round = 0; round < 3; round += 1) {
+      retried = await outcome(second.callTool(slow, dest.create));
+      if (!(retried.err && retried.err.name === 'NeedsReconciliationError')) break;
+      const applied = dest.applied(slow.operationId) > 0;
+      console.log(`  reconciler: the destination has ${applied ? 'the ticket' : 'no ticket'}`);
+      await second.rpc('Reconcile', {
+        operation_id: slow.operationId,
+        finding: applied ? 'FINDING_APPLIED' : 'FINDING_NOT_APPLIED',
+        fencing_token: retried.err.operation.fencing_token,
+      });
+    }
+    const ran = await running;
+    check(dest.applied(slow.operationId) === 1, `the destination applied the effect once (${dest.applied(slow.operationId)})`);
+    check(!ran.err, `the first worker recorded its outcome (${ran.err ? ran.err.message : 'SUCCEEDED'})`);
+    check(!retried.err && retried.value.replayed, `the second worker replayed it (${retried.err ? retried.err.message : 'replayed'})`);
+    first.close();
+    second.close();
+  });
+
+  if (failed > 0) {
+    console.error(`FAIL: ${failed} scenario(s)`);
+    process.exit(1);
+  }
+  console.log('PASS: node faults');
+}
+
+main().catch((err) => {
+  console.error(`FAIL: ${err.stack || err}`);
+  process.exit(1);
+});

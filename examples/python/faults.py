@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""The failure paths of ledger_guard.py, against a running ledgerd whose policy
+gives tickets.slow a lease of 1s (internal/polyglot starts one):
+
+    /usr/bin/python3 examples/python/faults.py ADDRESS
+
+Each scenario counts how often the fake destination applied the effect.
+Faults in the ledger's answers are injected by wrapping the stub's method;
+everything else is the real service. It exits non-zero when any check fails.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+
+sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/python is generated)
+
+import grpc  # noqa: E402
+
+from ledger_guard import Attempt, Ledger, pb  # noqa: E402
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        raise CheckFailed(what)
+    print(f"ok: {what}")
+
+
+class Injected(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode):
+        super().__init__(f"injected {code.name}")
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "injected"
+
+    def trailing_metadata(self):
+        return ()
+
+
+def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = float("inf")) -> None:
+    """The next `times` calls of method fail with code before they reach the ledger."""
+    real = getattr(ledger.stub, method)
+    left = [times]
+
+    def call(request, **kwargs):
+        if left[0] <= 0:
+            return real(request, **kwargs)
+        left[0] -= 1
+        raise Injected(code)
+
+    setattr(ledger.stub, method, call)
+
+
+class Destination:
+    """The fake destination: every ticket it created, by idempotency key."""
+
+    def __init__(self):
+        self.tickets: list[str] = []
+        self.lock = threading.Lock()
+
+    def create(self, attempt: Attempt) -> dict:
+        with self.lock:
+            self.tickets.append(attempt.idempotency_key)
+            ticket_id = f"TCK-{len(self.tickets)}"
+        return {"resource_id": ticket_id, "data": {"url": f"https://tickets.example/{ticket_id}"}}
+
+    def applied(self, key: str) -> int:
+        with self.lock:
+            return self.tickets.count(key)
+
+
+def outcome(call, **kwargs):
+    try:
+        return call(**kwargs), None
+    except Exception as err:  # noqa: BLE001 - the scenario looks at it
+        return None, err
+
+
+def main() -> None:
+    address = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LEDGER_ADDR", "127.0.0.1:50051")
+    run_id = f"py-faults-{uuid.uuid4().hex[:8]}"
+    failed = 0
+
+    def op(step: str, **extra) -> dict:
+        return {"operation_id": f"{run_id}:{step}", "tool": "tickets.create",
+                "params": {"title": "Printer on fire"}, "permit_id": "approval-77", **extra}
+
+    def unrecorded():
+        print("1. the tool ran, then the ledger is unreachable for its Complete")
+        ledger, dest = Ledger(address), Destination()
+        inject(ledger, "Complete", grpc.StatusCode.UNAVAILABLE)
+        _, err = outcome(ledger.call_tool, **op("unrecorded"), fn=dest.create)
+        check(dest.applied(f"{run_id}:unrecorded") == 1, "the destination applied the effect once")
+        check(type(err).__name__ == "NotRecorded", f"the caller learns the outcome is not recorded (got {err!r})")
+        check(err.result is not None and err.result.resource_id == "TCK-1", "and gets the result the tool produced")
+        ledger.close()
+
+    def unknown_unrecorded():
+        print("2. the tool failed without an answer, then the ledger is unreachable for its MarkUnknown")
+        ledger = Ledger(address)
+        inject(ledger, "MarkUnknown", grpc.StatusCode.DEADLINE_EXCEEDED)
+
+        def times_out(_attempt):
+            raise TimeoutError("read timeout")
+
+        _, err = outcome(ledger.call_tool, **op("unknown-unrecorded"), fn=times_out)
+        check(type(err).__name__ == "NotRecorded", f"the caller learns the outcome is not recorded (got {err!r})")
+        check(isinstance(err.tool_error, TimeoutError), "with the tool's error")
+        ledger.close()
+
+    def rate_limited():
+        print("3. the ledger rate-limits the Complete once (RESOURCE_EXHAUSTED)")
+        ledger, dest = Ledger(address), Destination()
+        inject(ledger, "Complete", grpc.StatusCode.RESOURCE_EXHAUSTED, times=1)
+        out, err = outcome(ledger.call_tool, **op("rate-limited"), fn=dest.create)
+        check(err is None, f"the Complete is repeated after the back-off ({err!r})")
+        check(out.operation.state == pb.STATE_SUCCEEDED, "the operation SUCCEEDED")
+        check(dest.applied(f"{run_id}:rate-limited") == 1, "the destination applied the effect once")
+        ledger.close()
+
+    def bad_result():
+        print("4. the tool ran but its result cannot be encoded")
+        ledger, dest = Ledger(address), Destination()
+        when = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
+
+        def create(attempt):
+            dest.create(attempt)
+            return {"resource_id": "TCK-1", "data": {"when": when}}
+
+        _, err = outcome(ledger.call_tool, **op("bad-result"), fn=create)
+        check(type(err).__name__ == "NotRecorded", f"the caller learns the outcome is not recorded (got {err!r})")
+        check(err.result is not None and err.result.data == {"when": when}, "and gets the result the tool produced")
+        state = ledger.lookup(f"{run_id}:bad-result").state
+        check(state == pb.STATE_UNKNOWN, f"the operation is UNKNOWN, to be reconciled ({pb.State.Name(state)})")
+        check(dest.applied(f"{run_id}:bad-result") == 1, "the destination applied the effect once")
+        ledger.close()
+
+    def slow():
+        print("5. a tool that runs 2.5s under a lease of 1s; a second worker retries the step at 1.5s")
+        first, second, dest = Ledger(address), Ledger(address), Destination()
+        slow_op = op("slow", tool="tickets.slow")
+        key = slow_op["operation_id"]
+        ran: list = []
+
+        def slow_create(attempt):
+            time.sleep(2.5)
+            return dest.create(attempt)
+
+        worker = threading.Thread(target=lambda: ran.append(outcome(first.call_tool, **slow_op, fn=slow_create)))
+        worker.start()
+        time.sleep(1.5)
+        # The second worker has a reconciler: it asks the destination.
+        for _ in range(3):
+            out, err = outcome(second.call_tool, **slow_op, fn=dest.create)
+            if type(err).__name__ != "NeedsReconciliation":
+                break
+            applied = dest.applied(key) > 0
+            print(f"  reconciler: the destination has {'the ticket' if applied else 'no ticket'}")
+            second.rpc("Reconcile", pb.ReconcileRequest(
+                operation_id=key, finding=pb.FINDING_APPLIED if applied else pb.FINDING_NOT_APPLIED,
+                fencing_token=err.operation.fencing_token))
+        worker.join()
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        check(ran[0][1] is None, f"the first worker recorded its outcome ({ran[0][1]!r})")
+        check(err is None and out.replayed, f"the second worker replayed it ({err!r})")
+        first.close()
+        second.close()
+
+    for scenario in (unrecorded, unknown_unrecorded, rate_limited, bad_result, slow):
+        try:
+            scenario()
+        except CheckFailed as err:
+            failed += 1
+            print(f"FAIL: {err}", file=sys.stderr)
+        except Exception:  # noqa: BLE001 - a scenario that breaks fails, not the run
+            failed += 1
+            print(f"FAIL: {traceback.format_exc()}", file=sys.stderr)
+    if failed:
+        print(f"FAIL: {failed} scenario(s)", file=sys.stderr)
+        sys.exit(1)
+    print("PASS: python faults")
+
+
+if __name__ == "__main__":
+    main()
