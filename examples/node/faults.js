@@ -1,6 +1,6 @@
 'use strict';
 // The failure paths of ledger.js, against a running ledgerd whose policy
-// gives tickets.slow a lease of 1s (internal/polyglot starts one):
+// gives tickets.slow a lease of 2s (internal/polyglot starts one):
 //
 //   node examples/node/faults.js ADDRESS
 //
@@ -140,16 +140,16 @@ async function main() {
   });
 
   await scenario(async () => {
-    console.log('6. a tool that runs 2.5s under a lease of 1s; a second worker retries the step at 1.5s');
+    console.log('6. a tool that runs 5s under a lease of 2s; a second worker retries the step at 3s');
     const first = new Ledger(address);
     const second = new Ledger(address);
     const dest = destination();
     const slow = op('slow', { tool: 'tickets.slow' });
     const running = outcome(first.callTool(slow, async (a) => {
-      await sleep(2500);
+      await sleep(5000);
       return dest.create(a);
     }));
-    await sleep(1500);
+    await sleep(3000);
     // The second worker has a reconciler: it asks the destination.
     let retried;
     for (let round = 0; round < 3; round += 1) {

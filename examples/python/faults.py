@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The failure paths of ledger_guard.py, against a running ledgerd whose policy
-gives tickets.slow a lease of 1s (internal/polyglot starts one):
+gives tickets.slow a lease of 2s (internal/polyglot starts one):
 
     /usr/bin/python3 examples/python/faults.py ADDRESS
 
@@ -150,19 +150,19 @@ def main() -> None:
         ledger.close()
 
     def slow():
-        print("5. a tool that runs 2.5s under a lease of 1s; a second worker retries the step at 1.5s")
+        print("5. a tool that runs 5s under a lease of 2s; a second worker retries the step at 3s")
         first, second, dest = Ledger(address), Ledger(address), Destination()
         slow_op = op("slow", tool="tickets.slow")
         key = slow_op["operation_id"]
         ran: list = []
 
         def slow_create(attempt):
-            time.sleep(2.5)
+            time.sleep(5)
             return dest.create(attempt)
 
         worker = threading.Thread(target=lambda: ran.append(outcome(first.call_tool, **slow_op, fn=slow_create)))
         worker.start()
-        time.sleep(1.5)
+        time.sleep(3)
         # The second worker has a reconciler: it asks the destination.
         for _ in range(3):
             out, err = outcome(second.call_tool, **slow_op, fn=dest.create)

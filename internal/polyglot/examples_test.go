@@ -41,7 +41,7 @@ func TestNodeExample(t *testing.T) {
 const faultsPolicy = `tools:
   - match: "tickets.slow"
     effect: irreversible
-    lease: 1s
+    lease: 2s
 `
 
 // startFaultsLedgerd runs a ledgerd with faultsPolicy.
