@@ -192,6 +192,11 @@ func (c *Compactor) compact(ctx context.Context, node redis.Cmdable, keys []stri
 				n += int(v)
 			case redis.HasErrorPrefix(err, "NOSCRIPT") && try == 0:
 				again = append(again, keys[i])
+			case movedError(err):
+				// The key's slot is served by another master now (a
+				// resharding, a failover): that master's walk finds it.
+				// Trying it here again would hold this walk at this
+				// batch for good.
 			case firstErr == nil:
 				firstErr = err
 			}

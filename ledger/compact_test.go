@@ -374,3 +374,72 @@ func TestCompactedTombstoneIsExpired(t *testing.T) {
 		}
 	})
 }
+
+// clusterMasters returns the addresses of the cluster's masters.
+func clusterMasters(t *testing.T, e *env, cc *redis.ClusterClient) []string {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		addrs []string
+	)
+	err := cc.ForEachMaster(e.ctx, func(ctx context.Context, n *redis.Client) error {
+		mu.Lock()
+		addrs = append(addrs, n.Options().Addr)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addrs
+}
+
+// TestCompactionKeyMovedAway: a key that one master's SCAN returned and
+// whose slot then moved to another master (a resharding, or a master
+// removed or failed over while its walk held keys) is answered MOVED or ASK
+// by the node the walk runs on. The walk goes on without it (the new
+// master's walk finds it) instead of trying the same batch again at every
+// step and never reaching the end of that master's keys.
+func TestCompactionKeyMovedAway(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		cc, ok := e.rdb.(*redis.ClusterClient)
+		if !ok {
+			t.Skip("Redis Cluster only")
+		}
+		o := e.execute(t, "moved", "compact.refund")
+		if _, err := e.complete(t, "moved", o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"card":"customer-data-4711"}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		e.waitExpired(t, "moved")
+		k := e.opKeys("moved").all[0]
+		owner, err := cc.MasterForKey(e.ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := e.compactor(100)
+		// The walk of another master holds the key, as when its slot moved
+		// after that master's SCAN returned it.
+		for _, addr := range clusterMasters(t, e, cc) {
+			if addr != owner.Options().Addr {
+				c.walks[addr] = &walk{pending: []string{k}}
+				break
+			}
+		}
+		for steps := 0; ; steps++ {
+			if steps > 10000 {
+				t.Fatalf("%s not compacted after %d steps", k, steps)
+			}
+			if _, err := c.Step(e.ctx); err != nil {
+				t.Fatalf("step %d: %v", steps, err)
+			}
+			if v, _ := e.stored(t, k); strings.Count(v[33:], "\xff") == 3 {
+				break
+			}
+		}
+		for addr, w := range c.walks {
+			if slices.Contains(w.pending, k) {
+				t.Fatalf("the walk of %s still holds %s", addr, k)
+			}
+		}
+	})
+}
