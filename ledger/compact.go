@@ -123,9 +123,29 @@ func (c *Compactor) each(ctx context.Context, whole bool) (CompactStats, error) 
 		return err
 	}
 	if cc, ok := c.l.rdb.(*redis.ClusterClient); ok {
+		var (
+			seenMu sync.Mutex
+			seen   = map[string]bool{}
+		)
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			return run(ctx, node.Options().Addr, node)
+			addr := node.Options().Addr
+			seenMu.Lock()
+			seen[addr] = true
+			seenMu.Unlock()
+			return run(ctx, addr, node)
 		})
+		if !whole && err == nil {
+			// Forget the walks of nodes that are no masters any more (failed
+			// over, removed): a node that is a master again later starts a
+			// new walk.
+			c.mu.Lock()
+			for addr := range c.walks {
+				if !seen[addr] {
+					delete(c.walks, addr)
+				}
+			}
+			c.mu.Unlock()
+		}
 		return total, err
 	}
 	err := run(ctx, "", c.l.rdb)

@@ -443,3 +443,25 @@ func TestCompactionKeyMovedAway(t *testing.T) {
 		}
 	})
 }
+
+// TestCompactionForgetsGoneMasters: the walk of an address that is no
+// master any more (failed over, removed) is dropped at the next Step, so
+// the compactor keeps no position for nodes it no longer walks.
+func TestCompactionForgetsGoneMasters(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		cc, ok := e.rdb.(*redis.ClusterClient)
+		if !ok {
+			t.Skip("Redis Cluster only")
+		}
+		c := e.compactor(10)
+		c.walks["127.0.0.1:1"] = &walk{cursor: 42, pending: []string{"ledger:{s00}:op:gone:gone"}}
+		if _, err := c.Step(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		masters := clusterMasters(t, e, cc)
+		slices.Sort(masters)
+		if got := slices.Sorted(maps.Keys(c.walks)); !slices.Equal(got, masters) {
+			t.Fatalf("walks of %v, want those of the masters %v", got, masters)
+		}
+	})
+}
