@@ -465,3 +465,56 @@ func TestCompactionForgetsGoneMasters(t *testing.T) {
 		}
 	})
 }
+
+// TestCompactionKeepsTheKeysEnd: the compacted key ends when the record's
+// key did (the terminal transition's PX: retention plus tombstone
+// retention), read as an absolute time (PEXPIRETIME), and a key without a
+// TTL stays without one. Redis stores the end in milliseconds; Redis
+// before 7.2 reads its clock again for SET's PX, which can only move the
+// end later, and the embedded engine keeps TTLs below the millisecond,
+// which PTTL truncates: so at most 1 ms earlier, never more.
+func TestCompactionKeepsTheKeysEnd(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		for _, id := range []string{"ttl", "persisted"} {
+			o := e.execute(t, id, "compact.refund")
+			if _, err := e.complete(t, id, o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"card":"customer-data-4711"}`)}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.waitExpired(t, "ttl", "persisted")
+		k, p := e.opKeys("ttl").all[0], e.opKeys("persisted").all[0]
+		if err := e.rdb.Persist(e.ctx, p).Err(); err != nil {
+			t.Fatal(err)
+		}
+		end := func(key string) int64 {
+			t.Helper()
+			v, err := e.rdb.Do(e.ctx, "PEXPIRETIME", key).Int64()
+			if err != nil {
+				t.Fatalf("PEXPIRETIME %s: %v", key, err)
+			}
+			return v
+		}
+		before := end(k)
+		if before <= 0 || end(p) != -1 {
+			t.Fatalf("before: ends %d and %d", before, end(p))
+		}
+		vk, _ := e.stored(t, k)
+		vp, _ := e.stored(t, p)
+		st, err := e.compactor(0).Pass(e.ctx)
+		if err != nil || st.Compacted != 2 {
+			t.Fatalf("pass = %+v, %v", st, err)
+		}
+		if now, _ := e.stored(t, k); now != tombstoneOf(vk) {
+			t.Fatalf("%s compacted to %q", k, now)
+		}
+		if now, _ := e.stored(t, p); now != tombstoneOf(vp) {
+			t.Fatalf("%s compacted to %q", p, now)
+		}
+		if after := end(k); after < before-1 || after > before+1000 {
+			t.Fatalf("the key ends at %d after compaction, at %d before", after, before)
+		}
+		if after := end(p); after != -1 {
+			t.Fatalf("a key without a TTL ends at %d after compaction", after)
+		}
+	})
+}
