@@ -22,10 +22,14 @@
 -- and nothing else. The fields are kept verbatim, so the expiry reads the
 -- same; load() and lookup.lua also take a record without the fifth field
 -- (the attempt, present in every full record) for an expired tombstone
--- whatever the clock says. The value is written with KEEPTTL: the key ends
--- exactly when it did before (exp + tombstone retention), so a late replay
--- is still refused until then. Running it twice changes nothing the second
--- time.
+-- whatever the clock says. The value is written with the key's TTL as PTTL
+-- reads it (PX; no TTL when the key has none): the key ends when it did
+-- before (exp + tombstone retention), so a late replay is still refused
+-- until then. Redis stores the end in milliseconds; from 7.2 on a script
+-- sees one frozen clock, so the end is the same to the millisecond, and
+-- before 7.2 SET reads the clock again after PTTL, which can only move the
+-- end later. (SET ... KEEPTTL would need Redis 6.0.) Running it twice
+-- changes nothing the second time.
 
 local s = redis.pcall('GET', KEYS[1])
 if type(s) ~= 'string' or string.sub(s, 1, 1) ~= 'L' then
@@ -43,5 +47,12 @@ local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\25
 if tonumber(ct, 36) + ms(ut) + ms(exp) >= NOW then
   return 0 -- still in its retention
 end
-redis.call('SET', KEYS[1], string.sub(s, 1, n), 'KEEPTTL')
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -1 then
+  redis.call('SET', KEYS[1], string.sub(s, 1, n))
+elseif ttl > 0 then
+  redis.call('SET', KEYS[1], string.sub(s, 1, n), 'PX', tostr(ttl))
+else
+  return 0 -- ending now: nothing to cut
+end
 return 1
