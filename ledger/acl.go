@@ -19,8 +19,9 @@ var ACLCommands = []string{
 }
 
 // ACLRules returns the rules of the least-privileged Redis user the ledger
-// can run as: only its keys (prefix:*), no channels, only ACLCommands. Use
-// it as
+// can run as: only its keys (prefix:*), no channels, only ACLCommands.
+// (SCAN, for the compaction pass, is not filtered by key patterns: it lists
+// the names of every key in the database.) Use it as
 //
 //	ACL SETUSER ledger on >PASSWORD <rules>
 //
