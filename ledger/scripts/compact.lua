@@ -28,8 +28,9 @@
 -- until then. Redis stores the end in milliseconds; from 7.2 on a script
 -- sees one frozen clock, so the end is the same to the millisecond, and
 -- before 7.2 SET reads the clock again after PTTL, which can only move the
--- end later. (SET ... KEEPTTL would need Redis 6.0.) Running it twice
--- changes nothing the second time.
+-- end later; the embedded engine keeps TTLs below the millisecond, which
+-- PTTL truncates (less than 1 ms earlier). (SET ... KEEPTTL would need
+-- Redis 6.0.) Running it twice changes nothing the second time.
 
 local s = redis.pcall('GET', KEYS[1])
 if type(s) ~= 'string' or string.sub(s, 1, 1) ~= 'L' then
