@@ -168,6 +168,9 @@ func TestCompaction(t *testing.T) {
 		other := map[string]string{
 			e.opKeys("not-a-record").all[0]: "L and some text",
 			e.opKeys("short").all[0]:        "3\xff1\xff",
+			// A unit without a number where the update time goes: no
+			// record, and the walk must not stop on it.
+			e.opKeys("bare-unit").all[0]: "L" + strings.Repeat("f", 32) + "3\xff1d\xffk1\xffs\xff2\xff",
 		}
 		for k, v := range other {
 			if err := e.rdb.Set(e.ctx, k, v, 0).Err(); err != nil {
@@ -175,7 +178,7 @@ func TestCompaction(t *testing.T) {
 			}
 		}
 		untouched := map[string]string{}
-		for _, id := range []string{"kept", "running", "not-a-record", "short"} {
+		for _, id := range []string{"kept", "running", "not-a-record", "short", "bare-unit"} {
 			untouched[id], _ = e.stored(t, e.opKeys(id).all[0])
 		}
 		legacy, err := e.rdb.HGetAll(e.ctx, e.opKeys("legacy").all[0]).Result()

@@ -45,6 +45,9 @@ if #s == n or string.sub(s, n + 1, n + 1) ~= '\255' then
   return 0 -- a tombstone already (or not a record)
 end
 local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\255]*)$')
+if ut ~= '' and not string.match(ut, '^%d+[smhd]?$') then
+  return 0 -- a unit without a number: not a record
+end
 if tonumber(ct, 36) + ms(ut) + ms(exp) >= NOW then
   return 0 -- still in its retention
 end
