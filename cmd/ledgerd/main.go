@@ -229,8 +229,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
 		return c, fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
 	}
-	if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 {
-		return c, fmt.Errorf("--compact-batch %q: want a count of keys, 0 for no compaction", *compactBatch)
+	if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 || c.compactBatch > maxCompactBatch {
+		return c, fmt.Errorf("--compact-batch %q: want a count of keys up to %d, 0 for no compaction", *compactBatch, maxCompactBatch)
 	}
 	if (c.tls.Cert == "") != (c.tls.Key == "") {
 		return c, errors.New("--tls-cert and --tls-key go together")
@@ -619,6 +619,11 @@ func redisURLError(mode, raw string, err error) error {
 	}
 	return fmt.Errorf("--redis-url %s (%s): %s", redactURL(raw), mode, reason)
 }
+
+// maxCompactBatch bounds --compact-batch: each second the pass asks Redis
+// for that many keys in one SCAN and runs as many scripts, and Redis serves
+// nothing else meanwhile.
+const maxCompactBatch = 10000
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	c, err := parseFlags(args, stderr)

@@ -197,6 +197,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--log-level", "loud"}, "log-level"},
 		{[]string{"--listen", "127.0.0.1:0", "--sweep-interval", "0s"}, "sweep-interval"},
 		{[]string{"--listen", "127.0.0.1:0", "--compact-batch", "-1"}, "compact-batch"},
+		{[]string{"--listen", "127.0.0.1:0", "--compact-batch", "10001"}, "compact-batch"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "NaN"}, "rate-limit"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "Inf"}, "rate-limit"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "-1"}, "rate-limit"},
