@@ -180,7 +180,18 @@ def main() -> None:
         first.close()
         second.close()
 
-    for scenario in (unrecorded, unknown_unrecorded, rate_limited, bad_result, slow):
+    def big_integer():
+        print("6. amounts beyond 2^53, which the wire's doubles cannot tell apart")
+        ledger, dest = Ledger(address), Destination()
+        first = op("big-integer", params={"amount": 2**53 + 1})
+        _, err = outcome(ledger.call_tool, **first, fn=dest.create)
+        check(isinstance(err, ValueError), f"refused before the ledger is asked (got {err!r})")
+        _, err = outcome(ledger.lookup, operation_id=first["operation_id"])
+        check(getattr(err, "code", None) == grpc.StatusCode.NOT_FOUND, f"nothing was recorded ({err!r})")
+        check(dest.applied(first["operation_id"]) == 0, "nothing was applied")
+        ledger.close()
+
+    for scenario in (unrecorded, unknown_unrecorded, rate_limited, bad_result, slow, big_integer):
         try:
             scenario()
         except CheckFailed as err:

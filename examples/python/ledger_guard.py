@@ -25,6 +25,7 @@ Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf).
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import sys
 import threading
@@ -169,6 +170,30 @@ def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return s
 
 
+def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
+    """The parameters as a Struct, refusing what the wire's doubles would round.
+
+    An integer beyond 2^53 (or a NaN or infinity) would reach the ledger as
+    another number, so two different amounts could share a fingerprint.
+    """
+    def walk(v: Any, path: str) -> None:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return
+        if isinstance(v, int) and abs(v) > 2**53:
+            raise ValueError(f"params{path}: an integer beyond 2^53 cannot be sent exactly; send it as a string")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"params{path}: NaN and infinities have no JSON form")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{path}/{k}")
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, f"{path}/{i}")
+
+    walk(params, "")
+    return to_struct(params)
+
+
 class Ledger:
     """A client of ledger.v1.LedgerService for one agent runtime."""
 
@@ -215,12 +240,14 @@ class Ledger:
         reconciled before an irreversible tool runs again.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
+        Parameters the wire would round (an integer beyond 2^53) raise
+        ValueError before the ledger is asked.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = time.monotonic() + wait
         while True:
             resp = self.rpc("Reserve", pb.ReserveRequest(
-                operation_id=operation_id, tool=tool, params=to_struct(params),
+                operation_id=operation_id, tool=tool, params=params_struct(params),
                 permit_id=permit_id, holder=holder, effect=effect))
             op = resp.operation
             self.log(f"Reserve {operation_id}: {pb.Decision.Name(resp.decision)} "
