@@ -48,7 +48,11 @@ local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\25
 if ut ~= '' and not string.match(ut, '^%d+[smhd]?$') then
   return 0 -- a unit without a number: not a record
 end
-if tonumber(ct, 36) + ms(ut) + ms(exp) >= NOW then
+local created = tonumber(ct, 36)
+if not created then
+  return 0 -- a creation time no number can hold: not a record
+end
+if created + ms(ut) + ms(exp) >= NOW then
   return 0 -- still in its retention
 end
 local ttl = redis.call('PTTL', KEYS[1])
