@@ -183,7 +183,10 @@ const (
 // Config configures a Runner.
 type Config struct {
 	// Client is the ledger client mutating tools go through. Required when a
-	// tool is mutating.
+	// tool is mutating. New sets each mutating tool's Policy and Reconciler
+	// on it by the tool's name, so Runners that share a Client share them:
+	// give tools of the same name the same policy, or give each Runner a
+	// Client of its own.
 	Client *client.Client
 	// Model is the agent's model. Required.
 	Model Model
