@@ -10,7 +10,9 @@
 // check fails.
 
 const crypto = require('node:crypto');
-const { Ledger, grpc } = require('./ledger');
+const {
+  Ledger, RetryableToolError, ToolFailedError, grpc,
+} = require('./ledger');
 
 class CheckFailed extends Error {}
 
@@ -169,6 +171,21 @@ async function main() {
     check(!retried.err && retried.value.replayed, `the second worker replayed it (${retried.err ? retried.err.message : 'replayed'})`);
     first.close();
     second.close();
+  });
+
+  await scenario(async () => {
+    console.log('7. every attempt is refused (two attempts): the failure names RETRIES_EXHAUSTED');
+    const ledger = new Ledger(address);
+    const flaky = op('exhausted', { tool: 'tickets.flaky' });
+    const refused = async () => { throw new RetryableToolError('429'); };
+    for (let i = 0; i < 2; i += 1) {
+      const { err } = await outcome(ledger.callTool(flaky, refused));
+      check(err instanceof RetryableToolError, `an attempt refused (${err ? err.message : 'a result'})`);
+    }
+    const { err } = await outcome(ledger.callTool(flaky, refused));
+    check(err instanceof ToolFailedError && err.failureCode === 'RETRIES_EXHAUSTED' && err.replayed,
+      `then the call fails for good, saying why (${err ? err.message : 'a result'})`);
+    ledger.close();
   });
 
   if (failed > 0) {

@@ -23,7 +23,7 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 
 import grpc  # noqa: E402
 
-from ledger_guard import Attempt, Ledger, pb  # noqa: E402
+from ledger_guard import Attempt, Ledger, RetryableToolError, ToolFailed, pb  # noqa: E402
 
 
 class CheckFailed(Exception):
@@ -191,7 +191,23 @@ def main() -> None:
         check(dest.applied(first["operation_id"]) == 0, "nothing was applied")
         ledger.close()
 
-    for scenario in (unrecorded, unknown_unrecorded, rate_limited, bad_result, slow, big_integer):
+    def exhausted():
+        print("7. every attempt is refused (two attempts): the failure names RETRIES_EXHAUSTED")
+        ledger = Ledger(address)
+        flaky = op("exhausted", tool="tickets.flaky")
+
+        def refused(_attempt):
+            raise RetryableToolError("429")
+
+        for _ in range(2):
+            _, err = outcome(ledger.call_tool, **flaky, fn=refused)
+            check(isinstance(err, RetryableToolError), f"an attempt refused ({err!r})")
+        _, err = outcome(ledger.call_tool, **flaky, fn=refused)
+        check(isinstance(err, ToolFailed) and err.code == "RETRIES_EXHAUSTED" and err.replayed,
+              f"then the call fails for good, saying why ({err!r})")
+        ledger.close()
+
+    for scenario in (unrecorded, unknown_unrecorded, rate_limited, bad_result, slow, big_integer, exhausted):
         try:
             scenario()
         except CheckFailed as err:

@@ -37,11 +37,14 @@ func TestNodeExample(t *testing.T) {
 }
 
 // faultsPolicy is the policy of the ledgerd the fault scenarios run against:
-// a tool whose lease ends while it runs, unless it is renewed.
+// a tool whose lease ends while it runs, unless it is renewed, and one with
+// two attempts.
 const faultsPolicy = `tools:
   - match: "tickets.slow"
     effect: irreversible
     lease: 2s
+  - match: "tickets.flaky"
+    max_attempts: 2
 `
 
 // startFaultsLedgerd runs a ledgerd with faultsPolicy.
