@@ -127,13 +127,23 @@
 // # Resuming a run
 //
 // Config.Checkpoint is called with the transcript after every message the
-// Runner appends (the model's turn before its calls run, then each tool
+// Runner adds (the model's turn before its calls run, then each tool
 // result). To resume after a crash, call Run with the same RunID and the
 // last saved transcript: calls of the last model turn that have no result
 // are sent again first (same call ids, so mutating ones replay or reconcile),
-// then the loop goes on. A transcript that ends with a final answer returns
-// "done" at once without calling the model. Runs with the same RunID may
-// even run concurrently: the ledger lets one of them execute each call.
+// then the loop goes on. The caller may append messages to the saved
+// transcript before resuming (a new user message, say): the results of the
+// pending calls then go, in call order, right after the results that turn
+// already has (right after the turn when it has none), before the appended
+// messages, because model APIs refuse a transcript in which another message
+// comes between a turn and its results. This holds for every result of a
+// pending call, the repetition guard's "not run" result included; a call not
+// started (the run stopped before it) still has no result and stays pending.
+// The checkpoints see that order, and the next model turn comes after the
+// whole transcript, as usual. The Input's transcript itself is not modified
+// (the Runner works on a copy). A transcript that ends with a final answer
+// returns "done" at once without calling the model. Runs with the same RunID
+// may even run concurrently: the ledger lets one of them execute each call.
 //
 // # Panics
 //

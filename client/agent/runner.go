@@ -131,14 +131,14 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 		// the first's result instead of running.
 		return s.end(StatusError, "a run id with ':'", errors.New("agent: Input.RunID must not contain ':'"))
 	}
-	pending := s.replayTranscript()
+	pending, at := s.replayTranscript()
 	if n := len(s.transcript); n > 0 && s.transcript[n-1].Role == RoleAssistant && len(s.transcript[n-1].Calls) == 0 {
 		o := s.end(StatusDone, "the transcript already ends with a final answer", nil)
 		o.Answer = s.transcript[n-1].Text
 		return o
 	}
 	if len(pending) > 0 {
-		if o, stop := s.runCalls(ctx, pending); stop {
+		if o, stop := s.runCalls(ctx, pending, at); stop {
 			return o
 		}
 	}
@@ -151,7 +151,7 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 		if err != nil {
 			return s.modelFailed(ctx, err)
 		}
-		if o, stop := s.appendMessage(ctx, Message{Role: RoleAssistant, Text: turn.Text, Calls: slices.Clone(turn.Calls)}); stop {
+		if o, stop := s.addMessage(ctx, len(s.transcript), Message{Role: RoleAssistant, Text: turn.Text, Calls: slices.Clone(turn.Calls)}); stop {
 			return o
 		}
 		if len(turn.Calls) == 0 {
@@ -159,46 +159,49 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 			o.Answer = turn.Text
 			return o
 		}
-		if o, stop := s.runCalls(ctx, turn.Calls); stop {
+		if o, stop := s.runCalls(ctx, turn.Calls, len(s.transcript)); stop {
 			return o
 		}
 	}
 }
 
 // replayTranscript counts the input's model turns and completed calls, and
-// returns the calls of the last model turn that have no result yet. Results
-// follow their turn's calls in order, so a result answers the first call of
-// the turn with its call id that has none yet: a model may send one id twice.
-func (s *run) replayTranscript() []ToolCall {
+// returns the calls of the last model turn that have no result yet, with
+// the index where their results go: right after that turn's last result (or
+// after the turn when it has none), before any message the caller appended
+// after it, since model APIs want a turn's results directly after it.
+// Results follow their turn's calls in order, so a result answers the first
+// call of the turn with its call id that has none yet: a model may send one
+// id twice.
+func (s *run) replayTranscript() (pending []ToolCall, at int) {
 	var (
 		last []ToolCall // calls of the latest assistant message
 		done []bool     // which of them have a result
 	)
-	for _, m := range s.transcript {
+	for i, m := range s.transcript {
 		switch m.Role {
 		case RoleAssistant:
 			s.steps++
-			last, done = m.Calls, make([]bool, len(m.Calls))
+			last, done, at = m.Calls, make([]bool, len(m.Calls)), i+1
 		case RoleTool:
 			if m.Result == nil {
 				continue
 			}
-			for i, c := range last {
-				if !done[i] && c.ID == m.Result.CallID {
-					done[i] = true
+			for j, c := range last {
+				if !done[j] && c.ID == m.Result.CallID {
+					done[j], at = true, i+1
 					s.completed(c)
 					break
 				}
 			}
 		}
 	}
-	var pending []ToolCall
 	for i, c := range last {
 		if !done[i] {
 			pending = append(pending, c)
 		}
 	}
-	return pending
+	return pending, at
 }
 
 // guards checks, before a model turn, the caller's context, the deadline and
@@ -274,10 +277,12 @@ func (s *run) modelFailed(ctx context.Context, err error) Outcome {
 	return s.end(StatusError, fmt.Sprintf("the model failed in step %d", s.steps), fmt.Errorf("agent: model: %w", err))
 }
 
-// runCalls runs a turn's calls in order and appends their results. No call
-// starts once the caller's context has ended or the run's deadline has
+// runCalls runs a turn's calls in order and puts their results, in the same
+// order, into the transcript from index at on: at the end for a new turn,
+// after the results a resumed turn already has for its pending calls. No
+// call starts once the caller's context has ended or the run's deadline has
 // passed: the calls left stay pending.
-func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
+func (s *run) runCalls(ctx context.Context, calls []ToolCall, at int) (Outcome, bool) {
 	for _, c := range calls {
 		if ctx.Err() != nil {
 			return s.ctxEnded(ctx), true
@@ -293,7 +298,7 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
 			n := s.counts[key] + 1
 			refused := ToolResult{CallID: c.ID, Tool: c.Name,
 				Error: fmt.Sprintf("not run: tool %q was asked for with the same arguments %d times; the run stopped (repetition)", c.Name, n)}
-			if o, stop := s.appendMessage(ctx, Message{Role: RoleTool, Result: &refused}); stop {
+			if o, stop := s.addMessage(ctx, at, Message{Role: RoleTool, Result: &refused}); stop {
 				return o, true
 			}
 			return s.end(StatusRepetition, fmt.Sprintf("the model asked for tool %q with the same arguments %d times (call %s of step %d not run)",
@@ -311,9 +316,10 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall) (Outcome, bool) {
 			return s.end(StatusError, fmt.Sprintf("the ledger stopped call %s of tool %q (it stays pending)", c.ID, c.Name), stop), true
 		}
 		s.completed(c)
-		if o, stop := s.appendMessage(ctx, Message{Role: RoleTool, Result: &res}); stop {
+		if o, stop := s.addMessage(ctx, at, Message{Role: RoleTool, Result: &res}); stop {
 			return o, true
 		}
+		at++
 	}
 	return Outcome{}, false
 }
@@ -556,9 +562,16 @@ func (s *run) toolCall(c ToolCall, a client.Attempt) Call {
 	return Call{RunID: s.in.RunID, Step: s.steps, ID: c.ID, Tool: c.Name, Args: c.Args, Attempt: a}
 }
 
-// appendMessage appends m and saves the transcript.
-func (s *run) appendMessage(ctx context.Context, m Message) (o Outcome, stop bool) {
-	s.transcript = append(s.transcript, m)
+// addMessage puts m at index i of the transcript (len(s.transcript) appends
+// it) and saves the transcript. Inserting before the end makes a new slice:
+// the model and the checkpoint may still hold the old one, which must not
+// change under them.
+func (s *run) addMessage(ctx context.Context, i int, m Message) (o Outcome, stop bool) {
+	if i == len(s.transcript) {
+		s.transcript = append(s.transcript, m)
+	} else {
+		s.transcript = slices.Concat(s.transcript[:i:i], []Message{m}, s.transcript[i:])
+	}
 	if s.checkpoint == nil {
 		return Outcome{}, false
 	}

@@ -47,9 +47,13 @@ const (
 	RoleTool Role = "tool"
 )
 
-// Message is one entry of a run's transcript. The Runner only appends
-// messages; it never changes one it has handed out, and callers must not
-// change them either (they may be shared with the model and the checkpoint).
+// Message is one entry of a run's transcript. The Runner appends messages,
+// except the results of a resumed run's pending calls, which it inserts
+// after their turn's results, before messages the caller appended (see
+// "Resuming a run" in the package doc). It never changes a message or a
+// transcript it has handed out (an insertion makes a new transcript), and
+// callers must not change them either (they may be shared with the model and
+// the checkpoint).
 type Message struct {
 	// Role says who wrote the message.
 	Role Role
@@ -209,7 +213,7 @@ type Config struct {
 	// when nil).
 	Logger *slog.Logger
 	// Checkpoint, when set, is called after every message the Runner
-	// appends, with the whole transcript (do not modify it). An error ends
+	// adds, with the whole transcript (do not modify it). An error ends
 	// the run with status "error": a runtime that cannot save its state must
 	// not go on. Resume by calling Run with the last saved transcript.
 	Checkpoint func(ctx context.Context, runID string, transcript []Message) error
