@@ -631,28 +631,10 @@ func TestDurabilityFollowsARunningRedis(t *testing.T) {
 	t.Cleanup(func() { durabilityInterval = prev })
 	safe := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
 	_, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--metrics-listen", "127.0.0.1:0")
-	metricsAddr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	metricsAddr := metricsAddrOf(t, out)
 	waitFor := func(sample, logged string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			resp, err := http.Get("http://" + metricsAddr + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), sample) && strings.Contains(out.String(), logged) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no %q with %q in the log:\n%s", sample, logged, out.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitForMetrics(t, metricsAddr, out, logged, sample)
 	}
 	waitFor(`ledger_store_durability_ok{check="appendonly"} 1`, "ledgerd serving")
 	rdb := safe.Client(t)
@@ -683,34 +665,10 @@ func TestReloadsShowInMetrics(t *testing.T) {
 	write("keys:\n" + entry + "\n")
 	tlsCreds := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 	_, _, out := start(t, tlsCreds, "--auth-file", file, "--tls-cert", certFile, "--tls-key", keyFile, "--metrics-listen", "127.0.0.1:0")
-	metricsAddr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
-	}
+	metricsAddr := metricsAddrOf(t, out)
 	waitFor := func(samples ...string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			resp, err := http.Get("http://" + metricsAddr + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			missing := ""
-			for _, s := range samples {
-				if !strings.Contains(string(body), s+"\n") {
-					missing = s
-				}
-			}
-			if missing == "" {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("/metrics lacks %s:\n%s\nlog:\n%s", missing, body, out.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitForMetrics(t, metricsAddr, out, "", samples...)
 	}
 	expiry := func(t time.Time) string {
 		return "ledger_tls_certificate_expiry_timestamp_seconds " + strconv.FormatFloat(float64(t.Unix()), 'g', -1, 64)
@@ -734,4 +692,42 @@ func TestReloadsShowInMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(`ledger_config_last_reload_successful{file="credentials"} 1`)
+}
+
+// metricsAddrOf returns the address of the metrics endpoint ledgerd logged.
+func metricsAddrOf(t *testing.T, out *ledgertest.Buffer) string {
+	t.Helper()
+	addr, err := ledgertest.ListenAddr(out.String, "metrics serving", nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	return addr
+}
+
+// waitForMetrics polls ledgerd's /metrics at addr until every sample line
+// is there and its log holds logged ("" for nothing), for up to 10 s.
+func waitForMetrics(t *testing.T, addr string, out *ledgertest.Buffer, logged string, samples ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		missing := ""
+		for _, s := range samples {
+			if !strings.Contains(string(body), s+"\n") {
+				missing = s
+			}
+		}
+		if missing == "" && strings.Contains(out.String(), logged) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics lacks %q or the log %q:\n%s\nlog:\n%s", missing, logged, body, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
