@@ -215,7 +215,8 @@ func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operatio
 // recovered late in its lease after a lost Reserve response, then every
 // third of the lease after each renewal. A lost claim cancels the attempt,
 // and so does a lease that ends while no renewal gets through (the ledger
-// unreachable from here): the claim may be someone else's by then.
+// unreachable from here, or a renewal still unanswered at the lease's end,
+// whatever the call timeout): the claim may be someone else's by then.
 func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelCauseFunc) {
 	lease := o.lease()
 	if lease <= 0 {
@@ -231,7 +232,9 @@ func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelC
 			return
 		case <-t.C:
 		}
-		cctx, done := context.WithTimeout(ctx, c.callTimeout)
+		// A renewal still unanswered when the lease ends is cut there, and
+		// counts as one that did not get through.
+		cctx, done := context.WithTimeout(ctx, min(c.callTimeout, time.Until(end)))
 		now, err := c.Renew(cctx, o.ID, o.FencingToken)
 		done()
 		switch {

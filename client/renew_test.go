@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -94,5 +95,58 @@ func TestDoStopsTheToolWhenItsLeaseEndsUnrenewed(t *testing.T) {
 	}
 	if o.State != client.StateUnknown {
 		t.Fatalf("after the cut attempt: %v, history %s; want UNKNOWN", o.State, strings.Join(reasons(o), ","))
+	}
+}
+
+// A renewal the ledger never answers (a hung call, not a refused one) is no
+// reason to run on past the lease: when the lease ends with the renewal
+// still unanswered, fn's context ends there, before another holder can
+// claim the operation and run it alongside.
+func TestDoStopsTheToolWhenItsRenewalHangsPastTheLease(t *testing.T) {
+	// The worker's call timeout is far beyond the 1s lease.
+	e := newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "hung"), client.WithCallTimeout(time.Hour))
+	other, err := client.Dial(e.stack.Addr, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	op := e.op("sync", "leased.sync", nil)
+	op.Effect = client.EffectIdempotent // reclaimed, not reconciled, once the lease ends
+
+	started, taken := make(chan struct{}), make(chan struct{})
+	var (
+		runs    atomic.Int32
+		overlap atomic.Bool
+		cause   atomic.Value
+	)
+	worker := doAsync(e.ctx, e.c, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		if runs.Add(1) > 1 {
+			return client.Result{ResourceID: "again"}, nil
+		}
+		close(started)
+		select {
+		case <-ctx.Done():
+		case <-taken:
+			if ctx.Err() == nil {
+				overlap.Store(true) // still running on a claim that is someone else's
+			}
+		}
+		if c := context.Cause(ctx); c != nil {
+			cause.Store(c)
+		}
+		return client.Result{}, errors.New("stopped")
+	})
+	<-started
+	second := doAsync(e.ctx, other, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		close(taken)
+		return client.Result{ResourceID: "second"}, nil
+	})
+	returned(t, second, "for the second holder")
+	returned(t, worker, "for the worker")
+	if overlap.Load() {
+		t.Fatal("the worker's tool was still running when another holder claimed the operation after its lease")
+	}
+	if c, _ := cause.Load().(error); c == nil || !strings.Contains(c.Error(), "lease") {
+		t.Fatalf("fn's context ended with %v, want the lease's end", c)
 	}
 }
