@@ -78,6 +78,7 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			return Result{}, deadline(waited, last, lastErr)
 		}
 		var res *Reservation
+		asked := time.Now() // no claim this Reserve brings began earlier
 		err := c.callWaiting(ctx, wctx, func(ctx context.Context) (err error) {
 			res, err = c.Reserve(ctx, op, holder)
 			return err
@@ -139,7 +140,7 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 				}
 				return Result{}, err
 			}
-			out, ferr := c.execute(ctx, op, pol, o, fn)
+			out, ferr := c.execute(ctx, op, pol, o, asked, fn)
 			if ferr == nil {
 				return c.succeed(ctx, o, out)
 			}
@@ -181,16 +182,17 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	}
 }
 
-// execute runs fn once under the claim in o: a fresh timeout, the lease
-// renewed in the background, and the attempt canceled if the claim is lost.
-// If fn panics, the attempt is marked unknown before the panic goes on.
-func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operation, fn Func) (out Result, err error) {
+// execute runs fn once under the claim in o, asked for at asked (this
+// process's clock): a fresh timeout, the lease renewed in the background,
+// and the attempt canceled if the claim is lost. If fn panics, the attempt
+// is marked unknown before the panic goes on.
+func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operation, asked time.Time, fn Func) (out Result, err error) {
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	actx, cancelTimeout := context.WithTimeout(actx, pol.Timeout)
 	defer cancelTimeout()
 	renewing := make(chan struct{})
-	go func() { defer close(renewing); c.renew(actx, o, cancel) }()
+	go func() { defer close(renewing); c.renew(actx, o, asked, cancel) }()
 	defer func() {
 		cancelTimeout()
 		<-renewing
@@ -210,20 +212,26 @@ func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operatio
 }
 
 // renew extends the claim's lease until ctx ends, so that at least two
-// thirds of it are always left: first when the lease the ledger reported
-// (o.LeaseExpiresAt) is down to two thirds, which is at once for a claim
-// recovered late in its lease after a lost Reserve response, then every
-// third of the lease after each renewal. A lost claim cancels the attempt,
-// and so does a lease that ends while no renewal gets through (the ledger
-// unreachable from here, or a renewal still unanswered at the lease's end,
-// whatever the call timeout): the claim may be someone else's by then.
-func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelCauseFunc) {
+// thirds of it are always left: first when the lease is down to two
+// thirds, which is at once for a claim recovered late in its lease after a
+// lost Reserve response, then every third of the lease after each renewal.
+// A lost claim cancels the attempt, and so does a lease that ends while no
+// renewal gets through (the ledger unreachable from here, or a renewal
+// still unanswered at the lease's end, whatever the call timeout): the
+// claim may be someone else's by then.
+//
+// The lease ends at the end the ledger reported (o.LeaseExpiresAt, then
+// each renewal's), on the store's clock, or a lease after the claim or the
+// renewal was asked for (asked, then each Renew's start) on this process's
+// clock, whichever comes first: the store's clock may be ahead of this
+// one, and the lease never began before it was asked for.
+func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cancel context.CancelCauseFunc) {
 	lease := o.lease()
 	if lease <= 0 {
 		return
 	}
 	period := max(lease/3, 10*time.Millisecond)
-	end := o.LeaseExpiresAt
+	end := earliest(o.LeaseExpiresAt, asked.Add(lease))
 	t := time.NewTimer(firstRenewal(end, lease))
 	defer t.Stop()
 	for {
@@ -234,14 +242,15 @@ func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelC
 		}
 		// A renewal still unanswered when the lease ends is cut there, and
 		// counts as one that did not get through.
+		asked := time.Now()
 		cctx, done := context.WithTimeout(ctx, min(c.callTimeout, time.Until(end)))
 		now, err := c.Renew(cctx, o.ID, o.FencingToken)
 		done()
 		switch {
 		case err == nil:
-			end = time.Now().Add(lease)
+			end = asked.Add(lease)
 			if now != nil && !now.LeaseExpiresAt.IsZero() {
-				end = now.LeaseExpiresAt
+				end = earliest(now.LeaseExpiresAt, end)
 			}
 		case errors.Is(err, ErrStaleToken) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrKeyExpired):
 			cancel(err)
@@ -253,6 +262,14 @@ func (c *Client) renew(ctx context.Context, o *Operation, cancel context.CancelC
 		// After a failed renewal, try again by the lease's end at the latest.
 		t.Reset(min(period, max(time.Until(end), 0)))
 	}
+}
+
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // errLeaseLapsed is the cause of an attempt cut because its lease ended

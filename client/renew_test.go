@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/opledger/ledger/client"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
@@ -98,13 +100,14 @@ func TestDoStopsTheToolWhenItsLeaseEndsUnrenewed(t *testing.T) {
 	}
 }
 
-// A renewal the ledger never answers (a hung call, not a refused one) is no
-// reason to run on past the lease: when the lease ends with the renewal
-// still unanswered, fn's context ends there, before another holder can
-// claim the operation and run it alongside.
-func TestDoStopsTheToolWhenItsRenewalHangsPastTheLease(t *testing.T) {
-	// The worker's call timeout is far beyond the 1s lease.
-	e := newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "hung"), client.WithCallTimeout(time.Hour))
+// runPastTheLease runs an idempotent operation with a 1s lease through the
+// worker e.c, whose renewals do not get through, while a second client
+// reserves the same operation: it is reclaimed once the lease ends. The
+// worker's first attempt runs until its context ends or the second holder's
+// attempt starts. It fails the test if that attempt was still running when
+// the other holder's started, or if its context did not end for the lease.
+func runPastTheLease(t *testing.T, e *env) {
+	t.Helper()
 	other, err := client.Dial(e.stack.Addr, fast)
 	if err != nil {
 		t.Fatal(err)
@@ -149,4 +152,34 @@ func TestDoStopsTheToolWhenItsRenewalHangsPastTheLease(t *testing.T) {
 	if c, _ := cause.Load().(error); c == nil || !strings.Contains(c.Error(), "lease") {
 		t.Fatalf("fn's context ended with %v, want the lease's end", c)
 	}
+}
+
+// A renewal the ledger never answers (a hung call, not a refused one) is no
+// reason to run on past the lease: when the lease ends with the renewal
+// still unanswered, fn's context ends there, before another holder can
+// claim the operation and run it alongside.
+func TestDoStopsTheToolWhenItsRenewalHangsPastTheLease(t *testing.T) {
+	// The worker's call timeout is far beyond the 1s lease.
+	runPastTheLease(t, newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "hung"), client.WithCallTimeout(time.Hour)))
+}
+
+// The store's clock is an hour ahead of the worker's: the lease end the
+// ledger reports is an hour later on the worker's clock than the lease's
+// real end. With no renewal getting through, fn's context still ends when
+// the lease does, not an hour later: the worker counts the lease from when
+// it asked for the claim, by its own clock.
+func TestDoStopsTheToolAtItsLeaseEndWhenTheStoreClockIsAhead(t *testing.T) {
+	ahead := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if r, ok := reply.(*ledgerv1.ReserveResponse); ok && err == nil {
+			o := r.GetOperation()
+			for _, ts := range []*timestamppb.Timestamp{o.GetCreatedAt(), o.GetUpdatedAt(), o.GetLeaseExpiresAt()} {
+				if ts != nil {
+					ts.Seconds += 3600
+				}
+			}
+		}
+		return err
+	}))
+	runPastTheLease(t, newEnv(t, redistest.Shared(t).Client(t), ahead, ledgerFault("Renew", "unavailable")))
 }
