@@ -41,6 +41,8 @@ const defaultReportTimeout = 10 * time.Second
 //     result: the effect happened but the ledger did not record it.
 //   - ctx's error, when it ends while Do waits. A claim that arrives after
 //     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run.
+//     So is one that arrives after its lease ended (it may be someone
+//     else's by then), and Do goes on as after a retryable attempt.
 //   - *WaitDeadlineError (ErrWaitDeadline): the wait deadline ctx carries
 //     (WithWaitDeadline) came while Do waited (on another holder's claim, a
 //     backoff, a reconciler), or before its next Reserve. The operation is
@@ -140,9 +142,17 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 				}
 				return Result{}, err
 			}
-			out, ferr := c.execute(ctx, op, pol, o, asked, fn)
-			if ferr == nil {
-				return c.succeed(ctx, o, out)
+			var ferr error
+			if end, ok := leaseEnd(o, asked); ok && !time.Now().Before(end) {
+				// The answer took longer than the lease: the claim may be
+				// someone else's already. fn does not run on it; the claim
+				// is returned as a retryable attempt, proven not applied.
+				ferr = MarkRetryable(errLeaseEndedOnTheWay)
+			} else {
+				var out Result
+				if out, ferr = c.execute(ctx, op, pol, o, asked, fn); ferr == nil {
+					return c.succeed(ctx, o, out)
+				}
 			}
 			lastErr = ferr
 			class := ClassOf(ferr)
@@ -231,7 +241,7 @@ func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cance
 		return
 	}
 	period := max(lease/3, 10*time.Millisecond)
-	end := earliest(o.LeaseExpiresAt, asked.Add(lease))
+	end, _ := leaseEnd(o, asked)
 	t := time.NewTimer(firstRenewal(end, lease))
 	defer t.Stop()
 	for {
@@ -263,6 +273,20 @@ func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cance
 		t.Reset(min(period, max(time.Until(end), 0)))
 	}
 }
+
+// leaseEnd is when the claim in o, asked for at asked, ends at the latest
+// (see renew); false when o has no lease.
+func leaseEnd(o *Operation, asked time.Time) (time.Time, bool) {
+	lease := o.lease()
+	if lease <= 0 {
+		return time.Time{}, false
+	}
+	return earliest(o.LeaseExpiresAt, asked.Add(lease)), true
+}
+
+// errLeaseEndedOnTheWay is the error of an attempt whose claim's lease
+// ended before the Reserve answer granting it arrived: fn did not run.
+var errLeaseEndedOnTheWay = errors.New("client: the claim's lease ended before the answer granting it arrived; the tool did not run")
 
 // earliest returns the earlier of a and b.
 func earliest(a, b time.Time) time.Time {

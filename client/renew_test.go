@@ -183,3 +183,48 @@ func TestDoStopsTheToolAtItsLeaseEndWhenTheStoreClockIsAhead(t *testing.T) {
 	}))
 	runPastTheLease(t, newEnv(t, redistest.Shared(t).Client(t), ahead, ledgerFault("Renew", "unavailable")))
 }
+
+// The Reserve answer granting a claim arrives after the claim's lease has
+// ended (a slow network): meanwhile another holder reconciled the lapsed
+// claim as not applied, claimed the operation and applied the effect. Do
+// must not start fn on the lapsed claim: the effect is applied once, and
+// the worker's call replays the other holder's result.
+func TestDoDoesNotRunTheToolOnAClaimWhoseLeaseEndedOnTheWay(t *testing.T) {
+	reserved, taken := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	slow := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if strings.HasSuffix(method, "/Reserve") && !held.Swap(true) {
+			close(reserved)
+			<-taken // the answer arrives once another holder has run the tool
+		}
+		return err
+	}))
+	e := newEnv(t, redistest.Shared(t).Client(t), slow)
+	other, err := client.Dial(e.stack.Addr, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	d := newDestination()
+	other.RegisterReconciler("short.pay", d.reconciler)
+	op := e.op("pay", "short.pay", map[string]any{"amount": 5}) // irreversible, 200ms lease
+
+	worker := make(chan error, 1)
+	var res client.Result
+	go func() { var err error; res, err = e.c.Do(e.ctx, op, d.fn); worker <- err }()
+	<-reserved
+	second, err := other.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		defer close(taken)
+		return d.fn(ctx, a)
+	})
+	if err != nil || second.ResourceID != "R-1" {
+		t.Fatalf("the second holder's Do = %+v, %v", second, err)
+	}
+	if err := returned(t, worker, "for the worker"); err != nil || !res.Replayed || res.ResourceID != "R-1" {
+		t.Fatalf("the worker's Do = %+v, %v; want a replay of R-1", res, err)
+	}
+	if n := d.count(op.ID); n != 1 {
+		t.Fatalf("effect applied %d times, want 1: fn ran on a claim whose lease had ended", n)
+	}
+}
