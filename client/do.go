@@ -49,6 +49,8 @@ const defaultReportTimeout = 10 * time.Second
 //     left as the ledger has it, and its effect may exist: retry only under
 //     the same id. A claim that arrives after the deadline is returned
 //     unused, as after ctx ends. The deadline cuts no fn that is running.
+//     An operation that Do saw settle by then (a reconciler's finding)
+//     returns its outcome instead, as a replay.
 func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	if op.ID == "" || op.Tool == "" {
 		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID and Op.Tool are required", sentinel: ErrInvalidArgument}
@@ -77,6 +79,11 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	}
 	for {
 		if pastWaitDeadline(ctx) {
+			if last != nil && (last.State == StateSucceeded || last.State == StateFailedFinal) {
+				// Settled while Do waited (a reconciler's finding): the
+				// outcome is known, and a Reserve would only replay it.
+				return replay(last)
+			}
 			return Result{}, deadline(waited, last, lastErr)
 		}
 		var res *Reservation

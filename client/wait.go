@@ -16,7 +16,8 @@ type waitDeadlineKey struct{}
 // before repeating a ledger call that got no answer, and for a reconciler's
 // answer (the reconciler's context ends at the deadline; it applies nothing)
 // or a reconciliation another caller holds up. At the deadline Do stops
-// waiting and returns a *WaitDeadlineError; after it, Do sends no new
+// waiting and returns a *WaitDeadlineError (or the outcome, as a replay,
+// when a reconciler's finding settled the operation); after it, Do sends no new
 // Reserve and runs fn on no new claim (a claim that arrives late is returned
 // unused, FAILED_RETRYABLE, as after ctx ends).
 //

@@ -261,3 +261,25 @@ func TestDoWaitDeadlineReturnsALateClaim(t *testing.T) {
 		t.Fatalf("record %v, history %s; want the claim returned", o.State, r)
 	}
 }
+
+// The reconciler has its finding when the wait deadline ends its context,
+// and the finding settles the operation (the effect was found). Do knows
+// the outcome then: it returns the found result, not a *WaitDeadlineError
+// saying the outcome is unknown to it.
+func TestDoWaitDeadlineReturnsAnOutcomeTheReconcilerSettled(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination("timeout-after-write")
+	e.c.RegisterReconciler("payments.refund", func(ctx context.Context, o *client.Operation) (client.Finding, error) {
+		<-ctx.Done() // the answer comes in as the deadline passes
+		return d.reconciler(context.Background(), o)
+	})
+	op := e.op("found", "payments.refund", map[string]any{"amount": 1})
+	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(time.Second))
+	res, err := e.c.Do(ctx, op, d.fn)
+	if err != nil || !res.Replayed || res.ResourceID != "R-1" {
+		t.Fatalf("Do = %+v, %v; want the result the reconciler found", res, err)
+	}
+	if o, _ := e.c.Lookup(e.ctx, op.ID); o == nil || o.State != client.StateSucceeded || d.totalApplied() != 1 {
+		t.Fatalf("record = %+v, applied %d; want SUCCEEDED, applied once", o, d.totalApplied())
+	}
+}
