@@ -24,7 +24,10 @@ const defaultReportTimeout = 10 * time.Second
 // Errors, all usable with errors.Is:
 //   - *FailedError (ErrOperationFailed): a final failure, this call's or a
 //     recorded one; the ledger's RETRIES_EXHAUSTED also matches
-//     ErrRetriesExhausted.
+//     ErrRetriesExhausted. A final failure that the ledger refuses because
+//     the attempt's claim was gone by then (its lease ended) is not
+//     returned: Do reserves again and returns what the ledger says
+//     (another attempt's result, replayed, or a wait, or a new attempt).
 //   - *ExhaustedError (ErrRetriesExhausted): the tool policy's retries are
 //     used up; after an ambiguous last attempt it also matches
 //     ErrNeedsReconciliation.
@@ -164,7 +167,16 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			lastErr = ferr
 			class := ClassOf(ferr)
 			if class == Final {
-				return Result{}, c.failFinal(ctx, o, ferr)
+				err := c.failFinal(ctx, o, ferr)
+				if !errors.Is(err, errClaimGone) {
+					return Result{}, err
+				}
+				// The claim was gone when its final failure came (its lease
+				// ended, and another attempt may have settled the operation
+				// since): the ledger's record says how it ended. Reserve
+				// again: it replays that outcome, waits for the other
+				// attempt, or claims the operation anew.
+				continue
 			}
 			now, err := c.reportFailure(ctx, o, class)
 			if err != nil {
@@ -343,18 +355,28 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 	return out, nil
 }
 
-// failFinal records a final failure and returns it as a *FailedError.
+// failFinal records a final failure and returns it as a *FailedError, or
+// errClaimGone when the ledger refused it because the attempt no longer
+// holds the operation (a stale token, or another outcome already recorded):
+// the operation's outcome is then the ledger's, not this attempt's.
 func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error {
 	code := failureCode(ferr)
 	err := c.report(ctx, func(ctx context.Context) error {
 		_, err := c.Fail(ctx, o.ID, o.FencingToken, true, Failure{Code: code})
 		return err
 	})
+	if errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCompletionConflict) {
+		return errClaimGone
+	}
 	if err != nil {
 		ferr = fmt.Errorf("%w (the ledger did not record it: %w)", ferr, err)
 	}
 	return &FailedError{Code: code, Reason: "FAILED_FINAL", Err: ferr}
 }
+
+// errClaimGone: an attempt's final failure was refused because the claim
+// was no longer the attempt's (see failFinal).
+var errClaimGone = errors.New("client: the claim was gone when the attempt's final failure was reported")
 
 // reportFailure records a retryable (proven not applied) or ambiguous
 // attempt and returns the record after it (nil when the claim was already

@@ -228,3 +228,67 @@ func TestDoDoesNotRunTheToolOnAClaimWhoseLeaseEndedOnTheWay(t *testing.T) {
 		t.Fatalf("effect applied %d times, want 1: fn ran on a claim whose lease had ended", n)
 	}
 }
+
+// The worker's renewals do not get through; its tool is cut at the lease's
+// end and then says the request was declined for good. Meanwhile another
+// holder reclaimed the idempotent operation and succeeded. The ledger
+// refuses the worker's late FAILED_FINAL (its token is stale), so Do does
+// not report "failed for good" for an operation that succeeded: it reads
+// the ledger's outcome and returns it, replayed.
+func TestDoReturnsTheLedgersOutcomeWhenAFinalFailureCameAfterTheClaim(t *testing.T) {
+	noRenew := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Renew") {
+			return status.Error(codes.Unavailable, "connection refused")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
+	e := newEnv(t, redistest.Shared(t).Client(t), noRenew)
+	other, err := client.Dial(e.stack.Addr, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	op := e.op("sync", "leased.sync", nil)
+	op.Effect = client.EffectIdempotent // reclaimed once the lease ends
+
+	var applied atomic.Int32
+	started, settled := make(chan struct{}), make(chan struct{})
+	worker := make(chan struct {
+		res client.Result
+		err error
+	}, 1)
+	go func() {
+		res, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+			if a.Number > 1 {
+				t.Error("the worker ran the tool again")
+			}
+			close(started)
+			<-ctx.Done() // the lease ended unrenewed
+			<-settled    // the destination's answer comes late: declined
+			return client.Result{}, client.MarkFinal("DECLINED", errors.New("declined"))
+		})
+		worker <- struct {
+			res client.Result
+			err error
+		}{res, err}
+	}()
+	<-started
+	if _, err := other.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		applied.Add(1)
+		return client.Result{ResourceID: "sync-2"}, nil
+	}); err != nil {
+		t.Fatalf("the other holder's Do: %v", err)
+	}
+	close(settled)
+	got := <-worker
+	if got.err != nil || got.res.ResourceID != "sync-2" || !got.res.Replayed {
+		t.Fatalf("the worker's Do = %+v, %v; want the other holder's result, replayed", got.res, got.err)
+	}
+	if n := applied.Load(); n != 1 {
+		t.Fatalf("the effect was applied %d times, want 1", n)
+	}
+	o, err := e.c.Lookup(e.ctx, op.ID)
+	if err != nil || o.State != client.StateSucceeded {
+		t.Fatalf("the record: %v, %v; want SUCCEEDED", o, err)
+	}
+}
