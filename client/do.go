@@ -374,6 +374,51 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 	return &FailedError{Code: code, Reason: "FAILED_FINAL", Err: ferr}
 }
 
+// askReconciler runs r on its own goroutine, so that its context (and
+// reconcilerGrace after it) bounds the wait for its answer even when r
+// ignores it: a reconciler only reads the destination, so one left behind
+// applies nothing, and its late answer is dropped.
+func askReconciler(ctx context.Context, r Reconciler, o *Operation) (Finding, error) {
+	type answer struct {
+		f        Finding
+		err      error
+		panicked bool
+		p        any
+	}
+	ch := make(chan answer, 1) // buffered: a reconciler left behind does not block
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				ch <- answer{panicked: true, p: p}
+			}
+		}()
+		f, err := r(ctx, o)
+		ch <- answer{f: f, err: err}
+	}()
+	var a answer
+	select {
+	case a = <-ch:
+	case <-ctx.Done():
+		// A reconciler that honours its context answers at once, maybe
+		// with a finding it already had: it gets a moment for that.
+		grace := time.NewTimer(reconcilerGrace)
+		defer grace.Stop()
+		select {
+		case a = <-ch:
+		case <-grace.C:
+			return Finding{}, fmt.Errorf("no answer: %w", context.Cause(ctx))
+		}
+	}
+	if a.panicked {
+		panic(a.p) // on the caller's goroutine, as if r had run there
+	}
+	return a.f, a.err
+}
+
+// reconcilerGrace is how long a reconciler may still answer after its
+// context ended.
+const reconcilerGrace = time.Second
+
 // errClaimGone: an attempt's final failure was refused because the claim
 // was no longer the attempt's (see failFinal).
 var errClaimGone = errors.New("client: the claim was gone when the attempt's final failure was reported")
@@ -432,7 +477,7 @@ func (c *Client) reconcile(ctx, wctx context.Context, tool string, pol ToolPolic
 		return nil, &waitCutError{wait: WaitReconciliation}
 	}
 	rctx, cancel := context.WithTimeout(wctx, pol.Timeout)
-	f, err := r(rctx, o)
+	f, err := askReconciler(rctx, r, o)
 	cancel()
 	if err != nil {
 		if pastWaitDeadline(ctx) {

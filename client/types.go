@@ -190,6 +190,9 @@ type Finding struct {
 
 // Reconciler asks the destination, by operation id (and what the snapshot
 // says), whether the operation's effect exists. It must not apply the effect.
+// Do gives it the tool's timeout (and the wait deadline): an answer that
+// comes more than a second after ctx ended is not waited for, whether or
+// not it comes, and is dropped.
 type Reconciler func(ctx context.Context, op *Operation) (Finding, error)
 
 // ToolPolicy is how Do treats one tool.

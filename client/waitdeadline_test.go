@@ -283,3 +283,37 @@ func TestDoWaitDeadlineReturnsAnOutcomeTheReconcilerSettled(t *testing.T) {
 		t.Fatalf("record = %+v, applied %d; want SUCCEEDED, applied once", o, d.totalApplied())
 	}
 }
+
+// A reconciler that ignores its context (a destination's client without
+// timeouts) does not hold Do past the tool's timeout: Do stops waiting for
+// it and reports the operation as still needing reconciliation, running
+// nothing.
+func TestDoStopsWaitingForAReconcilerThatIgnoresItsContext(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	op := e.op("refund", "payments.refund", map[string]any{"amount": 1})
+	r, err := e.c.Reserve(e.ctx, op, client.NewHolder())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.MarkUnknown(e.ctx, op.ID, r.Operation.FencingToken, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	e.c.SetToolPolicy("payments.refund", client.ToolPolicy{Timeout: 100 * time.Millisecond})
+	release := make(chan struct{})
+	defer close(release)
+	e.c.RegisterReconciler("payments.refund", func(ctx context.Context, o *client.Operation) (client.Finding, error) {
+		<-release // ignores ctx
+		return client.Finding{Kind: client.NotApplied}, nil
+	})
+	var runs atomic.Int32
+	err = returned(t, doAsync(e.ctx, e.c, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		runs.Add(1)
+		return client.Result{}, nil
+	}), "for a reconciler that ignores its context")
+	if !errors.Is(err, client.ErrNeedsReconciliation) || runs.Load() != 0 {
+		t.Fatalf("Do = %v, fn ran %d times; want ErrNeedsReconciliation and no run", err, runs.Load())
+	}
+	if o, err := e.c.Lookup(e.ctx, op.ID); err != nil || o.State != client.StateUnknown {
+		t.Fatalf("the record: %v, %v; want it still UNKNOWN", o, err)
+	}
+}
