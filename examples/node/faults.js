@@ -188,6 +188,65 @@ async function main() {
     ledger.close();
   });
 
+  await scenario(async () => {
+    console.log('8. a tool that hangs 5s, past a tool timeout of 0.5s (lease 2s); a second worker retries the step');
+    const first = new Ledger(address);
+    const second = new Ledger(address);
+    const dest = destination();
+    const hung = op('hung', { tool: 'tickets.slow', toolTimeoutMs: 500 });
+    let signal;
+    let late;
+    const started = Date.now();
+    const { err } = await outcome(first.callTool(hung, (a) => {
+      signal = a.signal;
+      late = sleep(5000).then(() => dest.create(a)); // never looks at the signal
+      return late;
+    }));
+    const took = Date.now() - started;
+    check(err && err.name === 'ToolTimedOutError' && took < 2000,
+      `the caller gets a timeout error promptly (${err ? err.message : 'a result'}, after ${took} ms)`);
+    check(signal.aborted, 'the attempt\'s signal is aborted');
+    let record = await first.lookup(hung.operationId);
+    check(record.state === 'STATE_UNKNOWN', `the operation is UNKNOWN, to be reconciled (${record.state})`);
+    const retried = await outcome(second.callTool(hung, dest.create));
+    check(retried.err && retried.err.name === 'NeedsReconciliationError',
+      `a second worker is told to reconcile (${retried.err ? retried.err.message : 'a result'})`);
+    await late;
+    check(dest.applied(hung.operationId) <= 1, `the destination applied at most one effect (${dest.applied(hung.operationId)})`);
+    record = await first.lookup(hung.operationId);
+    check(record.state === 'STATE_UNKNOWN', `what the tool returned late is discarded: still UNKNOWN (${record.state})`);
+    first.close();
+    second.close();
+  });
+
+  await scenario(async () => {
+    console.log('9. the same, and the ledger is unreachable for the MarkUnknown: the lease lapses');
+    const first = new Ledger(address);
+    const second = new Ledger(address);
+    const dest = destination();
+    inject(first, 'MarkUnknown', grpc.status.UNAVAILABLE);
+    const hung = op('hung-unrecorded', { tool: 'tickets.slow', toolTimeoutMs: 500 });
+    let late;
+    const started = Date.now();
+    const { err } = await outcome(first.callTool(hung, (a) => {
+      late = sleep(5000).then(() => dest.create(a));
+      return late;
+    }));
+    check(err && err.name === 'NotRecordedError' && err.toolError && err.toolError.name === 'ToolTimedOutError',
+      `the caller learns the timeout is not recorded (got ${err ? err.message : 'a result'})`);
+    // The lease is no longer renewed: a second worker waits for it to lapse (2s), not for the tool.
+    const retried = await outcome(second.callTool({ ...hung, waitMs: 4000 }, dest.create));
+    const took = Date.now() - started;
+    check(retried.err && retried.err.name === 'NeedsReconciliationError' && took < 4500,
+      `once the lease has lapsed, a second worker is told to reconcile (${retried.err ? retried.err.message : 'a result'}, after ${took} ms)`);
+    const record = await second.lookup(hung.operationId);
+    check(record.state === 'STATE_UNKNOWN', `the operation is UNKNOWN (${record.state}, ${record.reason})`);
+    await late;
+    check(dest.applied(hung.operationId) <= 1, `the destination applied at most one effect (${dest.applied(hung.operationId)})`);
+    first.close();
+    second.close();
+  });
+
   if (failed > 0) {
     console.error(`FAIL: ${failed} scenario(s)`);
     process.exit(1);

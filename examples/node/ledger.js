@@ -98,6 +98,16 @@ class NotRecordedError extends Error {
   }
 }
 
+// The tool did not return within its timeout (toolTimeoutMs): it may still
+// apply its effect, so the attempt is marked UNKNOWN and left to
+// reconciliation; whatever the tool returns later is discarded.
+class ToolTimedOutError extends Error {
+  constructor(operationId, timeoutMs) {
+    super(`the tool did not return within ${timeoutMs} ms: operation ${operationId} may have applied its effect`);
+    this.name = 'ToolTimedOutError';
+  }
+}
+
 // Throw from fn only when the failure proves nothing was applied (HTTP 429, a
 // refused connection). An HTTP 503 or a gRPC RESOURCE_EXHAUSTED or ABORTED
 // may come after the effect: let those propagate (UNKNOWN), unless the
@@ -224,11 +234,13 @@ class Ledger {
   // when nothing was applied, FinalToolError when the tool failed for good,
   // and anything else when it cannot tell (a timeout): the ledger then
   // records UNKNOWN and the operation must be reconciled before an
-  // irreversible tool runs again. When the ledger cannot record how fn ended,
-  // callTool throws NotRecordedError: fn ran, and must not run again under a
-  // new operation id.
+  // irreversible tool runs again. fn has toolTimeoutMs to return: then
+  // signal is aborted, the lease is no longer renewed, the attempt is marked
+  // UNKNOWN and callTool throws ToolTimedOutError without waiting for fn.
+  // When the ledger cannot record how fn ended, callTool throws
+  // NotRecordedError: fn ran, and must not run again under a new operation id.
   async callTool({
-    operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000,
+    operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 60000,
   }, fn) {
     const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
     const deadline = Date.now() + waitMs;
@@ -251,26 +263,37 @@ class Ledger {
         case 'DECISION_RECONCILE':
           throw new NeedsReconciliationError(op);
         case 'DECISION_EXECUTE':
-          return this.execute(op, fn);
+          return this.execute(op, fn, toolTimeoutMs);
         default:
           throw new Error(`unexpected decision ${resp.decision}`);
       }
     }
   }
 
-  async execute(op, fn) {
+  async execute(op, fn, toolTimeoutMs) {
     const claim = { operation_id: op.operation_id, fencing_token: op.fencing_token };
     const renewal = this.keepLeased(op);
+    let timer;
+    const timedOut = new Promise((resolve, reject) => {
+      timer = setTimeout(() => {
+        const err = new ToolTimedOutError(op.operation_id, toolTimeoutMs);
+        reject(err); // first, so that the race below ends with it
+        renewal.stop(err); // no more renewals: the lease lapses on its own
+      }, toolTimeoutMs);
+    });
     let produced;
     try {
-      produced = await fn({
+      // The tool's promise races the timeout: a hung tool is not waited for,
+      // and what it returns after the timeout is discarded.
+      produced = await Promise.race([fn({
         operationId: op.operation_id,
         idempotencyKey: op.operation_id,
         attempt: op.attempt,
         fencingToken: op.fencing_token,
-        signal: renewal.signal, // aborted when the claim is lost: stop the tool if you can
-      });
+        signal: renewal.signal, // aborted at the timeout or when the claim is lost: stop the tool if you can
+      }), timedOut]);
     } catch (err) {
+      clearTimeout(timer);
       renewal.stop();
       if (err instanceof FinalToolError) {
         const failed = { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } };
@@ -281,10 +304,13 @@ class Ledger {
         await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE' }, { toolError: err });
       } else {
         // A timeout, a crash of the tool: nobody knows whether it applied.
-        await this.report('MarkUnknown', { ...claim, reason: 'the tool ended without an answer' }, { toolError: err });
+        const reason = err instanceof ToolTimedOutError
+          ? `no answer within the tool timeout (${toolTimeoutMs} ms)` : 'the tool ended without an answer';
+        await this.report('MarkUnknown', { ...claim, reason }, { toolError: err });
       }
       throw err;
     }
+    clearTimeout(timer);
     renewal.stop();
     const ran = { result: { resourceId: produced?.resource_id || '', data: produced?.data || {}, replayed: false } };
     let result;
@@ -316,7 +342,7 @@ class Ledger {
   // are always left: nobody else finds it expired (and reconciles it, or
   // runs the tool again) while the tool is still at work. The first renewal
   // comes at once for a claim recovered late in its lease. signal is aborted
-  // when the ledger says the claim is gone.
+  // when the ledger says the claim is gone, or by stop(reason).
   keepLeased(op) {
     const abort = new AbortController();
     const end = timeMs(op.lease_expires_at);
@@ -338,9 +364,10 @@ class Ledger {
     if (lease > 0) timer = setTimeout(renew, Math.min(Math.max(end - Date.now() - (lease * 2) / 3, 0), lease / 3));
     return {
       signal: abort.signal,
-      stop: () => {
+      stop: (reason) => {
         stopped = true;
         clearTimeout(timer);
+        if (reason) abort.abort(reason);
       },
     };
   }
@@ -360,6 +387,7 @@ module.exports = {
   ToolFailedError,
   NeedsReconciliationError,
   NotRecordedError,
+  ToolTimedOutError,
   RetryableToolError,
   FinalToolError,
   errorDetails,
