@@ -103,6 +103,18 @@ class NotRecorded(Exception):
         super().__init__(f"the ledger did not record how the tool ended: {cause}")
 
 
+class ToolTimedOut(Exception):
+    """The tool did not return within its timeout (tool_timeout): it may still apply its effect.
+
+    The attempt is marked UNKNOWN and left to reconciliation; whatever the
+    tool returns later is discarded.
+    """
+
+    def __init__(self, operation_id: str, timeout: float):
+        super().__init__(f"the tool did not return within {timeout}s: "
+                         f"operation {operation_id} may have applied its effect")
+
+
 class RetryableToolError(Exception):
     """Raise from fn only when the failure proves nothing was applied (HTTP 429, a refused connection).
 
@@ -128,7 +140,9 @@ class Attempt:
     idempotency_key: str
     attempt: int
     fencing_token: int
-    # Set when the ledger says the claim is gone (its lease renewed too late): stop the tool if you can.
+    # Set at the tool timeout or when the claim is lost: stop the tool if you can.
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Set when the ledger says the claim is gone (its lease renewed too late).
     claim_lost: threading.Event = field(default_factory=threading.Event, repr=False)
 
 
@@ -230,7 +244,7 @@ class Ledger:
 
     def call_tool(self, *, operation_id: str, tool: str, params: dict[str, Any], permit_id: str,
                   fn: Callable[[Attempt], dict[str, Any]], effect: int = pb.EFFECT_UNSPECIFIED,
-                  wait: float = 30.0) -> Outcome:
+                  wait: float = 30.0, tool_timeout: float = 60.0) -> Outcome:
         """Runs fn at most once for operation_id, whoever retries it and however often.
 
         fn returns {"resource_id": str, "data": dict}. It raises
@@ -238,6 +252,10 @@ class Ledger:
         tool failed for good, and anything else when it cannot tell (a
         timeout): the ledger then records UNKNOWN and the operation must be
         reconciled before an irreversible tool runs again.
+        fn runs on a thread of its own and has tool_timeout seconds to return:
+        then attempt.cancelled is set, the lease is no longer renewed, the
+        attempt is marked UNKNOWN and call_tool raises ToolTimedOut without
+        waiting for fn.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
         Parameters the wire would round (an integer beyond 2^53) raise
@@ -267,15 +285,18 @@ class Ledger:
                 raise NeedsReconciliation(op)
             if resp.decision != pb.DECISION_EXECUTE:
                 raise LedgerError(grpc.StatusCode.UNKNOWN, f"unexpected decision {resp.decision}", None)
-            return self._execute(op, fn)
+            return self._execute(op, fn, tool_timeout)
 
-    def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]]) -> Outcome:
+    def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]], tool_timeout: float) -> Outcome:
         attempt = Attempt(operation_id=op.operation_id, idempotency_key=op.operation_id,
                           attempt=op.attempt, fencing_token=op.fencing_token)
         claim = {"operation_id": op.operation_id, "fencing_token": op.fencing_token}
-        stop_renewing = self._keep_leased(op, attempt.claim_lost)
+        stop_renewing = self._keep_leased(op, attempt)
         try:
-            produced = fn(attempt)
+            try:
+                produced = self._run(fn, attempt, tool_timeout)
+            finally:
+                stop_renewing.set()  # fn returned, or the timeout passed: the lease then lapses on its own
         except RetryableToolError as err:
             self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE), tool_error=err)
             raise
@@ -285,11 +306,10 @@ class Ledger:
             raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False) from err
         except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
-            self._report("MarkUnknown", pb.MarkUnknownRequest(
-                **claim, reason="the tool ended without an answer"), tool_error=err)
+            reason = (f"no answer within the tool timeout ({tool_timeout}s)" if isinstance(err, ToolTimedOut)
+                      else "the tool ended without an answer")
+            self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason=reason), tool_error=err)
             raise
-        finally:
-            stop_renewing.set()
         ran = None
         try:
             ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
@@ -306,6 +326,30 @@ class Ledger:
         self.log(f"Complete {op.operation_id}: {pb.State.Name(done.operation.state)}")
         return self._outcome(done.operation, replayed=False)
 
+    @staticmethod
+    def _run(fn: Callable[[Attempt], dict[str, Any]], attempt: Attempt, timeout: float) -> dict[str, Any]:
+        """Runs fn(attempt) on a thread of its own and returns what it returns, or raises what it raises.
+
+        A hung tool is not waited for: at the timeout attempt.cancelled is set
+        and ToolTimedOut raised; what fn returns after that is discarded.
+        """
+        ended, box = threading.Event(), {}
+
+        def run() -> None:
+            try:
+                box["result"] = fn(attempt)
+            except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
+                box["error"] = err
+            ended.set()
+
+        threading.Thread(target=run, name=f"tool {attempt.operation_id}", daemon=True).start()
+        if not ended.wait(timeout):
+            attempt.cancelled.set()
+            raise ToolTimedOut(attempt.operation_id, timeout)
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
     def _report(self, method: str, request, result: Outcome | None = None, tool_error: BaseException | None = None):
         """Records how the tool ended (Complete or MarkUnknown, repeated like every ledger call).
 
@@ -317,13 +361,14 @@ class Ledger:
         except LedgerError as err:
             raise NotRecorded(err, result=result, tool_error=tool_error) from err
 
-    def _keep_leased(self, op: pb.Operation, claim_lost: threading.Event) -> threading.Event:
+    def _keep_leased(self, op: pb.Operation, attempt: Attempt) -> threading.Event:
         """Renews the claim's lease while the tool runs, until the returned event is set.
 
         Two thirds of the lease are always left, so nobody else finds it
         expired (and reconciles it, or runs the tool again) while the tool is
         still at work; the first renewal comes at once for a claim recovered
-        late in its lease. claim_lost is set when the ledger says the claim is gone.
+        late in its lease. attempt.claim_lost and attempt.cancelled are set when
+        the ledger says the claim is gone.
         """
         stop = threading.Event()
         end = op.lease_expires_at.ToNanoseconds() / 1e9
@@ -339,7 +384,8 @@ class Ledger:
                 except LedgerError as err:
                     self.log(f"Renew {op.operation_id}: {err}")
                     if err.code not in _RETRYABLE_CODES:  # STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
-                        claim_lost.set()
+                        attempt.claim_lost.set()
+                        attempt.cancelled.set()
                         return
                 wait = lease / 3
 
