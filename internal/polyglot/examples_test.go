@@ -59,8 +59,8 @@ func startFaultsLedgerd(t *testing.T) string {
 
 // TestNodeFaults runs examples/node/faults.js: outcomes the ledger could not
 // record, a rate-limited report, parameters and results JSON cannot carry, a
-// tool that outlives its lease; each counting the effects at a fake
-// destination.
+// tool that outlives its lease, a tool that hangs past its tool timeout; each
+// counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
