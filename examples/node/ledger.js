@@ -279,7 +279,7 @@ class Ledger {
         const err = new ToolTimedOutError(op.operation_id, toolTimeoutMs);
         reject(err); // first, so that the race below ends with it
         renewal.stop(err); // no more renewals: the lease lapses on its own
-      }, toolTimeoutMs);
+      }, Math.min(toolTimeoutMs, 2 ** 31 - 1)); // setTimeout takes at most 2^31-1 ms
     });
     let produced;
     try {

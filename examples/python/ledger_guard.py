@@ -25,6 +25,7 @@ Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import secrets
 import sys
@@ -342,7 +343,9 @@ class Ledger:
                 box["error"] = err
             ended.set()
 
-        threading.Thread(target=run, name=f"tool {attempt.operation_id}", daemon=True).start()
+        # The tool sees the caller's context variables (a tracing span, say), as if run in place.
+        ctx = contextvars.copy_context()
+        threading.Thread(target=ctx.run, args=(run,), name=f"tool {attempt.operation_id}", daemon=True).start()
         if not ended.wait(timeout):
             attempt.cancelled.set()
             raise ToolTimedOut(attempt.operation_id, timeout)
