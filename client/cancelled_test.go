@@ -57,3 +57,55 @@ func TestDoDoesNotRunTheToolAfterTheCallerGaveUp(t *testing.T) {
 		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
 	}
 }
+
+// The caller gives up while its Reserve is in flight, and the ledger's
+// answer is lost with it: the ledger granted the claim, the caller never
+// learned so. Do returns that claim all the same (it looks, finds the
+// operation RUNNING, and recovers the claim under the same holder), so the
+// operation is claimable again rather than left RUNNING until its lease
+// ends and then UNKNOWN, awaiting a reconciler for an attempt that never
+// ran. A Reserve that never reached the ledger leaves no record behind.
+func TestDoReturnsTheClaimOfAReserveWhoseAnswerWasLostWhenTheCallerGaveUp(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var gaveUp atomic.Bool
+	loseIt := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(c context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(c, method, req, reply, cc, opts...)
+		if err == nil && strings.HasSuffix(method, "/Reserve") && !gaveUp.Swap(true) {
+			cancel() // the caller gives up as the answer is on its way back
+			return context.Canceled
+		}
+		return err
+	}))
+	e := newEnv(t, redistest.Shared(t).Client(t), loseIt)
+	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
+	var applied atomic.Int32
+	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		applied.Add(1)
+		return client.Result{ResourceID: "re_1"}, nil
+	}
+	if _, err := e.c.Do(ctx, op, fn); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do = %v, want context.Canceled", err)
+	}
+	o, err := e.c.Lookup(context.Background(), op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
+		t.Fatalf("after Do gave up: %v, history %s; want the claim returned (PENDING)", o.State, r)
+	}
+	// The next call runs it, once.
+	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
+		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
+	}
+
+	// A caller whose context ended before its Reserve went out leaves
+	// nothing behind.
+	gone := e.op("never-sent", "payments.refund", nil)
+	if _, err := e.c.Do(ctx, gone, fn); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do with an ended context = %v, want context.Canceled", err)
+	}
+	if _, err := e.c.Lookup(context.Background(), gone.ID); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("Lookup after a Do whose context had ended = %v, want ErrNotFound", err)
+	}
+}

@@ -43,7 +43,9 @@ const defaultReportTimeout = 10 * time.Second
 //   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
 //     result: the effect happened but the ledger did not record it.
 //   - ctx's error, when it ends while Do waits. A claim that arrives after
-//     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run.
+//     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run. So
+//     is one granted to a Reserve whose answer ctx's end cut off (Do looks,
+//     within the call timeout, and recovers it under the same holder).
 //     So is one that arrives after its lease ended (it may be someone
 //     else's by then), and Do goes on as after a retryable attempt.
 //   - *WaitDeadlineError (ErrWaitDeadline): the wait deadline ctx carries
@@ -91,7 +93,9 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 		}
 		var res *Reservation
 		asked := time.Now() // no claim this Reserve brings began earlier
+		sent := false       // a Reserve went out while the caller still waited
 		err := c.callWaiting(ctx, wctx, func(ctx context.Context) (err error) {
+			sent = sent || ctx.Err() == nil
 			res, err = c.Reserve(ctx, op, holder)
 			return err
 		})
@@ -99,6 +103,9 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 			var cut *waitCutError
 			if errors.As(err, &cut) {
 				return Result{}, deadline(cut.wait, last, cut.err)
+			}
+			if ctx.Err() != nil && sent {
+				c.returnLostClaim(ctx, op, holder)
 			}
 			return Result{}, err
 		}
@@ -372,6 +379,29 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 		ferr = fmt.Errorf("%w (the ledger did not record it: %w)", ferr, err)
 	}
 	return &FailedError{Code: code, Reason: "FAILED_FINAL", Err: ferr}
+}
+
+// returnLostClaim is for a caller that gave up while its Reserve was on the
+// way: the ledger may have granted the claim all the same. If it did, the
+// claim is returned (FAILED_RETRYABLE: fn never ran) rather than left to
+// expire, which would turn an irreversible operation UNKNOWN and call for
+// the reconciliation of an attempt that never ran. Only a RUNNING record is
+// touched: Reserve again under the same holder then recovers this call's
+// claim (EXECUTE, same token) or says someone else holds it; a record that
+// does not exist (the Reserve never arrived) is not created. Each call
+// within the call timeout, best effort: a failure leaves the claim to its
+// lease, as before.
+func (c *Client) returnLostClaim(ctx context.Context, op Op, holder string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.callTimeout)
+	defer cancel()
+	if o, err := c.Lookup(rctx, op.ID); err != nil || o.State != StateRunning {
+		return
+	}
+	r, err := c.Reserve(rctx, op, holder)
+	if err != nil || r.Decision != DecisionExecute {
+		return
+	}
+	_, _ = c.Fail(rctx, op.ID, r.Operation.FencingToken, false, Failure{Code: "caller_gave_up"})
 }
 
 // askReconciler runs r on its own goroutine, so that its context (and
