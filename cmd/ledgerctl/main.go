@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -128,9 +129,10 @@ reconcile <operation_id> <finding> [flags]
   --failure-message T   with abandon: the recorded failure message
   --note TEXT           kept in the history, with any finding (at most 256
                         bytes; never parameters or secrets)
-  --fencing-token N     the fencing token lookup showed: the finding is about
-                        that attempt, and is refused (STALE_FENCING_TOKEN)
-                        if another attempt holds the operation by then
+  --fencing-token N     the fencing token lookup showed (decimal): the finding
+                        is about that attempt, and is refused
+                        (STALE_FENCING_TOKEN) if another attempt holds the
+                        operation by then
 `,
 }
 
@@ -186,6 +188,27 @@ type secret struct{ p *string }
 func (s secret) String() string { return "" }
 func (s secret) Set(v string) error {
 	*s.p = strings.TrimSpace(v)
+	return nil
+}
+
+// fencingToken is --fencing-token: the decimal number lookup shows, never
+// 0 (which would make the finding about whichever attempt is current). Not
+// strconv's base prefixes (0x, 0, _): a token must read as lookup printed it.
+type fencingToken struct{ p *uint64 }
+
+func (t fencingToken) String() string { return "" }
+func (t fencingToken) Set(v string) error {
+	if v == "" || strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' }) >= 0 {
+		return errors.New("not a decimal number (the fencing token lookup shows)")
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return errors.New("out of range (the fencing token lookup shows)")
+	}
+	if n == 0 || v[0] == '0' {
+		return errors.New("no attempt has the fencing token " + v + " (the fencing token lookup shows)")
+	}
+	*t.p = n
 	return nil
 }
 
@@ -265,7 +288,7 @@ func parse(args []string, env func(string) string) (*options, error) {
 	fs.StringVar(&o.failureCode, "failure-code", "", "")
 	fs.StringVar(&o.failureMsg, "failure-message", "", "")
 	fs.StringVar(&o.note, "note", "", "")
-	fs.Uint64Var(&o.fencingToken, "fencing-token", 0, "")
+	fs.Var(fencingToken{&o.fencingToken}, "fencing-token", "")
 
 	// Know the key before parsing, to redact it from any parse error that
 	// echoes a misplaced argument.

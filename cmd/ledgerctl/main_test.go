@@ -718,6 +718,14 @@ func TestUsage(t *testing.T) {
 		{[]string{"reconcile", "a", "applied", "--data", "null"}, "--data: not a JSON object"},
 		{[]string{"reconcile", "a", "applied", "--data", `{"a":1} {"b":2}`}, "--data: more than one JSON value"},
 		{[]string{"reconcile", "a", "applied", "--tool", "t"}, "--tool is not a flag of reconcile"},
+		// A fencing token is the decimal number lookup shows; 0 would mean
+		// "whichever attempt is current", the opposite of what it asks.
+		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "0"}, "--fencing-token"},
+		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "0x1a2b"}, "--fencing-token"},
+		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "017"}, "--fencing-token"},
+		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "1_796_001_016_347"}, "--fencing-token"},
+		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "-1"}, "--fencing-token"},
+		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "18446744073709551616"}, "--fencing-token"},
 	} {
 		o := ctl(t, env, c.args...)
 		if o.code != 2 || !strings.HasPrefix(o.stderr, "ledgerctl: ") || !strings.Contains(strings.SplitN(o.stderr, "\n", 2)[0], c.want) || !strings.Contains(o.stderr, "usage: ledgerctl") || o.stdout != "" {
