@@ -762,6 +762,42 @@ func TestSplit(t *testing.T) {
 	}
 }
 
+// TestLookalikeText: the ledger accepts spaces anywhere in an operation id
+// (and in notes); an id with a leading or trailing space, or with a run of
+// spaces, is printed quoted, so that two operations never print alike and an
+// id cannot print as more columns of the table.
+func TestLookalikeText(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	plain, trailing, forged := "wf-1:refund", "wf-1:refund ", "wf-1:x  payments.refund  SUCCEEDED  1/5"
+	quoted := strconv.Quote(trailing) // an id of its own, quotes included
+	for _, id := range []string{plain, trailing, " " + plain, forged, quoted} {
+		e.markUnknown(t, id, "payments.refund", "gateway  timeout ")
+	}
+	o := must(t, env, "list-unresolved")
+	rows := strings.Split(strings.TrimRight(o.stdout, "\n"), "\n")[1:]
+	want := []string{plain, strconv.Quote(trailing), strconv.Quote(" " + plain), strconv.Quote(forged), strconv.Quote(quoted)}
+	if len(rows) != len(want) {
+		t.Fatalf("list-unresolved:\n%s", o.stdout)
+	}
+	for i, row := range rows {
+		if !strings.HasPrefix(row, want[i]+"  ") || strings.Count(row, "payments.refund") != strings.Count(want[i], "payments.refund")+1 {
+			t.Errorf("row %d: want the id %s:\n%s", i, want[i], o.stdout)
+		}
+	}
+	o = must(t, env, "lookup", trailing)
+	if !strings.Contains(o.stdout, "operation          \"wf-1:refund \"\n") || !strings.Contains(o.stdout, `"gateway  timeout "`) {
+		t.Errorf("lookup %q:\n%s", trailing, o.stdout)
+	}
+	o = must(t, env, "reconcile", trailing, "escalate")
+	if !strings.HasPrefix(o.stdout, `reconciled "wf-1:refund ": escalate`) {
+		t.Errorf("reconcile %q:\n%s", trailing, o.stdout)
+	}
+	if op := lookupJSON(t, env, plain); op.NeedsReview {
+		t.Errorf("%q escalated instead of %q", plain, trailing)
+	}
+}
+
 // TestClean: text from the ledger cannot drive the terminal.
 func TestClean(t *testing.T) {
 	for in, want := range map[string]string{
@@ -771,6 +807,14 @@ func TestClean(t *testing.T) {
 		"two\nlines":     `"two\nlines"`,
 		"tab\there":      `"tab\there"`,
 		"c1 \u009b here": `"c1 \u009b here"`,
+		"one space":      "one space",
+		"two  spaces":    `"two  spaces"`,
+		" leading":       `" leading"`,
+		"trailing ":      `"trailing "`,
+		`"quoted"`:       `"\"quoted\""`,
+		`say "hi"`:       `say "hi"`,
+		"-":              `"-"`,
+		"":               "",
 	} {
 		if got := clean(in); got != want {
 			t.Errorf("clean(%q) = %s, want %s", in, got, want)

@@ -279,9 +279,15 @@ func orDash(s string) string {
 
 // clean makes text from the ledger safe for a terminal: a string with
 // control or otherwise invisible characters (a note may hold any UTF-8) is
-// shown quoted, with those characters escaped.
+// shown quoted, with those characters escaped. So is one that would print
+// like another or like more than one cell: with a leading or trailing space
+// ("wf-1 " and "wf-1" are two operations), with a run of spaces (the
+// tables' column gap), starting with a double quote (as quoted text does),
+// or "-" (what the views print for none).
 func clean(s string) string {
-	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 &&
+		!strings.HasPrefix(s, " ") && !strings.HasSuffix(s, " ") && !strings.Contains(s, "  ") &&
+		!strings.HasPrefix(s, `"`) && s != "-" {
 		return s
 	}
 	return strconv.QuoteToGraphic(s)
