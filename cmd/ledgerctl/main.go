@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"os"
 	"os/signal"
 	"slices"
@@ -533,9 +534,11 @@ func checkReconcile(o *options) (client.Finding, error) {
 	return f, nil
 }
 
-// parseData reads --data: one JSON object.
+// parseData reads --data: one JSON object. The ledger keeps its numbers as
+// 64-bit floats: a number that would be recorded as another one is refused.
 func parseData(s string) (map[string]any, error) {
 	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
 	var m map[string]any
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("not a JSON object: %v", err)
@@ -549,7 +552,64 @@ func parseData(s string) (map[string]any, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("more than one JSON value")
 	}
+	if err := exactNumbers(m); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// exactNumbers replaces the json.Numbers in v (a map or slice from
+// parseData) with their float64, or fails for a number that float64 does
+// not hold as written: its shortest form must have the same value.
+func exactNumbers(v any) error {
+	conv := func(n json.Number) (float64, error) {
+		f, err := strconv.ParseFloat(n.String(), 64)
+		switch {
+		case err != nil: // out of range
+		case f == 0:
+			// An underflow parses as 0 too: the digits must all be 0.
+			mantissa, _, _ := strings.Cut(strings.ToLower(n.String()), "e")
+			if strings.Trim(mantissa, "-0.") == "" {
+				return f, nil
+			}
+		default:
+			// f is finite: so is the literal's exponent, near its digits'.
+			lit, ok1 := new(big.Rat).SetString(n.String())
+			back, ok2 := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
+			if ok1 && ok2 && lit.Cmp(back) == 0 {
+				return f, nil
+			}
+		}
+		return 0, fmt.Errorf("the number %s is not exactly a 64-bit float, as the ledger keeps it (it would be recorded as %s): give it as a string",
+			n, strconv.FormatFloat(f, 'g', -1, 64))
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if n, ok := e.(json.Number); ok {
+				f, err := conv(n)
+				if err != nil {
+					return err
+				}
+				v[k] = f
+			} else if err := exactNumbers(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for i, e := range v {
+			if n, ok := e.(json.Number); ok {
+				f, err := conv(n)
+				if err != nil {
+					return err
+				}
+				v[i] = f
+			} else if err := exactNumbers(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // dial makes the client; the connection is made on the first call.

@@ -798,6 +798,42 @@ func TestLookalikeText(t *testing.T) {
 	}
 }
 
+// TestDataNumbers: the ledger keeps a result's numbers as 64-bit floats;
+// reconcile applied refuses a --data number that would be recorded as
+// another one (a large id or amount in minor units), instead of recording it
+// rounded for every retry to replay.
+func TestDataNumbers(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	id := "wf-7:charge"
+	e.markUnknown(t, id, "payments.charge", "timeout")
+	for _, data := range []string{
+		`{"charge_id": 9007199254740993}`,
+		`{"amounts": [1, {"minor": 12345678901234567891}]}`,
+		`{"n": -9007199254740993}`,
+		`{"n": 1e400}`,
+		`{"n": 1e-400}`,
+		`{"n": 1e-999999999}`,
+		`{"n": 0.10000000000000000001}`,
+	} {
+		fails(t, env, 2, []string{"--data: ", "not exactly"}, "reconcile", id, "applied", "--data", data)
+	}
+	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" {
+		t.Fatalf("a refused --data was recorded: %+v", op)
+	}
+	// Numbers a float holds exactly, or whose shortest form is the one
+	// given, are recorded as given.
+	must(t, env, "reconcile", id, "applied", "--data", `{"a": 9007199254740992, "b": 0.1, "c": -2.5e-3, "d": 1E2, "e": 0, "f": 0.0e-999999999, "g": [1.5], "h": 123456789012}`)
+	op := lookupJSON(t, env, id)
+	if op.State != "STATE_SUCCEEDED" || op.Result == nil {
+		t.Fatalf("after applied: %+v", op)
+	}
+	b, _ := json.Marshal(op.Result.Data)
+	if want := `{"a":9007199254740992,"b":0.1,"c":-0.0025,"d":100,"e":0,"f":0,"g":[1.5],"h":123456789012}`; string(b) != want {
+		t.Errorf("data = %s, want %s", b, want)
+	}
+}
+
 // TestClean: text from the ledger cannot drive the terminal.
 func TestClean(t *testing.T) {
 	for in, want := range map[string]string{
