@@ -762,6 +762,40 @@ func TestSplit(t *testing.T) {
 	}
 }
 
+// TestReconcileNoAnswer: a reconcile that got no answer (a timeout, a
+// dropped connection) may have been recorded; the error says so, and that
+// the same command again is the safe retry (not another finding or note).
+func TestReconcileNoAnswer(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	id := "wf-8:refund"
+	e.markUnknown(t, id, "payments.refund", "timeout")
+	want := []string{"may have been recorded", "run the same command again", "ledgerctl lookup " + id}
+	fails(t, env, 1, append([]string{"ledgerctl: DEADLINE_EXCEEDED: "}, want...), "reconcile", id, "escalate", "--note", "n", "--timeout", "1ns")
+	o := fails(t, env, 1, nil, "--json", "reconcile", id, "escalate", "--timeout", "1ns")
+	var je jsonError
+	if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "DEADLINE_EXCEEDED" || !strings.Contains(je.Hint, want[1]) {
+		t.Errorf("--json = %v: %s", err, o)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := lis.Addr().String()
+	_ = lis.Close()
+	fails(t, env, 1, append([]string{"ledgerctl: UNAVAILABLE: ", "cannot reach the ledger at " + closed}, want...), "reconcile", id, "escalate", "--addr", closed)
+	// The same command again records it once.
+	must(t, env, "reconcile", id, "escalate", "--note", "n")
+	must(t, env, "reconcile", id, "escalate", "--note", "n")
+	if op := lookupJSON(t, env, id); !op.NeedsReview || len(op.History) != 3 {
+		t.Errorf("after the retries: %+v", op)
+	}
+	// Other commands change nothing: no such hint.
+	if o := fails(t, env, 1, nil, "lookup", id, "--timeout", "1ns"); strings.Contains(o.stderr, "recorded") {
+		t.Errorf("lookup: %s", o)
+	}
+}
+
 // TestLookalikeText: the ledger accepts spaces anywhere in an operation id
 // (and in notes); an id with a leading or trailing space, or with a run of
 // spaces, is printed quoted, so that two operations never print alike and an

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -425,6 +426,14 @@ func describe(o *options, err error) jsonError {
 		d.Hint = "another attempt holds the operation now: nothing was recorded; see ledgerctl lookup" + id + " and ask the destination again"
 	case d.Reason == "RATE_LIMITED" && ce != nil && ce.RetryAfter > 0:
 		d.Hint = "retry after " + span(ce.RetryAfter)
+	}
+	if o.cmd == "reconcile" && le == nil && slices.Contains([]string{"DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "STORE_UNAVAILABLE"}, d.Reason) {
+		// No answer: the call may have reached the ledger all the same.
+		if d.Hint != "" {
+			d.Hint += "; "
+		}
+		d.Hint += "the finding may have been recorded: see ledgerctl lookup" + id + ", or run the same command again (same finding, --note and" +
+			" --fencing-token), which records it once; another finding or note could record a second one"
 	}
 	return d
 }
