@@ -729,6 +729,18 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 	if err != nil {
 		return err
 	}
+	// A finding is recorded with the state it makes, in the same step as
+	// the snapshot: any other state means the ledger took the call for a
+	// repeat of one this key recorded with this note about an earlier
+	// attempt (or with this token), and changed nothing.
+	repeat := f.Kind == client.NotApplied && op.State != client.StatePending ||
+		f.Kind == client.Escalate && (op.State != client.StateUnknown || !op.NeedsReview)
+	if repeat {
+		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the ledger took it for a repeat of the %s finding this key"+
+			" already recorded with this note, and the operation has moved on since (it is %s, attempt %d). To record a finding"+
+			" about the current attempt, look it up and give a new --note (and its --fencing-token)\n",
+			strings.ToLower(o.args[1]), stateName(op.State), op.Attempt)
+	}
 	// Reconcile's snapshot has no history: read the record again for it.
 	if full, err := c.Lookup(ctx, id); err == nil {
 		op = full
@@ -740,7 +752,11 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		if op.NeedsReview {
 			review = " (needs review)"
 		}
-		fmt.Fprintf(stdout, "reconciled %s: %s → %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
+		if repeat {
+			fmt.Fprintf(stdout, "not reconciled %s: %s was a repeat; it is %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
+		} else {
+			fmt.Fprintf(stdout, "reconciled %s: %s → %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
+		}
 	}
 	return printOperation(stdout, o, op, time.Now())
 }

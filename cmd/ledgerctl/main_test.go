@@ -796,6 +796,43 @@ func TestReconcileNoAnswer(t *testing.T) {
 	}
 }
 
+// TestReconcileRepeat: the ledger takes a finding with the note of one the
+// same key already recorded for the operation as a repeat of it, and
+// changes nothing. When the operation has moved on since (another attempt
+// ended UNKNOWN), ledgerctl says that this call recorded nothing, instead of
+// printing the finding as done.
+func TestReconcileRepeat(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	id := "wf-10:refund"
+	e.markUnknown(t, id, "payments.refund", "timeout")
+	o := must(t, env, "reconcile", id, "not-applied", "--note", "INC-7")
+	if strings.Contains(o.stderr, "recorded nothing") {
+		t.Errorf("a new finding: %s", o)
+	}
+	// The retry after a timeout: the same answer, nothing to say.
+	if o = must(t, env, "reconcile", id, "not-applied", "--note", "INC-7"); o.stderr != "" {
+		t.Errorf("a repeat of the latest finding: %s", o)
+	}
+	// Attempt 2 runs and ends UNKNOWN; the same command again is a repeat
+	// of the finding about attempt 1: it must not read as done.
+	e.markUnknown(t, id, "payments.refund", "timeout again")
+	for _, args := range [][]string{{"reconcile", id, "not-applied", "--note", "INC-7"}, {"--json", "reconcile", id, "not-applied", "--note", "INC-7"}} {
+		o = must(t, env, args...)
+		if !strings.Contains(o.stderr, "recorded nothing") || !strings.Contains(o.stderr, "new --note") || strings.Contains(o.stdout, "not-applied → UNKNOWN") {
+			t.Errorf("ledgerctl %q: %s", args, o)
+		}
+	}
+	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" || op.Attempt != 2 {
+		t.Errorf("after the repeat: %+v", op)
+	}
+	// With a new note it is a new finding, about attempt 2.
+	o = must(t, env, "reconcile", id, "not-applied", "--note", "INC-7, attempt 2")
+	if strings.Contains(o.stderr, "recorded nothing") || !strings.Contains(o.stdout, "not-applied → PENDING") {
+		t.Errorf("a new note: %s", o)
+	}
+}
+
 // TestLookalikeText: the ledger accepts spaces anywhere in an operation id
 // (and in notes); an id with a leading or trailing space, or with a run of
 // spaces, is printed quoted, so that two operations never print alike and an
