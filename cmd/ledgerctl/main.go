@@ -716,6 +716,29 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 	return nil
 }
 
+// sameResult reports whether the recorded result r is the one given.
+func sameResult(r *client.Result, given client.Result) bool {
+	if r == nil || r.ResourceID != given.ResourceID {
+		return false
+	}
+	if len(r.Data) == 0 || len(given.Data) == 0 {
+		return len(r.Data) == len(given.Data)
+	}
+	a, err1 := json.Marshal(r.Data)
+	b, err2 := json.Marshal(given.Data)
+	return err1 == nil && err2 == nil && string(a) == string(b)
+}
+
+// sameFailure reports whether the recorded failure is the one given (its
+// code ABANDONED when none is given).
+func sameFailure(r, given *client.Failure) bool {
+	code := given.Code
+	if code == "" {
+		code = "ABANDONED"
+	}
+	return r != nil && r.Code == code && r.Message == given.Message
+}
+
 // overdue reports whether op is UNKNOWN past its recovery deadline, by this
 // machine's clock.
 func overdue(op *client.Operation, now time.Time) bool {
@@ -741,6 +764,19 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 			" about the current attempt, look it up and give a new --note (and its --fencing-token)\n",
 			strings.ToLower(o.args[1]), stateName(op.State), op.Attempt)
 	}
+	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) is
+	// answered OK whatever its result (failure): the recorded one stands.
+	// Another one than given may be another effect.
+	switch {
+	case f.Kind == client.Applied && o.resourceSet && !sameResult(op.Result, f.Result):
+		repeat = true
+		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
+			" which stands; if the destination has both, that may be two effects: check it\n", resultText(op.Result))
+	case f.Kind == client.Abandon && o.failureSet && !sameFailure(op.Failure, f.Failure):
+		repeat = true
+		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
+			" which stands\n", failureText(op.Failure))
+	}
 	// Reconcile's snapshot has no history: read the record again for it.
 	if full, err := c.Lookup(ctx, id); err == nil {
 		op = full
@@ -753,7 +789,7 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 			review = " (needs review)"
 		}
 		if repeat {
-			fmt.Fprintf(stdout, "not reconciled %s: %s was a repeat; it is %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
+			fmt.Fprintf(stdout, "not reconciled %s: %s recorded nothing; it is %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
 		} else {
 			fmt.Fprintf(stdout, "reconciled %s: %s → %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
 		}

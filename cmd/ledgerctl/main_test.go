@@ -819,7 +819,7 @@ func TestReconcileRepeat(t *testing.T) {
 	e.markUnknown(t, id, "payments.refund", "timeout again")
 	for _, args := range [][]string{{"reconcile", id, "not-applied", "--note", "INC-7"}, {"--json", "reconcile", id, "not-applied", "--note", "INC-7"}} {
 		o = must(t, env, args...)
-		if !strings.Contains(o.stderr, "recorded nothing") || !strings.Contains(o.stderr, "new --note") || strings.Contains(o.stdout, "not-applied → UNKNOWN") {
+		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, "new --note") || strings.Contains(o.stdout, "not-applied → UNKNOWN") {
 			t.Errorf("ledgerctl %q: %s", args, o)
 		}
 	}
@@ -830,6 +830,53 @@ func TestReconcileRepeat(t *testing.T) {
 	o = must(t, env, "reconcile", id, "not-applied", "--note", "INC-7, attempt 2")
 	if strings.Contains(o.stderr, "recorded nothing") || !strings.Contains(o.stdout, "not-applied → PENDING") {
 		t.Errorf("a new note: %s", o)
+	}
+}
+
+// TestReconcileResolvedOtherwise: applied on an operation already SUCCEEDED
+// (abandon on one already FAILED_FINAL) is answered OK and changes nothing,
+// whatever result (failure) it gives. When the recorded one is not the one
+// given, the two may be two effects: ledgerctl says that this call recorded
+// nothing and prints the record, instead of a plain "reconciled".
+func TestReconcileResolvedOtherwise(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env, ctx := e.env, context.Background()
+	done, failed := "wf-11:refund", "wf-12:refund"
+	tok := e.reserve(t, done, "payments.refund")
+	if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "re_A", Data: map[string]any{"amount": 1250}}); err != nil {
+		t.Fatal(err)
+	}
+	tok = e.reserve(t, failed, "payments.refund")
+	if _, err := e.sdk.Fail(ctx, failed, tok, true, client.Failure{Code: "CARD_DECLINED", Message: "declined"}); err != nil {
+		t.Fatal(err)
+	}
+	// The same result or failure, or none given: nothing to say.
+	for _, args := range [][]string{
+		{"reconcile", done, "applied", "--resource-id", "re_A", "--data", `{"amount": 1250}`},
+		{"reconcile", done, "applied"},
+		{"reconcile", failed, "abandon", "--failure-code", "CARD_DECLINED", "--failure-message", "declined"},
+		{"reconcile", failed, "abandon"},
+	} {
+		if o := must(t, env, args...); o.stderr != "" || !strings.HasPrefix(o.stdout, "reconciled ") {
+			t.Errorf("ledgerctl %q: %s", args, o)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"reconcile", done, "applied", "--resource-id", "re_B"}, "re_A"},
+		{[]string{"reconcile", done, "applied", "--resource-id", "re_A", "--data", `{"amount": 1300}`}, `{"amount":1250}`},
+		{[]string{"reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND"}, "CARD_DECLINED: declined"},
+		{[]string{"--json", "reconcile", done, "applied", "--resource-id", "re_B"}, "re_A"},
+	} {
+		o := must(t, env, c.args...)
+		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, c.want) || strings.HasPrefix(o.stdout, "reconciled ") {
+			t.Errorf("ledgerctl %q: %s", c.args, o)
+		}
+	}
+	if op := lookupJSON(t, env, done); op.Result == nil || op.Result.ResourceID != "re_A" {
+		t.Errorf("the result changed: %+v", op)
 	}
 }
 
