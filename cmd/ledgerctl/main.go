@@ -332,6 +332,12 @@ func parse(args []string, env func(string) string) (*options, error) {
 			bad = usagef(cmd, "--%s is not a flag of %s", f.Name, cmd)
 		}
 		switch f.Name {
+		case "tls-ca", "tls-cert", "tls-key":
+			// An unset variable: without the file the connection would
+			// be plaintext (or without the client certificate).
+			if bad == nil && f.Value.String() == "" {
+				bad = usagef(cmd, "--%s is empty", f.Name)
+			}
 		case "failure-code", "failure-message":
 			o.failureSet = true
 		case "resource-id", "data":

@@ -700,6 +700,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"lookup", "a", "--timeout", "soon"}, "invalid value"},
 		{[]string{"lookup", "a", "--timeout", "0s"}, "--timeout must be positive"},
 		{[]string{"lookup", "a", "--addr", ""}, "--addr is empty"},
+		// An empty TLS file (an unset variable) would mean plaintext.
+		{[]string{"lookup", "a", "--tls-ca", ""}, "--tls-ca is empty"},
+		{[]string{"lookup", "a", "--tls-ca="}, "--tls-ca is empty"},
+		{[]string{"lookup", "a", "--tls-cert", "", "--tls-key", ""}, "--tls-cert is empty"},
+		{[]string{"lookup", "a", "--tls", "--tls-cert", "c.pem", "--tls-key", ""}, "--tls-key is empty"},
 		{[]string{"list-unresolved", "x"}, "takes no arguments"},
 		{[]string{"list-unresolved", "--state", "done"}, `"done" is not pending, running or unknown`},
 		{[]string{"list-unresolved", "--limit", "0"}, "--limit must be positive"},
