@@ -760,11 +760,11 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 	}
 	// A finding is recorded with the state it makes, in the same step as
 	// the snapshot: any other state means the ledger took the call for a
-	// repeat of one this key recorded with this note about an earlier
-	// attempt (or with this token), and changed nothing.
-	repeat := f.Kind == client.NotApplied && op.State != client.StatePending ||
+	// repeat of one this key recorded with this note (about this token's
+	// attempt, or any attempt without one), and this call changed nothing.
+	nothing := f.Kind == client.NotApplied && op.State != client.StatePending ||
 		f.Kind == client.Escalate && (op.State != client.StateUnknown || !op.NeedsReview)
-	if repeat {
+	if nothing {
 		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the ledger took it for a repeat of the %s finding this key"+
 			" already recorded with this note, and the operation has moved on since (it is %s, attempt %d). To record a finding"+
 			" about the current attempt, look it up and give a new --note (and its --fencing-token)\n",
@@ -774,12 +774,25 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 	// answered OK whatever its result (failure): the recorded one stands.
 	// Another one than given may be another effect.
 	switch {
+	case !nothing && f.FencingToken != 0 && op.FencingToken != f.FencingToken:
+		// Resolved by another attempt than the one given (the ledger
+		// answers a resolved operation before it checks the token).
+		nothing = true
+		what := ""
+		if op.Result != nil {
+			what = " with " + resultText(op.Result)
+		} else if op.Failure != nil {
+			what = " with " + failureText(op.Failure)
+		}
+		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: attempt %d resolved the operation (%s%s), not the attempt with"+
+			" --fencing-token %d; if the destination has the effect of that attempt too, that may be two effects: check it\n",
+			op.Attempt, stateName(op.State), what, f.FencingToken)
 	case f.Kind == client.Applied && o.resourceSet && !sameResult(op.Result, f.Result):
-		repeat = true
+		nothing = true
 		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
 			" which stands; if the destination has both, that may be two effects: check it\n", resultText(op.Result))
 	case f.Kind == client.Abandon && o.failureSet && !sameFailure(op.Failure, f.Failure):
-		repeat = true
+		nothing = true
 		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
 			" which stands\n", failureText(op.Failure))
 	}
@@ -794,7 +807,7 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		if op.NeedsReview {
 			review = " (needs review)"
 		}
-		if repeat {
+		if nothing {
 			fmt.Fprintf(stdout, "not reconciled %s: %s recorded nothing; it is %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
 		} else {
 			fmt.Fprintf(stdout, "reconciled %s: %s → %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)

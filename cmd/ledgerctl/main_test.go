@@ -883,6 +883,30 @@ func TestReconcileResolvedOtherwise(t *testing.T) {
 	if op := lookupJSON(t, env, done); op.Result == nil || op.Result.ResourceID != "re_A" {
 		t.Errorf("the result changed: %+v", op)
 	}
+
+	// A finding about attempt 1 (its token) on an operation a later attempt
+	// resolved is answered OK too: it says so, with or without a result.
+	later := "wf-13:refund"
+	e.markUnknown(t, later, "payments.refund", "timeout")
+	t1 := strconv.FormatUint(lookupJSON(t, env, later).FencingToken, 10)
+	must(t, env, "reconcile", later, "not-applied", "--fencing-token", t1)
+	tok = e.reserve(t, later, "payments.refund")
+	if _, err := e.sdk.Complete(ctx, later, tok, client.Result{ResourceID: "re_2"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"reconcile", later, "applied", "--fencing-token", t1},
+		{"reconcile", later, "applied", "--fencing-token", t1, "--resource-id", "re_2"},
+	} {
+		o := must(t, env, args...)
+		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, "attempt 2") || strings.HasPrefix(o.stdout, "reconciled ") {
+			t.Errorf("ledgerctl %q: %s", args, o)
+		}
+	}
+	// About attempt 2 itself: nothing to say.
+	if o := must(t, env, "reconcile", later, "applied", "--fencing-token", strconv.FormatUint(tok, 10), "--resource-id", "re_2"); o.stderr != "" {
+		t.Errorf("applied about the attempt that resolved it: %s", o)
+	}
 }
 
 // TestLookalikeText: the ledger accepts spaces anywhere in an operation id
