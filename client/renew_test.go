@@ -69,13 +69,7 @@ func TestDoRenewsARecoveredClaimBeforeItsLeaseEnds(t *testing.T) {
 // instead of letting fn run on past its lease, and the attempt is marked
 // UNKNOWN (fn was cut, its effect may exist).
 func TestDoStopsTheToolWhenItsLeaseEndsUnrenewed(t *testing.T) {
-	noRenew := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if strings.HasSuffix(method, "/Renew") {
-			return status.Error(codes.Unavailable, "connection refused")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}))
-	e := newEnv(t, redistest.Shared(t).Client(t), noRenew)
+	e := newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "unavailable"))
 	op := e.op("export", "leased.export", nil)
 	var cause atomic.Value
 	_, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
@@ -236,13 +230,7 @@ func TestDoDoesNotRunTheToolOnAClaimWhoseLeaseEndedOnTheWay(t *testing.T) {
 // not report "failed for good" for an operation that succeeded: it reads
 // the ledger's outcome and returns it, replayed.
 func TestDoReturnsTheLedgersOutcomeWhenAFinalFailureCameAfterTheClaim(t *testing.T) {
-	noRenew := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if strings.HasSuffix(method, "/Renew") {
-			return status.Error(codes.Unavailable, "connection refused")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}))
-	e := newEnv(t, redistest.Shared(t).Client(t), noRenew)
+	e := newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "unavailable"))
 	other, err := client.Dial(e.stack.Addr, fast)
 	if err != nil {
 		t.Fatal(err)
