@@ -87,7 +87,8 @@ global flags (before or after the command):
   --tls-cert FILE       client certificate, PEM, for mTLS (with --tls-key)
   --tls-key FILE        the client certificate's private key, PEM
   --timeout DURATION    give up after this long (default 10s)
-  --json                print JSON on stdout, and errors as JSON on stderr
+  --json                print one JSON document on stdout, with the notices
+                        in it ("notices"), and errors as JSON on stderr
 
 exit status: 0 success, 1 the ledger refused the call or could not be
 reached, 2 bad usage.
@@ -663,7 +664,7 @@ func lookup(ctx context.Context, c *client.Client, o *options, stdout, _ io.Writ
 	if err != nil {
 		return err
 	}
-	return printOperation(stdout, o, op, time.Now())
+	return printOperation(stdout, o, op, time.Now(), nil, nil)
 }
 
 // listUnresolved pages through the unresolved operations, applies the
@@ -706,18 +707,22 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 		}
 		token = p.NextPageToken
 	}
+	var notes notices
 	if o.json {
-		return printList(stdout, o, ops, truncated, now)
+		if truncated {
+			notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ops))
+		}
+		return printList(stdout, o, ops, truncated, now, notes)
 	}
 	if len(ops) == 0 {
 		fmt.Fprintln(stderr, "ledgerctl: no unresolved operations match")
 		return nil
 	}
-	if err := printList(stdout, o, ops, truncated, now); err != nil {
+	if err := printList(stdout, o, ops, truncated, now, nil); err != nil {
 		return err
 	}
 	if truncated {
-		fmt.Fprintf(stderr, "ledgerctl: showing the oldest %d; more remain (raise --limit)\n", len(ops))
+		notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ops))
 	}
 	return nil
 }
@@ -764,10 +769,11 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 	// attempt, or any attempt without one), and this call changed nothing.
 	nothing := f.Kind == client.NotApplied && op.State != client.StatePending ||
 		f.Kind == client.Escalate && (op.State != client.StateUnknown || !op.NeedsReview)
+	var notes notices
 	if nothing {
-		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the ledger took it for a repeat of the %s finding this key"+
+		notes.add(o, stderr, noticeRepeat, "this call recorded nothing: the ledger took it for a repeat of the %s finding this key"+
 			" already recorded with this note, and the operation has moved on since (it is %s, attempt %d). To record a finding"+
-			" about the current attempt, look it up and give a new --note (and its --fencing-token)\n",
+			" about the current attempt, look it up and give a new --note (and its --fencing-token)",
 			strings.ToLower(o.args[1]), stateName(op.State), op.Attempt)
 	}
 	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) is
@@ -784,23 +790,23 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		} else if op.Failure != nil {
 			what = " with " + failureText(op.Failure)
 		}
-		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: attempt %d resolved the operation (%s%s), not the attempt with"+
-			" --fencing-token %d; if the destination has the effect of that attempt too, that may be two effects: check it\n",
+		notes.add(o, stderr, noticeOtherAttempt, "this call recorded nothing: attempt %d resolved the operation (%s%s), not the attempt with"+
+			" --fencing-token %d; if the destination has the effect of that attempt too, that may be two effects: check it",
 			op.Attempt, stateName(op.State), what, f.FencingToken)
 	case f.Kind == client.Applied && o.resourceSet && !sameResult(op.Result, f.Result):
 		nothing = true
-		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
-			" which stands; if the destination has both, that may be two effects: check it\n", resultText(op.Result))
+		notes.add(o, stderr, noticeOtherResult, "this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
+			" which stands; if the destination has both, that may be two effects: check it", resultText(op.Result))
 	case f.Kind == client.Abandon && o.failureSet && !sameFailure(op.Failure, f.Failure):
 		nothing = true
-		fmt.Fprintf(stderr, "ledgerctl: this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
-			" which stands\n", failureText(op.Failure))
+		notes.add(o, stderr, noticeOtherFailure, "this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
+			" which stands", failureText(op.Failure))
 	}
 	// Reconcile's snapshot has no history: read the record again for it.
 	if full, err := c.Lookup(ctx, id); err == nil {
 		op = full
 	} else {
-		fmt.Fprintf(stderr, "ledgerctl: reconciled, but could not read the history: %s\n", describe(o, err).line())
+		notes.add(o, stderr, noticeNoHistory, "reconciled, but could not read the history: %s", describe(o, err).line())
 	}
 	if !o.json {
 		review := ""
@@ -813,5 +819,6 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 			fmt.Fprintf(stdout, "reconciled %s: %s → %s%s\n\n", clean(id), strings.ToLower(o.args[1]), stateName(op.State), review)
 		}
 	}
-	return printOperation(stdout, o, op, time.Now())
+	recorded := !nothing
+	return printOperation(stdout, o, op, time.Now(), &recorded, notes)
 }

@@ -822,11 +822,12 @@ func TestReconcileRepeat(t *testing.T) {
 	// Attempt 2 runs and ends UNKNOWN; the same command again is a repeat
 	// of the finding about attempt 1: it must not read as done.
 	e.markUnknown(t, id, "payments.refund", "timeout again")
-	for _, args := range [][]string{{"reconcile", id, "not-applied", "--note", "INC-7"}, {"--json", "reconcile", id, "not-applied", "--note", "INC-7"}} {
-		o = must(t, env, args...)
-		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, "new --note") || strings.Contains(o.stdout, "not-applied → UNKNOWN") {
-			t.Errorf("ledgerctl %q: %s", args, o)
-		}
+	o = must(t, env, "reconcile", id, "not-applied", "--note", "INC-7")
+	if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, "new --note") || strings.Contains(o.stdout, "not-applied → UNKNOWN") {
+		t.Errorf("a repeat after the operation moved on: %s", o)
+	}
+	if d := jsonRun(t, env, "reconcile", id, "not-applied", "--note", "INC-7"); len(d.Notices) != 1 || !strings.Contains(d.Notices[0].Message, "new --note") {
+		t.Errorf("--json: notices %+v", d.Notices)
 	}
 	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" || op.Attempt != 2 {
 		t.Errorf("after the repeat: %+v", op)
@@ -873,7 +874,6 @@ func TestReconcileResolvedOtherwise(t *testing.T) {
 		{[]string{"reconcile", done, "applied", "--resource-id", "re_B"}, "re_A"},
 		{[]string{"reconcile", done, "applied", "--resource-id", "re_A", "--data", `{"amount": 1300}`}, `{"amount":1250}`},
 		{[]string{"reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND"}, "CARD_DECLINED: declined"},
-		{[]string{"--json", "reconcile", done, "applied", "--resource-id", "re_B"}, "re_A"},
 	} {
 		o := must(t, env, c.args...)
 		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, c.want) || strings.HasPrefix(o.stdout, "reconciled ") {
@@ -1048,4 +1048,117 @@ func nonLoopbackIP(t *testing.T) string {
 	}
 	t.Skip("no non-loopback IPv4 address")
 	return ""
+}
+
+// jsonDoc is what one --json command prints on stdout: the operation's (or
+// the list's) fields, with whether the call recorded its finding and the
+// notices.
+type jsonDoc struct {
+	jsonOperation
+	Recorded   *bool           `json:"recorded"`
+	Notices    []jsonNotice    `json:"notices"`
+	Operations []jsonOperation `json:"operations"`
+}
+
+// jsonRun runs ledgerctl --json, which must exit 0 with one JSON document
+// on stdout and nothing on stderr, and decodes the document.
+func jsonRun(t *testing.T, env map[string]string, args ...string) jsonDoc {
+	t.Helper()
+	o := must(t, env, append([]string{"--json"}, args...)...)
+	if o.stderr != "" {
+		t.Errorf("ledgerctl --json %q wrote to stderr: %s", args, o)
+	}
+	dec := json.NewDecoder(strings.NewReader(o.stdout))
+	var d jsonDoc
+	if err := dec.Decode(&d); err != nil {
+		t.Fatalf("ledgerctl --json %q: %v: %s", args, err, o)
+	}
+	if dec.More() {
+		t.Fatalf("ledgerctl --json %q: more than one JSON document: %s", args, o)
+	}
+	if !strings.Contains(o.stdout, `"notices": [`) {
+		t.Fatalf("ledgerctl --json %q: no notices array: %s", args, o)
+	}
+	return d
+}
+
+// codes returns the notices' codes.
+func (d jsonDoc) codes() []string {
+	var c []string
+	for _, n := range d.Notices {
+		c = append(c, n.Code)
+	}
+	return c
+}
+
+// TestJSONNotices: with --json, what ledgerctl says besides the record (this
+// call recorded nothing, and why) is in the JSON document on stdout, with a
+// code, instead of plain text on stderr that a script never parses.
+func TestJSONNotices(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env, ctx := e.env, context.Background()
+
+	// A new finding: recorded, nothing to say.
+	repeat := "wf-20:refund"
+	e.markUnknown(t, repeat, "payments.refund", "timeout")
+	if d := jsonRun(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9"); d.Recorded == nil || !*d.Recorded || len(d.Notices) != 0 {
+		t.Errorf("a new finding: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+	// Attempt 2 ends UNKNOWN; the same command is a repeat of attempt 1's.
+	e.markUnknown(t, repeat, "payments.refund", "timeout again")
+	d := jsonRun(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9")
+	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_REPEAT"}) ||
+		!strings.Contains(d.Notices[0].Message, "this call recorded nothing") || d.State != "STATE_UNKNOWN" {
+		t.Errorf("a repeat: recorded %v, notices %+v, state %s", d.Recorded, d.Notices, d.State)
+	}
+
+	// Applied with another result on a SUCCEEDED operation.
+	done := "wf-21:refund"
+	tok := e.reserve(t, done, "payments.refund")
+	if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "re_A"}); err != nil {
+		t.Fatal(err)
+	}
+	d = jsonRun(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
+	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_RESULT"}) || !strings.Contains(d.Notices[0].Message, "re_A") {
+		t.Errorf("another result: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+	// Abandon with another failure on a FAILED_FINAL one.
+	failed := "wf-22:refund"
+	tok = e.reserve(t, failed, "payments.refund")
+	if _, err := e.sdk.Fail(ctx, failed, tok, true, client.Failure{Code: "CARD_DECLINED"}); err != nil {
+		t.Fatal(err)
+	}
+	d = jsonRun(t, env, "reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND")
+	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_FAILURE"}) {
+		t.Errorf("another failure: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+	// A finding with the token of attempt 1 on an operation attempt 2
+	// resolved.
+	later := "wf-23:refund"
+	e.markUnknown(t, later, "payments.refund", "timeout")
+	t1 := strconv.FormatUint(lookupJSON(t, env, later).FencingToken, 10)
+	must(t, env, "reconcile", later, "not-applied", "--fencing-token", t1)
+	tok = e.reserve(t, later, "payments.refund")
+	if _, err := e.sdk.Complete(ctx, later, tok, client.Result{ResourceID: "re_2"}); err != nil {
+		t.Fatal(err)
+	}
+	d = jsonRun(t, env, "reconcile", later, "applied", "--fencing-token", t1)
+	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_ATTEMPT"}) || !strings.Contains(d.Notices[0].Message, "attempt 2") {
+		t.Errorf("another attempt: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+	// The same cases without --json: plain text on stderr, as before.
+	if o := must(t, env, "reconcile", done, "applied", "--resource-id", "re_B"); !strings.HasPrefix(o.stderr, "ledgerctl: this call recorded nothing") ||
+		strings.Contains(o.stdout, "NOTHING_RECORDED") {
+		t.Errorf("without --json: %s", o)
+	}
+
+	// lookup and list-unresolved carry the array too; a list cut by
+	// --limit says so.
+	e.markUnknown(t, "wf-24:refund", "payments.refund", "timeout")
+	if d := jsonRun(t, env, "lookup", done); len(d.Notices) != 0 || d.Recorded != nil {
+		t.Errorf("lookup: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+	if d := jsonRun(t, env, "list-unresolved", "--limit", "1"); len(d.Operations) != 1 || !slices.Equal(d.codes(), []string{"MORE_REMAIN"}) {
+		t.Errorf("list-unresolved --limit 1: %d operations, notices %+v", len(d.Operations), d.Notices)
+	}
 }

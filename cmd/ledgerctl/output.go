@@ -77,6 +77,47 @@ type jsonList struct {
 	Operations []jsonOperation `json:"operations"`
 	Count      int             `json:"count"`
 	Truncated  bool            `json:"truncated"`
+	Notices    []jsonNotice    `json:"notices"`
+}
+
+// jsonNotice is something ledgerctl says besides the record or the list
+// (text on stderr without --json): a stable code and the text.
+type jsonNotice struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Notice codes: stable, documented in docs/ledgerctl.md. A code starting
+// with NOTHING_RECORDED means the reconcile changed nothing.
+const (
+	noticeRepeat       = "NOTHING_RECORDED_REPEAT"
+	noticeOtherAttempt = "NOTHING_RECORDED_OTHER_ATTEMPT"
+	noticeOtherResult  = "NOTHING_RECORDED_OTHER_RESULT"
+	noticeOtherFailure = "NOTHING_RECORDED_OTHER_FAILURE"
+	noticeNoHistory    = "HISTORY_UNREADABLE"
+	noticeMoreRemain   = "MORE_REMAIN"
+)
+
+// notices collects what a command says besides its output: printed on
+// stderr at once as "ledgerctl: text", or kept for the JSON document on
+// stdout with --json.
+type notices []jsonNotice
+
+func (n *notices) add(o *options, stderr io.Writer, code, format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	if o.json {
+		*n = append(*n, jsonNotice{Code: code, Message: msg})
+		return
+	}
+	fmt.Fprintln(stderr, "ledgerctl: "+msg)
+}
+
+// jsonDocument is what lookup and reconcile print with --json: the
+// operation, whether reconcile recorded its finding, and the notices.
+type jsonDocument struct {
+	jsonOperation
+	Recorded *bool        `json:"recorded,omitempty"`
+	Notices  []jsonNotice `json:"notices"`
 }
 
 // jsonError is an error with --json, on stderr.
@@ -137,10 +178,11 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// printOperation prints a record: JSON, or a readable block and its history.
-func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time) error {
+// printOperation prints a record: JSON (with recorded, when not nil, and
+// the notices), or a readable block and its history.
+func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time, recorded *bool, notes notices) error {
 	if o.json {
-		return writeJSON(w, toJSON(op, now))
+		return writeJSON(w, jsonDocument{jsonOperation: toJSON(op, now), Recorded: recorded, Notices: append([]jsonNotice{}, notes...)})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
@@ -196,10 +238,11 @@ func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time
 	return tw.Flush()
 }
 
-// printList prints the unresolved operations: JSON, or a table.
-func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool, now time.Time) error {
+// printList prints the unresolved operations: JSON (with the notices), or
+// a table.
+func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool, now time.Time, notes notices) error {
 	if o.json {
-		l := jsonList{Operations: []jsonOperation{}, Count: len(ops), Truncated: truncated}
+		l := jsonList{Operations: []jsonOperation{}, Count: len(ops), Truncated: truncated, Notices: append([]jsonNotice{}, notes...)}
 		for _, op := range ops {
 			l.Operations = append(l.Operations, toJSON(op, now))
 		}
