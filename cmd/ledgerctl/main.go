@@ -98,7 +98,8 @@ var commandUsage = map[string]string{
 	"lookup": `
 lookup <operation_id>
   Prints the record of the operation in the tenant of your credentials, with
-  its history (the latest 50 transitions). Any scope may look up.
+  its history (the latest 50 transitions; a line says when earlier ones were
+  not kept). Any scope may look up.
 `,
 	"list-unresolved": `
 list-unresolved [flags]

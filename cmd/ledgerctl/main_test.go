@@ -45,6 +45,8 @@ defaults:
 tools:
   - match: "overdue.*"
     recovery_window: 10ms
+  - match: "churn.*"
+    max_attempts: 100
 `
 
 // out is what one run of ledgerctl printed.
@@ -1160,5 +1162,61 @@ func TestJSONNotices(t *testing.T) {
 	}
 	if d := jsonRun(t, env, "list-unresolved", "--limit", "1"); len(d.Operations) != 1 || !slices.Equal(d.codes(), []string{"MORE_REMAIN"}) {
 		t.Errorf("list-unresolved --limit 1: %d operations, notices %+v", len(d.Operations), d.Notices)
+	}
+}
+
+// TestHistoryCut: the ledger keeps the latest 50 transitions of an
+// operation. When the creation is no longer among them, lookup says that
+// earlier transitions are not kept, with how many at least (from the
+// attempt numbers), in text and in JSON; a whole history says nothing.
+func TestHistoryCut(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env, ctx := e.env, context.Background()
+	whole, cut := "wf-30:sync", "wf-31:sync"
+	// cycles retryable failures, each followed by a claim: 2 transitions
+	// each after the creation.
+	churn := func(id string, cycles int) {
+		tok := e.reserve(t, id, "churn.sync")
+		for range cycles {
+			if _, err := e.sdk.Fail(ctx, id, tok, false, client.Failure{Code: "BUSY"}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := e.sdk.Reserve(ctx, client.Op{ID: id, Tool: "churn.sync", PermitID: "approval-1", RunID: "run-1", Step: 2,
+				Params: map[string]any{"amount": 1250}}, client.NewHolder())
+			if err != nil || r.Decision != client.DecisionExecute {
+				t.Fatalf("Reserve %s = %+v, %v", id, r, err)
+			}
+			tok = r.Operation.FencingToken
+		}
+	}
+	churn(whole, 24) // 49 transitions: all kept
+	churn(cut, 30)   // 61: the first 11 dropped, up to attempt 6's failure
+
+	o := must(t, env, "lookup", whole)
+	if strings.Contains(o.stdout, "not kept") || !strings.Contains(o.stdout, "- → RUNNING") {
+		t.Errorf("a whole history: %s", o)
+	}
+	if op := lookupJSON(t, env, whole); len(op.History) != 49 || op.HistoryTruncated == nil || *op.HistoryTruncated || op.HistoryNotKept != 0 {
+		t.Errorf("a whole history, --json: %d entries, truncated %v, not kept %d", len(op.History), op.HistoryTruncated, op.HistoryNotKept)
+	}
+
+	o = must(t, env, "lookup", cut)
+	lines := strings.Split(o.stdout, "\n")
+	i := slices.Index(lines, "history (oldest first):")
+	if i < 0 || i+2 >= len(lines) || lines[i+1] != "… at least 6 earlier transitions not kept (the ledger keeps the latest 50)" ||
+		!strings.HasPrefix(lines[i+2], "TIME") || strings.Contains(o.stdout, "- → RUNNING") {
+		t.Errorf("a cut history: %s", o)
+	}
+	op := lookupJSON(t, env, cut)
+	if len(op.History) != 50 || op.History[0].FromState == "STATE_UNSPECIFIED" || op.History[0].Attempt != 6 ||
+		op.HistoryTruncated == nil || !*op.HistoryTruncated || op.HistoryNotKept != 6 {
+		t.Errorf("a cut history, --json: %d entries from %+v, truncated %v, not kept %d", len(op.History), op.History[0], op.HistoryTruncated, op.HistoryNotKept)
+	}
+	if historyLimit != ledger.HistoryLimit {
+		t.Errorf("historyLimit %d, the ledger keeps %d", historyLimit, ledger.HistoryLimit)
+	}
+	// list-unresolved has no history, so no such fields.
+	if o := must(t, env, "list-unresolved", "--json"); strings.Contains(o.stdout, "history_") {
+		t.Errorf("list-unresolved: %s", o)
 	}
 }

@@ -50,6 +50,12 @@ type jsonOperation struct {
 	RetainUntil      *string       `json:"retain_until"`
 	ExpiresAt        *string       `json:"expires_at"`
 	History          []jsonHistory `json:"history,omitempty"`
+	// HistoryTruncated is set with the history (lookup, reconcile): true
+	// when its first entry is not the creation.
+	HistoryTruncated *bool `json:"history_truncated,omitempty"`
+	// HistoryNotKept is how many transitions before the first entry were
+	// dropped, at least (0 with a whole history).
+	HistoryNotKept int `json:"history_not_kept_at_least,omitempty"`
 }
 
 type jsonResult struct {
@@ -162,6 +168,10 @@ func toJSON(op *client.Operation, now time.Time) jsonOperation {
 	if op.Failure != nil {
 		j.Failure = &jsonFailure{Code: op.Failure.Code, Message: op.Failure.Message}
 	}
+	if len(op.History) > 0 {
+		n, cut := notKept(op.History)
+		j.HistoryTruncated, j.HistoryNotKept = &cut, n
+	}
 	for _, h := range op.History {
 		j.History = append(j.History, jsonHistory{
 			Time: jsonTime(h.Time), FromState: h.From.String(), ToState: h.To.String(), Attempt: h.Attempt,
@@ -225,6 +235,9 @@ func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time
 		return nil
 	}
 	fmt.Fprintf(w, "\nhistory (oldest first):\n")
+	if n, cut := notKept(op.History); cut {
+		fmt.Fprintf(w, "… at least %d earlier transition%s not kept (the ledger keeps the latest %d)\n", n, plural(n), historyLimit)
+	}
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tFROM → TO\tATTEMPT\tPRINCIPAL\tREASON\tDETAIL")
 	for _, h := range op.History {
@@ -269,6 +282,35 @@ func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool,
 			op.Attempt, op.MaxAttempts, age, since, deadline, yesNo(op.NeedsReview))
 	}
 	return tw.Flush()
+}
+
+// historyLimit is how many transitions the ledger keeps per operation, the
+// latest ones: ledger.HistoryLimit (a test checks they agree; the ledger
+// package is not linked into ledgerctl).
+const historyLimit = 50
+
+// notKept reports whether the history h (oldest first, not empty) was cut:
+// its first entry is not the creation. Then n is how many transitions were
+// dropped before it, at least: every claim of an attempt before the first
+// entry's (the creation is attempt 1's), and that attempt's own claim
+// unless it is the first entry (a transition into RUNNING is a claim).
+func notKept(h []client.HistoryEntry) (n int, cut bool) {
+	first := h[0]
+	if first.From == 0 { // STATE_UNSPECIFIED: the creation
+		return 0, false
+	}
+	n = int(first.Attempt)
+	if first.To == client.StateRunning {
+		n--
+	}
+	return max(n, 1), true
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 func resultText(r *client.Result) string {
