@@ -36,6 +36,9 @@ import (
 	"github.com/opledger/ledger/client"
 )
 
+// clock is this machine's clock (a test sets it behind the store's).
+var clock = time.Now
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
@@ -660,12 +663,17 @@ func dial(o *options) (*client.Client, error) {
 }
 
 // lookup prints one operation with its history.
-func lookup(ctx context.Context, c *client.Client, o *options, stdout, _ io.Writer) error {
+func lookup(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
 	op, err := c.Lookup(ctx, o.args[0])
 	if err != nil {
 		return err
 	}
-	return printOperation(stdout, o, op, time.Now(), nil, nil)
+	var notes notices
+	ref := reference(clock(), op)
+	if n := ref.notice(); n != "" {
+		notes.add(o, stderr, noticeClockBehind, "%s", n)
+	}
+	return printOperation(stdout, o, op, ref, nil, notes)
 }
 
 // listUnresolved pages through the unresolved operations, applies the
@@ -676,7 +684,8 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 	if o.overdue || o.needsReview {
 		states = stateList{client.StateUnknown} // checkList made sure --state allows it
 	}
-	now := time.Now()
+	now := clock()
+	seen := now // the latest time the store recorded in the pages read
 	var ops []*client.Operation
 	truncated := false
 	token := ""
@@ -690,6 +699,7 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 		if err != nil {
 			return err
 		}
+		seen = latestRecorded(seen, p.Operations...)
 		for _, op := range p.Operations {
 			if o.overdue && !overdue(op, now) || o.needsReview && !op.NeedsReview {
 				continue
@@ -709,19 +719,31 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 		token = p.NextPageToken
 	}
 	var notes notices
+	ref := referenceAt(now, seen)
+	clockNotice := func() {
+		if n := ref.notice(); n != "" {
+			if o.overdue {
+				n += "; --overdue judged by this machine's clock, and may have left out operations the store's clock has overdue"
+			}
+			notes.add(o, stderr, noticeClockBehind, "%s", n)
+		}
+	}
 	if o.json {
+		clockNotice()
 		if truncated {
 			notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ops))
 		}
-		return printList(stdout, o, ops, truncated, now, notes)
+		return printList(stdout, o, ops, truncated, ref, notes)
 	}
 	if len(ops) == 0 {
+		clockNotice()
 		fmt.Fprintln(stderr, "ledgerctl: no unresolved operations match")
 		return nil
 	}
-	if err := printList(stdout, o, ops, truncated, now, nil); err != nil {
+	if err := printList(stdout, o, ops, truncated, ref, nil); err != nil {
 		return err
 	}
+	clockNotice()
 	if truncated {
 		notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ops))
 	}
@@ -821,5 +843,9 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		}
 	}
 	recorded := !nothing
-	return printOperation(stdout, o, op, time.Now(), &recorded, notes)
+	ref := reference(clock(), op)
+	if n := ref.notice(); n != "" {
+		notes.add(o, stderr, noticeClockBehind, "%s", n)
+	}
+	return printOperation(stdout, o, op, ref, &recorded, notes)
 }

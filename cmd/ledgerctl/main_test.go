@@ -1220,3 +1220,59 @@ func TestHistoryCut(t *testing.T) {
 		t.Errorf("list-unresolved: %s", o)
 	}
 }
+
+// TestClockBehind: when this machine's clock is behind the store's, the
+// store's times are in this machine's future. Ages and "ago" are then not
+// negative: they are reckoned from the latest store time in the answer (a
+// time the store's clock has passed), marked as lower bounds, and a notice
+// says the clock is behind (in the JSON document with --json).
+func TestClockBehind(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	old, young := "wf-40:charge", "wf-41:refund"
+	e.markUnknown(t, old, "overdue.charge", "read timeout")
+	e.markUnknown(t, young, "payments.refund", "timeout")
+
+	defer func(c func() time.Time) { clock = c }(clock)
+	clock = func() time.Time { return time.Now().Add(-time.Hour) }
+
+	o := must(t, env, "list-unresolved")
+	rows := strings.Split(strings.TrimRight(o.stdout, "\n"), "\n")
+	if len(rows) != 3 || !strings.Contains(rows[0], "AGE") {
+		t.Fatalf("list-unresolved: %s", o)
+	}
+	for _, row := range rows[1:] {
+		if age := strings.Fields(row)[4]; !strings.HasPrefix(age, "≥") || strings.Contains(age, "-") {
+			t.Errorf("AGE %q: %s", age, o)
+		}
+	}
+	if !strings.Contains(o.stderr, "this machine's clock is behind the store's by at least 59m") {
+		t.Errorf("list-unresolved says nothing of the clock: %s", o)
+	}
+
+	o = must(t, env, "lookup", young)
+	if strings.Contains(o.stdout, "(in ") && !strings.Contains(o.stdout, "(in ≤") || strings.Contains(o.stdout, "ms ago)") && !strings.Contains(o.stdout, "(≥") ||
+		!strings.Contains(o.stdout, "created            ") || !strings.Contains(o.stderr, "clock is behind") {
+		t.Errorf("lookup: %s", o)
+	}
+	for _, line := range strings.Split(o.stdout, "\n") {
+		if strings.HasPrefix(line, "created") || strings.HasPrefix(line, "updated") || strings.HasPrefix(line, "unknown since") {
+			if !strings.HasSuffix(line, " ago)") || !strings.Contains(line, "(≥") {
+				t.Errorf("lookup: %q is not a lower bound of the time since: %s", line, o)
+			}
+		}
+	}
+
+	for _, args := range [][]string{{"lookup", young}, {"list-unresolved"}, {"list-unresolved", "--overdue"}} {
+		if d := jsonRun(t, env, args...); !slices.Equal(d.codes(), []string{"CLOCK_BEHIND"}) {
+			t.Errorf("ledgerctl --json %q: notices %+v", args, d.Notices)
+		}
+	}
+	// --overdue judges by this machine's clock: it says what it may miss,
+	// whether or not anything is left to print.
+	for _, args := range [][]string{{"list-unresolved", "--overdue"}, {"list-unresolved", "--overdue", "--tool", "payments.refund"}} {
+		if o := must(t, env, args...); !strings.Contains(o.stderr, "clock is behind") || !strings.Contains(o.stderr, "--overdue judged by this machine's clock") {
+			t.Errorf("ledgerctl %q: %s", args, o)
+		}
+	}
+}

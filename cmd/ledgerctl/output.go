@@ -102,6 +102,7 @@ const (
 	noticeOtherFailure = "NOTHING_RECORDED_OTHER_FAILURE"
 	noticeNoHistory    = "HISTORY_UNREADABLE"
 	noticeMoreRemain   = "MORE_REMAIN"
+	noticeClockBehind  = "CLOCK_BEHIND"
 )
 
 // notices collects what a command says besides its output: printed on
@@ -152,12 +153,12 @@ func jsonTime(t time.Time) *string {
 	return &s
 }
 
-func toJSON(op *client.Operation, now time.Time) jsonOperation {
+func toJSON(op *client.Operation, ref timeRef) jsonOperation {
 	j := jsonOperation{
 		OperationID: op.ID, Tool: op.Tool, Effect: op.Effect.String(), State: op.State.String(), Reason: op.Reason,
 		Attempt: op.Attempt, MaxAttempts: op.MaxAttempts, FencingToken: op.FencingToken,
 		ParamsSHA256: hex.EncodeToString(op.ParamsSHA256), PermitID: op.PermitID, RunID: op.RunID, Step: op.Step,
-		NeedsReview: op.NeedsReview, Overdue: overdue(op, now),
+		NeedsReview: op.NeedsReview, Overdue: overdue(op, ref.now),
 		CreatedAt: jsonTime(op.CreatedAt), UpdatedAt: jsonTime(op.UpdatedAt), LeaseExpiresAt: jsonTime(op.LeaseExpiresAt),
 		UnknownSince: jsonTime(op.UnknownSince), RecoveryDeadline: jsonTime(op.RecoveryDeadline),
 		RetainUntil: jsonTime(op.RetainUntil), ExpiresAt: jsonTime(op.ExpiresAt),
@@ -190,9 +191,9 @@ func writeJSON(w io.Writer, v any) error {
 
 // printOperation prints a record: JSON (with recorded, when not nil, and
 // the notices), or a readable block and its history.
-func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time, recorded *bool, notes notices) error {
+func printOperation(w io.Writer, o *options, op *client.Operation, ref timeRef, recorded *bool, notes notices) error {
 	if o.json {
-		return writeJSON(w, jsonDocument{jsonOperation: toJSON(op, now), Recorded: recorded, Notices: append([]jsonNotice{}, notes...)})
+		return writeJSON(w, jsonDocument{jsonOperation: toJSON(op, ref), Recorded: recorded, Notices: append([]jsonNotice{}, notes...)})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
@@ -213,21 +214,21 @@ func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time
 	row("result", resultText(op.Result))
 	row("failure", failureText(op.Failure))
 	row("needs review", yesNo(op.NeedsReview))
-	row("created", when(op.CreatedAt, now))
-	row("updated", when(op.UpdatedAt, now))
-	lease := when(op.LeaseExpiresAt, now)
-	if !op.LeaseExpiresAt.IsZero() && !now.Before(op.LeaseExpiresAt) {
-		lease = stamp(op.LeaseExpiresAt) + " (ended " + span(now.Sub(op.LeaseExpiresAt)) + " ago)"
+	row("created", ref.when(op.CreatedAt))
+	row("updated", ref.when(op.UpdatedAt))
+	lease := ref.when(op.LeaseExpiresAt)
+	if !op.LeaseExpiresAt.IsZero() && !ref.now.Before(op.LeaseExpiresAt) {
+		lease = stamp(op.LeaseExpiresAt) + " (ended " + ref.since(op.LeaseExpiresAt) + " ago)"
 	}
 	row("lease expires", lease)
-	row("unknown since", when(op.UnknownSince, now))
-	deadline := when(op.RecoveryDeadline, now)
-	if overdue(op, now) {
-		deadline = stamp(op.RecoveryDeadline) + " (OVERDUE by " + span(now.Sub(op.RecoveryDeadline)) + ")"
+	row("unknown since", ref.when(op.UnknownSince))
+	deadline := ref.when(op.RecoveryDeadline)
+	if overdue(op, ref.now) {
+		deadline = stamp(op.RecoveryDeadline) + " (OVERDUE by " + ref.since(op.RecoveryDeadline) + ")"
 	}
 	row("recovery deadline", deadline)
-	row("retain until", when(op.RetainUntil, now))
-	row("expires", when(op.ExpiresAt, now))
+	row("retain until", ref.when(op.RetainUntil))
+	row("expires", ref.when(op.ExpiresAt))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -253,11 +254,11 @@ func printOperation(w io.Writer, o *options, op *client.Operation, now time.Time
 
 // printList prints the unresolved operations: JSON (with the notices), or
 // a table.
-func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool, now time.Time, notes notices) error {
+func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool, ref timeRef, notes notices) error {
 	if o.json {
 		l := jsonList{Operations: []jsonOperation{}, Count: len(ops), Truncated: truncated, Notices: append([]jsonNotice{}, notes...)}
 		for _, op := range ops {
-			l.Operations = append(l.Operations, toJSON(op, now))
+			l.Operations = append(l.Operations, toJSON(op, ref))
 		}
 		return writeJSON(w, l)
 	}
@@ -266,7 +267,7 @@ func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool,
 	for _, op := range ops {
 		age := "-"
 		if !op.CreatedAt.IsZero() {
-			age = span(now.Sub(op.CreatedAt))
+			age = ref.since(op.CreatedAt)
 		}
 		since, deadline := "-", "-"
 		if !op.UnknownSince.IsZero() {
@@ -274,7 +275,7 @@ func printList(w io.Writer, o *options, ops []*client.Operation, truncated bool,
 		}
 		if !op.RecoveryDeadline.IsZero() {
 			deadline = shortStamp(op.RecoveryDeadline)
-			if overdue(op, now) {
+			if overdue(op, ref.now) {
 				deadline += " OVERDUE"
 			}
 		}
@@ -385,15 +386,94 @@ func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z
 // shortStamp is a time in UTC to the second, for tables.
 func shortStamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05Z07:00") }
 
+// skewTolerance is how far the store's clock may be seen ahead of this
+// machine's before relative times are marked as bounds.
+const skewTolerance = time.Second
+
+// timeRef is the "now" that relative times (ages, "ago", "in") are
+// reckoned from: this machine's clock, unless the answer holds a time the
+// store recorded after it (the store's clock is ahead). The store's clock
+// has passed every time it recorded, so then the latest of those is a
+// better "now": never after the store's, so the time since a recorded time
+// is never negative, and at least the one shown.
+type timeRef struct {
+	now time.Time
+	// behind is how far this machine's clock is behind the store's, at
+	// least, when that is skewTolerance or more (0 otherwise); relative
+	// times are then printed as bounds: ≥ since, ≤ until.
+	behind time.Duration
+}
+
+// reference is the timeRef for an answer holding ops, read when this
+// machine's clock said local.
+func reference(local time.Time, ops ...*client.Operation) timeRef {
+	return referenceAt(local, latestRecorded(local, ops...))
+}
+
+// latestRecorded is the latest of t and the times the store recorded in
+// ops (creation, update, UNKNOWN since, history).
+func latestRecorded(t time.Time, ops ...*client.Operation) time.Time {
+	for _, op := range ops {
+		for _, r := range []time.Time{op.CreatedAt, op.UpdatedAt, op.UnknownSince} {
+			if r.After(t) {
+				t = r
+			}
+		}
+		for _, h := range op.History {
+			if h.Time.After(t) {
+				t = h.Time
+			}
+		}
+	}
+	return t
+}
+
+// referenceAt is the timeRef when this machine's clock said local and the
+// latest time the store recorded in the answer is latest.
+func referenceAt(local, latest time.Time) timeRef {
+	if latest.Before(local) {
+		latest = local
+	}
+	r := timeRef{now: latest}
+	if d := latest.Sub(local); d >= skewTolerance {
+		r.behind = d
+	}
+	return r
+}
+
+// notice is the notice that this machine's clock is behind, or "".
+func (r timeRef) notice() string {
+	if r.behind == 0 {
+		return ""
+	}
+	return "this machine's clock is behind the store's by at least " + span(r.behind) + ": times relative to now are reckoned from " +
+		stamp(r.now) + ", the latest time the store recorded in this answer, and shown as bounds (≥ at least, ≤ at most);" +
+		" keep clocks in sync (NTP)"
+}
+
+// since is how long before the reference time t is (0 at most), marked as
+// a lower bound when the clock is behind.
+func (r timeRef) since(t time.Time) string {
+	s := span(max(r.now.Sub(t), 0))
+	if r.behind > 0 {
+		s = "≥" + s
+	}
+	return s
+}
+
 // when is a time with how long ago (or ahead) it is, or "-".
-func when(t, now time.Time) string {
+func (r timeRef) when(t time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	if d := now.Sub(t); d >= 0 {
-		return stamp(t) + " (" + span(d) + " ago)"
+	if !t.After(r.now) {
+		return stamp(t) + " (" + r.since(t) + " ago)"
 	}
-	return stamp(t) + " (in " + span(t.Sub(now)) + ")"
+	in := span(t.Sub(r.now))
+	if r.behind > 0 {
+		in = "≤" + in
+	}
+	return stamp(t) + " (in " + in + ")"
 }
 
 // span is a short duration: 450ms, 42s, 3m07s, 5h03m, 3d04h.
