@@ -336,17 +336,32 @@ func parse(args []string, env func(string) string) (*options, error) {
 		if bad == nil && !slices.Contains(globalFlags, f.Name) && !slices.Contains(commandFlags[cmd], f.Name) {
 			bad = usagef(cmd, "--%s is not a flag of %s", f.Name, cmd)
 		}
+		// An empty value is an unset variable, not the flag left out.
+		empty := bad == nil && f.Value.String() == ""
 		switch f.Name {
 		case "tls-ca", "tls-cert", "tls-key":
-			// An unset variable: without the file the connection would
-			// be plaintext (or without the client certificate).
-			if bad == nil && f.Value.String() == "" {
+			// Without the file the connection would be plaintext (or
+			// without the client certificate).
+			if empty {
 				bad = usagef(cmd, "--%s is empty", f.Name)
+			}
+		case "tool", "note":
+			// A list of every tool; a finding without its note.
+			if empty {
+				bad = usagef(cmd, "--%s is empty (leave the flag out for none)", f.Name)
 			}
 		case "failure-code", "failure-message":
 			o.failureSet = true
+			if empty {
+				bad = usagef(cmd, "--%s is empty (leave the flag out for none)", f.Name)
+			}
 		case "resource-id", "data":
+			// A result recorded without the id or data found, replayed
+			// to every retry.
 			o.resourceSet = true
+			if empty {
+				bad = usagef(cmd, "--%s is empty (leave the flag out for none)", f.Name)
+			}
 		}
 	})
 	if bad != nil {

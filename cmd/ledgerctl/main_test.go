@@ -1276,3 +1276,36 @@ func TestClockBehind(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptyValues: a flag given an empty value (an unset shell variable,
+// "--resource-id $RID") is bad usage, not the flag left out: a reconcile
+// would record a result without the resource id the operator meant (and
+// every retry of the agent would replay it), a finding without its
+// ticket, or a list of every tool instead of one.
+func TestEmptyValues(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	id := "wf-50:refund"
+	e.markUnknown(t, id, "payments.refund", "timeout")
+	for _, args := range [][]string{
+		{"reconcile", id, "applied", "--resource-id", ""},
+		{"reconcile", id, "applied", "--resource-id="},
+		{"reconcile", id, "applied", "--resource-id", "re_1", "--data", ""},
+		{"reconcile", id, "abandon", "--failure-code", ""},
+		{"reconcile", id, "abandon", "--failure-code", "X", "--failure-message", ""},
+		{"reconcile", id, "escalate", "--note", ""},
+		{"list-unresolved", "--tool", ""},
+	} {
+		flag := ""
+		for _, a := range args {
+			if strings.HasPrefix(a, "--") {
+				flag = strings.TrimSuffix(a, "=")
+			}
+		}
+		fails(t, env, 2, []string{"ledgerctl: " + flag + " is empty", "usage: ledgerctl"}, args...)
+	}
+	// Nothing was recorded.
+	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" || op.NeedsReview || len(op.History) != 2 {
+		t.Errorf("after the refused calls: %+v", op)
+	}
+}
