@@ -465,7 +465,7 @@ func TestOperatorWorkflow(t *testing.T) {
 
 		// Errors name the reason, once, on stderr.
 		o = fails(t, env, 1, nil, "lookup", "no-such-op")
-		if o.stderr != "ledgerctl: NOT_FOUND: no such operation\n" || o.stdout != "" {
+		if !strings.HasPrefix(o.stderr, "ledgerctl: NOT_FOUND: no such operation; ") || strings.Count(o.stderr, "\n") != 1 || o.stdout != "" {
 			t.Errorf("lookup of nothing: %s", o)
 		}
 		o = fails(t, env, 1, nil, "lookup", "--json", "no-such-op")
@@ -1307,5 +1307,27 @@ func TestEmptyValues(t *testing.T) {
 	// Nothing was recorded.
 	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" || op.NeedsReview || len(op.History) != 2 {
 		t.Errorf("after the refused calls: %+v", op)
+	}
+}
+
+// TestNotFoundOtherTenant: an operation of another tenant is NOT_FOUND to
+// these credentials; the error says that it may be so, rather than read as
+// "this operation does not exist".
+func TestNotFoundOtherTenant(t *testing.T) {
+	rdb := redistest.Shared(t).Client(t)
+	a, b := newLedgerEnv(t, rdb), newLedgerEnv(t, rdb)
+	id := "wf-60:refund"
+	a.markUnknown(t, id, "payments.refund", "timeout")
+	must(t, a.env, "lookup", id)
+	want := "only the tenant of its credentials"
+	fails(t, b.env, 1, []string{"ledgerctl: NOT_FOUND: no such operation; ", want}, "lookup", id)
+	o := fails(t, b.env, 1, nil, "--json", "reconcile", id, "abandon")
+	var je jsonError
+	if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "NOT_FOUND" || !strings.Contains(je.Hint, want) {
+		t.Errorf("--json = %v: %s", err, o)
+	}
+	// Not abandoned in tenant a.
+	if op := lookupJSON(t, a.env, id); op.State != "STATE_UNKNOWN" {
+		t.Errorf("after the other tenant's calls: %+v", op)
 	}
 }

@@ -575,6 +575,8 @@ func describe(o *options, err error) jsonError {
 		default:
 			d.Hint = "cannot reach the ledger at " + o.addr + ": check --addr (LEDGER_ADDR), that ledgerd runs there, and whether it serves TLS (--tls)"
 		}
+	case d.Reason == "NOT_FOUND":
+		d.Hint = "ledgerctl sees only the tenant of its credentials: check the operation id (exactly, spaces included) and that the key is of the operation's tenant"
 	case d.Reason == "STORE_UNAVAILABLE":
 		d.Hint = "the ledger cannot reach its store; retry the same command later"
 	case d.Reason == "OPERATION_IN_PROGRESS":
