@@ -1196,8 +1196,12 @@ func TestHistoryCut(t *testing.T) {
 	if strings.Contains(o.stdout, "not kept") || !strings.Contains(o.stdout, "- → RUNNING") {
 		t.Errorf("a whole history: %s", o)
 	}
-	if op := lookupJSON(t, env, whole); len(op.History) != 49 || op.HistoryTruncated == nil || *op.HistoryTruncated || op.HistoryNotKept != 0 {
-		t.Errorf("a whole history, --json: %d entries, truncated %v, not kept %d", len(op.History), op.HistoryTruncated, op.HistoryNotKept)
+	if o := must(t, env, "lookup", "--json", whole); !strings.Contains(o.stdout, `"history_truncated": false,`) ||
+		!strings.Contains(o.stdout, `"history_not_kept_at_least": 0`) {
+		t.Errorf("a whole history, --json: %s", o)
+	}
+	if op := lookupJSON(t, env, whole); len(op.History) != 49 || op.HistoryTruncated == nil || *op.HistoryTruncated || op.HistoryNotKept == nil || *op.HistoryNotKept != 0 {
+		t.Errorf("a whole history, --json: %d entries, truncated %v, not kept %v", len(op.History), op.HistoryTruncated, op.HistoryNotKept)
 	}
 
 	o = must(t, env, "lookup", cut)
@@ -1209,8 +1213,8 @@ func TestHistoryCut(t *testing.T) {
 	}
 	op := lookupJSON(t, env, cut)
 	if len(op.History) != 50 || op.History[0].FromState == "STATE_UNSPECIFIED" || op.History[0].Attempt != 6 ||
-		op.HistoryTruncated == nil || !*op.HistoryTruncated || op.HistoryNotKept != 6 {
-		t.Errorf("a cut history, --json: %d entries from %+v, truncated %v, not kept %d", len(op.History), op.History[0], op.HistoryTruncated, op.HistoryNotKept)
+		op.HistoryTruncated == nil || !*op.HistoryTruncated || op.HistoryNotKept == nil || *op.HistoryNotKept != 6 {
+		t.Errorf("a cut history, --json: %d entries from %+v, truncated %v, not kept %v", len(op.History), op.History[0], op.HistoryTruncated, op.HistoryNotKept)
 	}
 	if historyLimit != ledger.HistoryLimit {
 		t.Errorf("historyLimit %d, the ledger keeps %d", historyLimit, ledger.HistoryLimit)

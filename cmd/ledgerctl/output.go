@@ -55,7 +55,7 @@ type jsonOperation struct {
 	HistoryTruncated *bool `json:"history_truncated,omitempty"`
 	// HistoryNotKept is how many transitions before the first entry were
 	// dropped, at least (0 with a whole history).
-	HistoryNotKept int `json:"history_not_kept_at_least,omitempty"`
+	HistoryNotKept *int `json:"history_not_kept_at_least,omitempty"`
 }
 
 type jsonResult struct {
@@ -171,7 +171,7 @@ func toJSON(op *client.Operation, ref timeRef) jsonOperation {
 	}
 	if len(op.History) > 0 {
 		n, cut := notKept(op.History)
-		j.HistoryTruncated, j.HistoryNotKept = &cut, n
+		j.HistoryTruncated, j.HistoryNotKept = &cut, &n
 	}
 	for _, h := range op.History {
 		j.History = append(j.History, jsonHistory{
