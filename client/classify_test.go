@@ -111,6 +111,8 @@ func TestErrorsMatchTheirSentinels(t *testing.T) {
 		"NOT_FOUND":               ErrNotFound,
 		"INVALID_ARGUMENT":        ErrInvalidArgument,
 		"STORE_UNAVAILABLE":       ErrUnavailable,
+		"RATE_LIMITED":            ErrRateLimited,
+		"UNRESOLVED_LIMIT":        ErrQuotaExceeded,
 	} {
 		err := fromStatus(withInfo(codes.FailedPrecondition, reason))
 		var e *Error
@@ -123,11 +125,19 @@ func TestErrorsMatchTheirSentinels(t *testing.T) {
 	}
 	for c, want := range map[codes.Code]error{
 		codes.Unavailable: ErrUnavailable, codes.Unauthenticated: ErrUnauthenticated,
-		codes.PermissionDenied: ErrPermissionDenied, codes.ResourceExhausted: ErrRateLimited,
+		codes.PermissionDenied: ErrPermissionDenied, codes.ResourceExhausted: ErrMessageTooLarge,
 	} {
 		if err := fromStatus(status.Error(c, "m")); !errors.Is(err, want) {
 			t.Errorf("%v: %v", c, err)
 		}
+	}
+	// RESOURCE_EXHAUSTED is a rate limit only with the ledger's reason; bare,
+	// it is grpc-go's size limit, which no retry gets past.
+	if err := fromStatus(withInfo(codes.ResourceExhausted, "RATE_LIMITED")); !errors.Is(err, ErrRateLimited) || errors.Is(err, ErrMessageTooLarge) {
+		t.Errorf("RESOURCE_EXHAUSTED with RATE_LIMITED: %v", err)
+	}
+	if err := fromStatus(status.Error(codes.ResourceExhausted, "grpc: received message larger than max")); errors.Is(err, ErrRateLimited) || errors.Is(err, ErrQuotaExceeded) {
+		t.Errorf("bare RESOURCE_EXHAUSTED matches a back-off sentinel: %v", err)
 	}
 	if err := fromStatus(status.Error(codes.DeadlineExceeded, "m")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("DEADLINE_EXCEEDED: %v", err)

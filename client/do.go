@@ -35,6 +35,9 @@ const defaultReportTimeout = 10 * time.Second
 //     UNKNOWN operation.
 //   - ErrKeyReused, ErrKeyExpired, ErrInvalidArgument (an *Error): stop;
 //     never retry under a new key on your own.
+//   - ErrMessageTooLarge (an *Error): a Reserve, or its answer, exceeded a
+//     size limit of the gRPC transport; it is not repeated, and fn did not
+//     run.
 //   - ErrUnavailable: the ledger could not be reached, or gave no answer.
 //     Before an EXECUTE decision fn was not run. While recording how fn
 //     ended (the error says so), the outcome is not recorded: the
@@ -572,6 +575,8 @@ func replay(o *Operation) (Result, error) {
 // call runs one ledger call with the call timeout, repeating it while the
 // ledger is unavailable or the tenant is over its rate (at most
 // ledgerRetries more times, waiting the backoff or the RetryInfo's delay).
+// Only the ledger's RATE_LIMITED is a rate: a RESOURCE_EXHAUSTED without it
+// (ErrMessageTooLarge, a transport size limit) is returned at once.
 func (c *Client) call(ctx context.Context, f func(context.Context) error) error {
 	return c.callWaiting(ctx, ctx, f)
 }

@@ -69,6 +69,14 @@ var (
 	// caller; see *WaitDeadlineError. Its effect may exist: retry only under
 	// the same operation id.
 	ErrWaitDeadline = errors.New("wait deadline passed")
+	// ErrMessageTooLarge: a request or its response exceeded a size limit of
+	// the gRPC transport (a RESOURCE_EXHAUSTED status without the ledger's
+	// ErrorInfo: grpc-go's own answer, on the ledger's side for a request far
+	// over the ledger's size limit, on this side for a response larger than
+	// the connection's maximum receive size). It is no rate limit, and
+	// repeating the call cannot help: shrink the params or the result data,
+	// or raise the receive limit (grpc.MaxCallRecvMsgSize).
+	ErrMessageTooLarge = errors.New("message exceeds the gRPC transport's size limit")
 )
 
 var reasons = map[string]error{
@@ -89,12 +97,14 @@ var reasons = map[string]error{
 }
 
 var byCode = map[codes.Code]error{
-	codes.NotFound:          ErrNotFound,
-	codes.InvalidArgument:   ErrInvalidArgument,
-	codes.Unavailable:       ErrUnavailable,
-	codes.Unauthenticated:   ErrUnauthenticated,
-	codes.PermissionDenied:  ErrPermissionDenied,
-	codes.ResourceExhausted: ErrRateLimited,
+	codes.NotFound:         ErrNotFound,
+	codes.InvalidArgument:  ErrInvalidArgument,
+	codes.Unavailable:      ErrUnavailable,
+	codes.Unauthenticated:  ErrUnauthenticated,
+	codes.PermissionDenied: ErrPermissionDenied,
+	// Only the ledger's reasons (RATE_LIMITED, UNRESOLVED_LIMIT) say "back
+	// off"; without them, RESOURCE_EXHAUSTED is the transport's size limit.
+	codes.ResourceExhausted: ErrMessageTooLarge,
 }
 
 // FieldViolation is one bad request field.
@@ -119,6 +129,9 @@ type Error struct {
 func (e *Error) Error() string {
 	if e.Reason != "" {
 		return "ledger: " + e.Reason + ": " + e.Message
+	}
+	if e.sentinel == ErrMessageTooLarge {
+		return "ledger: " + e.Code.String() + ": " + ErrMessageTooLarge.Error() + " (not a rate limit; not retried): " + e.Message
 	}
 	return "ledger: " + e.Code.String() + ": " + e.Message
 }
