@@ -44,7 +44,13 @@ const defaultReportTimeout = 10 * time.Second
 //     operation stays claimed until its lease ends, then an irreversible
 //     one is UNKNOWN until reconciled. Never retry it under a new id.
 //   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
-//     result: the effect happened but the ledger did not record it.
+//     result: the effect happened but the ledger did not record it; it
+//     holds no other outcome, and the operation reconciles as applied.
+//   - *ConflictingOutcomeError (ErrConflictingOutcome, and
+//     ErrNeedsReconciliation), together with fn's result: the effect
+//     happened but the ledger records another outcome (the claim was gone
+//     by then); the error shows the record that stands. Escalate: never
+//     retry, the effect may already exist twice.
 //   - ctx's error, when it ends while Do waits. A claim that arrives after
 //     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run. So
 //     is one granted to a Reserve whose answer ctx's end cut off (Do looks,
@@ -337,7 +343,9 @@ func firstRenewal(end time.Time, lease time.Duration) time.Duration {
 }
 
 // succeed records fn's result. The ledger's record wins over fn's result
-// when a reconciler recorded the effect first.
+// when a reconciler recorded the effect first. A report the ledger refuses
+// because it holds another outcome returns a *ConflictingOutcomeError; one
+// it does not record otherwise, a *NotRecordedError.
 func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result, error) {
 	out.Attempt, out.Replayed = o.Attempt, false
 	if _, err := resultToProto(out); err != nil {
@@ -354,6 +362,16 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 		done, err = c.Complete(ctx, o.ID, o.FencingToken, out)
 		return err
 	})
+	if errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCompletionConflict) {
+		// The ledger holds another outcome: it will not reconcile this
+		// effect as applied. Read what stands, for whoever must sort it out.
+		var now *Operation
+		_ = c.report(ctx, func(ctx context.Context) (err error) {
+			now, err = c.Lookup(ctx, o.ID)
+			return err
+		})
+		return out, &ConflictingOutcomeError{Operation: now, Attempt: o.Attempt, Err: err}
+	}
 	if err != nil {
 		return out, &NotRecordedError{Err: err}
 	}

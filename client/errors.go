@@ -61,9 +61,19 @@ var (
 	// call or by the ledger's max attempts (RETRIES_EXHAUSTED).
 	ErrRetriesExhausted = errors.New("retries exhausted")
 	// ErrCompletionNotRecorded: fn's effect happened and its result is
-	// returned, but the ledger did not record it (unreachable, or the claim
-	// was gone). The operation surfaces as UNKNOWN and reconciles as applied.
+	// returned, but the ledger did not record it (it gave no answer, or
+	// refused the report as malformed), and holds no other outcome for the
+	// attempt: the operation surfaces as UNKNOWN and reconciles as applied.
+	// When the ledger records another outcome instead, Do returns
+	// ErrConflictingOutcome.
 	ErrCompletionNotRecorded = errors.New("completion not recorded")
+	// ErrConflictingOutcome: fn's effect happened and its result is
+	// returned, but the ledger refused to record it because it holds another
+	// outcome (the attempt's claim was gone: a reconciler found nothing and
+	// another attempt claimed the operation, or recorded another outcome);
+	// see *ConflictingOutcomeError. The record does not reflect the effect,
+	// which may have been applied twice: escalate, never retry.
+	ErrConflictingOutcome = errors.New("the effect happened but the ledger records another outcome")
 	// ErrWaitDeadline: Do stopped waiting at the wait deadline its context
 	// carries (WithWaitDeadline) before the operation settled for this
 	// caller; see *WaitDeadlineError. Its effect may exist: retry only under
@@ -269,7 +279,11 @@ func (e *ExhaustedError) Is(target error) bool {
 func (e *ExhaustedError) Unwrap() error { return e.Err }
 
 // NotRecordedError is returned with fn's result when the effect happened but
-// the ledger did not record the completion.
+// the ledger did not record the completion: it gave no answer (Err matches
+// ErrUnavailable), or refused the report itself (result data it cannot
+// carry). The ledger holds no other outcome for the attempt, so the
+// operation surfaces as UNKNOWN and reconciles as applied. A report refused
+// because the ledger holds another outcome is a *ConflictingOutcomeError.
 type NotRecordedError struct{ Err error }
 
 // Error describes it.
@@ -282,6 +296,51 @@ func (e *NotRecordedError) Is(target error) bool { return target == ErrCompletio
 
 // Unwrap returns why the ledger did not record it.
 func (e *NotRecordedError) Unwrap() error { return e.Err }
+
+// ConflictingOutcomeError is returned by Do, with fn's result, when fn's
+// effect happened but the ledger refused to record it because it holds
+// another outcome for the operation: the attempt's claim was gone
+// (STALE_FENCING_TOKEN: its lease ended, a reconciler recorded NOT_APPLIED
+// or abandoned it, another attempt claimed it) or another outcome was
+// recorded with its token (COMPLETION_CONFLICT). Unlike *NotRecordedError,
+// nothing will reconcile it as applied: the record says otherwise, another
+// attempt may be applying the effect again, and a later call may replay a
+// result or failure that is not this effect's. A human compares the
+// destination with the record.
+//
+// It matches ErrConflictingOutcome and ErrNeedsReconciliation (stop and
+// escalate), not ErrCompletionNotRecorded, and unwraps to the ledger's
+// refusal.
+type ConflictingOutcomeError struct {
+	// Operation is the record that stands, as read after the refusal; nil
+	// when it could not be read.
+	Operation *Operation
+	// Attempt is the attempt whose effect happened.
+	Attempt uint32
+	// Err is the ledger's refusal (ErrStaleToken or ErrCompletionConflict).
+	Err error
+}
+
+// Error describes it, with the record that stands.
+func (e *ConflictingOutcomeError) Error() string {
+	msg := fmt.Sprintf("attempt %d applied the effect but the ledger records another outcome", e.Attempt)
+	if o := e.Operation; o != nil {
+		msg += fmt.Sprintf(": operation %s is %s (attempt %d", o.ID, o.State, o.Attempt)
+		if o.Reason != "" {
+			msg += ", " + o.Reason
+		}
+		msg += ")"
+	}
+	return msg + "; escalate, do not retry: " + e.Err.Error()
+}
+
+// Is matches ErrConflictingOutcome and ErrNeedsReconciliation.
+func (e *ConflictingOutcomeError) Is(target error) bool {
+	return target == ErrConflictingOutcome || target == ErrNeedsReconciliation
+}
+
+// Unwrap returns the ledger's refusal.
+func (e *ConflictingOutcomeError) Unwrap() error { return e.Err }
 
 // WaitDeadlineError is returned by Do when the wait deadline its context
 // carries (WithWaitDeadline) came while Do waited, or before it could send

@@ -120,7 +120,10 @@
 // deadline ended (client.ErrWaitDeadline), except that the run ends with
 // status "deadline".
 // A result that the ledger failed to record (client.ErrCompletionNotRecorded)
-// is handed to the model as a success: the effect happened. Result data that
+// is handed to the model as a success: the effect happened. One the ledger
+// refused because it records another outcome (client.ErrConflictingOutcome,
+// which also matches client.ErrNeedsReconciliation) ends the run like the
+// ledger's other stop signals: a human sorts it out. Result data that
 // google.protobuf.Struct cannot carry as it is ([]string, map[string]string,
 // structs...) is converted to JSON values before Do records it.
 //

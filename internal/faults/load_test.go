@@ -305,6 +305,8 @@ func (l *load) count(kind string) {
 
 func errKind(err error) string {
 	switch {
+	case errors.Is(err, client.ErrConflictingOutcome):
+		return "effect recorded otherwise"
 	case errors.Is(err, client.ErrCompletionNotRecorded):
 		return "effect not recorded"
 	case errors.Is(err, client.ErrRetriesExhausted):
