@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -107,5 +108,73 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswerWasLostWhenTheCallerGaveUp(t *tes
 	}
 	if _, err := e.c.Lookup(context.Background(), gone.ID); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("Lookup after a Do whose context had ended = %v, want ErrNotFound", err)
+	}
+}
+
+// Every answer to Do's Reserve is lost (the ledger processed each one; the
+// connection dropped on the way back) until the SDK's ledger retries are
+// used up: Do returns ErrUnavailable, and fn never ran. The claim the
+// ledger granted is returned all the same (Do looks, finds the operation
+// RUNNING, and recovers the claim under the same holder), so an
+// irreversible operation is claimable again rather than left RUNNING until
+// its lease ends and then UNKNOWN, paging someone to reconcile an attempt
+// that never ran.
+func TestDoReturnsTheClaimOfAReserveWhoseAnswersWereAllLost(t *testing.T) {
+	dr, drop := withDropper()
+	e := newEnv(t, redistest.Shared(t).Client(t), drop, client.WithLedgerRetries(2))
+	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
+	op.Effect = client.EffectIrreversible
+	var applied atomic.Int32
+	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		applied.Add(1)
+		return client.Result{ResourceID: "re_1"}, nil
+	}
+	dr.arm("Reserve", 3) // the first Reserve and its 2 repeats
+	if _, err := e.c.Do(context.Background(), op, fn); !errors.Is(err, client.ErrUnavailable) {
+		t.Fatalf("Do = %v, want ErrUnavailable", err)
+	}
+	if n := applied.Load(); n != 0 {
+		t.Fatalf("fn ran %d times, want 0", n)
+	}
+	o, err := e.c.Lookup(context.Background(), op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
+		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
+	}
+	// The next call runs it, once.
+	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
+		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
+	}
+}
+
+// The answer to Do's Reserve is lost (the ledger processed it), and the
+// wait deadline ends the backoff before the Reserve is repeated: Do
+// returns a *WaitDeadlineError, fn never ran, and the claim the ledger
+// granted is returned rather than left to expire into UNKNOWN.
+func TestDoReturnsTheClaimOfALostReserveWhenTheWaitDeadlineEndsTheRepeat(t *testing.T) {
+	dr, drop := withDropper()
+	slow := client.WithBackoff(client.Backoff{Base: time.Minute, Max: time.Minute}) // the repeat waits past the deadline
+	e := newEnv(t, redistest.Shared(t).Client(t), drop, slow)
+	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
+	op.Effect = client.EffectIrreversible
+	var applied atomic.Int32
+	dr.arm("Reserve", 1)
+	ctx := client.WithWaitDeadline(context.Background(), time.Now().Add(2*time.Second))
+	_, err := e.c.Do(ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		applied.Add(1)
+		return client.Result{ResourceID: "re_1"}, nil
+	})
+	waitDeadlineError(t, err, client.WaitLedger)
+	if n := applied.Load(); n != 0 {
+		t.Fatalf("fn ran %d times, want 0", n)
+	}
+	o, err := e.c.Lookup(context.Background(), op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
+		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
 	}
 }

@@ -39,8 +39,10 @@ const defaultReportTimeout = 10 * time.Second
 //     size limit of the gRPC transport; it is not repeated, and fn did not
 //     run.
 //   - ErrUnavailable: the ledger could not be reached, or gave no answer.
-//     Before an EXECUTE decision fn was not run. While recording how fn
-//     ended (the error says so), the outcome is not recorded: the
+//     Before an EXECUTE decision fn was not run; a claim the ledger granted
+//     to a Reserve whose answers were all lost is returned unused
+//     (FAILED_RETRYABLE), as after ctx ends (see below). While recording
+//     how fn ended (the error says so), the outcome is not recorded: the
 //     operation stays claimed until its lease ends, then an irreversible
 //     one is UNKNOWN until reconciled. Never retry it under a new id.
 //   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
@@ -111,9 +113,14 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 		if err != nil {
 			var cut *waitCutError
 			if errors.As(err, &cut) {
+				if sent && unanswered(cut.err) {
+					c.returnLostClaim(ctx, op, holder)
+				}
 				return Result{}, deadline(cut.wait, last, cut.err)
 			}
-			if ctx.Err() != nil && sent {
+			if sent && (ctx.Err() != nil || unanswered(err)) {
+				// The ledger may have granted a claim whose answer never
+				// arrived: fn does not run on it, so it is returned.
 				c.returnLostClaim(ctx, op, holder)
 			}
 			return Result{}, err
@@ -402,16 +409,24 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 	return &FailedError{Code: code, Reason: "FAILED_FINAL", Err: ferr}
 }
 
-// returnLostClaim is for a caller that gave up while its Reserve was on the
-// way: the ledger may have granted the claim all the same. If it did, the
-// claim is returned (FAILED_RETRYABLE: fn never ran) rather than left to
-// expire, which would turn an irreversible operation UNKNOWN and call for
-// the reconciliation of an attempt that never ran. Only a RUNNING record is
-// touched: Reserve again under the same holder then recovers this call's
-// claim (EXECUTE, same token) or says someone else holds it; a record that
-// does not exist (the Reserve never arrived) is not created. Each call
-// within the call timeout, best effort: a failure leaves the claim to its
-// lease, as before.
+// unanswered says whether a ledger call's err leaves open that the ledger
+// processed it: no answer arrived (unavailable, timed out, cut off).
+func unanswered(err error) bool {
+	return errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// returnLostClaim is for a call whose Reserve got no answer: the caller
+// gave up while it was on the way, or every answer was lost until the
+// ledger retries were used up (or the wait deadline ended the wait before
+// the next repeat). The ledger may have granted the claim all the same. If
+// it did, the claim is returned (FAILED_RETRYABLE: fn never ran) rather
+// than left to expire, which would turn an irreversible operation UNKNOWN
+// and call for the reconciliation of an attempt that never ran. Only a
+// RUNNING record is touched: Reserve again under the same holder then
+// recovers this call's claim (EXECUTE, same token) or says someone else
+// holds it; a record that does not exist (the Reserve never arrived) is not
+// created. All within one call timeout, best effort: a failure leaves the
+// claim to its lease, as before.
 func (c *Client) returnLostClaim(ctx context.Context, op Op, holder string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.callTimeout)
 	defer cancel()
