@@ -63,7 +63,10 @@
 //     the same tool and the same canonical arguments; when this call would be
 //     the RepeatLimit-th, it is not run (its result says so, so that a
 //     resumed run goes on to the model) and the run ends with "repetition".
-//     Map key order, and 1 versus 1.0, do not make arguments different.
+//     Map key order, and 1 versus 1.0, do not make arguments different;
+//     nor do []string{"a"} and []any{"a"}: arguments with Go types of their
+//     own ([]string, map[string]string, []int, structs...) are taken as
+//     their JSON encoding, here and for the ledger, as result data is.
 //     The guard bounds a looping model's cost; it does not deduplicate
 //     effects: two calls with different call ids are two intents for the
 //     ledger (at most RepeatLimit-1 of them run), while a call id sent again

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -342,11 +343,104 @@ func (s *run) idTaken(c ToolCall) bool {
 
 // repeatKey identifies a call's tool and canonical arguments.
 func repeatKey(c ToolCall) (string, error) {
-	fp, err := fingerprint.Compute(c.Args, nil)
+	args, err := callArgs(c)
+	if err != nil {
+		return "", err
+	}
+	fp, err := fingerprint.Compute(args, nil)
 	if err != nil {
 		return "", err
 	}
 	return c.Name + "\x00" + fp.String(), nil
+}
+
+// callArgs returns a call's arguments as the ledger fingerprints them: as
+// they are when they have a canonical form, otherwise as JSON values, the
+// way result data is converted ([]string, map[string]string, []int,
+// structs...), so that the same arguments built in Go or decoded from JSON
+// are the same request. Integers stay exact in the conversion: one that a
+// double cannot carry is refused, as it is unconverted. Arguments with no
+// JSON form are refused with the fingerprint's error (it names the field,
+// never a value).
+func callArgs(c ToolCall) (map[string]any, error) {
+	_, cerr := fingerprint.Canonical(c.Args)
+	if cerr == nil {
+		return c.Args, nil
+	}
+	out, err := decodeJSON(c.Args, true)
+	if err != nil {
+		return nil, cerr
+	}
+	if err := exactIntegers(out); err != nil {
+		return nil, err
+	}
+	if _, err := fingerprint.Canonical(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decodeJSON returns m's JSON encoding decoded again: map[string]any,
+// []any, string, bool, nil, and float64 or, with numbers, json.Number.
+func decodeJSON(m map[string]any, numbers bool) (map[string]any, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if numbers {
+		dec.UseNumber()
+	}
+	var out map[string]any
+	if err := dec.Decode(&out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// errNotADouble refuses a number in arguments that no IEEE 754 double
+// carries exactly (an integer beyond the int64 range, or beyond the double
+// range).
+var errNotADouble = fmt.Errorf("%w: a number is not exactly representable as an IEEE 754 double", fingerprint.ErrNotCanonical)
+
+// exactIntegers replaces, in place, the json.Number values of v (decoded
+// with decodeJSON) by int64 for integers, which the fingerprint refuses
+// when a double cannot carry them exactly, and float64 otherwise.
+func exactIntegers(v any) error {
+	convert := func(x any) (any, error) {
+		n, ok := x.(json.Number)
+		if !ok {
+			return x, exactIntegers(x)
+		}
+		if !strings.ContainsAny(string(n), ".eE") {
+			i, err := n.Int64()
+			if err != nil {
+				return nil, errNotADouble
+			}
+			return i, nil
+		}
+		f, err := n.Float64()
+		if err != nil {
+			return nil, errNotADouble // its message would quote the value
+		}
+		return f, nil
+	}
+	var err error
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if x[k], err = convert(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if x[i], err = convert(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // runCall runs one call. A non-nil stop error ends the run (the call stays
@@ -365,12 +459,13 @@ func (s *run) runCall(ctx context.Context, c ToolCall, argsErr error) (res ToolR
 		res.Error = "invalid arguments: " + argsErr.Error()
 		return res, nil
 	}
-	fp, _ := fingerprint.Compute(c.Args, nil) // argsErr is nil
+	args, _ := callArgs(c)                  // argsErr is nil
+	fp, _ := fingerprint.Compute(args, nil) // likewise
 	lc := logCall{run: s, call: c, sha: fp.String()}
 	if !t.Mutating {
 		return s.runDirect(ctx, t, c, lc), nil
 	}
-	return s.runMutating(ctx, t, c, lc)
+	return s.runMutating(ctx, t, c, args, lc)
 }
 
 // runDirect runs a non-mutating tool: one attempt, bounded by its timeout.
@@ -428,11 +523,12 @@ func (s *run) runDirect(ctx context.Context, t Tool, c ToolCall, lc logCall) (re
 	return res
 }
 
-// runMutating runs a mutating tool through the ledger.
-func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, lc logCall) (ToolResult, error) {
+// runMutating runs a mutating tool through the ledger; args are the call's
+// arguments as callArgs returns them.
+func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, args map[string]any, lc logCall) (ToolResult, error) {
 	res := ToolResult{CallID: c.ID, Tool: c.Name}
 	op := client.Op{
-		ID: s.in.RunID + ":" + c.ID, Tool: c.Name, Params: c.Args,
+		ID: s.in.RunID + ":" + c.ID, Tool: c.Name, Params: args,
 		PermitID: s.in.PermitID, RunID: s.in.RunID, Step: uint32(s.steps),
 	}
 	// fn runs on Do's goroutine, synchronously. proven stays true while
@@ -505,12 +601,8 @@ func jsonData(data map[string]any) map[string]any {
 	if _, err := structpb.NewStruct(data); err == nil {
 		return data
 	}
-	b, err := json.Marshal(data)
+	out, err := decodeJSON(data, false)
 	if err != nil {
-		return data
-	}
-	var out map[string]any
-	if json.Unmarshal(b, &out) != nil {
 		return data
 	}
 	return out

@@ -78,7 +78,11 @@ type ToolCall struct {
 	// Name is the tool's name.
 	Name string
 	// Args are the arguments: JSON-like values (map[string]any, []any,
-	// string, float64, int, bool, nil). nil is the empty object.
+	// string, float64, int, bool, nil). nil is the empty object. Other Go
+	// values ([]string, map[string]string, []int, structs...) are
+	// fingerprinted and sent to the ledger as their JSON encoding, as
+	// result data is, so they are the same request as the JSON values
+	// they encode to; the tool gets Args as they are.
 	Args map[string]any
 }
 
