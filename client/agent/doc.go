@@ -134,7 +134,9 @@
 //
 // Config.Checkpoint is called with the transcript after every message the
 // Runner adds (the model's turn before its calls run, then each tool
-// result). To resume after a crash, call Run with the same RunID and the
+// result), on a context that the caller's end does not cancel (for at most
+// 10s): an effect the ledger recorded after the caller gave up is saved
+// too. To resume after a crash, call Run with the same RunID and the
 // last saved transcript: calls of the last model turn that have no result
 // are sent again first (same call ids, so mutating ones replay or reconcile),
 // then the loop goes on. The caller may append messages to the saved

@@ -654,6 +654,10 @@ func (s *run) toolCall(c ToolCall, a client.Attempt) Call {
 	return Call{RunID: s.in.RunID, Step: s.steps, ID: c.ID, Tool: c.Name, Args: c.Args, Attempt: a}
 }
 
+// checkpointTimeout bounds each Config.Checkpoint call, which runs even
+// when the caller's context has ended.
+const checkpointTimeout = 10 * time.Second
+
 // addMessage puts m at index i of the transcript (len(s.transcript) appends
 // it) and saves the transcript. Inserting before the end makes a new slice:
 // the model and the checkpoint may still hold the old one, which must not
@@ -672,7 +676,12 @@ func (s *run) addMessage(ctx context.Context, i int, m Message) (o Outcome, stop
 			o, stop = s.end(StatusError, "the checkpoint panicked", &PanicError{Where: "checkpoint", Value: p, Stack: debug.Stack()}), true
 		}
 	}()
-	if err := s.checkpoint(ctx, s.in.RunID, slices.Clip(s.transcript)); err != nil {
+	// The message may record an effect the ledger has recorded past the
+	// caller's end (Do reports on its own): the checkpoint is saved on a
+	// context that the caller's end does not cancel, for a bounded time.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
+	defer cancel()
+	if err := s.checkpoint(cctx, s.in.RunID, slices.Clip(s.transcript)); err != nil {
 		return s.end(StatusError, "the transcript could not be saved", fmt.Errorf("agent: checkpoint: %w", err)), true
 	}
 	return Outcome{}, false

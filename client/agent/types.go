@@ -220,6 +220,10 @@ type Config struct {
 	// adds, with the whole transcript (do not modify it). An error ends
 	// the run with status "error": a runtime that cannot save its state must
 	// not go on. Resume by calling Run with the last saved transcript.
+	// Its context carries Run's values but not its cancellation: it ends
+	// 10s after the call starts, so that a message recording an effect
+	// (which the ledger records past the caller's end) is saved even when
+	// the caller's context has ended meanwhile.
 	Checkpoint func(ctx context.Context, runID string, transcript []Message) error
 }
 
