@@ -355,7 +355,8 @@ func (c *Client) Lookup(ctx context.Context, id string) (*Operation, error) {
 }
 
 // Reconcile records what the destination says about an operation (about
-// the attempt with f.FencingToken, when set).
+// the attempt with f.FencingToken, when set), and returns the record after
+// it with its history (a ledger older than that returns it without).
 func (c *Client) Reconcile(ctx context.Context, id string, f Finding) (*Operation, error) {
 	req := &ledgerv1.ReconcileRequest{OperationId: id, Finding: f.Kind, Note: f.Note, FencingToken: f.FencingToken}
 	if f.Kind == Applied {

@@ -292,7 +292,7 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // and note from the same principal, about the same attempt, or about any
 // attempt without req.FencingToken) returns the record and changes nothing,
 // whatever happened since; a second finding about one attempt needs a new
-// note.
+// note. The record returned carries its history, as Lookup's does.
 //
 // May return an *Error of KindInvalid, KindInProgress (a live lease; see
 // RetryAfter), KindAlreadyResolved, KindStaleToken, KindNotFound,
@@ -325,12 +325,20 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	if req.FencingToken != 0 {
 		token = strconv.FormatUint(req.FencingToken, 10)
 	}
-	o, err := l.update(ctx, op, reconcileScript, who, req.OperationID,
+	// The script's reply is the whole stored record, history included: the
+	// snapshot carries it at no extra round trip.
+	code, aux, rec, _, err := l.run(ctx, op, reconcileScript, l.keys.op(who.Tenant, req.OperationID), who.ID,
 		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note, token)
-	if err == nil {
-		l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
+	if err != nil {
+		return nil, err
 	}
-	return o, err
+	if code != codeOK {
+		return nil, l.codeError(op, who.Tenant, req.OperationID, code, aux, rec)
+	}
+	o := toOperation(req.OperationID, rec)
+	o.History = parseHistory(rec.history, o.CreatedAt)
+	l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
+	return o, nil
 }
 
 // Lookup reads one operation with its history.

@@ -169,8 +169,8 @@ type Operation struct {
 	ExpiresAt        time.Time // when terminal: end of the record's retention
 	MaxAttempts      uint32
 
-	// History is filled by Lookup only: the latest HistoryLimit transitions,
-	// oldest first.
+	// History is filled by Lookup and Reconcile only: the latest
+	// HistoryLimit transitions, oldest first.
 	History []HistoryEntry
 }
 

@@ -197,7 +197,10 @@ func TestOneRoundTripPerRPC(t *testing.T) {
 					return err
 				}},
 				{"Reconcile", func() error {
-					_, err := c.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: "wf-1:refund", Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
+					res, err := c.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: "wf-1:refund", Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
+					if err == nil && len(res.GetOperation().GetHistory()) != 3 {
+						err = fmt.Errorf("history has %d entries, want 3", len(res.GetOperation().GetHistory()))
+					}
 					return err
 				}},
 				{"Reserve (claim)", reserve},

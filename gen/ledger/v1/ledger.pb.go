@@ -644,7 +644,8 @@ type Operation struct {
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// How many attempts the policy allows.
 	MaxAttempts uint32 `protobuf:"varint,22,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
-	// The transitions, oldest first (the latest 50 are kept). Filled by Lookup.
+	// The transitions, oldest first (the latest 50 are kept). Filled by Lookup
+	// and Reconcile.
 	History       []*HistoryEntry `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1493,7 +1494,10 @@ func (x *ReconcileRequest) GetFencingToken() uint64 {
 // ReconcileResponse carries the record after reconciliation.
 type ReconcileResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The record after reconciliation.
+	// The record after reconciliation, with its history as Lookup returns it,
+	// read in the same step. The latest entry is this call's finding unless
+	// the call changed nothing (a repeat, an escalation of an operation
+	// already escalated, or the same finding on a resolved operation).
 	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -95,6 +95,7 @@ type LedgerServiceClient interface {
 	// that took effect (the same finding and note from the same principal,
 	// about the same attempt) succeeds again and changes nothing, whatever
 	// happened since; a second finding about one attempt needs a new note.
+	// The response carries the record with its history, as Lookup does.
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
 	// heartbeat.
@@ -220,6 +221,7 @@ type LedgerServiceServer interface {
 	// that took effect (the same finding and note from the same principal,
 	// about the same attempt) succeeds again and changes nothing, whatever
 	// happened since; a second finding about one attempt needs a new note.
+	// The response carries the record with its history, as Lookup does.
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
 	// heartbeat.

@@ -110,6 +110,7 @@ class LedgerServiceServicer(object):
         that took effect (the same finding and note from the same principal,
         about the same attempt) succeeds again and changes nothing, whatever
         happened since; a second finding about one attempt needs a new note.
+        The response carries the record with its history, as Lookup does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
