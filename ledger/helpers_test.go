@@ -17,8 +17,8 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// testPolicy gives the tests short leases and retentions where they need
-// them; everything else has the defaults (max_attempts lowered to 3).
+// testPolicy gives the tests short leases, retentions and recovery windows
+// where they need them; everything else has the defaults (max_attempts lowered to 3).
 const testPolicy = `
 defaults:
   max_attempts: 3
@@ -40,6 +40,8 @@ tools:
     tombstone_retention: 1h
   - match: "fields.*"
     consequential_fields: ["/amount", "/currency"]
+  - match: "overdue.*"
+    recovery_window: 1ms
 `
 
 // env is one ledger on one backend, with a tenant of its own.

@@ -58,6 +58,8 @@ type Ledger struct {
 	observe  Observer
 	waitN    int
 	waitFor  time.Duration
+	// listScan is maxListScan; the tests lower it to see short pages.
+	listScan int
 }
 
 // New returns a Ledger storing its records through rdb.
@@ -72,7 +74,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 		}
 	}
 	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer,
-		waitN: opts.WaitReplicas, waitFor: opts.WaitTimeout}
+		waitN: opts.WaitReplicas, waitFor: opts.WaitTimeout, listScan: maxListScan}
 	if l.waitFor <= 0 {
 		l.waitFor = 100 * time.Millisecond
 	}

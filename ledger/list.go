@@ -23,9 +23,12 @@ const (
 
 // ListUnresolved pages through the tenant's operations that are not terminal
 // and not under a live lease: PENDING, UNKNOWN (escalated ones included) and
-// RUNNING past its lease, oldest first (by creation). A page may hold fewer
-// than PageSize operations while NextPageToken is set: keep paging until it
-// is empty.
+// RUNNING past its lease, oldest first (by creation). The request's filters
+// (States, Tool, Overdue, NeedsReview) narrow them down, all of them at once;
+// Overdue compares the recovery deadline with the store's time, read with
+// the records. A page may hold fewer than PageSize operations (none, even)
+// while NextPageToken is set, since one call stops after examining about
+// maxListScan index entries: keep paging until it is empty.
 //
 // May return an *Error of KindInvalid or KindUnavailable.
 func (l *Ledger) ListUnresolved(ctx context.Context, who Principal, req ListRequest) (*ListPage, error) {
@@ -91,7 +94,7 @@ outer:
 			cursor = ""
 			break
 		}
-		if scanned >= maxListScan {
+		if scanned >= l.listScan {
 			break
 		}
 	}
@@ -112,6 +115,12 @@ func listable(o *Operation, now time.Time, req ListRequest) bool {
 		return false
 	}
 	if len(req.States) > 0 && !slices.Contains(req.States, o.State) {
+		return false
+	}
+	if req.Overdue && (o.State != StateUnknown || o.RecoveryDeadline.IsZero() || o.RecoveryDeadline.After(now)) {
+		return false
+	}
+	if req.NeedsReview && !o.NeedsReview {
 		return false
 	}
 	return req.Tool == "" || o.Tool == req.Tool

@@ -109,3 +109,140 @@ func ids(ops []*Operation) []string {
 	}
 	return out
 }
+
+// TestListUnresolvedFilters: Overdue and NeedsReview select on the ledger's
+// side, alone, together (AND) and with States and Tool, over pages of every
+// size, and over short pages when a call may examine only a few index
+// entries: each matching operation is listed once, in order.
+func TestListUnresolvedFilters(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		var overdue, review, both, overdueRefund []string
+		var deadlines []time.Time
+		execute := func(id, tool string) *Operation {
+			time.Sleep(2 * time.Millisecond) // distinct creation times
+			return e.execute(t, id, tool)
+		}
+		unknown := func(id, tool string) *Operation {
+			o := execute(id, tool)
+			u, err := e.markUnknown(t, id, o.FencingToken)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tool != "payments.refund" {
+				deadlines = append(deadlines, u.RecoveryDeadline)
+			}
+			return u
+		}
+		escalate := func(id string) {
+			if _, err := e.reconcile(t, id, FindingEscalate, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// overdue.* tools have a recovery window of 1ms; payments.* the
+		// default 15 minutes.
+		for i := range 3 {
+			n := fmt.Sprint(i)
+			tool := "overdue.refund"
+			if i == 1 {
+				tool = "overdue.charge"
+			}
+			unknown("late-"+n, tool)
+			overdue = append(overdue, "late-"+n)
+			if tool == "overdue.refund" {
+				overdueRefund = append(overdueRefund, "late-"+n)
+			}
+			unknown("fresh-"+n, "payments.refund")
+			p := execute("pending-"+n, "overdue.refund")
+			if _, err := e.complete(t, "pending-"+n, p.FencingToken, OutcomeFailedRetryable, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			unknown("late-escalated-"+n, "overdue.refund")
+			escalate("late-escalated-" + n)
+			overdue = append(overdue, "late-escalated-"+n)
+			overdueRefund = append(overdueRefund, "late-escalated-"+n)
+			review = append(review, "late-escalated-"+n)
+			both = append(both, "late-escalated-"+n)
+			unknown("fresh-escalated-"+n, "payments.refund")
+			escalate("fresh-escalated-" + n)
+			review = append(review, "fresh-escalated-"+n)
+			// Overdue once, then found not applied: PENDING, neither.
+			unknown("found-"+n, "overdue.refund")
+			if _, err := e.reconcile(t, "found-"+n, FindingNotApplied, nil); err != nil {
+				t.Fatal(err)
+			}
+			// Overdue and escalated once, then resolved: not listed.
+			unknown("done-"+n, "overdue.refund")
+			escalate("done-" + n)
+			if _, err := e.reconcile(t, "done-"+n, FindingApplied, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.execute(t, "live", "overdue.refund") // a live lease: not listed
+		// Past every 1ms recovery deadline, by the store's clock.
+		for {
+			now, err := e.rdb.Time(e.ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !now.Before(slices.MaxFunc(deadlines, time.Time.Compare)) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+
+		for _, c := range []struct {
+			name string
+			req  ListRequest
+			want []string
+		}{
+			{"overdue", ListRequest{Overdue: true}, overdue},
+			{"needs review", ListRequest{NeedsReview: true}, review},
+			{"overdue and needs review", ListRequest{Overdue: true, NeedsReview: true}, both},
+			{"overdue of a tool", ListRequest{Overdue: true, Tool: "overdue.refund"}, overdueRefund},
+			{"overdue among UNKNOWN and PENDING", ListRequest{Overdue: true, States: []State{StateUnknown, StatePending}}, overdue},
+			{"overdue among PENDING", ListRequest{Overdue: true, States: []State{StatePending}}, nil},
+			{"needs review among RUNNING", ListRequest{NeedsReview: true, States: []State{StateRunning}}, nil},
+			{"needs review of a tool", ListRequest{NeedsReview: true, Tool: "payments.refund"},
+				[]string{"fresh-escalated-0", "fresh-escalated-1", "fresh-escalated-2"}},
+		} {
+			for _, scan := range []int{maxListScan, 3} {
+				e.l.listScan = scan
+				for _, size := range []int{0, 1, 2, 4} {
+					req := c.req
+					req.PageSize = size
+					var got []string
+					short := false
+					pages := 0
+					for {
+						page, err := e.l.ListUnresolved(e.ctx, e.who, req)
+						if err != nil {
+							t.Fatalf("%s: %v", c.name, err)
+						}
+						if pages++; pages > 100 {
+							t.Fatalf("%s (page size %d, scan %d): no end after %d pages", c.name, size, scan, pages)
+						}
+						if size > 0 && len(page.Operations) > size {
+							t.Fatalf("%s: page of %d, asked for %d", c.name, len(page.Operations), size)
+						}
+						got = append(got, ids(page.Operations)...)
+						if req.PageToken = page.NextPageToken; req.PageToken == "" {
+							break
+						}
+						if len(page.Operations) < max(size, 1) {
+							short = true
+						}
+					}
+					if !slices.Equal(got, c.want) {
+						t.Errorf("%s (page size %d, scan %d) = %v, want %v", c.name, size, scan, got, c.want)
+					}
+					// Examining 3 index entries a call (after a batch of
+					// the page size), pages of 2 and 4 come short with a
+					// token.
+					if scan == 3 && (size == 2 || size == 4) && !short {
+						t.Errorf("%s (page size %d, scan 3): no short page with a token", c.name, size)
+					}
+				}
+			}
+		}
+	})
+}

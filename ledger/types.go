@@ -243,12 +243,18 @@ type ReconcileRequest struct {
 	FencingToken uint64
 }
 
-// ListRequest asks for a page of unresolved operations.
+// ListRequest asks for a page of unresolved operations. An operation is
+// listed when it matches every filter given.
 type ListRequest struct {
 	PageSize  int     // 0: DefaultPageSize; at most MaxPageSize
 	PageToken string  // from the previous page
 	States    []State // only these (PENDING, RUNNING, UNKNOWN); empty: all
 	Tool      string  // only this tool; empty: all
+	// Overdue: only UNKNOWN operations past their recovery deadline
+	// (RecoveryDeadline at or before the store's time).
+	Overdue bool
+	// NeedsReview: only operations escalated to a human (NeedsReview).
+	NeedsReview bool
 }
 
 // ListPage is one page of unresolved operations, oldest first.

@@ -26,7 +26,8 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// testPolicy: short leases where a scenario needs a lease to run out.
+// testPolicy: short leases where a scenario needs a lease to run out, and a
+// short recovery window where one needs an overdue operation.
 const testPolicy = `
 defaults:
   max_attempts: 3
@@ -40,6 +41,8 @@ tools:
     retention: 1s
     retain_grace: 0s
     tombstone_retention: 1h
+  - match: "late.*"
+    recovery_window: 1ms
 `
 
 // env is one ledgerd-like stack: a ledger on a backend, its sweeper, the gRPC

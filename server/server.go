@@ -437,7 +437,8 @@ func (h *handler) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolv
 	if size > ledger.MaxPageSize {
 		size = ledger.MaxPageSize + 1 // refused by the ledger, without overflow
 	}
-	lr := ledger.ListRequest{PageSize: int(size), PageToken: req.GetPageToken(), Tool: req.GetTool()}
+	lr := ledger.ListRequest{PageSize: int(size), PageToken: req.GetPageToken(), Tool: req.GetTool(),
+		Overdue: req.GetOverdue(), NeedsReview: req.GetNeedsReview()}
 	for _, s := range req.GetStates() {
 		lr.States = append(lr.States, ledger.State(enum8(s)))
 	}

@@ -1641,7 +1641,10 @@ func (x *RenewResponse) GetOperation() *Operation {
 	return nil
 }
 
-// ListUnresolvedRequest asks for a page of unresolved operations.
+// ListUnresolvedRequest asks for a page of unresolved operations. The
+// filters (states, tool, overdue, needs_review) combine: an operation is
+// listed when it matches every one that is set. The same filters must be
+// sent with every page_token of one listing.
 type ListUnresolvedRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// At most this many operations (default 100, at most 1000).
@@ -1652,7 +1655,16 @@ type ListUnresolvedRequest struct {
 	// all of them.
 	States []State `protobuf:"varint,3,rep,packed,name=states,proto3,enum=ledger.v1.State" json:"states,omitempty"`
 	// Only operations of this tool; empty for every tool.
-	Tool          string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	Tool string `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`
+	// Only UNKNOWN operations past their recovery deadline: recovery_deadline
+	// at or before the store's time when the page is read. False for all.
+	// A ledger older than this field ignores it: a caller that must not see
+	// others checks recovery_deadline itself.
+	Overdue bool `protobuf:"varint,5,opt,name=overdue,proto3" json:"overdue,omitempty"`
+	// Only operations a reconciler escalated to a human (needs_review set).
+	// False for all. A ledger older than this field ignores it: a caller
+	// that must not see others checks needs_review itself.
+	NeedsReview   bool `protobuf:"varint,6,opt,name=needs_review,json=needsReview,proto3" json:"needs_review,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1715,12 +1727,28 @@ func (x *ListUnresolvedRequest) GetTool() string {
 	return ""
 }
 
+func (x *ListUnresolvedRequest) GetOverdue() bool {
+	if x != nil {
+		return x.Overdue
+	}
+	return false
+}
+
+func (x *ListUnresolvedRequest) GetNeedsReview() bool {
+	if x != nil {
+		return x.NeedsReview
+	}
+	return false
+}
+
 // ListUnresolvedResponse is one page of unresolved operations.
 type ListUnresolvedResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The operations, oldest first, without their history.
 	Operations []*Operation `protobuf:"bytes,1,rep,name=operations,proto3" json:"operations,omitempty"`
-	// The token for the next page; empty when there is none.
+	// The token for the next page; empty when there is none. One call examines
+	// a bounded number of operations, so a page may hold fewer than page_size
+	// (none, even) while this is set: keep paging until it is empty.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1869,13 +1897,15 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"C\n" +
 	"\rRenewResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"\x91\x01\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"\xce\x01\n" +
 	"\x15ListUnresolvedRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\x12(\n" +
 	"\x06states\x18\x03 \x03(\x0e2\x10.ledger.v1.StateR\x06states\x12\x12\n" +
-	"\x04tool\x18\x04 \x01(\tR\x04tool\"v\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12\x18\n" +
+	"\aoverdue\x18\x05 \x01(\bR\aoverdue\x12!\n" +
+	"\fneeds_review\x18\x06 \x01(\bR\vneedsReview\"v\n" +
 	"\x16ListUnresolvedResponse\x124\n" +
 	"\n" +
 	"operations\x18\x01 \x03(\v2\x14.ledger.v1.OperationR\n" +

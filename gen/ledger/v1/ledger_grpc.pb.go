@@ -102,7 +102,9 @@ type LedgerServiceClient interface {
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 	// ListUnresolved pages through the caller's operations that are not
 	// terminal and not under a live lease (PENDING, UNKNOWN, RUNNING past its
-	// lease, flagged for review), oldest first.
+	// lease, flagged for review), oldest first. The request's filters narrow
+	// them down on the ledger's side; an operation is listed when it matches
+	// every filter set.
 	ListUnresolved(ctx context.Context, in *ListUnresolvedRequest, opts ...grpc.CallOption) (*ListUnresolvedResponse, error)
 }
 
@@ -228,7 +230,9 @@ type LedgerServiceServer interface {
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	// ListUnresolved pages through the caller's operations that are not
 	// terminal and not under a live lease (PENDING, UNKNOWN, RUNNING past its
-	// lease, flagged for review), oldest first.
+	// lease, flagged for review), oldest first. The request's filters narrow
+	// them down on the ledger's side; an operation is listed when it matches
+	// every filter set.
 	ListUnresolved(context.Context, *ListUnresolvedRequest) (*ListUnresolvedResponse, error)
 	mustEmbedUnimplementedLedgerServiceServer()
 }

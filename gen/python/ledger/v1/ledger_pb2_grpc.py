@@ -127,7 +127,9 @@ class LedgerServiceServicer(object):
     def ListUnresolved(self, request, context):
         """ListUnresolved pages through the caller's operations that are not
         terminal and not under a live lease (PENDING, UNKNOWN, RUNNING past its
-        lease, flagged for review), oldest first.
+        lease, flagged for review), oldest first. The request's filters narrow
+        them down on the ledger's side; an operation is listed when it matches
+        every filter set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
