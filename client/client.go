@@ -385,12 +385,21 @@ func (c *Client) Renew(ctx context.Context, id string, token uint64) (*Operation
 	return operationFromProto(r.GetOperation()), nil
 }
 
-// ListOptions select a page of unresolved operations.
+// ListOptions select a page of unresolved operations. The filters (States,
+// Tool, Overdue, NeedsReview) combine: an operation is listed when it
+// matches every one set. A ledger older than Overdue and NeedsReview
+// ignores them and lists the operations the others select: a caller that
+// must see only those checks RecoveryDeadline and NeedsReview itself.
 type ListOptions struct {
-	PageSize  uint32
-	PageToken string
+	PageSize  uint32 // 0: the ledger's default (100); at most 1000
+	PageToken string // the previous page's NextPageToken; empty: the first
 	States    []State
 	Tool      string
+	// Overdue: only UNKNOWN operations past their recovery deadline, by the
+	// store's clock.
+	Overdue bool
+	// NeedsReview: only operations escalated to a human.
+	NeedsReview bool
 }
 
 // Page is one page of unresolved operations, oldest first.
@@ -399,9 +408,12 @@ type Page struct {
 	NextPageToken string
 }
 
-// ListUnresolved returns a page of the tenant's unresolved operations.
+// ListUnresolved returns a page of the tenant's unresolved operations. A
+// page may hold fewer than PageSize operations (none, even) while
+// NextPageToken is set: keep paging until it is empty.
 func (c *Client) ListUnresolved(ctx context.Context, o ListOptions) (*Page, error) {
-	r, err := c.rpc.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{PageSize: o.PageSize, PageToken: o.PageToken, States: o.States, Tool: o.Tool})
+	r, err := c.rpc.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{PageSize: o.PageSize, PageToken: o.PageToken, States: o.States, Tool: o.Tool,
+		Overdue: o.Overdue, NeedsReview: o.NeedsReview})
 	if err != nil {
 		return nil, fromStatus(err)
 	}

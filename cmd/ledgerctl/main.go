@@ -691,9 +691,12 @@ func lookup(ctx context.Context, c *client.Client, o *options, stdout, stderr io
 	return printOperation(stdout, o, op, ref, nil, notes)
 }
 
-// listUnresolved pages through the unresolved operations, applies the
-// filters the service does not know (--overdue, --needs-review), and prints
-// at most --limit of them.
+// listUnresolved pages through the unresolved operations the ledger
+// selects, and prints at most --limit of them. The ledger applies every
+// filter; ledgerctl checks --overdue and --needs-review on each operation
+// too, since a ledger older than those filters ignores them and lists every
+// UNKNOWN operation (the check costs nothing, and agrees with the OVERDUE
+// column, which this machine's clock decides).
 func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
 	states := o.states
 	if o.overdue || o.needsReview {
@@ -704,13 +707,10 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 	var ops []*client.Operation
 	truncated := false
 	token := ""
-	clientSide := o.overdue || o.needsReview
 	for {
-		size := uint32(maxPageSize)
-		if !clientSide {
-			size = uint32(min(o.limit-len(ops)+1, maxPageSize)) // one more tells whether more remain
-		}
-		p, err := c.ListUnresolved(ctx, client.ListOptions{PageSize: size, PageToken: token, States: states, Tool: o.tool})
+		size := uint32(min(o.limit-len(ops)+1, maxPageSize)) // one more tells whether more remain
+		p, err := c.ListUnresolved(ctx, client.ListOptions{PageSize: size, PageToken: token, States: states, Tool: o.tool,
+			Overdue: o.overdue, NeedsReview: o.needsReview})
 		if err != nil {
 			return err
 		}
