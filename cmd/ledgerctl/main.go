@@ -840,11 +840,15 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		notes.add(o, stderr, noticeOtherFailure, "this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
 			" which stands", failureText(op.Failure))
 	}
-	// Reconcile's snapshot has no history: read the record again for it.
-	if full, err := c.Lookup(ctx, id); err == nil {
-		op = full
-	} else {
-		notes.add(o, stderr, noticeNoHistory, "reconciled, but could not read the history: %s", describe(o, err).line())
+	// Reconcile's snapshot carries the history, read in the same step as the
+	// finding; a ledger older than that answers without it (a record always
+	// has one): read the record again for it then.
+	if len(op.History) == 0 {
+		if full, err := c.Lookup(ctx, id); err == nil {
+			op = full
+		} else {
+			notes.add(o, stderr, noticeNoHistory, "reconciled, but could not read the history: %s", describe(o, err).line())
+		}
 	}
 	if !o.json {
 		review := ""

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+)
+
+// proxy stands between ledgerctl and a ledger: it passes ListUnresolved,
+// Reconcile and Lookup on, and counts what the ledger answers. As an older
+// ledger (old), it drops what such a ledger did not have: the overdue and
+// needs_review filters on the way (a ledger that does not know them ignores
+// them), and the history in Reconcile's answer.
+type proxy struct {
+	ledgerv1.UnimplementedLedgerServiceServer
+	next ledgerv1.LedgerServiceClient
+	old  bool
+	// afterReconcile, when set, runs once Reconcile has taken effect, before
+	// its answer goes back.
+	afterReconcile func()
+
+	mu      sync.Mutex
+	listed  int // operations the ledger returned to ListUnresolved
+	lookups int // Lookup calls
+}
+
+// startProxy runs a proxy to the ledger at addr and returns its address.
+func startProxy(t *testing.T, addr string, old bool) (*proxy, string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	p := &proxy{next: ledgerv1.NewLedgerServiceClient(conn), old: old}
+	srv := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(srv, p)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return p, lis.Addr().String()
+}
+
+// forward passes the caller's credentials on.
+func forward(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx)
+	auth := ""
+	if v := md.Get("authorization"); len(v) > 0 {
+		auth = v[0]
+	}
+	return metadata.NewOutgoingContext(ctx, metadata.Pairs("authorization", auth))
+}
+
+func (p *proxy) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolvedRequest) (*ledgerv1.ListUnresolvedResponse, error) {
+	if p.old {
+		req.Overdue, req.NeedsReview = false, false
+	}
+	res, err := p.next.ListUnresolved(forward(ctx), req)
+	if err == nil {
+		p.mu.Lock()
+		p.listed += len(res.GetOperations())
+		p.mu.Unlock()
+	}
+	return res, err
+}
+
+func (p *proxy) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest) (*ledgerv1.ReconcileResponse, error) {
+	res, err := p.next.Reconcile(forward(ctx), req)
+	if err == nil {
+		if p.afterReconcile != nil {
+			p.afterReconcile()
+		}
+		if p.old {
+			res.GetOperation().History = nil
+		}
+	}
+	return res, err
+}
+
+func (p *proxy) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledgerv1.LookupResponse, error) {
+	p.mu.Lock()
+	p.lookups++
+	p.mu.Unlock()
+	return p.next.Lookup(forward(ctx), req)
+}
+
+// take returns how many operations the ledger listed, and how many Lookup
+// calls it answered, since the last take.
+func (p *proxy) take() (listed, lookups int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	listed, lookups = p.listed, p.lookups
+	p.listed, p.lookups = 0, 0
+	return listed, lookups
+}
