@@ -695,8 +695,8 @@ func lookup(ctx context.Context, c *client.Client, o *options, stdout, stderr io
 // selects, and prints at most --limit of them. The ledger applies every
 // filter; ledgerctl checks --overdue and --needs-review on each operation
 // too, since a ledger older than those filters ignores them and lists every
-// UNKNOWN operation (the check costs nothing, and agrees with the OVERDUE
-// column, which this machine's clock decides).
+// UNKNOWN operation (the check costs nothing; --overdue's is left out when
+// this machine's clock is seen behind the store's).
 func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
 	states := o.states
 	if o.overdue || o.needsReview {
@@ -715,8 +715,13 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 			return err
 		}
 		seen = latestRecorded(seen, p.Operations...)
+		// The ledger selects --overdue by the store's clock. The check here
+		// is for a ledger older than the filter, by this machine's clock: it
+		// is left out once that clock is seen behind the store's, when it
+		// would drop operations the store has overdue.
+		recheck := o.overdue && referenceAt(now, seen).behind == 0
 		for _, op := range p.Operations {
-			if o.overdue && !overdue(op, now) || o.needsReview && !op.NeedsReview {
+			if recheck && !overdue(op, now) || o.needsReview && !op.NeedsReview {
 				continue
 			}
 			if len(ops) == o.limit {
@@ -738,7 +743,7 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 	clockNotice := func() {
 		if n := ref.notice(); n != "" {
 			if o.overdue {
-				n += "; --overdue judged by this machine's clock, and may have left out operations the store's clock has overdue"
+				n += "; --overdue lists what the ledger selected by the store's clock (a ledger older than that filter lists every UNKNOWN operation)"
 			}
 			notes.add(o, stderr, noticeClockBehind, "%s", n)
 		}
