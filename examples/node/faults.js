@@ -10,9 +10,19 @@
 // check fails.
 
 const crypto = require('node:crypto');
+const path = require('node:path');
+const protobuf = require('protobufjs');
 const {
-  Ledger, RetryableToolError, ToolFailedError, grpc,
+  DOMAIN, Ledger, LedgerError, RetryableToolError, ToolFailedError, grpc,
 } = require('./ledger');
+
+const rpcTypes = new protobuf.Root();
+rpcTypes.resolvePath = (origin, target) => (target.startsWith('google/protobuf/')
+  ? target
+  : path.join(__dirname, '..', '..', 'third_party', 'googleapis', target));
+rpcTypes.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto'], { keepCase: true });
+const Status = rpcTypes.lookupType('google.rpc.Status');
+const ErrorInfo = rpcTypes.lookupType('google.rpc.ErrorInfo');
 
 class CheckFailed extends Error {}
 
@@ -23,17 +33,36 @@ function check(ok, what) {
 
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 
-// The next `times` calls of method fail with code before they reach the ledger.
-function inject(ledger, method, code, times = Infinity) {
+// The next `times` calls of method fail with code before they reach the
+// ledger; with reason, the error carries the ledger's ErrorInfo.
+function inject(ledger, method, code, times = Infinity, reason = '') {
   const real = ledger.client[method].bind(ledger.client);
   let left = times;
   ledger.client[method] = (request, options, callback) => {
     if (left <= 0) return real(request, options, callback);
     left -= 1;
-    const err = Object.assign(new Error('injected'), { code, details: 'injected', metadata: new grpc.Metadata() });
+    const metadata = new grpc.Metadata();
+    if (reason) {
+      const info = ErrorInfo.encode({ reason, domain: DOMAIN }).finish();
+      metadata.set('grpc-status-details-bin', Buffer.from(Status.encode({
+        code, message: 'injected', details: [{ type_url: 'type.googleapis.com/google.rpc.ErrorInfo', value: info }],
+      }).finish()));
+    }
+    const err = Object.assign(new Error('injected'), { code, details: 'injected', metadata });
     setImmediate(() => callback(err));
     return undefined;
   };
+}
+
+// Counts the calls of method that go out.
+function count(ledger, method) {
+  const real = ledger.client[method].bind(ledger.client);
+  const calls = { n: 0 };
+  ledger.client[method] = (...args) => {
+    calls.n += 1;
+    return real(...args);
+  };
+  return calls;
 }
 
 // The fake destination: every ticket it created, by idempotency key.
@@ -100,14 +129,40 @@ async function main() {
   });
 
   await scenario(async () => {
-    console.log('3. the ledger rate-limits the Complete once (RESOURCE_EXHAUSTED)');
+    console.log('3. the ledger rate-limits the Complete once (RESOURCE_EXHAUSTED, RATE_LIMITED)');
     const ledger = new Ledger(address);
     const dest = destination();
-    inject(ledger, 'Complete', grpc.status.RESOURCE_EXHAUSTED, 1);
+    inject(ledger, 'Complete', grpc.status.RESOURCE_EXHAUSTED, 1, 'RATE_LIMITED');
     const { value, err } = await outcome(ledger.callTool(op('rate-limited'), dest.create));
     check(!err, `the Complete is repeated after the back-off (${err ? err.message : 'recorded'})`);
     check(value.operation.state === 'STATE_SUCCEEDED', 'the operation SUCCEEDED');
     check(dest.applied(`${runId}:rate-limited`) === 1, 'the destination applied the effect once');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('3b. the tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED, UNRESOLVED_LIMIT) once');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    inject(ledger, 'Reserve', grpc.status.RESOURCE_EXHAUSTED, 1, 'UNRESOLVED_LIMIT');
+    const { value, err } = await outcome(ledger.callTool(op('unresolved-limit'), dest.create));
+    check(!err && value.operation.state === 'STATE_SUCCEEDED',
+      `the Reserve is repeated after the back-off (${err ? err.message : 'SUCCEEDED'})`);
+    check(dest.applied(`${runId}:unresolved-limit`) === 1, 'the destination applied the effect once');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('3c. parameters over gRPC\'s message size limit: a bare RESOURCE_EXHAUSTED is not repeated');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const reserves = count(ledger, 'Reserve');
+    const huge = op('oversized', { params: { note: 'x'.repeat(5 << 20) } });
+    const { err } = await outcome(ledger.callTool(huge, dest.create));
+    check(err instanceof LedgerError && err.code === grpc.status.RESOURCE_EXHAUSTED && err.reason === '',
+      `the caller gets the refusal (${err ? err.message : 'a result'})`);
+    check(reserves.n === 1, `the Reserve went out once (${reserves.n})`);
+    check(dest.applied(huge.operationId) === 0, 'nothing was applied');
     ledger.close();
   });
 

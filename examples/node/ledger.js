@@ -184,10 +184,25 @@ const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
 const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
-// Every ledger RPC is safe to repeat with the same arguments: these codes
-// mean "repeat the same call" (RESOURCE_EXHAUSTED: the tenant is over its
-// rate; the RetryInfo says when).
-const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.RESOURCE_EXHAUSTED]);
+// Every ledger RPC is safe to repeat with the same arguments: UNAVAILABLE
+// and DEADLINE_EXCEEDED mean "repeat the same call".
+const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
+
+// The ledger's ErrorInfo reasons of a RESOURCE_EXHAUSTED that mean "back off
+// (the RetryInfo says how long) and repeat": the tenant is over its rate, or
+// holds as many unresolved operations as it may.
+const BACK_OFF_REASONS = new Set(['RATE_LIMITED', 'UNRESOLVED_LIMIT']);
+
+// Whether a call that failed with code, and the ErrorInfo (or LedgerError)
+// info, may be repeated as it is. A RESOURCE_EXHAUSTED without one of the
+// ledger's reasons is gRPC's own refusal (a message over the size limit):
+// the same call would be refused again.
+function repeatable(code, info) {
+  if (code === grpc.status.RESOURCE_EXHAUSTED) {
+    return Boolean(info) && info.domain === DOMAIN && BACK_OFF_REASONS.has(info.reason);
+  }
+  return RETRYABLE.has(code);
+}
 
 class Ledger {
   constructor(address, {
@@ -203,8 +218,9 @@ class Ledger {
     this.client.close();
   }
 
-  // Calls one ledger RPC, repeating it while the ledger is unavailable; any
-  // other error becomes a LedgerError with its ErrorInfo reason.
+  // Calls one ledger RPC, repeating it while the ledger is unavailable or
+  // asks to back off (see repeatable); any other error becomes a LedgerError
+  // with its ErrorInfo reason.
   async rpc(method, request) {
     for (let attempt = 0; ; attempt += 1) {
       try {
@@ -215,7 +231,7 @@ class Ledger {
       } catch (err) {
         if (err.code === undefined) throw err;
         const { info, retryAfterMs } = errorDetails(err);
-        if (RETRYABLE.has(err.code) && attempt < this.ledgerRetries) {
+        if (repeatable(err.code, info) && attempt < this.ledgerRetries) {
           await sleep(retryAfterMs ?? 100 * 2 ** attempt);
           continue;
         }
@@ -354,7 +370,7 @@ class Ledger {
         await this.rpc('Renew', { operation_id: op.operation_id, fencing_token: op.fencing_token });
       } catch (err) {
         this.log(`Renew ${op.operation_id}: ${err.message}`);
-        if (err instanceof LedgerError && !RETRYABLE.has(err.code)) {
+        if (err instanceof LedgerError && !repeatable(err.code, err)) {
           abort.abort(err); // STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
           return;
         }

@@ -23,7 +23,10 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 
 import grpc  # noqa: E402
 
-from ledger_guard import Attempt, Ledger, RetryableToolError, ToolFailed, pb  # noqa: E402
+from ledger_guard import DOMAIN, Attempt, Ledger, LedgerError, RetryableToolError, ToolFailed, pb  # noqa: E402
+
+# After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
+from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
 
 
 class CheckFailed(Exception):
@@ -37,9 +40,11 @@ def check(ok: bool, what: str) -> None:
 
 
 class Injected(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode):
+    """A failed call with code; with reason, it carries the ledger's ErrorInfo."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str = ""):
         super().__init__(f"injected {code.name}")
-        self._code = code
+        self._code, self._reason = code, reason
 
     def code(self):
         return self._code
@@ -48,11 +53,15 @@ class Injected(grpc.RpcError):
         return "injected"
 
     def trailing_metadata(self):
-        return ()
+        if not self._reason:
+            return ()
+        status = status_pb2.Status(code=self._code.value[0], message="injected")
+        status.details.add().Pack(error_details_pb2.ErrorInfo(reason=self._reason, domain=DOMAIN))
+        return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = float("inf")) -> None:
-    """The next `times` calls of method fail with code before they reach the ledger."""
+def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = float("inf"), reason: str = "") -> None:
+    """The next `times` calls of method fail with code (and reason) before they reach the ledger."""
     real = getattr(ledger.stub, method)
     left = [times]
 
@@ -60,9 +69,22 @@ def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = fl
         if left[0] <= 0:
             return real(request, **kwargs)
         left[0] -= 1
-        raise Injected(code)
+        raise Injected(code, reason)
 
     setattr(ledger.stub, method, call)
+
+
+def count(ledger: Ledger, method: str) -> list[int]:
+    """Counts the calls of method that go out (in the returned list's one element)."""
+    real = getattr(ledger.stub, method)
+    calls = [0]
+
+    def call(request, **kwargs):
+        calls[0] += 1
+        return real(request, **kwargs)
+
+    setattr(ledger.stub, method, call)
+    return calls
 
 
 class Destination:
@@ -123,13 +145,36 @@ def main() -> None:
         ledger.close()
 
     def rate_limited():
-        print("3. the ledger rate-limits the Complete once (RESOURCE_EXHAUSTED)")
+        print("3. the ledger rate-limits the Complete once (RESOURCE_EXHAUSTED, RATE_LIMITED)")
         ledger, dest = Ledger(address), Destination()
-        inject(ledger, "Complete", grpc.StatusCode.RESOURCE_EXHAUSTED, times=1)
+        inject(ledger, "Complete", grpc.StatusCode.RESOURCE_EXHAUSTED, times=1, reason="RATE_LIMITED")
         out, err = outcome(ledger.call_tool, **op("rate-limited"), fn=dest.create)
         check(err is None, f"the Complete is repeated after the back-off ({err!r})")
         check(out.operation.state == pb.STATE_SUCCEEDED, "the operation SUCCEEDED")
         check(dest.applied(f"{run_id}:rate-limited") == 1, "the destination applied the effect once")
+        ledger.close()
+
+    def unresolved_limit():
+        print("3b. the tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED, UNRESOLVED_LIMIT)"
+              " once")
+        ledger, dest = Ledger(address), Destination()
+        inject(ledger, "Reserve", grpc.StatusCode.RESOURCE_EXHAUSTED, times=1, reason="UNRESOLVED_LIMIT")
+        out, err = outcome(ledger.call_tool, **op("unresolved-limit"), fn=dest.create)
+        check(err is None and out.operation.state == pb.STATE_SUCCEEDED,
+              f"the Reserve is repeated after the back-off ({err!r})")
+        check(dest.applied(f"{run_id}:unresolved-limit") == 1, "the destination applied the effect once")
+        ledger.close()
+
+    def oversized():
+        print("3c. parameters over gRPC's message size limit: a bare RESOURCE_EXHAUSTED is not repeated")
+        ledger, dest = Ledger(address), Destination()
+        reserves = count(ledger, "Reserve")
+        huge = op("oversized", params={"note": "x" * (5 << 20)})
+        _, err = outcome(ledger.call_tool, **huge, fn=dest.create)
+        check(isinstance(err, LedgerError) and err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not err.reason,
+              f"the caller gets the refusal ({err!r})")
+        check(reserves[0] == 1, f"the Reserve went out once ({reserves[0]})")
+        check(dest.applied(huge["operation_id"]) == 0, "nothing was applied")
         ledger.close()
 
     def bad_result():
@@ -266,7 +311,7 @@ def main() -> None:
         first.close()
         second.close()
 
-    for scenario in (unrecorded, unknown_unrecorded, rate_limited, bad_result, slow, big_integer, exhausted,
+    for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow, big_integer, exhausted,
                      hung, hung_unrecorded):
         try:
             scenario()

@@ -50,10 +50,24 @@ from ledger.v1 import ledger_pb2_grpc  # noqa: E402
 DOMAIN = "ledger.v1"
 
 # Status codes after which the same ledger call may simply be repeated: every
-# ledger RPC is safe to retry with the same arguments (RESOURCE_EXHAUSTED: the
-# tenant is over its rate; the RetryInfo says when).
-_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED)
+# ledger RPC is safe to retry with the same arguments.
+_RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+# The ledger's ErrorInfo reasons of a RESOURCE_EXHAUSTED that mean "back off
+# (the RetryInfo says how long) and repeat": the tenant is over its rate, or
+# holds as many unresolved operations as it may.
+_BACK_OFF_REASONS = ("RATE_LIMITED", "UNRESOLVED_LIMIT")
+
+
+def _repeatable(code: grpc.StatusCode, reason: str, domain: str) -> bool:
+    """Whether a call that failed with code and the ErrorInfo's reason and domain may be repeated as it is.
+
+    A RESOURCE_EXHAUSTED without one of the ledger's reasons is gRPC's own
+    refusal (a message over the size limit): the same call would be refused again.
+    """
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return domain == DOMAIN and reason in _BACK_OFF_REASONS
+    return code in _RETRYABLE_CODES
 
 
 class LedgerError(Exception):
@@ -224,7 +238,7 @@ class Ledger:
         self.channel.close()
 
     def rpc(self, method: str, request):
-        """Calls one ledger RPC, repeating it while the ledger is unavailable.
+        """Calls one ledger RPC, repeating it while the ledger is unavailable or asks to back off.
 
         Any other error becomes a LedgerError carrying its ErrorInfo reason.
         """
@@ -234,7 +248,8 @@ class Ledger:
                 return call(request, timeout=self.call_timeout)
             except grpc.RpcError as err:
                 info, retry_after = error_info(err)
-                if err.code() in _RETRYABLE_CODES and attempt < self.ledger_retries:
+                repeat = _repeatable(err.code(), info.reason if info else "", info.domain if info else "")
+                if repeat and attempt < self.ledger_retries:
                     time.sleep(retry_after or 0.1 * 2 ** attempt)
                     continue
                 raise LedgerError(err.code(), err.details() or "", info, retry_after) from None
@@ -386,7 +401,7 @@ class Ledger:
                     self.rpc("Renew", pb.RenewRequest(operation_id=op.operation_id, fencing_token=op.fencing_token))
                 except LedgerError as err:
                     self.log(f"Renew {op.operation_id}: {err}")
-                    if err.code not in _RETRYABLE_CODES:  # STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
+                    if not _repeatable(err.code, err.reason, err.domain):  # STALE_FENCING_TOKEN, NOT_FOUND: gone
                         attempt.claim_lost.set()
                         attempt.cancelled.set()
                         return

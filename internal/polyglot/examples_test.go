@@ -58,9 +58,10 @@ func startFaultsLedgerd(t *testing.T) string {
 }
 
 // TestNodeFaults runs examples/node/faults.js: outcomes the ledger could not
-// record, a rate-limited report, parameters and results JSON cannot carry, a
-// tool that outlives its lease, a tool that hangs past its tool timeout; each
-// counting the effects at a fake destination.
+// record, a report and a Reserve the ledger asks to back off from, parameters
+// over gRPC's size limit (refused once, not repeated), parameters and results
+// JSON cannot carry, a tool that outlives its lease, a tool that hangs past
+// its tool timeout; each counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
