@@ -54,6 +54,20 @@ function inject(ledger, method, code, times = Infinity, reason = '') {
   };
 }
 
+// The next `times` calls of method reach the ledger, but their answers are
+// lost: the caller gets code instead.
+function lose(ledger, method, code, times) {
+  const real = ledger.client[method].bind(ledger.client);
+  let left = times;
+  ledger.client[method] = (request, options, callback) => {
+    if (left <= 0) return real(request, options, callback);
+    left -= 1;
+    return real(request, options, () => {
+      callback(Object.assign(new Error('answer lost'), { code, details: 'answer lost', metadata: new grpc.Metadata() }));
+    });
+  };
+}
+
 // Counts the calls of method that go out.
 function count(ledger, method) {
   const real = ledger.client[method].bind(ledger.client);
@@ -305,6 +319,26 @@ async function main() {
     check(dest.applied(hung.operationId) <= 1, `the destination applied at most one effect (${dest.applied(hung.operationId)})`);
     first.close();
     second.close();
+  });
+
+  await scenario(async () => {
+    console.log('10. every answer to Reserve is lost (irreversible, lease 2s): the caller gives up, the claim is returned');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const lost = op('lost-reserve', { tool: 'tickets.slow' });
+    lose(ledger, 'Reserve', grpc.status.DEADLINE_EXCEEDED, ledger.ledgerRetries + 1);
+    const { err } = await outcome(ledger.callTool(lost, dest.create));
+    check(err instanceof LedgerError && err.code === grpc.status.DEADLINE_EXCEEDED,
+      `the caller gets the timeout (${err ? err.message : 'a result'})`);
+    check(dest.applied(lost.operationId) === 0, 'the tool did not run');
+    const record = await ledger.lookup(lost.operationId);
+    check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'caller_gave_up',
+      `the claim the ledger granted is returned, proven not applied (${record.state}, ${record.failure && record.failure.code})`);
+    const retried = await outcome(ledger.callTool(lost, dest.create));
+    check(!retried.err && !retried.value.replayed,
+      `a retry runs the tool, with no reconciliation (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
+    check(dest.applied(lost.operationId) === 1, `the destination applied the effect once (${dest.applied(lost.operationId)})`);
+    ledger.close();
   });
 
   if (failed > 0) {

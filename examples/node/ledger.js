@@ -197,6 +197,14 @@ const BACK_OFF_REASONS = new Set(['RATE_LIMITED', 'UNRESOLVED_LIMIT']);
 // info, may be repeated as it is. A RESOURCE_EXHAUSTED without one of the
 // ledger's reasons is gRPC's own refusal (a message over the size limit):
 // the same call would be refused again.
+// The codes of a call that may have reached the ledger and got no answer
+// back: it may have done what was asked.
+const UNANSWERED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED]);
+
+// The failure code of a claim returned unused by a caller that gave up
+// waiting for the Reserve that granted it (see returnLostClaim).
+const CALLER_GAVE_UP = 'caller_gave_up';
+
 function repeatable(code, info) {
   if (code === grpc.status.RESOURCE_EXHAUSTED) {
     return Boolean(info) && info.domain === DOMAIN && BACK_OFF_REASONS.has(info.reason);
@@ -224,10 +232,7 @@ class Ledger {
   async rpc(method, request) {
     for (let attempt = 0; ; attempt += 1) {
       try {
-        return await new Promise((resolve, reject) => {
-          this.client[method](request, { deadline: Date.now() + this.callTimeoutMs },
-            (err, resp) => (err ? reject(err) : resolve(resp)));
-        });
+        return await this.call(method, request, Date.now() + this.callTimeoutMs);
       } catch (err) {
         if (err.code === undefined) throw err;
         const { info, retryAfterMs } = errorDetails(err);
@@ -238,6 +243,14 @@ class Ledger {
         throw new LedgerError(err, info, retryAfterMs);
       }
     }
+  }
+
+  // Calls one ledger RPC once, with deadline (ms since the epoch); the error
+  // is grpc-js's own.
+  call(method, request, deadline) {
+    return new Promise((resolve, reject) => {
+      this.client[method](request, { deadline }, (err, resp) => (err ? reject(err) : resolve(resp)));
+    });
   }
 
   async lookup(operationId) {
@@ -255,15 +268,27 @@ class Ledger {
   // UNKNOWN and callTool throws ToolTimedOutError without waiting for fn.
   // When the ledger cannot record how fn ended, callTool throws
   // NotRecordedError: fn ran, and must not run again under a new operation id.
+  // When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after the
+  // repeats), callTool throws its LedgerError, fn does not run, and a claim
+  // the ledger granted all the same is returned (see returnLostClaim).
   async callTool({
     operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 60000,
   }, fn) {
     const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
     const deadline = Date.now() + waitMs;
+    const request = {
+      operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect,
+    };
     for (;;) {
-      const resp = await this.rpc('Reserve', {
-        operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect,
-      });
+      let resp;
+      try {
+        resp = await this.rpc('Reserve', request);
+      } catch (err) {
+        // The caller gives up on a Reserve that got no answer: the ledger
+        // may have granted the claim all the same.
+        if (err instanceof LedgerError && UNANSWERED.has(err.code)) await this.returnLostClaim(request);
+        throw err;
+      }
       const op = resp.operation;
       this.log(`Reserve ${operationId}: ${resp.decision} (${op.state}, attempt ${op.attempt}, fencing token ${op.fencing_token})`);
       switch (resp.decision) {
@@ -283,6 +308,37 @@ class Ledger {
         default:
           throw new Error(`unexpected decision ${resp.decision}`);
       }
+    }
+  }
+
+  // Returns the claim a Reserve (request) may have been granted though its
+  // answer never came back, so that it does not run until its lease ends and
+  // then turn an irreversible operation UNKNOWN, calling for the
+  // reconciliation of an attempt that never ran. Only a RUNNING record is
+  // touched: Reserve again under the same holder recovers this call's claim
+  // (DECISION_EXECUTE, same fencing token) or says another caller holds it;
+  // the recovered claim is completed as a retryable failure proven not
+  // applied (caller_gave_up), and the operation is PENDING, free for a retry.
+  // A record that does not exist (the Reserve never arrived) is not created.
+  // Best effort, each call once, all within one call timeout: a failure
+  // leaves the claim to its lease, as before.
+  async returnLostClaim(request) {
+    const id = request.operation_id;
+    const deadline = Date.now() + this.callTimeoutMs;
+    try {
+      const { operation } = await this.call('Lookup', { operation_id: id }, deadline);
+      if (operation.state !== 'STATE_RUNNING') return;
+      const resp = await this.call('Reserve', request, deadline);
+      if (resp.decision !== 'DECISION_EXECUTE') return;
+      await this.call('Complete', {
+        operation_id: id,
+        fencing_token: resp.operation.fencing_token,
+        outcome: 'OUTCOME_FAILED_RETRYABLE',
+        failure: { code: CALLER_GAVE_UP },
+      }, deadline);
+      this.log(`Complete ${id}: the claim granted to a Reserve without an answer is returned unused`);
+    } catch (err) {
+      this.log(`returning the claim of ${id}: ${err.message}`);
     }
   }
 

@@ -74,6 +74,21 @@ def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = fl
     setattr(ledger.stub, method, call)
 
 
+def lose(ledger: Ledger, method: str, code: grpc.StatusCode, times: int) -> None:
+    """The next `times` calls of method reach the ledger, but their answers are lost: the caller gets code."""
+    real = getattr(ledger.stub, method)
+    left = [times]
+
+    def call(request, **kwargs):
+        if left[0] <= 0:
+            return real(request, **kwargs)
+        left[0] -= 1
+        real(request, **kwargs)
+        raise Injected(code)
+
+    setattr(ledger.stub, method, call)
+
+
 def count(ledger: Ledger, method: str) -> list[int]:
     """Counts the calls of method that go out (in the returned list's one element)."""
     real = getattr(ledger.stub, method)
@@ -311,8 +326,27 @@ def main() -> None:
         first.close()
         second.close()
 
+    def lost_reserve():
+        print("10. every answer to Reserve is lost (irreversible, lease 2s): the caller gives up, the claim is returned")
+        ledger, dest = Ledger(address), Destination()
+        lost = op("lost-reserve", tool="tickets.slow")
+        key = lost["operation_id"]
+        lose(ledger, "Reserve", grpc.StatusCode.DEADLINE_EXCEEDED, ledger.ledger_retries + 1)
+        _, err = outcome(ledger.call_tool, **lost, fn=dest.create)
+        check(isinstance(err, LedgerError) and err.code == grpc.StatusCode.DEADLINE_EXCEEDED,
+              f"the caller gets the timeout ({err!r})")
+        check(dest.applied(key) == 0, "the tool did not run")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_PENDING and record.failure.code == "caller_gave_up",
+              f"the claim the ledger granted is returned, proven not applied "
+              f"({pb.State.Name(record.state)}, {record.failure.code!r})")
+        out, err = outcome(ledger.call_tool, **lost, fn=dest.create)
+        check(err is None and not out.replayed, f"a retry runs the tool, with no reconciliation ({err!r})")
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        ledger.close()
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow, big_integer, exhausted,
-                     hung, hung_unrecorded):
+                     hung, hung_unrecorded, lost_reserve):
         try:
             scenario()
         except CheckFailed as err:

@@ -59,6 +59,15 @@ _RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEED
 _BACK_OFF_REASONS = ("RATE_LIMITED", "UNRESOLVED_LIMIT")
 
 
+# The codes of a call that may have reached the ledger and got no answer back:
+# it may have done what was asked.
+_UNANSWERED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+# The failure code of a claim returned unused by a caller that gave up waiting
+# for the Reserve that granted it (see Ledger._return_lost_claim).
+CALLER_GAVE_UP = "caller_gave_up"
+
+
 def _repeatable(code: grpc.StatusCode, reason: str, domain: str) -> bool:
     """Whether a call that failed with code and the ErrorInfo's reason and domain may be repeated as it is.
 
@@ -274,15 +283,26 @@ class Ledger:
         waiting for fn.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
+        When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after
+        the repeats), call_tool raises its LedgerError, fn does not run, and a
+        claim the ledger granted all the same is returned (see
+        _return_lost_claim).
         Parameters the wire would round (an integer beyond 2^53) raise
         ValueError before the ledger is asked.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = time.monotonic() + wait
+        request = pb.ReserveRequest(operation_id=operation_id, tool=tool, params=params_struct(params),
+                                    permit_id=permit_id, holder=holder, effect=effect)
         while True:
-            resp = self.rpc("Reserve", pb.ReserveRequest(
-                operation_id=operation_id, tool=tool, params=params_struct(params),
-                permit_id=permit_id, holder=holder, effect=effect))
+            try:
+                resp = self.rpc("Reserve", request)
+            except LedgerError as err:
+                # The caller gives up on a Reserve that got no answer: the
+                # ledger may have granted the claim all the same.
+                if err.code in _UNANSWERED_CODES:
+                    self._return_lost_claim(request)
+                raise
             op = resp.operation
             self.log(f"Reserve {operation_id}: {pb.Decision.Name(resp.decision)} "
                      f"({pb.State.Name(op.state)}, attempt {op.attempt}, fencing token {op.fencing_token})")
@@ -302,6 +322,40 @@ class Ledger:
             if resp.decision != pb.DECISION_EXECUTE:
                 raise LedgerError(grpc.StatusCode.UNKNOWN, f"unexpected decision {resp.decision}", None)
             return self._execute(op, fn, tool_timeout)
+
+    def _return_lost_claim(self, request: pb.ReserveRequest) -> None:
+        """Returns the claim a Reserve (request) may have been granted though its answer never came back.
+
+        Left alone, the claim would run until its lease ends and then turn an
+        irreversible operation UNKNOWN, calling for the reconciliation of an
+        attempt that never ran. Only a RUNNING record is touched: Reserve
+        again under the same holder recovers this call's claim
+        (DECISION_EXECUTE, same fencing token) or says another caller holds
+        it; the recovered claim is completed as a retryable failure proven not
+        applied (caller_gave_up), and the operation is PENDING, free for a
+        retry. A record that does not exist (the Reserve never arrived) is not
+        created. Best effort, each call once, all within one call timeout: a
+        failure leaves the claim to its lease, as before.
+        """
+        end = time.monotonic() + self.call_timeout
+
+        def left() -> float:
+            return max(end - time.monotonic(), 0.001)
+
+        try:
+            record = self.stub.Lookup(pb.LookupRequest(operation_id=request.operation_id), timeout=left()).operation
+            if record.state != pb.STATE_RUNNING:
+                return
+            resp = self.stub.Reserve(request, timeout=left())
+            if resp.decision != pb.DECISION_EXECUTE:
+                return
+            self.stub.Complete(pb.CompleteRequest(
+                operation_id=request.operation_id, fencing_token=resp.operation.fencing_token,
+                outcome=pb.OUTCOME_FAILED_RETRYABLE, failure=pb.Failure(code=CALLER_GAVE_UP)), timeout=left())
+            self.log(f"Complete {request.operation_id}: the claim granted to a Reserve without an answer "
+                     "is returned unused")
+        except grpc.RpcError as err:
+            self.log(f"returning the claim of {request.operation_id}: {err.code().name}")
 
     def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]], tool_timeout: float) -> Outcome:
         attempt = Attempt(operation_id=op.operation_id, idempotency_key=op.operation_id,

@@ -61,7 +61,8 @@ func startFaultsLedgerd(t *testing.T) string {
 // record, a report and a Reserve the ledger asks to back off from, parameters
 // over gRPC's size limit (refused once, not repeated), parameters and results
 // JSON cannot carry, a tool that outlives its lease, a tool that hangs past
-// its tool timeout; each counting the effects at a fake destination.
+// its tool timeout, a Reserve whose answers are lost (the claim granted is
+// returned); each counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
