@@ -13,7 +13,7 @@ const crypto = require('node:crypto');
 const path = require('node:path');
 const protobuf = require('protobufjs');
 const {
-  DOMAIN, Ledger, LedgerError, RetryableToolError, ToolFailedError, grpc,
+  DOMAIN, Ledger, LedgerError, RetryableToolError, ToolFailedError, grpc, inProgressDelay,
 } = require('./ledger');
 
 const rpcTypes = new protobuf.Root();
@@ -339,6 +339,47 @@ async function main() {
       `a retry runs the tool, with no reconciliation (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
     check(dest.applied(lost.operationId) === 1, `the destination applied the effect once (${dest.applied(lost.operationId)})`);
     ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('11. another caller holds the claim (lease 30s): a 20s wait backs off, with jitter, on an injected clock');
+    const holder = new Ledger(address);
+    const held = op('held');
+    const claim = await holder.rpc('Reserve', {
+      operation_id: held.operationId, tool: held.tool, params: { fields: { title: { stringValue: 'Printer on fire' } } },
+      permit_id: held.permitId, holder: 'another-caller', effect: 'EFFECT_UNSPECIFIED',
+    });
+    check(claim.decision === 'DECISION_EXECUTE', 'another caller holds the claim');
+    let now = 0;
+    const pauses = [];
+    const waiter = new Ledger(address, {
+      now: () => now,
+      sleep: async (ms) => { pauses.push(ms); now += ms; },
+    });
+    const reserves = count(waiter, 'Reserve');
+    const dest = destination();
+    const { err } = await outcome(waiter.callTool({ ...held, waitMs: 20000 }, dest.create));
+    check(err && /still held by another caller/.test(err.message), `the caller gives up waiting (${err ? err.message : 'a result'})`);
+    check(dest.applied(held.operationId) === 0, 'the tool did not run');
+    check(reserves.n <= 10, `at most 10 Reserves in 20s (${reserves.n}; polling at retry_after, 1s, makes about 20)`);
+    const slept = pauses.reduce((a, b) => a + b, 0);
+    check(Math.abs(slept - 20000) < 1, `the waits fill the 20s, no more (${slept} ms)`);
+    check(pauses.slice(0, -1).every((ms) => ms >= 1000), `every wait but the last, cut at the end, is at least retry_after (${pauses.map(Math.round)})`);
+    check(new Set(pauses).size > 1, 'the waits are not all the same');
+    holder.close();
+    waiter.close();
+  });
+
+  await scenario(async () => {
+    console.log('12. the wait before the nth Reserve of a claim in progress');
+    const low = () => 0;
+    const high = () => 0.999;
+    check(inProgressDelay(1, 1000, low) === 1000, 'at least the ledger\'s retry_after');
+    check(inProgressDelay(1, 50, low) === 100 && inProgressDelay(5, 50, low) === 1600, 'a backoff doubling from 100 ms');
+    check(inProgressDelay(8, 50, low) === 5000 && inProgressDelay(1000, 50, low) === 5000, 'capped at 5 s');
+    check(inProgressDelay(1000, 8000, low) === 8000, 'a longer retry_after wins over the cap');
+    const jittered = inProgressDelay(3, 50, high);
+    check(jittered > 400 && jittered < 600, `plus up to half of it again at random (${jittered})`);
   });
 
   if (failed > 0) {

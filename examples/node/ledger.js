@@ -181,6 +181,21 @@ function fromStruct(s) {
 }
 
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+
+// The backoff between Reserves while another caller holds the claim.
+const WAIT_BACKOFF_BASE_MS = 100;
+const WAIT_BACKOFF_MAX_MS = 5000;
+
+// How long callTool waits before its next Reserve after the nth (n ≥ 1)
+// DECISION_IN_PROGRESS, whose retry_after was retryAfterMs: the ledger's
+// retry_after or a backoff doubling from 100 ms up to 5 s, whichever is
+// longer, plus up to half of that again at random (random() in [0, 1)), so
+// that callers waiting on one claim spread out instead of asking together.
+function inProgressDelay(n, retryAfterMs, random = Math.random) {
+  const backoff = Math.min(WAIT_BACKOFF_BASE_MS * 2 ** Math.min(Math.max(n, 1) - 1, 30), WAIT_BACKOFF_MAX_MS);
+  const delay = Math.max(retryAfterMs, backoff);
+  return delay + (random() * delay) / 2;
+}
 const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
 const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
@@ -213,13 +228,19 @@ function repeatable(code, info) {
 }
 
 class Ledger {
+  // now and sleep are the clock of the waits between ledger calls (tests
+  // pass their own); call deadlines, leases and the tool timeout keep the
+  // real one.
   constructor(address, {
     credentials = grpc.credentials.createInsecure(), callTimeoutMs = 5000, ledgerRetries = 3, log = () => {},
+    now = Date.now, sleep: wait = sleep,
   } = {}) {
     this.client = new ledgerProto.LedgerService(address, credentials);
     this.callTimeoutMs = callTimeoutMs;
     this.ledgerRetries = ledgerRetries;
     this.log = log;
+    this.now = now;
+    this.sleep = wait;
   }
 
   close() {
@@ -237,7 +258,7 @@ class Ledger {
         if (err.code === undefined) throw err;
         const { info, retryAfterMs } = errorDetails(err);
         if (repeatable(err.code, info) && attempt < this.ledgerRetries) {
-          await sleep(retryAfterMs ?? 100 * 2 ** attempt);
+          await this.sleep(retryAfterMs ?? 100 * 2 ** attempt);
           continue;
         }
         throw new LedgerError(err, info, retryAfterMs);
@@ -268,6 +289,8 @@ class Ledger {
   // UNKNOWN and callTool throws ToolTimedOutError without waiting for fn.
   // When the ledger cannot record how fn ended, callTool throws
   // NotRecordedError: fn ran, and must not run again under a new operation id.
+  // While another caller holds the claim, callTool reserves again after a
+  // backoff (see inProgressDelay) until waitMs is up, then throws an Error.
   // When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after the
   // repeats), callTool throws its LedgerError, fn does not run, and a claim
   // the ledger granted all the same is returned (see returnLostClaim).
@@ -275,7 +298,8 @@ class Ledger {
     operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 60000,
   }, fn) {
     const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
-    const deadline = Date.now() + waitMs;
+    const deadline = this.now() + waitMs;
+    let waits = 0;
     const request = {
       operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect,
     };
@@ -296,9 +320,12 @@ class Ledger {
           if (op.state === 'STATE_SUCCEEDED') return Ledger.outcome(op, true);
           throw new ToolFailedError(op.failure || {}, true);
         case 'DECISION_IN_PROGRESS': {
-          const pause = Math.max(durationMs(resp.retry_after), 50);
-          if (Date.now() + pause > deadline) throw new Error(`operation ${operationId} is still held by another caller`);
-          await sleep(pause);
+          // Another caller's live claim: Reserve again after a backoff (see
+          // inProgressDelay), the last time when waitMs is up.
+          const left = deadline - this.now();
+          if (left <= 0) throw new Error(`operation ${operationId} is still held by another caller`);
+          waits += 1;
+          await this.sleep(Math.min(inProgressDelay(waits, durationMs(resp.retry_after)), left));
           break;
         }
         case 'DECISION_RECONCILE':
@@ -463,6 +490,7 @@ module.exports = {
   RetryableToolError,
   FinalToolError,
   errorDetails,
+  inProgressDelay,
   toStruct,
   fromStruct,
   grpc,

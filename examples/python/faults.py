@@ -23,7 +23,8 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 
 import grpc  # noqa: E402
 
-from ledger_guard import DOMAIN, Attempt, Ledger, LedgerError, RetryableToolError, ToolFailed, pb  # noqa: E402
+from ledger_guard import (  # noqa: E402
+    DOMAIN, Attempt, Ledger, LedgerError, RetryableToolError, ToolFailed, in_progress_delay, pb, to_struct)
 
 # After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
 from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
@@ -345,8 +346,48 @@ def main() -> None:
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
+    def waits_back_off():
+        print("11. another caller holds the claim (lease 30s): a 20s wait backs off, with jitter, on an injected clock")
+        holder = Ledger(address)
+        held = op("held")
+        claim = holder.rpc("Reserve", pb.ReserveRequest(
+            operation_id=held["operation_id"], tool=held["tool"], params=to_struct(held["params"]),
+            permit_id=held["permit_id"], holder="another-caller"))
+        check(claim.decision == pb.DECISION_EXECUTE, "another caller holds the claim")
+        now, pauses = [0.0], []
+
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            now[0] += seconds
+
+        waiter, dest = Ledger(address, clock=lambda: now[0], sleep=sleep), Destination()
+        reserves = count(waiter, "Reserve")
+        _, err = outcome(waiter.call_tool, **held, fn=dest.create, wait=20.0)
+        check(isinstance(err, TimeoutError) and "still held by another caller" in str(err),
+              f"the caller gives up waiting ({err!r})")
+        check(dest.applied(held["operation_id"]) == 0, "the tool did not run")
+        check(reserves[0] <= 10,
+              f"at most 10 Reserves in 20s ({reserves[0]}; polling at retry_after, 1s, makes about 20)")
+        check(abs(sum(pauses) - 20.0) < 0.001, f"the waits fill the 20s, no more ({sum(pauses):.3f}s)")
+        check(all(p >= 1.0 for p in pauses[:-1]),
+              f"every wait but the last, cut at the end, is at least retry_after ({[round(p, 3) for p in pauses]})")
+        check(len(set(pauses)) > 1, "the waits are not all the same")
+        holder.close()
+        waiter.close()
+
+    def in_progress_delays():
+        print("12. the wait before the nth Reserve of a claim in progress")
+        low, high = (lambda: 0.0), (lambda: 0.999)
+        check(in_progress_delay(1, 1.0, low) == 1.0, "at least the ledger's retry_after")
+        check(in_progress_delay(1, 0.05, low) == 0.1 and in_progress_delay(5, 0.05, low) == 1.6,
+              "a backoff doubling from 0.1 s")
+        check(in_progress_delay(8, 0.05, low) == 5.0 and in_progress_delay(1000, 0.05, low) == 5.0, "capped at 5 s")
+        check(in_progress_delay(1000, 8.0, low) == 8.0, "a longer retry_after wins over the cap")
+        jittered = in_progress_delay(3, 0.05, high)
+        check(0.4 < jittered < 0.6, f"plus up to half of it again at random ({jittered})")
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow, big_integer, exhausted,
-                     hung, hung_unrecorded, lost_reserve):
+                     hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays):
         try:
             scenario()
         except CheckFailed as err:

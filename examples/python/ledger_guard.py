@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import random
 import secrets
 import sys
 import threading
@@ -232,16 +233,42 @@ def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
     return to_struct(params)
 
 
+# The backoff between Reserves while another caller holds the claim, in seconds.
+_WAIT_BACKOFF_BASE = 0.1
+_WAIT_BACKOFF_MAX = 5.0
+
+
+def in_progress_delay(n: int, retry_after: float, rand: Callable[[], float] = random.random) -> float:
+    """How long call_tool waits before its next Reserve after the nth (n >= 1) DECISION_IN_PROGRESS.
+
+    retry_after is that answer's retry_after, in seconds. The wait is the
+    ledger's retry_after or a backoff doubling from 0.1 s up to 5 s, whichever
+    is longer, plus up to half of that again at random (rand() in [0, 1)), so
+    that callers waiting on one claim spread out instead of asking together.
+    """
+    backoff = min(_WAIT_BACKOFF_BASE * 2 ** min(max(n, 1) - 1, 30), _WAIT_BACKOFF_MAX)
+    delay = max(retry_after, backoff)
+    return delay + rand() * delay / 2
+
+
 class Ledger:
-    """A client of ledger.v1.LedgerService for one agent runtime."""
+    """A client of ledger.v1.LedgerService for one agent runtime.
+
+    clock and sleep are the clock of the waits between ledger calls (tests
+    pass their own); call deadlines, leases and the tool timeout keep the
+    real one.
+    """
 
     def __init__(self, target: str, *, channel: grpc.Channel | None = None, call_timeout: float = 5.0,
-                 ledger_retries: int = 3, log: Callable[[str], None] | None = None):
+                 ledger_retries: int = 3, log: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.channel = channel or grpc.insecure_channel(target)
         self.stub = ledger_pb2_grpc.LedgerServiceStub(self.channel)
         self.call_timeout = call_timeout
         self.ledger_retries = ledger_retries
         self.log = log or (lambda _msg: None)
+        self.clock = clock
+        self.sleep = sleep
 
     def close(self) -> None:
         self.channel.close()
@@ -259,7 +286,7 @@ class Ledger:
                 info, retry_after = error_info(err)
                 repeat = _repeatable(err.code(), info.reason if info else "", info.domain if info else "")
                 if repeat and attempt < self.ledger_retries:
-                    time.sleep(retry_after or 0.1 * 2 ** attempt)
+                    self.sleep(retry_after or 0.1 * 2 ** attempt)
                     continue
                 raise LedgerError(err.code(), err.details() or "", info, retry_after) from None
         raise AssertionError("unreachable")
@@ -283,6 +310,9 @@ class Ledger:
         waiting for fn.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
+        While another caller holds the claim, call_tool reserves again after
+        a backoff (see in_progress_delay) until wait seconds are up, then
+        raises TimeoutError.
         When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after
         the repeats), call_tool raises its LedgerError, fn does not run, and a
         claim the ledger granted all the same is returned (see
@@ -291,7 +321,8 @@ class Ledger:
         ValueError before the ledger is asked.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
-        deadline = time.monotonic() + wait
+        deadline = self.clock() + wait
+        waits = 0
         request = pb.ReserveRequest(operation_id=operation_id, tool=tool, params=params_struct(params),
                                     permit_id=permit_id, holder=holder, effect=effect)
         while True:
@@ -312,10 +343,13 @@ class Ledger:
                     return self._outcome(op, replayed=True)
                 raise ToolFailed(op.failure.code, op.failure.message, replayed=True)
             if resp.decision == pb.DECISION_IN_PROGRESS:
-                pause = max(resp.retry_after.ToTimedelta().total_seconds(), 0.05)
-                if time.monotonic() + pause > deadline:
+                # Another caller's live claim: Reserve again after a backoff
+                # (see in_progress_delay), the last time when wait is up.
+                left = deadline - self.clock()
+                if left <= 0:
                     raise TimeoutError(f"operation {operation_id} is still held by another caller")
-                time.sleep(pause)
+                waits += 1
+                self.sleep(min(in_progress_delay(waits, resp.retry_after.ToTimedelta().total_seconds()), left))
                 continue
             if resp.decision == pb.DECISION_RECONCILE:
                 raise NeedsReconciliation(op)

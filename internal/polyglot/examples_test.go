@@ -62,7 +62,8 @@ func startFaultsLedgerd(t *testing.T) string {
 // over gRPC's size limit (refused once, not repeated), parameters and results
 // JSON cannot carry, a tool that outlives its lease, a tool that hangs past
 // its tool timeout, a Reserve whose answers are lost (the claim granted is
-// returned); each counting the effects at a fake destination.
+// returned), a wait on another caller's claim (backing off, on an injected
+// clock); each counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
