@@ -295,7 +295,7 @@ class Ledger {
   // repeats), callTool throws its LedgerError, fn does not run, and a claim
   // the ledger granted all the same is returned (see returnLostClaim).
   async callTool({
-    operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 60000,
+    operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 10000,
   }, fn) {
     const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
     const deadline = this.now() + waitMs;

@@ -296,7 +296,7 @@ class Ledger:
 
     def call_tool(self, *, operation_id: str, tool: str, params: dict[str, Any], permit_id: str,
                   fn: Callable[[Attempt], dict[str, Any]], effect: int = pb.EFFECT_UNSPECIFIED,
-                  wait: float = 30.0, tool_timeout: float = 60.0) -> Outcome:
+                  wait: float = 30.0, tool_timeout: float = 10.0) -> Outcome:
         """Runs fn at most once for operation_id, whoever retries it and however often.
 
         fn returns {"resource_id": str, "data": dict}. It raises
