@@ -181,6 +181,8 @@ function fromStruct(s) {
 }
 
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
+const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
 // The backoff between Reserves while another caller holds the claim.
 const WAIT_BACKOFF_BASE_MS = 100;
@@ -196,8 +198,6 @@ function inProgressDelay(n, retryAfterMs, random = Math.random) {
   const delay = Math.max(retryAfterMs, backoff);
   return delay + (random() * delay) / 2;
 }
-const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
-const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
 // Every ledger RPC is safe to repeat with the same arguments: UNAVAILABLE
 // and DEADLINE_EXCEEDED mean "repeat the same call".
@@ -208,10 +208,6 @@ const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDE
 // holds as many unresolved operations as it may.
 const BACK_OFF_REASONS = new Set(['RATE_LIMITED', 'UNRESOLVED_LIMIT']);
 
-// Whether a call that failed with code, and the ErrorInfo (or LedgerError)
-// info, may be repeated as it is. A RESOURCE_EXHAUSTED without one of the
-// ledger's reasons is gRPC's own refusal (a message over the size limit):
-// the same call would be refused again.
 // The codes of a call that may have reached the ledger and got no answer
 // back: it may have done what was asked.
 const UNANSWERED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED]);
@@ -220,6 +216,10 @@ const UNANSWERED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEED
 // waiting for the Reserve that granted it (see returnLostClaim).
 const CALLER_GAVE_UP = 'caller_gave_up';
 
+// Whether a call that failed with code, and the ErrorInfo (or LedgerError)
+// info, may be repeated as it is. A RESOURCE_EXHAUSTED without one of the
+// ledger's reasons is gRPC's own refusal (a message over the size limit):
+// the same call would be refused again.
 function repeatable(code, info) {
   if (code === grpc.status.RESOURCE_EXHAUSTED) {
     return Boolean(info) && info.domain === DOMAIN && BACK_OFF_REASONS.has(info.reason);

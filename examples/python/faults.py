@@ -328,7 +328,8 @@ def main() -> None:
         second.close()
 
     def lost_reserve():
-        print("10. every answer to Reserve is lost (irreversible, lease 2s): the caller gives up, the claim is returned")
+        print("10. every answer to Reserve is lost (irreversible, lease 2s): the caller gives up, "
+              "the claim is returned")
         ledger, dest = Ledger(address), Destination()
         lost = op("lost-reserve", tool="tickets.slow")
         key = lost["operation_id"]
@@ -386,8 +387,8 @@ def main() -> None:
         jittered = in_progress_delay(3, 0.05, high)
         check(0.4 < jittered < 0.6, f"plus up to half of it again at random ({jittered})")
 
-    for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow, big_integer, exhausted,
-                     hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays):
+    for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow,
+                     big_integer, exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays):
         try:
             scenario()
         except CheckFailed as err:

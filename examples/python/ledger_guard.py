@@ -59,7 +59,6 @@ _RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEED
 # holds as many unresolved operations as it may.
 _BACK_OFF_REASONS = ("RATE_LIMITED", "UNRESOLVED_LIMIT")
 
-
 # The codes of a call that may have reached the ledger and got no answer back:
 # it may have done what was asked.
 _UNANSWERED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
