@@ -50,8 +50,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/jsonvalue"
 )
 
 // Client talks to one ledger. It is safe for concurrent use.
@@ -280,13 +280,15 @@ func (c *Client) Reserve(ctx context.Context, op Op, holder string) (*Reservatio
 		Holder: holder, RunId: op.RunID, Step: op.Step,
 	}
 	if op.Params != nil {
+		// Go values of types of their own are taken as their JSON encoding.
 		// The wire carries numbers as doubles: refuse what would not survive
 		// that (integers beyond 2^53, NaN) rather than fingerprint a rounded
 		// value that another request would share.
-		if _, err := fingerprint.Canonical(op.Params); err != nil {
+		params, err := jsonvalue.Params(op.Params)
+		if err != nil {
 			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
 		}
-		s, err := jsonStruct(op.Params)
+		s, err := jsonStruct(params)
 		if err != nil {
 			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
 		}

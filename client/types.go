@@ -59,7 +59,13 @@ type Op struct {
 	Tool string
 	// Params are the consequential parameters, fingerprinted by the ledger
 	// (never stored): JSON-like values (map[string]any, []any, string,
-	// float64, int, bool, nil).
+	// float64, int, bool, nil). Other Go values ([]string,
+	// map[string]string, []int, int32, time.Time, structs...) are
+	// fingerprinted and sent as their JSON encoding, so they are the same
+	// request as the JSON values they encode to (what a caller in another
+	// language sends). Integers stay exact: one beyond 2^53, which a double
+	// cannot carry, is refused (ErrInvalidArgument), as are values with no
+	// JSON form.
 	Params map[string]any
 	// PermitID is the authorization grant the agent acts under.
 	PermitID string

@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/jsonvalue"
 )
 
 // Runner runs agent loops (see the package doc). It is safe for concurrent
@@ -354,93 +353,13 @@ func repeatKey(c ToolCall) (string, error) {
 	return c.Name + "\x00" + fp.String(), nil
 }
 
-// callArgs returns a call's arguments as the ledger fingerprints them: as
-// they are when they have a canonical form, otherwise as JSON values, the
-// way result data is converted ([]string, map[string]string, []int,
-// structs...), so that the same arguments built in Go or decoded from JSON
-// are the same request. Integers stay exact in the conversion: one that a
-// double cannot carry is refused, as it is unconverted. Arguments with no
-// JSON form are refused with the fingerprint's error (it names the field,
-// never a value).
+// callArgs returns a call's arguments as the ledger fingerprints them
+// (jsonvalue.Params): as they are when they have a canonical form,
+// otherwise as the JSON values they encode to, as Op.Params is converted,
+// so that the same arguments built in Go or decoded from JSON are the same
+// request.
 func callArgs(c ToolCall) (map[string]any, error) {
-	_, cerr := fingerprint.Canonical(c.Args)
-	if cerr == nil {
-		return c.Args, nil
-	}
-	out, err := decodeJSON(c.Args, true)
-	if err != nil {
-		return nil, cerr
-	}
-	if err := exactIntegers(out); err != nil {
-		return nil, err
-	}
-	if _, err := fingerprint.Canonical(out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// decodeJSON returns m's JSON encoding decoded again: map[string]any,
-// []any, string, bool, nil, and float64 or, with numbers, json.Number.
-func decodeJSON(m map[string]any, numbers bool) (map[string]any, error) {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if numbers {
-		dec.UseNumber()
-	}
-	var out map[string]any
-	if err := dec.Decode(&out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// errNotADouble refuses a number in arguments that no IEEE 754 double
-// carries exactly (an integer beyond the int64 range, or beyond the double
-// range).
-var errNotADouble = fmt.Errorf("%w: a number is not exactly representable as an IEEE 754 double", fingerprint.ErrNotCanonical)
-
-// exactIntegers replaces, in place, the json.Number values of v (decoded
-// with decodeJSON) by int64 for integers, which the fingerprint refuses
-// when a double cannot carry them exactly, and float64 otherwise.
-func exactIntegers(v any) error {
-	convert := func(x any) (any, error) {
-		n, ok := x.(json.Number)
-		if !ok {
-			return x, exactIntegers(x)
-		}
-		if !strings.ContainsAny(string(n), ".eE") {
-			i, err := n.Int64()
-			if err != nil {
-				return nil, errNotADouble
-			}
-			return i, nil
-		}
-		f, err := n.Float64()
-		if err != nil {
-			return nil, errNotADouble // its message would quote the value
-		}
-		return f, nil
-	}
-	var err error
-	switch x := v.(type) {
-	case map[string]any:
-		for k, e := range x {
-			if x[k], err = convert(e); err != nil {
-				return err
-			}
-		}
-	case []any:
-		for i, e := range x {
-			if x[i], err = convert(e); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return jsonvalue.Params(c.Args)
 }
 
 // runCall runs one call. A non-nil stop error ends the run (the call stays
@@ -601,7 +520,7 @@ func jsonData(data map[string]any) map[string]any {
 	if _, err := structpb.NewStruct(data); err == nil {
 		return data
 	}
-	out, err := decodeJSON(data, false)
+	out, err := jsonvalue.Decode(data, false)
 	if err != nil {
 		return data
 	}

@@ -1,0 +1,71 @@
+package client_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/redistest"
+)
+
+// Params built in Go with types of their own ([]string, map[string]string,
+// []int, int32, time.Time, structs) are taken as their JSON encoding: the
+// operation is fingerprinted as the same params decoded from JSON (what a
+// Python or Node caller sends), so that form replays the recorded result
+// instead of being refused as another request under the same key, and the
+// effect is applied once. An integer a double cannot carry is still
+// refused, before anything runs.
+func TestDoTakesTypedParamsAsTheirJSONEncoding(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination()
+	type line struct {
+		SKU string `json:"sku"`
+		Qty int    `json:"qty"`
+	}
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	typed := map[string]any{
+		"ids": []string{"a", "b"}, "labels": map[string]string{"k": "v"}, "counts": []int{1, 2},
+		"amount": int32(1250), "at": at, "line": line{"x-1", 3},
+	}
+	var asJSON map[string]any
+	if err := json.Unmarshal([]byte(`{"ids":["a","b"],"labels":{"k":"v"},"counts":[1,2],
+		"amount":1250,"at":"2026-12-01T09:30:00Z","line":{"sku":"x-1","qty":3}}`), &asJSON); err != nil {
+		t.Fatal(err)
+	}
+	op := e.op("typed", "payments.refund", typed)
+	res, err := e.c.Do(e.ctx, op, d.fn)
+	if err != nil || res.Replayed || res.ResourceID != "R-1" {
+		t.Fatalf("Do with typed params = %+v, %v; want R-1 run", res, err)
+	}
+	o, err := e.c.Lookup(e.ctx, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := fingerprint.Compute(asJSON, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(o.ParamsSHA256) != string(want[:]) {
+		t.Fatalf("params_sha256 = %x, want the JSON form's %x", o.ParamsSHA256, want[:])
+	}
+	op.Params = asJSON
+	res, err = e.c.Do(e.ctx, op, d.fn)
+	if err != nil || !res.Replayed || res.ResourceID != "R-1" {
+		t.Fatalf("Do with the JSON form = %+v, %v; want R-1 replayed", res, err)
+	}
+	if n := d.totalApplied(); n != 1 || d.calls.Load() != 1 {
+		t.Fatalf("applied %d times (fn called %d times), want once", n, d.calls.Load())
+	}
+	// Reserve takes them the same way.
+	r, err := e.c.Reserve(e.ctx, e.op("typed", "payments.refund", typed), client.NewHolder())
+	if err != nil || r.Decision != client.DecisionReplay {
+		t.Fatalf("Reserve with typed params = %+v, %v; want a replay", r, err)
+	}
+	big := e.op("big", "payments.refund", map[string]any{"amounts": []int64{1<<53 + 1}})
+	if _, err := e.c.Do(e.ctx, big, d.fn); !errors.Is(err, client.ErrInvalidArgument) || d.calls.Load() != 1 {
+		t.Fatalf("Do with an integer beyond 2^53 = %v (fn called %d times), want ErrInvalidArgument", err, d.calls.Load())
+	}
+}

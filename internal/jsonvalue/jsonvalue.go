@@ -1,0 +1,102 @@
+// Package jsonvalue converts Go values to the JSON values the ledger
+// fingerprints and carries (map[string]any, []any, string, float64, bool,
+// nil), through their JSON encoding. The client SDK (Op.Params) and the
+// agent runner (tool call arguments, result data) share it, so the same
+// parameters built in Go or decoded from JSON are one request.
+package jsonvalue
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/opledger/ledger/fingerprint"
+)
+
+// Params returns params as the ledger fingerprints them: as they are when
+// they have a canonical form (fingerprint.Canonical), otherwise as the
+// JSON values they encode to ([]string, map[string]string, []int, int32,
+// time.Time, structs...). Integers stay exact in the conversion: one that
+// a double cannot carry is refused, as it is unconverted. Params with no
+// JSON form are refused with the fingerprint's error, which names the
+// field, never a value. Every error wraps fingerprint.ErrNotCanonical.
+func Params(params map[string]any) (map[string]any, error) {
+	_, cerr := fingerprint.Canonical(params)
+	if cerr == nil {
+		return params, nil
+	}
+	out, err := Decode(params, true)
+	if err != nil {
+		return nil, cerr
+	}
+	if err := exactIntegers(out); err != nil {
+		return nil, err
+	}
+	if _, err := fingerprint.Canonical(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Decode returns m's JSON encoding decoded again: map[string]any, []any,
+// string, bool, nil, and float64 or, with numbers, json.Number.
+func Decode(m map[string]any, numbers bool) (map[string]any, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if numbers {
+		dec.UseNumber()
+	}
+	var out map[string]any
+	if err := dec.Decode(&out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// errNotADouble refuses a number that no IEEE 754 double carries exactly
+// (an integer beyond the int64 range, or beyond the double range).
+var errNotADouble = fmt.Errorf("%w: a number is not exactly representable as an IEEE 754 double", fingerprint.ErrNotCanonical)
+
+// exactIntegers replaces, in place, the json.Number values of v (decoded
+// with Decode) by int64 for integers, which the fingerprint refuses when a
+// double cannot carry them exactly, and float64 otherwise.
+func exactIntegers(v any) error {
+	convert := func(x any) (any, error) {
+		n, ok := x.(json.Number)
+		if !ok {
+			return x, exactIntegers(x)
+		}
+		if !strings.ContainsAny(string(n), ".eE") {
+			i, err := n.Int64()
+			if err != nil {
+				return nil, errNotADouble
+			}
+			return i, nil
+		}
+		f, err := n.Float64()
+		if err != nil {
+			return nil, errNotADouble // its message would quote the value
+		}
+		return f, nil
+	}
+	var err error
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if x[k], err = convert(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if x[i], err = convert(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
