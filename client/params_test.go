@@ -69,3 +69,26 @@ func TestDoTakesTypedParamsAsTheirJSONEncoding(t *testing.T) {
 		t.Fatalf("Do with an integer beyond 2^53 = %v (fn called %d times), want ErrInvalidArgument", err, d.calls.Load())
 	}
 }
+
+// A string that is not valid UTF-8 has no JSON form: inside a Go type of
+// its own it is refused as it is in a map[string]any, instead of being
+// sent with its bytes replaced by U+FFFD, which would make "caf\xe9" and
+// "caf\xe8" one request: the second would replay the first's result.
+func TestDoRefusesTypedParamsThatAreNotUTF8(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination()
+	for _, params := range []map[string]any{
+		{"names": []string{"caf\xe9"}},
+		{"names": []string{"caf\xe8"}},
+		{"names": map[string]string{"caf\xe9": "x"}},
+		{"name": "caf\xe9"},
+	} {
+		op := e.op("latin1", "payments.refund", params)
+		if res, err := e.c.Do(e.ctx, op, d.fn); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Errorf("Do with %q = %+v, %v; want ErrInvalidArgument", params, res, err)
+		}
+	}
+	if n := d.totalApplied(); n != 0 || d.calls.Load() != 0 {
+		t.Fatalf("applied %d times (fn called %d times), want never", n, d.calls.Load())
+	}
+}

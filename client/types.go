@@ -65,7 +65,7 @@ type Op struct {
 	// request as the JSON values they encode to (what a caller in another
 	// language sends). Integers stay exact: one beyond 2^53, which a double
 	// cannot carry, is refused (ErrInvalidArgument), as are values with no
-	// JSON form.
+	// JSON form (strings that are not valid UTF-8 among them).
 	Params map[string]any
 	// PermitID is the authorization grant the agent acts under.
 	PermitID string

@@ -19,14 +19,19 @@ import (
 // JSON values they encode to ([]string, map[string]string, []int, int32,
 // time.Time, structs...). Integers stay exact in the conversion: one that
 // a double cannot carry is refused, as it is unconverted. Params with no
-// JSON form are refused with the fingerprint's error, which names the
-// field, never a value. Every error wraps fingerprint.ErrNotCanonical.
+// JSON form, among them strings that are not valid UTF-8 (JSON encoding
+// would replace their bytes, making different strings one), are refused
+// with the fingerprint's error, which names the field, never a value. Every error wraps fingerprint.ErrNotCanonical.
 func Params(params map[string]any) (map[string]any, error) {
 	_, cerr := fingerprint.Canonical(params)
 	if cerr == nil {
 		return params, nil
 	}
-	out, err := Decode(params, true)
+	b, err := json.Marshal(params)
+	if err != nil || replacedBytes(b) {
+		return nil, cerr
+	}
+	out, err := decode(b, true)
 	if err != nil {
 		return nil, cerr
 	}
@@ -46,6 +51,11 @@ func Decode(m map[string]any, numbers bool) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return decode(b, numbers)
+}
+
+// decode decodes the JSON object b, as Decode does.
+func decode(b []byte, numbers bool) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if numbers {
 		dec.UseNumber()
@@ -55,6 +65,28 @@ func Decode(m map[string]any, numbers bool) (map[string]any, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// replacedBytes reports whether the JSON text b, from json.Marshal, holds
+// the escape \ufffd, which json.Marshal writes in place of bytes that are
+// not valid UTF-8 (a valid U+FFFD is written as it is): such a string has
+// no JSON form, and its replacement would make different strings one.
+func replacedBytes(b []byte) bool {
+	for i := bytes.Index(b, []byte(`\ufffd`)); i >= 0; {
+		n := 0 // backslashes before the escape's own
+		for j := i - 1; j >= 0 && b[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return true
+		}
+		next := bytes.Index(b[i+1:], []byte(`\ufffd`))
+		if next < 0 {
+			break
+		}
+		i += 1 + next
+	}
+	return false
 }
 
 // errNotADouble refuses a number that no IEEE 754 double carries exactly
