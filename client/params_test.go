@@ -92,3 +92,41 @@ func TestDoRefusesTypedParamsThatAreNotUTF8(t *testing.T) {
 		t.Fatalf("applied %d times (fn called %d times), want never", n, d.calls.Load())
 	}
 }
+
+// Large doubles inside Go types of their own ([]float64{1e20}) are taken as
+// the doubles they are, as float64 values in a map[string]any are, instead
+// of being refused as integers beyond 2^53 because their JSON encoding has
+// no decimal point; the JSON form replays them. An integer the wire would
+// round is still refused.
+func TestDoTakesLargeDoublesInTypedParams(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination()
+	typed := map[string]any{"limits": []float64{1e20, 1 << 60, -1e18}, "cap": map[string]float64{"max": 1e20}}
+	var asJSON map[string]any
+	if err := json.Unmarshal([]byte(`{"limits":[1e20,1152921504606846976,-1e18],"cap":{"max":100000000000000000000}}`), &asJSON); err != nil {
+		t.Fatal(err)
+	}
+	op := e.op("doubles", "payments.refund", typed)
+	if res, err := e.c.Do(e.ctx, op, d.fn); err != nil || res.Replayed {
+		t.Fatalf("Do with typed params = %+v, %v; want it run", res, err)
+	}
+	op.Params = asJSON
+	if res, err := e.c.Do(e.ctx, op, d.fn); err != nil || !res.Replayed || res.ResourceID != "R-1" {
+		t.Fatalf("Do with the JSON form = %+v, %v; want R-1 replayed", res, err)
+	}
+	if n := d.totalApplied(); n != 1 || d.calls.Load() != 1 {
+		t.Fatalf("applied %d times (fn called %d times), want once", n, d.calls.Load())
+	}
+	for _, params := range []map[string]any{
+		{"n": []int64{1<<53 + 1}},
+		{"n": []uint64{1<<64 - 1}},
+		{"n": []int64{-(1<<62 + 1)}},
+	} {
+		if _, err := e.c.Do(e.ctx, e.op("rounded", "payments.refund", params), d.fn); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Errorf("Do with %v = %v, want ErrInvalidArgument", params, err)
+		}
+	}
+	if d.calls.Load() != 1 {
+		t.Fatalf("fn called %d times, want once", d.calls.Load())
+	}
+}

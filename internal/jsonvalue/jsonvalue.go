@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/opledger/ledger/fingerprint"
@@ -17,8 +18,10 @@ import (
 // Params returns params as the ledger fingerprints them: as they are when
 // they have a canonical form (fingerprint.Canonical), otherwise as the
 // JSON values they encode to ([]string, map[string]string, []int, int32,
-// time.Time, structs...). Integers stay exact in the conversion: one that
-// a double cannot carry is refused, as it is unconverted. Params with no
+// time.Time, structs...). Numbers keep their value in the conversion: an
+// integer beyond 2^53 that the wire's doubles would round (2^53+1) is
+// refused, as it is unconverted, while a large float64 ([]float64{1e20})
+// is the double it is. Params with no
 // JSON form, among them strings that are not valid UTF-8 (JSON encoding
 // would replace their bytes, making different strings one), are refused
 // with the fingerprint's error, which names the field, never a value. Every error wraps fingerprint.ErrNotCanonical.
@@ -93,9 +96,30 @@ func replacedBytes(b []byte) bool {
 // (an integer beyond the int64 range, or beyond the double range).
 var errNotADouble = fmt.Errorf("%w: a number is not exactly representable as an IEEE 754 double", fingerprint.ErrNotCanonical)
 
+// maxExact is the largest magnitude up to which every integer is a double.
+const maxExact = 1 << 53
+
+// exactDouble returns the integer n, beyond ±2^53, as a double when the
+// double's canonical form is n as written, as it is for a large float64
+// (json.Marshal writes float64(1e20) as 100000000000000000000, and 2^60
+// as 1152921504606847000, the digits the fingerprint writes too). Any
+// other integer is refused: the wire would round it (2^53+1), and two
+// integers would be one request.
+func exactDouble(n json.Number) (any, error) {
+	f, err := strconv.ParseFloat(string(n), 64)
+	if err != nil {
+		return nil, errNotADouble
+	}
+	if b, err := fingerprint.Canonical(f); err != nil || string(b) != string(n) {
+		return nil, errNotADouble
+	}
+	return f, nil
+}
+
 // exactIntegers replaces, in place, the json.Number values of v (decoded
-// with Decode) by int64 for integers, which the fingerprint refuses when a
-// double cannot carry them exactly, and float64 otherwise.
+// with Decode) by int64 for integers up to ±2^53, float64 for integers
+// beyond it that are written as their double's canonical form (see
+// exactDouble), and float64 for other numbers; other integers are refused.
 func exactIntegers(v any) error {
 	convert := func(x any) (any, error) {
 		n, ok := x.(json.Number)
@@ -103,11 +127,10 @@ func exactIntegers(v any) error {
 			return x, exactIntegers(x)
 		}
 		if !strings.ContainsAny(string(n), ".eE") {
-			i, err := n.Int64()
-			if err != nil {
-				return nil, errNotADouble
+			if i, err := n.Int64(); err == nil && -maxExact <= i && i <= maxExact {
+				return i, nil
 			}
-			return i, nil
+			return exactDouble(n)
 		}
 		f, err := n.Float64()
 		if err != nil {
