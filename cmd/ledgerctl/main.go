@@ -129,7 +129,8 @@ reconcile <operation_id> <finding> [flags]
     abandon             give up for good: FAILED_FINAL
     escalate            a human must decide: stays UNKNOWN, needs_review
   --resource-id ID      with applied: what the effect created (a refund id...)
-  --data JSON           with applied: the result data, a JSON object
+  --data JSON           with applied: the result data, a JSON object (each
+                        key once; numbers a 64-bit float holds as written)
   --failure-code CODE   with abandon: the recorded failure code (default
                         ABANDONED)
   --failure-message T   with abandon: the recorded failure message
@@ -578,10 +579,57 @@ func parseData(s string) (map[string]any, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("more than one JSON value")
 	}
+	if key, ok := duplicateKey(s); ok {
+		return nil, fmt.Errorf("duplicate key %q in one object: only one value would be recorded; give each key once", key)
+	}
 	if err := exactNumbers(m); err != nil {
 		return nil, err
 	}
 	return m, nil
+}
+
+// duplicateKey returns a member name that appears twice in one object of
+// the JSON text s (valid: parseData decoded it), at any depth, as decoded
+// (so "a" and "\u0061" are one name).
+func duplicateKey(s string) (string, bool) {
+	type object struct {
+		keys    map[string]bool
+		wantKey bool
+	}
+	var stack []*object // nil for an array
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false // the end
+		}
+		var top *object
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		if top != nil && top.wantKey {
+			key := tok.(string)
+			if top.keys[key] {
+				return key, true
+			}
+			top.keys[key], top.wantKey = true, false
+			continue
+		}
+		if top != nil {
+			top.wantKey = true // after this value
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &object{keys: map[string]bool{}, wantKey: true})
+		case json.Delim('['):
+			stack = append(stack, nil)
+		}
+	}
 }
 
 // exactNumbers replaces the json.Numbers in v (a map or slice from

@@ -1340,3 +1340,33 @@ func TestNotFoundOtherTenant(t *testing.T) {
 		t.Errorf("after the other tenant's calls: %+v", op)
 	}
 }
+
+// TestDataDuplicateKeys: --data with a key twice in one object, at any
+// depth, is bad usage, and nothing is recorded: decoding would keep the
+// last value silently, so the result recorded (and replayed to every
+// retry) might not be the one the operator meant. The same key in
+// different objects is fine.
+func TestDataDuplicateKeys(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	env := e.env
+	id := "wf-60:charge"
+	e.markUnknown(t, id, "payments.charge", "timeout")
+	for data, key := range map[string]string{
+		`{"a":1,"a":2}`:                                `"a"`,
+		`{"a":1,"b":{"c":[1,2],"c":[1,2]}}`:            `"c"`,
+		`{"x":[{"a":1},{"b":{"k":1},"b":{"k":1}}]}`:    `"b"`,
+		`{"a":1,"\u0061":2}`:                           `"a"`,
+		`{"deep":[[[{"n":null,"m":true,"n":false}]]]}`: `"n"`,
+	} {
+		fails(t, env, 2, []string{"ledgerctl: --data: ", "duplicate key " + key, "usage: ledgerctl"}, "reconcile", id, "applied", "--data", data)
+	}
+	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" || len(op.History) != 2 {
+		t.Fatalf("a refused --data was recorded: %+v", op)
+	}
+	must(t, env, "reconcile", id, "applied", "--data", `{"a":{"a":1,"b":[{"a":1},{"a":2,"b":3}]},"b":[],"c":{}}`)
+	op := lookupJSON(t, env, id)
+	b, _ := json.Marshal(op.Result.Data)
+	if want := `{"a":{"a":1,"b":[{"a":1},{"a":2,"b":3}]},"b":[],"c":{}}`; op.State != "STATE_SUCCEEDED" || string(b) != want {
+		t.Fatalf("after applied: %s %s, want %s", op.State, b, want)
+	}
+}
