@@ -323,10 +323,15 @@ func parse(args []string, env func(string) string) (*options, error) {
 		return o, usagef("", "no command")
 	}
 	if cmd == "help" {
-		if len(positional) > 1 {
-			return o, errHelp{cmd: known(positional[1])}
+		switch {
+		case len(positional) > 2:
+			return o, usagef("", "help takes one command, not %d", len(positional)-1)
+		case len(positional) == 1 || positional[1] == "help":
+			return o, errHelp{}
+		case known(positional[1]) == "":
+			return o, usagef("", "unknown command %q: help takes one of %s", positional[1], strings.Join(commands, ", "))
 		}
-		return o, errHelp{}
+		return o, errHelp{cmd: positional[1]}
 	}
 	if _, ok := commandFlags[cmd]; !ok {
 		return o, usagef("", "unknown command %q", cmd)

@@ -1370,3 +1370,35 @@ func TestDataDuplicateKeys(t *testing.T) {
 		t.Fatalf("after applied: %s %s, want %s", op.State, b, want)
 	}
 }
+
+// TestHelpUnknownCommand: help about a command that does not exist is bad
+// usage (exit 2) naming it, with the usage that lists the commands, not
+// the whole usage on stdout with exit 0 as if it had been answered.
+func TestHelpUnknownCommand(t *testing.T) {
+	env := map[string]string{"LEDGER_ADDR": "127.0.0.1:1"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"help", "lookups"}, `unknown command "lookups"`},
+		{[]string{"--json", "help", ""}, `unknown command ""`},
+		{[]string{"help", "lookup", "reconcile"}, "help takes one command"},
+	} {
+		o := ctl(t, env, c.args...)
+		if o.code != 2 || o.stdout != "" || !strings.HasPrefix(o.stderr, "ledgerctl: "+c.want) {
+			t.Errorf("ledgerctl %q: want exit 2 with %q: %s", c.args, c.want, o)
+			continue
+		}
+		for _, cmd := range commands {
+			if !strings.Contains(o.stderr, "\n  "+cmd) {
+				t.Errorf("ledgerctl %q: the commands listed lack %s: %s", c.args, cmd, o)
+			}
+		}
+	}
+	for _, args := range [][]string{{"help", "help"}, {"help", "list-unresolved"}} {
+		if o := ctl(t, env, args...); o.code != 0 || !strings.HasPrefix(o.stdout, "usage: ledgerctl") || o.stderr != "" {
+			t.Errorf("ledgerctl %q: %s", args, o)
+		}
+	}
+}
