@@ -11,8 +11,10 @@
 // go after the command name, before or after its arguments. "ledgerctl help"
 // prints the whole usage; docs/ledgerctl.md is the operator's guide.
 //
-// Exit status: 0 on success, 1 when the ledger refused the call or could not
-// be reached, 2 on bad usage.
+// Exit status: 0 on success, 1 when the call failed (the ledger refused it
+// or could not be reached, or ledgerctl could not make it: a TLS file it
+// cannot read, an address it cannot parse, an API key it will not send in
+// clear), 2 on bad usage.
 package main
 
 import (
@@ -93,8 +95,10 @@ global flags (before or after the command):
   --json                print one JSON document on stdout, with the notices
                         in it ("notices"), and errors as JSON on stderr
 
-exit status: 0 success, 1 the ledger refused the call or could not be
-reached, 2 bad usage.
+exit status: 0 success; 1 the call failed: the ledger refused it or could
+not be reached, or ledgerctl could not make it (TLS_CONFIG: a TLS file it
+cannot read, BAD_ADDRESS: an --addr it cannot parse, API_KEY_NOT_SENT: a key
+it will not send without TLS); 2 bad usage.
 `
 
 var commandUsage = map[string]string{

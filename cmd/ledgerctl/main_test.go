@@ -1402,3 +1402,26 @@ func TestHelpUnknownCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalErrorsExit1: a call ledgerctl could not make (a TLS file it
+// cannot read, an address it cannot parse) exits 1 with its own reason,
+// as a call the ledger refused or that found no ledger does, as the usage
+// says; bad usage exits 2.
+func TestLocalErrorsExit1(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{"LEDGER_ADDR": "127.0.0.1:1"}
+	fails(t, env, 1, []string{"ledgerctl: TLS_CONFIG: --tls-ca"}, "lookup", "x", "--tls-ca", filepath.Join(dir, "missing.pem"))
+	fails(t, env, 1, []string{"ledgerctl: BAD_ADDRESS: --addr"}, "lookup", "x", "--addr", "%zz")
+	fails(t, env, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", "x")
+	o := fails(t, env, 1, nil, "--json", "lookup", "x", "--addr", "%zz")
+	var je jsonError
+	if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "BAD_ADDRESS" || je.Code != "" {
+		t.Errorf("--json BAD_ADDRESS = %v: %s", err, o)
+	}
+	for _, args := range [][]string{{"lookup"}, {"help", "x"}, {"lookup", "x", "--tls-ca", ""}} {
+		fails(t, env, 2, []string{"usage: ledgerctl"}, args...)
+	}
+	if u := usage(""); !strings.Contains(u, "1 the call failed") || !strings.Contains(u, "TLS_CONFIG") || !strings.Contains(u, "BAD_ADDRESS") {
+		t.Errorf("the usage does not say what exit 1 covers:\n%s", u)
+	}
+}
