@@ -349,6 +349,12 @@ func parse(args []string, env func(string) string) (*options, error) {
 		// An empty value is an unset variable, not the flag left out.
 		empty := bad == nil && f.Value.String() == ""
 		switch f.Name {
+		case "api-key":
+			// No key at all, in place of LEDGER_API_KEY's. (Its String
+			// never shows the key: look at the key itself.)
+			if bad == nil && o.apiKey == "" {
+				bad = usagef(cmd, "--api-key is empty (leave the flag out for LEDGER_API_KEY's)")
+			}
 		case "tls-ca", "tls-cert", "tls-key":
 			// Without the file the connection would be plaintext (or
 			// without the client certificate).

@@ -1425,3 +1425,27 @@ func TestLocalErrorsExit1(t *testing.T) {
 		t.Errorf("the usage does not say what exit 1 covers:\n%s", u)
 	}
 }
+
+// TestEmptyAPIKey: an empty --api-key (an unset shell variable) is bad
+// usage, like an empty --tls-ca, instead of overriding LEDGER_API_KEY with
+// no key and calling the ledger without credentials.
+func TestEmptyAPIKey(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	id := "wf-70:refund"
+	e.markUnknown(t, id, "payments.refund", "timeout")
+	for _, args := range [][]string{
+		{"lookup", id, "--api-key", ""},
+		{"--api-key=", "lookup", id},
+		{"reconcile", id, "escalate", "--note", "x", "--api-key", "  "},
+		{"--json", "list-unresolved", "--api-key="},
+	} {
+		fails(t, e.env, 2, []string{"ledgerctl: --api-key is empty", "usage: ledgerctl"}, args...)
+		fails(t, map[string]string{"LEDGER_ADDR": e.addr}, 2, []string{"ledgerctl: --api-key is empty"}, args...)
+	}
+	if op := lookupJSON(t, e.env, id); op.State != "STATE_UNKNOWN" || op.NeedsReview {
+		t.Errorf("after the refused calls: %+v", op)
+	}
+	// The key from the environment, or a flag with a key, still works.
+	must(t, e.env, "lookup", id)
+	must(t, map[string]string{"LEDGER_ADDR": e.addr}, "lookup", id, "--api-key", e.keys.keys["viewer"])
+}
