@@ -34,6 +34,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/opledger/ledger/client"
 )
@@ -576,9 +577,14 @@ func checkReconcile(o *options) (client.Finding, error) {
 	return f, nil
 }
 
-// parseData reads --data: one JSON object. The ledger keeps its numbers as
-// 64-bit floats: a number that would be recorded as another one is refused.
+// parseData reads --data: one JSON object, in UTF-8, each key once in each
+// object. The ledger keeps its numbers as 64-bit floats: a number that
+// would be recorded as another one is refused.
 func parseData(s string) (map[string]any, error) {
+	if !utf8.ValidString(s) {
+		// Decoding would record U+FFFD in place of the bytes.
+		return nil, errors.New("not valid UTF-8 (text in another encoding?): give it in UTF-8")
+	}
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.UseNumber()
 	var m map[string]any

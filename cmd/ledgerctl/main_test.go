@@ -1449,3 +1449,25 @@ func TestEmptyAPIKey(t *testing.T) {
 	must(t, e.env, "lookup", id)
 	must(t, map[string]string{"LEDGER_ADDR": e.addr}, "lookup", id, "--api-key", e.keys.keys["viewer"])
 }
+
+// TestDataNotUTF8: --data that is not valid UTF-8 (text from a Latin-1
+// terminal or file) is bad usage, and nothing is recorded: decoding would
+// replace the bytes with U+FFFD, recording a result other than the one
+// given.
+func TestDataNotUTF8(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	id := "wf-80:charge"
+	e.markUnknown(t, id, "payments.charge", "timeout")
+	for _, data := range []string{"{\"name\":\"caf\xe9\"}", "{\"caf\xe9\":1}", "{\"a\":[\"\xff\"]}"} {
+		fails(t, e.env, 2, []string{"ledgerctl: --data: ", "not valid UTF-8", "usage: ledgerctl"}, "reconcile", id, "applied", "--data", data)
+	}
+	if op := lookupJSON(t, e.env, id); op.State != "STATE_UNKNOWN" || len(op.History) != 2 {
+		t.Fatalf("a refused --data was recorded: %+v", op)
+	}
+	must(t, e.env, "reconcile", id, "applied", "--data", `{"name":"café","esc":"\u00e9","r":"`+"\ufffd"+`"}`)
+	op := lookupJSON(t, e.env, id)
+	b, _ := json.Marshal(op.Result.Data)
+	if want := `{"esc":"é","name":"café","r":"` + "\ufffd" + `"}`; op.State != "STATE_SUCCEEDED" || string(b) != want {
+		t.Fatalf("after applied: %s %s, want %s", op.State, b, want)
+	}
+}
