@@ -21,10 +21,11 @@ import (
 // time.Time, structs...). Numbers keep their value in the conversion: an
 // integer beyond 2^53 that the wire's doubles would round (2^53+1) is
 // refused, as it is unconverted, while a large float64 ([]float64{1e20})
-// is the double it is. Params with no
-// JSON form, among them strings that are not valid UTF-8 (JSON encoding
-// would replace their bytes, making different strings one), are refused
-// with the fingerprint's error, which names the field, never a value. Every error wraps fingerprint.ErrNotCanonical.
+// is the double it is. Params with no JSON form, among them strings that
+// are not valid UTF-8 (JSON encoding would replace their bytes, making
+// different strings one), are refused with the fingerprint's error, which
+// names the field, never a value. Every error wraps
+// fingerprint.ErrNotCanonical.
 func Params(params map[string]any) (map[string]any, error) {
 	_, cerr := fingerprint.Canonical(params)
 	if cerr == nil {
