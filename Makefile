@@ -68,6 +68,7 @@ bench: ## measure ledgerd on fresh redis-servers: throughput and latency against
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) ./fingerprint/
 	$(GO) test -run '^$$' -fuzz '^FuzzComputeFingerprint$$' -fuzztime $(FUZZTIME) ./fingerprint/
+	$(GO) test -run '^$$' -fuzz '^FuzzParams$$' -fuzztime $(FUZZTIME) ./internal/jsonvalue/
 	$(GO) test -run '^$$' -fuzz '^FuzzKeyEncoding$$' -fuzztime $(FUZZTIME) ./ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompactScript$$' -fuzztime $(FUZZTIME) ./ledger/
