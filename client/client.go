@@ -48,6 +48,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
@@ -288,7 +289,7 @@ func (c *Client) Reserve(ctx context.Context, op Op, holder string) (*Reservatio
 		if err != nil {
 			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
 		}
-		s, err := jsonStruct(params)
+		s, err := structpb.NewStruct(params)
 		if err != nil {
 			return nil, &Error{Reason: "INVALID_ARGUMENT", Message: "params: " + err.Error(), sentinel: ErrInvalidArgument}
 		}

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -128,5 +129,45 @@ func TestDoTakesLargeDoublesInTypedParams(t *testing.T) {
 	}
 	if d.calls.Load() != 1 {
 		t.Fatalf("fn called %d times, want once", d.calls.Load())
+	}
+}
+
+// Result data that the wire cannot carry as it is (an integer the wire's
+// doubles would round, a string that is not valid UTF-8) is not recorded
+// changed: the replay would return another resource than the one fn made
+// (9007199254740993 recorded as 9007199254740992, a name with U+FFFD in
+// place of its bytes). The effect is left to reconciliation instead, as for
+// any result that cannot be recorded, and fn is not run again.
+func TestDoDoesNotRecordResultDataChanged(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	for name, data := range map[string]map[string]any{
+		"big-int":      {"ids": []int64{1<<53 + 1}},
+		"big-int64":    {"id": int64(1<<53 + 1)},
+		"invalid-utf8": {"names": []string{"caf\xe9"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			calls := 0
+			op := e.op(name, "payments.refund", map[string]any{"n": 1})
+			res, err := e.c.Do(e.ctx, op, func(context.Context, client.Attempt) (client.Result, error) {
+				calls++
+				return client.Result{ResourceID: "R-1", Data: data}, nil
+			})
+			if !errors.Is(err, client.ErrCompletionNotRecorded) || res.ResourceID != "R-1" {
+				t.Fatalf("Do = %+v, %v; want fn's result with ErrCompletionNotRecorded", res, err)
+			}
+			o, err := e.c.Lookup(e.ctx, op.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.State != client.StateUnknown || o.Result != nil {
+				t.Fatalf("record %v with result %+v; want UNKNOWN, nothing recorded", o.State, o.Result)
+			}
+			if _, err := e.c.Do(e.ctx, op, func(context.Context, client.Attempt) (client.Result, error) {
+				calls++
+				return client.Result{}, nil
+			}); !errors.Is(err, client.ErrNeedsReconciliation) || calls != 1 {
+				t.Fatalf("Do again = %v, fn called %d times; want ErrNeedsReconciliation, fn once", err, calls)
+			}
+		})
 	}
 }

@@ -2,15 +2,14 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"math/rand/v2"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/jsonvalue"
 )
 
 // The wire enums, under shorter names.
@@ -268,22 +267,18 @@ func resultToProto(r Result) (*ledgerv1.Result, error) {
 	return out, nil
 }
 
-// jsonStruct converts Go values to a Struct through their JSON encoding, so
-// []string, map[string]string and tagged structs work as structpb's own
-// conversion does not allow.
+// jsonStruct converts Go values to a Struct as jsonvalue.Params does (Go
+// types of their own, []string, map[string]string, tagged structs, through
+// their JSON encoding), so that what is sent is what was given: an integer
+// the wire's doubles would round or a string that is not valid UTF-8 is
+// refused, not carried changed (a result recorded so would replay another
+// resource id than the one the tool made).
 func jsonStruct(m map[string]any) (*structpb.Struct, error) {
-	if s, err := structpb.NewStruct(m); err == nil {
-		return s, nil
-	}
-	b, err := json.Marshal(m)
+	v, err := jsonvalue.Params(m)
 	if err != nil {
 		return nil, err
 	}
-	s := &structpb.Struct{}
-	if err := protojson.Unmarshal(b, s); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return structpb.NewStruct(v)
 }
 
 func operationFromProto(p *ledgerv1.Operation) *Operation {

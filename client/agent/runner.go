@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/structpb"
-
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/fingerprint"
 	"github.com/opledger/ledger/internal/jsonvalue"
@@ -509,18 +507,18 @@ func (s *run) runMutating(ctx context.Context, t Tool, c ToolCall, args map[stri
 	return res, nil
 }
 
-// jsonData returns data as JSON values when the ledger's wire format
-// (google.protobuf.Struct) cannot carry it as it is ([]string,
-// map[string]string, structs...): otherwise the SDK could not record the
-// result of an effect that happened. Data that is not JSON stays as it is.
+// jsonData returns data as the JSON values the ledger records
+// (jsonvalue.Params: Go types of their own, []string, map[string]string,
+// structs, through their JSON encoding), so the model gets what the ledger
+// replays. Data without an exact JSON form (an integer the wire's doubles
+// would round, a string that is not valid UTF-8) stays as it is: the SDK
+// then refuses to record it changed and leaves the effect to
+// reconciliation.
 func jsonData(data map[string]any) map[string]any {
 	if data == nil {
 		return nil
 	}
-	if _, err := structpb.NewStruct(data); err == nil {
-		return data
-	}
-	out, err := jsonvalue.Decode(data, false)
+	out, err := jsonvalue.Params(data)
 	if err != nil {
 		return data
 	}

@@ -316,6 +316,32 @@ func TestMutatingResultDataIsRecorded(t *testing.T) {
 	}
 }
 
+// Result data the wire would carry changed (an integer its doubles would
+// round) is not recorded changed: a replay would hand the model another
+// resource than the one the tool made. The effect is left to
+// reconciliation, and the tool is not run again.
+func TestMutatingResultDataIsNotRecordedChanged(t *testing.T) {
+	env := startLedger(t, redistest.Shared(t).Client(t))
+	var runs atomic.Int32
+	tool := agent.Tool{Name: "tag", Mutating: true, Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+		runs.Add(1)
+		return client.Result{ResourceID: "t-1", Data: map[string]any{"ids": []int64{1<<53 + 1}}}, nil
+	}}
+	call := agent.ToolCall{ID: "call-1", Name: "tag", Args: map[string]any{"x": 1}}
+	runID := newRunID(t)
+	for range 2 {
+		mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{tool}}).
+			Run(context.Background(), agent.Input{RunID: runID, Transcript: user("tag it")})
+	}
+	op, err := env.client.Lookup(context.Background(), runID+":call-1")
+	if err != nil || op.State != client.StateUnknown || op.Result != nil {
+		t.Fatalf("operation = %+v, %v; want UNKNOWN with no result recorded", op, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the tool ran %d times, want 1", n)
+	}
+}
+
 // The ledger does not record how an ambiguous refund ended: it hangs, is
 // unavailable, or answers that it no longer has the operation. The effect
 // may exist, so the run stops with the call pending instead of handing the
