@@ -13,7 +13,7 @@ const crypto = require('node:crypto');
 const path = require('node:path');
 const protobuf = require('protobufjs');
 const {
-  DOMAIN, Ledger, LedgerError, RetryableToolError, ToolFailedError, grpc, inProgressDelay,
+  DOMAIN, Ledger, LedgerError, RetryableToolError, ToolFailedError, WaitBudgetSpentError, grpc, inProgressDelay,
 } = require('./ledger');
 
 const rpcTypes = new protobuf.Root();
@@ -359,7 +359,8 @@ async function main() {
     const reserves = count(waiter, 'Reserve');
     const dest = destination();
     const { err } = await outcome(waiter.callTool({ ...held, waitMs: 20000 }, dest.create));
-    check(err && /still held by another caller/.test(err.message), `the caller gives up waiting (${err ? err.message : 'a result'})`);
+    check(err instanceof WaitBudgetSpentError && /still held by another caller/.test(err.message),
+      `the caller gives up waiting (${err ? err.message : 'a result'})`);
     check(dest.applied(held.operationId) === 0, 'the tool did not run');
     check(reserves.n <= 10, `at most 10 Reserves in 20s (${reserves.n}; polling at retry_after, 1s, makes about 20)`);
     const slept = pauses.reduce((a, b) => a + b, 0);
@@ -380,6 +381,33 @@ async function main() {
     check(inProgressDelay(1000, 8000, low) === 8000, 'a longer retry_after wins over the cap');
     const jittered = inProgressDelay(3, 50, high);
     check(jittered > 400 && jittered < 600, `plus up to half of it again at random (${jittered})`);
+  });
+
+  await scenario(async () => {
+    console.log('13. the answer to Reserve comes after the wait budget (1s) is spent, on an injected clock');
+    let now = 0;
+    const ledger = new Ledger(address, { now: () => now, sleep: async (ms) => { now += ms; } });
+    const real = ledger.client.Reserve.bind(ledger.client);
+    ledger.client.Reserve = (request, options, callback) => real(request, options, (err, resp) => {
+      now += 2000; // the answer takes 2s to come back
+      callback(err, resp);
+    });
+    const dest = destination();
+    const late = op('late-claim', { waitMs: 1000 });
+    const { err } = await outcome(ledger.callTool(late, dest.create));
+    check(err instanceof WaitBudgetSpentError && /may be retried under the same operation id/.test(err.message),
+      `the caller gets "wait budget spent" (${err ? err.message : 'a result'})`);
+    check(dest.applied(late.operationId) === 0, `the tool did not run (${dest.applied(late.operationId)})`);
+    const record = await ledger.lookup(late.operationId);
+    check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'caller_gave_up',
+      `the claim is returned unused (${record.state}, ${record.failure && record.failure.code})`);
+    const retrier = new Ledger(address);
+    const retried = await outcome(retrier.callTool(late, dest.create));
+    check(!retried.err && !retried.value.replayed,
+      `a retry under the same id runs the tool (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
+    check(dest.applied(late.operationId) === 1, `the destination applied the effect once (${dest.applied(late.operationId)})`);
+    ledger.close();
+    retrier.close();
   });
 
   if (failed > 0) {

@@ -108,6 +108,24 @@ class ToolTimedOutError extends Error {
   }
 }
 
+// callTool's wait budget (waitMs) was spent before the tool could start:
+// another caller still held the claim, or the claim came too late and was
+// returned unused (returned; false when the ledger could not take it back,
+// and it lapses with its lease). The tool did not run: the operation may be
+// retried under the same operation id.
+class WaitBudgetSpentError extends Error {
+  constructor(operationId, waitMs, { held = false, returned = false } = {}) {
+    const what = held
+      ? `operation ${operationId} is still held by another caller`
+      : `the claim on operation ${operationId} came too late: the tool did not run, and the claim ${
+        returned ? 'is returned unused' : 'could not be returned (it lapses with its lease)'}`;
+    super(`wait budget spent (${waitMs} ms): ${what}; it may be retried under the same operation id`);
+    this.name = 'WaitBudgetSpentError';
+    this.operationId = operationId;
+    this.returned = returned;
+  }
+}
+
 // Throw from fn only when the failure proves nothing was applied (HTTP 429, a
 // refused connection). An HTTP 503 or a gRPC RESOURCE_EXHAUSTED or ABORTED
 // may come after the effect: let those propagate (UNKNOWN), unless the
@@ -212,8 +230,9 @@ const BACK_OFF_REASONS = new Set(['RATE_LIMITED', 'UNRESOLVED_LIMIT']);
 // back: it may have done what was asked.
 const UNANSWERED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED]);
 
-// The failure code of a claim returned unused by a caller that gave up
-// waiting for the Reserve that granted it (see returnLostClaim).
+// The failure code of a claim returned unused by a caller that gave up:
+// waiting for the Reserve that granted it (see returnLostClaim), or on the
+// claim itself, which came after its wait budget (see returnClaim).
 const CALLER_GAVE_UP = 'caller_gave_up';
 
 // Whether a call that failed with code, and the ErrorInfo (or LedgerError)
@@ -290,7 +309,11 @@ class Ledger {
   // When the ledger cannot record how fn ended, callTool throws
   // NotRecordedError: fn ran, and must not run again under a new operation id.
   // While another caller holds the claim, callTool reserves again after a
-  // backoff (see inProgressDelay) until waitMs is up, then throws an Error.
+  // backoff (see inProgressDelay) until waitMs is up, then throws
+  // WaitBudgetSpentError. waitMs bounds the time from the call to the start
+  // of fn: a claim that comes when it is up (a Reserve answered late, or the
+  // last one, at the end of a wait) is returned unused (caller_gave_up) and
+  // callTool throws WaitBudgetSpentError; fn does not run.
   // When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after the
   // repeats), callTool throws its LedgerError, fn does not run, and a claim
   // the ledger granted all the same is returned (see returnLostClaim).
@@ -323,7 +346,7 @@ class Ledger {
           // Another caller's live claim: Reserve again after a backoff (see
           // inProgressDelay), the last time when waitMs is up.
           const left = deadline - this.now();
-          if (left <= 0) throw new Error(`operation ${operationId} is still held by another caller`);
+          if (left <= 0) throw new WaitBudgetSpentError(operationId, waitMs, { held: true });
           waits += 1;
           await this.sleep(Math.min(inProgressDelay(waits, durationMs(resp.retry_after)), left));
           break;
@@ -331,6 +354,13 @@ class Ledger {
         case 'DECISION_RECONCILE':
           throw new NeedsReconciliationError(op);
         case 'DECISION_EXECUTE':
+          if (deadline - this.now() <= 0) {
+            // The caller's wait is over: the tool does not run behind its
+            // back. The claim is returned, rather than left to expire into
+            // UNKNOWN.
+            const returned = await this.returnClaim(op);
+            throw new WaitBudgetSpentError(operationId, waitMs, { returned });
+          }
           return this.execute(op, fn, toolTimeoutMs);
         default:
           throw new Error(`unexpected decision ${resp.decision}`);
@@ -366,6 +396,26 @@ class Ledger {
       this.log(`Complete ${id}: the claim granted to a Reserve without an answer is returned unused`);
     } catch (err) {
       this.log(`returning the claim of ${id}: ${err.message}`);
+    }
+  }
+
+  // Returns a claim the caller will not use: completes it as a retryable
+  // failure proven not applied (caller_gave_up), so the operation is PENDING,
+  // free for a retry. Returns whether the ledger took it back; when it did
+  // not, the claim lapses with its lease.
+  async returnClaim(op) {
+    try {
+      await this.rpc('Complete', {
+        operation_id: op.operation_id,
+        fencing_token: op.fencing_token,
+        outcome: 'OUTCOME_FAILED_RETRYABLE',
+        failure: { code: CALLER_GAVE_UP },
+      });
+      this.log(`Complete ${op.operation_id}: the claim is returned unused`);
+      return true;
+    } catch (err) {
+      this.log(`returning the claim of ${op.operation_id}: ${err.message}`);
+      return false;
     }
   }
 
@@ -487,6 +537,7 @@ module.exports = {
   NeedsReconciliationError,
   NotRecordedError,
   ToolTimedOutError,
+  WaitBudgetSpentError,
   RetryableToolError,
   FinalToolError,
   errorDetails,

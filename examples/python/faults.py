@@ -24,7 +24,8 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 import grpc  # noqa: E402
 
 from ledger_guard import (  # noqa: E402
-    DOMAIN, Attempt, Ledger, LedgerError, RetryableToolError, ToolFailed, in_progress_delay, pb, to_struct)
+    DOMAIN, Attempt, Ledger, LedgerError, RetryableToolError, ToolFailed, WaitBudgetSpent, in_progress_delay, pb,
+    to_struct)
 
 # After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
 from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
@@ -364,7 +365,7 @@ def main() -> None:
         waiter, dest = Ledger(address, clock=lambda: now[0], sleep=sleep), Destination()
         reserves = count(waiter, "Reserve")
         _, err = outcome(waiter.call_tool, **held, fn=dest.create, wait=20.0)
-        check(isinstance(err, TimeoutError) and "still held by another caller" in str(err),
+        check(isinstance(err, WaitBudgetSpent) and "still held by another caller" in str(err),
               f"the caller gives up waiting ({err!r})")
         check(dest.applied(held["operation_id"]) == 0, "the tool did not run")
         check(reserves[0] <= 10,
@@ -387,8 +388,41 @@ def main() -> None:
         jittered = in_progress_delay(3, 0.05, high)
         check(0.4 < jittered < 0.6, f"plus up to half of it again at random ({jittered})")
 
+    def late_claim():
+        print("13. the answer to Reserve comes after the wait budget (1s) is spent, on an injected clock")
+        now = [0.0]
+
+        def sleep(seconds: float) -> None:
+            now[0] += seconds
+
+        ledger, dest = Ledger(address, clock=lambda: now[0], sleep=sleep), Destination()
+        real = ledger.stub.Reserve
+
+        def slow_answer(request, **kwargs):
+            resp = real(request, **kwargs)
+            now[0] += 2.0  # the answer takes 2s to come back
+            return resp
+
+        ledger.stub.Reserve = slow_answer
+        late = op("late-claim", wait=1.0)
+        key = late["operation_id"]
+        _, err = outcome(ledger.call_tool, **late, fn=dest.create)
+        check(isinstance(err, WaitBudgetSpent) and "may be retried under the same operation id" in str(err),
+              f"the caller gets \"wait budget spent\" ({err!r})")
+        check(dest.applied(key) == 0, f"the tool did not run ({dest.applied(key)})")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_PENDING and record.failure.code == "caller_gave_up",
+              f"the claim is returned unused ({pb.State.Name(record.state)}, {record.failure.code!r})")
+        retrier = Ledger(address)
+        out, err = outcome(retrier.call_tool, **late, fn=dest.create)
+        check(err is None and not out.replayed, f"a retry under the same id runs the tool ({err!r})")
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        ledger.close()
+        retrier.close()
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow,
-                     big_integer, exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays):
+                     big_integer, exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays,
+                     late_claim):
         try:
             scenario()
         except CheckFailed as err:

@@ -63,8 +63,9 @@ _BACK_OFF_REASONS = ("RATE_LIMITED", "UNRESOLVED_LIMIT")
 # it may have done what was asked.
 _UNANSWERED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
-# The failure code of a claim returned unused by a caller that gave up waiting
-# for the Reserve that granted it (see Ledger._return_lost_claim).
+# The failure code of a claim returned unused by a caller that gave up: waiting
+# for the Reserve that granted it (see Ledger._return_lost_claim), or on the
+# claim itself, which came after its wait budget (see Ledger._return_claim).
 CALLER_GAVE_UP = "caller_gave_up"
 
 
@@ -137,6 +138,25 @@ class ToolTimedOut(Exception):
     def __init__(self, operation_id: str, timeout: float):
         super().__init__(f"the tool did not return within {timeout}s: "
                          f"operation {operation_id} may have applied its effect")
+
+
+class WaitBudgetSpent(TimeoutError):
+    """call_tool's wait budget (wait) was spent before the tool could start.
+
+    Another caller still held the claim (held), or the claim came too late and
+    was returned unused (returned; False when the ledger could not take it
+    back, and it lapses with its lease). The tool did not run: the operation
+    may be retried under the same operation id.
+    """
+
+    def __init__(self, operation_id: str, wait: float, *, held: bool = False, returned: bool = False):
+        self.operation_id, self.held, self.returned = operation_id, held, returned
+        if held:
+            what = f"operation {operation_id} is still held by another caller"
+        else:
+            what = (f"the claim on operation {operation_id} came too late: the tool did not run, and the claim "
+                    + ("is returned unused" if returned else "could not be returned (it lapses with its lease)"))
+        super().__init__(f"wait budget spent ({wait}s): {what}; it may be retried under the same operation id")
 
 
 class RetryableToolError(Exception):
@@ -311,7 +331,11 @@ class Ledger:
         NotRecorded: fn ran, and must not run again under a new operation id.
         While another caller holds the claim, call_tool reserves again after
         a backoff (see in_progress_delay) until wait seconds are up, then
-        raises TimeoutError.
+        raises WaitBudgetSpent (a TimeoutError). wait bounds the time from the
+        call to the start of fn: a claim that comes when it is up (a Reserve
+        answered late, or the last one, at the end of a wait) is returned
+        unused (caller_gave_up) and call_tool raises WaitBudgetSpent; fn does
+        not run.
         When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after
         the repeats), call_tool raises its LedgerError, fn does not run, and a
         claim the ledger granted all the same is returned (see
@@ -346,7 +370,7 @@ class Ledger:
                 # (see in_progress_delay), the last time when wait is up.
                 left = deadline - self.clock()
                 if left <= 0:
-                    raise TimeoutError(f"operation {operation_id} is still held by another caller")
+                    raise WaitBudgetSpent(operation_id, wait, held=True)
                 waits += 1
                 self.sleep(min(in_progress_delay(waits, resp.retry_after.ToTimedelta().total_seconds()), left))
                 continue
@@ -354,7 +378,30 @@ class Ledger:
                 raise NeedsReconciliation(op)
             if resp.decision != pb.DECISION_EXECUTE:
                 raise LedgerError(grpc.StatusCode.UNKNOWN, f"unexpected decision {resp.decision}", None)
+            if deadline - self.clock() <= 0:
+                # The caller's wait is over: the tool does not run behind its
+                # back. The claim is returned, rather than left to expire into
+                # UNKNOWN.
+                raise WaitBudgetSpent(operation_id, wait, returned=self._return_claim(op))
             return self._execute(op, fn, tool_timeout)
+
+    def _return_claim(self, op: pb.Operation) -> bool:
+        """Returns a claim the caller will not use.
+
+        The claim is completed as a retryable failure proven not applied
+        (caller_gave_up), so the operation is PENDING, free for a retry.
+        Returns whether the ledger took it back; when it did not, the claim
+        lapses with its lease.
+        """
+        try:
+            self.rpc("Complete", pb.CompleteRequest(
+                operation_id=op.operation_id, fencing_token=op.fencing_token,
+                outcome=pb.OUTCOME_FAILED_RETRYABLE, failure=pb.Failure(code=CALLER_GAVE_UP)))
+        except LedgerError as err:
+            self.log(f"returning the claim of {op.operation_id}: {err.code.name} {err.reason}")
+            return False
+        self.log(f"Complete {op.operation_id}: the claim is returned unused")
+        return True
 
     def _return_lost_claim(self, request: pb.ReserveRequest) -> None:
         """Returns the claim a Reserve (request) may have been granted though its answer never came back.
