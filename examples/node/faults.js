@@ -410,6 +410,108 @@ async function main() {
     retrier.close();
   });
 
+  await scenario(async () => {
+    console.log('14. the caller cancels (signal) while another caller holds the claim, on an injected clock');
+    const holder = new Ledger(address);
+    const held = op('cancel-waiting');
+    const claim = await holder.rpc('Reserve', {
+      operation_id: held.operationId, tool: held.tool, params: { fields: { title: { stringValue: 'Printer on fire' } } },
+      permit_id: held.permitId, holder: 'another-caller', effect: 'EFFECT_UNSPECIFIED',
+    });
+    check(claim.decision === 'DECISION_EXECUTE', 'another caller holds the claim');
+    const cancel = new AbortController();
+    const reason = new Error('the user closed the conversation');
+    let now = 0;
+    let pauses = 0;
+    const waiter = new Ledger(address, {
+      now: () => now,
+      sleep: async (ms) => {
+        now += ms;
+        pauses += 1;
+        if (pauses === 2) cancel.abort(reason);
+      },
+    });
+    const reserves = count(waiter, 'Reserve');
+    const dest = destination();
+    const { err } = await outcome(waiter.callTool({ ...held, waitMs: 60000, signal: cancel.signal }, dest.create));
+    check(err === reason, `the call ends with the signal's reason (${err ? err.message : 'a result'})`);
+    check(reserves.n === 2, `no Reserve after the cancellation (${reserves.n})`);
+    check(dest.applied(held.operationId) === 0, 'the tool did not run');
+    const already = await outcome(waiter.callTool({ ...held, signal: cancel.signal }, dest.create));
+    check(already.err === reason && reserves.n === 2,
+      `a call whose signal is already aborted asks nothing (${already.err ? already.err.message : 'a result'})`);
+    holder.close();
+    waiter.close();
+  });
+
+  await scenario(async () => {
+    console.log('15. the caller cancels while the Reserve is on its way; its answer grants the claim all the same');
+    const ledger = new Ledger(address);
+    const cancel = new AbortController();
+    const real = ledger.client.Reserve.bind(ledger.client);
+    let once = false;
+    ledger.client.Reserve = (request, options, callback) => real(request, options, (err, resp) => {
+      if (!once) cancel.abort();
+      once = true;
+      callback(err, resp);
+    });
+    const dest = destination();
+    const cut = op('cancel-reserving');
+    const { err } = await outcome(ledger.callTool({ ...cut, signal: cancel.signal }, dest.create));
+    check(err && err.name === 'AbortError',
+      `the call ends with the signal's reason (${err ? err.message : 'a result'})`);
+    check(dest.applied(cut.operationId) === 0, `the tool did not run (${dest.applied(cut.operationId)})`);
+    const record = await ledger.lookup(cut.operationId);
+    check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'caller_gave_up',
+      `the claim is returned unused (${record.state}, ${record.failure && record.failure.code})`);
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('16. the caller cancels while the tool runs: the tool sees it, and its outcome is recorded');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    // The tool applies its effect, then its answer is cut off by the cancellation.
+    const cancel = new AbortController();
+    const reason = new Error('the user closed the conversation');
+    const cut = op('cancel-running', { toolTimeoutMs: 5000 });
+    let seen;
+    const { err } = await outcome(ledger.callTool({ ...cut, signal: cancel.signal }, async (a) => {
+      await dest.create(a);
+      cancel.abort(reason);
+      await new Promise((resolve) => {
+        if (a.signal.aborted) resolve();
+        a.signal.addEventListener('abort', resolve);
+      });
+      seen = a.signal.reason;
+      throw a.signal.reason;
+    }));
+    check(seen === reason, `the tool's signal is aborted with the caller's reason (${seen && seen.message})`);
+    check(err === reason, `the call ends with what the tool threw (${err ? err.message : 'a result'})`);
+    let record = await ledger.lookup(cut.operationId);
+    check(record.state === 'STATE_UNKNOWN', `the outcome, unknown, is recorded: UNKNOWN (${record.state})`);
+    check(dest.applied(cut.operationId) === 1,
+      `the destination applied the effect once (${dest.applied(cut.operationId)})`);
+    // The tool does not stop: what it returns is recorded and returned.
+    const late = new AbortController();
+    const done = op('cancel-finishing');
+    let signal;
+    const ran = await outcome(ledger.callTool({ ...done, signal: late.signal }, async (a) => {
+      signal = a.signal;
+      late.abort();
+      await sleep(10);
+      return dest.create(a);
+    }));
+    check(signal.aborted, 'the tool\'s signal is aborted');
+    check(!ran.err && ran.value.resourceId !== '' && !ran.value.replayed,
+      `the call returns the tool's result (${ran.err ? ran.err.message : ran.value.resourceId})`);
+    record = await ledger.lookup(done.operationId);
+    check(record.state === 'STATE_SUCCEEDED', `the outcome is recorded: SUCCEEDED (${record.state})`);
+    check(dest.applied(done.operationId) === 1,
+      `the destination applied the effect once (${dest.applied(done.operationId)})`);
+    ledger.close();
+  });
+
   if (failed > 0) {
     console.error(`FAIL: ${failed} scenario(s)`);
     process.exit(1);

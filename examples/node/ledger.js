@@ -198,7 +198,20 @@ function fromStruct(s) {
   return Object.fromEntries(Object.entries((s && s.fields) || {}).map(([k, v]) => [k, fromValue(v)]));
 }
 
-const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+// Waits ms; an abort of signal (optional) ends the wait at once, rejecting
+// with its reason.
+const sleep = (ms, signal) => new Promise((resolve, reject) => {
+  let timer;
+  const stop = () => {
+    clearTimeout(timer);
+    reject(signal.reason);
+  };
+  timer = setTimeout(() => {
+    signal?.removeEventListener('abort', stop);
+    resolve();
+  }, ms);
+  signal?.addEventListener('abort', stop, { once: true });
+});
 const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
 const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
@@ -248,8 +261,8 @@ function repeatable(code, info) {
 
 class Ledger {
   // now and sleep are the clock of the waits between ledger calls (tests
-  // pass their own); call deadlines, leases and the tool timeout keep the
-  // real one.
+  // pass their own; sleep(ms, signal) may ignore signal); call deadlines,
+  // leases and the tool timeout keep the real one.
   constructor(address, {
     credentials = grpc.credentials.createInsecure(), callTimeoutMs = 5000, ledgerRetries = 3, log = () => {},
     now = Date.now, sleep: wait = sleep,
@@ -268,8 +281,9 @@ class Ledger {
 
   // Calls one ledger RPC, repeating it while the ledger is unavailable or
   // asks to back off (see repeatable); any other error becomes a LedgerError
-  // with its ErrorInfo reason.
-  async rpc(method, request) {
+  // with its ErrorInfo reason. An abort of signal (optional) ends the wait
+  // before a repeat, with its reason; a call on its way is not cut off.
+  async rpc(method, request, signal) {
     for (let attempt = 0; ; attempt += 1) {
       try {
         return await this.call(method, request, Date.now() + this.callTimeoutMs);
@@ -277,12 +291,30 @@ class Ledger {
         if (err.code === undefined) throw err;
         const { info, retryAfterMs } = errorDetails(err);
         if (repeatable(err.code, info) && attempt < this.ledgerRetries) {
-          await this.sleep(retryAfterMs ?? 100 * 2 ** attempt);
+          await this.pause(retryAfterMs ?? 100 * 2 ** attempt, signal);
           continue;
         }
         throw new LedgerError(err, info, retryAfterMs);
       }
     }
+  }
+
+  // Waits ms on this.sleep's clock. When signal (optional) is aborted,
+  // before or during the wait, it rejects with the signal's reason.
+  async pause(ms, signal) {
+    if (!signal) return this.sleep(ms);
+    signal.throwIfAborted();
+    let stop;
+    const aborted = new Promise((resolve, reject) => {
+      stop = () => reject(signal.reason);
+      signal.addEventListener('abort', stop, { once: true });
+    });
+    try {
+      await Promise.race([this.sleep(ms, signal), aborted]);
+    } finally {
+      signal.removeEventListener('abort', stop);
+    }
+    return signal.throwIfAborted();
   }
 
   // Calls one ledger RPC once, with deadline (ms since the epoch); the error
@@ -317,8 +349,17 @@ class Ledger {
   // When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after the
   // repeats), callTool throws its LedgerError, fn does not run, and a claim
   // the ledger granted all the same is returned (see returnLostClaim).
+  // signal (an AbortSignal, optional) cancels the call. Before fn starts,
+  // callTool throws the signal's reason: no further Reserve goes out, waits
+  // end at once, fn does not run, and a claim that comes all the same (a
+  // Reserve on its way is not cut off) is returned unused, as above. While
+  // fn runs, the abort reaches it through attempt.signal; callTool still
+  // waits for fn (at most toolTimeoutMs) and records how it ended, as
+  // without a cancellation: what fn returns is returned, what it throws is
+  // thrown.
   async callTool({
     operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 10000,
+    signal,
   }, fn) {
     const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
     const deadline = this.now() + waitMs;
@@ -327,17 +368,27 @@ class Ledger {
       operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect,
     };
     for (;;) {
+      signal?.throwIfAborted();
       let resp;
       try {
-        resp = await this.rpc('Reserve', request);
+        resp = await this.rpc('Reserve', request, signal);
       } catch (err) {
-        // The caller gives up on a Reserve that got no answer: the ledger
-        // may have granted the claim all the same.
-        if (err instanceof LedgerError && UNANSWERED.has(err.code)) await this.returnLostClaim(request);
+        // The caller gives up on a Reserve that got no answer, or cancels
+        // while it is repeated: the ledger may have granted the claim all
+        // the same.
+        if (signal?.aborted || (err instanceof LedgerError && UNANSWERED.has(err.code))) {
+          await this.returnLostClaim(request);
+        }
         throw err;
       }
       const op = resp.operation;
       this.log(`Reserve ${operationId}: ${resp.decision} (${op.state}, attempt ${op.attempt}, fencing token ${op.fencing_token})`);
+      if (signal?.aborted) {
+        // The caller cancelled while the Reserve was on its way: the tool
+        // does not run, and a claim the answer brings is returned.
+        if (resp.decision === 'DECISION_EXECUTE') await this.returnClaim(op);
+        signal.throwIfAborted();
+      }
       switch (resp.decision) {
         case 'DECISION_REPLAY':
           if (op.state === 'STATE_SUCCEEDED') return Ledger.outcome(op, true);
@@ -348,7 +399,7 @@ class Ledger {
           const left = deadline - this.now();
           if (left <= 0) throw new WaitBudgetSpentError(operationId, waitMs, { held: true });
           waits += 1;
-          await this.sleep(Math.min(inProgressDelay(waits, durationMs(resp.retry_after)), left));
+          await this.pause(Math.min(inProgressDelay(waits, durationMs(resp.retry_after)), left), signal);
           break;
         }
         case 'DECISION_RECONCILE':
@@ -361,7 +412,7 @@ class Ledger {
             const returned = await this.returnClaim(op);
             throw new WaitBudgetSpentError(operationId, waitMs, { returned });
           }
-          return this.execute(op, fn, toolTimeoutMs);
+          return this.execute(op, fn, toolTimeoutMs, signal);
         default:
           throw new Error(`unexpected decision ${resp.decision}`);
       }
@@ -419,9 +470,9 @@ class Ledger {
     }
   }
 
-  async execute(op, fn, toolTimeoutMs) {
+  async execute(op, fn, toolTimeoutMs, signal) {
     const claim = { operation_id: op.operation_id, fencing_token: op.fencing_token };
-    const renewal = this.keepLeased(op);
+    const renewal = this.keepLeased(op, signal);
     let timer;
     const timedOut = new Promise((resolve, reject) => {
       timer = setTimeout(() => {
@@ -439,7 +490,7 @@ class Ledger {
         idempotencyKey: op.operation_id,
         attempt: op.attempt,
         fencingToken: op.fencing_token,
-        signal: renewal.signal, // aborted at the timeout or when the claim is lost: stop the tool if you can
+        signal: renewal.signal, // aborted at the timeout, when the claim is lost or the caller cancels: stop if you can
       }), timedOut]);
     } catch (err) {
       clearTimeout(timer);
@@ -491,9 +542,14 @@ class Ledger {
   // are always left: nobody else finds it expired (and reconciles it, or
   // runs the tool again) while the tool is still at work. The first renewal
   // comes at once for a claim recovered late in its lease. signal is aborted
-  // when the ledger says the claim is gone, or by stop(reason).
-  keepLeased(op) {
+  // when the ledger says the claim is gone, by stop(reason), or when the
+  // caller's cancelled is (with its reason): renewals go on until stop, so
+  // that the tool's outcome can still be recorded.
+  keepLeased(op, cancelled) {
     const abort = new AbortController();
+    const cancel = () => abort.abort(cancelled.reason);
+    if (cancelled?.aborted) cancel();
+    else cancelled?.addEventListener('abort', cancel, { once: true });
     const end = timeMs(op.lease_expires_at);
     const lease = end - timeMs(op.updated_at);
     let timer;
@@ -516,6 +572,7 @@ class Ledger {
       stop: (reason) => {
         stopped = true;
         clearTimeout(timer);
+        cancelled?.removeEventListener('abort', cancel);
         if (reason) abort.abort(reason);
       },
     };

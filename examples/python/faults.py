@@ -24,8 +24,8 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 import grpc  # noqa: E402
 
 from ledger_guard import (  # noqa: E402
-    DOMAIN, Attempt, Ledger, LedgerError, RetryableToolError, ToolFailed, WaitBudgetSpent, in_progress_delay, pb,
-    to_struct)
+    DOMAIN, Attempt, Cancelled, Ledger, LedgerError, RetryableToolError, ToolFailed, WaitBudgetSpent, in_progress_delay,
+    pb, to_struct)
 
 # After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
 from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
@@ -420,9 +420,100 @@ def main() -> None:
         ledger.close()
         retrier.close()
 
+    def cancel_waiting():
+        print("14. the caller cancels while another caller holds the claim, on an injected clock")
+        holder = Ledger(address)
+        held = op("cancel-waiting")
+        claim = holder.rpc("Reserve", pb.ReserveRequest(
+            operation_id=held["operation_id"], tool=held["tool"], params=to_struct(held["params"]),
+            permit_id=held["permit_id"], holder="another-caller"))
+        check(claim.decision == pb.DECISION_EXECUTE, "another caller holds the claim")
+        cancel, now, pauses = threading.Event(), [0.0], [0]
+
+        def sleep(seconds: float) -> None:
+            now[0] += seconds
+            pauses[0] += 1
+            if pauses[0] == 2:
+                cancel.set()
+
+        waiter, dest = Ledger(address, clock=lambda: now[0], sleep=sleep), Destination()
+        reserves = count(waiter, "Reserve")
+        _, err = outcome(waiter.call_tool, **held, fn=dest.create, wait=60.0, cancel=cancel)
+        check(isinstance(err, Cancelled), f"the call raises Cancelled ({err!r})")
+        check(reserves[0] == 2, f"no Reserve after the cancellation ({reserves[0]})")
+        check(dest.applied(held["operation_id"]) == 0, "the tool did not run")
+        _, err = outcome(waiter.call_tool, **held, fn=dest.create, cancel=cancel)
+        check(isinstance(err, Cancelled) and reserves[0] == 2, f"a call already cancelled asks nothing ({err!r})")
+        holder.close()
+        waiter.close()
+
+    def cancel_reserving():
+        print("15. the caller cancels while the Reserve is on its way; its answer grants the claim all the same")
+        ledger, dest, cancel = Ledger(address), Destination(), threading.Event()
+        real = ledger.stub.Reserve
+
+        def cancelled_meanwhile(request, **kwargs):
+            resp = real(request, **kwargs)
+            cancel.set()
+            return resp
+
+        ledger.stub.Reserve = cancelled_meanwhile
+        cut = op("cancel-reserving")
+        key = cut["operation_id"]
+        _, err = outcome(ledger.call_tool, **cut, fn=dest.create, cancel=cancel)
+        check(isinstance(err, Cancelled), f"the call raises Cancelled ({err!r})")
+        check(dest.applied(key) == 0, f"the tool did not run ({dest.applied(key)})")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_PENDING and record.failure.code == "caller_gave_up",
+              f"the claim is returned unused ({pb.State.Name(record.state)}, {record.failure.code!r})")
+        ledger.close()
+
+    def cancel_running():
+        print("16. the caller cancels while the tool runs: the tool sees it, and its outcome is recorded")
+        ledger, dest = Ledger(address), Destination()
+
+        class CutOff(Exception):
+            pass
+
+        # The tool applies its effect, then its answer is cut off by the cancellation.
+        cancel = threading.Event()
+        cut = op("cancel-running", tool_timeout=5.0)
+
+        def applied_then_cut(attempt):
+            dest.create(attempt)
+            cancel.set()
+            attempt.cancelled.wait(30)
+            raise CutOff("the answer was cut off")
+
+        _, err = outcome(ledger.call_tool, **cut, fn=applied_then_cut, cancel=cancel)
+        check(isinstance(err, CutOff), f"the tool sees the cancellation, and the call raises what it raised ({err!r})")
+        state = ledger.lookup(cut["operation_id"]).state
+        check(state == pb.STATE_UNKNOWN, f"the outcome, unknown, is recorded: UNKNOWN ({pb.State.Name(state)})")
+        check(dest.applied(cut["operation_id"]) == 1,
+              f"the destination applied the effect once ({dest.applied(cut['operation_id'])})")
+        # The tool does not stop: what it returns is recorded and returned.
+        late, seen = threading.Event(), []
+        done = op("cancel-finishing")
+
+        def finishes(attempt):
+            seen.append(attempt)
+            late.set()
+            attempt.cancelled.wait(30)
+            return dest.create(attempt)
+
+        out, err = outcome(ledger.call_tool, **done, fn=finishes, cancel=late)
+        check(seen[0].cancelled.is_set(), "attempt.cancelled is set")
+        check(err is None and out.resource_id != "" and not out.replayed,
+              f"the call returns the tool's result ({err!r})")
+        state = ledger.lookup(done["operation_id"]).state
+        check(state == pb.STATE_SUCCEEDED, f"the outcome is recorded: SUCCEEDED ({pb.State.Name(state)})")
+        check(dest.applied(done["operation_id"]) == 1,
+              f"the destination applied the effect once ({dest.applied(done['operation_id'])})")
+        ledger.close()
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow,
                      big_integer, exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays,
-                     late_claim):
+                     late_claim, cancel_waiting, cancel_reserving, cancel_running):
         try:
             scenario()
         except CheckFailed as err:

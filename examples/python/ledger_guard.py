@@ -159,6 +159,19 @@ class WaitBudgetSpent(TimeoutError):
         super().__init__(f"wait budget spent ({wait}s): {what}; it may be retried under the same operation id")
 
 
+class Cancelled(Exception):
+    """The caller cancelled call_tool (its cancel event was set) before the tool started.
+
+    The tool did not run, and a claim the ledger granted all the same is
+    returned unused: the operation may be retried under the same operation id.
+    """
+
+    def __init__(self, operation_id: str):
+        self.operation_id = operation_id
+        super().__init__(f"cancelled before the tool started: operation {operation_id} "
+                         "may be retried under the same operation id")
+
+
 class RetryableToolError(Exception):
     """Raise from fn only when the failure proves nothing was applied (HTTP 429, a refused connection).
 
@@ -184,7 +197,7 @@ class Attempt:
     idempotency_key: str
     attempt: int
     fencing_token: int
-    # Set at the tool timeout or when the claim is lost: stop the tool if you can.
+    # Set at the tool timeout, when the claim is lost or when the caller cancels: stop the tool if you can.
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set when the ledger says the claim is gone (its lease renewed too late).
     claim_lost: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -274,13 +287,13 @@ class Ledger:
     """A client of ledger.v1.LedgerService for one agent runtime.
 
     clock and sleep are the clock of the waits between ledger calls (tests
-    pass their own); call deadlines, leases and the tool timeout keep the
-    real one.
+    pass their own; without one, a wait ends early when the call is
+    cancelled); call deadlines, leases and the tool timeout keep the real one.
     """
 
     def __init__(self, target: str, *, channel: grpc.Channel | None = None, call_timeout: float = 5.0,
                  ledger_retries: int = 3, log: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] | None = None):
         self.channel = channel or grpc.insecure_channel(target)
         self.stub = ledger_pb2_grpc.LedgerServiceStub(self.channel)
         self.call_timeout = call_timeout
@@ -292,10 +305,28 @@ class Ledger:
     def close(self) -> None:
         self.channel.close()
 
-    def rpc(self, method: str, request):
+    def _pause(self, seconds: float, cancel: threading.Event | None, operation_id: str) -> None:
+        """Waits seconds on this ledger's clock.
+
+        Raises Cancelled (for operation_id) when cancel is set, before or during the wait.
+        """
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(operation_id)
+        if self.sleep is not None:
+            self.sleep(seconds)
+        elif cancel is not None:
+            cancel.wait(seconds)
+        else:
+            time.sleep(seconds)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(operation_id)
+
+    def rpc(self, method: str, request, cancel: threading.Event | None = None):
         """Calls one ledger RPC, repeating it while the ledger is unavailable or asks to back off.
 
         Any other error becomes a LedgerError carrying its ErrorInfo reason.
+        When cancel (optional) is set, the wait before a repeat ends with
+        Cancelled; a call on its way is not cut off.
         """
         call = getattr(self.stub, method)
         for attempt in range(self.ledger_retries + 1):
@@ -305,7 +336,7 @@ class Ledger:
                 info, retry_after = error_info(err)
                 repeat = _repeatable(err.code(), info.reason if info else "", info.domain if info else "")
                 if repeat and attempt < self.ledger_retries:
-                    self.sleep(retry_after or 0.1 * 2 ** attempt)
+                    self._pause(retry_after or 0.1 * 2 ** attempt, cancel, getattr(request, "operation_id", ""))
                     continue
                 raise LedgerError(err.code(), err.details() or "", info, retry_after) from None
         raise AssertionError("unreachable")
@@ -315,7 +346,7 @@ class Ledger:
 
     def call_tool(self, *, operation_id: str, tool: str, params: dict[str, Any], permit_id: str,
                   fn: Callable[[Attempt], dict[str, Any]], effect: int = pb.EFFECT_UNSPECIFIED,
-                  wait: float = 30.0, tool_timeout: float = 10.0) -> Outcome:
+                  wait: float = 30.0, tool_timeout: float = 10.0, cancel: threading.Event | None = None) -> Outcome:
         """Runs fn at most once for operation_id, whoever retries it and however often.
 
         fn returns {"resource_id": str, "data": dict}. It raises
@@ -340,6 +371,13 @@ class Ledger:
         the repeats), call_tool raises its LedgerError, fn does not run, and a
         claim the ledger granted all the same is returned (see
         _return_lost_claim).
+        cancel (a threading.Event, optional) cancels the call when it is set.
+        Before fn starts, call_tool raises Cancelled: no further Reserve goes
+        out, waits end at once, fn does not run, and a claim that comes all
+        the same (a Reserve on its way is not cut off) is returned unused, as
+        above. While fn runs, attempt.cancelled is set; call_tool still waits
+        for fn (at most tool_timeout) and records how it ended, as without a
+        cancellation: what fn returns is returned, what it raises is raised.
         Parameters the wire would round (an integer beyond 2^53) raise
         ValueError before the ledger is asked.
         """
@@ -349,17 +387,30 @@ class Ledger:
         request = pb.ReserveRequest(operation_id=operation_id, tool=tool, params=params_struct(params),
                                     permit_id=permit_id, holder=holder, effect=effect)
         while True:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(operation_id)
             try:
-                resp = self.rpc("Reserve", request)
+                resp = self.rpc("Reserve", request, cancel)
             except LedgerError as err:
                 # The caller gives up on a Reserve that got no answer: the
                 # ledger may have granted the claim all the same.
                 if err.code in _UNANSWERED_CODES:
                     self._return_lost_claim(request)
                 raise
+            except Cancelled:
+                # The caller cancelled while the Reserve was repeated: the
+                # ledger may have granted the claim all the same.
+                self._return_lost_claim(request)
+                raise
             op = resp.operation
             self.log(f"Reserve {operation_id}: {pb.Decision.Name(resp.decision)} "
                      f"({pb.State.Name(op.state)}, attempt {op.attempt}, fencing token {op.fencing_token})")
+            if cancel is not None and cancel.is_set():
+                # The caller cancelled while the Reserve was on its way: the
+                # tool does not run, and a claim the answer brings is returned.
+                if resp.decision == pb.DECISION_EXECUTE:
+                    self._return_claim(op)
+                raise Cancelled(operation_id)
 
             if resp.decision == pb.DECISION_REPLAY:
                 if op.state == pb.STATE_SUCCEEDED:
@@ -372,7 +423,8 @@ class Ledger:
                 if left <= 0:
                     raise WaitBudgetSpent(operation_id, wait, held=True)
                 waits += 1
-                self.sleep(min(in_progress_delay(waits, resp.retry_after.ToTimedelta().total_seconds()), left))
+                self._pause(min(in_progress_delay(waits, resp.retry_after.ToTimedelta().total_seconds()), left),
+                            cancel, operation_id)
                 continue
             if resp.decision == pb.DECISION_RECONCILE:
                 raise NeedsReconciliation(op)
@@ -383,7 +435,7 @@ class Ledger:
                 # back. The claim is returned, rather than left to expire into
                 # UNKNOWN.
                 raise WaitBudgetSpent(operation_id, wait, returned=self._return_claim(op))
-            return self._execute(op, fn, tool_timeout)
+            return self._execute(op, fn, tool_timeout, cancel)
 
     def _return_claim(self, op: pb.Operation) -> bool:
         """Returns a claim the caller will not use.
@@ -437,14 +489,15 @@ class Ledger:
         except grpc.RpcError as err:
             self.log(f"returning the claim of {request.operation_id}: {err.code().name}")
 
-    def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]], tool_timeout: float) -> Outcome:
+    def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]], tool_timeout: float,
+                 cancel: threading.Event | None) -> Outcome:
         attempt = Attempt(operation_id=op.operation_id, idempotency_key=op.operation_id,
                           attempt=op.attempt, fencing_token=op.fencing_token)
         claim = {"operation_id": op.operation_id, "fencing_token": op.fencing_token}
         stop_renewing = self._keep_leased(op, attempt)
         try:
             try:
-                produced = self._run(fn, attempt, tool_timeout)
+                produced = self._run(fn, attempt, tool_timeout, cancel)
             finally:
                 stop_renewing.set()  # fn returned, or the timeout passed: the lease then lapses on its own
         except RetryableToolError as err:
@@ -476,12 +529,18 @@ class Ledger:
         self.log(f"Complete {op.operation_id}: {pb.State.Name(done.operation.state)}")
         return self._outcome(done.operation, replayed=False)
 
+    # How often _run looks at the caller's cancel event while the tool runs, in seconds.
+    _CANCEL_POLL = 0.05
+
     @staticmethod
-    def _run(fn: Callable[[Attempt], dict[str, Any]], attempt: Attempt, timeout: float) -> dict[str, Any]:
+    def _run(fn: Callable[[Attempt], dict[str, Any]], attempt: Attempt, timeout: float,
+             cancel: threading.Event | None = None) -> dict[str, Any]:
         """Runs fn(attempt) on a thread of its own and returns what it returns, or raises what it raises.
 
         A hung tool is not waited for: at the timeout attempt.cancelled is set
-        and ToolTimedOut raised; what fn returns after that is discarded.
+        and ToolTimedOut raised; what fn returns after that is discarded. When
+        cancel is set first, attempt.cancelled is set and fn is still waited
+        for, until the timeout.
         """
         ended, box = threading.Event(), {}
 
@@ -495,9 +554,16 @@ class Ledger:
         # The tool sees the caller's context variables (a tracing span, say), as if run in place.
         ctx = contextvars.copy_context()
         threading.Thread(target=ctx.run, args=(run,), name=f"tool {attempt.operation_id}", daemon=True).start()
-        if not ended.wait(timeout):
-            attempt.cancelled.set()
-            raise ToolTimedOut(attempt.operation_id, timeout)
+        end = time.monotonic() + timeout
+        while not ended.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                attempt.cancelled.set()
+                raise ToolTimedOut(attempt.operation_id, timeout)
+            if cancel is not None and cancel.is_set():
+                attempt.cancelled.set()  # passed on to the tool; its outcome is still awaited
+                cancel = None
+            ended.wait(left if cancel is None else min(left, Ledger._CANCEL_POLL))
         if "error" in box:
             raise box["error"]
         return box["result"]

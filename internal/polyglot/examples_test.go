@@ -63,8 +63,9 @@ func startFaultsLedgerd(t *testing.T) string {
 // JSON cannot carry, a tool that outlives its lease, a tool that hangs past
 // its tool timeout, a Reserve whose answers are lost (the claim granted is
 // returned), a wait on another caller's claim (backing off, on an injected
-// clock), a claim that comes after the wait budget (returned unused); each
-// counting the effects at a fake destination.
+// clock), a claim that comes after the wait budget (returned unused), a
+// caller that cancels while it waits, while its Reserve is on its way and
+// while the tool runs; each counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
