@@ -27,7 +27,7 @@ const (
 // (States, Tool, Overdue, NeedsReview) narrow them down, all of them at once;
 // Overdue compares the recovery deadline with the store's time, read with
 // the records. A page may hold fewer than PageSize operations (none, even)
-// while NextPageToken is set, since one call stops after examining about
+// while NextPageToken is set, since one call stops after examining at most
 // maxListScan index entries: keep paging until it is empty.
 //
 // May return an *Error of KindInvalid or KindUnavailable.
@@ -69,7 +69,9 @@ func (l *Ledger) ListUnresolved(ctx context.Context, who Principal, req ListRequ
 	scanned := 0
 outer:
 	for {
-		members, exhausted, err := l.unresolvedAfter(ctx, who.Tenant, cursor, size)
+		// The last batch is cut to what remains of the bound, so a call
+		// examines at most listScan entries, whatever the page size.
+		members, exhausted, err := l.unresolvedAfter(ctx, who.Tenant, cursor, min(size, l.listScan-scanned))
 		if err != nil {
 			return nil, storeError(op, err)
 		}
