@@ -153,7 +153,9 @@ type Operation struct {
 	RetainUntil      time.Time
 	ExpiresAt        time.Time
 	MaxAttempts      uint32
-	History          []HistoryEntry
+	// History is the operation's transitions, oldest first (the latest 50):
+	// filled by Lookup and Reconcile, empty in every other answer.
+	History []HistoryEntry
 }
 
 // lease returns the length of the claim's lease (both ends are the store's

@@ -84,7 +84,7 @@ func reasonName(code string) string {
 // made, if any.
 type record struct {
 	op      *Operation
-	history string // the stored history, decoded by Lookup only
+	history string // the stored history, decoded by Lookup and Reconcile only
 	moved   bool
 	from    State
 	dwell   time.Duration
