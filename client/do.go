@@ -35,6 +35,9 @@ const defaultReportTimeout = 10 * time.Second
 //     UNKNOWN operation.
 //   - ErrKeyReused, ErrKeyExpired, ErrInvalidArgument (an *Error): stop;
 //     never retry under a new key on your own.
+//   - ErrQuotaExceeded (UNRESOLVED_LIMIT, returned at once), ErrRateLimited
+//     (after its repeats), ErrUnauthenticated, ErrPermissionDenied (an
+//     *Error): the ledger refused the Reserve, and fn did not run.
 //   - ErrMessageTooLarge (an *Error): a Reserve, or its answer, exceeded a
 //     size limit of the gRPC transport; it is not repeated, and fn did not
 //     run.
