@@ -112,8 +112,9 @@
 // otherwise, ErrKeyExpired, ErrNeedsReconciliation, where the
 // effect may exist and a new call id must not be minted for it,
 // ErrUnavailable, also when the ledger did not answer while Do recorded an
-// outcome, ErrRateLimited, ErrUnauthenticated, ErrPermissionDenied, ...),
-// any other refusal by the ledger, used-up retries after an attempt that was
+// outcome, ErrRateLimited, ErrQuotaExceeded, ErrUnauthenticated,
+// ErrPermissionDenied, ...), any other refusal by the ledger, a message over
+// gRPC's size limit (client.ErrMessageTooLarge), used-up retries after an attempt that was
 // ambiguous or ran elsewhere (the ledger claims an UNKNOWN idempotent
 // operation again without reconciling it, so the effect may exist under the
 // operation's idempotency key, which a new call id would not share), an
