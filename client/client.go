@@ -24,13 +24,19 @@
 // the tool (it asks the destination whether the effect exists) or returns
 // ErrNeedsReconciliation. A conflict (ErrKeyReused) is a stop signal: the SDK
 // never mints a new key. When the ledger is unreachable fn is never called:
-// there is no execution without a reservation. A wait deadline in ctx
-// (WithWaitDeadline) bounds Do's waits without cutting a running fn.
+// there is no execution without a reservation, and a claim the ledger
+// granted to a Reserve whose answer was lost is returned unused (when the
+// ledger can be reached to look). A success the ledger refuses because it
+// records another outcome is returned with a *ConflictingOutcomeError:
+// escalate, never retry. A wait deadline in ctx (WithWaitDeadline) bounds
+// Do's waits without cutting a running fn.
 //
-// The typed wrappers (Reserve, Complete, MarkUnknown, Lookup, Reconcile,
-// Renew, ListUnresolved) expose every RPC; their errors are *Error values
-// that match the sentinels (ErrKeyReused, ErrStaleToken, ...) with
-// errors.Is. docs/client.md has the decision flow and the retry rules.
+// The typed wrappers (Reserve, Complete, Fail, MarkUnknown, Lookup,
+// Reconcile, Renew, ListUnresolved) expose every RPC; their errors are
+// *Error values that match the sentinels (ErrKeyReused, ErrStaleToken, ...)
+// with errors.Is. A RESOURCE_EXHAUSTED without the ledger's reason is gRPC's
+// size limit (ErrMessageTooLarge), not a rate limit. docs/client.md has the
+// decision flow and the retry rules.
 package client
 
 import (
