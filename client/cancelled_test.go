@@ -49,6 +49,7 @@ func TestDoDoesNotRunTheToolAfterTheCallerGaveUp(t *testing.T) {
 	if o.State != client.StatePending {
 		t.Fatalf("after Do gave up: %v, history %s; want PENDING (claimable, nothing applied)", o.State, strings.Join(reasons(o), ","))
 	}
+	gaveUpCode(t, o)
 	// The next call runs it, once.
 	res, err := e.c.Do(context.Background(), op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		applied.Add(1)
@@ -95,6 +96,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswerWasLostWhenTheCallerGaveUp(t *tes
 	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
 		t.Fatalf("after Do gave up: %v, history %s; want the claim returned (PENDING)", o.State, r)
 	}
+	gaveUpCode(t, o)
 	// The next call runs it, once.
 	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
 		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
@@ -143,6 +145,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswersWereAllLost(t *testing.T) {
 	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
 		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
 	}
+	gaveUpCode(t, o)
 	// The next call runs it, once.
 	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
 		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
@@ -176,5 +179,16 @@ func TestDoReturnsTheClaimOfALostReserveWhenTheWaitDeadlineEndsTheRepeat(t *test
 	}
 	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
 		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
+	}
+	gaveUpCode(t, o)
+}
+
+// gaveUpCode fails unless o's failure says why its claim was returned
+// unused: the caller gave up (the code every client uses for it, so an
+// operator reading the history can tell it from a tool's retryable error).
+func gaveUpCode(t *testing.T, o *client.Operation) {
+	t.Helper()
+	if o.Failure == nil || o.Failure.Code != "caller_gave_up" {
+		t.Fatalf("the returned claim's failure is %+v, want code caller_gave_up", o.Failure)
 	}
 }

@@ -168,7 +168,7 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 				// the claim was on its way: fn never runs, so the attempt
 				// is proven not applied. Return the claim, rather than
 				// leave it to expire into UNKNOWN.
-				now, rerr := c.reportFailure(ctx, o, Retryable)
+				now, rerr := c.reportFailure(ctx, o, Retryable, codeCallerGaveUp)
 				var err error = ctx.Err()
 				if err == nil {
 					err = deadline(waited, cmp.Or(now, o), lastErr)
@@ -204,7 +204,7 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 				// attempt, or claims the operation anew.
 				continue
 			}
-			now, err := c.reportFailure(ctx, o, class)
+			now, err := c.reportFailure(ctx, o, class, "retryable")
 			if err != nil {
 				return Result{}, fmt.Errorf("recording the failed attempt (%v): %w", ferr, err)
 			}
@@ -440,7 +440,7 @@ func (c *Client) returnLostClaim(ctx context.Context, op Op, holder string) {
 	if err != nil || r.Decision != DecisionExecute {
 		return
 	}
-	_, _ = c.Fail(rctx, op.ID, r.Operation.FencingToken, false, Failure{Code: "caller_gave_up"})
+	_, _ = c.Fail(rctx, op.ID, r.Operation.FencingToken, false, Failure{Code: codeCallerGaveUp})
 }
 
 // askReconciler runs r on its own goroutine, so that its context (and
@@ -492,14 +492,18 @@ const reconcilerGrace = time.Second
 // was no longer the attempt's (see failFinal).
 var errClaimGone = errors.New("client: the claim was gone when the attempt's final failure was reported")
 
-// reportFailure records a retryable (proven not applied) or ambiguous
-// attempt and returns the record after it (nil when the claim was already
-// gone, which needs no report).
-func (c *Client) reportFailure(ctx context.Context, o *Operation, class Class) (*Operation, error) {
+// codeCallerGaveUp is the failure code of a claim returned unused because
+// its caller gave up (or its wait deadline passed) before fn could run.
+const codeCallerGaveUp = "caller_gave_up"
+
+// reportFailure records a retryable (proven not applied, with the failure
+// code given) or ambiguous attempt and returns the record after it (nil
+// when the claim was already gone, which needs no report).
+func (c *Client) reportFailure(ctx context.Context, o *Operation, class Class, code string) (*Operation, error) {
 	var now *Operation
 	err := c.report(ctx, func(ctx context.Context) (err error) {
 		if class == Retryable {
-			now, err = c.Fail(ctx, o.ID, o.FencingToken, false, Failure{Code: "retryable"})
+			now, err = c.Fail(ctx, o.ID, o.FencingToken, false, Failure{Code: code})
 		} else {
 			now, err = c.MarkUnknown(ctx, o.ID, o.FencingToken, "ambiguous outcome")
 		}
