@@ -122,6 +122,8 @@ func TestDoTakesLargeDoublesInTypedParams(t *testing.T) {
 		{"n": []int64{1<<53 + 1}},
 		{"n": []uint64{1<<64 - 1}},
 		{"n": []int64{-(1<<62 + 1)}},
+		{"n": int64(1152921504606847000)},   // written as the digits of the double 2^60
+		{"n": []int64{1152921504606847000}}, // the same, in a Go type of its own
 	} {
 		if _, err := e.c.Do(e.ctx, e.op("rounded", "payments.refund", params), d.fn); !errors.Is(err, client.ErrInvalidArgument) {
 			t.Errorf("Do with %v = %v, want ErrInvalidArgument", params, err)
@@ -141,9 +143,10 @@ func TestDoTakesLargeDoublesInTypedParams(t *testing.T) {
 func TestDoDoesNotRecordResultDataChanged(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t))
 	for name, data := range map[string]map[string]any{
-		"big-int":      {"ids": []int64{1<<53 + 1}},
-		"big-int64":    {"id": int64(1<<53 + 1)},
-		"invalid-utf8": {"names": []string{"caf\xe9"}},
+		"big-int":       {"ids": []int64{1<<53 + 1}},
+		"big-int64":     {"id": int64(1<<53 + 1)},
+		"rounded-int64": {"id": int64(1152921504606847000)}, // its digits are the double 2^60's
+		"invalid-utf8":  {"names": []string{"caf\xe9"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			calls := 0

@@ -62,10 +62,10 @@ type Op struct {
 	// map[string]string, []int, int32, time.Time, structs...) are
 	// fingerprinted and sent as their JSON encoding, so they are the same
 	// request as the JSON values they encode to (what a caller in another
-	// language sends). Integers stay exact: one beyond 2^53 that a double
-	// would round is refused (ErrInvalidArgument), as are values with no
-	// JSON form (strings that are not valid UTF-8 among them); a large
-	// float64, even in a []float64, is the double it is.
+	// language sends). Integers stay exact: a Go integer beyond 2^53, which
+	// a double would round, is refused (ErrInvalidArgument), as are values
+	// with no JSON form (strings that are not valid UTF-8 among them); a
+	// large float64, even in a []float64, is the double it is.
 	Params map[string]any
 	// PermitID is the authorization grant the agent acts under.
 	PermitID string

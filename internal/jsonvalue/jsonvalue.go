@@ -7,8 +7,11 @@ package jsonvalue
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,10 +21,11 @@ import (
 // Params returns params as the ledger fingerprints them: as they are when
 // they have a canonical form (fingerprint.Canonical), otherwise as the
 // JSON values they encode to ([]string, map[string]string, []int, int32,
-// time.Time, structs...). Numbers keep their value in the conversion: an
-// integer beyond 2^53 that the wire's doubles would round (2^53+1) is
-// refused, as it is unconverted, while a large float64 ([]float64{1e20})
-// is the double it is. Params with no JSON form, among them strings that
+// time.Time, structs...). Numbers keep their value in the conversion: a Go
+// integer beyond 2^53, which the wire's doubles would round (2^53+1), is
+// refused wherever it is, as it is unconverted, even when its JSON digits
+// are those of the nearest double (1152921504606847000, 2^60's), while a
+// large float64 ([]float64{1e20}) is the double it is. Params with no JSON form, among them strings that
 // are not valid UTF-8 (JSON encoding would replace their bytes, making
 // different strings one), are refused with the fingerprint's error, which
 // names the field, never a value. Every error wraps
@@ -30,6 +34,12 @@ func Params(params map[string]any) (map[string]any, error) {
 	_, cerr := fingerprint.Canonical(params)
 	if cerr == nil {
 		return params, nil
+	}
+	if roundedInteger(reflect.ValueOf(params), 0) {
+		// Its JSON digits may be those of the double nearest to it
+		// (1152921504606847000, 2^60's): exactDouble would take it as
+		// that double, another integer.
+		return nil, errNotADouble
 	}
 	b, err := json.Marshal(params)
 	if err != nil || replacedBytes(b) {
@@ -92,6 +102,71 @@ func replacedBytes(b []byte) bool {
 	}
 	return false
 }
+
+// roundedInteger reports whether v holds, where its JSON encoding takes
+// values from, a Go integer beyond ±2^53, which the wire's doubles would
+// round: it looks through interfaces, pointers, map values, slice and
+// array elements, and the exported fields of structs that json.Marshal
+// encodes (not those tagged "-" or ",string"), but not into values that
+// encode themselves (json.Marshaler, encoding.TextMarshaler).
+func roundedInteger(v reflect.Value, depth int) bool {
+	if !v.IsValid() || depth > fingerprint.MaxDepth+1 {
+		return false // nothing, or too deep: refused anyway
+	}
+	if encodesItself(v.Type()) || v.CanAddr() && encodesItself(v.Addr().Type()) {
+		return false
+	}
+	switch v.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return v.Int() > maxExact || v.Int() < -maxExact
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return v.Uint() > maxExact
+	case reflect.Interface, reflect.Pointer:
+		return !v.IsNil() && roundedInteger(v.Elem(), depth)
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if roundedInteger(it.Value(), depth+1) {
+				return true
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return false // bytes: base64, or small numbers
+		}
+		for i := range v.Len() {
+			if roundedInteger(v.Index(i), depth+1) {
+				return true
+			}
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() && !f.Anonymous {
+				continue // json.Marshal skips it
+			}
+			tag := f.Tag.Get("json")
+			if tag == "-" || slices.Contains(strings.Split(tag, ",")[1:], "string") {
+				continue
+			}
+			if roundedInteger(v.Field(i), depth+1) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// encodesItself says whether values of t write their own JSON
+// (json.Marshaler, encoding.TextMarshaler): what they hold is theirs.
+func encodesItself(t reflect.Type) bool {
+	return t.Kind() != reflect.Interface && (t.Implements(jsonMarshaler) || t.Implements(textMarshaler))
+}
+
+var (
+	jsonMarshaler = reflect.TypeFor[json.Marshaler]()
+	textMarshaler = reflect.TypeFor[encoding.TextMarshaler]()
+)
 
 // errNotADouble refuses a number that no IEEE 754 double carries exactly
 // (an integer beyond the int64 range, or beyond the double range).

@@ -34,3 +34,37 @@ func TestParamsRefusesOnlyInvalidUTF8(t *testing.T) {
 		}
 	}
 }
+
+// A Go integer beyond 2^53 is refused wherever it is, as it is at the top
+// of a map[string]any, even when its JSON digits are those of the double
+// nearest to it (1152921504606847000 is written so, and 2^60 is that
+// double): taken as the double, it would be sent as another integer.
+func TestParamsRefusesIntegersTheWireWouldRound(t *testing.T) {
+	const n = 1152921504606847000 // 2^60 + 24
+	type ids struct{ ID int64 }
+	for _, params := range []map[string]any{
+		{"id": int64(n)},
+		{"id": uint64(n)},
+		{"ids": []int64{n}},
+		{"ids": map[string]int64{"a": -n}},
+		{"ids": ids{ID: n}},
+		{"ids": []any{&ids{ID: n}}},
+	} {
+		if out, err := Params(params); !errors.Is(err, fingerprint.ErrNotCanonical) {
+			t.Errorf("Params(%v) = %v, %v; want it refused", params, out, err)
+		}
+	}
+	// A double is the double it is, and integers that fit are kept.
+	for _, params := range []map[string]any{
+		{"x": []float64{n}},
+		{"x": []int64{1 << 53, -(1 << 53)}},
+		{"x": ids{ID: 1 << 53}},
+		{"x": struct {
+			ID int64 `json:",string"`
+		}{ID: n}},
+	} {
+		if _, err := Params(params); err != nil {
+			t.Errorf("Params(%v) = %v; want it taken", params, err)
+		}
+	}
+}
