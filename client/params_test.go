@@ -122,8 +122,9 @@ func TestDoTakesLargeDoublesInTypedParams(t *testing.T) {
 		{"n": []int64{1<<53 + 1}},
 		{"n": []uint64{1<<64 - 1}},
 		{"n": []int64{-(1<<62 + 1)}},
-		{"n": int64(1152921504606847000)},   // written as the digits of the double 2^60
-		{"n": []int64{1152921504606847000}}, // the same, in a Go type of its own
+		{"n": int64(1152921504606847000)},      // written as the digits of the double 2^60
+		{"n": []int64{1152921504606847000}},    // the same, in a Go type of its own
+		{"n": json.Number("9007199254740993")}, // JSON decoded with UseNumber
 	} {
 		if _, err := e.c.Do(e.ctx, e.op("rounded", "payments.refund", params), d.fn); !errors.Is(err, client.ErrInvalidArgument) {
 			t.Errorf("Do with %v = %v, want ErrInvalidArgument", params, err)

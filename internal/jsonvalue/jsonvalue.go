@@ -24,22 +24,24 @@ import (
 // time.Time, structs...). Numbers keep their value in the conversion: a Go
 // integer beyond 2^53, which the wire's doubles would round (2^53+1), is
 // refused wherever it is, as it is unconverted, even when its JSON digits
-// are those of the nearest double (1152921504606847000, 2^60's), while a
-// large float64 ([]float64{1e20}) is the double it is. Params with no JSON form, among them strings that
+// are those of the nearest double (1152921504606847000, 2^60's), and so is
+// a json.Number holding an integer no double carries (9007199254740993),
+// while a large float64 ([]float64{1e20}) is the double it is. Params with no JSON form, among them strings that
 // are not valid UTF-8 (JSON encoding would replace their bytes, making
 // different strings one), are refused with the fingerprint's error, which
 // names the field, never a value. Every error wraps
 // fingerprint.ErrNotCanonical.
 func Params(params map[string]any) (map[string]any, error) {
+	if roundedInteger(reflect.ValueOf(params), 0) {
+		// The fingerprint takes a json.Number as its double; and a Go
+		// integer's JSON digits may be those of the double nearest to it
+		// (1152921504606847000, 2^60's), which exactDouble would take:
+		// either way, another integer.
+		return nil, errNotADouble
+	}
 	_, cerr := fingerprint.Canonical(params)
 	if cerr == nil {
 		return params, nil
-	}
-	if roundedInteger(reflect.ValueOf(params), 0) {
-		// Its JSON digits may be those of the double nearest to it
-		// (1152921504606847000, 2^60's): exactDouble would take it as
-		// that double, another integer.
-		return nil, errNotADouble
 	}
 	b, err := json.Marshal(params)
 	if err != nil || replacedBytes(b) {
@@ -113,6 +115,10 @@ func roundedInteger(v reflect.Value, depth int) bool {
 	if !v.IsValid() || depth > fingerprint.MaxDepth+1 {
 		return false // nothing, or too deep: refused anyway
 	}
+	if v.Type() == numberType {
+		_, err := number(json.Number(v.String()))
+		return err != nil
+	}
 	if encodesItself(v.Type()) || v.CanAddr() && encodesItself(v.Addr().Type()) {
 		return false
 	}
@@ -164,6 +170,7 @@ func encodesItself(t reflect.Type) bool {
 }
 
 var (
+	numberType    = reflect.TypeFor[json.Number]()
 	jsonMarshaler = reflect.TypeFor[json.Marshaler]()
 	textMarshaler = reflect.TypeFor[encoding.TextMarshaler]()
 )
@@ -192,6 +199,24 @@ func exactDouble(n json.Number) (any, error) {
 	return f, nil
 }
 
+// number returns n as exactIntegers takes it: an int64 for an integer up
+// to ±2^53, a float64 for an integer beyond it written as its double's
+// canonical form (see exactDouble) and for any other number; other
+// integers, and numbers beyond the double range, are refused.
+func number(n json.Number) (any, error) {
+	if !strings.ContainsAny(string(n), ".eE") {
+		if i, err := n.Int64(); err == nil && -maxExact <= i && i <= maxExact {
+			return i, nil
+		}
+		return exactDouble(n)
+	}
+	f, err := n.Float64()
+	if err != nil {
+		return nil, errNotADouble // its message would quote the value
+	}
+	return f, nil
+}
+
 // exactIntegers replaces, in place, the json.Number values of v (decoded
 // with Decode) by int64 for integers up to ±2^53, float64 for integers
 // beyond it that are written as their double's canonical form (see
@@ -202,17 +227,7 @@ func exactIntegers(v any) error {
 		if !ok {
 			return x, exactIntegers(x)
 		}
-		if !strings.ContainsAny(string(n), ".eE") {
-			if i, err := n.Int64(); err == nil && -maxExact <= i && i <= maxExact {
-				return i, nil
-			}
-			return exactDouble(n)
-		}
-		f, err := n.Float64()
-		if err != nil {
-			return nil, errNotADouble // its message would quote the value
-		}
-		return f, nil
+		return number(n)
 	}
 	var err error
 	switch x := v.(type) {

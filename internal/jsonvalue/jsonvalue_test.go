@@ -1,6 +1,7 @@
 package jsonvalue
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -62,6 +63,33 @@ func TestParamsRefusesIntegersTheWireWouldRound(t *testing.T) {
 		{"x": struct {
 			ID int64 `json:",string"`
 		}{ID: n}},
+	} {
+		if _, err := Params(params); err != nil {
+			t.Errorf("Params(%v) = %v; want it taken", params, err)
+		}
+	}
+}
+
+// A json.Number (JSON decoded with UseNumber) holding an integer that no
+// double carries is refused, at the top of the params or deeper, rather
+// than sent as the double nearest to it: 9007199254740993 would be sent as
+// 9007199254740992, another request's value. An integer written as its
+// double's digits, and any other number, is taken.
+func TestParamsRefusesJSONNumbersTheWireWouldRound(t *testing.T) {
+	for _, params := range []map[string]any{
+		{"n": json.Number("9007199254740993")},
+		{"n": []any{json.Number("-9007199254740993")}},
+		{"n": []json.Number{"18446744073709551615"}},
+		{"n": map[string]any{"m": json.Number("1152921504606846976")}}, // 2^60, whose double is written 1152921504606847000
+	} {
+		if out, err := Params(params); !errors.Is(err, fingerprint.ErrNotCanonical) {
+			t.Errorf("Params(%v) = %v, %v; want it refused", params, out, err)
+		}
+	}
+	for _, params := range []map[string]any{
+		{"n": json.Number("9007199254740992")},
+		{"n": json.Number("100000000000000000000")},
+		{"n": []any{json.Number("0.1"), json.Number("1e300")}},
 	} {
 		if _, err := Params(params); err != nil {
 			t.Errorf("Params(%v) = %v; want it taken", params, err)
