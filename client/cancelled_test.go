@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/redistest"
@@ -190,5 +194,59 @@ func gaveUpCode(t *testing.T, o *client.Operation) {
 	t.Helper()
 	if o.Failure == nil || o.Failure.Code != "caller_gave_up" {
 		t.Fatalf("the returned claim's failure is %+v, want code caller_gave_up", o.Failure)
+	}
+}
+
+// The answer to Do's Reserve is lost (the ledger granted the claim), and
+// the ledger refuses the repeats for the tenant's rate until the SDK's
+// ledger retries are used up: Do returns ErrRateLimited, fn never ran, and
+// the claim the first Reserve was granted is returned all the same, rather
+// than left to expire into UNKNOWN, calling for the reconciliation of an
+// attempt that never ran.
+func TestDoReturnsTheClaimOfALostReserveWhoseRepeatsWereRefused(t *testing.T) {
+	var lost, limited atomic.Int32
+	lost.Store(1)
+	limited.Store(2) // the 2 repeats
+	faults := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(c context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if !strings.HasSuffix(method, "/Reserve") {
+			return invoker(c, method, req, reply, cc, opts...)
+		}
+		if lost.Add(-1) >= 0 {
+			_ = invoker(c, method, req, reply, cc, opts...)
+			return status.Error(codes.Unavailable, "response lost")
+		}
+		if limited.Add(-1) >= 0 {
+			st, _ := status.New(codes.ResourceExhausted, "over the rate").WithDetails(
+				&errdetails.ErrorInfo{Reason: "RATE_LIMITED", Domain: "ledger.v1"},
+				&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Millisecond)})
+			return st.Err()
+		}
+		return invoker(c, method, req, reply, cc, opts...)
+	}))
+	e := newEnv(t, redistest.Shared(t).Client(t), faults, client.WithLedgerRetries(2))
+	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
+	op.Effect = client.EffectIrreversible
+	var applied atomic.Int32
+	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		applied.Add(1)
+		return client.Result{ResourceID: "re_1"}, nil
+	}
+	if _, err := e.c.Do(context.Background(), op, fn); !errors.Is(err, client.ErrRateLimited) {
+		t.Fatalf("Do = %v, want ErrRateLimited", err)
+	}
+	if n := applied.Load(); n != 0 {
+		t.Fatalf("fn ran %d times, want 0", n)
+	}
+	o, err := e.c.Lookup(context.Background(), op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
+		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
+	}
+	gaveUpCode(t, o)
+	// The next call runs it, once.
+	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
+		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
 	}
 }

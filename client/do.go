@@ -37,7 +37,9 @@ const defaultReportTimeout = 10 * time.Second
 //     never retry under a new key on your own.
 //   - ErrQuotaExceeded (UNRESOLVED_LIMIT, returned at once), ErrRateLimited
 //     (after its repeats), ErrUnauthenticated, ErrPermissionDenied (an
-//     *Error): the ledger refused the Reserve, and fn did not run.
+//     *Error): the ledger refused the Reserve, and fn did not run. A claim
+//     granted to an earlier try whose answer was lost is returned unused,
+//     as for ErrUnavailable.
 //   - ErrMessageTooLarge (an *Error): a Reserve, or its answer, exceeded a
 //     size limit of the gRPC transport; it is not repeated, and fn did not
 //     run.
@@ -108,22 +110,26 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 		var res *Reservation
 		asked := time.Now() // no claim this Reserve brings began earlier
 		sent := false       // a Reserve went out while the caller still waited
+		lost := false       // one of them got no answer (the last, or an earlier one)
 		err := c.callWaiting(ctx, wctx, func(ctx context.Context) (err error) {
 			sent = sent || ctx.Err() == nil
 			res, err = c.Reserve(ctx, op, holder)
+			lost = lost || err != nil && unanswered(err)
 			return err
 		})
 		if err != nil {
 			var cut *waitCutError
 			if errors.As(err, &cut) {
-				if sent && unanswered(cut.err) {
+				if sent && lost {
 					c.returnLostClaim(ctx, op, holder)
 				}
 				return Result{}, deadline(cut.wait, last, cut.err)
 			}
-			if sent && (ctx.Err() != nil || unanswered(err)) {
+			if sent && (ctx.Err() != nil || lost) {
 				// The ledger may have granted a claim whose answer never
-				// arrived: fn does not run on it, so it is returned.
+				// arrived (even when the repeats were refused, for the
+				// tenant's rate say): fn does not run on it, so it is
+				// returned.
 				c.returnLostClaim(ctx, op, holder)
 			}
 			return Result{}, err
@@ -419,9 +425,10 @@ func unanswered(err error) bool {
 }
 
 // returnLostClaim is for a call whose Reserve got no answer: the caller
-// gave up while it was on the way, or every answer was lost until the
-// ledger retries were used up (or the wait deadline ended the wait before
-// the next repeat). The ledger may have granted the claim all the same. If
+// gave up while it was on the way, or an answer was lost and no repeat
+// brought one until the ledger retries were used up (each lost or refused,
+// for the tenant's rate say) or the wait deadline ended the wait before the
+// next repeat. The ledger may have granted the claim all the same. If
 // it did, the claim is returned (FAILED_RETRYABLE: fn never ran) rather
 // than left to expire, which would turn an irreversible operation UNKNOWN
 // and call for the reconciliation of an attempt that never ran. Only a
