@@ -511,9 +511,38 @@ def main() -> None:
               f"the destination applied the effect once ({dest.applied(done['operation_id'])})")
         ledger.close()
 
+    def lost_then_limited():
+        print("17. a Reserve's answer is lost, then its repeats are refused for the rate: the claim is returned")
+        ledger, dest = Ledger(address), Destination()
+        lost = op("lost-then-limited", tool="tickets.slow")
+        key = lost["operation_id"]
+        real, calls = ledger.stub.Reserve, [0]
+
+        def reserve(request, **kwargs):
+            calls[0] += 1
+            if calls[0] == 1:
+                real(request, **kwargs)  # granted; the answer is lost
+                raise Injected(grpc.StatusCode.DEADLINE_EXCEEDED)
+            if calls[0] <= ledger.ledger_retries + 1:
+                raise Injected(grpc.StatusCode.RESOURCE_EXHAUSTED, "RATE_LIMITED")
+            return real(request, **kwargs)
+
+        ledger.stub.Reserve = reserve
+        _, err = outcome(ledger.call_tool, **lost, fn=dest.create)
+        check(isinstance(err, LedgerError) and err.reason == "RATE_LIMITED", f"the caller gets the refusal ({err!r})")
+        check(dest.applied(key) == 0, "the tool did not run")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_PENDING and record.failure.code == "caller_gave_up",
+              f"the claim the first Reserve was granted is returned, proven not applied "
+              f"({pb.State.Name(record.state)}, {record.failure.code!r})")
+        out, err = outcome(ledger.call_tool, **lost, fn=dest.create)
+        check(err is None and not out.replayed, f"a retry runs the tool, with no reconciliation ({err!r})")
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        ledger.close()
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow,
                      big_integer, exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays,
-                     late_claim, cancel_waiting, cancel_reserving, cancel_running):
+                     late_claim, cancel_waiting, cancel_reserving, cancel_running, lost_then_limited):
         try:
             scenario()
         except CheckFailed as err:

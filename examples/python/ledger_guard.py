@@ -86,11 +86,15 @@ class LedgerError(Exception):
     reason is the ErrorInfo reason (IDEMPOTENCY_KEY_REUSED, STALE_FENCING_TOKEN,
     NOT_FOUND, ...) and metadata its metadata (for IDEMPOTENCY_KEY_REUSED,
     metadata["differs"] names what changed: tool, params and/or permit).
+    answer_lost says whether this call, or a try of it that Ledger.rpc
+    repeated, got no answer (_UNANSWERED_CODES): the ledger may have done
+    what was asked.
     """
 
     def __init__(self, code: grpc.StatusCode, message: str, info: error_details_pb2.ErrorInfo | None,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, answer_lost: bool = False):
         self.code = code
+        self.answer_lost = answer_lost or code in _UNANSWERED_CODES
         self.message = message
         self.reason = info.reason if info else ""
         self.domain = info.domain if info else ""
@@ -329,16 +333,18 @@ class Ledger:
         Cancelled; a call on its way is not cut off.
         """
         call = getattr(self.stub, method)
+        lost = False  # a try got no answer: the ledger may have done what was asked
         for attempt in range(self.ledger_retries + 1):
             try:
                 return call(request, timeout=self.call_timeout)
             except grpc.RpcError as err:
+                lost = lost or err.code() in _UNANSWERED_CODES
                 info, retry_after = error_info(err)
                 repeat = _repeatable(err.code(), info.reason if info else "", info.domain if info else "")
                 if repeat and attempt < self.ledger_retries:
                     self._pause(retry_after or 0.1 * 2 ** attempt, cancel, getattr(request, "operation_id", ""))
                     continue
-                raise LedgerError(err.code(), err.details() or "", info, retry_after) from None
+                raise LedgerError(err.code(), err.details() or "", info, retry_after, lost) from None
         raise AssertionError("unreachable")
 
     def lookup(self, operation_id: str) -> pb.Operation:
@@ -368,9 +374,9 @@ class Ledger:
         unused (caller_gave_up) and call_tool raises WaitBudgetSpent; fn does
         not run.
         When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after
-        the repeats), call_tool raises its LedgerError, fn does not run, and a
-        claim the ledger granted all the same is returned (see
-        _return_lost_claim).
+        the repeats, or before repeats refused for the rate), call_tool raises
+        its LedgerError, fn does not run, and a claim the ledger granted all
+        the same is returned (see _return_lost_claim).
         cancel (a threading.Event, optional) cancels the call when it is set.
         Before fn starts, call_tool raises Cancelled: no further Reserve goes
         out, waits end at once, fn does not run, and a claim that comes all
@@ -392,9 +398,10 @@ class Ledger:
             try:
                 resp = self.rpc("Reserve", request, cancel)
             except LedgerError as err:
-                # The caller gives up on a Reserve that got no answer: the
+                # The caller gives up on a Reserve that got no answer (the
+                # last try, or one before repeats refused for the rate): the
                 # ledger may have granted the claim all the same.
-                if err.code in _UNANSWERED_CODES:
+                if err.answer_lost:
                     self._return_lost_claim(request)
                 raise
             except Cancelled:
