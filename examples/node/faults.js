@@ -512,6 +512,46 @@ async function main() {
     ledger.close();
   });
 
+  await scenario(async () => {
+    console.log('17. a Reserve\'s answer is lost, then its repeats are refused for the rate: the claim is returned');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const lost = op('lost-then-limited', { tool: 'tickets.slow' });
+    // The first Reserve is granted but its answer is lost; the repeats are
+    // refused for the rate before they reach the ledger.
+    lose(ledger, 'Reserve', grpc.status.DEADLINE_EXCEEDED, 1);
+    const lossy = ledger.client.Reserve;
+    let calls = 0;
+    ledger.client.Reserve = (request, options, callback) => {
+      calls += 1;
+      if (calls === 1) return lossy(request, options, callback);
+      if (calls <= ledger.ledgerRetries + 1) {
+        const info = ErrorInfo.encode({ reason: 'RATE_LIMITED', domain: DOMAIN }).finish();
+        const metadata = new grpc.Metadata();
+        metadata.set('grpc-status-details-bin', Buffer.from(Status.encode({
+          code: grpc.status.RESOURCE_EXHAUSTED,
+          message: 'injected',
+          details: [{ type_url: 'type.googleapis.com/google.rpc.ErrorInfo', value: info }],
+        }).finish()));
+        const err = Object.assign(new Error('injected'), { code: grpc.status.RESOURCE_EXHAUSTED, details: 'injected', metadata });
+        setImmediate(() => callback(err));
+        return undefined;
+      }
+      return lossy(request, options, callback); // the answer lost once: from now on, the ledger's
+    };
+    const { err } = await outcome(ledger.callTool(lost, dest.create));
+    check(err instanceof LedgerError && err.reason === 'RATE_LIMITED', `the caller gets the refusal (${err ? err.message : 'a result'})`);
+    check(dest.applied(lost.operationId) === 0, 'the tool did not run');
+    const record = await ledger.lookup(lost.operationId);
+    check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'caller_gave_up',
+      `the claim the first Reserve was granted is returned, proven not applied (${record.state}, ${record.failure && record.failure.code})`);
+    const retried = await outcome(ledger.callTool(lost, dest.create));
+    check(!retried.err && !retried.value.replayed,
+      `a retry runs the tool, with no reconciliation (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
+    check(dest.applied(lost.operationId) === 1, `the destination applied the effect once (${dest.applied(lost.operationId)})`);
+    ledger.close();
+  });
+
   if (failed > 0) {
     console.error(`FAIL: ${failed} scenario(s)`);
     process.exit(1);

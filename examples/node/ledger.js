@@ -52,8 +52,10 @@ const DOMAIN = 'ledger.v1';
 // A ledger call refused by the service: its gRPC code, and the ErrorInfo it
 // carried. reason is IDEMPOTENCY_KEY_REUSED, STALE_FENCING_TOKEN, NOT_FOUND,
 // ...; for IDEMPOTENCY_KEY_REUSED, metadata.differs names what changed.
+// answerLost says whether this call, or a try of it that rpc repeated, got
+// no answer (UNANSWERED): the ledger may have done what was asked.
 class LedgerError extends Error {
-  constructor(err, info, retryAfterMs) {
+  constructor(err, info, retryAfterMs, answerLost = false) {
     const codeName = Object.keys(grpc.status).find((k) => grpc.status[k] === err.code) || String(err.code);
     super(`${codeName} ${info ? info.reason : '(no ErrorInfo)'}: ${err.details}`);
     this.name = 'LedgerError';
@@ -63,6 +65,7 @@ class LedgerError extends Error {
     this.domain = info ? info.domain : '';
     this.metadata = info ? { ...info.metadata } : {};
     this.retryAfterMs = retryAfterMs;
+    this.answerLost = answerLost || UNANSWERED.has(err.code);
   }
 }
 
@@ -284,17 +287,19 @@ class Ledger {
   // with its ErrorInfo reason. An abort of signal (optional) ends the wait
   // before a repeat, with its reason; a call on its way is not cut off.
   async rpc(method, request, signal) {
+    let lost = false; // a try got no answer: the ledger may have done what was asked
     for (let attempt = 0; ; attempt += 1) {
       try {
         return await this.call(method, request, Date.now() + this.callTimeoutMs);
       } catch (err) {
         if (err.code === undefined) throw err;
+        lost = lost || UNANSWERED.has(err.code);
         const { info, retryAfterMs } = errorDetails(err);
         if (repeatable(err.code, info) && attempt < this.ledgerRetries) {
           await this.pause(retryAfterMs ?? 100 * 2 ** attempt, signal);
           continue;
         }
-        throw new LedgerError(err, info, retryAfterMs);
+        throw new LedgerError(err, info, retryAfterMs, lost);
       }
     }
   }
@@ -347,8 +352,9 @@ class Ledger {
   // last one, at the end of a wait) is returned unused (caller_gave_up) and
   // callTool throws WaitBudgetSpentError; fn does not run.
   // When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after the
-  // repeats), callTool throws its LedgerError, fn does not run, and a claim
-  // the ledger granted all the same is returned (see returnLostClaim).
+  // repeats, or before repeats refused for the rate), callTool throws its
+  // LedgerError, fn does not run, and a claim the ledger granted all the
+  // same is returned (see returnLostClaim).
   // signal (an AbortSignal, optional) cancels the call. Before fn starts,
   // callTool throws the signal's reason: no further Reserve goes out, waits
   // end at once, fn does not run, and a claim that comes all the same (a
@@ -373,10 +379,10 @@ class Ledger {
       try {
         resp = await this.rpc('Reserve', request, signal);
       } catch (err) {
-        // The caller gives up on a Reserve that got no answer, or cancels
-        // while it is repeated: the ledger may have granted the claim all
-        // the same.
-        if (signal?.aborted || (err instanceof LedgerError && UNANSWERED.has(err.code))) {
+        // The caller gives up on a Reserve that got no answer (the last
+        // try, or one before repeats refused for the rate), or cancels while
+        // it is repeated: the ledger may have granted the claim all the same.
+        if (signal?.aborted || (err instanceof LedgerError && err.answerLost)) {
           await this.returnLostClaim(request);
         }
         throw err;
