@@ -148,7 +148,7 @@ func roundedInteger(v reflect.Value, depth int) bool {
 		t := v.Type()
 		for i := range t.NumField() {
 			f := t.Field(i)
-			if !f.IsExported() && !f.Anonymous {
+			if !f.IsExported() && !embeddedStruct(f) {
 				continue // json.Marshal skips it
 			}
 			tag := f.Tag.Get("json")
@@ -161,6 +161,16 @@ func roundedInteger(v reflect.Value, depth int) bool {
 		}
 	}
 	return false
+}
+
+// embeddedStruct says whether f is an embedded struct (or pointer to one),
+// whose exported fields json.Marshal encodes even when its type is not.
+func embeddedStruct(f reflect.StructField) bool {
+	t := f.Type
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return f.Anonymous && t.Kind() == reflect.Struct
 }
 
 // encodesItself says whether values of t write their own JSON

@@ -36,6 +36,10 @@ func TestParamsRefusesOnlyInvalidUTF8(t *testing.T) {
 	}
 }
 
+// hidden is an unexported integer type, which json.Marshal skips when it is
+// embedded.
+type hidden int64
+
 // A Go integer beyond 2^53 is refused wherever it is, as it is at the top
 // of a map[string]any, even when its JSON digits are those of the double
 // nearest to it (1152921504606847000 is written so, and 2^60 is that
@@ -63,6 +67,10 @@ func TestParamsRefusesIntegersTheWireWouldRound(t *testing.T) {
 		{"x": struct {
 			ID int64 `json:",string"`
 		}{ID: n}},
+		{"x": struct {
+			hidden // not encoded: an embedded field of an unexported type that is no struct
+			ID     int64
+		}{hidden: n, ID: 1}},
 	} {
 		if _, err := Params(params); err != nil {
 			t.Errorf("Params(%v) = %v; want it taken", params, err)
