@@ -139,6 +139,11 @@ func TestErrorsMatchTheirSentinels(t *testing.T) {
 	if err := fromStatus(status.Error(codes.ResourceExhausted, "grpc: received message larger than max")); errors.Is(err, ErrRateLimited) || errors.Is(err, ErrQuotaExceeded) {
 		t.Errorf("bare RESOURCE_EXHAUSTED matches a back-off sentinel: %v", err)
 	}
+	// A reason of a later ledger that this SDK does not know is the ledger's
+	// refusal, not the transport's size limit: it matches no sentinel.
+	if err := fromStatus(withInfo(codes.ResourceExhausted, "SOME_LATER_QUOTA")); errors.Is(err, ErrMessageTooLarge) || errors.Is(err, ErrRateLimited) {
+		t.Errorf("RESOURCE_EXHAUSTED with an unknown reason: %v", err)
+	}
 	if err := fromStatus(status.Error(codes.DeadlineExceeded, "m")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("DEADLINE_EXCEEDED: %v", err)
 	}

@@ -174,6 +174,11 @@ func fromStatus(err error) error {
 	}
 	if e.sentinel = reasons[e.Reason]; e.sentinel == nil {
 		e.sentinel = byCode[e.Code]
+		if e.sentinel == ErrMessageTooLarge && e.Reason != "" {
+			// The ledger's own refusal, for a reason this SDK does not
+			// know: not the transport's size limit.
+			e.sentinel = nil
+		}
 	}
 	switch e.Code {
 	case codes.DeadlineExceeded:
