@@ -93,14 +93,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswerWasLostWhenTheCallerGaveUp(t *tes
 	if _, err := e.c.Do(ctx, op, fn); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do = %v, want context.Canceled", err)
 	}
-	o, err := e.c.Lookup(context.Background(), op.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
-		t.Fatalf("after Do gave up: %v, history %s; want the claim returned (PENDING)", o.State, r)
-	}
-	gaveUpCode(t, o)
+	claimReturned(t, e, op)
 	// The next call runs it, once.
 	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
 		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
@@ -142,14 +135,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswersWereAllLost(t *testing.T) {
 	if n := applied.Load(); n != 0 {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
-	o, err := e.c.Lookup(context.Background(), op.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
-		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
-	}
-	gaveUpCode(t, o)
+	claimReturned(t, e, op)
 	// The next call runs it, once.
 	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
 		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
@@ -177,6 +163,13 @@ func TestDoReturnsTheClaimOfALostReserveWhenTheWaitDeadlineEndsTheRepeat(t *test
 	if n := applied.Load(); n != 0 {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
+	claimReturned(t, e, op)
+}
+
+// claimReturned fails unless op's claim was returned unused: PENDING after
+// its one attempt, with the failure code caller_gave_up.
+func claimReturned(t *testing.T, e *env, op client.Op) {
+	t.Helper()
 	o, err := e.c.Lookup(context.Background(), op.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -237,14 +230,7 @@ func TestDoReturnsTheClaimOfALostReserveWhoseRepeatsWereRefused(t *testing.T) {
 	if n := applied.Load(); n != 0 {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
-	o, err := e.c.Lookup(context.Background(), op.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := strings.Join(reasons(o), ","); o.State != client.StatePending || r != "RESERVED,FAILED_RETRYABLE" {
-		t.Fatalf("after Do: %v, history %s; want the claim returned (PENDING)", o.State, r)
-	}
-	gaveUpCode(t, o)
+	claimReturned(t, e, op)
 	// The next call runs it, once.
 	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
 		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
