@@ -1175,7 +1175,7 @@ func TestHistoryCut(t *testing.T) {
 	whole, cut := "wf-30:sync", "wf-31:sync"
 	// cycles retryable failures, each followed by a claim: 2 transitions
 	// each after the creation.
-	churn := func(id string, cycles int) {
+	churn := func(id string, cycles int) uint64 {
 		tok := e.reserve(t, id, "churn.sync")
 		for range cycles {
 			if _, err := e.sdk.Fail(ctx, id, tok, false, client.Failure{Code: "BUSY"}); err != nil {
@@ -1188,9 +1188,21 @@ func TestHistoryCut(t *testing.T) {
 			}
 			tok = r.Operation.FencingToken
 		}
+		return tok
 	}
 	churn(whole, 24) // 49 transitions: all kept
 	churn(cut, 30)   // 61: the first 11 dropped, up to attempt 6's failure
+	// 62, ending with a failure: the first 12 dropped, so the first kept
+	// entry is attempt 7's claim; the claims of attempts 1 to 6 are
+	// certainly gone.
+	claimFirst := "wf-32:sync"
+	if _, err := e.sdk.Fail(ctx, claimFirst, churn(claimFirst, 30), false, client.Failure{Code: "BUSY"}); err != nil {
+		t.Fatal(err)
+	}
+	if op := lookupJSON(t, env, claimFirst); len(op.History) != 50 || op.History[0].ToState != "STATE_RUNNING" || op.History[0].Attempt != 7 ||
+		op.HistoryNotKept == nil || *op.HistoryNotKept != 6 {
+		t.Errorf("a cut history from a claim, --json: %d entries from %+v, not kept %v", len(op.History), op.History[0], op.HistoryNotKept)
+	}
 
 	o := must(t, env, "lookup", whole)
 	if strings.Contains(o.stdout, "not kept") || !strings.Contains(o.stdout, "- → RUNNING") {
