@@ -388,6 +388,15 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 		})
 		return out, &ConflictingOutcomeError{Operation: now, Attempt: o.Attempt, Err: err}
 	}
+	if errors.Is(err, ErrInvalidArgument) {
+		// The ledger refused the result data (over its size limit): it will
+		// not take it on a repeat either. Leave the effect to
+		// reconciliation now, rather than when the lease ends.
+		_ = c.report(ctx, func(ctx context.Context) error {
+			_, err := c.MarkUnknown(ctx, o.ID, o.FencingToken, "result data refused by the ledger")
+			return err
+		})
+	}
 	if err != nil {
 		return out, &NotRecordedError{Err: err}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,8 +140,9 @@ func TestDoTakesLargeDoublesInTypedParams(t *testing.T) {
 // doubles would round, a string that is not valid UTF-8) is not recorded
 // changed: the replay would return another resource than the one fn made
 // (9007199254740993 recorded as 9007199254740992, a name with U+FFFD in
-// place of its bytes). The effect is left to reconciliation instead, as for
-// any result that cannot be recorded, and fn is not run again.
+// place of its bytes). The effect is left to reconciliation at once
+// instead, as for result data the ledger refuses (over its size limit), and
+// fn is not run again.
 func TestDoDoesNotRecordResultDataChanged(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t))
 	for name, data := range map[string]map[string]any{
@@ -148,6 +150,10 @@ func TestDoDoesNotRecordResultDataChanged(t *testing.T) {
 		"big-int64":     {"id": int64(1<<53 + 1)},
 		"rounded-int64": {"id": int64(1152921504606847000)}, // its digits are the double 2^60's
 		"invalid-utf8":  {"names": []string{"caf\xe9"}},
+		// Over the ledger's size limit for result data: the ledger refuses
+		// the Complete (INVALID_ARGUMENT), and the claim would otherwise
+		// stay RUNNING until its lease ends.
+		"too-large": {"blob": strings.Repeat("x", 70<<10)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			calls := 0
