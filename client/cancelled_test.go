@@ -154,7 +154,7 @@ func TestDoReturnsTheClaimOfALostReserveWhenTheWaitDeadlineEndsTheRepeat(t *test
 	op.Effect = client.EffectIrreversible
 	var applied atomic.Int32
 	dr.arm("Reserve", 1)
-	ctx := client.WithWaitDeadline(context.Background(), time.Now().Add(2*time.Second))
+	ctx := client.WithWaitDeadline(context.Background(), time.Now().Add(5*time.Second)) // room for a slow first Reserve on a loaded machine
 	_, err := e.c.Do(ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		applied.Add(1)
 		return client.Result{ResourceID: "re_1"}, nil
