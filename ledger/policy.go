@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -126,14 +127,14 @@ type policyRuleY struct {
 }
 
 type policyFields struct {
-	Effect              string   `yaml:"effect"`
-	Lease               string   `yaml:"lease"`
-	MaxAttempts         *int     `yaml:"max_attempts"`
-	Retention           string   `yaml:"retention"`
-	RetainGrace         string   `yaml:"retain_grace"`
-	RecoveryWindow      string   `yaml:"recovery_window"`
-	TombstoneRetention  string   `yaml:"tombstone_retention"`
-	ConsequentialFields []string `yaml:"consequential_fields"`
+	Effect              string       `yaml:"effect"`
+	Lease               string       `yaml:"lease"`
+	MaxAttempts         *wholeNumber `yaml:"max_attempts"`
+	Retention           string       `yaml:"retention"`
+	RetainGrace         string       `yaml:"retain_grace"`
+	RecoveryWindow      string       `yaml:"recovery_window"`
+	TombstoneRetention  string       `yaml:"tombstone_retention"`
+	ConsequentialFields []string     `yaml:"consequential_fields"`
 }
 
 // LoadPolicies reads a policy file.
@@ -200,6 +201,21 @@ func ParsePolicies(data []byte) (*Policies, error) {
 	return p, nil
 }
 
+// wholeNumber is a count in the policy file: any YAML number (5, 5.0, 0x5),
+// checked to be whole where it is applied. Decoding it straight into an int
+// would cut a fraction off (1.5 would read as 1).
+type wholeNumber float64
+
+// UnmarshalYAML reads a YAML number.
+func (w *wholeNumber) UnmarshalYAML(n *yaml.Node) error {
+	var f float64
+	if err := n.Decode(&f); err != nil {
+		return err
+	}
+	*w = wholeNumber(f)
+	return nil
+}
+
 func (f policyFields) apply(base Policy) (Policy, error) {
 	p := base
 	p.ConsequentialFields = append([]string(nil), base.ConsequentialFields...)
@@ -241,10 +257,11 @@ func (f policyFields) apply(base Policy) (Policy, error) {
 		*d.dst = v
 	}
 	if f.MaxAttempts != nil {
-		if *f.MaxAttempts < 1 || *f.MaxAttempts > maxMaxAttempts {
-			return p, fmt.Errorf("max_attempts %d: want 1 to %d", *f.MaxAttempts, maxMaxAttempts)
+		n := float64(*f.MaxAttempts)
+		if n != math.Trunc(n) || n < 1 || n > maxMaxAttempts {
+			return p, fmt.Errorf("max_attempts %v: want a whole number from 1 to %d", n, maxMaxAttempts)
 		}
-		p.MaxAttempts = *f.MaxAttempts
+		p.MaxAttempts = int(n)
 	}
 	if f.ConsequentialFields != nil {
 		for _, ptr := range f.ConsequentialFields {

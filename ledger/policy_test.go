@@ -76,6 +76,7 @@ func TestParsePoliciesRefusesBadFiles(t *testing.T) {
 		{"defaults:\n  lease: soon\n", "lease"},
 		{"defaults:\n  lease: 1ns\n", "lease"},
 		{"defaults:\n  max_attempts: 0\n", "max_attempts"},
+		{"defaults:\n  max_attempts: 2.5\n", "max_attempts"},
 		{"defaults:\n  effect: sometimes\n", "effect"},
 		{"defaults:\n  leese: 1s\n", "leese"},
 		{"tools:\n  - lease: 1s\n", "match is required"},
