@@ -95,12 +95,14 @@ func match(pattern, s string) bool {
 	star, mark := -1, 0 // the last '*' seen, and where its match ends so far
 	for ni < len(n) {
 		switch {
+		case pi < len(p) && p[pi] == '*':
+			// Before the literal case: a '*' in the pattern is a wildcard
+			// also where s holds a '*' (a tenant name may).
+			star, mark = pi, ni
+			pi++
 		case pi < len(p) && (p[pi] == '?' || p[pi] == n[ni]):
 			pi++
 			ni++
-		case pi < len(p) && p[pi] == '*':
-			star, mark = pi, ni
-			pi++
 		case star >= 0:
 			mark++
 			pi, ni = star+1, mark

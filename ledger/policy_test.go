@@ -25,6 +25,9 @@ func TestGlobMatch(t *testing.T) {
 		{"[x]", "[x]", true},
 		{"tickets.create", "tickets.create", true},
 		{"é*", "ééé", true},
+		{"*", "*0", true},
+		{"acme-*", "acme-*eu", true},
+		{"a*", "a*", true},
 	} {
 		if got := match(c.pattern, c.s); got != c.want {
 			t.Errorf("match(%q, %q) = %v, want %v", c.pattern, c.s, got, c.want)
