@@ -225,7 +225,7 @@ func FuzzGlobMatch(f *testing.F) {
 // 1000.
 func FuzzPolicyValue(f *testing.F) {
 	for _, s := range []string{"30s", "1.5s", "1h30m", "168h", "7d", "30", "0s", "-1s", "10ms", "9ms", "24h", "24h0m0.001s",
-		"87600h", "87601h", "irreversible", "EFFECT_IDEMPOTENT", "Read_Only", "effect_read_only", "sometimes", "5", "0", "1e3", "0x10", "1_000", ""} {
+		"87600h", "87601h", "irreversible", "EFFECT_IDEMPOTENT", "Read_Only", "effect_read_only", "sometimes", "5", "0", "1e3", "0x10", "1_000", "~", "\t", ""} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, value string) {
@@ -260,9 +260,12 @@ func FuzzPolicyValue(f *testing.F) {
 				}
 			case "max_attempts":
 				// Any YAML spelling of the number (1000, 1e3, 0x3e8).
-				// A null (~) leaves it unset.
-				var n *float64
-				if err := yaml.Unmarshal([]byte(value), &n); err != nil || n == nil && p.defaults.MaxAttempts != DefaultPolicy.MaxAttempts || n != nil && *n != float64(p.defaults.MaxAttempts) {
+				// Read in the same place; a null (~, or only blanks) leaves
+				// it unset.
+				var doc struct{ N *float64 }
+				err := yaml.Unmarshal([]byte("n: "+raw+"\n"), &doc)
+				n := doc.N
+				if err != nil || n == nil && p.defaults.MaxAttempts != DefaultPolicy.MaxAttempts || n != nil && *n != float64(p.defaults.MaxAttempts) {
 					t.Fatalf("max_attempts %q accepted as %d", value, p.defaults.MaxAttempts)
 				}
 			default:
