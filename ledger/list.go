@@ -101,7 +101,7 @@ outer:
 		}
 	}
 	if cursor != "" {
-		page.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(cursor))
+		page.NextPageToken = encodePageToken(cursor)
 	}
 	return page, nil
 }
@@ -216,8 +216,17 @@ func isWrongType(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
 }
 
+// encodePageToken returns the page token that continues after the index
+// member cursor ("<13-digit creation time>:<operation id>").
+func encodePageToken(cursor string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(cursor))
+}
+
 // decodePageToken returns the index member a page token continues after;
-// the empty token is the start.
+// the empty token is the start. It takes only what encodePageToken writes
+// for a member: a token spelled otherwise (base64 with line breaks or
+// stray low bits, which the decoder would ignore) or naming no operation
+// id the ledger accepts is not one.
 func decodePageToken(tok string) (string, bool) {
 	if tok == "" {
 		return "", true
@@ -231,5 +240,9 @@ func decodePageToken(tok string) (string, bool) {
 			return "", false
 		}
 	}
-	return string(b), true
+	cursor := string(b)
+	if encodePageToken(cursor) != tok || ValidateOperationID(cursor[14:]) != nil {
+		return "", false
+	}
+	return cursor, true
 }

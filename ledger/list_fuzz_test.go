@@ -1,8 +1,8 @@
 package ledger
 
 import (
-	"encoding/base64"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -24,7 +24,7 @@ func FuzzDecodePageToken(f *testing.F) {
 				t.Fatalf("token %q decodes to %q", tok, cursor)
 			}
 			if tok != "" {
-				if again := base64.RawURLEncoding.EncodeToString([]byte(cursor)); again != tok {
+				if again := encodePageToken(cursor); again != tok {
 					t.Fatalf("token %q decodes to %q, whose token is %q", tok, cursor, again)
 				}
 				if len(cursor) < 15 || cursor[13] != ':' {
@@ -41,8 +41,30 @@ func FuzzDecodePageToken(f *testing.F) {
 			return
 		}
 		member := fmt.Sprintf("%013d:%s", createdMs, id)
-		if got, ok := decodePageToken(base64.RawURLEncoding.EncodeToString([]byte(member))); !ok || got != member {
+		if got, ok := decodePageToken(encodePageToken(member)); !ok || got != member {
 			t.Fatalf("member %q comes back as %q, %v", member, got, ok)
 		}
 	})
+}
+
+// TestDecodePageTokenRefusesOtherSpellings: the base64 decoder ignores line
+// breaks and the low bits of the last character; a token spelled so, or
+// naming no valid operation id, is not one the ledger wrote.
+func TestDecodePageTokenRefusesOtherSpellings(t *testing.T) {
+	good := encodePageToken("1700000000000:a-1")
+	if c, ok := decodePageToken(good); !ok || c != "1700000000000:a-1" {
+		t.Fatalf("%q: %q, %v", good, c, ok)
+	}
+	for _, tok := range []string{
+		"MTcwMDAwMDAwMDAwMDphLTF",             // low bits set
+		"MTcwMDAwMDAwMDAwMDph\nLTE",           // a line break
+		"MTcwMDAwMDAwMDAwMDphLTE\r\n",         // a trailing CRLF
+		encodePageToken("1700000000000:\n"),   // a control character
+		encodePageToken("1700000000000:\xff"), // not UTF-8
+		encodePageToken("1700000000000:" + strings.Repeat("a", MaxOperationIDLen+1)),
+	} {
+		if c, ok := decodePageToken(tok); ok {
+			t.Errorf("%q decodes to %q", tok, c)
+		}
+	}
 }
