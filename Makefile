@@ -81,6 +81,8 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzHandlers$$' -fuzztime $(FUZZTIME) ./server/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseCPUList$$' -fuzztime $(FUZZTIME) ./internal/bench/
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisURLRedaction$$' -fuzztime $(FUZZTIME) ./cmd/ledgerd/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseData$$' -fuzztime $(FUZZTIME) ./cmd/ledgerctl/
+	$(GO) test -run '^$$' -fuzz '^FuzzFencingToken$$' -fuzztime $(FUZZTIME) ./cmd/ledgerctl/
 
 .PHONY: tools
 tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) ## install the pinned code generators into ./bin
