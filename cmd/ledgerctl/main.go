@@ -600,6 +600,10 @@ func parseData(s string) (map[string]any, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("more than one JSON value")
 	}
+	if esc, ok := loneSurrogate(s); ok {
+		// Decoding would record U+FFFD in its place, as for invalid UTF-8.
+		return nil, fmt.Errorf("the escape %s is half of a UTF-16 surrogate pair, not a character: give the character itself, or both halves", esc)
+	}
 	if key, ok := duplicateKey(s); ok {
 		return nil, fmt.Errorf("duplicate key %q in one object: only one value would be recorded; give each key once", key)
 	}
@@ -607,6 +611,49 @@ func parseData(s string) (map[string]any, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// loneSurrogate returns the first \u escape in the JSON text s (valid:
+// parseData decoded it) of a UTF-16 surrogate that is not one half of a
+// high-low pair, which encoding/json decodes as U+FFFD.
+func loneSurrogate(s string) (string, bool) {
+	// surrogate reads the \uXXXX at s[i:], if there is one: 1 for a high
+	// surrogate, 2 for a low one, 0 otherwise.
+	surrogate := func(i int) int {
+		if i+6 > len(s) || s[i] != '\\' || s[i+1] != 'u' {
+			return 0
+		}
+		r, err := strconv.ParseUint(s[i+2:i+6], 16, 16)
+		switch {
+		case err != nil:
+			return 0
+		case 0xd800 <= r && r < 0xdc00:
+			return 1
+		case 0xdc00 <= r && r < 0xe000:
+			return 2
+		}
+		return 0
+	}
+	inString := false
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '"':
+			inString = !inString
+		case inString && s[i] == '\\':
+			switch surrogate(i) {
+			case 1:
+				if surrogate(i+6) != 2 {
+					return s[i : i+6], true
+				}
+				i += 11 // the pair
+			case 2:
+				return s[i : i+6], true
+			default:
+				i++ // the escaped character (\uXXXX's digits are no quote)
+			}
+		}
+	}
+	return "", false
 }
 
 // duplicateKey returns a member name that appears twice in one object of

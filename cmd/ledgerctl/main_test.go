@@ -1462,6 +1462,33 @@ func TestEmptyAPIKey(t *testing.T) {
 	must(t, map[string]string{"LEDGER_ADDR": e.addr}, "lookup", id, "--api-key", e.keys.keys["viewer"])
 }
 
+// TestDataLoneSurrogate: --data whose \u escape is half of a UTF-16
+// surrogate pair is bad usage, and nothing is recorded: decoding would
+// record U+FFFD in its place, as for invalid UTF-8. A whole pair is the
+// character it encodes.
+func TestDataLoneSurrogate(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	id := "wf-81:charge"
+	e.markUnknown(t, id, "payments.charge", "timeout")
+	for data, esc := range map[string]string{
+		`{"name":"\ud800"}`:            `\ud800`,
+		`{"\uDC00x":1}`:                `\uDC00`,
+		`{"a":["\ud83d\ud83d\ude00"]}`: `\ud83d`,
+		`{"a":"\\\ude00"}`:             `\ude00`,
+	} {
+		fails(t, e.env, 2, []string{"ledgerctl: --data: ", "the escape " + esc + " is half of a UTF-16 surrogate pair", "usage: ledgerctl"}, "reconcile", id, "applied", "--data", data)
+	}
+	if op := lookupJSON(t, e.env, id); op.State != "STATE_UNKNOWN" || len(op.History) != 2 {
+		t.Fatalf("a refused --data was recorded: %+v", op)
+	}
+	must(t, e.env, "reconcile", id, "applied", "--data", `{"smile":"\ud83d\ude00","path":"\\ud800"}`)
+	op := lookupJSON(t, e.env, id)
+	b, _ := json.Marshal(op.Result.Data)
+	if want := `{"path":"\\ud800","smile":"😀"}`; op.State != "STATE_SUCCEEDED" || string(b) != want {
+		t.Fatalf("after applied: %s %s, want %s", op.State, b, want)
+	}
+}
+
 // TestDataNotUTF8: --data that is not valid UTF-8 (text from a Latin-1
 // terminal or file) is bad usage, and nothing is recorded: decoding would
 // replace the bytes with U+FFFD, recording a result other than the one
