@@ -203,6 +203,17 @@ func ParsePolicies(data []byte) (*Policies, error) {
 	return p, nil
 }
 
+// asciiLower lowers the ASCII letters of s, and only those.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
 // wholeNumber is a count in the policy file: any YAML number (5, 5.0, 0x5),
 // checked to be whole where it is applied. Decoding it straight into an int
 // would cut a fraction off (1.5 would read as 1).
@@ -222,7 +233,9 @@ func (f policyFields) apply(base Policy) (Policy, error) {
 	p := base
 	p.ConsequentialFields = append([]string(nil), base.ConsequentialFields...)
 	if f.Effect != "" {
-		switch strings.ToLower(strings.TrimPrefix(strings.ToUpper(f.Effect), "EFFECT_")) {
+		// Only ASCII letters are folded: strings.ToUpper would read the
+		// dotless ı as I and the long ſ as S, taking "ıdempotent".
+		switch strings.TrimPrefix(asciiLower(f.Effect), "effect_") {
 		case "read_only":
 			p.Effect = EffectReadOnly
 		case "idempotent":

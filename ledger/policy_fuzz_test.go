@@ -276,14 +276,3 @@ func FuzzPolicyValue(f *testing.F) {
 		}
 	})
 }
-
-// asciiLower lowers the ASCII letters of s, and only those.
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
-}

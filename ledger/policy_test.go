@@ -81,6 +81,8 @@ func TestParsePoliciesRefusesBadFiles(t *testing.T) {
 		{"defaults:\n  max_attempts: 0\n", "max_attempts"},
 		{"defaults:\n  max_attempts: 2.5\n", "max_attempts"},
 		{"defaults:\n  effect: sometimes\n", "effect"},
+		{"defaults:\n  effect: ıdempotent\n", "effect"},
+		{"defaults:\n  effect: irreverſible\n", "effect"},
 		{"defaults:\n  leese: 1s\n", "leese"},
 		{"tools:\n  - lease: 1s\n", "match is required"},
 		{"tools:\n  - match: x\n    consequential_fields: [\"amount\"]\n", "consequential_fields"},
