@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"os"
@@ -130,14 +131,20 @@ func LoadCredentials(file string) (*Credentials, error) {
 //	tenants:                           # optional per-tenant limits
 //	  acme: {rate: 500, burst: 1000, max_unresolved: 50000}
 //
-// Unknown fields, duplicate key ids, unknown scopes and malformed hashes are
-// errors.
+// Unknown fields, duplicate key ids, unknown scopes, malformed hashes and a
+// second YAML document are errors.
 func ParseCredentials(data []byte) (*Credentials, error) {
 	var f credentialsFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("not a valid credentials document: %w", err)
+	}
+	// What follows the document would otherwise go unread: a key revoked
+	// there, or text that is no YAML at all.
+	var more any
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, errors.New("the credentials file must hold exactly one YAML document")
 	}
 	c := &Credentials{keys: map[string]apiKey{}, tenants: f.Tenants}
 	for i, k := range f.Keys {

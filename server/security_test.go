@@ -354,6 +354,23 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 	}
 }
 
+// TestCredentialsFileIsOneDocument: what follows the credentials document
+// (a second document revoking a key, or text that is not YAML) makes the
+// file invalid instead of going unread.
+func TestCredentialsFileIsOneDocument(t *testing.T) {
+	kr := newKeyring(t)
+	kr.add(t, "k", "t1", "agent", false)
+	revoked := strings.Replace(kr.doc(""), "disabled: false", "disabled: true", 1)
+	for _, doc := range []string{kr.doc("---\n" + revoked), kr.doc("---\n"), "{}00", "keys: []\n...\n: :\n"} {
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), "exactly one YAML document") {
+			t.Errorf("%q: %v, want an error about the second document", doc, err)
+		}
+	}
+	if _, err := server.ParseCredentials([]byte("---\n" + kr.doc("...\n"))); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestUnresolvedLimitOverTheWire(t *testing.T) {
 	kr := newKeyring(t)
 	key := kr.add(t, "small", "small", "agent", false)
