@@ -146,6 +146,9 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
 		return nil, errors.New("the credentials file must hold exactly one YAML document")
 	}
+	if key, ok := nullTenantKey(data); ok {
+		return nil, fmt.Errorf("tenants: the name %q reads as YAML's null, and its limits would be dropped: quote it", key)
+	}
 	c := &Credentials{keys: map[string]apiKey{}, tenants: f.Tenants}
 	for i, k := range f.Keys {
 		where := fmt.Sprintf("keys[%d]", i)
@@ -194,6 +197,31 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 		}
 	}
 	return c, nil
+}
+
+// nullTenantKey returns the first name in the tenants map of the
+// credentials document data (decoded already) that YAML reads as null
+// (null, Null, NULL, ~), whose entry decoding drops.
+func nullTenantKey(data []byte) (string, bool) {
+	var raw struct {
+		Tenants yaml.Node `yaml:"tenants"`
+	}
+	if err := yaml.Unmarshal(data, &raw); err != nil {
+		return "", false
+	}
+	n := &raw.Tenants
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind != yaml.MappingNode {
+		return "", false
+	}
+	for i := 0; i < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.ShortTag() == "!!null" {
+			return k.Value, true
+		}
+	}
+	return "", false
 }
 
 // Limits returns the tenant's overrides.

@@ -352,6 +352,17 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 	if _, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  t1: {rate: 0.5, burst: 2, max_unresolved: 10}\n"))); err != nil {
 		t.Fatal(err)
 	}
+	// A name YAML reads as null would have its entry dropped, and the
+	// tenant its limits: quoted, it is the name.
+	for _, name := range []string{"null", "Null", "NULL", "~"} {
+		if _, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  " + name + ": {rate: 5}\n"))); err == nil || !strings.Contains(err.Error(), "quote it") {
+			t.Errorf("tenant %s: %v, want an error asking to quote it", name, err)
+		}
+		c, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  \"" + name + "\": {rate: 5}\n")))
+		if err != nil || c.Limits(name).Rate != 5 {
+			t.Errorf("tenant %q quoted: %v", name, err)
+		}
+	}
 }
 
 // TestCredentialsFileIsOneDocument: what follows the credentials document
