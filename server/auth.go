@@ -176,6 +176,17 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 		if (cl.CommonName == "") == (cl.URI == "") {
 			return nil, fmt.Errorf("%s: set exactly one of common_name and uri", where)
 		}
+		if cl.URI != "" {
+			// A certificate's URI is compared as url.URL.String writes it
+			// (authenticate): another spelling would match no certificate.
+			u, err := url.Parse(cl.URI)
+			if err != nil {
+				return nil, fmt.Errorf("%s: uri %q: not a URI", where, cl.URI)
+			}
+			if u.String() != cl.URI {
+				return nil, fmt.Errorf("%s: uri %q: write it as %q, the form a certificate's URI is compared in", where, cl.URI, u.String())
+			}
+		}
 		if err := ledger.ValidateTenant(cl.Tenant); err != nil {
 			return nil, fmt.Errorf("%s: tenant: %w", where, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"net/url"
 	"reflect"
 	"regexp"
 	"strings"
@@ -151,6 +152,11 @@ func checkCredentials(t *testing.T, c *Credentials) {
 			t.Fatalf("client %+v", cl)
 		}
 		checkScopes(cl.commonName+cl.uri, cl.scopes)
+		// A certificate's URI is compared as url.URL.String gives it: any
+		// other spelling would never match one.
+		if u, err := url.Parse(cl.uri); cl.uri != "" && (err != nil || u.String() != cl.uri) {
+			t.Fatalf("client uri %q is not in the form a certificate's URI is compared in", cl.uri)
+		}
 	}
 	for name, lim := range c.tenants {
 		if ledger.ValidateTenant(name) != nil || lim.Burst < 0 || lim.MaxUnresolved < 0 || !(lim.Rate >= 0) || math.IsInf(lim.Rate, 0) {

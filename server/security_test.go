@@ -382,6 +382,27 @@ func TestCredentialsFileIsOneDocument(t *testing.T) {
 	}
 }
 
+// TestCredentialsClientURIAsCompared: a client's uri is compared with a
+// certificate's URI as url.URL.String writes it, so one spelled otherwise
+// (an upper-case scheme, a space) would match no certificate: the file is
+// refused with the spelling to use.
+func TestCredentialsClientURIAsCompared(t *testing.T) {
+	for uri, want := range map[string]string{
+		"SPIFFE://acme.example/agent": `write it as "spiffe://acme.example/agent"`,
+		"spiffe://acme.example/a b":   `write it as "spiffe://acme.example/a%20b"`,
+		"spiffe://acme example/agent": "not a URI",
+		"spiffe://acme.example/%zz":   "not a URI",
+	} {
+		doc := "clients:\n  - {uri: \"" + uri + "\", tenant: acme, scopes: [agent]}\n"
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("uri %q: %v, want an error with %q", uri, err, want)
+		}
+	}
+	if _, err := server.ParseCredentials([]byte("clients:\n  - {uri: \"spiffe://acme.example/agent\", tenant: acme, scopes: [agent]}\n")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestUnresolvedLimitOverTheWire(t *testing.T) {
 	kr := newKeyring(t)
 	key := kr.add(t, "small", "small", "agent", false)
