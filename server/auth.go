@@ -137,7 +137,9 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	var f credentialsFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
+		return nil, errors.New("the credentials file is empty: it needs a YAML document with the keys (docs/security.md)")
+	} else if err != nil {
 		return nil, fmt.Errorf("not a valid credentials document: %w", err)
 	}
 	// What follows the document would otherwise go unread: a key revoked

@@ -380,6 +380,12 @@ func TestCredentialsFileIsOneDocument(t *testing.T) {
 	if _, err := server.ParseCredentials([]byte("---\n" + kr.doc("...\n"))); err != nil {
 		t.Fatal(err)
 	}
+	// An empty file (a truncated copy, the wrong path templated in) says so.
+	for _, doc := range []string{"", "\n", "# only a comment\n"} {
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), "the credentials file is empty") {
+			t.Errorf("%q: %v, want an error saying the file is empty", doc, err)
+		}
+	}
 }
 
 // TestCredentialsClientURIAsCompared: a client's uri is compared with a
