@@ -18,6 +18,9 @@ GRPCURL_VERSION            := v1.9.4
 BIN       := $(CURDIR)/bin
 GO        ?= go
 FUZZTIME  ?= 30s
+# How long the fuzzer may spend shrinking a new input (Go's default, 60s, can
+# take most of a short run).
+FUZZMINIMIZETIME ?= 5s
 ARGS      ?=
 # Flags of `make bench` (cmd/ledgerbench): the default adds the growth
 # measurement with 1k and 1M records stored (several minutes).
@@ -66,25 +69,25 @@ bench: ## measure ledgerd on fresh redis-servers: throughput and latency against
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
-	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) ./fingerprint/
-	$(GO) test -run '^$$' -fuzz '^FuzzComputeFingerprint$$' -fuzztime $(FUZZTIME) ./fingerprint/
-	$(GO) test -run '^$$' -fuzz '^FuzzParams$$' -fuzztime $(FUZZTIME) ./internal/jsonvalue/
-	$(GO) test -run '^$$' -fuzz '^FuzzKeyEncoding$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzCompactScript$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzParsePolicies$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzPolicyValue$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzGlobMatch$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodePageToken$$' -fuzztime $(FUZZTIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzStructParams$$' -fuzztime $(FUZZTIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseJSONStruct$$' -fuzztime $(FUZZTIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzHandlers$$' -fuzztime $(FUZZTIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseCredentials$$' -fuzztime $(FUZZTIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzAuthenticate$$' -fuzztime $(FUZZTIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseCPUList$$' -fuzztime $(FUZZTIME) ./internal/bench/
-	$(GO) test -run '^$$' -fuzz '^FuzzRedisURLRedaction$$' -fuzztime $(FUZZTIME) ./cmd/ledgerd/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseData$$' -fuzztime $(FUZZTIME) ./cmd/ledgerctl/
-	$(GO) test -run '^$$' -fuzz '^FuzzFencingToken$$' -fuzztime $(FUZZTIME) ./cmd/ledgerctl/
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./fingerprint/
+	$(GO) test -run '^$$' -fuzz '^FuzzComputeFingerprint$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./fingerprint/
+	$(GO) test -run '^$$' -fuzz '^FuzzParams$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/jsonvalue/
+	$(GO) test -run '^$$' -fuzz '^FuzzKeyEncoding$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzCompactScript$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePolicies$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzPolicyValue$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzGlobMatch$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodePageToken$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzStructParams$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseJSONStruct$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzHandlers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseCredentials$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzAuthenticate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseCPUList$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/bench/
+	$(GO) test -run '^$$' -fuzz '^FuzzRedisURLRedaction$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerd/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseData$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerctl/
+	$(GO) test -run '^$$' -fuzz '^FuzzFencingToken$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerctl/
 
 .PHONY: tools
 tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) ## install the pinned code generators into ./bin
