@@ -206,7 +206,41 @@ async function main() {
     check(err.result && err.result.data.amount === 10n, 'and gets the result the tool produced');
     const record = await ledger.lookup(`${runId}:bad-result`);
     check(record.state === 'STATE_UNKNOWN', `the operation is UNKNOWN, to be reconciled (${record.state})`);
+    const retried = await outcome(ledger.callTool({ ...op('bad-result'), waitMs: 1000 }, dest.create));
+    check(retried.err && retried.err.name === 'NeedsReconciliationError',
+      `a retry under the same id is told to reconcile (${retried.err ? retried.err.message : 'a result'})`);
     check(dest.applied(`${runId}:bad-result`) === 1, 'the destination applied the effect once');
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('5b. the tool ran but the ledger refuses its result (INVALID_ARGUMENT: data over 64 KiB, an id over 256 bytes)');
+    const ledger = new Ledger(address);
+    for (const [step, produced] of [
+      ['large-data', { resource_id: 'TCK-1', data: { blob: 'x'.repeat(70 << 10) } }],
+      ['long-id', { resource_id: 'T'.repeat(300), data: {} }],
+    ]) {
+      const dest = destination();
+      const refused = op(step);
+      const { err } = await outcome(ledger.callTool(refused, async (a) => {
+        await dest.create(a);
+        return produced;
+      }));
+      check(err && err.name === 'NotRecordedError' && err.cause instanceof LedgerError
+        && err.cause.code === grpc.status.INVALID_ARGUMENT,
+      `${step}: the caller learns the outcome is not recorded (got ${err ? err.message : 'a result'})`);
+      check(err.result && err.result.resourceId === produced.resource_id
+        && JSON.stringify(err.result.data) === JSON.stringify(produced.data),
+      `${step}: and gets the result the tool produced`);
+      const record = await ledger.lookup(refused.operationId);
+      check(record.state === 'STATE_UNKNOWN',
+        `${step}: the operation is UNKNOWN at once, to be reconciled, not RUNNING until its lease ends (${record.state})`);
+      const retried = await outcome(ledger.callTool({ ...refused, waitMs: 1000 }, dest.create));
+      check(retried.err && retried.err.name === 'NeedsReconciliationError',
+        `${step}: a retry under the same id is told to reconcile (${retried.err ? retried.err.message : 'a result'})`);
+      check(dest.applied(refused.operationId) === 1,
+        `${step}: the destination applied the effect once (${dest.applied(refused.operationId)})`);
+    }
     ledger.close();
   });
 

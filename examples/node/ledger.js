@@ -92,6 +92,10 @@ class NeedsReconciliationError extends Error {
 // not record how it ended: the effect may exist. Use the result; never run the
 // tool again under a new operation id. A retry under the same id waits for
 // the claim's lease to end; an irreversible tool is then reconciled first.
+// When the result cannot be encoded, or the ledger refuses it (cause is a
+// LedgerError INVALID_ARGUMENT: data over 64 KiB as JSON, a resource id over
+// 256 bytes), the attempt is marked UNKNOWN at once: a retry is told to
+// reconcile without waiting for the lease.
 class NotRecordedError extends Error {
   constructor(cause, { result, toolError } = {}) {
     super(`the ledger did not record how the tool ended: ${cause.message}`, { cause });
@@ -345,6 +349,9 @@ class Ledger {
   // UNKNOWN and callTool throws ToolTimedOutError without waiting for fn.
   // When the ledger cannot record how fn ended, callTool throws
   // NotRecordedError: fn ran, and must not run again under a new operation id.
+  // A result the ledger refuses (INVALID_ARGUMENT: over its size limits) or
+  // that cannot be encoded is never recorded: the attempt is marked UNKNOWN,
+  // and callTool throws NotRecordedError with it.
   // While another caller holds the claim, callTool reserves again after a
   // backoff (see inProgressDelay) until waitMs is up, then throws
   // WaitBudgetSpentError. waitMs bounds the time from the call to the start
@@ -528,7 +535,19 @@ class Ledger {
       await this.report('MarkUnknown', { ...claim, reason: 'the result cannot be encoded' }, ran).catch(() => {});
       throw new NotRecordedError(err, ran);
     }
-    const done = await this.report('Complete', { ...claim, outcome: 'OUTCOME_SUCCEEDED', result }, ran);
+    let done;
+    try {
+      done = await this.report('Complete', { ...claim, outcome: 'OUTCOME_SUCCEEDED', result }, ran);
+    } catch (err) {
+      if (err.cause instanceof LedgerError && err.cause.code === grpc.status.INVALID_ARGUMENT) {
+        // The ledger refused the result (data over its 64 KiB limit as JSON,
+        // a resource id over 256 bytes): it will not take it on a repeat
+        // either. Leave the effect to reconciliation now, rather than when
+        // the lease ends.
+        await this.report('MarkUnknown', { ...claim, reason: 'result data refused by the ledger' }, ran).catch(() => {});
+      }
+      throw err;
+    }
     this.log(`Complete ${op.operation_id}: ${done.operation.state}`);
     return Ledger.outcome(done.operation, false);
   }
