@@ -208,7 +208,39 @@ def main() -> None:
         check(err.result is not None and err.result.data == {"when": when}, "and gets the result the tool produced")
         state = ledger.lookup(f"{run_id}:bad-result").state
         check(state == pb.STATE_UNKNOWN, f"the operation is UNKNOWN, to be reconciled ({pb.State.Name(state)})")
+        _, err = outcome(ledger.call_tool, **op("bad-result"), fn=dest.create, wait=1.0)
+        check(type(err).__name__ == "NeedsReconciliation", f"a retry under the same id is told to reconcile ({err!r})")
         check(dest.applied(f"{run_id}:bad-result") == 1, "the destination applied the effect once")
+        ledger.close()
+
+    def refused_result():
+        print("4b. the tool ran but the ledger refuses its result (INVALID_ARGUMENT: data over 64 KiB, "
+              "an id over 256 bytes)")
+        ledger = Ledger(address)
+        for step, produced in (("large-data", {"resource_id": "TCK-1", "data": {"blob": "x" * (70 << 10)}}),
+                               ("long-id", {"resource_id": "T" * 300, "data": {}})):
+            dest = Destination()
+            refused = op(step)
+            key = refused["operation_id"]
+
+            def create(attempt, produced=produced, dest=dest):
+                dest.create(attempt)
+                return produced
+
+            _, err = outcome(ledger.call_tool, **refused, fn=create)
+            cause = getattr(err, "__cause__", None)
+            check(type(err).__name__ == "NotRecorded" and isinstance(cause, LedgerError)
+                  and cause.code == grpc.StatusCode.INVALID_ARGUMENT,
+                  f"{step}: the caller learns the outcome is not recorded (got {err!r})")
+            check(err.result is not None and err.result.resource_id == produced["resource_id"]
+                  and err.result.data == produced["data"], f"{step}: and gets the result the tool produced")
+            state = ledger.lookup(key).state
+            check(state == pb.STATE_UNKNOWN, f"{step}: the operation is UNKNOWN at once, to be reconciled, "
+                  f"not RUNNING until its lease ends ({pb.State.Name(state)})")
+            _, err = outcome(ledger.call_tool, **refused, fn=dest.create, wait=1.0)
+            check(type(err).__name__ == "NeedsReconciliation",
+                  f"{step}: a retry under the same id is told to reconcile ({err!r})")
+            check(dest.applied(key) == 1, f"{step}: the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
     def slow():
@@ -540,9 +572,10 @@ def main() -> None:
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
-    for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result, slow,
-                     big_integer, exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays,
-                     late_claim, cancel_waiting, cancel_reserving, cancel_running, lost_then_limited):
+    for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,
+                     refused_result, slow, big_integer, exhausted, hung, hung_unrecorded, lost_reserve,
+                     waits_back_off, in_progress_delays, late_claim, cancel_waiting, cancel_reserving,
+                     cancel_running, lost_then_limited):
         try:
             scenario()
         except CheckFailed as err:

@@ -124,7 +124,11 @@ class NotRecorded(Exception):
 
     The effect may exist. Use the result; never run the tool again under a new
     operation id. A retry under the same id waits for the claim's lease to end;
-    an irreversible tool is then reconciled first.
+    an irreversible tool is then reconciled first. When the result cannot be
+    encoded, or the ledger refuses it (the cause, __cause__, is a LedgerError
+    INVALID_ARGUMENT: data over 64 KiB as JSON, a resource id over 256 bytes),
+    the attempt is marked UNKNOWN at once: a retry is told to reconcile without
+    waiting for the lease.
     """
 
     def __init__(self, cause: Exception, result: Outcome | None = None, tool_error: BaseException | None = None):
@@ -366,6 +370,9 @@ class Ledger:
         waiting for fn.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
+        A result the ledger refuses (INVALID_ARGUMENT: over its size limits)
+        or that cannot be encoded is never recorded: the attempt is marked
+        UNKNOWN, and call_tool raises NotRecorded with it.
         While another caller holds the claim, call_tool reserves again after
         a backoff (see in_progress_delay) until wait seconds are up, then
         raises WaitBudgetSpent (a TimeoutError). wait bounds the time from the
@@ -531,8 +538,20 @@ class Ledger:
             with contextlib.suppress(NotRecorded):
                 self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason="the result cannot be encoded"))
             raise NotRecorded(err, result=ran) from err
-        done = self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_SUCCEEDED, result=result),
-                            result=ran)
+        try:
+            done = self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_SUCCEEDED, result=result),
+                                result=ran)
+        except NotRecorded as err:
+            cause = err.__cause__
+            if isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT:
+                # The ledger refused the result (data over its 64 KiB limit as
+                # JSON, a resource id over 256 bytes): it will not take it on a
+                # repeat either. Leave the effect to reconciliation now, rather
+                # than when the lease ends.
+                refused = pb.MarkUnknownRequest(**claim, reason="result data refused by the ledger")
+                with contextlib.suppress(NotRecorded):
+                    self._report("MarkUnknown", refused)
+            raise
         self.log(f"Complete {op.operation_id}: {pb.State.Name(done.operation.state)}")
         return self._outcome(done.operation, replayed=False)
 
