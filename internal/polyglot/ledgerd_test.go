@@ -85,6 +85,7 @@ func startLedgerd(t *testing.T, flags ...string) string {
 		cmd := exec.Command(bin, append([]string{"--listen", addr}, flags...)...)
 		cmd.Env = cleanEnv()
 		cmd.Stdout, cmd.Stderr = log, log
+		cmd.WaitDelay = 10 * time.Second // a process holding its output open cannot hold Wait
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -127,6 +128,10 @@ func runClient(t *testing.T, want string, name string, args ...string) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = repoRoot(t)
 	cmd.Env = cleanEnv("PYTHONDONTWRITEBYTECODE=1")
+	// Once the client exits (or is killed at the timeout), its output is
+	// read for at most this long: anything else holding the pipe open
+	// cannot hold the test.
+	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 	if err != nil {

@@ -255,6 +255,7 @@ func (w *walk) run(s step) answer {
 	c.Env = cleanEnv("PATH=" + filepath.Dir(w.grpcurl) + string(os.PathListSeparator) + os.Getenv("PATH"))
 	var stdout, stderr bytes.Buffer
 	c.Stdout, c.Stderr = &stdout, &stderr
+	c.WaitDelay = 10 * time.Second // bash's grpcurl, killed with it or not, cannot hold Wait
 	err := c.Run()
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
