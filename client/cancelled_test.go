@@ -94,10 +94,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswerWasLostWhenTheCallerGaveUp(t *tes
 		t.Fatalf("Do = %v, want context.Canceled", err)
 	}
 	claimReturned(t, e, op)
-	// The next call runs it, once.
-	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
-		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
-	}
+	runsOnce(t, e, op, fn, &applied)
 
 	// A caller whose context ended before its Reserve went out leaves
 	// nothing behind.
@@ -136,10 +133,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswersWereAllLost(t *testing.T) {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	claimReturned(t, e, op)
-	// The next call runs it, once.
-	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
-		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
-	}
+	runsOnce(t, e, op, fn, &applied)
 }
 
 // The answer to Do's Reserve is lost (the ledger processed it), and the
@@ -164,6 +158,15 @@ func TestDoReturnsTheClaimOfALostReserveWhenTheWaitDeadlineEndsTheRepeat(t *test
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	claimReturned(t, e, op)
+}
+
+// runsOnce fails unless the next Do of op runs fn (which counts its runs in
+// applied, and makes re_1) and that makes its only run.
+func runsOnce(t *testing.T, e *env, op client.Op, fn client.Func, applied *atomic.Int32) {
+	t.Helper()
+	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
+		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
+	}
 }
 
 // claimReturned fails unless op's claim was returned unused: PENDING after
@@ -231,8 +234,5 @@ func TestDoReturnsTheClaimOfALostReserveWhoseRepeatsWereRefused(t *testing.T) {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	claimReturned(t, e, op)
-	// The next call runs it, once.
-	if res, err := e.c.Do(context.Background(), op, fn); err != nil || res.ResourceID != "re_1" || applied.Load() != 1 {
-		t.Fatalf("Do again = %+v, %v; applied %d times, want 1", res, err, applied.Load())
-	}
+	runsOnce(t, e, op, fn, &applied)
 }
