@@ -60,7 +60,8 @@ func MarkRetryable(err error) error { return &classified{class: Retryable, err: 
 func MarkAmbiguous(err error) error { return &classified{class: Ambiguous, err: err} }
 
 // MarkFinal wraps err to say the attempt failed for good; code is recorded as
-// the operation's failure code (e.g. "card_declined").
+// the operation's failure code (e.g. "card_declined"), or "tool_failed" when
+// the ledger refuses it (over 128 bytes, or with a control character).
 func MarkFinal(code string, err error) error {
 	return &classified{class: Final, code: code, err: err}
 }
@@ -94,8 +95,12 @@ func failureCode(err error) string {
 	if errors.As(err, &c) && c.code != "" {
 		return c.code
 	}
-	return "tool_failed"
+	return defaultFailureCode
 }
+
+// defaultFailureCode is the failure code of a final failure whose error
+// carries none (or one the ledger refuses).
+const defaultFailureCode = "tool_failed"
 
 // ClassifyHTTP classifies the outcome of an HTTP request to a destination:
 // nil for 1xx–3xx; with err set, err marked by ClassOf (a refused

@@ -414,10 +414,20 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 // the operation's outcome is then the ledger's, not this attempt's.
 func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error {
 	code := failureCode(ferr)
-	err := c.report(ctx, func(ctx context.Context) error {
-		_, err := c.Fail(ctx, o.ID, o.FencingToken, true, Failure{Code: code})
-		return err
-	})
+	fail := func(code string) error {
+		return c.report(ctx, func(ctx context.Context) error {
+			_, err := c.Fail(ctx, o.ID, o.FencingToken, true, Failure{Code: code})
+			return err
+		})
+	}
+	err := fail(code)
+	if errors.Is(err, ErrInvalidArgument) && code != defaultFailureCode {
+		// The ledger refuses the code (too long, a control character):
+		// the attempt still failed for good, under the default code,
+		// rather than leave the claim to expire into UNKNOWN.
+		code = defaultFailureCode
+		err = fail(code)
+	}
 	if errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCompletionConflict) {
 		return errClaimGone
 	}

@@ -181,3 +181,37 @@ func TestDoDoesNotRecordResultDataChanged(t *testing.T) {
 		})
 	}
 }
+
+// A final failure whose code the ledger refuses (over its 128 bytes, or
+// with a control character) is still recorded as the final failure it is,
+// under the default code tool_failed: the claim is not left RUNNING until
+// its lease ends, to become UNKNOWN and call for the reconciliation of an
+// effect the tool said never happened.
+func TestDoRecordsAFinalFailureWhoseCodeTheLedgerRefuses(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	for name, code := range map[string]string{"long": strings.Repeat("x", 200), "control": "declined\n"} {
+		t.Run(name, func(t *testing.T) {
+			calls := 0
+			op := e.op(name, "payments.refund", map[string]any{"n": 1})
+			op.Effect = client.EffectIrreversible
+			fn := func(context.Context, client.Attempt) (client.Result, error) {
+				calls++
+				return client.Result{}, client.MarkFinal(code, errors.New("card declined"))
+			}
+			var fe *client.FailedError
+			if _, err := e.c.Do(e.ctx, op, fn); !errors.As(err, &fe) || fe.Code != "tool_failed" {
+				t.Fatalf("Do = %v; want a *FailedError with the code recorded, tool_failed", err)
+			}
+			o, err := e.c.Lookup(e.ctx, op.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.State != client.StateFailedFinal || o.Failure == nil || o.Failure.Code != "tool_failed" {
+				t.Fatalf("record %v with failure %+v; want FAILED_FINAL, tool_failed", o.State, o.Failure)
+			}
+			if _, err := e.c.Do(e.ctx, op, fn); !errors.As(err, &fe) || !fe.Replayed || calls != 1 {
+				t.Fatalf("Do again = %v, fn called %d times; want the failure replayed, fn once", err, calls)
+			}
+		})
+	}
+}
