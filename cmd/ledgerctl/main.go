@@ -320,6 +320,10 @@ func parse(args []string, env func(string) string) (*options, error) {
 	}
 	if err := fs.Parse(flagArgs); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			if cmd != "" && cmd != "help" && known(cmd) == "" {
+				// Help about a command that does not exist is no answer.
+				return o, usagef("", "unknown command %q", cmd)
+			}
 			return o, errHelp{cmd: known(cmd)}
 		}
 		return o, usagef(known(cmd), "%s", strings.Replace(err.Error(), " -", " --", 1))

@@ -1396,6 +1396,8 @@ func TestHelpUnknownCommand(t *testing.T) {
 		{[]string{"help", "lookups"}, `unknown command "lookups"`},
 		{[]string{"--json", "help", ""}, `unknown command ""`},
 		{[]string{"help", "lookup", "reconcile"}, "help takes one command"},
+		{[]string{"frobnicate", "-h"}, `unknown command "frobnicate"`},
+		{[]string{"--help", "lookups"}, `unknown command "lookups"`},
 	} {
 		o := ctl(t, env, c.args...)
 		if o.code != 2 || o.stdout != "" || !strings.HasPrefix(o.stderr, "ledgerctl: "+c.want) {
