@@ -13,7 +13,7 @@ const crypto = require('node:crypto');
 const path = require('node:path');
 const protobuf = require('protobufjs');
 const {
-  DOMAIN, Ledger, LedgerError, RetryableToolError, ToolFailedError, WaitBudgetSpentError, grpc, inProgressDelay,
+  DOMAIN, FinalToolError, Ledger, LedgerError, RetryableToolError, ToolFailedError, WaitBudgetSpentError, grpc, inProgressDelay,
 } = require('./ledger');
 
 const rpcTypes = new protobuf.Root();
@@ -240,6 +240,31 @@ async function main() {
         `${step}: a retry under the same id is told to reconcile (${retried.err ? retried.err.message : 'a result'})`);
       check(dest.applied(refused.operationId) === 1,
         `${step}: the destination applied the effect once (${dest.applied(refused.operationId)})`);
+    }
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('5c. the tool failed for good, with a failure code the ledger refuses (over 128 bytes, a control character)');
+    const ledger = new Ledger(address);
+    for (const [step, code] of [['long-code', 'x'.repeat(200)], ['control-code', 'declined\n']]) {
+      const dest = destination();
+      const declined = op(step);
+      const fn = async (a) => {
+        await dest.create(a);
+        throw new FinalToolError(code);
+      };
+      const { err } = await outcome(ledger.callTool(declined, fn));
+      check(err instanceof ToolFailedError && err.failureCode === 'tool_failed' && !err.replayed,
+        `${step}: the caller learns the tool failed for good, under the code recorded, tool_failed (got ${err ? err.message : 'a result'})`);
+      const record = await ledger.lookup(declined.operationId);
+      check(record.state === 'STATE_FAILED_FINAL' && record.failure && record.failure.code === 'tool_failed',
+        `${step}: the operation is FAILED_FINAL with tool_failed at once, not RUNNING until its lease ends (${record.state}, ${record.failure ? record.failure.code : 'no failure'})`);
+      const retried = await outcome(ledger.callTool(declined, fn));
+      check(retried.err instanceof ToolFailedError && retried.err.replayed && retried.err.failureCode === 'tool_failed',
+        `${step}: a retry under the same id replays the failure (${retried.err ? retried.err.message : 'a result'})`);
+      check(dest.applied(declined.operationId) === 1,
+        `${step}: the tool ran once (${dest.applied(declined.operationId)})`);
     }
     ledger.close();
   });

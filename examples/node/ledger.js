@@ -140,6 +140,10 @@ class WaitBudgetSpentError extends Error {
 class RetryableToolError extends Error {}
 
 // Throw from fn when the tool failed for good (HTTP 400, a declined card).
+// code is recorded as the operation's failure code, or tool_failed when the
+// ledger refuses it (over 128 bytes, or with a control character): the
+// ToolFailedError callTool throws carries the code recorded. The message is
+// not sent to the ledger.
 class FinalToolError extends Error {
   constructor(code, message) {
     super(message || code);
@@ -254,6 +258,10 @@ const UNANSWERED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEED
 // waiting for the Reserve that granted it (see returnLostClaim), or on the
 // claim itself, which came after its wait budget (see returnClaim).
 const CALLER_GAVE_UP = 'caller_gave_up';
+
+// The failure code recorded for a FinalToolError whose code the ledger
+// refuses (over 128 bytes, or with a control character), as in the Go SDK.
+const DEFAULT_FAILURE_CODE = 'tool_failed';
 
 // Whether a call that failed with code, and the ErrorInfo (or LedgerError)
 // info, may be repeated as it is. A RESOURCE_EXHAUSTED without one of the
@@ -509,8 +517,19 @@ class Ledger {
       clearTimeout(timer);
       renewal.stop();
       if (err instanceof FinalToolError) {
-        const failed = { ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code: err.failureCode } };
-        const done = await this.report('Complete', failed, { toolError: err });
+        const failed = (code) => ({ ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code } });
+        let done;
+        try {
+          done = await this.report('Complete', failed(err.failureCode), { toolError: err });
+        } catch (notRecorded) {
+          if (!(notRecorded.cause instanceof LedgerError && notRecorded.cause.code === grpc.status.INVALID_ARGUMENT
+            && err.failureCode !== DEFAULT_FAILURE_CODE)) throw notRecorded;
+          // The ledger refuses the code (over 128 bytes, a control
+          // character): the attempt still failed for good, under the
+          // default code, rather than leave the claim to expire into
+          // UNKNOWN.
+          done = await this.report('Complete', failed(DEFAULT_FAILURE_CODE), { toolError: err });
+        }
         throw new ToolFailedError(done.operation.failure || {}, false);
       }
       if (err instanceof RetryableToolError) {
