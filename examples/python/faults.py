@@ -24,8 +24,8 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 import grpc  # noqa: E402
 
 from ledger_guard import (  # noqa: E402
-    DOMAIN, Attempt, Cancelled, Ledger, LedgerError, RetryableToolError, ToolFailed, WaitBudgetSpent, in_progress_delay,
-    pb, to_struct)
+    DOMAIN, Attempt, Cancelled, FinalToolError, Ledger, LedgerError, RetryableToolError, ToolFailed, WaitBudgetSpent,
+    in_progress_delay, pb, to_struct)
 
 # After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
 from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
@@ -241,6 +241,33 @@ def main() -> None:
             check(type(err).__name__ == "NeedsReconciliation",
                   f"{step}: a retry under the same id is told to reconcile ({err!r})")
             check(dest.applied(key) == 1, f"{step}: the destination applied the effect once ({dest.applied(key)})")
+        ledger.close()
+
+    def refused_failure_code():
+        print("4c. the tool failed for good, with a failure code the ledger refuses (over 128 bytes, "
+              "a control character) or that cannot be sent (a lone surrogate)")
+        ledger = Ledger(address)
+        for step, code in (("long-code", "x" * 200), ("control-code", "declined\n"), ("surrogate-code", "\ud800")):
+            dest = Destination()
+            declined = op(step)
+            key = declined["operation_id"]
+
+            def decline(attempt, code=code, dest=dest):
+                dest.create(attempt)
+                raise FinalToolError(code)
+
+            _, err = outcome(ledger.call_tool, **declined, fn=decline)
+            check(isinstance(err, ToolFailed) and err.code == "tool_failed" and not err.replayed,
+                  f"{step}: the caller learns the tool failed for good, under the code recorded, tool_failed "
+                  f"(got {err!r})")
+            record = ledger.lookup(key)
+            check(record.state == pb.STATE_FAILED_FINAL and record.failure.code == "tool_failed",
+                  f"{step}: the operation is FAILED_FINAL with tool_failed at once, not RUNNING until its lease "
+                  f"ends ({pb.State.Name(record.state)}, {record.failure.code!r})")
+            _, err = outcome(ledger.call_tool, **declined, fn=decline)
+            check(isinstance(err, ToolFailed) and err.replayed and err.code == "tool_failed",
+                  f"{step}: a retry under the same id replays the failure ({err!r})")
+            check(dest.applied(key) == 1, f"{step}: the tool ran once ({dest.applied(key)})")
         ledger.close()
 
     def slow():
@@ -573,9 +600,9 @@ def main() -> None:
         ledger.close()
 
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,
-                     refused_result, slow, big_integer, exhausted, hung, hung_unrecorded, lost_reserve,
-                     waits_back_off, in_progress_delays, late_claim, cancel_waiting, cancel_reserving,
-                     cancel_running, lost_then_limited):
+                     refused_result, refused_failure_code, slow, big_integer, exhausted, hung, hung_unrecorded,
+                     lost_reserve, waits_back_off, in_progress_delays, late_claim, cancel_waiting,
+                     cancel_reserving, cancel_running, lost_then_limited):
         try:
             scenario()
         except CheckFailed as err:

@@ -68,6 +68,11 @@ _UNANSWERED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEE
 # claim itself, which came after its wait budget (see Ledger._return_claim).
 CALLER_GAVE_UP = "caller_gave_up"
 
+# The failure code recorded for a FinalToolError whose code the ledger refuses
+# (over 128 bytes, or with a control character), as in the Go SDK, or that
+# cannot be sent (not a str, a lone surrogate).
+DEFAULT_FAILURE_CODE = "tool_failed"
+
 
 def _repeatable(code: grpc.StatusCode, reason: str, domain: str) -> bool:
     """Whether a call that failed with code and the ErrorInfo's reason and domain may be repeated as it is.
@@ -190,7 +195,13 @@ class RetryableToolError(Exception):
 
 
 class FinalToolError(Exception):
-    """Raise from fn when the tool failed for good (HTTP 400, a declined card)."""
+    """Raise from fn when the tool failed for good (HTTP 400, a declined card).
+
+    code is recorded as the operation's failure code, or "tool_failed" when
+    the ledger refuses it (over 128 bytes, or with a control character) or it
+    cannot be sent: the ToolFailed that call_tool raises carries the code
+    recorded. The message is not sent to the ledger.
+    """
 
     def __init__(self, code: str, message: str = ""):
         self.code = code
@@ -518,8 +529,25 @@ class Ledger:
             self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE), tool_error=err)
             raise
         except FinalToolError as err:
-            done = self._report("Complete", pb.CompleteRequest(
-                **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=err.code)), tool_error=err)
+            def failed(code: str) -> pb.CompleteRequest:
+                return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=code))
+
+            # A code the ledger refuses (over 128 bytes, a control character)
+            # or that cannot be sent (not a str, a lone surrogate): the attempt
+            # still failed for good, under the default code, rather than leave
+            # the claim to expire into UNKNOWN.
+            try:
+                request = failed(err.code)
+            except (TypeError, ValueError):
+                request = failed(DEFAULT_FAILURE_CODE)
+            try:
+                done = self._report("Complete", request, tool_error=err)
+            except NotRecorded as not_recorded:
+                cause = not_recorded.__cause__
+                if not (isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT
+                        and request.failure.code != DEFAULT_FAILURE_CODE):
+                    raise
+                done = self._report("Complete", failed(DEFAULT_FAILURE_CODE), tool_error=err)
             raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False) from err
         except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
