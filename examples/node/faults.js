@@ -245,9 +245,11 @@ async function main() {
   });
 
   await scenario(async () => {
-    console.log('5c. the tool failed for good, with a failure code the ledger refuses (over 128 bytes, a control character)');
+    console.log('5c. the tool failed for good, with a failure code the ledger refuses (over 128 bytes, a control character, a lone surrogate: not UTF-8)');
     const ledger = new Ledger(address);
-    for (const [step, code] of [['long-code', 'x'.repeat(200)], ['control-code', 'declined\n']]) {
+    for (const [step, code] of [
+      ['long-code', 'x'.repeat(200)], ['control-code', 'declined\n'], ['surrogate-code', '\ud800'],
+    ]) {
       const dest = destination();
       const declined = op(step);
       const fn = async (a) => {

@@ -141,7 +141,8 @@ class RetryableToolError extends Error {}
 
 // Throw from fn when the tool failed for good (HTTP 400, a declined card).
 // code is recorded as the operation's failure code, or tool_failed when the
-// ledger refuses it (over 128 bytes, or with a control character): the
+// ledger refuses it (over 128 bytes, with a control character, or a lone
+// surrogate, which protobufjs sends as invalid UTF-8): the
 // ToolFailedError callTool throws carries the code recorded. The message is
 // not sent to the ledger.
 class FinalToolError extends Error {
