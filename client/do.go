@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // Func runs one attempt of an operation's tool. It gets a context bounded
@@ -419,6 +420,9 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 			_, err := c.Fail(ctx, o.ID, o.FencingToken, true, Failure{Code: code})
 			return err
 		})
+	}
+	if !utf8.ValidString(code) {
+		code = defaultFailureCode // the request could not even be encoded
 	}
 	err := fail(code)
 	if errors.Is(err, ErrInvalidArgument) && code != defaultFailureCode {

@@ -189,7 +189,7 @@ func TestDoDoesNotRecordResultDataChanged(t *testing.T) {
 // effect the tool said never happened.
 func TestDoRecordsAFinalFailureWhoseCodeTheLedgerRefuses(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t))
-	for name, code := range map[string]string{"long": strings.Repeat("x", 200), "control": "declined\n"} {
+	for name, code := range map[string]string{"long": strings.Repeat("x", 200), "control": "declined\n", "not-utf8": "declin\xe9"} {
 		t.Run(name, func(t *testing.T) {
 			calls := 0
 			op := e.op(name, "payments.refund", map[string]any{"n": 1})
