@@ -85,16 +85,12 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswerWasLostWhenTheCallerGaveUp(t *tes
 	}))
 	e := newEnv(t, redistest.Shared(t).Client(t), loseIt)
 	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
-	var applied atomic.Int32
-	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) {
-		applied.Add(1)
-		return client.Result{ResourceID: "re_1"}, nil
-	}
+	fn, applied := countingTool()
 	if _, err := e.c.Do(ctx, op, fn); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Do = %v, want context.Canceled", err)
 	}
 	claimReturned(t, e, op)
-	runsOnce(t, e, op, fn, &applied)
+	runsOnce(t, e, op, fn, applied)
 
 	// A caller whose context ended before its Reserve went out leaves
 	// nothing behind.
@@ -120,11 +116,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswersWereAllLost(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t), drop, client.WithLedgerRetries(2))
 	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
 	op.Effect = client.EffectIrreversible
-	var applied atomic.Int32
-	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) {
-		applied.Add(1)
-		return client.Result{ResourceID: "re_1"}, nil
-	}
+	fn, applied := countingTool()
 	dr.arm("Reserve", 3) // the first Reserve and its 2 repeats
 	if _, err := e.c.Do(context.Background(), op, fn); !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("Do = %v, want ErrUnavailable", err)
@@ -133,7 +125,7 @@ func TestDoReturnsTheClaimOfAReserveWhoseAnswersWereAllLost(t *testing.T) {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	claimReturned(t, e, op)
-	runsOnce(t, e, op, fn, &applied)
+	runsOnce(t, e, op, fn, applied)
 }
 
 // The answer to Do's Reserve is lost (the ledger processed it), and the
@@ -158,6 +150,15 @@ func TestDoReturnsTheClaimOfALostReserveWhenTheWaitDeadlineEndsTheRepeat(t *test
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	claimReturned(t, e, op)
+}
+
+// countingTool is a tool that makes re_1 and counts its runs.
+func countingTool() (client.Func, *atomic.Int32) {
+	applied := new(atomic.Int32)
+	return func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		applied.Add(1)
+		return client.Result{ResourceID: "re_1"}, nil
+	}, applied
 }
 
 // runsOnce fails unless the next Do of op runs fn (which counts its runs in
@@ -222,11 +223,7 @@ func TestDoReturnsTheClaimOfALostReserveWhoseRepeatsWereRefused(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t), faults, client.WithLedgerRetries(2))
 	op := e.op("refund", "payments.refund", map[string]any{"amount": 10})
 	op.Effect = client.EffectIrreversible
-	var applied atomic.Int32
-	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) {
-		applied.Add(1)
-		return client.Result{ResourceID: "re_1"}, nil
-	}
+	fn, applied := countingTool()
 	if _, err := e.c.Do(context.Background(), op, fn); !errors.Is(err, client.ErrRateLimited) {
 		t.Fatalf("Do = %v, want ErrRateLimited", err)
 	}
@@ -234,5 +231,5 @@ func TestDoReturnsTheClaimOfALostReserveWhoseRepeatsWereRefused(t *testing.T) {
 		t.Fatalf("fn ran %d times, want 0", n)
 	}
 	claimReturned(t, e, op)
-	runsOnce(t, e, op, fn, &applied)
+	runsOnce(t, e, op, fn, applied)
 }
