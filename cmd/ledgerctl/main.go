@@ -87,7 +87,8 @@ global flags (before or after the command):
   --addr HOST:PORT      the ledger (env LEDGER_ADDR; default 127.0.0.1:50051)
   --api-key KEY         API key "<id>.<secret>" (env LEDGER_API_KEY, preferred:
                         a flag shows in ps and in the shell's history)
-  --tls                 connect with TLS (implied by --tls-ca and --tls-cert)
+  --tls                 connect with TLS (implied by --tls-ca and --tls-cert;
+                        --tls=false with a TLS file is bad usage)
   --tls-ca FILE         CA of the ledger's certificate, PEM (env LEDGER_TLS_CA;
                         default: the system's roots)
   --tls-cert FILE       client certificate, PEM, for mTLS (with --tls-key)
@@ -347,7 +348,9 @@ func parse(args []string, env func(string) string) (*options, error) {
 	}
 	o.cmd, o.args = cmd, positional[1:]
 	var bad error
+	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
+		given[f.Name] = true
 		if bad == nil && !slices.Contains(globalFlags, f.Name) && !slices.Contains(commandFlags[cmd], f.Name) {
 			bad = usagef(cmd, "--%s is not a flag of %s", f.Name, cmd)
 		}
@@ -387,6 +390,19 @@ func parse(args []string, env func(string) string) (*options, error) {
 	})
 	if bad != nil {
 		return o, bad
+	}
+	if given["tls"] && !o.tls {
+		// A TLS file turns TLS on: with --tls=false it would do so behind
+		// the operator's back.
+		for _, name := range []string{"tls-ca", "tls-cert", "tls-key"} {
+			if given[name] {
+				return o, usagef(cmd, "--tls=false conflicts with --%s, which is for TLS: leave out one of them", name)
+			}
+		}
+		if o.tlsCA != "" {
+			return o, usagef(cmd, "--tls=false conflicts with LEDGER_TLS_CA (set in the environment), which is for TLS:"+
+				" unset it for a plaintext connection, or leave out --tls=false")
+		}
 	}
 	if o.addr == "" {
 		return o, usagef(cmd, "--addr is empty")

@@ -1512,3 +1512,46 @@ func TestDataNotUTF8(t *testing.T) {
 		t.Fatalf("after applied: %s %s, want %s", op.State, b, want)
 	}
 }
+
+// TestTLSOffWithTLSFiles: --tls=false given with a TLS file (--tls-ca,
+// --tls-cert, --tls-key, or LEDGER_TLS_CA from the environment) is bad
+// usage naming both, and nothing is sent: the file would otherwise turn
+// TLS back on behind the operator's back. Without --tls, a TLS file still
+// implies it; --tls=false alone is plaintext.
+func TestTLSOffWithTLSFiles(t *testing.T) {
+	pki := newPKI(t, t.TempDir())
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	id := "wf-80:refund"
+	e.markUnknown(t, id, "payments.refund", "timeout")
+	envCA := map[string]string{"LEDGER_ADDR": e.addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"], "LEDGER_TLS_CA": pki.caFile}
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		with string
+	}{
+		{e.env, []string{"--tls=false", "--tls-ca", pki.caFile, "reconcile", id, "escalate"}, "--tls-ca"},
+		{e.env, []string{"reconcile", id, "escalate", "--tls-ca=" + pki.caFile, "--tls=false"}, "--tls-ca"},
+		{e.env, []string{"reconcile", id, "escalate", "--tls=0", "--tls-cert", pki.clientCert, "--tls-key", pki.clientKey}, "--tls-cert"},
+		{e.env, []string{"--tls", "--tls=false", "reconcile", id, "escalate", "--tls-cert", pki.clientCert, "--tls-key", pki.clientKey}, "--tls-cert"},
+		{e.env, []string{"reconcile", id, "escalate", "--tls=false", "--tls-key", pki.clientKey}, "--tls-key"},
+		{envCA, []string{"reconcile", id, "escalate", "--tls=false"}, "LEDGER_TLS_CA"},
+	} {
+		o := fails(t, c.env, 2, []string{"usage: ledgerctl"}, c.args...)
+		line, _, _ := strings.Cut(o.stderr, "\n")
+		if !strings.HasPrefix(line, "ledgerctl: --tls=false ") || !strings.Contains(line, c.with) || o.stdout != "" {
+			t.Errorf("ledgerctl %q: want one line naming --tls=false and %s: %s", c.args, c.with, o)
+		}
+	}
+	// Nothing was recorded.
+	if op := lookupJSON(t, e.env, id); op.State != "STATE_UNKNOWN" || op.NeedsReview || len(op.History) != 2 {
+		t.Errorf("after the refused calls: %+v", op)
+	}
+	// --tls=false alone is plaintext; --tls=false given and LEDGER_TLS_CA
+	// empty is no conflict.
+	must(t, e.env, "lookup", id, "--tls=false")
+	must(t, map[string]string{"LEDGER_ADDR": e.addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"], "LEDGER_TLS_CA": ""}, "lookup", id, "--tls=false")
+	// Without --tls, the CA still implies TLS: the plaintext ledger does
+	// not answer it.
+	fails(t, e.env, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", id, "--tls-ca", pki.caFile)
+	fails(t, envCA, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", id)
+}
