@@ -321,7 +321,11 @@ func parse(args []string, env func(string) string) (*options, error) {
 	}
 	if err := fs.Parse(flagArgs); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			if cmd != "" && cmd != "help" && known(cmd) == "" {
+			if cmd == "help" {
+				// -h adds nothing to help's own answer.
+				return o, helpCommand(positional)
+			}
+			if cmd != "" && known(cmd) == "" {
 				// Help about a command that does not exist is no answer.
 				return o, usagef("", "unknown command %q", cmd)
 			}
@@ -333,15 +337,7 @@ func parse(args []string, env func(string) string) (*options, error) {
 		return o, usagef("", "no command")
 	}
 	if cmd == "help" {
-		switch {
-		case len(positional) > 2:
-			return o, usagef("", "help takes one command, not %d", len(positional)-1)
-		case len(positional) == 1 || positional[1] == "help":
-			return o, errHelp{}
-		case known(positional[1]) == "":
-			return o, usagef("", "unknown command %q: help takes one of %s", positional[1], strings.Join(commands, ", "))
-		}
-		return o, errHelp{cmd: positional[1]}
+		return o, helpCommand(positional)
 	}
 	if _, ok := commandFlags[cmd]; !ok {
 		return o, usagef("", "unknown command %q", cmd)
@@ -414,6 +410,20 @@ func parse(args []string, env func(string) string) (*options, error) {
 		return o, usagef(cmd, "--tls-cert and --tls-key go together")
 	}
 	return o, nil
+}
+
+// helpCommand answers the command line positional, "help [command]": the
+// usage of the command (all of it without one), or bad usage.
+func helpCommand(positional []string) error {
+	switch {
+	case len(positional) > 2:
+		return usagef("", "help takes one command, not %d", len(positional)-1)
+	case len(positional) == 1 || positional[1] == "help":
+		return errHelp{}
+	case known(positional[1]) == "":
+		return usagef("", "unknown command %q: help takes one of %s", positional[1], strings.Join(commands, ", "))
+	}
+	return errHelp{cmd: positional[1]}
 }
 
 // redact removes the API key (and its secret part) from text that echoes

@@ -1555,3 +1555,27 @@ func TestTLSOffWithTLSFiles(t *testing.T) {
 	fails(t, e.env, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", id, "--tls-ca", pki.caFile)
 	fails(t, envCA, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", id)
 }
+
+// TestHelpCommandHelpFlag: "help <command>" with -h or --help anywhere
+// prints that command's usage, as "help <command>" does, not the whole
+// usage; help about a command that does not exist stays bad usage.
+func TestHelpCommandHelpFlag(t *testing.T) {
+	env := map[string]string{"LEDGER_ADDR": "127.0.0.1:1"}
+	for _, cmd := range append([]string{"help"}, commands...) {
+		want := must(t, env, "help", cmd)
+		for _, args := range [][]string{{"help", cmd, "-h"}, {"help", cmd, "--help"}, {"-h", "help", cmd}, {"help", "--help", cmd}, {"--json", "help", cmd, "-h"}} {
+			if o := ctl(t, env, args...); o != want {
+				t.Errorf("ledgerctl %q: %s\nwant:\n%s", args, o, want)
+			}
+		}
+	}
+	if o := must(t, env, "help", "lookup"); strings.Contains(o.stdout, "list-unresolved") || !strings.Contains(o.stdout, "lookup <operation_id>") {
+		t.Errorf("help lookup: %s", o)
+	}
+	for _, args := range [][]string{{"help", "lookups", "-h"}, {"help", "lookup", "reconcile", "--help"}} {
+		want := ctl(t, env, args[:len(args)-1]...)
+		if o := ctl(t, env, args...); o.code != 2 || o != want {
+			t.Errorf("ledgerctl %q: %s\nwant:\n%s", args, o, want)
+		}
+	}
+}
