@@ -998,7 +998,15 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		if full, err := c.Lookup(ctx, id); err == nil {
 			op = full
 		} else {
-			notes.add(o, stderr, noticeNoHistory, "reconciled, but could not read the history: %s", describe(o, err).line())
+			// Reconcile answered: the error is the lookup's, without the
+			// hint of a finding that may have been recorded.
+			lo := *o
+			lo.cmd = "lookup"
+			what := "reconciled, but"
+			if nothing {
+				what = "this call recorded nothing, and"
+			}
+			notes.add(o, stderr, noticeNoHistory, "%s could not read the history: %s", what, describe(&lo, err).line())
 		}
 	}
 	if !o.json {

@@ -25,6 +25,8 @@ type proxy struct {
 	// afterReconcile, when set, runs once Reconcile has taken effect, before
 	// its answer goes back.
 	afterReconcile func()
+	// lookupErr, when set, is the answer to every Lookup.
+	lookupErr error
 
 	mu      sync.Mutex
 	listed  int // operations the ledger returned to ListUnresolved
@@ -91,6 +93,9 @@ func (p *proxy) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledge
 	p.mu.Lock()
 	p.lookups++
 	p.mu.Unlock()
+	if p.lookupErr != nil {
+		return nil, p.lookupErr
+	}
 	return p.next.Lookup(forward(ctx), req)
 }
 

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/redistest"
@@ -59,4 +62,51 @@ func TestReconcileSnapshot(t *testing.T) {
 			t.Errorf("reconcile with an older ledger called Lookup %d times, want 1", lookups)
 		}
 	})
+}
+
+// TestHistoryUnreadable: against a ledger whose answer has no history, when
+// reading the record again fails, the notice HISTORY_UNREADABLE says the
+// operation was reconciled only when this call recorded its finding, not
+// when it recorded nothing; and since Reconcile answered, it does not say
+// the finding may have been recorded, as for a reconcile without an answer.
+func TestHistoryUnreadable(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	ctx := context.Background()
+	p, addr := startProxy(t, e.addr, true)
+	p.lookupErr = status.Error(codes.Unavailable, "no lookup today")
+	env := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"]}
+
+	// Recorded.
+	id := "wf-90:refund"
+	e.markUnknown(t, id, "payments.refund", "timeout")
+	d := jsonRun(t, env, "reconcile", id, "escalate", "--note", "finance must check")
+	if d.Recorded == nil || !*d.Recorded || !slices.Equal(d.codes(), []string{"HISTORY_UNREADABLE"}) ||
+		!strings.HasPrefix(d.Notices[0].Message, "reconciled, but could not read the history: ") ||
+		strings.Contains(d.Notices[0].Message, "may have been recorded") {
+		t.Errorf("a recorded finding: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+
+	// Recorded nothing: applied with another result than the recorded one.
+	done := "wf-91:refund"
+	tok := e.reserve(t, done, "payments.refund")
+	if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "re_A"}); err != nil {
+		t.Fatal(err)
+	}
+	d = jsonRun(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
+	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_RESULT", "HISTORY_UNREADABLE"}) ||
+		!strings.HasPrefix(d.Notices[1].Message, "this call recorded nothing, and could not read the history: ") ||
+		strings.Contains(d.Notices[1].Message, "reconciled") || strings.Contains(d.Notices[1].Message, "may have been recorded") {
+		t.Errorf("nothing recorded: recorded %v, notices %+v", d.Recorded, d.Notices)
+	}
+	o := must(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
+	if !strings.HasPrefix(o.stdout, "not reconciled "+done+": ") || !strings.Contains(o.stderr, "ledgerctl: this call recorded nothing, and could not read the history: ") ||
+		strings.Contains(o.stderr, "reconciled, but") {
+		t.Errorf("nothing recorded, without --json: %s", o)
+	}
+	if _, lookups := p.take(); lookups != 3 {
+		t.Errorf("Lookup called %d times, want 3 (once a reconcile)", lookups)
+	}
+	if op, err := e.sdk.Lookup(ctx, done); err != nil || op.Result == nil || op.Result.ResourceID != "re_A" {
+		t.Errorf("after the calls: %+v, %v", op, err)
+	}
 }
