@@ -131,8 +131,9 @@ func LoadCredentials(file string) (*Credentials, error) {
 //	tenants:                           # optional per-tenant limits
 //	  acme: {rate: 500, burst: 1000, max_unresolved: 50000}
 //
-// Unknown fields, duplicate key ids, unknown scopes, malformed hashes and a
-// second YAML document are errors.
+// Unknown fields, duplicate key ids, unknown scopes, malformed hashes, a
+// tenant written as YAML's null (unquoted null or ~, as a key's or client's
+// tenant or a name under tenants) and a second YAML document are errors.
 func ParseCredentials(data []byte) (*Credentials, error) {
 	var f credentialsFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -151,6 +152,7 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	if key, ok := nullTenantKey(data); ok {
 		return nil, fmt.Errorf("tenants: the name %q reads as YAML's null, and its limits would be dropped: quote it", key)
 	}
+	nulls := nullTenants(data)
 	c := &Credentials{keys: map[string]apiKey{}, tenants: f.Tenants}
 	for i, k := range f.Keys {
 		where := fmt.Sprintf("keys[%d]", i)
@@ -159,6 +161,9 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 		}
 		if _, dup := c.keys[k.ID]; dup {
 			return nil, fmt.Errorf("%s: id %q is listed twice", where, k.ID)
+		}
+		if v, ok := nulls[where]; ok && k.Tenant == "" {
+			return nil, fmt.Errorf("%s (%s): tenant %q reads as YAML's null, not a name: quote it if that is the tenant's name", where, k.ID, v)
 		}
 		if err := ledger.ValidateTenant(k.Tenant); err != nil {
 			return nil, fmt.Errorf("%s (%s): tenant: %w", where, k.ID, err)
@@ -188,6 +193,9 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 			if u.String() != cl.URI {
 				return nil, fmt.Errorf("%s: uri %q: write it as %q, the form a certificate's URI is compared in", where, cl.URI, u.String())
 			}
+		}
+		if v, ok := nulls[where]; ok && cl.Tenant == "" {
+			return nil, fmt.Errorf("%s: tenant %q reads as YAML's null, not a name: quote it if that is the tenant's name", where, v)
 		}
 		if err := ledger.ValidateTenant(cl.Tenant); err != nil {
 			return nil, fmt.Errorf("%s: tenant: %w", where, err)
@@ -235,6 +243,46 @@ func nullTenantKey(data []byte) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// nullTenants returns the entries of keys and clients in the credentials
+// document data (decoded already) whose tenant is written as YAML's null
+// (null, Null, NULL, ~), which decodes as no tenant: the tenant as written,
+// by the entry's place ("keys[0]", "clients[1]"). A tenant left empty is
+// missing, not written, and not returned.
+func nullTenants(data []byte) map[string]string {
+	var raw struct {
+		Keys    yaml.Node `yaml:"keys"`
+		Clients yaml.Node `yaml:"clients"`
+	}
+	if err := yaml.Unmarshal(data, &raw); err != nil {
+		return nil
+	}
+	deref := func(n *yaml.Node) *yaml.Node {
+		if n.Kind == yaml.AliasNode && n.Alias != nil {
+			return n.Alias
+		}
+		return n
+	}
+	nulls := map[string]string{}
+	for list, n := range map[string]*yaml.Node{"keys": &raw.Keys, "clients": &raw.Clients} {
+		n = deref(n)
+		if n.Kind != yaml.SequenceNode {
+			continue
+		}
+		for i, e := range n.Content {
+			e = deref(e)
+			if e.Kind != yaml.MappingNode {
+				continue
+			}
+			for j := 0; j+1 < len(e.Content); j += 2 {
+				if k, v := e.Content[j], deref(e.Content[j+1]); k.Value == "tenant" && v.ShortTag() == "!!null" && v.Value != "" {
+					nulls[fmt.Sprintf("%s[%d]", list, i)] = v.Value
+				}
+			}
+		}
+	}
+	return nulls
 }
 
 // Limits returns the tenant's overrides.

@@ -365,6 +365,47 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 	}
 }
 
+// TestCredentialsNullTenant: a key's or client's tenant that YAML reads as
+// null (null, Null, NULL, ~, JSON's null) decodes as no tenant; the file is
+// refused with an error that names the null value and asks to quote it,
+// rather than one saying the tenant is missing. Quoted, it is the name.
+func TestCredentialsNullTenant(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	for _, name := range []string{"null", "Null", "NULL", "~"} {
+		for _, doc := range []string{
+			"keys:\n  - {id: k1, tenant: " + name + ", scopes: [agent], secret_sha256: " + hash + "}\n",
+			"keys:\n  - id: k1\n    tenant: " + name + "\n    scopes: [agent]\n    secret_sha256: " + hash + "\n",
+		} {
+			_, err := server.ParseCredentials([]byte(doc))
+			if err == nil || !strings.Contains(err.Error(), "keys[0] (k1): tenant") || !strings.Contains(err.Error(), `"`+name+`" reads as YAML's null`) ||
+				!strings.Contains(err.Error(), "quote it") {
+				t.Errorf("%q: %v, want an error naming the null tenant and asking to quote it", doc, err)
+			}
+			if _, err := server.ParseCredentials([]byte(strings.Replace(doc, "tenant: "+name, `tenant: "`+name+`"`, 1))); err != nil {
+				t.Errorf("tenant %q quoted: %v", name, err)
+			}
+		}
+		doc := "clients:\n  - {common_name: c1, tenant: " + name + ", scopes: [agent]}\n"
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), "clients[0]: tenant") ||
+			!strings.Contains(err.Error(), `"`+name+`" reads as YAML's null`) {
+			t.Errorf("%q: %v, want an error naming the null tenant", doc, err)
+		}
+	}
+	doc := `{"keys": [{"id": "k1", "tenant": null, "scopes": ["agent"], "secret_sha256": "` + hash + `"}]}`
+	if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), `"null" reads as YAML's null`) {
+		t.Errorf("JSON null tenant: %v", err)
+	}
+	// A tenant left empty is missing, as one left out.
+	for _, doc := range []string{
+		"keys:\n  - {id: k1, tenant: , scopes: [agent], secret_sha256: " + hash + "}\n",
+		"keys:\n  - {id: k1, scopes: [agent], secret_sha256: " + hash + "}\n",
+	} {
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), "required") || strings.Contains(err.Error(), "null") {
+			t.Errorf("%q: %v, want an error saying the tenant is required", doc, err)
+		}
+	}
+}
+
 // TestCredentialsFileIsOneDocument: what follows the credentials document
 // (a second document revoking a key, or text that is not YAML) makes the
 // file invalid instead of going unread.
