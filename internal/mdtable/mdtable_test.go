@@ -1,0 +1,92 @@
+package mdtable
+
+import (
+	"reflect"
+	"testing"
+)
+
+const sample = "# Title\n" +
+	"\n" +
+	"## Flags\n" +
+	"\n" +
+	"| flag | environment | default |\n" +
+	"| --- | :---: | ---: |\n" +
+	"| `--listen` | `LEDGER_LISTEN` | `127.0.0.1:50051` |\n" +
+	"|`--a`, `--b`|`X_*`| none|\n" +
+	"| `a|b` in code | escaped \\| pipe | |\n" +
+	"\n" +
+	"```sh\n" +
+	"# not a heading\n" +
+	"| not | a table |\n" +
+	"| --- | --- |\n" +
+	"```\n" +
+	"\n" +
+	"### Sub\n" +
+	"text `--inner` and `--x=1` and `plain`\n" +
+	"\n" +
+	"## Next\n" +
+	"| a | b |\n" +
+	"|---|---|\n" +
+	"| 1 | 2 |\n"
+
+func TestSectionsAndTables(t *testing.T) {
+	d := Parse("doc.md", sample)
+	s, ok := d.Section("Flags")
+	if !ok {
+		t.Fatal("no section Flags")
+	}
+	if got, want := s.Headings(), []string{"Flags", "Sub"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("headings of Flags = %q, want %q (a heading in a code block is none)", got, want)
+	}
+	ts := s.Tables()
+	if len(ts) != 1 {
+		t.Fatalf("Flags has %d tables, want 1 (a table in a code block is none): %+v", len(ts), ts)
+	}
+	tb := ts[0]
+	if tb.Line != 5 || tb.Where(tb.Rows[0]) != "doc.md:7" {
+		t.Errorf("table at line %d, first row at %s; want 5 and doc.md:7", tb.Line, tb.Where(tb.Rows[0]))
+	}
+	if got, want := tb.Header, []string{"flag", "environment", "default"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("header = %q, want %q", got, want)
+	}
+	want := [][]string{
+		{"`--listen`", "`LEDGER_LISTEN`", "`127.0.0.1:50051`"},
+		{"`--a`, `--b`", "`X_*`", "none"},
+		{"`a|b` in code", "escaped | pipe", ""},
+	}
+	for i, r := range tb.Rows {
+		if !reflect.DeepEqual(r.Cells, want[i]) {
+			t.Errorf("row %d = %q, want %q", i, r.Cells, want[i])
+		}
+	}
+	if c := tb.Column("Environment"); c != 1 {
+		t.Errorf("Column(Environment) = %d, want 1", c)
+	}
+	if got := tb.Rows[2].Cell(7); got != "" {
+		t.Errorf("missing cell = %q, want empty", got)
+	}
+	if _, ok := s.TableWith("flag", "meaning"); ok {
+		t.Error("TableWith found a table without a meaning column")
+	}
+	if got, want := Flags(tb.Rows[1].Cells[0]), []string{"a", "b"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Flags = %q, want %q", got, want)
+	}
+	lines, _ := s.Text()
+	var flags []string
+	for _, l := range lines {
+		flags = append(flags, Flags(l)...)
+	}
+	if want := []string{"listen", "a", "b", "inner", "x"}; !reflect.DeepEqual(flags, want) {
+		t.Errorf("flags of the section's text = %q, want %q", flags, want)
+	}
+	if got, want := CodeSpans("a `b` c ` d ` `e"), []string{"b", "d"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("CodeSpans = %q, want %q", got, want)
+	}
+	next, ok := d.Section("Next")
+	if !ok || len(next.Tables()) != 1 || next.Tables()[0].Rows[0].Cell(1) != "2" {
+		t.Errorf("section Next: %v, tables %+v", ok, next.Tables())
+	}
+	if _, ok := d.Section("not a heading"); ok {
+		t.Error("found a section for a comment in a code block")
+	}
+}
