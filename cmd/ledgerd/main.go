@@ -158,7 +158,20 @@ func env(name, def string) string {
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
-	fs := flag.NewFlagSet("ledgerd", flag.ContinueOnError)
+	fs, finish := newFlagSet(&c, stderr)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	err := finish()
+	return c, err
+}
+
+// newFlagSet defines ledgerd's flags on a new flag set that fills c. Each
+// flag's usage ends with the environment variable that is its default when
+// set ("[LEDGER_LISTEN]"). finish checks the values, and converts those
+// read as text into c, once the flag set has parsed the command line.
+func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() error) {
+	fs = flag.NewFlagSet("ledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", env("LEDGER_LISTEN", "127.0.0.1:50051"), "address to serve gRPC on (loopback only) [LEDGER_LISTEN]")
 	fs.StringVar(&c.redisURL, "redis-url", env("LEDGER_REDIS_URL", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0; empty runs the embedded engine (nothing survives a restart) [LEDGER_REDIS_URL]")
@@ -207,49 +220,48 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		autopipeline = b
 	}
 	fs.BoolVar(&c.autopipeline, "redis-autopipeline", autopipeline, "send the scripts of concurrent calls to Redis in shared pipelines (docs/benchmarks.md); false: one round trip each [LEDGER_REDIS_AUTOPIPELINE]")
-	if err := fs.Parse(args); err != nil {
-		return c, err
+	return fs, func() error {
+		if envErr != nil {
+			return envErr
+		}
+		var err error
+		if c.rate, err = strconv.ParseFloat(*rateLimit, 64); err != nil || !(c.rate >= 0) || math.IsInf(c.rate, 0) {
+			return fmt.Errorf("--rate-limit %q: want a finite number of calls per second, 0 for no limit", *rateLimit)
+		}
+		if c.burst, err = strconv.Atoi(*rateBurst); err != nil || c.burst < 0 {
+			return fmt.Errorf("--rate-burst %q: want a count, 0 for the rate", *rateBurst)
+		}
+		if c.waitReplicas, err = strconv.Atoi(*waitReplicas); err != nil || c.waitReplicas < 0 {
+			return fmt.Errorf("--wait-replicas %q: want a count, 0 for none", *waitReplicas)
+		}
+		if c.waitTimeout, err = time.ParseDuration(*waitTimeout); err != nil || c.waitTimeout <= 0 {
+			return fmt.Errorf("--wait-timeout %q: want a positive duration like 100ms", *waitTimeout)
+		}
+		if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
+			return fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
+		}
+		if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 || c.compactBatch > maxCompactBatch {
+			return fmt.Errorf("--compact-batch %q: want a count of keys up to %d, 0 for no compaction", *compactBatch, maxCompactBatch)
+		}
+		if (c.tls.Cert == "") != (c.tls.Key == "") {
+			return errors.New("--tls-cert and --tls-key go together")
+		}
+		if c.tls.ClientCA != "" && c.tls.Cert == "" {
+			return errors.New("--tls-client-ca needs --tls-cert and --tls-key")
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("unexpected arguments: %v", fs.Args())
+		}
+		d, err := time.ParseDuration(*sweep)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("--sweep-interval %q: want a positive duration like 1s", *sweep)
+		}
+		c.sweepInterval = d
+		if c.shutdownTimeout, err = time.ParseDuration(*shutdown); err != nil || c.shutdownTimeout < 0 {
+			return fmt.Errorf("--shutdown-timeout %q: want a duration like 10s", *shutdown)
+		}
+		return nil
 	}
-	if envErr != nil {
-		return c, envErr
-	}
-	var err error
-	if c.rate, err = strconv.ParseFloat(*rateLimit, 64); err != nil || !(c.rate >= 0) || math.IsInf(c.rate, 0) {
-		return c, fmt.Errorf("--rate-limit %q: want a finite number of calls per second, 0 for no limit", *rateLimit)
-	}
-	if c.burst, err = strconv.Atoi(*rateBurst); err != nil || c.burst < 0 {
-		return c, fmt.Errorf("--rate-burst %q: want a count, 0 for the rate", *rateBurst)
-	}
-	if c.waitReplicas, err = strconv.Atoi(*waitReplicas); err != nil || c.waitReplicas < 0 {
-		return c, fmt.Errorf("--wait-replicas %q: want a count, 0 for none", *waitReplicas)
-	}
-	if c.waitTimeout, err = time.ParseDuration(*waitTimeout); err != nil || c.waitTimeout <= 0 {
-		return c, fmt.Errorf("--wait-timeout %q: want a positive duration like 100ms", *waitTimeout)
-	}
-	if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
-		return c, fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
-	}
-	if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 || c.compactBatch > maxCompactBatch {
-		return c, fmt.Errorf("--compact-batch %q: want a count of keys up to %d, 0 for no compaction", *compactBatch, maxCompactBatch)
-	}
-	if (c.tls.Cert == "") != (c.tls.Key == "") {
-		return c, errors.New("--tls-cert and --tls-key go together")
-	}
-	if c.tls.ClientCA != "" && c.tls.Cert == "" {
-		return c, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	d, err := time.ParseDuration(*sweep)
-	if err != nil || d <= 0 {
-		return c, fmt.Errorf("--sweep-interval %q: want a positive duration like 1s", *sweep)
-	}
-	c.sweepInterval = d
-	if c.shutdownTimeout, err = time.ParseDuration(*shutdown); err != nil || c.shutdownTimeout < 0 {
-		return c, fmt.Errorf("--shutdown-timeout %q: want a duration like 10s", *shutdown)
-	}
-	return c, nil
 }
 
 // checkListen refuses to serve beyond this machine without authentication
