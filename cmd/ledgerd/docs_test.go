@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/opledger/ledger/internal/mdtable"
 )
@@ -123,7 +122,7 @@ func TestConfigurationDocsMatchFlags(t *testing.T) {
 				default:
 					t.Errorf("%s: documents --%s without its environment variable %s (one per flag, or one pattern such as LEDGER_TLS_*)", tb.Where(r), name, f.env)
 				}
-				if msg := checkDefault(r.Cell(tb.Column("default")), f.def); msg != "" {
+				if msg := mdtable.CheckDefault(r.Cell(tb.Column("default")), f.def); msg != "" {
 					t.Errorf("%s: the default of --%s: %s", tb.Where(r), name, msg)
 				}
 			}
@@ -136,41 +135,6 @@ func TestConfigurationDocsMatchFlags(t *testing.T) {
 			}
 		}
 	}
-}
-
-// checkDefault compares a default as a table shows it with the flag's,
-// and returns what differs ("" when they agree). A code span is the
-// default, compared as a duration or a number when both read as one
-// (`1s` is `1000ms`); "empty", "none" and "off" are an empty string (or
-// false); any other words are taken as they are.
-func checkDefault(cell, def string) string {
-	spans := mdtable.CodeSpans(cell)
-	if len(spans) == 0 {
-		word := strings.ToLower(strings.TrimSpace(cell))
-		for _, zero := range []string{"empty", "none", "off"} {
-			if word == zero || strings.HasPrefix(word, zero+":") || strings.HasPrefix(word, zero+" ") {
-				if def != "" && def != "false" {
-					return "documented as " + zero + ", but it is " + strconv.Quote(def)
-				}
-			}
-		}
-		return ""
-	}
-	doc := spans[0]
-	if doc == def {
-		return ""
-	}
-	if a, err := time.ParseDuration(doc); err == nil {
-		if b, err := time.ParseDuration(def); err == nil && a == b {
-			return ""
-		}
-	}
-	if a, err := strconv.ParseFloat(doc, 64); err == nil {
-		if b, err := strconv.ParseFloat(def, 64); err == nil && a == b {
-			return ""
-		}
-	}
-	return "documented as " + strconv.Quote(doc) + ", but it is " + strconv.Quote(def)
 }
 
 // commentFlag is a line of the package comment's flag list:

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Doc is a Markdown document split into lines.
@@ -298,4 +299,40 @@ func Flags(s string) []string {
 		}
 	}
 	return names
+}
+
+// CheckDefault compares a flag's default as a table cell shows it with its
+// default value def (flag.Flag's DefValue), and returns what differs (""
+// when they agree). The cell's first code span is the default, compared as
+// a duration or a number when both read as one (`1s` is `1000ms`); a cell
+// that starts with "empty", "none" or "off" is an empty string (or false);
+// other words ("the system's roots") are not checked.
+func CheckDefault(cell, def string) string {
+	spans := CodeSpans(cell)
+	if len(spans) == 0 {
+		word := strings.ToLower(strings.TrimSpace(cell))
+		for _, zero := range []string{"empty", "none", "off"} {
+			if word == zero || strings.HasPrefix(word, zero+":") || strings.HasPrefix(word, zero+" ") {
+				if def != "" && def != "false" {
+					return "documented as " + zero + ", but it is " + strconv.Quote(def)
+				}
+			}
+		}
+		return ""
+	}
+	doc := spans[0]
+	if doc == def {
+		return ""
+	}
+	if a, err := time.ParseDuration(doc); err == nil {
+		if b, err := time.ParseDuration(def); err == nil && a == b {
+			return ""
+		}
+	}
+	if a, err := strconv.ParseFloat(doc, 64); err == nil {
+		if b, err := strconv.ParseFloat(def, 64); err == nil && a == b {
+			return ""
+		}
+	}
+	return "documented as " + strconv.Quote(doc) + ", but it is " + strconv.Quote(def)
 }

@@ -90,3 +90,30 @@ func TestSectionsAndTables(t *testing.T) {
 		t.Error("found a section for a comment in a code block")
 	}
 }
+
+func TestCheckDefault(t *testing.T) {
+	for _, c := range []struct {
+		cell, def string
+		agree     bool
+	}{
+		{"`127.0.0.1:50051`", "127.0.0.1:50051", true},
+		{"`1s`", "1s", true},
+		{"`1000ms` (a second)", "1s", true},
+		{"`100ms`", "1s", false},
+		{"`250`", "250", true},
+		{"`250`", "25", false},
+		{"`0`", "0.0", true},
+		{"`true`", "false", false},
+		{"empty", "", true},
+		{"empty: embedded engine", "", true},
+		{"none", "false", true},
+		{"off", "x", false},
+		{"the system's roots", "", true},
+		{"offline", "x", true},
+	} {
+		msg := CheckDefault(c.cell, c.def)
+		if (msg == "") != c.agree {
+			t.Errorf("CheckDefault(%q, %q) = %q; want agreement %v", c.cell, c.def, msg, c.agree)
+		}
+	}
+}
