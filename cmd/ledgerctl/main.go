@@ -274,34 +274,8 @@ func (e errHelp) Error() string { return "help requested" }
 // parse reads the command line. Flags may come anywhere; "--" ends them.
 // The options are returned with an error too, as far as they were read.
 func parse(args []string, env func(string) string) (*options, error) {
-	o := &options{addr: env("LEDGER_ADDR"), tlsCA: env("LEDGER_TLS_CA"), timeout: defaultTimeout, limit: defaultLimit}
-	if o.addr == "" {
-		o.addr = defaultAddr
-	}
-	o.apiKey = strings.TrimSpace(env("LEDGER_API_KEY"))
-
-	fs := flag.NewFlagSet("ledgerctl", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	fs.StringVar(&o.addr, "addr", o.addr, "")
-	fs.Var(secret{&o.apiKey}, "api-key", "")
-	fs.BoolVar(&o.tls, "tls", false, "")
-	fs.StringVar(&o.tlsCA, "tls-ca", o.tlsCA, "")
-	fs.StringVar(&o.tlsCert, "tls-cert", "", "")
-	fs.StringVar(&o.tlsKey, "tls-key", "", "")
-	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
-	fs.BoolVar(&o.json, "json", false, "")
-	fs.Var(&o.states, "state", "")
-	fs.StringVar(&o.tool, "tool", "", "")
-	fs.BoolVar(&o.overdue, "overdue", false, "")
-	fs.BoolVar(&o.needsReview, "needs-review", false, "")
-	fs.IntVar(&o.limit, "limit", o.limit, "")
-	fs.StringVar(&o.resourceID, "resource-id", "", "")
-	fs.StringVar(&o.data, "data", "", "")
-	fs.StringVar(&o.failureCode, "failure-code", "", "")
-	fs.StringVar(&o.failureMsg, "failure-message", "", "")
-	fs.StringVar(&o.note, "note", "", "")
-	fs.Var(fencingToken{&o.fencingToken}, "fencing-token", "")
+	o := newOptions(env)
+	fs := newFlagSet(o)
 
 	// Know the key before parsing, to redact it from any parse error that
 	// echoes a misplaced argument.
@@ -424,6 +398,47 @@ func helpCommand(positional []string) error {
 		return usagef("", "unknown command %q: help takes one of %s", positional[1], strings.Join(commands, ", "))
 	}
 	return errHelp{cmd: positional[1]}
+}
+
+// newOptions returns the options before the command line is read: the
+// defaults, and the values of the environment (env is os.Getenv) in their
+// place.
+func newOptions(env func(string) string) *options {
+	o := &options{addr: env("LEDGER_ADDR"), tlsCA: env("LEDGER_TLS_CA"), timeout: defaultTimeout, limit: defaultLimit}
+	if o.addr == "" {
+		o.addr = defaultAddr
+	}
+	o.apiKey = strings.TrimSpace(env("LEDGER_API_KEY"))
+	return o
+}
+
+// newFlagSet defines every flag of ledgerctl (globalFlags and those of
+// commandFlags) on a new flag set that fills o, with o's values as the
+// defaults.
+func newFlagSet(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("ledgerctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	fs.StringVar(&o.addr, "addr", o.addr, "")
+	fs.Var(secret{&o.apiKey}, "api-key", "")
+	fs.BoolVar(&o.tls, "tls", false, "")
+	fs.StringVar(&o.tlsCA, "tls-ca", o.tlsCA, "")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "")
+	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
+	fs.BoolVar(&o.json, "json", false, "")
+	fs.Var(&o.states, "state", "")
+	fs.StringVar(&o.tool, "tool", "", "")
+	fs.BoolVar(&o.overdue, "overdue", false, "")
+	fs.BoolVar(&o.needsReview, "needs-review", false, "")
+	fs.IntVar(&o.limit, "limit", o.limit, "")
+	fs.StringVar(&o.resourceID, "resource-id", "", "")
+	fs.StringVar(&o.data, "data", "", "")
+	fs.StringVar(&o.failureCode, "failure-code", "", "")
+	fs.StringVar(&o.failureMsg, "failure-message", "", "")
+	fs.StringVar(&o.note, "note", "", "")
+	fs.Var(fencingToken{&o.fencingToken}, "fencing-token", "")
+	return fs
 }
 
 // redact removes the API key (and its secret part) from text that echoes
