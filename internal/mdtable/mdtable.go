@@ -9,9 +9,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Doc is a Markdown document split into lines.
@@ -335,4 +337,44 @@ func CheckDefault(cell, def string) string {
 		}
 	}
 	return "documented as " + strconv.Quote(doc) + ", but it is " + strconv.Quote(def)
+}
+
+// htmlAnchor is an explicit anchor: <a id="name"></a> (or name="name").
+var htmlAnchor = regexp.MustCompile(`<a\s+(?:id|name)="([^"]+)"`)
+
+// Anchors returns the document's anchors: those of its headings, as GitHub
+// makes them ("### Runbook: UNKNOWN operations" is
+// "runbook-unknown-operations"; a repeated one gets "-1", "-2", ...), and
+// its explicit ones (<a id="name"></a>).
+func (d *Doc) Anchors() map[string]bool {
+	anchors := map[string]bool{}
+	for _, h := range d.All().Headings() {
+		a := Anchor(h)
+		for n := 1; anchors[a]; n++ {
+			a = Anchor(h) + "-" + strconv.Itoa(n)
+		}
+		anchors[a] = true
+	}
+	lines, _ := d.All().Text()
+	for _, l := range lines {
+		for _, m := range htmlAnchor.FindAllStringSubmatch(l, -1) {
+			anchors[m[1]] = true
+		}
+	}
+	return anchors
+}
+
+// Anchor returns the anchor GitHub gives a heading with the text h: in
+// lower case, spaces as hyphens, without punctuation but '-' and '_'.
+func Anchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

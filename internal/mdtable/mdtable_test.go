@@ -117,3 +117,16 @@ func TestCheckDefault(t *testing.T) {
 		}
 	}
 }
+
+func TestAnchors(t *testing.T) {
+	d := Parse("doc.md", "# The ledger\n## Runbook: UNKNOWN operations\n```\n# not one\n<a id=\"no\"></a>\n```\n### 3.1 `--flag` & more\n<a id=\"runbook-x\"></a>\n## Runbook: UNKNOWN operations\n")
+	got := d.Anchors()
+	for _, want := range []string{"the-ledger", "runbook-unknown-operations", "31---flag--more", "runbook-unknown-operations-1", "runbook-x"} {
+		if !got[want] {
+			t.Errorf("no anchor %q in %v", want, got)
+		}
+	}
+	if len(got) != 5 {
+		t.Errorf("anchors %v, want 5 (nothing in a code block is one)", got)
+	}
+}
