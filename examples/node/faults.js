@@ -272,6 +272,33 @@ async function main() {
   });
 
   await scenario(async () => {
+    console.log('5d. the tool failed for good without a failure code: recorded under tool_failed, as in the Go SDK');
+    const ledger = new Ledger(address);
+    for (const [step, make] of [
+      ['no-code', () => new FinalToolError()], ['empty-code', () => new FinalToolError('', 'card declined')],
+    ]) {
+      const dest = destination();
+      const declined = op(step);
+      const fn = async (a) => {
+        await dest.create(a);
+        throw make();
+      };
+      const { err } = await outcome(ledger.callTool(declined, fn));
+      check(err instanceof ToolFailedError && err.failureCode === 'tool_failed' && !err.replayed,
+        `${step}: the caller learns the tool failed for good, under the code recorded, tool_failed (got ${err ? err.message : 'a result'})`);
+      const record = await ledger.lookup(declined.operationId);
+      check(record.state === 'STATE_FAILED_FINAL' && record.failure && record.failure.code === 'tool_failed',
+        `${step}: the operation is FAILED_FINAL with tool_failed (${record.state}, ${record.failure ? JSON.stringify(record.failure.code) : 'no failure'})`);
+      const retried = await outcome(ledger.callTool(declined, fn));
+      check(retried.err instanceof ToolFailedError && retried.err.replayed && retried.err.failureCode === 'tool_failed',
+        `${step}: a retry under the same id replays the failure (${retried.err ? retried.err.message : 'a result'})`);
+      check(dest.applied(declined.operationId) === 1,
+        `${step}: the tool ran once (${dest.applied(declined.operationId)})`);
+    }
+    ledger.close();
+  });
+
+  await scenario(async () => {
     console.log('6. a tool that runs 5s under a lease of 2s; a second worker retries the step at 3s');
     const first = new Ledger(address);
     const second = new Ledger(address);

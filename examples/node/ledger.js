@@ -140,11 +140,11 @@ class WaitBudgetSpentError extends Error {
 class RetryableToolError extends Error {}
 
 // Throw from fn when the tool failed for good (HTTP 400, a declined card).
-// code is recorded as the operation's failure code, or tool_failed when the
-// ledger refuses it (over 128 bytes, with a control character, or a lone
-// surrogate, which protobufjs sends as invalid UTF-8): the
-// ToolFailedError callTool throws carries the code recorded. The message is
-// not sent to the ledger.
+// code is recorded as the operation's failure code, or tool_failed when it
+// is missing or empty, or when the ledger refuses it (over 128 bytes, with a
+// control character, or a lone surrogate, which protobufjs sends as invalid
+// UTF-8), as in the Go SDK: the ToolFailedError callTool throws carries the
+// code recorded. The message is not sent to the ledger.
 class FinalToolError extends Error {
   constructor(code, message) {
     super(message || code);
@@ -260,8 +260,9 @@ const UNANSWERED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEED
 // claim itself, which came after its wait budget (see returnClaim).
 const CALLER_GAVE_UP = 'caller_gave_up';
 
-// The failure code recorded for a FinalToolError whose code the ledger
-// refuses (over 128 bytes, or with a control character), as in the Go SDK.
+// The failure code recorded for a FinalToolError without a code (missing or
+// empty), or whose code the ledger refuses (over 128 bytes, or with a
+// control character), as in the Go SDK.
 const DEFAULT_FAILURE_CODE = 'tool_failed';
 
 // Whether a call that failed with code, and the ErrorInfo (or LedgerError)
@@ -519,12 +520,15 @@ class Ledger {
       renewal.stop();
       if (err instanceof FinalToolError) {
         const failed = (code) => ({ ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code } });
+        // A failure without a code is recorded under the default one, as in
+        // the Go SDK, not with an empty code.
+        const code = err.failureCode || DEFAULT_FAILURE_CODE;
         let done;
         try {
-          done = await this.report('Complete', failed(err.failureCode), { toolError: err });
+          done = await this.report('Complete', failed(code), { toolError: err });
         } catch (notRecorded) {
           if (!(notRecorded.cause instanceof LedgerError && notRecorded.cause.code === grpc.status.INVALID_ARGUMENT
-            && err.failureCode !== DEFAULT_FAILURE_CODE)) throw notRecorded;
+            && code !== DEFAULT_FAILURE_CODE)) throw notRecorded;
           // The ledger refuses the code (over 128 bytes, a control
           // character): the attempt still failed for good, under the
           // default code, rather than leave the claim to expire into

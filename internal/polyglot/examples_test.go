@@ -61,8 +61,8 @@ func startFaultsLedgerd(t *testing.T) string {
 // record, a report and a Reserve the ledger asks to back off from, parameters
 // over gRPC's size limit (refused once, not repeated), parameters and results
 // JSON cannot carry, results the ledger refuses (both results left UNKNOWN at
-// once), final failures whose code the ledger refuses (recorded under
-// tool_failed), a tool that outlives its lease, a tool that hangs past its tool
+// once), final failures without a code or whose code the ledger refuses
+// (recorded under tool_failed), a tool that outlives its lease, a tool that hangs past its tool
 // timeout, a Reserve whose answers are lost (the claim granted is returned),
 // a wait on another caller's claim (backing off, on an injected clock), a
 // claim that comes after the wait budget (returned unused), a caller that
