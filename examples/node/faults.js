@@ -34,11 +34,14 @@ function check(ok, what) {
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 
 // The next `times` calls of method fail with code before they reach the
-// ledger; with reason, the error carries the ledger's ErrorInfo.
+// ledger; with reason, the error carries the ledger's ErrorInfo. Returns the
+// count of the calls of method that go out from now on, failed or not.
 function inject(ledger, method, code, times = Infinity, reason = '') {
   const real = ledger.client[method].bind(ledger.client);
+  const calls = { n: 0 };
   let left = times;
   ledger.client[method] = (request, options, callback) => {
+    calls.n += 1;
     if (left <= 0) return real(request, options, callback);
     left -= 1;
     const metadata = new grpc.Metadata();
@@ -52,6 +55,7 @@ function inject(ledger, method, code, times = Infinity, reason = '') {
     setImmediate(() => callback(err));
     return undefined;
   };
+  return calls;
 }
 
 // The next `times` calls of method reach the ledger, but their answers are
@@ -155,14 +159,24 @@ async function main() {
   });
 
   await scenario(async () => {
-    console.log('3b. the tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED, UNRESOLVED_LIMIT) once');
-    const ledger = new Ledger(address);
+    console.log('3b. the tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED, UNRESOLVED_LIMIT): not repeated');
+    const pauses = [];
+    const ledger = new Ledger(address, { sleep: async (ms) => { pauses.push(ms); } });
     const dest = destination();
-    inject(ledger, 'Reserve', grpc.status.RESOURCE_EXHAUSTED, 1, 'UNRESOLVED_LIMIT');
-    const { value, err } = await outcome(ledger.callTool(op('unresolved-limit'), dest.create));
-    check(!err && value.operation.state === 'STATE_SUCCEEDED',
-      `the Reserve is repeated after the back-off (${err ? err.message : 'SUCCEEDED'})`);
-    check(dest.applied(`${runId}:unresolved-limit`) === 1, 'the destination applied the effect once');
+    const limited = op('unresolved-limit');
+    const reserves = inject(ledger, 'Reserve', grpc.status.RESOURCE_EXHAUSTED, 1, 'UNRESOLVED_LIMIT');
+    const { err } = await outcome(ledger.callTool(limited, dest.create));
+    check(err instanceof LedgerError && err.code === grpc.status.RESOURCE_EXHAUSTED && err.reason === 'UNRESOLVED_LIMIT',
+      `the caller gets the refusal at once, as from the Go SDK (${err ? err.message : 'a result'})`);
+    check(reserves.n === 1 && pauses.length === 0, `the Reserve went out once, with no back-off (${reserves.n}, ${pauses.length} pauses)`);
+    check(dest.applied(limited.operationId) === 0, `the tool did not run (${dest.applied(limited.operationId)})`);
+    const record = await outcome(ledger.lookup(limited.operationId));
+    check(record.err instanceof LedgerError && record.err.code === grpc.status.NOT_FOUND,
+      `nothing is reserved (${record.err ? record.err.message : record.value.state})`);
+    const retried = await outcome(ledger.callTool(limited, dest.create));
+    check(!retried.err && !retried.value.replayed,
+      `a later retry under the same id runs the tool (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
+    check(dest.applied(limited.operationId) === 1, `the destination applied the effect once (${dest.applied(limited.operationId)})`);
     ledger.close();
   });
 

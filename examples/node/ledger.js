@@ -247,9 +247,11 @@ function inProgressDelay(n, retryAfterMs, random = Math.random) {
 const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
 
 // The ledger's ErrorInfo reasons of a RESOURCE_EXHAUSTED that mean "back off
-// (the RetryInfo says how long) and repeat": the tenant is over its rate, or
-// holds as many unresolved operations as it may.
-const BACK_OFF_REASONS = new Set(['RATE_LIMITED', 'UNRESOLVED_LIMIT']);
+// (the RetryInfo says how long) and repeat": the tenant is over its rate.
+// UNRESOLVED_LIMIT (the tenant holds as many unresolved operations as it
+// may) is not among them: a repeat a second later rarely finds one resolved,
+// so it is thrown at once, as the Go SDK returns it (ErrQuotaExceeded).
+const BACK_OFF_REASONS = new Set(['RATE_LIMITED']);
 
 // The codes of a call that may have reached the ledger and got no answer
 // back: it may have done what was asked.
@@ -371,7 +373,11 @@ class Ledger {
   // When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after the
   // repeats, or before repeats refused for the rate), callTool throws its
   // LedgerError, fn does not run, and a claim the ledger granted all the
-  // same is returned (see returnLostClaim).
+  // same is returned (see returnLostClaim). A Reserve refused because the
+  // tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED,
+  // reason UNRESOLVED_LIMIT) is not repeated: callTool throws its LedgerError
+  // at once, and fn does not run; retry later under the same operation id,
+  // once operations are resolved.
   // signal (an AbortSignal, optional) cancels the call. Before fn starts,
   // callTool throws the signal's reason: no further Reserve goes out, waits
   // end at once, fn does not run, and a claim that comes all the same (a

@@ -58,16 +58,17 @@ func startFaultsLedgerd(t *testing.T) string {
 }
 
 // TestNodeFaults runs examples/node/faults.js: outcomes the ledger could not
-// record, a report and a Reserve the ledger asks to back off from, parameters
-// over gRPC's size limit (refused once, not repeated), parameters and results
-// JSON cannot carry, results the ledger refuses (both results left UNKNOWN at
-// once), final failures without a code or whose code the ledger refuses
-// (recorded under tool_failed), a tool that outlives its lease, a tool that hangs past its tool
-// timeout, a Reserve whose answers are lost (the claim granted is returned),
-// a wait on another caller's claim (backing off, on an injected clock), a
-// claim that comes after the wait budget (returned unused), a caller that
-// cancels while it waits, while its Reserve is on its way and while the tool
-// runs; each counting the effects at a fake destination.
+// record, a report the ledger asks to back off from, a Reserve refused for the
+// tenant's unresolved limit and parameters over gRPC's size limit (both
+// refused once, not repeated), parameters and results JSON cannot carry,
+// results the ledger refuses (both results left UNKNOWN at once), final
+// failures without a code or whose code the ledger refuses (recorded under
+// tool_failed), a tool that outlives its lease, a tool that hangs past its
+// tool timeout, a Reserve whose answers are lost (the claim granted is
+// returned), a wait on another caller's claim (backing off, on an injected
+// clock), a claim that comes after the wait budget (returned unused), a caller
+// that cancels while it waits, while its Reserve is on its way and while the
+// tool runs; each counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
