@@ -270,6 +270,33 @@ def main() -> None:
             check(dest.applied(key) == 1, f"{step}: the tool ran once ({dest.applied(key)})")
         ledger.close()
 
+    def missing_failure_code():
+        print("4d. the tool failed for good without a failure code: recorded under tool_failed, as in the Go SDK")
+        ledger = Ledger(address)
+        for step, make in (("no-code", FinalToolError), ("empty-code", lambda: FinalToolError("")),
+                           ("none-code", lambda: FinalToolError(None, "card declined"))):
+            dest = Destination()
+            declined = op(step)
+            key = declined["operation_id"]
+
+            def decline(attempt, make=make, dest=dest):
+                dest.create(attempt)
+                raise make()
+
+            _, err = outcome(ledger.call_tool, **declined, fn=decline)
+            check(isinstance(err, ToolFailed) and err.code == "tool_failed" and not err.replayed,
+                  f"{step}: the caller learns the tool failed for good, under the code recorded, tool_failed "
+                  f"(got {err!r})")
+            record = ledger.lookup(key)
+            check(record.state == pb.STATE_FAILED_FINAL and record.failure.code == "tool_failed",
+                  f"{step}: the operation is FAILED_FINAL with tool_failed "
+                  f"({pb.State.Name(record.state)}, {record.failure.code!r})")
+            _, err = outcome(ledger.call_tool, **declined, fn=decline)
+            check(isinstance(err, ToolFailed) and err.replayed and err.code == "tool_failed",
+                  f"{step}: a retry under the same id replays the failure ({err!r})")
+            check(dest.applied(key) == 1, f"{step}: the tool ran once ({dest.applied(key)})")
+        ledger.close()
+
     def slow():
         print("5. a tool that runs 5s under a lease of 2s; a second worker retries the step at 3s")
         first, second, dest = Ledger(address), Ledger(address), Destination()
@@ -600,8 +627,8 @@ def main() -> None:
         ledger.close()
 
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,
-                     refused_result, refused_failure_code, slow, big_integer, exhausted, hung, hung_unrecorded,
-                     lost_reserve, waits_back_off, in_progress_delays, late_claim, cancel_waiting,
+                     refused_result, refused_failure_code, missing_failure_code, slow, big_integer, exhausted, hung,
+                     hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays, late_claim, cancel_waiting,
                      cancel_reserving, cancel_running, lost_then_limited):
         try:
             scenario()

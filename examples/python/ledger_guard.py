@@ -68,9 +68,10 @@ _UNANSWERED_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEE
 # claim itself, which came after its wait budget (see Ledger._return_claim).
 CALLER_GAVE_UP = "caller_gave_up"
 
-# The failure code recorded for a FinalToolError whose code the ledger refuses
-# (over 128 bytes, or with a control character), as in the Go SDK, or that
-# cannot be sent (not a str, a lone surrogate).
+# The failure code recorded for a FinalToolError without a code (None or
+# empty), or whose code the ledger refuses (over 128 bytes, or with a control
+# character) or that cannot be sent (not a str, a lone surrogate), as in the
+# Go SDK.
 DEFAULT_FAILURE_CODE = "tool_failed"
 
 
@@ -198,14 +199,15 @@ class FinalToolError(Exception):
     """Raise from fn when the tool failed for good (HTTP 400, a declined card).
 
     code is recorded as the operation's failure code, or "tool_failed" when
-    the ledger refuses it (over 128 bytes, or with a control character) or it
-    cannot be sent: the ToolFailed that call_tool raises carries the code
-    recorded. The message is not sent to the ledger.
+    it is missing (None) or empty, when the ledger refuses it (over 128 bytes,
+    or with a control character) or when it cannot be sent, as in the Go SDK:
+    the ToolFailed that call_tool raises carries the code recorded. The
+    message is not sent to the ledger.
     """
 
-    def __init__(self, code: str, message: str = ""):
+    def __init__(self, code: str | None = "", message: str = ""):
         self.code = code
-        super().__init__(message or code)
+        super().__init__(message or code or "")
 
 
 @dataclass
@@ -532,12 +534,14 @@ class Ledger:
             def failed(code: str) -> pb.CompleteRequest:
                 return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=code))
 
-            # A code the ledger refuses (over 128 bytes, a control character)
-            # or that cannot be sent (not a str, a lone surrogate): the attempt
-            # still failed for good, under the default code, rather than leave
-            # the claim to expire into UNKNOWN.
+            # No code (None or empty): recorded under the default one, as in
+            # the Go SDK, not with an empty code. A code the ledger refuses
+            # (over 128 bytes, a control character) or that cannot be sent
+            # (not a str, a lone surrogate): the attempt still failed for
+            # good, under the default code, rather than leave the claim to
+            # expire into UNKNOWN.
             try:
-                request = failed(err.code)
+                request = failed(err.code or DEFAULT_FAILURE_CODE)
             except (TypeError, ValueError):
                 request = failed(DEFAULT_FAILURE_CODE)
             try:
