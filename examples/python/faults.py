@@ -62,18 +62,25 @@ class Injected(grpc.RpcError):
         return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = float("inf"), reason: str = "") -> None:
-    """The next `times` calls of method fail with code (and reason) before they reach the ledger."""
+def inject(ledger: Ledger, method: str, code: grpc.StatusCode, times: float = float("inf"),
+           reason: str = "") -> list[int]:
+    """The next `times` calls of method fail with code (and reason) before they reach the ledger.
+
+    Returns the count of the calls of method that go out from now on, failed
+    or not (in the returned list's one element).
+    """
     real = getattr(ledger.stub, method)
-    left = [times]
+    left, calls = [times], [0]
 
     def call(request, **kwargs):
+        calls[0] += 1
         if left[0] <= 0:
             return real(request, **kwargs)
         left[0] -= 1
         raise Injected(code, reason)
 
     setattr(ledger.stub, method, call)
+    return calls
 
 
 def lose(ledger: Ledger, method: str, code: grpc.StatusCode, times: int) -> None:
@@ -172,14 +179,26 @@ def main() -> None:
         ledger.close()
 
     def unresolved_limit():
-        print("3b. the tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED, UNRESOLVED_LIMIT)"
-              " once")
-        ledger, dest = Ledger(address), Destination()
-        inject(ledger, "Reserve", grpc.StatusCode.RESOURCE_EXHAUSTED, times=1, reason="UNRESOLVED_LIMIT")
-        out, err = outcome(ledger.call_tool, **op("unresolved-limit"), fn=dest.create)
-        check(err is None and out.operation.state == pb.STATE_SUCCEEDED,
-              f"the Reserve is repeated after the back-off ({err!r})")
-        check(dest.applied(f"{run_id}:unresolved-limit") == 1, "the destination applied the effect once")
+        print("3b. the tenant holds as many unresolved operations as it may (RESOURCE_EXHAUSTED, UNRESOLVED_LIMIT):"
+              " not repeated")
+        pauses: list[float] = []
+        ledger, dest = Ledger(address, sleep=pauses.append), Destination()
+        limited = op("unresolved-limit")
+        key = limited["operation_id"]
+        reserves = inject(ledger, "Reserve", grpc.StatusCode.RESOURCE_EXHAUSTED, times=1,
+                          reason="UNRESOLVED_LIMIT")
+        _, err = outcome(ledger.call_tool, **limited, fn=dest.create)
+        check(isinstance(err, LedgerError) and err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+              and err.reason == "UNRESOLVED_LIMIT",
+              f"the caller gets the refusal at once, as from the Go SDK ({err!r})")
+        check(reserves[0] == 1 and not pauses,
+              f"the Reserve went out once, with no back-off ({reserves[0]}, {len(pauses)} pauses)")
+        check(dest.applied(key) == 0, f"the tool did not run ({dest.applied(key)})")
+        _, err = outcome(ledger.lookup, operation_id=key)
+        check(isinstance(err, LedgerError) and err.code == grpc.StatusCode.NOT_FOUND, f"nothing is reserved ({err!r})")
+        out, err = outcome(ledger.call_tool, **limited, fn=dest.create)
+        check(err is None and not out.replayed, f"a later retry under the same id runs the tool ({err!r})")
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
     def oversized():

@@ -55,9 +55,11 @@ DOMAIN = "ledger.v1"
 _RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 # The ledger's ErrorInfo reasons of a RESOURCE_EXHAUSTED that mean "back off
-# (the RetryInfo says how long) and repeat": the tenant is over its rate, or
-# holds as many unresolved operations as it may.
-_BACK_OFF_REASONS = ("RATE_LIMITED", "UNRESOLVED_LIMIT")
+# (the RetryInfo says how long) and repeat": the tenant is over its rate.
+# UNRESOLVED_LIMIT (the tenant holds as many unresolved operations as it may)
+# is not among them: a repeat a second later rarely finds one resolved, so it
+# is raised at once, as the Go SDK returns it (ErrQuotaExceeded).
+_BACK_OFF_REASONS = ("RATE_LIMITED",)
 
 # The codes of a call that may have reached the ledger and got no answer back:
 # it may have done what was asked.
@@ -396,7 +398,11 @@ class Ledger:
         When a Reserve gets no answer (UNAVAILABLE, DEADLINE_EXCEEDED after
         the repeats, or before repeats refused for the rate), call_tool raises
         its LedgerError, fn does not run, and a claim the ledger granted all
-        the same is returned (see _return_lost_claim).
+        the same is returned (see _return_lost_claim). A Reserve refused
+        because the tenant holds as many unresolved operations as it may
+        (RESOURCE_EXHAUSTED, reason UNRESOLVED_LIMIT) is not repeated:
+        call_tool raises its LedgerError at once, and fn does not run; retry
+        later under the same operation id, once operations are resolved.
         cancel (a threading.Event, optional) cancels the call when it is set.
         Before fn starts, call_tool raises Cancelled: no further Reserve goes
         out, waits end at once, fn does not run, and a claim that comes all
