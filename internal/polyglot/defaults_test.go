@@ -1,14 +1,25 @@
 package polyglot
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/opledger/ledger/client"
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/server"
 )
 
 // TestExamplesToolTimeoutDefault checks that the Node and Python examples
@@ -44,6 +55,128 @@ func TestExamplesToolTimeoutDefault(t *testing.T) {
 			if got := time.Duration(v * float64(c.unit)); got != want {
 				t.Errorf("%s: %q is a default tool timeout of %s; the Go SDK's is %s", c.file, m[0], got, want)
 			}
+		}
+	}
+}
+
+// exampleConstant returns the string values of the constant that pattern
+// finds in file (its first group: a literal, or a list of literals), in
+// order.
+func exampleConstant(t *testing.T, file, pattern string) []string {
+	t.Helper()
+	text, err := os.ReadFile(filepath.Join(repoRoot(t), file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(pattern).FindStringSubmatch(string(text))
+	if m == nil {
+		t.Fatalf("%s: nothing matches %q", file, pattern)
+	}
+	var values []string
+	for _, q := range regexp.MustCompile(`'([^']*)'|"([^"]*)"`).FindAllStringSubmatch(m[1], -1) {
+		values = append(values, q[1]+q[2])
+	}
+	return values
+}
+
+// dialGoSDK returns a Go SDK client of the ledgerd at addr; interceptor, if
+// not nil, sees every call it makes.
+func dialGoSDK(t *testing.T, addr string, interceptor grpc.UnaryClientInterceptor) *client.Client {
+	t.Helper()
+	var opts []client.Option
+	if interceptor != nil {
+		opts = append(opts, client.WithDialOptions(grpc.WithUnaryInterceptor(interceptor)))
+	}
+	c, err := client.Dial(addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestExamplesDefaultFailureCode checks that the Node and Python examples
+// record a final failure without a code (or with one the ledger refuses)
+// under the code the Go SDK records for it.
+func TestExamplesDefaultFailureCode(t *testing.T) {
+	t.Parallel()
+	c := dialGoSDK(t, startLedgerd(t), nil)
+	op := client.Op{ID: "defaults:no-code", Tool: "tickets.create", Params: map[string]any{"title": "x"}, PermitID: "approval-77"}
+	ran := 0
+	_, err := c.Do(context.Background(), op, func(context.Context, client.Attempt) (client.Result, error) {
+		ran++
+		return client.Result{}, client.MarkFinal("", errors.New("declined"))
+	})
+	var failed *client.FailedError
+	if !errors.As(err, &failed) || ran != 1 {
+		t.Fatalf("Go SDK, a final failure without a code: ran %d time(s), got %v; want one run and a *FailedError", ran, err)
+	}
+	want := failed.Code
+	if want == "" {
+		t.Fatal("the Go SDK recorded an empty failure code")
+	}
+	for _, c := range []struct{ file, pattern string }{
+		{"examples/node/ledger.js", `const DEFAULT_FAILURE_CODE = ('[^']*');`},
+		{"examples/python/ledger_guard.py", `\nDEFAULT_FAILURE_CODE = ("[^"]*")`},
+	} {
+		if got := exampleConstant(t, c.file, c.pattern); len(got) != 1 || got[0] != want {
+			t.Errorf("%s: DEFAULT_FAILURE_CODE is %q; the Go SDK records %q", c.file, got, want)
+		}
+	}
+}
+
+// TestExamplesBackOffReasons checks that the Node and Python examples repeat
+// a RESOURCE_EXHAUSTED Reserve for the same ledger reasons as the Go SDK
+// (RATE_LIMITED, not UNRESOLVED_LIMIT). Each reason is injected into the Go
+// SDK's first Reserve, as the examples' faults scenarios inject it, and the
+// Reserves that go out are counted.
+func TestExamplesBackOffReasons(t *testing.T) {
+	t.Parallel()
+	addr := startLedgerd(t)
+	var want []string
+	for _, reason := range []string{server.ReasonRateLimited, server.ReasonUnresolvedLimit} {
+		reserves := 0
+		inject := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if method != ledgerv1.LedgerService_Reserve_FullMethodName {
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+			reserves++
+			if reserves > 1 {
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+			st, err := status.New(codes.ResourceExhausted, "injected").WithDetails(
+				&errdetails.ErrorInfo{Reason: reason, Domain: server.ErrorDomain},
+				&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Millisecond)})
+			if err != nil {
+				return err
+			}
+			return st.Err()
+		}
+		c := dialGoSDK(t, addr, inject)
+		op := client.Op{ID: "defaults:" + reason, Tool: "tickets.create", Params: map[string]any{"title": "x"}, PermitID: "approval-77"}
+		_, err := c.Do(context.Background(), op, func(context.Context, client.Attempt) (client.Result, error) {
+			return client.Result{ResourceID: "TCK-1"}, nil
+		})
+		switch {
+		case reserves > 1 && err == nil:
+			want = append(want, reason) // repeated, then granted
+		case reserves == 1 && err != nil:
+			// returned at once
+		default:
+			t.Fatalf("Go SDK, a Reserve refused once with %s: %d Reserve(s), error %v", reason, reserves, err)
+		}
+	}
+	if !slices.Equal(want, []string{server.ReasonRateLimited}) {
+		t.Fatalf("the Go SDK repeats a Reserve refused with %q; this test expects RATE_LIMITED only", want)
+	}
+	for _, c := range []struct{ file, pattern string }{
+		{"examples/node/ledger.js", `const BACK_OFF_REASONS = new Set\(\[([^\]]*)\]\);`},
+		{"examples/python/ledger_guard.py", `\n_BACK_OFF_REASONS = \(([^)]*)\)`},
+	} {
+		got := exampleConstant(t, c.file, c.pattern)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: repeats RESOURCE_EXHAUSTED with the reasons %q; the Go SDK with %q", c.file, got, want)
 		}
 	}
 }
