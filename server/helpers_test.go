@@ -73,6 +73,21 @@ func startEnv(t *testing.T, rdb redis.UniversalClient, dialOpts ...grpc.DialOpti
 // startEnvLogging is startEnv with the service's log at level.
 func startEnvLogging(t *testing.T, rdb redis.UniversalClient, level slog.Level, dialOpts ...grpc.DialOption) *env {
 	t.Helper()
+	return startEnvSweeping(t, rdb, level, true, dialOpts...)
+}
+
+// startEnvUnswept is startEnv without the sweeper, for a scenario that needs
+// an irreversible claim to stay RUNNING past its lease until a call touches
+// it (as when no ledgerd instance sweeps).
+func startEnvUnswept(t *testing.T, rdb redis.UniversalClient) *env {
+	t.Helper()
+	return startEnvSweeping(t, rdb, slog.LevelDebug, false)
+}
+
+// startEnvSweeping is startEnv with the service's log at level, and the
+// sweeper running only when sweep is set.
+func startEnvSweeping(t *testing.T, rdb redis.UniversalClient, level slog.Level, sweep bool, dialOpts ...grpc.DialOption) *env {
+	t.Helper()
 	pol, err := ledger.ParsePolicies([]byte(testPolicy))
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +106,12 @@ func startEnvLogging(t *testing.T, rdb redis.UniversalClient, level slog.Level, 
 	}
 	go func() { _ = svc.Serve(lis) }()
 	done := make(chan struct{})
-	go func() { l.RunSweeper(ctx, 50*time.Millisecond); close(done) }()
+	go func() {
+		if sweep {
+			l.RunSweeper(ctx, 50*time.Millisecond)
+		}
+		close(done)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		<-done
