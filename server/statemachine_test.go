@@ -239,6 +239,47 @@ func TestReserveTable(t *testing.T) {
 			})
 		}
 
+		// Out of attempts, an idempotent operation whose outcome is unknown
+		// is not reclaimed, nor failed for good: it may have applied the
+		// effect (design.md, 3.4 rule 6).
+		t.Run("UNKNOWN, idempotent, attempts exhausted", func(t *testing.T) {
+			id := e.id("unknown-exhausted")
+			for attempt := range 3 {
+				op := e.reserveAs(t, id, "payments.refund", idempotent, newHolder())
+				if op.Decision != execute || op.Operation.Attempt != uint32(attempt+1) {
+					t.Fatalf("Reserve = %v, want EXECUTE attempt %d", op, attempt+1)
+				}
+				e.markUnknown(t, id, op.Operation.FencingToken)
+			}
+			before := e.lookup(t, id)
+			res := e.reserveAs(t, id, "payments.refund", idempotent, newHolder())
+			if res.Decision != reconcile || res.Operation.State != unknown || res.Operation.Attempt != 3 {
+				t.Fatalf("Reserve with no attempts left = %v, want RECONCILE", res)
+			}
+			e.wantUnchanged(t, id, before)
+		})
+
+		t.Run("RUNNING, lease expired, idempotent, attempts exhausted", func(t *testing.T) {
+			id := e.id("running-exhausted")
+			var op *ledgerv1.Operation
+			for attempt := range 3 {
+				res := e.reserveAs(t, id, "short.idempotent", 0, newHolder())
+				if res.Decision != execute || res.Operation.Attempt != uint32(attempt+1) {
+					t.Fatalf("Reserve = %v, want EXECUTE attempt %d", res, attempt+1)
+				}
+				op = res.Operation
+				e.waitLeaseEnd(t, op)
+			}
+			res := e.reserveAs(t, id, "short.idempotent", 0, newHolder())
+			if res.Decision != reconcile || res.Operation.State != unknown || res.Operation.Reason != "RETRIES_EXHAUSTED" ||
+				res.Operation.FencingToken != op.FencingToken {
+				t.Fatalf("Reserve with no attempts left = %v, want RECONCILE, UNKNOWN (RETRIES_EXHAUSTED)", res)
+			}
+			if h := e.lastEntry(t, id); h.FromState != running || h.ToState != unknown || h.Attempt != 3 {
+				t.Fatalf("history = %v", h)
+			}
+		})
+
 		t.Run("SUCCEEDED", func(t *testing.T) {
 			id := e.id("succeeded")
 			op := e.claim(t, id, "payments.refund", 0)
