@@ -30,11 +30,17 @@ func TestBareServer(t *testing.T) {
 		t.Cleanup(func() { _ = ln.Close() })
 		o.Listener, o.Listen, o.RedisAddr = ln, ln.Addr().String(), srv.Addr
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- ServeBare(ctx, o) }()
+		var serveErr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			serveErr = ServeBare(ctx, o)
+		}()
 		t.Cleanup(func() { cancel(); <-done })
 		if err := ledgertest.WaitServing(o.Listen, done, 20*time.Second); err != nil {
-			t.Fatal(err)
+			cancel()
+			<-done
+			t.Fatalf("ServeBare %v (%v)", err, serveErr)
 		}
 		rdb := srv.Client(t)
 		before, recordsBefore := commandCalls(t, rdb), bareRecords(t, rdb)

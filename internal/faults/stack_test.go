@@ -115,8 +115,10 @@ type ledgerd struct {
 	Addr string
 	args []string
 
-	cmd    *exec.Cmd
-	exited chan error
+	cmd *exec.Cmd
+	// exited is closed once the process has ended: closed, not sent on,
+	// so that every wait for the end sees it.
+	exited chan struct{}
 	log    *ledgertest.Buffer
 	starts int
 }
@@ -162,12 +164,16 @@ func (d *ledgerd) start() error {
 	if err := d.cmd.Start(); err != nil {
 		return err
 	}
-	exited := make(chan error, 1)
+	exited := make(chan struct{})
 	d.exited = exited
-	go func() { exited <- d.cmd.Wait() }()
+	cmd := d.cmd
+	go func() {
+		defer close(exited)
+		_ = cmd.Wait()
+	}()
 	if err := ledgertest.WaitServing(d.Addr, exited, 60*time.Second); err != nil {
 		d.kill()
-		return err
+		return fmt.Errorf("ledgerd %w", err)
 	}
 	return nil
 }

@@ -27,8 +27,10 @@ func FreeAddr(tb testing.TB) string {
 
 // WaitServing waits until the ledger service at addr (plaintext) reports
 // SERVING on grpc.health.v1, for at most timeout. It gives up at once when
-// exited delivers (the process ended).
-func WaitServing(addr string, exited <-chan error, timeout time.Duration) error {
+// exited is closed (the process ended; nil: never). exited is closed rather
+// than sent on, so that the caller can still wait for it after WaitServing
+// has seen it.
+func WaitServing(addr string, exited <-chan struct{}, timeout time.Duration) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -38,8 +40,8 @@ func WaitServing(addr string, exited <-chan error, timeout time.Duration) error 
 	deadline := time.Now().Add(timeout)
 	for {
 		select {
-		case err := <-exited:
-			return fmt.Errorf("ledgerd exited: %v", err)
+		case <-exited:
+			return errors.New("exited before it reported SERVING")
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

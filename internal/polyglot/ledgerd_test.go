@@ -80,43 +80,75 @@ func startLedgerd(t *testing.T, flags ...string) string {
 	bin := ledgertest.LedgerdBinary(t, tmpDir)
 	var lastErr error
 	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
-		addr := ledgertest.FreeAddr(t)
-		log := &ledgertest.Buffer{}
-		cmd := exec.Command(bin, append([]string{"--listen", addr}, flags...)...)
-		cmd.Env = cleanEnv()
-		cmd.Stdout, cmd.Stderr = log, log
-		cmd.WaitDelay = 10 * time.Second // a process holding its output open cannot hold Wait
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		if err := ledgertest.WaitServing(addr, exited, 30*time.Second); err != nil {
-			_ = cmd.Process.Kill()
-			<-exited
-			lastErr = fmt.Errorf("%v\n%s", err, log.String())
+		d, err := launchLedgerd(bin, ledgertest.FreeAddr(t), flags...)
+		if err != nil {
+			lastErr = err
 			continue
 		}
 		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case err := <-exited:
-				if err != nil {
-					t.Errorf("ledgerd did not stop cleanly: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-				t.Errorf("ledgerd did not stop within 20s of SIGTERM")
+			if err := d.stop(); err != nil {
+				t.Error(err)
 			}
 			if t.Failed() {
-				t.Logf("ledgerd log:\n%s", log.String())
+				t.Logf("ledgerd log:\n%s", d.log.String())
 			}
 		})
-		return addr
+		return d.addr
 	}
 	t.Fatalf("ledgerd never served: %v", lastErr)
 	return ""
+}
+
+// ledgerdProcess is a ledgerd started by launchLedgerd.
+type ledgerdProcess struct {
+	addr string
+	cmd  *exec.Cmd
+	log  *ledgertest.Buffer
+	// exited is closed once the process has ended and waitErr is set:
+	// closed, not sent on, so that every wait for the end sees it.
+	exited  chan struct{}
+	waitErr error
+}
+
+// launchLedgerd runs ledgerd (embedded engine, with flags) on addr and waits
+// until it reports SERVING. When it does not (it exited, or did not serve in
+// time), it is killed and the error carries its log.
+func launchLedgerd(bin, addr string, flags ...string) (*ledgerdProcess, error) {
+	d := &ledgerdProcess{addr: addr, log: &ledgertest.Buffer{}, exited: make(chan struct{})}
+	d.cmd = exec.Command(bin, append([]string{"--listen", addr}, flags...)...)
+	d.cmd.Env = cleanEnv()
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	d.cmd.WaitDelay = 10 * time.Second // a process holding its output open cannot hold Wait
+	if err := d.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		defer close(d.exited)
+		d.waitErr = d.cmd.Wait()
+	}()
+	if err := ledgertest.WaitServing(addr, d.exited, 30*time.Second); err != nil {
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		return nil, fmt.Errorf("ledgerd %v (%v)\n%s", err, d.waitErr, d.log.String())
+	}
+	return d, nil
+}
+
+// stop sends SIGTERM and waits for ledgerd to exit, killing it when it has
+// not within 20s. It reports an exit that was not clean.
+func (d *ledgerdProcess) stop() error {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		if d.waitErr != nil {
+			return fmt.Errorf("ledgerd did not stop cleanly: %v", d.waitErr)
+		}
+		return nil
+	case <-time.After(20 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		return fmt.Errorf("ledgerd did not stop within 20s of SIGTERM")
+	}
 }
 
 // runClient runs an example client against addr and fails the test unless it
