@@ -10,9 +10,8 @@ import (
 )
 
 // TestLaunchLedgerdThatExits: a ledgerd that exits before it serves (here
-// its policy file does not exist; in a full run, another process took its
-// port) makes launchLedgerd return an error with ledgerd's log, not wait
-// for ever.
+// its policy file does not exist) makes launchLedgerd return an error with
+// ledgerd's log, not wait for ever.
 func TestLaunchLedgerdThatExits(t *testing.T) {
 	t.Parallel()
 	bin := ledgertest.LedgerdBinary(t, tmpDir)
@@ -21,10 +20,9 @@ func TestLaunchLedgerdThatExits(t *testing.T) {
 		d   *ledgerdProcess
 		err error
 	}
-	addr := ledgertest.FreeAddr(t)
 	done := make(chan result, 1)
 	go func() {
-		d, err := launchLedgerd(bin, addr, "--policy", missing)
+		d, err := launchLedgerd(bin, "127.0.0.1:0", "--policy", missing)
 		done <- result{d, err}
 	}()
 	select {
@@ -38,5 +36,28 @@ func TestLaunchLedgerdThatExits(t *testing.T) {
 		}
 	case <-time.After(2 * time.Minute):
 		t.Fatal("launchLedgerd still waits 2 minutes after starting a ledgerd that exits at once (--policy names no file)")
+	}
+}
+
+// TestLaunchLedgerdOnPortZero: ledgerd binds the port it is given as
+// 127.0.0.1:0 itself, and launchLedgerd returns the address it bound (from
+// its log), serving: no other process can take that port between its choice
+// and the bind, nor answer in its place.
+func TestLaunchLedgerdOnPortZero(t *testing.T) {
+	t.Parallel()
+	d, err := launchLedgerd(ledgertest.LedgerdBinary(t, tmpDir), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	if d.addr == "127.0.0.1:0" || !strings.HasPrefix(d.addr, "127.0.0.1:") {
+		t.Fatalf("launchLedgerd returned %q, not the address ledgerd bound", d.addr)
+	}
+	if err := ledgertest.WaitServing(d.addr, d.exited, 30*time.Second); err != nil {
+		t.Fatalf("%s: %v", d.addr, err)
 	}
 }

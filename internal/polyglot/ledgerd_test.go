@@ -72,31 +72,24 @@ func cleanEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// startLedgerd runs a fresh ledgerd (embedded engine, with flags) on a free
-// loopback port until the test ends, waits until it reports SERVING, and
-// returns its address.
+// startLedgerd runs a fresh ledgerd (embedded engine, with flags) on a
+// loopback port it binds itself until the test ends, waits until it reports
+// SERVING, and returns its address.
 func startLedgerd(t *testing.T, flags ...string) string {
 	t.Helper()
-	bin := ledgertest.LedgerdBinary(t, tmpDir)
-	var lastErr error
-	for try := 0; try < 3; try++ { // the free port may be taken before ledgerd binds it
-		d, err := launchLedgerd(bin, ledgertest.FreeAddr(t), flags...)
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		t.Cleanup(func() {
-			if err := d.stop(); err != nil {
-				t.Error(err)
-			}
-			if t.Failed() {
-				t.Logf("ledgerd log:\n%s", d.log.String())
-			}
-		})
-		return d.addr
+	d, err := launchLedgerd(ledgertest.LedgerdBinary(t, tmpDir), "127.0.0.1:0", flags...)
+	if err != nil {
+		t.Fatalf("ledgerd never served: %v", err)
 	}
-	t.Fatalf("ledgerd never served: %v", lastErr)
-	return ""
+	t.Cleanup(func() {
+		if err := d.stop(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("ledgerd log:\n%s", d.log.String())
+		}
+	})
+	return d.addr
 }
 
 // ledgerdProcess is a ledgerd started by launchLedgerd.
@@ -110,12 +103,14 @@ type ledgerdProcess struct {
 	waitErr error
 }
 
-// launchLedgerd runs ledgerd (embedded engine, with flags) on addr and waits
-// until it reports SERVING. When it does not (it exited, or did not serve in
-// time), it is killed and the error carries its log.
-func launchLedgerd(bin, addr string, flags ...string) (*ledgerdProcess, error) {
-	d := &ledgerdProcess{addr: addr, log: &ledgertest.Buffer{}, exited: make(chan struct{})}
-	d.cmd = exec.Command(bin, append([]string{"--listen", addr}, flags...)...)
+// launchLedgerd runs ledgerd (embedded engine, with flags) listening on
+// listen, reads the address it bound from its log (listen may have port 0:
+// then no other process can take the port between its choice and the bind)
+// and waits until it reports SERVING there. When it does not (it exited, or
+// did not serve in time), it is killed and the error carries its log.
+func launchLedgerd(bin, listen string, flags ...string) (*ledgerdProcess, error) {
+	d := &ledgerdProcess{log: &ledgertest.Buffer{}, exited: make(chan struct{})}
+	d.cmd = exec.Command(bin, append([]string{"--listen", listen}, flags...)...)
 	d.cmd.Env = cleanEnv()
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.WaitDelay = 10 * time.Second // a process holding its output open cannot hold Wait
@@ -126,7 +121,12 @@ func launchLedgerd(bin, addr string, flags ...string) (*ledgerdProcess, error) {
 		defer close(d.exited)
 		d.waitErr = d.cmd.Wait()
 	}()
-	if err := ledgertest.WaitServing(addr, d.exited, 30*time.Second); err != nil {
+	addr, err := ledgertest.ListenAddr(d.log.String, "ledgerd serving", d.exited, 2*time.Minute)
+	if err == nil {
+		d.addr = addr
+		err = ledgertest.WaitServing(addr, d.exited, 30*time.Second)
+	}
+	if err != nil {
 		_ = d.cmd.Process.Kill()
 		<-d.exited
 		return nil, fmt.Errorf("ledgerd %v (%v)\n%s", err, d.waitErr, d.log.String())
