@@ -1,6 +1,8 @@
 package ledgertest
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // raceEnabled is set when this binary is built with -race (race.go).
@@ -25,7 +28,7 @@ var (
 func LedgerdBinary(tb testing.TB, dir string) string {
 	tb.Helper()
 	buildOnce.Do(func() {
-		out, err := exec.Command("go", "env", "GOMOD").Output()
+		out, _, err := run(buildTimeout, "", "go", "env", "GOMOD")
 		mod := strings.TrimSpace(string(out))
 		if err != nil || mod == "" || mod == os.DevNull {
 			buildErr = fmt.Errorf("go env GOMOD: not in the module (%v)", err)
@@ -37,14 +40,39 @@ func LedgerdBinary(tb testing.TB, dir string) string {
 			args = append(args, "-race")
 		}
 		args = append(args, "-o", ledgerdBin, "./cmd/ledgerd")
-		cmd := exec.Command("go", args...)
-		cmd.Dir = filepath.Dir(mod)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		if out, errOut, err := run(buildTimeout, filepath.Dir(mod), "go", args...); err != nil {
+			buildErr = fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
 		}
 	})
 	if buildErr != nil {
 		tb.Fatal(buildErr)
 	}
 	return ledgerdBin
+}
+
+// buildTimeout bounds each go command LedgerdBinary runs. It is generous
+// (a cold build with -race on a loaded machine), yet well within the test
+// timeout of make test: a command that does not end fails the tests that
+// need ledgerd, saying so, rather than hold them until the test binary is
+// killed.
+const buildTimeout = 5 * time.Minute
+
+// run runs name with args in dir (the current directory when empty) and
+// returns its standard output and error. A command still running at timeout
+// is killed, and the error says it did not finish; its output is waited for
+// at most 10s after it exits or is killed (a process it started may hold it
+// open).
+func run(timeout time.Duration, dir, name string, args ...string) ([]byte, []byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%s did not finish within %s (%v)", name, timeout, err)
+	}
+	return out.Bytes(), errOut.Bytes(), err
 }
