@@ -12,7 +12,9 @@ everything else is the real service. It exits non-zero when any check fails.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -137,6 +139,9 @@ def outcome(call, **kwargs):
 
 
 def main() -> None:
+    # Stopped from outside (SIGTERM: internal/polyglot does so at its time
+    # bound), the run first prints where every thread stood.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     address = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LEDGER_ADDR", "127.0.0.1:50051")
     run_id = f"py-faults-{uuid.uuid4().hex[:8]}"
     failed = 0

@@ -1,6 +1,8 @@
 package polyglot
 
 import (
+	"net"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,5 +61,30 @@ func TestLaunchLedgerdOnPortZero(t *testing.T) {
 	}
 	if err := ledgertest.WaitServing(d.addr, d.exited, 30*time.Second); err != nil {
 		t.Fatalf("%s: %v", d.addr, err)
+	}
+}
+
+// TestPythonFaultsStoppedAtItsBound: the Python fault scenarios, stopped at
+// their time bound (here against a ledger that never answers, so every call
+// waits for its deadline), fail the run saying so, with what they printed
+// until then and where every Python thread stood.
+func TestPythonFaultsStoppedAtItsBound(t *testing.T) {
+	t.Parallel()
+	probe := exec.Command(systemPython, "-s", "-c", "import grpc, google.protobuf")
+	probe.Env = cleanEnv()
+	need(t, probe.Run() == nil, "%s cannot import grpc and google.protobuf (Debian: python3-grpcio, python3-protobuf)", systemPython)
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // connections wait in its backlog, unanswered
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = silent.Close() })
+	out, err := runExample(repoRoot(t), 10*time.Second, systemPython, "-s", "examples/python/faults.py", silent.Addr().String())
+	if err == nil || !strings.Contains(err.Error(), "did not finish within 10s") {
+		t.Fatalf("faults.py against a ledger that never answers: %v, want an error saying it did not finish\n%s", err, out)
+	}
+	for _, want := range []string{"1. the tool ran", `faults.py", line`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the output of faults.py, stopped at its bound, has no %q:\n%s", want, out)
+		}
 	}
 }

@@ -155,16 +155,7 @@ func (d *ledgerdProcess) stop() error {
 // exits 0 having printed want.
 func runClient(t *testing.T, want string, name string, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = repoRoot(t)
-	cmd.Env = cleanEnv("PYTHONDONTWRITEBYTECODE=1")
-	// Once the client exits (or is killed at the timeout), its output is
-	// read for at most this long: anything else holding the pipe open
-	// cannot hold the test.
-	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
+	out, err := runExample(repoRoot(t), 2*time.Minute, name, args...)
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 	if err != nil {
 		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
@@ -172,4 +163,27 @@ func runClient(t *testing.T, want string, name string, args ...string) {
 	if !strings.Contains(string(out), want) {
 		t.Fatalf("%s %s exited 0 without printing %q", name, strings.Join(args, " "), want)
 	}
+}
+
+// runExample runs an example client in dir and returns its output. At
+// timeout the client is asked to stop (SIGTERM: the Python fault scenarios
+// then print where every thread stood), and killed 10s later if it has not;
+// the error then says it did not finish. Python writes its output unbuffered,
+// so that what it printed until then is kept.
+func runExample(dir string, timeout time.Duration, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = cleanEnv("PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	// Once the client exits (or is stopped at the timeout), its output is
+	// read for at most this long: anything else holding the pipe open
+	// cannot hold the test.
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("did not finish within %s (%v)", timeout, err)
+	}
+	return out, err
 }
