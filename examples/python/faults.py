@@ -332,7 +332,10 @@ def main() -> None:
             time.sleep(5)
             return dest.create(attempt)
 
-        worker = threading.Thread(target=lambda: ran.append(outcome(first.call_tool, **slow_op, fn=slow_create)))
+        # A daemon, joined with a timeout: a first worker that never ends fails the scenario, and cannot
+        # keep the run from exiting.
+        worker = threading.Thread(target=lambda: ran.append(outcome(first.call_tool, **slow_op, fn=slow_create)),
+                                  daemon=True)
         worker.start()
         time.sleep(3)
         # The second worker has a reconciler: it asks the destination.
@@ -345,7 +348,8 @@ def main() -> None:
             second.rpc("Reconcile", pb.ReconcileRequest(
                 operation_id=key, finding=pb.FINDING_APPLIED if applied else pb.FINDING_NOT_APPLIED,
                 fencing_token=err.operation.fencing_token))
-        worker.join()
+        worker.join(60)
+        check(not worker.is_alive() and ran, "the first worker's call ended")
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
         check(ran[0][1] is None, f"the first worker recorded its outcome ({ran[0][1]!r})")
         check(err is None and out.replayed, f"the second worker replayed it ({err!r})")
