@@ -61,8 +61,8 @@ func MarkAmbiguous(err error) error { return &classified{class: Ambiguous, err: 
 
 // MarkFinal wraps err to say the attempt failed for good; code is recorded as
 // the operation's failure code (e.g. "card_declined"), or "tool_failed" when
-// the ledger refuses it (over 128 bytes, with a control character, or not
-// valid UTF-8).
+// code is empty or the ledger refuses it (over 128 bytes, with a control
+// character, or not valid UTF-8).
 func MarkFinal(code string, err error) error {
 	return &classified{class: Final, code: code, err: err}
 }
