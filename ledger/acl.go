@@ -7,7 +7,8 @@ import "strings"
 // handshake) and from inside its scripts, which Redis checks against the
 // same ACL.
 var ACLCommands = []string{
-	// connection and scripts; wait only with Options.WaitReplicas
+	// connection and scripts; wait (and set, of the shard's WAIT marker,
+	// before it) only with Options.WaitReplicas
 	"hello", "ping", "eval", "evalsha", "script|load", "wait",
 	// reads outside scripts (ListUnresolved, Sweep, the live counts, the
 	// compaction pass's walk over the record keys) and the clock

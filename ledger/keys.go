@@ -33,6 +33,8 @@ const DefaultPrefix = "ledger"
 //	                                      operations by tool, state and tenant (hash)
 //	<prefix>:{sNN}:overdue                the shard's UNKNOWN operations by recovery
 //	                                      deadline (zset, for the metrics)
+//	<prefix>:{sNN}:wait                   written before every WAIT of a call on the
+//	                                      shard, with Options.WaitReplicas (string)
 //
 // Tenants and ids are percent-encoded (see encodeComponent), so no byte of
 // theirs can open a hash tag, add a separator, or reach another tenant's key.
@@ -96,6 +98,11 @@ func (k keyspace) stats(shard int) string {
 // overdue is the key of a shard's UNKNOWN operations by recovery deadline.
 func (k keyspace) overdue(shard int) string {
 	return k.tag(shard) + ":overdue"
+}
+
+// wait is the key of a shard's WAIT marker (Ledger.evalWait).
+func (k keyspace) wait(shard int) string {
+	return k.tag(shard) + ":wait"
 }
 
 // op returns the keys of one operation.

@@ -37,11 +37,15 @@ type Options struct {
 	// Observer receives an Event for every script run, transition, decision
 	// and refusal (nil: none), for metrics and traces.
 	Observer Observer
-	// WaitReplicas, when positive, makes every write wait (Redis WAIT, on the
-	// same connection, in the same round trip) until that many replicas have
-	// it, for at most WaitTimeout. When fewer acknowledge, the call fails
-	// with KindNotReplicated: the write stands on the primary, and the same
-	// call may be repeated.
+	// WaitReplicas, when positive, makes every call of a script (every
+	// write, and Lookup) wait (Redis WAIT, on the same connection, in the
+	// same round trip) until that many replicas have everything the
+	// primary held when the script ran, for at most WaitTimeout: what the
+	// call wrote and what it read. When fewer acknowledge, the call fails
+	// with KindNotReplicated: any write stands on the primary, and the same
+	// call may be repeated. (Before its WAIT each call writes the shard's
+	// WAIT marker, so that the wait covers the state read also when the
+	// script itself wrote nothing.)
 	WaitReplicas int
 	// WaitTimeout bounds WAIT (100ms when zero).
 	WaitTimeout time.Duration
@@ -343,10 +347,12 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	return o, nil
 }
 
-// Lookup reads one operation with its history.
+// Lookup reads one operation with its history. With Options.WaitReplicas it
+// answers only once the replicas have the state it read (KindNotReplicated
+// otherwise), as a write does.
 //
 // May return an *Error of KindInvalid, KindNotFound, KindKeyExpired (State is
-// the final state) or KindUnavailable.
+// the final state), KindNotReplicated or KindUnavailable.
 func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operation, error) {
 	const op = "ledger.Lookup"
 	vs := checkPrincipal(who)
@@ -355,7 +361,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		return nil, invalid(op, vs...)
 	}
 	k := l.keys.op(who.Tenant, id)
-	code, aux, rec, _, err := l.runKeys(ctx, op, lookupScript, false, k.all[:3], who.ID, k.member)
+	code, aux, rec, _, err := l.runKeys(ctx, op, lookupScript, l.waitMarker(k), k.all[:3], who.ID, k.member)
 	if err != nil {
 		return nil, err
 	}
@@ -392,19 +398,29 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 // run runs a write script on an operation's five keys with the principal and
 // lease member as ARGV[1..2], followed by args.
 func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, *record, []any, error) {
-	code, aux, rec, extra, err := l.runKeys(ctx, op, s, true, k.all, principal, k.member, args...)
+	code, aux, rec, extra, err := l.runKeys(ctx, op, s, l.waitMarker(k), k.all, principal, k.member, args...)
 	if err == nil || KindOf(err) == KindNotReplicated {
 		l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
 	}
 	return code, aux, rec, extra, err
 }
 
-// eval runs a script: EVALSHA with the EVAL fallback, and for a write, when
-// replicas are required, WAIT on the same connection in the same round
-// trip. It returns the script's reply, and for a write that fewer replicas
-// acknowledged, the reply with a *Error of KindNotReplicated.
-func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write bool, keys []string, args []any) ([]any, error) {
-	if !write || l.waitN <= 0 {
+// waitMarker returns the key eval writes before its WAIT for a call on the
+// operation k, or "" when no replicas are required (no WAIT).
+func (l *Ledger) waitMarker(k opKeys) string {
+	if l.waitN <= 0 {
+		return ""
+	}
+	return l.keys.wait(k.shard)
+}
+
+// eval runs a script: EVALSHA with the EVAL fallback, and when marker is
+// set (replicas are required), a write of marker and WAIT on the same
+// connection in the same round trip. It returns the script's reply, and
+// when fewer replicas acknowledged, the reply with a *Error of
+// KindNotReplicated.
+func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker string, keys []string, args []any) ([]any, error) {
+	if marker == "" {
 		return s.Run(ctx, l.rdb, keys, args...).Slice()
 	}
 	cc, cluster := l.rdb.(*redis.ClusterClient)
@@ -420,7 +436,7 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write boo
 			}
 			c = node
 		}
-		res, err := l.evalWait(ctx, op, c, s, keys, args)
+		res, err := l.evalWait(ctx, op, c, s, marker, keys, args)
 		if !cluster || try == 3 || !movedError(err) {
 			return res, err
 		}
@@ -438,22 +454,41 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, write boo
 	}
 }
 
-// evalWait runs a write script and WAIT in one pipeline on c's connection,
-// with EVAL instead of EVALSHA when the node does not know the script.
-func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, keys []string, args []any) ([]any, error) {
+// evalWait runs a script, a write of marker and WAIT in one pipeline on c's
+// connection, with EVAL instead of EVALSHA when the node does not know the
+// script.
+//
+// WAIT waits for the replication offset of the connection's last write
+// (from Redis 7.2 on; before, of its last command): a script that wrote
+// nothing (a repeated Reserve answering EXECUTE again, a REPLAY, a repeated
+// Complete, a Lookup) would leave it behind the state the script read,
+// which another connection may have written a moment before and no
+// replica may have yet. The marker's write, after the script, moves the
+// offset past everything the primary held when the script ran (one
+// replication stream: its writes come in order), so an answer is given
+// only once that state is on the replicas, whether the script wrote or
+// not. The marker has the operation's hash tag: on Cluster it is on the
+// same master.
+func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, marker string, keys []string, args []any) ([]any, error) {
 	once := func(full bool) ([]any, int64, error) {
-		pipe := c.Pipeline() // one connection: WAIT covers the script's write
+		pipe := c.Pipeline() // one connection: WAIT covers the marker's write
 		var ev *redis.Cmd
 		if full {
 			ev = s.Eval(ctx, pipe, keys, args...)
 		} else {
 			ev = s.EvalSha(ctx, pipe, keys, args...)
 		}
+		mark := pipe.Set(ctx, marker, "1", 0)
 		w := redis.NewIntCmd(ctx, "wait", l.waitN, l.waitFor.Milliseconds())
 		_ = pipe.Process(ctx, w)
 		_, _ = pipe.Exec(ctx)
 		res, err := ev.Slice()
 		if err != nil {
+			return nil, 0, err
+		}
+		if err := mark.Err(); err != nil {
+			// Refused (read-only after a failover, out of memory): nothing
+			// says the replicas have what the script read.
 			return nil, 0, err
 		}
 		return res, w.Val(), w.Err()
@@ -479,14 +514,15 @@ func movedError(err error) bool {
 
 // runKeys runs script s on keys with ARGV principal, member, args..., and
 // splits its reply: code, aux, the record (nil when the script returned
-// none) and any further values.
-func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, write bool, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
+// none) and any further values. With a marker (waitMarker) the call waits
+// for the replicas (eval).
+func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker string, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
 	start := time.Now()
 	// ARGV is principal, member, args: built once (go-redis copies it once
 	// more into the command).
 	argv := make([]any, 0, 2+len(args))
 	argv = append(argv, principal, member)
-	raw, err := l.eval(ctx, op, s, write, keys, append(argv, args...))
+	raw, err := l.eval(ctx, op, s, marker, keys, append(argv, args...))
 	var notReplicated error
 	if KindOf(err) == KindNotReplicated {
 		notReplicated, err = err, nil

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -9,10 +10,10 @@ import (
 	"github.com/opledger/ledger/internal/redistest"
 )
 
-// TestWaitReplicas makes every write wait for one replica: with the replica
+// TestWaitReplicas makes every call wait for one replica: with the replica
 // up, calls succeed; with it down, a write reports KindNotReplicated (it
-// stands on the primary), and the same call repeated once the replica is
-// back succeeds with the same outcome.
+// stands on the primary), so does a Lookup of what it wrote, and the same
+// call repeated once the replica is back succeeds with the same outcome.
 func TestWaitReplicas(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", portOf(primary.Addr))
@@ -39,9 +40,17 @@ func TestWaitReplicas(t *testing.T) {
 	if KindOf(err) != KindNotReplicated || !asError(err, &e) || e.Replicas != 0 {
 		t.Fatalf("Complete with the replica down = %v, want KindNotReplicated", err)
 	}
-	// The write stands on the primary.
-	if o, err := l.Lookup(ctx, who, "op"); err != nil || o.State != StateSucceeded {
-		t.Fatalf("Lookup = %+v, %v", o, err)
+	// The write stands on the primary: a ledger that does not wait reads it,
+	// one that does refuses to show it before a replica has it.
+	plain, err := New(primary.Client(t), Options{Policies: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := plain.Lookup(ctx, who, "op"); err != nil || o.State != StateSucceeded {
+		t.Fatalf("Lookup without WaitReplicas = %+v, %v", o, err)
+	}
+	if o, err := l.Lookup(ctx, who, "op"); KindOf(err) != KindNotReplicated {
+		t.Fatalf("Lookup with the replica down = %+v, %v; want KindNotReplicated", o, err)
 	}
 
 	replica.Restart(t)
@@ -164,5 +173,69 @@ func TestWaitReplicasOnClusterAfterFailover(t *testing.T) {
 	}
 	if o, err := l.Lookup(ctx, who, "op"); err != nil || o.State != StateSucceeded || len(o.History) != 2 {
 		t.Fatalf("Lookup = %v, %v", o, err)
+	}
+}
+
+// TestWaitCoversTheStateRead: with WaitReplicas, a call whose script writes
+// nothing (a Reserve answering EXECUTE again to its holder, or REPLAY; a
+// repeated Complete; a Lookup) still sends the replicas a write before its
+// WAIT, so that the WAIT covers the state the script read, which another
+// connection may have written a moment before. (From Redis 7.2 on, WAIT
+// waits for the replication offset of the connection's last command that
+// propagated: without a write of its own, such a call would be acknowledged
+// at once with that state on no replica. internal/faults
+// TestWaitCoversWhatAnswersRest shows the outcome with a stalled replica.)
+func TestWaitCoversTheStateRead(t *testing.T) {
+	primary := redistest.Start(t)
+	redistest.Start(t, "--replicaof", "127.0.0.1", portOf(primary.Addr))
+	waitReplicated(t, primary)
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	admin := primary.Client(t)
+	// changes is the primary's count of writes (each one propagated to the
+	// replicas); REPLCONF GETACK, which a WAIT may send, is not one.
+	changes := func() int64 {
+		info, err := admin.Info(ctx, "persistence").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "rdb_changes_since_last_save:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Fatal("no rdb_changes_since_last_save")
+		return 0
+	}
+	who := Principal{Tenant: "t", ID: "a"}
+	req := ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"}
+	first, err := l.Reserve(ctx, who, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := CompleteRequest{OperationID: "op", FencingToken: first.Operation.FencingToken, Outcome: OutcomeSucceeded}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Reserve (EXECUTE again)", func() error { _, err := l.Reserve(ctx, who, req); return err }},
+		{"Lookup", func() error { _, err := l.Lookup(ctx, who, "op"); return err }},
+		{"Complete", func() error { _, err := l.Complete(ctx, who, done); return err }},
+		{"Complete (repeated)", func() error { _, err := l.Complete(ctx, who, done); return err }},
+		{"Reserve (REPLAY)", func() error { _, err := l.Reserve(ctx, who, req); return err }},
+	}
+	for _, c := range calls {
+		before := changes()
+		if err := c.call(); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if changes() == before {
+			t.Errorf("%s sent the replicas nothing before its WAIT: the WAIT did not cover the state it read", c.name)
+		}
 	}
 }

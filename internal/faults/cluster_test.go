@@ -97,10 +97,12 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	a.Stop()
 	at := l.done.Load()
 	waitPromoted(t, cl, promoted)
+	// It rejoins as a replica of its successor: the records are looked up
+	// once it has, since a Lookup with WAIT answers only with a replica.
+	a.Restart(t)
+	cl.WaitReplicas(t, 3, 1)
 	f.lostKill = checkLost()
 	t.Logf("failover 1 (kill -9 of master %s after %d operations settled): %d acknowledged writes lost", a.Addr, at, f.lostKill)
-	a.Restart(t) // it rejoins as a replica of its successor
-	cl.WaitReplicas(t, 3, 1)
 
 	// 2: the replication link of another master cut, writes go on, then the
 	// master killed and its stale replica promoted.
@@ -111,10 +113,10 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	b.Stop()
 	at = l.done.Load()
 	waitPromoted(t, cl, replica)
-	f.lostPartition = checkLost()
-	t.Logf("failover 2 (replication of master %s cut for 1s, then kill -9, after %d operations settled): %d acknowledged writes lost", b.Addr, at, f.lostPartition)
 	b.Restart(t)
 	cl.WaitReplicas(t, 3, 1)
+	f.lostPartition = checkLost()
+	t.Logf("failover 2 (replication of master %s cut for 1s, then kill -9, after %d operations settled): %d acknowledged writes lost", b.Addr, at, f.lostPartition)
 
 	sleepCtx(ctx, 500*time.Millisecond)
 	opIDs := finish()
