@@ -38,9 +38,10 @@ type failoverFigures struct {
 //
 // After each failover every acknowledged write is looked up. Without WAIT
 // the figures are measured and logged (the partition loses acknowledged
-// writes, and a lost claim can be executed again); with WAIT 1 (every write
-// waits for its replica, NOT_REPLICATED otherwise) no acknowledged write may
-// be lost and nothing may run twice. docs/failure-model.md has the figures.
+// writes, and a lost claim can be executed again); with WAIT 1 (every call
+// waits for its replica, NOT_REPLICATED otherwise) no acknowledged answer
+// may be lost, a write's or a read's (a Lookup, IN_PROGRESS, REPLAY), and
+// nothing may run twice. docs/failure-model.md has the figures.
 func TestClusterFailover(t *testing.T) {
 	t.Parallel()
 	for _, wait := range []int{0, 1} {
@@ -72,6 +73,7 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	st := startStack(t, rdb, policyYAML(3*time.Second), ledger.Options{WaitReplicas: wait, WaitTimeout: 100 * time.Millisecond})
 
 	rec := newRecorder(effIrreversible, maxAttempts)
+	rec.answers = wait > 0
 	dest := newDestination(true, 5)
 	clients := newClients(t, 3, st.Addr, rec, dest)
 	l := newLoad(dest, clients, 4)

@@ -25,6 +25,12 @@ import (
 type recorder struct {
 	effect int    // the effect operations are bound to (the policy's)
 	max    uint32 // the policy's max attempts
+	// answers makes every successful answer that shows the record an
+	// acknowledgement of what it shows (a Lookup, a Renew, a Reserve of any
+	// decision), not only those of writes: what a ledger with WaitReplicas
+	// promises, since it answers only once the replicas have the state the
+	// call read.
+	answers bool
 
 	mu      sync.Mutex
 	base    time.Time
@@ -70,8 +76,8 @@ func (r *recorder) interceptor() grpc.UnaryClientInterceptor {
 		out := outputOf(reply, err)
 		r.mu.Lock()
 		r.ops = append(r.ops, porcupine.Operation{ClientId: id, Input: in, Call: call, Output: out, Return: ret})
-		if !out.Unknown && out.Err == "" && in.Kind != kLookup && in.Kind != kRenew &&
-			(in.Kind != kReserve || out.Decision == decExecute) {
+		if !out.Unknown && out.Err == "" && (r.answers && out.HasOp ||
+			in.Kind != kLookup && in.Kind != kRenew && (in.Kind != kReserve || out.Decision == decExecute)) {
 			r.acks = append(r.acks, ack{Kind: in.Kind, ID: in.ID, Outcome: in.Outcome, Finding: in.Finding,
 				State: out.State, Attempt: out.Attempt, Token: out.Token, RID: out.RID})
 		}
