@@ -9,8 +9,8 @@
 //	--redis-url         LEDGER_REDIS_URL         redis://[user:password@]host:port/db, rediss:// for TLS
 //	--redis-ca          LEDGER_REDIS_CA          CA of Redis's certificate (PEM), for rediss:// with a private CA
 //	--redis-mode        LEDGER_REDIS_MODE        single, cluster (?addr=... seeds) or sentinel (?master_name=...) (single)
-//	--wait-replicas     LEDGER_WAIT_REPLICAS     replicas every write waits for (WAIT); 0: none
-//	--wait-timeout      LEDGER_WAIT_TIMEOUT      how long a write waits for them (100ms)
+//	--wait-replicas     LEDGER_WAIT_REPLICAS     replicas every write and Lookup waits for (WAIT); 0: none
+//	--wait-timeout      LEDGER_WAIT_TIMEOUT      how long a call waits for them (100ms)
 //	--redis-autopipeline LEDGER_REDIS_AUTOPIPELINE batch concurrent scripts into pipelines (true)
 //	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
 //	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
@@ -182,8 +182,8 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	compactBatch := fs.String("compact-batch", env("LEDGER_COMPACT_BATCH", strconv.Itoa(ledger.DefaultCompactBatch)), "record keys per Redis master the compaction pass looks at each second, cutting terminal records past their retention to their tombstone; 0: off [LEDGER_COMPACT_BATCH]")
 	shutdown := fs.String("shutdown-timeout", env("LEDGER_SHUTDOWN_TIMEOUT", "10s"), "how long running calls may take to finish at shutdown [LEDGER_SHUTDOWN_TIMEOUT]")
 	fs.StringVar(&c.redisMode, "redis-mode", env("LEDGER_REDIS_MODE", "single"), "single, cluster (Redis Cluster: --redis-url lists seed nodes as ?addr=host:port) or sentinel (?master_name=NAME) [LEDGER_REDIS_MODE]")
-	waitReplicas := fs.String("wait-replicas", env("LEDGER_WAIT_REPLICAS", "0"), "replicas every write waits for (WAIT); 0: none [LEDGER_WAIT_REPLICAS]")
-	waitTimeout := fs.String("wait-timeout", env("LEDGER_WAIT_TIMEOUT", "100ms"), "how long a write waits for its replicas [LEDGER_WAIT_TIMEOUT]")
+	waitReplicas := fs.String("wait-replicas", env("LEDGER_WAIT_REPLICAS", "0"), "replicas every write and Lookup waits for (WAIT); 0: none [LEDGER_WAIT_REPLICAS]")
+	waitTimeout := fs.String("wait-timeout", env("LEDGER_WAIT_TIMEOUT", "100ms"), "how long a call waits for its replicas [LEDGER_WAIT_TIMEOUT]")
 	fs.StringVar(&c.redisCA, "redis-ca", env("LEDGER_REDIS_CA", ""), "CA of the Redis server's certificate, PEM, for a rediss:// URL with a private CA [LEDGER_REDIS_CA]")
 	fs.StringVar(&c.authFile, "auth-file", env("LEDGER_AUTH_FILE", ""), "credentials file (API keys, client certificates, tenant limits); empty: no authentication, loopback only [LEDGER_AUTH_FILE]")
 	fs.StringVar(&c.tls.Cert, "tls-cert", env("LEDGER_TLS_CERT", ""), "server certificate chain, PEM [LEDGER_TLS_CERT]")

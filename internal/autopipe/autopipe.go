@@ -3,7 +3,7 @@
 // instead of one of each per script, for Redis and for the client. It is a
 // go-redis hook, so the client keeps its type (*redis.Client,
 // *redis.ClusterClient) and everything else it sends (single commands,
-// explicit pipelines such as the ledger's EVALSHA+WAIT) goes out as before.
+// explicit pipelines such as the ledger's EVALSHA+SET+WAIT) goes out as before.
 //
 // There is no flusher goroutine: a caller that finds a free lane sends the
 // batch itself (its own command and whatever is queued) and, once its own
