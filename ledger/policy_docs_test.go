@@ -1,0 +1,166 @@
+package ledger
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/opledger/ledger/internal/mdtable"
+)
+
+// yamlKeys returns the keys a YAML document may use for the struct type t,
+// in order: each field's yaml tag (or its lower-cased name when it has
+// none), the keys of inline structs in their place, and by key the name of
+// the Go field that holds it.
+func yamlKeys(t reflect.Type) (keys []string, fields map[string]string) {
+	fields = map[string]string{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("yaml")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		if slices.Contains(strings.Split(opts, ","), "inline") {
+			inner, innerFields := yamlKeys(f.Type)
+			keys = append(keys, inner...)
+			for k, v := range innerFields {
+				fields[k] = v
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		keys = append(keys, name)
+		fields[name] = f.Name
+	}
+	return keys, fields
+}
+
+// policyFieldKeys returns the fields of a policy the policy file accepts
+// (under defaults and in every rule), by the name of the Policy field each
+// one sets. It fails the test unless the parser refuses a field it does
+// not know (so the struct tags are all it accepts) and each field sets the
+// Policy field of the same name.
+func policyFieldKeys(t *testing.T) (keys []string, fields map[string]string) {
+	t.Helper()
+	keys, fields = yamlKeys(reflect.TypeOf(policyFields{}))
+	if len(keys) == 0 {
+		t.Fatal("ledger: no policy fields found")
+	}
+	for _, doc := range []string{
+		"defaults:\n  no_such_field: 1\n",
+		"tools:\n  - match: x\n    no_such_field: 1\n",
+	} {
+		if _, err := ParsePolicies([]byte(doc)); err == nil {
+			t.Errorf("ledger: ParsePolicies accepts an unknown field:\n%s", doc)
+		}
+	}
+	pol := reflect.TypeOf(Policy{})
+	for _, k := range keys {
+		if _, ok := pol.FieldByName(fields[k]); !ok {
+			t.Errorf("ledger: the policy file's field %s (policyFields.%s) has no Policy field of that name", k, fields[k])
+		}
+	}
+	return keys, fields
+}
+
+// TestPolicyDocsMatchParser holds the policy fields of docs/configuration.md
+// (the table of section 6.2) to the fields ParsePolicies accepts: every
+// field documented, nothing documented that it refuses, and each built-in
+// default as the table gives it (a default written in the file gives the
+// same policy as none). The top-level keys (section 6.1) and the keys of a
+// rule (section 6.4) are held to the file's structure.
+func TestPolicyDocsMatchParser(t *testing.T) {
+	keys, fields := policyFieldKeys(t)
+	const docName = "docs/configuration.md"
+	d, err := mdtable.Read(docName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := ParsePolicies(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	builtIn := reflect.ValueOf(empty.For("default", "docs.check"))
+
+	const fieldsSection = "6.2 Fields"
+	s, ok := d.Section(fieldsSection)
+	if !ok {
+		t.Fatalf("%s: no section %q (the table of policy fields)", docName, fieldsSection)
+	}
+	tb, ok := s.TableWith("field", "built-in default")
+	if !ok {
+		t.Fatalf("%s, section %q: no table with columns field and built-in default", docName, fieldsSection)
+	}
+	documented := map[string]bool{}
+	for _, r := range tb.Rows {
+		names := mdtable.CodeSpans(r.Cell(tb.Column("field")))
+		if len(names) != 1 {
+			t.Errorf("%s: a row of the table of policy fields names %d fields (`name`); want one", tb.Where(r), len(names))
+			continue
+		}
+		key := names[0]
+		documented[key] = true
+		goName, ok := fields[key]
+		if !ok {
+			t.Errorf("%s: documents the policy field %s, which the policy file does not accept", tb.Where(r), key)
+			continue
+		}
+		want := builtIn.FieldByName(goName)
+		if !want.IsValid() {
+			continue // reported by policyFieldKeys
+		}
+		cell := r.Cell(tb.Column("built-in default"))
+		if spans := mdtable.CodeSpans(cell); len(spans) > 0 {
+			doc := fmt.Sprintf("defaults:\n  %s: %s\n", key, spans[0])
+			p, err := ParsePolicies([]byte(doc))
+			if err != nil {
+				t.Errorf("%s: the documented default of %s, %s, is refused: %v", tb.Where(r), key, spans[0], err)
+				continue
+			}
+			if got := reflect.ValueOf(p.For("default", "docs.check")); !reflect.DeepEqual(got.Interface(), builtIn.Interface()) {
+				t.Errorf("%s: documents the default of %s as %s; the built-in default is %v", tb.Where(r), key, spans[0], want)
+			}
+			continue
+		}
+		word := strings.ToLower(cell)
+		if (strings.HasPrefix(word, "empty") || strings.HasPrefix(word, "none")) && !want.IsZero() && !(want.Kind() == reflect.Slice && want.Len() == 0) {
+			t.Errorf("%s: documents the default of %s as empty; the built-in default is %v", tb.Where(r), key, want)
+		}
+	}
+	for _, k := range keys {
+		if !documented[k] {
+			t.Errorf("%s: the table of policy fields (line %d) does not document %s (the built-in default is %v)", docName, tb.Line, k, builtIn.FieldByName(fields[k]))
+		}
+	}
+
+	// The keys around the fields: the file's two top-level keys, and a
+	// rule's patterns.
+	top, _ := yamlKeys(reflect.TypeOf(policyFile{}))
+	rule, _ := yamlKeys(reflect.TypeOf(policyRuleY{}))
+	rule = slices.DeleteFunc(rule, func(k string) bool { return slices.Contains(keys, k) })
+	for _, c := range []struct {
+		section string
+		keys    []string
+	}{
+		{"6.1 Format", top},
+		{"6.4 `tools` rules", rule},
+	} {
+		s, ok := d.Section(c.section)
+		if !ok {
+			t.Errorf("%s: no section %q (it documents %s)", docName, c.section, strings.Join(c.keys, ", "))
+			continue
+		}
+		lines, _ := s.Text()
+		spans := mdtable.CodeSpans(strings.Join(lines, "\n"))
+		for _, k := range c.keys {
+			if !slices.Contains(spans, k) {
+				t.Errorf("%s: section %q does not document the key %s (as `%s`)", docName, c.section, k, k)
+			}
+		}
+	}
+}
