@@ -536,6 +536,9 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("keygen: unexpected arguments: %v", fs.Args())
+	}
 	if *id == "" || *tenant == "" {
 		return errors.New("keygen: --id and --tenant are required")
 	}

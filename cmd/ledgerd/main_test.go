@@ -304,6 +304,10 @@ func TestKeygenRefusesBadInput(t *testing.T) {
 		{"--tenant", "acme"},
 		{"--id", "a", "--tenant", "acme", "--scopes", "admin"},
 		{"--id", "bad id", "--tenant", "acme"},
+		// A scope written without --scopes would be dropped, and the key
+		// made with the default scope instead.
+		{"--id", "a", "--tenant", "acme", "viewer"},
+		{"--id", "a", "--tenant", "acme", "--", "--scopes", "viewer"},
 	} {
 		if err := keygen(args, io.Discard, io.Discard); err == nil {
 			t.Errorf("keygen %v accepted", args)
