@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -181,4 +182,189 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// keygenFlags returns the flags of "ledgerd keygen" by name.
+func keygenFlags(t *testing.T) map[string]*flag.Flag {
+	t.Helper()
+	flags := map[string]*flag.Flag{}
+	newKeygenFlagSet(&keygenOptions{}, io.Discard).VisitAll(func(f *flag.Flag) { flags[f.Name] = f })
+	if len(flags) == 0 {
+		t.Fatal("cmd/ledgerd: keygen has no flags")
+	}
+	return flags
+}
+
+// keygenArgs returns the arguments of a documented "ledgerd keygen ..."
+// command line, and whether cmd is one.
+func keygenArgs(cmd string) ([]string, bool) {
+	fields := strings.Fields(cmd)
+	if len(fields) < 2 || fields[0] != "ledgerd" || fields[1] != "keygen" {
+		return nil, false
+	}
+	return fields[2:], true
+}
+
+// argFlags returns the names of the flags args gives ("--id x" and
+// "--id=x" are "id").
+func argFlags(args []string) []string {
+	var names []string
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// withoutFlag returns args without the flag name and its value.
+func withoutFlag(args []string, name string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			out = append(out, a)
+			continue
+		}
+		n, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if n != name {
+			out = append(out, a)
+			continue
+		}
+		if !hasValue {
+			i++ // its value
+		}
+	}
+	return out
+}
+
+// TestKeygenDocsMatchFlags holds the documentation of "ledgerd keygen" to
+// its flags: the table of its section in docs/configuration.md documents
+// every flag, with its default or as required (the section's example,
+// which gives every flag, is accepted, and refused without a required
+// one only); and every "ledgerd keygen ..." command line of README.md,
+// docs/*.md and ledgerd's package comment names only its flags and is
+// accepted.
+func TestKeygenDocsMatchFlags(t *testing.T) {
+	flags := keygenFlags(t)
+	const docName, section = "docs/configuration.md", "`ledgerd keygen`"
+	d, err := mdtable.Read(docName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := d.Section(section)
+	if !ok {
+		t.Fatalf("%s: no section %q (the flags of ledgerd keygen)", docName, section)
+	}
+	tb, ok := s.TableWith("flag", "default")
+	if !ok {
+		t.Fatalf("%s, section %q: no table with columns flag and default", docName, section)
+	}
+	required := map[string]bool{}
+	documented := map[string]bool{}
+	for _, r := range tb.Rows {
+		names := mdtable.Flags(r.Cell(tb.Column("flag")))
+		if len(names) == 0 {
+			t.Errorf("%s: a row of the flag table names no flag (`--name`)", tb.Where(r))
+		}
+		for _, name := range names {
+			documented[name] = true
+			f, ok := flags[name]
+			if !ok {
+				t.Errorf("%s: documents --%s, which ledgerd keygen does not have", tb.Where(r), name)
+				continue
+			}
+			def := r.Cell(tb.Column("default"))
+			if strings.EqualFold(strings.TrimSpace(def), "required") {
+				required[name] = true
+			} else if msg := mdtable.CheckDefault(def, f.DefValue); msg != "" {
+				t.Errorf("%s: the default of --%s: %s", tb.Where(r), name, msg)
+			}
+		}
+	}
+	for _, name := range sortedKeys(flags) {
+		if !documented[name] {
+			t.Errorf("%s: the flag table of ledgerd keygen (line %d) does not document --%s (default %q)", docName, tb.Line, name, flags[name].DefValue)
+		}
+	}
+
+	// The section's example gives every flag; without each required one
+	// it is refused, without any other accepted.
+	lines, numbers := s.Text()
+	var example []string
+	where := ""
+	for i, l := range lines {
+		for _, c := range mdtable.CodeSpans(l) {
+			if args, ok := keygenArgs(c); ok && example == nil && len(argFlags(args)) == len(flags) {
+				example, where = args, s.Where(numbers[i])
+			}
+		}
+	}
+	if example == nil {
+		t.Fatalf("%s, section %q: no example `ledgerd keygen ...` that gives every flag", docName, section)
+	}
+	for _, name := range sortedKeys(flags) {
+		args := withoutFlag(example, name)
+		err := keygen(args, io.Discard, io.Discard)
+		switch {
+		case required[name] && err == nil:
+			t.Errorf("%s: --%s is documented as required, but keygen %v is accepted", where, name, args)
+		case !required[name] && err != nil:
+			t.Errorf("%s: --%s is documented with a default, but keygen %v is refused: %v", where, name, args, err)
+		}
+	}
+
+	// Every command line, anywhere.
+	root, err := mdtable.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type commandLine struct{ where, cmd string }
+	var cmds []commandLine
+	for _, name := range append([]string{filepath.Join(root, "README.md")}, docs...) {
+		rel, _ := filepath.Rel(root, name)
+		d, err := mdtable.Read(filepath.ToSlash(rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, numbers := d.All().Text()
+		for i, l := range lines {
+			for _, c := range mdtable.CodeSpans(l) {
+				cmds = append(cmds, commandLine{d.All().Where(numbers[i]), c})
+			}
+		}
+	}
+	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`"(ledgerd keygen[^"]*)"`).FindAllStringSubmatch(f.Doc.Text(), -1) {
+		cmds = append(cmds, commandLine{"cmd/ledgerd/main.go's package comment", m[1]})
+	}
+	found := 0
+	for _, c := range cmds {
+		args, ok := keygenArgs(c.cmd)
+		if !ok || len(args) == 0 {
+			continue
+		}
+		found++
+		unknown := false
+		for _, name := range argFlags(args) {
+			if _, ok := flags[name]; !ok {
+				t.Errorf("%s: `%s` gives --%s, which ledgerd keygen does not have", c.where, c.cmd, name)
+				unknown = true
+			}
+		}
+		if err := keygen(args, io.Discard, io.Discard); err != nil && !unknown {
+			t.Errorf("%s: `%s` is refused: %v", c.where, c.cmd, err)
+		}
+	}
+	if found == 0 {
+		t.Fatal("no `ledgerd keygen ...` command line found in the documentation")
+	}
 }

@@ -526,32 +526,45 @@ func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, c config, auth *s
 	}
 }
 
-// keygen prints a new API key and its credentials file entry.
-func keygen(args []string, stdout, stderr io.Writer) error {
+// keygenOptions are the flags of "ledgerd keygen".
+type keygenOptions struct {
+	id, tenant, scopes string
+}
+
+// newKeygenFlagSet returns the flag set of "ledgerd keygen", which parses
+// into o and writes its messages to stderr.
+func newKeygenFlagSet(o *keygenOptions, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ledgerd keygen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	id := fs.String("id", "", "key id: letters, digits, '-' and '_' (required)")
-	tenant := fs.String("tenant", "", "tenant the key acts for (required)")
-	scopes := fs.String("scopes", "agent", "comma-separated scopes: agent, reconciler, viewer")
+	fs.StringVar(&o.id, "id", "", "key id: letters, digits, '-' and '_' (required)")
+	fs.StringVar(&o.tenant, "tenant", "", "tenant the key acts for (required)")
+	fs.StringVar(&o.scopes, "scopes", "agent", "comma-separated scopes: agent, reconciler, viewer")
+	return fs
+}
+
+// keygen prints a new API key and its credentials file entry.
+func keygen(args []string, stdout, stderr io.Writer) error {
+	var o keygenOptions
+	fs := newKeygenFlagSet(&o, stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("keygen: unexpected arguments: %v", fs.Args())
 	}
-	if *id == "" || *tenant == "" {
+	if o.id == "" || o.tenant == "" {
 		return errors.New("keygen: --id and --tenant are required")
 	}
-	entry := fmt.Sprintf("keys:\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", *id, *tenant, *scopes, strings.Repeat("0", 64))
+	entry := fmt.Sprintf("keys:\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, strings.Repeat("0", 64))
 	if _, err := server.ParseCredentials([]byte(entry)); err != nil {
 		return fmt.Errorf("keygen: %w", err)
 	}
-	key, hash, err := server.NewAPIKey(*id)
+	key, hash, err := server.NewAPIKey(o.id)
 	if err != nil {
 		return fmt.Errorf("keygen: %w", err)
 	}
 	fmt.Fprintf(stdout, "# API key for the client (shown once, stored nowhere):\n#   %s\n", key)
-	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", *id, *tenant, *scopes, hash)
+	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, hash)
 	return nil
 }
 
