@@ -3,9 +3,12 @@ package ledger
 import (
 	"fmt"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opledger/ledger/internal/mdtable"
 )
@@ -70,9 +73,10 @@ func policyFieldKeys(t *testing.T) (keys []string, fields map[string]string) {
 
 // TestPolicyDocsMatchParser holds the policy fields of docs/configuration.md
 // (the table of section 6.2) to the fields ParsePolicies accepts: every
-// field documented, nothing documented that it refuses, and each built-in
+// field documented, nothing documented that it refuses, each built-in
 // default as the table gives it (a default written in the file gives the
-// same policy as none). The top-level keys (section 6.1) and the keys of a
+// same policy as none) and each range of durations and integers as the
+// parser checks it (checkAllowed). The top-level keys (section 6.1) and the keys of a
 // rule (section 6.4) are held to the file's structure.
 func TestPolicyDocsMatchParser(t *testing.T) {
 	keys, fields := policyFieldKeys(t)
@@ -114,21 +118,21 @@ func TestPolicyDocsMatchParser(t *testing.T) {
 		if !want.IsValid() {
 			continue // reported by policyFieldKeys
 		}
+		checkAllowed(t, tb, r, key)
 		cell := r.Cell(tb.Column("built-in default"))
 		if spans := mdtable.CodeSpans(cell); len(spans) > 0 {
 			doc := fmt.Sprintf("defaults:\n  %s: %s\n", key, spans[0])
 			p, err := ParsePolicies([]byte(doc))
 			if err != nil {
 				t.Errorf("%s: the documented default of %s, %s, is refused: %v", tb.Where(r), key, spans[0], err)
-				continue
-			}
-			if got := reflect.ValueOf(p.For("default", "docs.check")); !reflect.DeepEqual(got.Interface(), builtIn.Interface()) {
+			} else if got := reflect.ValueOf(p.For("default", "docs.check")); !reflect.DeepEqual(got.Interface(), builtIn.Interface()) {
 				t.Errorf("%s: documents the default of %s as %s; the built-in default is %v", tb.Where(r), key, spans[0], want)
 			}
 			continue
 		}
 		word := strings.ToLower(cell)
-		if (strings.HasPrefix(word, "empty") || strings.HasPrefix(word, "none")) && !want.IsZero() && !(want.Kind() == reflect.Slice && want.Len() == 0) {
+		isEmpty := want.IsZero() || (want.Kind() == reflect.Slice && want.Len() == 0)
+		if (strings.HasPrefix(word, "empty") || strings.HasPrefix(word, "none")) && !isEmpty {
 			t.Errorf("%s: documents the default of %s as empty; the built-in default is %v", tb.Where(r), key, want)
 		}
 	}
@@ -161,6 +165,62 @@ func TestPolicyDocsMatchParser(t *testing.T) {
 			if !slices.Contains(spans, k) {
 				t.Errorf("%s: section %q does not document the key %s (as `%s`)", docName, c.section, k, k)
 			}
+		}
+	}
+}
+
+// documentedRange is an "allowed" cell that gives a range: "`10ms` to `24h`".
+var documentedRange = regexp.MustCompile("^`([^`]+)` to `([^`]+)`")
+
+// checkAllowed holds the range the "allowed" cell of row r gives to what
+// ParsePolicies accepts, for a duration or an integer field: both ends
+// accepted, and a value just outside either refused (1ns for a duration,
+// 1 for an integer; below 0 is not tried).
+func checkAllowed(t *testing.T, tb mdtable.Table, r mdtable.Row, key string) {
+	t.Helper()
+	m := documentedRange.FindStringSubmatch(r.Cell(tb.Column("allowed")))
+	if m == nil {
+		return
+	}
+	var below, above string
+	switch typ := r.Cell(tb.Column("type")); typ {
+	case "duration":
+		lo, err1 := time.ParseDuration(m[1])
+		hi, err2 := time.ParseDuration(m[2])
+		if err1 != nil || err2 != nil {
+			t.Errorf("%s: the range of %s, %s to %s, is not two durations", tb.Where(r), key, m[1], m[2])
+			return
+		}
+		if lo > 0 {
+			below = (lo - 1).String()
+		}
+		above = (hi + 1).String()
+	case "integer":
+		lo, err1 := strconv.Atoi(m[1])
+		hi, err2 := strconv.Atoi(m[2])
+		if err1 != nil || err2 != nil {
+			t.Errorf("%s: the range of %s, %s to %s, is not two integers", tb.Where(r), key, m[1], m[2])
+			return
+		}
+		if lo > 0 {
+			below = strconv.Itoa(lo - 1)
+		}
+		above = strconv.Itoa(hi + 1)
+	default:
+		return
+	}
+	parse := func(v string) error {
+		_, err := ParsePolicies([]byte(fmt.Sprintf("defaults:\n  %s: %s\n", key, v)))
+		return err
+	}
+	for _, v := range []string{m[1], m[2]} {
+		if err := parse(v); err != nil {
+			t.Errorf("%s: documents %s from %s to %s, but %s is refused: %v", tb.Where(r), key, m[1], m[2], v, err)
+		}
+	}
+	for _, v := range []string{below, above} {
+		if v != "" && parse(v) == nil {
+			t.Errorf("%s: documents %s from %s to %s, but %s is accepted", tb.Where(r), key, m[1], m[2], v)
 		}
 	}
 }
