@@ -1,8 +1,9 @@
 // Package mdtable reads what the tests that hold the documentation to the
 // code need from a Markdown document: its sections, its pipe tables (cells
-// split and trimmed) and the code spans of a piece of text. Fenced code
-// blocks are skipped: a "# comment" in a shell example is not a heading, and
-// a table in an example is not the document's.
+// split and trimmed), its fenced code blocks and the code spans of a piece
+// of text. Outside CodeBlocks, fenced code blocks are skipped: a "# comment"
+// in a shell example is not a heading, and a table in an example is not the
+// document's.
 package mdtable
 
 import (
@@ -25,6 +26,16 @@ type Doc struct {
 	// fenced[i] is true when line i is inside a fenced code block (or is
 	// one of its fences).
 	fenced []bool
+	// blocks are the fenced code blocks, in order.
+	blocks []block
+}
+
+// block is a fenced code block: the line indexes of its opening fence and
+// of its closing one (len(Lines) when it runs to the end), and its info
+// word.
+type block struct {
+	open, close int
+	info        string
 }
 
 // Parse splits text into a Doc named name.
@@ -38,10 +49,13 @@ func Parse(name, text string) *Doc {
 		case fence == "" && (strings.HasPrefix(t, "```") || strings.HasPrefix(t, "~~~")):
 			fence = t[:3]
 			d.fenced[i] = true
+			info, _, _ := strings.Cut(strings.TrimSpace(strings.TrimLeft(t, fence[:1])), " ")
+			d.blocks = append(d.blocks, block{open: i, close: len(d.Lines), info: info})
 		case fence != "":
 			d.fenced[i] = true
 			if strings.HasPrefix(t, fence) && strings.Trim(t, fence[:1]) == "" {
 				fence = ""
+				d.blocks[len(d.blocks)-1].close = i
 			}
 		}
 	}
@@ -146,6 +160,34 @@ func (s Section) Text() (lines []string, numbers []int) {
 		}
 	}
 	return lines, numbers
+}
+
+// CodeBlock is a fenced code block.
+type CodeBlock struct {
+	// Info is the first word after the opening fence ("yaml" for ```yaml).
+	Info string
+	// Line is the 1-based line of the opening fence.
+	Line int
+	// Text is the block's content, without the fences, each line ending in
+	// a newline.
+	Text string
+}
+
+// CodeBlocks returns the fenced code blocks that open in the section, in
+// order.
+func (s Section) CodeBlocks() []CodeBlock {
+	var bs []CodeBlock
+	for _, b := range s.doc.blocks {
+		if b.open < s.start || b.open >= s.end {
+			continue
+		}
+		var text strings.Builder
+		for _, l := range s.doc.Lines[b.open+1 : b.close] {
+			text.WriteString(l + "\n")
+		}
+		bs = append(bs, CodeBlock{Info: b.info, Line: b.open + 1, Text: text.String()})
+	}
+	return bs
 }
 
 // Where names line n (1-based) of the document, for error messages.

@@ -91,6 +91,23 @@ func TestSectionsAndTables(t *testing.T) {
 	}
 }
 
+func TestCodeBlocks(t *testing.T) {
+	d := Parse("doc.md", sample+"\n~~~ yaml title\nkey: 1\n  nested: \"```\"\n~~~\n\n```\nunclosed\n")
+	got := d.All().CodeBlocks()
+	want := []CodeBlock{
+		{Info: "sh", Line: 11, Text: "# not a heading\n| not | a table |\n| --- | --- |\n"},
+		{Info: "yaml", Line: 25, Text: "key: 1\n  nested: \"```\"\n"},
+		{Info: "", Line: 30, Text: "unclosed\n\n"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("CodeBlocks = %+v, want %+v", got, want)
+	}
+	s, _ := d.Section("Sub")
+	if got := s.CodeBlocks(); len(got) != 0 {
+		t.Errorf("CodeBlocks of Sub = %+v, want none (the block is in Flags, before Sub)", got)
+	}
+}
+
 func TestCheckDefault(t *testing.T) {
 	for _, c := range []struct {
 		cell, def string
