@@ -224,3 +224,115 @@ func checkAllowed(t *testing.T, tb mdtable.Table, r mdtable.Row, key string) {
 		}
 	}
 }
+
+// TestPolicyExampleResolvesAsDocumented holds section 7 of
+// docs/configuration.md to ParsePolicies: its YAML example names every
+// field and parses, its JSON one parses, and the example resolves as the
+// table "How it resolves" says (rule, effect, lease, attempts, retention,
+// grace, tombstone and consequential fields).
+func TestPolicyExampleResolvesAsDocumented(t *testing.T) {
+	keys, _ := policyFieldKeys(t)
+	const docName, section = "docs/configuration.md", "7. Complete example policy"
+	d, err := mdtable.Read(docName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := d.Section(section)
+	if !ok {
+		t.Fatalf("%s: no section %q", docName, section)
+	}
+	var example *Policies
+	for _, b := range s.CodeBlocks() {
+		if b.Info != "yaml" && b.Info != "json" {
+			continue
+		}
+		p, err := ParsePolicies([]byte(b.Text))
+		if err != nil {
+			t.Errorf("%s:%d: the example policy (%s) is refused: %v", docName, b.Line, b.Info, err)
+			continue
+		}
+		if b.Info != "yaml" || example != nil {
+			continue
+		}
+		example = p
+		for _, k := range keys {
+			if !regexp.MustCompile(`(?m)^[\s-]*` + k + `:`).MatchString(b.Text) {
+				t.Errorf("%s:%d: the complete example policy does not set %s", docName, b.Line, k)
+			}
+		}
+	}
+	if example == nil {
+		t.Fatalf("%s, section %q: no YAML example that parses", docName, section)
+	}
+
+	tb, ok := s.TableWith("tenant", "tool", "rule", "effect", "lease", "max attempts", "retention", "consequential fields")
+	if !ok {
+		t.Fatalf("%s, section %q: no table of how the example resolves (columns tenant, tool, rule, effect, lease, max attempts, retention, consequential fields)", docName, section)
+	}
+	col := func(r mdtable.Row, name string) string { return r.Cell(tb.Column(name)) }
+	var (
+		firstWord = regexp.MustCompile(`^\S+`)
+		grace     = regexp.MustCompile("`retain_until` \\+ (\\S+)")
+		tombstone = regexp.MustCompile(`tombstone (\S+?)\)`)
+	)
+	type duration struct {
+		name, doc string
+		got       time.Duration
+	}
+	for _, r := range tb.Rows {
+		tools := mdtable.CodeSpans(col(r, "tool"))
+		tenants := mdtable.CodeSpans(col(r, "tenant"))
+		if col(r, "tenant") == "any" {
+			tenants = []string{"default", "acme-eu", "globex"}
+		}
+		if len(tools) != 1 || len(tenants) == 0 {
+			t.Errorf("%s: a row names no tool and tenant (`name`, or any)", tb.Where(r))
+			continue
+		}
+		for _, tenant := range tenants {
+			got := example.For(tenant, tools[0])
+			what := fmt.Sprintf("%s: tenant %s, tool %s:", tb.Where(r), tenant, tools[0])
+
+			rule := "defaults"
+			for i, pr := range example.rules {
+				if match(pr.tool, tools[0]) && match(pr.tenant, tenant) {
+					rule = strconv.Itoa(i + 1)
+					break
+				}
+			}
+			if docRule := firstWord.FindString(col(r, "rule")); docRule != rule {
+				t.Errorf("%s the rule is documented as %s; it is %s", what, docRule, rule)
+			}
+
+			if doc := col(r, "effect"); doc != strings.ToLower(got.Effect.String()) {
+				t.Errorf("%s the effect is documented as %s; it is %s", what, doc, strings.ToLower(got.Effect.String()))
+			}
+			if n, err := strconv.Atoi(col(r, "max attempts")); err != nil || n != got.MaxAttempts {
+				t.Errorf("%s max attempts documented as %s; it is %d", what, col(r, "max attempts"), got.MaxAttempts)
+			}
+			durations := []duration{
+				{"the lease", col(r, "lease"), got.Lease},
+				{"the retention", firstWord.FindString(col(r, "retention")), got.Retention},
+			}
+			if m := grace.FindStringSubmatch(col(r, "retention")); m != nil {
+				durations = append(durations, duration{"the grace after retain_until", m[1], got.RetainGrace})
+			}
+			if m := tombstone.FindStringSubmatch(col(r, "retention")); m != nil {
+				durations = append(durations, duration{"the tombstone retention", m[1], got.TombstoneRetention})
+			}
+			for _, dur := range durations {
+				if v, err := time.ParseDuration(dur.doc); err != nil || v != dur.got {
+					t.Errorf("%s %s is documented as %s; it is %s", what, dur.name, dur.doc, dur.got)
+				}
+			}
+
+			fields := mdtable.CodeSpans(col(r, "consequential fields"))
+			if col(r, "consequential fields") == "all" {
+				fields = nil
+			}
+			if !slices.Equal(fields, got.ConsequentialFields) {
+				t.Errorf("%s the consequential fields are documented as %s; they are %q", what, col(r, "consequential fields"), got.ConsequentialFields)
+			}
+		}
+	}
+}
