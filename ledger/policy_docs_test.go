@@ -2,6 +2,9 @@ package ledger
 
 import (
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"reflect"
 	"regexp"
 	"slices"
@@ -76,8 +79,8 @@ func policyFieldKeys(t *testing.T) (keys []string, fields map[string]string) {
 // field documented, nothing documented that it refuses, each built-in
 // default as the table gives it (a default written in the file gives the
 // same policy as none) and each range of durations and integers as the
-// parser checks it (checkAllowed). The top-level keys (section 6.1) and the keys of a
-// rule (section 6.4) are held to the file's structure.
+// parser checks it (checkAllowed). The top-level keys (section 6.1) and
+// the keys of a rule (section 6.4) are held to the file's structure.
 func TestPolicyDocsMatchParser(t *testing.T) {
 	keys, fields := policyFieldKeys(t)
 	const docName = "docs/configuration.md"
@@ -333,6 +336,40 @@ func TestPolicyExampleResolvesAsDocumented(t *testing.T) {
 			if !slices.Equal(fields, got.ConsequentialFields) {
 				t.Errorf("%s the consequential fields are documented as %s; they are %q", what, col(r, "consequential fields"), got.ConsequentialFields)
 			}
+		}
+	}
+}
+
+// TestParsePoliciesCommentExample: the example document of ParsePolicies's
+// doc comment parses, and names every field of a policy.
+func TestParsePoliciesCommentExample(t *testing.T) {
+	keys, _ := policyFieldKeys(t)
+	f, err := parser.ParseFile(token.NewFileSet(), "policy.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var example strings.Builder
+	for _, decl := range f.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok || fn.Name.Name != "ParsePolicies" || fn.Doc == nil {
+			continue
+		}
+		// The indented lines of the comment are the document.
+		for _, l := range strings.Split(fn.Doc.Text(), "\n") {
+			if strings.HasPrefix(l, "\t") {
+				example.WriteString(strings.TrimPrefix(l, "\t") + "\n")
+			}
+		}
+	}
+	if example.Len() == 0 {
+		t.Fatal("ledger/policy.go: ParsePolicies's doc comment shows no example document")
+	}
+	if _, err := ParsePolicies([]byte(example.String())); err != nil {
+		t.Errorf("ledger/policy.go: the example of ParsePolicies's doc comment is refused: %v\n%s", err, example.String())
+	}
+	for _, k := range keys {
+		if !regexp.MustCompile(`(?m)^[\s-]*` + k + `:`).MatchString(example.String()) {
+			t.Errorf("ledger/policy.go: the example of ParsePolicies's doc comment does not show %s", k)
 		}
 	}
 }
