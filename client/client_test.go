@@ -23,7 +23,9 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// testPolicy: short leases where a scenario needs a lease to end.
+// testPolicy: short leases where a scenario needs a lease to end, and a
+// longer one ("renewed.*", renewedLease) where a scenario needs a renewed
+// lease to go on, however late the renewals are scheduled.
 const testPolicy = `
 defaults:
   max_attempts: 5
@@ -32,6 +34,8 @@ tools:
     lease: 200ms
   - match: "leased.*"
     lease: 1s
+  - match: "renewed.*"
+    lease: 2s
   - match: "idem.*"
     effect: idempotent
 `
@@ -464,21 +468,77 @@ func TestDoWaitsForAnotherHolder(t *testing.T) {
 	})
 }
 
+// renewedLease is the lease of the "renewed.*" tools in testPolicy.
+const renewedLease = 2 * time.Second
+
+// A tool that runs for several leases keeps its claim: Do renews the lease
+// in the background, and the result is recorded under the first attempt.
+// The tool runs until the ledger shows that the claim was renewed three
+// times after its first lease ended (each such renewal is accepted only on
+// a live claim), however long that takes on a busy machine.
 func TestDoRenewsTheLeaseOfLongTools(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		op := e.op("long", "short.export", nil)
+		// The attempt's own timeout is not what this is about.
+		e.c.SetToolPolicy("renewed.export", client.ToolPolicy{Timeout: 2 * time.Minute})
+		op := e.op("long", "renewed.export", nil)
+		var runs atomic.Int32
 		res, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
-			time.Sleep(700 * time.Millisecond) // 3.5 leases
-			return client.Result{ResourceID: "done"}, ctx.Err()
+			runs.Add(1)
+			if err := awaitRenewalsPastFirstLease(ctx, e.c, a, renewedLease, 3); err != nil {
+				return client.Result{}, err
+			}
+			return client.Result{ResourceID: "done"}, nil
 		})
-		if err != nil || res.Attempt != 1 {
-			t.Fatalf("Do = %+v, %v", res, err)
+		if err != nil || res.Attempt != 1 || res.ResourceID != "done" || runs.Load() != 1 {
+			t.Fatalf("Do = %+v, %v; the tool ran %d times", res, err, runs.Load())
 		}
-		o, _ := e.c.Lookup(e.ctx, op.ID)
+		o, err := e.c.Lookup(e.ctx, op.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if r := strings.Join(reasons(o), ","); r != "RESERVED,SUCCEEDED" {
 			t.Fatalf("history = %s: the claim was lost", r)
 		}
 	})
+}
+
+// awaitRenewalsPastFirstLease returns once Lookup has shown n distinct lease
+// ends of attempt a's claim that only a renewal made after the claim's
+// first lease ended can set (later than that end plus one lease), all with
+// the claim still RUNNING under a. It returns an error when the claim is
+// lost, ctx ends, or a generous deadline passes first.
+func awaitRenewalsPastFirstLease(ctx context.Context, c *client.Client, a client.Attempt, lease time.Duration, n int) error {
+	giveUp := time.After(time.Minute)
+	seen := map[time.Time]bool{}
+	var firstEnd time.Time
+	for {
+		o, err := c.Lookup(ctx, a.OperationID)
+		if err != nil {
+			return fmt.Errorf("lookup: %w", err)
+		}
+		if o.State != client.StateRunning || o.Attempt != a.Number || o.FencingToken != a.FencingToken {
+			return fmt.Errorf("the claim was lost: %v, attempt %d, history %s", o.State, o.Attempt, strings.Join(reasons(o), ","))
+		}
+		if firstEnd.IsZero() {
+			if len(o.History) == 0 || o.History[0].Reason != "RESERVED" {
+				return fmt.Errorf("no RESERVED entry in the history: %+v", o.History)
+			}
+			firstEnd = o.History[0].Time.Add(lease)
+		}
+		if o.LeaseExpiresAt.After(firstEnd.Add(lease)) {
+			seen[o.LeaseExpiresAt] = true
+		}
+		if len(seen) >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("after %d renewals past the first lease: %w", len(seen), context.Cause(ctx))
+		case <-giveUp:
+			return fmt.Errorf("gave up waiting: %d of %d renewals past the first lease seen", len(seen), n)
+		case <-time.After(lease / 20):
+		}
+	}
 }
 
 func TestDoGivesEachAttemptAFreshTimeout(t *testing.T) {
