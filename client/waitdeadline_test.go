@@ -21,6 +21,12 @@ import (
 // backoff), so only a Do that kept waiting reaches it.
 const patience = 30 * time.Second
 
+// room is how far ahead the tests set a wait deadline that must pass while
+// Do waits (or while fn runs): far more than Do needs to get there (a
+// Reserve, an attempt, a report) on a busy machine, so the deadline does not
+// pass before, where Do would stop for another reason.
+const room = 2 * time.Second
+
 // slowBackoff makes every backoff an hour: a Do that waits one out never
 // returns within patience.
 var slowBackoff = client.WithBackoff(client.Backoff{Base: time.Hour, Max: time.Hour})
@@ -80,7 +86,7 @@ func TestDoWaitDeadlineEndsTheWaitOnAnotherHolder(t *testing.T) {
 		})
 		<-started
 
-		ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(200*time.Millisecond))
+		ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 		err := returned(t, doAsync(ctx, e.c, op, func(context.Context, client.Attempt) (client.Result, error) {
 			t.Error("fn ran while another holder held the claim")
 			return client.Result{}, nil
@@ -122,7 +128,7 @@ func TestDoWaitDeadlineEndsTheWaitOnAnotherHolder(t *testing.T) {
 func TestDoWaitDeadlineDoesNotCutARunningTool(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t))
 	op := e.op("long", "payments.refund", map[string]any{"amount": 1})
-	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(50*time.Millisecond))
+	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	var applied atomic.Int32
 	res, err := e.c.Do(ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		wd, ok := client.WaitDeadline(ctx)
@@ -156,7 +162,7 @@ func TestDoWaitDeadlineEndsTheBackoff(t *testing.T) {
 
 	d := newDestination("refuse")
 	op := e.op("refused", "payments.refund", map[string]any{"amount": 1})
-	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(200*time.Millisecond))
+	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	wd := waitDeadlineError(t, returned(t, doAsync(ctx, e.c, op, d.fn), "in the backoff"), client.WaitBackoff)
 	if errors.Is(wd, client.ErrRetriesExhausted) || wd.Operation == nil || wd.Operation.State != client.StatePending || d.calls.Load() != 1 {
 		t.Fatalf("Do = %v (record %+v, fn called %d times); want PENDING after one refused attempt", wd, wd.Operation, d.calls.Load())
@@ -171,7 +177,7 @@ func TestDoWaitDeadlineEndsTheBackoff(t *testing.T) {
 
 	amb := newDestination("timeout-after-write")
 	op = e.op("ambiguous", "idem.sync", map[string]any{"profile": "p"})
-	ctx = client.WithWaitDeadline(e.ctx, time.Now().Add(200*time.Millisecond))
+	ctx = client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	wd = waitDeadlineError(t, returned(t, doAsync(ctx, e.c, op, amb.fn), "in the backoff"), client.WaitBackoff)
 	if wd.Operation == nil || wd.Operation.State != client.StateUnknown || amb.count(op.ID) != 1 {
 		t.Fatalf("Do = %v (record %+v, applied %d); want UNKNOWN after the ambiguous attempt", wd, wd.Operation, amb.count(op.ID))
@@ -192,7 +198,7 @@ func TestDoWaitDeadlineEndsTheReconcilerWait(t *testing.T) {
 		return client.Finding{}, ctx.Err()
 	})
 	op := e.op("silent", "payments.refund", map[string]any{"amount": 1})
-	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(time.Second))
+	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	wd := waitDeadlineError(t, returned(t, doAsync(ctx, e.c, op, d.fn), "for the reconciler"), client.WaitReconciliation)
 	if errors.Is(wd, client.ErrNeedsReconciliation) || wd.Operation == nil || wd.Operation.State != client.StateUnknown {
 		t.Fatalf("Do = %v (record %+v)", wd, wd.Operation)
@@ -215,7 +221,7 @@ func TestDoWaitDeadlineEndsTheReconcilerWait(t *testing.T) {
 func TestDoWaitDeadlineEndsTheLedgerBackoff(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t), slowBackoff, ledgerFault("Reserve", "unavailable"))
 	d := newDestination()
-	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(100*time.Millisecond))
+	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	wd := waitDeadlineError(t, returned(t, doAsync(ctx, e.c, e.op("down", "payments.refund", nil), d.fn), "for the ledger"), client.WaitLedger)
 	if !errors.Is(wd.Err, client.ErrUnavailable) || wd.Operation != nil || d.calls.Load() != 0 {
 		t.Fatalf("Do = %v (record %+v, fn called %d times)", wd, wd.Operation, d.calls.Load())
@@ -240,18 +246,19 @@ func TestDoWaitDeadlineAlreadyPassed(t *testing.T) {
 // unused (FAILED_RETRYABLE): fn does not start after the deadline, and the
 // operation is claimable again rather than UNKNOWN.
 func TestDoWaitDeadlineReturnsALateClaim(t *testing.T) {
-	deadline := time.Now().Add(100 * time.Millisecond)
+	var deadline atomic.Int64 // Unix ns, set once the ledger is up
 	late := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if strings.HasSuffix(method, "/Reserve") {
-			time.Sleep(time.Until(deadline) + time.Millisecond) // the answer arrives after the deadline
+			time.Sleep(time.Until(time.Unix(0, deadline.Load())) + time.Millisecond) // the answer arrives after the deadline
 		}
 		return err
 	}))
 	e := newEnv(t, redistest.Shared(t).Client(t), late)
 	d := newDestination()
 	op := e.op("late-claim", "payments.refund", nil)
-	_, err := e.c.Do(client.WithWaitDeadline(e.ctx, deadline), op, d.fn)
+	deadline.Store(time.Now().Add(room).UnixNano())
+	_, err := e.c.Do(client.WithWaitDeadline(e.ctx, time.Unix(0, deadline.Load())), op, d.fn)
 	wd := waitDeadlineError(t, err, client.WaitNone)
 	if d.calls.Load() != 0 || wd.Operation == nil || wd.Operation.State != client.StatePending {
 		t.Fatalf("Do = %v (record %+v), fn called %d times", err, wd.Operation, d.calls.Load())
@@ -274,7 +281,7 @@ func TestDoWaitDeadlineReturnsAnOutcomeTheReconcilerSettled(t *testing.T) {
 		return d.reconciler(context.Background(), o)
 	})
 	op := e.op("found", "payments.refund", map[string]any{"amount": 1})
-	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(time.Second))
+	ctx := client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	res, err := e.c.Do(ctx, op, d.fn)
 	if err != nil || !res.Replayed || res.ResourceID != "R-1" {
 		t.Fatalf("Do = %+v, %v; want the result the reconciler found", res, err)
