@@ -35,7 +35,7 @@ tools:
   - match: "leased.*"
     lease: 1s
   - match: "renewed.*"
-    lease: 2s
+    lease: 4s
   - match: "idem.*"
     effect: idempotent
 `
@@ -469,7 +469,7 @@ func TestDoWaitsForAnotherHolder(t *testing.T) {
 }
 
 // renewedLease is the lease of the "renewed.*" tools in testPolicy.
-const renewedLease = 2 * time.Second
+const renewedLease = 4 * time.Second
 
 // A tool that runs for several leases keeps its claim: Do renews the lease
 // in the background, and the result is recorded under the first attempt.

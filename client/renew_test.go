@@ -20,42 +20,38 @@ import (
 )
 
 // S10 late in the lease: the first Reserve response is lost when a quarter
-// of its 1s lease is left, and the retry recovers the same claim (same
-// holder, same token) without extending it. Do renews it before that lease
-// ends, not a third of a full lease after fn starts, so the claim outlives
-// the original lease while fn runs.
+// of its lease is left, and the retry recovers the same claim (same holder,
+// same token) without extending it. Do renews it before that lease ends,
+// not a third of a full lease after fn starts, so the claim outlives the
+// original lease while fn runs: fn runs until the ledger shows a renewal
+// made after the original lease ended.
 func TestDoRenewsARecoveredClaimBeforeItsLeaseEnds(t *testing.T) {
-	var (
-		lost     atomic.Bool
-		leaseEnd atomic.Int64 // of the first claim, Unix ns
-	)
+	var lost atomic.Bool
 	loseLate := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if err != nil || !strings.HasSuffix(method, "/Reserve") || lost.Swap(true) {
 			return err
 		}
 		end := reply.(*ledgerv1.ReserveResponse).GetOperation().GetLeaseExpiresAt().AsTime()
-		leaseEnd.Store(end.UnixNano())
-		time.Sleep(time.Until(end.Add(-250 * time.Millisecond))) // a slow network
+		time.Sleep(time.Until(end.Add(-renewedLease / 4))) // a slow network
 		return status.Error(codes.Unavailable, "response lost")
 	}))
 	e := newEnv(t, redistest.Shared(t).Client(t), loseLate)
-	op := e.op("export", "leased.export", nil)
+	e.c.SetToolPolicy("renewed.export", client.ToolPolicy{Timeout: 2 * time.Minute})
+	op := e.op("export", "renewed.export", nil)
 	var runs atomic.Int32
 	res, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		runs.Add(1)
-		select {
-		case <-time.After(time.Until(time.Unix(0, leaseEnd.Load()).Add(400 * time.Millisecond))):
-			return client.Result{ResourceID: "done"}, nil
-		case <-ctx.Done():
-			return client.Result{}, context.Cause(ctx)
+		if err := awaitRenewalsPastFirstLease(ctx, e.c, a, renewedLease, 1); err != nil {
+			return client.Result{}, err
 		}
+		return client.Result{ResourceID: "done"}, nil
 	})
 	o, lerr := e.c.Lookup(e.ctx, op.ID)
 	if lerr != nil {
 		t.Fatal(lerr)
 	}
-	if err != nil || res.Attempt != 1 || runs.Load() != 1 {
+	if err != nil || res.Attempt != 1 || res.ResourceID != "done" || runs.Load() != 1 {
 		t.Fatalf("Do = %+v, %v; fn ran %d times; history %s", res, err, runs.Load(), strings.Join(reasons(o), ","))
 	}
 	if r := strings.Join(reasons(o), ","); r != "RESERVED,SUCCEEDED" {
