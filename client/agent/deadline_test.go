@@ -20,6 +20,12 @@ import (
 // face (a claim held until the test releases it, an hour of backoff).
 const patience = 30 * time.Second
 
+// room is the deadline of a run that must pass while a call waits (or while
+// a tool runs): far more than the run needs to get there (a model turn, a
+// Reserve, an attempt) on a busy machine, so the deadline does not pass
+// before, where the run would end for another reason.
+const room = 2 * time.Second
+
 // hourBackoff makes every backoff of a client an hour long.
 var hourBackoff = client.WithBackoff(client.Backoff{Base: time.Hour, Max: time.Hour})
 
@@ -83,7 +89,7 @@ func TestS14DeadlineWhileWaitingOnAnotherHolder(t *testing.T) {
 		holder := runAsync(mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{held}}), in)
 		<-started
 
-		waiter := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{bookTool(dest)}, Deadline: 500 * time.Millisecond})
+		waiter := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{bookTool(dest)}, Deadline: room})
 		out := ended(t, runAsync(waiter, in))
 		select {
 		case o := <-holder:
@@ -133,7 +139,7 @@ func TestS14DeadlineDoesNotCutARunningTool(t *testing.T) {
 	}
 	call := agent.ToolCall{ID: "call-1", Name: "book", Args: map[string]any{"slot": "11:00"}}
 	runID := newRunID(t)
-	r := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{long}, Deadline: 100 * time.Millisecond})
+	r := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{long}, Deadline: room})
 	out := ended(t, runAsync(r, agent.Input{RunID: runID, Transcript: user("book")}))
 	if out.Status != agent.StatusDeadline || out.Err != nil {
 		t.Fatalf("status %q (%s, %v); want deadline at the next step", out.Status, out.Reason, out.Err)
@@ -168,7 +174,7 @@ func TestS14DeadlineInTheBackoff(t *testing.T) {
 	}
 	call := agent.ToolCall{ID: "call-1", Name: "book", Args: map[string]any{"slot": "12:00"}}
 	runID := newRunID(t)
-	r := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{flaky}, Deadline: 500 * time.Millisecond})
+	r := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{flaky}, Deadline: room})
 	out := ended(t, runAsync(r, agent.Input{RunID: runID, Transcript: user("book")}))
 	endedWaiting(t, out, client.WaitBackoff)
 	if dest.total() != 0 || !refused.Load() {
@@ -188,12 +194,14 @@ func TestS14DeadlineInTheBackoff(t *testing.T) {
 // after the deadline: the run ends with "deadline" and the call stays
 // pending; the resumed run runs it.
 func TestS14DeadlineBetweenCallsOfOneTurn(t *testing.T) {
-	const deadline = 50 * time.Millisecond
+	const deadline = room
 	var slowRuns, lookups atomic.Int32
 	tools := []agent.Tool{
 		{Name: "slow", Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
 			slowRuns.Add(1)
-			time.Sleep(3 * deadline) // the run started before this call did
+			// The run started before this call did: its deadline passes
+			// in the meantime.
+			time.Sleep(deadline + time.Millisecond)
 			return client.Result{}, nil
 		}},
 		{Name: "lookup", Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
