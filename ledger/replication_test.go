@@ -19,7 +19,9 @@ func TestWaitReplicas(t *testing.T) {
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", portOf(primary.Addr))
 	waitReplicated(t, primary)
 	pol, _ := ParsePolicies([]byte(testPolicy))
-	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+	// Room for a replica slow to acknowledge on a busy machine; the write
+	// made with the replica down waits this long once.
+	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
