@@ -267,31 +267,36 @@ def main() -> None:
             check(dest.applied(key) == 1, f"{step}: the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
+    def recorded_as_tool_failed(ledger, step, make):
+        """Runs a tool that fails for good with the error make() returns, and
+        checks that the failure is recorded, and replayed, under tool_failed."""
+        dest = Destination()
+        declined = op(step)
+        key = declined["operation_id"]
+
+        def decline(attempt):
+            dest.create(attempt)
+            raise make()
+
+        _, err = outcome(ledger.call_tool, **declined, fn=decline)
+        check(isinstance(err, ToolFailed) and err.code == "tool_failed" and not err.replayed,
+              f"{step}: the caller learns the tool failed for good, under the code recorded, tool_failed "
+              f"(got {err!r})")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_FAILED_FINAL and record.failure.code == "tool_failed",
+              f"{step}: the operation is FAILED_FINAL with tool_failed at once, not RUNNING until its lease "
+              f"ends ({pb.State.Name(record.state)}, {record.failure.code!r})")
+        _, err = outcome(ledger.call_tool, **declined, fn=decline)
+        check(isinstance(err, ToolFailed) and err.replayed and err.code == "tool_failed",
+              f"{step}: a retry under the same id replays the failure ({err!r})")
+        check(dest.applied(key) == 1, f"{step}: the tool ran once ({dest.applied(key)})")
+
     def refused_failure_code():
         print("4c. the tool failed for good, with a failure code the ledger refuses (over 128 bytes, "
               "a control character) or that cannot be sent (a lone surrogate)")
         ledger = Ledger(address)
         for step, code in (("long-code", "x" * 200), ("control-code", "declined\n"), ("surrogate-code", "\ud800")):
-            dest = Destination()
-            declined = op(step)
-            key = declined["operation_id"]
-
-            def decline(attempt, code=code, dest=dest):
-                dest.create(attempt)
-                raise FinalToolError(code)
-
-            _, err = outcome(ledger.call_tool, **declined, fn=decline)
-            check(isinstance(err, ToolFailed) and err.code == "tool_failed" and not err.replayed,
-                  f"{step}: the caller learns the tool failed for good, under the code recorded, tool_failed "
-                  f"(got {err!r})")
-            record = ledger.lookup(key)
-            check(record.state == pb.STATE_FAILED_FINAL and record.failure.code == "tool_failed",
-                  f"{step}: the operation is FAILED_FINAL with tool_failed at once, not RUNNING until its lease "
-                  f"ends ({pb.State.Name(record.state)}, {record.failure.code!r})")
-            _, err = outcome(ledger.call_tool, **declined, fn=decline)
-            check(isinstance(err, ToolFailed) and err.replayed and err.code == "tool_failed",
-                  f"{step}: a retry under the same id replays the failure ({err!r})")
-            check(dest.applied(key) == 1, f"{step}: the tool ran once ({dest.applied(key)})")
+            recorded_as_tool_failed(ledger, step, lambda code=code: FinalToolError(code))
         ledger.close()
 
     def missing_failure_code():
@@ -299,26 +304,7 @@ def main() -> None:
         ledger = Ledger(address)
         for step, make in (("no-code", FinalToolError), ("empty-code", lambda: FinalToolError("")),
                            ("none-code", lambda: FinalToolError(None, "card declined"))):
-            dest = Destination()
-            declined = op(step)
-            key = declined["operation_id"]
-
-            def decline(attempt, make=make, dest=dest):
-                dest.create(attempt)
-                raise make()
-
-            _, err = outcome(ledger.call_tool, **declined, fn=decline)
-            check(isinstance(err, ToolFailed) and err.code == "tool_failed" and not err.replayed,
-                  f"{step}: the caller learns the tool failed for good, under the code recorded, tool_failed "
-                  f"(got {err!r})")
-            record = ledger.lookup(key)
-            check(record.state == pb.STATE_FAILED_FINAL and record.failure.code == "tool_failed",
-                  f"{step}: the operation is FAILED_FINAL with tool_failed "
-                  f"({pb.State.Name(record.state)}, {record.failure.code!r})")
-            _, err = outcome(ledger.call_tool, **declined, fn=decline)
-            check(isinstance(err, ToolFailed) and err.replayed and err.code == "tool_failed",
-                  f"{step}: a retry under the same id replays the failure ({err!r})")
-            check(dest.applied(key) == 1, f"{step}: the tool ran once ({dest.applied(key)})")
+            recorded_as_tool_failed(ledger, step, make)
         ledger.close()
 
     def slow():
