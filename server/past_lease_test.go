@@ -3,8 +3,6 @@ package server_test
 import (
 	"testing"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -23,15 +21,7 @@ func eachUnsweptBackend(t *testing.T, f func(t *testing.T, e *env)) {
 	})
 	t.Run("embedded", func(t *testing.T) {
 		t.Parallel()
-		m := miniredis.NewMiniRedis()
-		m.ClockTTL(true)
-		if err := m.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
-		t.Cleanup(func() { _ = c.Close() })
-		f(t, startEnvUnswept(t, c))
+		f(t, startEnvUnswept(t, redistest.Embedded(t)))
 	})
 }
 

@@ -275,16 +275,24 @@ func EachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) 
 	})
 	t.Run("embedded", func(t *testing.T) {
 		t.Parallel()
-		m := miniredis.NewMiniRedis()
-		m.ClockTTL(true)
-		if err := m.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Close)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
-		t.Cleanup(func() { _ = c.Close() })
-		f(t, c)
+		f(t, Embedded(t))
 	})
+}
+
+// Embedded starts a fresh in-process engine for t (miniredis with TTLs on
+// the real clock, as ledgerd runs without Redis) and returns a client of
+// it; both are closed when t ends.
+func Embedded(t testing.TB) *redis.Client {
+	t.Helper()
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), DisableIdentity: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // CreateUser adds an ACL user to the server (ACL SETUSER name on >password
