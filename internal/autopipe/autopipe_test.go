@@ -72,7 +72,6 @@ func TestQueuedCallWhoseContextEndsIsNotSent(t *testing.T) {
 		local stop = tonumber(t[1]) + 2
 		while tonumber(redis.call('TIME')[1]) < stop do end
 		return 'slow'`)
-	incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
 	for _, s := range []*redis.Script{slow, incr} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			t.Fatal(err)
@@ -130,7 +129,6 @@ func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
 			h := Enable(rdb, Options{Lanes: 1})
 			defer h.Close()
 			ctx := context.Background()
-			incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
 			for _, s := range []*redis.Script{busy, echo, incr} {
 				if err := s.Load(ctx, rdb).Err(); err != nil {
 					t.Fatal(err)
@@ -189,95 +187,142 @@ func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
 	}
 }
 
-// TestBatchSenderReturnsAtItsContextsEnd holds the only lane with a busy
-// script while W, whose context ends in 200ms, and then X, a long script
-// with no deadline, queue behind it. W is handed the lane and sends both:
-// it must return at its context's end, not when X is answered, and X must
-// still get its reply, and the lane be handed on to the call queued after.
+// TestBatchSenderReturnsAtItsContextsEnd holds the only lane with a call O
+// whose reply the proxy holds, while W, whose context can end, and then X,
+// with no deadline, queue behind it. O's reply is let through: W is handed
+// the lane and sends W and X, and the proxy holds that batch too. W's
+// context ends (its deadline passes, or the test cancels it) while its
+// batch's reply is still held: W must return with its context's error
+// without waiting for it, and the lane must stay with the batch (Y, queued
+// after, waits). Once the reply is let through, X must get its reply (its
+// script run once) and the lane be handed on to Y.
 func TestBatchSenderReturnsAtItsContextsEnd(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ctx  func() (context.Context, context.CancelFunc)
+		end  bool // the test cancels W's context (else its deadline passes)
 		want error
 	}{
+		// W's deadline only has to come after W sends its batch: 2s is ample.
 		{"deadline", func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), 200*time.Millisecond)
-		}, context.DeadlineExceeded},
+			return context.WithTimeout(context.Background(), 2*time.Second)
+		}, false, context.DeadlineExceeded},
 		{"cancel", func() (context.Context, context.CancelFunc) {
-			ctx, cancel := context.WithCancel(context.Background())
-			time.AfterFunc(200*time.Millisecond, cancel)
-			return ctx, cancel
-		}, context.Canceled},
+			return context.WithCancel(context.Background())
+		}, true, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			rdb := srv.Client(t)
+			p := newHoldProxy(t, srv.Addr)
+			// No read timeout: only contexts bound the calls.
+			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
+			defer rdb.Close()
 			h := Enable(rdb, Options{Lanes: 1})
 			defer h.Close()
 			ctx := context.Background()
-			for _, s := range []*redis.Script{busy, echo} {
+			for _, s := range []*redis.Script{echo, incr} {
 				if err := s.Load(ctx, rdb).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			occupant := make(chan error, 1)
-			go func() { occupant <- busy.Run(ctx, rdb, []string{"o"}, 50).Err() }()
-			waitBatches(t, h, 1)
+			heldO, heldX := p.hold("held:o"), p.hold("held:x")
+			o := make(chan error, 1)
+			go func() { o <- echo.Run(ctx, rdb, []string{"held:o"}, "o").Err() }()
+			waitClosed(t, heldO.seen, "request of O at the proxy")
 			wctx, cancel := tc.ctx()
 			defer cancel()
-			start := time.Now()
 			w := make(chan error, 1)
 			go func() { w <- echo.Run(wctx, rdb, []string{"w"}, "w").Err() }()
 			waitPending(t, h, 1)
 			x := make(chan error, 1)
-			go func() { x <- busy.Run(ctx, rdb, []string{"x"}, 1000).Err() }()
+			go func() { x <- incr.Run(ctx, rdb, []string{"held:x"}).Err() }()
 			waitPending(t, h, 2)
-			if err := <-occupant; err != nil {
+			heldO.release()
+			if err := waitErr(t, o, "O"); err != nil {
 				t.Fatal(err)
 			}
-			waitBatches(t, h, 2) // W sends W and X
-			y := make(chan string, 1)
+			waitClosed(t, heldX.seen, "batch of W and X at the proxy")
+			if b, c := h.Stats(); b != 2 || c != 3 {
+				t.Fatalf("%d batches of %d commands, want O alone then W and X together (did W's context end before W sent its batch?)", b, c)
+			}
+			y := make(chan error, 1)
 			go func() {
 				got, err := echo.Run(ctx, rdb, []string{"y"}, "y").Text()
-				y <- got + errString(err)
+				if err == nil && got != "y" {
+					err = fmt.Errorf("got %q, want %q", got, "y")
+				}
+				y <- err
 			}()
-			err := <-w
-			if took := time.Since(start); !errors.Is(err, tc.want) || took > 700*time.Millisecond {
-				t.Fatalf("W = %v after %v, want %v at about 200ms", err, took, tc.want)
+			waitPending(t, h, 1)
+			if tc.end {
+				cancel()
 			}
-			if err := <-x; err != nil {
+			if err := waitErr(t, w, "W, whose context ended while its batch's reply was held,"); !errors.Is(err, tc.want) {
+				t.Fatalf("W = %v, want %v", err, tc.want)
+			}
+			select {
+			case err := <-x:
+				t.Fatalf("X returned (%v) while its reply was held", err)
+			case err := <-y:
+				t.Fatalf("Y returned (%v) while the only lane was with the held batch", err)
+			default:
+			}
+			heldX.release()
+			if err := waitErr(t, x, "X"); err != nil {
 				t.Fatalf("X = %v, want its reply", err)
 			}
-			if got := <-y; got != "y"+errString(nil) {
-				t.Fatalf("the call queued after W's batch = %q, want its reply", got)
+			if err := waitErr(t, y, "Y, queued after W's batch,"); err != nil {
+				t.Fatalf("Y = %v, want its reply", err)
+			}
+			if n, err := rdb.Get(ctx, "held:x").Int(); err != nil || n != 1 {
+				t.Fatalf("X's counter = %d, %v; want 1 (X run once)", n, err)
 			}
 			waitIdle(t, h)
 		})
 	}
 }
 
-// TestLoneCallReturnsAtItsDeadline sends one long script alone, with a
-// deadline, through a client that lets contexts bound its calls: it goes out
-// as a plain call and returns at its deadline.
+// TestLoneCallReturnsAtItsDeadline sends one script alone, with a deadline,
+// through a client that lets contexts bound its calls (and has no read
+// timeout of its own), and holds its request at a proxy: the call goes out
+// as a plain call and returns with DeadlineExceeded at its deadline while
+// its reply is still held. Once the proxy lets it through, later calls work
+// and the lane is free.
 func TestLoneCallReturnsAtItsDeadline(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true, ContextTimeoutEnabled: true})
+	p := newHoldProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true, ReadTimeout: -1})
 	defer rdb.Close()
 	h := Enable(rdb, Options{})
 	defer h.Close()
 	ctx := context.Background()
-	if err := busy.Load(ctx, rdb).Err(); err != nil {
-		t.Fatal(err)
+	for _, s := range []*redis.Script{echo, incr} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	held := p.hold("held:lone")
+	// The deadline only has to come after the call is sent: 2s is ample.
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	start := time.Now()
-	err := busy.Run(cctx, rdb, []string{"k"}, 1000).Err()
-	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > 700*time.Millisecond {
-		t.Fatalf("lone call = %v after %v, want %v at about 200ms", err, took, context.DeadlineExceeded)
+	lone := make(chan error, 1)
+	go func() { lone <- incr.Run(cctx, rdb, []string{"held:lone"}).Err() }()
+	waitClosed(t, held.seen, "request of the lone call at the proxy")
+	if err := waitErr(t, lone, "the lone call, whose reply was held,"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("lone call = %v, want %v", err, context.DeadlineExceeded)
+	}
+	if b, c := h.Stats(); b != 1 || c != 1 {
+		t.Fatalf("%d batches of %d commands, want the lone call alone", b, c)
+	}
+	held.release()
+	if got, err := echo.Run(ctx, rdb, []string{"after"}, "after").Text(); err != nil || got != "after" {
+		t.Fatalf("call after the lone one = %q, %v; want its reply", got, err)
 	}
 	waitIdle(t, h)
 }
+
+// incr increments KEYS[1] and returns its new value.
+var incr = redis.NewScript(`return redis.call('INCR', KEYS[1])`)
 
 // busy runs for ARGV[1] milliseconds and returns 'busy'.
 var busy = redis.NewScript(`
