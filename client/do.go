@@ -186,10 +186,11 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 				return Result{}, err
 			}
 			var ferr error
-			if end, ok := leaseEnd(o, asked); ok && !time.Now().Before(end) {
-				// The answer took longer than the lease: the claim may be
-				// someone else's already. fn does not run on it; the claim
-				// is returned as a retryable attempt, proven not applied.
+			if stop, ok := stopBy(o, asked); ok && !time.Now().Before(stop) {
+				// The answer took longer than the lease (less its margin):
+				// the claim may be someone else's already, or fn would be
+				// stopped at once. fn does not run on it; the claim is
+				// returned as a retryable attempt, proven not applied.
 				ferr = MarkRetryable(errLeaseEndedOnTheWay)
 			} else {
 				var out Result
@@ -277,16 +278,17 @@ func (c *Client) execute(ctx context.Context, op Op, pol ToolPolicy, o *Operatio
 // thirds of it are always left: first when the lease is down to two
 // thirds, which is at once for a claim recovered late in its lease after a
 // lost Reserve response, then every third of the lease after each renewal.
-// A lost claim cancels the attempt, and so does a lease that ends while no
-// renewal gets through (the ledger unreachable from here, or a renewal
-// still unanswered at the lease's end, whatever the call timeout): the
-// claim may be someone else's by then.
+// A lost claim cancels the attempt, and so does a lease that nears its end
+// while no renewal gets through (the ledger unreachable from here, or a
+// renewal still unanswered then, whatever the call timeout): the claim may
+// be someone else's once it ends.
 //
 // The lease ends at the end the ledger reported (o.LeaseExpiresAt, then
 // each renewal's), on the store's clock, or a lease after the claim or the
 // renewal was asked for (asked, then each Renew's start) on this process's
 // clock, whichever comes first: the store's clock may be ahead of this
-// one, and the lease never began before it was asked for.
+// one, and the lease never began before it was asked for. The attempt is
+// stopped leaseMargin before that end (see stopBy).
 func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cancel context.CancelCauseFunc) {
 	lease := o.lease()
 	if lease <= 0 {
@@ -294,6 +296,7 @@ func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cance
 	}
 	period := max(lease/3, 10*time.Millisecond)
 	end, _ := leaseEnd(o, asked)
+	stop, _ := stopBy(o, asked)
 	t := time.NewTimer(firstRenewal(end, lease))
 	defer t.Stop()
 	for {
@@ -302,10 +305,10 @@ func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cance
 			return
 		case <-t.C:
 		}
-		// A renewal still unanswered when the lease ends is cut there, and
-		// counts as one that did not get through.
+		// A renewal still unanswered when the attempt must stop is cut
+		// there, and counts as one that did not get through.
 		asked := time.Now()
-		cctx, done := context.WithTimeout(ctx, min(c.callTimeout, time.Until(end)))
+		cctx, done := context.WithTimeout(ctx, min(c.callTimeout, time.Until(stop)))
 		now, err := c.Renew(cctx, o.ID, o.FencingToken)
 		done()
 		switch {
@@ -314,15 +317,17 @@ func (c *Client) renew(ctx context.Context, o *Operation, asked time.Time, cance
 			if now != nil && !now.LeaseExpiresAt.IsZero() {
 				end = earliest(now.LeaseExpiresAt, end)
 			}
+			stop = end.Add(-leaseMargin(lease))
 		case errors.Is(err, ErrStaleToken) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrKeyExpired):
 			cancel(err)
 			return
-		case !time.Now().Before(end):
-			cancel(fmt.Errorf("%w: the claim's lease ended with no renewal getting through (%w)", errLeaseLapsed, err))
+		case !time.Now().Before(stop):
+			cancel(fmt.Errorf("%w: the claim's lease was about to end with no renewal getting through (%w)", errLeaseLapsed, err))
 			return
 		}
-		// After a failed renewal, try again by the lease's end at the latest.
-		t.Reset(min(period, max(time.Until(end), 0)))
+		// After a failed renewal, try again by the time the attempt must
+		// stop at the latest.
+		t.Reset(min(period, max(time.Until(stop), 0)))
 	}
 }
 
@@ -336,9 +341,32 @@ func leaseEnd(o *Operation, asked time.Time) (time.Time, bool) {
 	return earliest(o.LeaseExpiresAt, asked.Add(lease)), true
 }
 
+// stopBy is when an attempt on the claim in o, asked for at asked, must
+// stop unless a renewal gets through: leaseMargin before its lease's end
+// (see leaseEnd); false when o has no lease.
+func stopBy(o *Operation, asked time.Time) (time.Time, bool) {
+	end, ok := leaseEnd(o, asked)
+	if !ok {
+		return time.Time{}, false
+	}
+	return end.Add(-leaseMargin(o.lease())), true
+}
+
+// leaseMargin is how long before its lease's end, as this process tells
+// it, an attempt whose renewals do not get through is stopped: a tenth of
+// the lease, at most a second. The ledger lets another holder claim the
+// operation once the lease has ended on the store's clock, and this
+// process's timer may fire late on a busy machine, and fn takes a moment to
+// see its context end: stopping it early keeps it from running on a claim
+// that is someone else's.
+func leaseMargin(lease time.Duration) time.Duration {
+	return min(lease/10, time.Second)
+}
+
 // errLeaseEndedOnTheWay is the error of an attempt whose claim's lease
-// ended before the Reserve answer granting it arrived: fn did not run.
-var errLeaseEndedOnTheWay = errors.New("client: the claim's lease ended before the answer granting it arrived; the tool did not run")
+// ended (or came within leaseMargin of its end) before the Reserve answer
+// granting it arrived: fn did not run.
+var errLeaseEndedOnTheWay = errors.New("client: the claim's lease ended, or was about to, before the answer granting it arrived; the tool did not run")
 
 // earliest returns the earlier of a and b.
 func earliest(a, b time.Time) time.Time {
@@ -348,8 +376,9 @@ func earliest(a, b time.Time) time.Time {
 	return b
 }
 
-// errLeaseLapsed is the cause of an attempt cut because its lease ended
-// while the ledger could not be reached to renew it.
+// errLeaseLapsed is the cause of an attempt cut because its lease was
+// about to end (see leaseMargin) while the ledger could not be reached to
+// renew it.
 var errLeaseLapsed = errors.New("client: attempt stopped at the end of its lease")
 
 // firstRenewal is how long after now a claim whose lease of length lease

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -60,10 +61,10 @@ func TestDoRenewsARecoveredClaimBeforeItsLeaseEnds(t *testing.T) {
 }
 
 // The ledger stops answering this worker's renewals (a partition: others
-// still reach it). When the claim's lease ends without a renewal getting
-// through, the claim may be someone else's, so Do cancels fn's context
-// instead of letting fn run on past its lease, and the attempt is marked
-// UNKNOWN (fn was cut, its effect may exist).
+// still reach it). When the claim's lease nears its end without a renewal
+// getting through, the claim may soon be someone else's, so Do cancels fn's
+// context instead of letting fn run on past its lease, and the attempt is
+// marked UNKNOWN (fn was cut, its effect may exist).
 func TestDoStopsTheToolWhenItsLeaseEndsUnrenewed(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "unavailable"))
 	op := e.op("export", "leased.export", nil)
@@ -90,12 +91,15 @@ func TestDoStopsTheToolWhenItsLeaseEndsUnrenewed(t *testing.T) {
 	}
 }
 
-// runPastTheLease runs an idempotent operation with a 1s lease through the
-// worker e.c, whose renewals do not get through, while a second client
-// reserves the same operation: it is reclaimed once the lease ends. The
-// worker's first attempt runs until its context ends or the second holder's
-// attempt starts. It fails the test if that attempt was still running when
-// the other holder's started, or if its context did not end for the lease.
+// runPastTheLease runs an idempotent operation with a renewedLease lease
+// through the worker e.c, whose renewals do not get through. The worker's
+// first attempt reads the lease's end from the ledger's record and runs
+// until its context ends. It fails the test unless that context ended for
+// the lease, at least half of Do's margin (a tenth of the lease) before the
+// lease's end on the ledger's record, and with the claim still the
+// worker's: another holder's Reserve, sent once the tool has stopped, must
+// be told the operation is in progress, not be given it. The worker's Do
+// then records the cut attempt, claims the operation again and succeeds.
 func runPastTheLease(t *testing.T, e *env) {
 	t.Helper()
 	other, err := client.Dial(e.stack.Addr, fast)
@@ -103,61 +107,66 @@ func runPastTheLease(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = other.Close() })
-	op := e.op("sync", "leased.sync", nil)
-	op.Effect = client.EffectIdempotent // reclaimed, not reconciled, once the lease ends
+	op := e.op("sync", "renewed.sync", nil)
+	op.Effect = client.EffectIdempotent // claimed again, not reconciled, after the cut attempt
 
-	started, taken := make(chan struct{}), make(chan struct{})
+	const margin = renewedLease / 10
 	var (
-		runs    atomic.Int32
-		overlap atomic.Bool
-		cause   atomic.Value
+		runs                atomic.Int32
+		expiry, ended       time.Time // the lease's end on the record; when fn's context ended
+		cause               error
+		others              *client.Reservation
+		lookErr, reserveErr error
 	)
 	worker := doAsync(e.ctx, e.c, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		if runs.Add(1) > 1 {
 			return client.Result{ResourceID: "again"}, nil
 		}
-		close(started)
-		select {
-		case <-ctx.Done():
-		case <-taken:
-			if ctx.Err() == nil {
-				overlap.Store(true) // still running on a claim that is someone else's
-			}
+		o, err := e.c.Lookup(e.ctx, a.OperationID)
+		if err != nil || o.FencingToken != a.FencingToken {
+			lookErr = fmt.Errorf("the record at the attempt's start: %+v, %v", o, err)
+			return client.Result{}, lookErr
 		}
-		if c := context.Cause(ctx); c != nil {
-			cause.Store(c)
-		}
+		expiry = o.LeaseExpiresAt
+		<-ctx.Done()
+		ended = time.Now()
+		cause = context.Cause(ctx)
+		others, reserveErr = other.Reserve(e.ctx, op, client.NewHolder())
 		return client.Result{}, errors.New("stopped")
 	})
-	<-started
-	second := doAsync(e.ctx, other, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
-		close(taken)
-		return client.Result{ResourceID: "second"}, nil
-	})
-	returned(t, second, "for the second holder")
-	returned(t, worker, "for the worker")
-	if overlap.Load() {
-		t.Fatal("the worker's tool was still running when another holder claimed the operation after its lease")
+	err = returned(t, worker, "for the worker")
+	if lookErr != nil {
+		t.Fatal(lookErr)
 	}
-	if c, _ := cause.Load().(error); c == nil || !strings.Contains(c.Error(), "lease") {
-		t.Fatalf("fn's context ended with %v, want the lease's end", c)
+	if cause == nil || !strings.Contains(cause.Error(), "lease") {
+		t.Fatalf("fn's context ended with %v, want the lease's end", cause)
+	}
+	if !ended.Before(expiry.Add(-margin / 2)) {
+		t.Fatalf("fn's context ended at %s, %s before the lease's end on the record (%s); want at least %s before",
+			ended.Format(time.StampMicro), expiry.Sub(ended), expiry.Format(time.StampMicro), margin/2)
+	}
+	if reserveErr != nil || others.Decision != client.DecisionInProgress {
+		t.Fatalf("another holder's Reserve once the tool stopped = %+v, %v; want IN_PROGRESS (the claim still the worker's)", others, reserveErr)
+	}
+	if o, lerr := e.c.Lookup(e.ctx, op.ID); err != nil || lerr != nil || o.State != client.StateSucceeded || runs.Load() != 2 {
+		t.Fatalf("the worker's Do = %v; fn ran %d times; the record %+v, %v; want SUCCEEDED on the second run", err, runs.Load(), o, lerr)
 	}
 }
 
 // A renewal the ledger never answers (a hung call, not a refused one) is no
-// reason to run on past the lease: when the lease ends with the renewal
-// still unanswered, fn's context ends there, before another holder can
+// reason to run on past the lease: with the renewal still unanswered, fn's
+// context ends a margin before the lease's end, before another holder can
 // claim the operation and run it alongside.
 func TestDoStopsTheToolWhenItsRenewalHangsPastTheLease(t *testing.T) {
-	// The worker's call timeout is far beyond the 1s lease.
+	// The worker's call timeout is far beyond the lease.
 	runPastTheLease(t, newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "hung"), client.WithCallTimeout(time.Hour)))
 }
 
 // The store's clock is an hour ahead of the worker's: the lease end the
 // ledger reports is an hour later on the worker's clock than the lease's
-// real end. With no renewal getting through, fn's context still ends when
-// the lease does, not an hour later: the worker counts the lease from when
-// it asked for the claim, by its own clock.
+// real end. With no renewal getting through, fn's context still ends a
+// margin before the lease does, not an hour later: the worker counts the
+// lease from when it asked for the claim, by its own clock.
 func TestDoStopsTheToolAtItsLeaseEndWhenTheStoreClockIsAhead(t *testing.T) {
 	ahead := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
@@ -216,6 +225,37 @@ func TestDoDoesNotRunTheToolOnAClaimWhoseLeaseEndedOnTheWay(t *testing.T) {
 	}
 	if n := d.count(op.ID); n != 1 {
 		t.Fatalf("effect applied %d times, want 1: fn ran on a claim whose lease had ended", n)
+	}
+}
+
+// The Reserve answer granting a claim arrives late (a slow network), with
+// less than Do's margin (a tenth of the lease) left before the lease's end
+// on the ledger's record: fn would be stopped at once with no renewal
+// through, so it does not start on that claim. The claim is returned, and fn
+// runs once, on the next attempt.
+func TestDoDoesNotRunTheToolOnAClaimThatArrivesWithinItsLeaseMargin(t *testing.T) {
+	var held atomic.Bool
+	late := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil && strings.HasSuffix(method, "/Reserve") && !held.Swap(true) {
+			end := reply.(*ledgerv1.ReserveResponse).GetOperation().GetLeaseExpiresAt().AsTime()
+			time.Sleep(time.Until(end.Add(-renewedLease / 20))) // half the margin left
+		}
+		return err
+	}))
+	e := newEnv(t, redistest.Shared(t).Client(t), late)
+	op := e.op("export", "renewed.export", nil)
+	var attempts []uint32
+	res, err := e.c.Do(e.ctx, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		attempts = append(attempts, a.Number)
+		return client.Result{ResourceID: "done"}, nil
+	})
+	o, lerr := e.c.Lookup(e.ctx, op.ID)
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if err != nil || res.ResourceID != "done" || len(attempts) != 1 || attempts[0] != 2 {
+		t.Fatalf("Do = %+v, %v; fn ran on attempts %v, want once, on attempt 2; history %s", res, err, attempts, strings.Join(reasons(o), ","))
 	}
 }
 
