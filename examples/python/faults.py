@@ -26,8 +26,8 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 import grpc  # noqa: E402
 
 from ledger_guard import (  # noqa: E402
-    DOMAIN, Attempt, Cancelled, FinalToolError, Ledger, LedgerError, RetryableToolError, ToolFailed, WaitBudgetSpent,
-    in_progress_delay, pb, to_struct)
+    DOMAIN, Attempt, Cancelled, FinalToolError, LeaseEndedOnTheWay, Ledger, LedgerError, RetryableToolError, ToolFailed,
+    WaitBudgetSpent, in_progress_delay, pb, to_struct)
 
 # After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
 from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
@@ -640,10 +640,81 @@ def main() -> None:
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
+    def shorten_lease(ledger: Ledger, lease: float, left: float) -> list:
+        """The next Reserve's answer says the claim's lease (of lease seconds) has left seconds to run.
+
+        As if the answer came back late in the lease: the ledger's record
+        keeps its own. Returns the end the answer reports, on time.time()'s
+        clock, once it came (in the returned list).
+        """
+        real, ends = ledger.stub.Reserve, []
+
+        def answer(request, **kwargs):
+            ledger.stub.Reserve = real
+            resp = real(request, **kwargs)
+            end = time.time() + left
+            resp.operation.lease_expires_at.FromNanoseconds(int(end * 1e9))
+            resp.operation.updated_at.FromNanoseconds(int((end - lease) * 1e9))
+            ends.append(end)
+            return resp
+
+        ledger.stub.Reserve = answer
+        return ends
+
+    def claim_within_margin():
+        print("18. the answer to Reserve comes with less of its lease (10s) left than the margin (1s)")
+        ledger, dest = Ledger(address), Destination()
+        late = op("claim-within-margin")
+        key = late["operation_id"]
+        shorten_lease(ledger, 10.0, 0.5)
+        _, err = outcome(ledger.call_tool, **late, fn=dest.create)
+        check(dest.applied(key) == 0, f"the tool did not run ({dest.applied(key)})")
+        check(isinstance(err, LeaseEndedOnTheWay) and isinstance(err, RetryableToolError),
+              f"the caller gets a retryable error ({err!r})")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_PENDING,
+              f"the claim is returned, proven not applied ({pb.State.Name(record.state)})")
+        out, err = outcome(ledger.call_tool, **late, fn=dest.create)
+        check(err is None and not out.replayed, f"a retry under the same id runs the tool ({err!r})")
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        ledger.close()
+
+    def renewal_hung():
+        print("19. the renewals hang with 2s of a 10s lease left: the tool is stopped the margin (1s) before its end")
+        ledger, dest = Ledger(address), Destination()
+        hung_op = op("renewal-hung", tool_timeout=30.0)
+        key = hung_op["operation_id"]
+        ends = shorten_lease(ledger, 10.0, 2.0)
+        renewals, stopped = [], []
+
+        def hangs(request, timeout=None, **_kwargs):
+            renewals.append(timeout)
+            time.sleep(timeout)  # no answer within the call's deadline
+            raise Injected(grpc.StatusCode.DEADLINE_EXCEEDED)
+
+        ledger.stub.Renew = hangs
+
+        def waits(attempt):
+            # The destination takes the effect only while the claim is this
+            # caller's: until the lease's end, when another holder may claim it.
+            if attempt.cancelled.wait(max(ends[0] - time.time(), 0) + 1.0):
+                stopped.append(time.time())
+                raise RetryableToolError("stopped before applying")
+            return dest.create(attempt)
+
+        _, err = outcome(ledger.call_tool, **hung_op, fn=waits)
+        check(renewals != [], f"a renewal went out ({len(renewals)})")
+        check(stopped != [], "the tool saw its cancellation")
+        check(stopped != [] and stopped[0] < ends[0],
+              f"before the lease's end ({f'{ends[0] - stopped[0]:.3f}s before it' if stopped else 'never'})")
+        check(dest.applied(key) == 0, f"the destination applied nothing ({dest.applied(key)})")
+        check(isinstance(err, RetryableToolError), f"the caller gets the tool's error ({err!r})")
+        ledger.close()
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,
                      refused_result, refused_failure_code, missing_failure_code, slow, big_integer, exhausted, hung,
                      hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays, late_claim, cancel_waiting,
-                     cancel_reserving, cancel_running, lost_then_limited):
+                     cancel_reserving, cancel_running, lost_then_limited, claim_within_margin, renewal_hung):
         try:
             scenario()
         except CheckFailed as err:

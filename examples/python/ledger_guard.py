@@ -197,6 +197,20 @@ class RetryableToolError(Exception):
     """
 
 
+class LeaseEndedOnTheWay(RetryableToolError):
+    """The claim's lease ended, or came within its margin of its end (see lease_margin), before the Reserve answer
+    granting it arrived.
+
+    The tool did not run: the claim is returned as a retryable attempt,
+    proven not applied, and the operation may be retried under the same id.
+    """
+
+    def __init__(self, operation_id: str):
+        super().__init__(f"the claim's lease on operation {operation_id} ended, or was about to, before the answer "
+                         "granting it arrived: the tool did not run; it may be retried under the same operation id")
+        self.operation_id = operation_id
+
+
 class FinalToolError(Exception):
     """Raise from fn when the tool failed for good (HTTP 400, a declined card).
 
@@ -220,7 +234,8 @@ class Attempt:
     idempotency_key: str
     attempt: int
     fencing_token: int
-    # Set at the tool timeout, when the claim is lost or when the caller cancels: stop the tool if you can.
+    # Set at the tool timeout, when the claim is lost, when its lease is about to end with no renewal getting
+    # through (see lease_margin) or when the caller cancels: stop the tool if you can.
     cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     # Set when the ledger says the claim is gone (its lease renewed too late).
     claim_lost: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -293,6 +308,36 @@ _WAIT_BACKOFF_BASE = 0.1
 _WAIT_BACKOFF_MAX = 5.0
 
 
+def lease_margin(lease: float) -> float:
+    """How long (seconds) before its lease's end, as this process tells it, an attempt whose renewals do not get
+    through is stopped: a tenth of the lease (seconds), at most 1 s, as in the Go SDK.
+
+    The ledger lets another holder claim the operation once the lease has
+    ended on the store's clock, a timer may fire late on a busy machine, and
+    the tool takes a moment to see attempt.cancelled: stopping it early keeps
+    it from running on a claim that is someone else's.
+    """
+    return min(lease / 10, 1.0)
+
+
+def _lease(op: pb.Operation) -> float:
+    """The length (seconds) of the claim's lease in op; 0 when op has none."""
+    if not op.HasField("lease_expires_at") or not op.HasField("updated_at"):
+        return 0.0
+    return (op.lease_expires_at.ToNanoseconds() - op.updated_at.ToNanoseconds()) / 1e9
+
+
+def _lease_end(op: pb.Operation, asked: float) -> float:
+    """When the claim in op, asked for at asked, ends at the latest, on time.monotonic()'s clock.
+
+    The earlier of the end the ledger reported (on the store's clock) and a
+    lease after the claim (or its renewal) was asked for: the store's clock
+    may be ahead of this one, and the lease never began before it was asked for.
+    """
+    reported = op.lease_expires_at.ToNanoseconds() / 1e9 - time.time() + time.monotonic()
+    return min(reported, asked + _lease(op))
+
+
 def in_progress_delay(n: int, retry_after: float, rand: Callable[[], float] = random.random) -> float:
     """How long call_tool waits before its next Reserve after the nth (n >= 1) DECISION_IN_PROGRESS.
 
@@ -344,24 +389,32 @@ class Ledger:
         if cancel is not None and cancel.is_set():
             raise Cancelled(operation_id)
 
-    def rpc(self, method: str, request, cancel: threading.Event | None = None):
+    def rpc(self, method: str, request, cancel: threading.Event | None = None, until: float | None = None):
         """Calls one ledger RPC, repeating it while the ledger is unavailable or asks to back off.
 
         Any other error becomes a LedgerError carrying its ErrorInfo reason.
         When cancel (optional) is set, the wait before a repeat ends with
-        Cancelled; a call on its way is not cut off.
+        Cancelled; a call on its way is not cut off. until (optional, on
+        time.monotonic()'s clock) cuts the calls and their repeats there: a
+        call still unanswered then fails with DEADLINE_EXCEEDED.
         """
         call = getattr(self.stub, method)
         lost = False  # a try got no answer: the ledger may have done what was asked
         for attempt in range(self.ledger_retries + 1):
+            timeout = self.call_timeout if until is None else min(self.call_timeout, until - time.monotonic())
+            if timeout <= 0:
+                raise LedgerError(grpc.StatusCode.DEADLINE_EXCEEDED, "no time left for the call", None, None, lost)
             try:
-                return call(request, timeout=self.call_timeout)
+                return call(request, timeout=timeout)
             except grpc.RpcError as err:
                 lost = lost or err.code() in _UNANSWERED_CODES
                 info, retry_after = error_info(err)
                 repeat = _repeatable(err.code(), info.reason if info else "", info.domain if info else "")
                 if repeat and attempt < self.ledger_retries:
-                    self._pause(retry_after or 0.1 * 2 ** attempt, cancel, getattr(request, "operation_id", ""))
+                    pause = retry_after or 0.1 * 2 ** attempt
+                    if until is not None:
+                        pause = max(min(pause, until - time.monotonic()), 0)
+                    self._pause(pause, cancel, getattr(request, "operation_id", ""))
                     continue
                 raise LedgerError(err.code(), err.details() or "", info, retry_after, lost) from None
         raise AssertionError("unreachable")
@@ -383,6 +436,11 @@ class Ledger:
         then attempt.cancelled is set, the lease is no longer renewed, the
         attempt is marked UNKNOWN and call_tool raises ToolTimedOut without
         waiting for fn.
+        attempt.cancelled is also set lease_margin before the claim's lease
+        ends while no renewal gets through (see _keep_leased); a Reserve
+        answer that arrives within that margin does not start fn: the claim
+        is returned as a retryable attempt, proven not applied, and call_tool
+        raises LeaseEndedOnTheWay.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
         A result the ledger refuses (INVALID_ARGUMENT: over its size limits)
@@ -421,6 +479,7 @@ class Ledger:
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(operation_id)
+            asked = time.monotonic()
             try:
                 resp = self.rpc("Reserve", request, cancel)
             except LedgerError as err:
@@ -468,7 +527,17 @@ class Ledger:
                 # back. The claim is returned, rather than left to expire into
                 # UNKNOWN.
                 raise WaitBudgetSpent(operation_id, wait, returned=self._return_claim(op))
-            return self._execute(op, fn, tool_timeout, cancel)
+            if _lease(op) > 0 and time.monotonic() >= _lease_end(op, asked) - lease_margin(_lease(op)):
+                # The answer took longer than the lease, less its margin: the
+                # claim may be someone else's already, or the tool would be
+                # stopped at once. It does not run; the claim is returned as a
+                # retryable attempt, proven not applied.
+                err = LeaseEndedOnTheWay(operation_id)
+                self._report("Complete", pb.CompleteRequest(
+                    operation_id=op.operation_id, fencing_token=op.fencing_token,
+                    outcome=pb.OUTCOME_FAILED_RETRYABLE), tool_error=err)
+                raise err
+            return self._execute(op, fn, tool_timeout, cancel, asked)
 
     def _return_claim(self, op: pb.Operation) -> bool:
         """Returns a claim the caller will not use.
@@ -523,11 +592,11 @@ class Ledger:
             self.log(f"returning the claim of {request.operation_id}: {err.code().name}")
 
     def _execute(self, op: pb.Operation, fn: Callable[[Attempt], dict[str, Any]], tool_timeout: float,
-                 cancel: threading.Event | None) -> Outcome:
+                 cancel: threading.Event | None, asked: float) -> Outcome:
         attempt = Attempt(operation_id=op.operation_id, idempotency_key=op.operation_id,
                           attempt=op.attempt, fencing_token=op.fencing_token)
         claim = {"operation_id": op.operation_id, "fencing_token": op.fencing_token}
-        stop_renewing = self._keep_leased(op, attempt)
+        stop_renewing = self._keep_leased(op, attempt, asked)
         try:
             try:
                 produced = self._run(fn, attempt, tool_timeout, cancel)
@@ -643,33 +712,52 @@ class Ledger:
         except LedgerError as err:
             raise NotRecorded(err, result=result, tool_error=tool_error) from err
 
-    def _keep_leased(self, op: pb.Operation, attempt: Attempt) -> threading.Event:
-        """Renews the claim's lease while the tool runs, until the returned event is set.
+    def _keep_leased(self, op: pb.Operation, attempt: Attempt, asked: float) -> threading.Event:
+        """Renews the claim in op, asked for at asked (time.monotonic()), while the tool runs, until the returned
+        event is set.
 
         Two thirds of the lease are always left, so nobody else finds it
         expired (and reconciles it, or runs the tool again) while the tool is
-        still at work; the first renewal comes at once for a claim recovered
-        late in its lease. attempt.claim_lost and attempt.cancelled are set when
-        the ledger says the claim is gone.
+        still at work: first when the lease is down to two thirds, which is at
+        once for a claim recovered late in its lease, then every third of the
+        lease after each renewal. attempt.claim_lost and attempt.cancelled are
+        set when the ledger says the claim is gone. attempt.cancelled is also
+        set when the lease nears its end (see _lease_end) while no renewal
+        gets through (the ledger unreachable, or a renewal still unanswered
+        then, which is cut there): lease_margin before that end, as in the Go
+        SDK, because the claim may be someone else's once it ends.
         """
         stop = threading.Event()
-        end = op.lease_expires_at.ToNanoseconds() / 1e9
-        lease = end - op.updated_at.ToNanoseconds() / 1e9
+        lease = _lease(op)
         if lease <= 0:
             return stop
+        margin, period = lease_margin(lease), max(lease / 3, 0.01)
+        end = _lease_end(op, asked)
 
         def renew() -> None:
-            wait = min(max(end - time.time() - lease * 2 / 3, 0), lease / 3)
+            nonlocal end
+            wait = min(max(end - time.monotonic() - lease * 2 / 3, 0), period)
             while not stop.wait(wait):
+                sent = time.monotonic()
                 try:
-                    self.rpc("Renew", pb.RenewRequest(operation_id=op.operation_id, fencing_token=op.fencing_token))
+                    now = self.rpc("Renew", pb.RenewRequest(operation_id=op.operation_id,
+                                                            fencing_token=op.fencing_token), until=end - margin)
+                    end = sent + lease
+                    if now.operation.HasField("lease_expires_at"):
+                        end = min(end, _lease_end(now.operation, sent))
                 except LedgerError as err:
                     self.log(f"Renew {op.operation_id}: {err}")
                     if not _repeatable(err.code, err.reason, err.domain):  # STALE_FENCING_TOKEN, NOT_FOUND: gone
                         attempt.claim_lost.set()
                         attempt.cancelled.set()
                         return
-                wait = lease / 3
+                    if time.monotonic() >= end - margin:
+                        self.log(f"Renew {op.operation_id}: the lease is about to end with no renewal getting "
+                                 "through: the tool is stopped")
+                        attempt.cancelled.set()
+                        return
+                # After a failed renewal, try again by the time the tool must stop at the latest.
+                wait = min(period, max(end - margin - time.monotonic(), 0))
 
         threading.Thread(target=renew, name=f"renew {op.operation_id}", daemon=True).start()
         return stop
