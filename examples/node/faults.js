@@ -13,7 +13,8 @@ const crypto = require('node:crypto');
 const path = require('node:path');
 const protobuf = require('protobufjs');
 const {
-  DOMAIN, FinalToolError, Ledger, LedgerError, RetryableToolError, ToolFailedError, WaitBudgetSpentError, grpc, inProgressDelay,
+  DOMAIN, FinalToolError, LeaseEndedOnTheWayError, Ledger, LedgerError, RetryableToolError, ToolFailedError, WaitBudgetSpentError,
+  grpc, inProgressDelay,
 } = require('./ledger');
 
 const rpcTypes = new protobuf.Root();
@@ -651,6 +652,83 @@ async function main() {
     check(!retried.err && !retried.value.replayed,
       `a retry runs the tool, with no reconciliation (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
     check(dest.applied(lost.operationId) === 1, `the destination applied the effect once (${dest.applied(lost.operationId)})`);
+    ledger.close();
+  });
+
+  // The next Reserve's answer says the claim's lease (of leaseMs) has leftMs
+  // to run, as if it came back late in the lease: the ledger's record keeps
+  // its own. ends gets the end the answer reports (Date.now()'s clock).
+  const shortenLease = (ledger, leaseMs, leftMs) => {
+    const real = ledger.client.Reserve.bind(ledger.client);
+    const ends = [];
+    const stamp = (ms) => ({ seconds: String(Math.floor(ms / 1000)), nanos: Math.round((ms % 1000) * 1e6) });
+    ledger.client.Reserve = (request, options, callback) => {
+      ledger.client.Reserve = real;
+      return real(request, options, (err, resp) => {
+        if (!err) {
+          const end = Date.now() + leftMs;
+          resp.operation.lease_expires_at = stamp(end);
+          resp.operation.updated_at = stamp(end - leaseMs);
+          ends.push(end);
+        }
+        callback(err, resp);
+      });
+    };
+    return ends;
+  };
+
+  await scenario(async () => {
+    console.log('18. the answer to Reserve comes with less of its lease (10s) left than the margin (1s)');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const late = op('claim-within-margin');
+    shortenLease(ledger, 10000, 500);
+    const { err } = await outcome(ledger.callTool(late, dest.create));
+    check(dest.applied(late.operationId) === 0, `the tool did not run (${dest.applied(late.operationId)})`);
+    check(err instanceof LeaseEndedOnTheWayError && err instanceof RetryableToolError,
+      `the caller gets a retryable error (${err ? err.message : 'a result'})`);
+    const record = await ledger.lookup(late.operationId);
+    check(record.state === 'STATE_PENDING', `the claim is returned, proven not applied (${record.state})`);
+    const retried = await outcome(ledger.callTool(late, dest.create));
+    check(!retried.err && !retried.value.replayed,
+      `a retry under the same id runs the tool (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
+    check(dest.applied(late.operationId) === 1, `the destination applied the effect once (${dest.applied(late.operationId)})`);
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('19. the renewals hang with 2s of a 10s lease left: the tool is stopped the margin (1s) before its end');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const hung = op('renewal-hung', { toolTimeoutMs: 30000 });
+    const ends = shortenLease(ledger, 10000, 2000);
+    const renewals = [];
+    ledger.client.Renew = (request, options, callback) => {
+      renewals.push(options.deadline);
+      // No answer within the call's deadline.
+      setTimeout(() => callback(Object.assign(new Error('injected'), {
+        code: grpc.status.DEADLINE_EXCEEDED, details: 'injected', metadata: new grpc.Metadata(),
+      })), Math.max(options.deadline - Date.now(), 0));
+      return undefined;
+    };
+    const stopped = [];
+    // The destination takes the effect only while the claim is this
+    // caller's: until the lease's end, when another holder may claim it.
+    const waits = (attempt) => new Promise((resolve, reject) => {
+      const timer = setTimeout(() => resolve(dest.create(attempt)), Math.max(ends[0] - Date.now(), 0) + 1000);
+      attempt.signal.addEventListener('abort', () => {
+        stopped.push(Date.now());
+        clearTimeout(timer);
+        reject(new RetryableToolError('stopped before applying'));
+      }, { once: true });
+    });
+    const { err } = await outcome(ledger.callTool(hung, waits));
+    check(renewals.length > 0, `a renewal went out (${renewals.length})`);
+    check(stopped.length > 0, 'the tool saw its cancellation');
+    check(stopped.length > 0 && stopped[0] < ends[0],
+      `before the lease's end (${stopped.length > 0 ? `${ends[0] - stopped[0]} ms before it` : 'never'})`);
+    check(dest.applied(hung.operationId) === 0, `the destination applied nothing (${dest.applied(hung.operationId)})`);
+    check(err instanceof RetryableToolError, `the caller gets the tool's error (${err ? err.message : 'a result'})`);
     ledger.close();
   });
 

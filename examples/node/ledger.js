@@ -139,6 +139,19 @@ class WaitBudgetSpentError extends Error {
 // destination guarantees they mean refused before processing.
 class RetryableToolError extends Error {}
 
+// The claim's lease ended, or came within its margin of its end (see
+// leaseMarginMs), before the Reserve answer granting it arrived. The tool
+// did not run: the claim is returned as a retryable attempt, proven not
+// applied, and the operation may be retried under the same operation id.
+class LeaseEndedOnTheWayError extends RetryableToolError {
+  constructor(operationId) {
+    super(`the claim's lease on operation ${operationId} ended, or was about to, before the answer granting it `
+      + 'arrived: the tool did not run; it may be retried under the same operation id');
+    this.name = 'LeaseEndedOnTheWayError';
+    this.operationId = operationId;
+  }
+}
+
 // Throw from fn when the tool failed for good (HTTP 400, a declined card).
 // code is recorded as the operation's failure code, or tool_failed when it
 // is missing or empty, or when the ledger refuses it (over 128 bytes, with a
@@ -225,6 +238,29 @@ const sleep = (ms, signal) => new Promise((resolve, reject) => {
   signal?.addEventListener('abort', stop, { once: true });
 });
 const timeMs = (t) => (t ? Number(t.seconds || 0) * 1000 + (t.nanos || 0) / 1e6 : 0);
+// How long (ms) before its lease's end, as this process tells it, an attempt
+// whose renewals do not get through is stopped: a tenth of the lease (ms), at
+// most 1 s, as in the Go SDK. The ledger lets another holder claim the
+// operation once the lease has ended on the store's clock, a timer may fire
+// late on a busy machine, and the tool takes a moment to see its signal
+// aborted: stopping it early keeps it from running on a claim that is
+// someone else's.
+function leaseMarginMs(leaseMs) {
+  return Math.min(leaseMs / 10, 1000);
+}
+
+// The length (ms) of the claim's lease in op; 0 when op has none.
+const leaseOf = (op) => (op.lease_expires_at && op.updated_at
+  ? timeMs(op.lease_expires_at) - timeMs(op.updated_at) : 0);
+
+// When the claim in op, asked for at asked, ends at the latest, on
+// performance.now()'s clock: the earlier of the end the ledger reported (on
+// the store's clock) and a lease after the claim (or its renewal) was asked
+// for, since the store's clock may be ahead of this one, and the lease never
+// began before it was asked for.
+const leaseEnd = (op, asked) => Math.min(
+  timeMs(op.lease_expires_at) - Date.now() + performance.now(), asked + leaseOf(op));
+
 const durationMs = (d) => (d ? Number(d.seconds || 0) * 1000 + (d.nanos || 0) / 1e6 : 0);
 
 // The backoff between Reserves while another caller holds the claim.
@@ -302,17 +338,25 @@ class Ledger {
   // asks to back off (see repeatable); any other error becomes a LedgerError
   // with its ErrorInfo reason. An abort of signal (optional) ends the wait
   // before a repeat, with its reason; a call on its way is not cut off.
-  async rpc(method, request, signal) {
+  // until (optional, on performance.now()'s clock) cuts the calls and their
+  // repeats there: a call still unanswered then fails with DEADLINE_EXCEEDED.
+  async rpc(method, request, signal, until) {
     let lost = false; // a try got no answer: the ledger may have done what was asked
     for (let attempt = 0; ; attempt += 1) {
+      const timeoutMs = until === undefined ? this.callTimeoutMs : Math.min(this.callTimeoutMs, until - performance.now());
+      if (timeoutMs <= 0) {
+        throw new LedgerError({ code: grpc.status.DEADLINE_EXCEEDED, details: 'no time left for the call' }, null, undefined, lost);
+      }
       try {
-        return await this.call(method, request, Date.now() + this.callTimeoutMs);
+        return await this.call(method, request, Date.now() + timeoutMs);
       } catch (err) {
         if (err.code === undefined) throw err;
         lost = lost || UNANSWERED.has(err.code);
         const { info, retryAfterMs } = errorDetails(err);
         if (repeatable(err.code, info) && attempt < this.ledgerRetries) {
-          await this.pause(retryAfterMs ?? 100 * 2 ** attempt, signal);
+          let pauseMs = retryAfterMs ?? 100 * 2 ** attempt;
+          if (until !== undefined) pauseMs = Math.max(Math.min(pauseMs, until - performance.now()), 0);
+          await this.pause(pauseMs, signal);
           continue;
         }
         throw new LedgerError(err, info, retryAfterMs, lost);
@@ -359,6 +403,11 @@ class Ledger {
   // irreversible tool runs again. fn has toolTimeoutMs to return: then
   // signal is aborted, the lease is no longer renewed, the attempt is marked
   // UNKNOWN and callTool throws ToolTimedOutError without waiting for fn.
+  // signal is also aborted leaseMarginMs before the claim's lease ends while
+  // no renewal gets through (see keepLeased); a Reserve answer that arrives
+  // within that margin does not start fn: the claim is returned as a
+  // retryable attempt, proven not applied, and callTool throws
+  // LeaseEndedOnTheWayError.
   // When the ledger cannot record how fn ended, callTool throws
   // NotRecordedError: fn ran, and must not run again under a new operation id.
   // A result the ledger refuses (INVALID_ARGUMENT: over its size limits) or
@@ -398,6 +447,7 @@ class Ledger {
     };
     for (;;) {
       signal?.throwIfAborted();
+      const asked = performance.now();
       let resp;
       try {
         resp = await this.rpc('Reserve', request, signal);
@@ -441,7 +491,18 @@ class Ledger {
             const returned = await this.returnClaim(op);
             throw new WaitBudgetSpentError(operationId, waitMs, { returned });
           }
-          return this.execute(op, fn, toolTimeoutMs, signal);
+          if (leaseOf(op) > 0 && performance.now() >= leaseEnd(op, asked) - leaseMarginMs(leaseOf(op))) {
+            // The answer took longer than the lease, less its margin: the
+            // claim may be someone else's already, or the tool would be
+            // stopped at once. It does not run; the claim is returned as a
+            // retryable attempt, proven not applied.
+            const err = new LeaseEndedOnTheWayError(operationId);
+            await this.report('Complete', {
+              operation_id: op.operation_id, fencing_token: op.fencing_token, outcome: 'OUTCOME_FAILED_RETRYABLE',
+            }, { toolError: err });
+            throw err;
+          }
+          return this.execute(op, fn, toolTimeoutMs, signal, asked);
         default:
           throw new Error(`unexpected decision ${resp.decision}`);
       }
@@ -499,9 +560,9 @@ class Ledger {
     }
   }
 
-  async execute(op, fn, toolTimeoutMs, signal) {
+  async execute(op, fn, toolTimeoutMs, signal, asked) {
     const claim = { operation_id: op.operation_id, fencing_token: op.fencing_token };
-    const renewal = this.keepLeased(op, signal);
+    const renewal = this.keepLeased(op, signal, asked);
     let timer;
     const timedOut = new Promise((resolve, reject) => {
       timer = setTimeout(() => {
@@ -593,35 +654,51 @@ class Ledger {
     }
   }
 
-  // Renews the claim's lease while the tool runs, so that two thirds of it
-  // are always left: nobody else finds it expired (and reconciles it, or
-  // runs the tool again) while the tool is still at work. The first renewal
-  // comes at once for a claim recovered late in its lease. signal is aborted
-  // when the ledger says the claim is gone, by stop(reason), or when the
-  // caller's cancelled is (with its reason): renewals go on until stop, so
-  // that the tool's outcome can still be recorded.
-  keepLeased(op, cancelled) {
+  // Renews the claim in op, asked for at asked (performance.now()), while
+  // the tool runs, so that two thirds of its lease are always left: nobody
+  // else finds it expired (and reconciles it, or runs the tool again) while
+  // the tool is still at work. The first renewal comes when the lease is down
+  // to two thirds, which is at once for a claim recovered late in its lease,
+  // then every third of the lease after each renewal. signal is aborted when
+  // the ledger says the claim is gone, when the lease nears its end (see
+  // leaseEnd) while no renewal gets through (the ledger unreachable, or a
+  // renewal still unanswered then, which is cut there): leaseMarginMs before
+  // that end, as in the Go SDK, because the claim may be someone else's once
+  // it ends; by stop(reason), or when the caller's cancelled is (with its
+  // reason): renewals go on until stop, so that the tool's outcome can still
+  // be recorded.
+  keepLeased(op, cancelled, asked) {
     const abort = new AbortController();
     const cancel = () => abort.abort(cancelled.reason);
     if (cancelled?.aborted) cancel();
     else cancelled?.addEventListener('abort', cancel, { once: true });
-    const end = timeMs(op.lease_expires_at);
-    const lease = end - timeMs(op.updated_at);
+    const lease = leaseOf(op);
+    const margin = leaseMarginMs(lease);
+    const period = Math.max(lease / 3, 10);
+    let end = leaseEnd(op, asked);
     let timer;
     let stopped = false;
     const renew = async () => {
+      const sent = performance.now();
       try {
-        await this.rpc('Renew', { operation_id: op.operation_id, fencing_token: op.fencing_token });
+        const now = await this.rpc('Renew', { operation_id: op.operation_id, fencing_token: op.fencing_token }, undefined, end - margin);
+        end = sent + lease;
+        if (now?.operation?.lease_expires_at) end = Math.min(end, leaseEnd(now.operation, sent));
       } catch (err) {
         this.log(`Renew ${op.operation_id}: ${err.message}`);
         if (err instanceof LedgerError && !repeatable(err.code, err)) {
           abort.abort(err); // STALE_FENCING_TOKEN, NOT_FOUND: the claim is gone
           return;
         }
+        if (performance.now() >= end - margin) {
+          abort.abort(new Error(`the lease of operation ${op.operation_id} is about to end with no renewal getting through`));
+          return;
+        }
       }
-      if (!stopped) timer = setTimeout(renew, lease / 3);
+      // After a failed renewal, try again by the time the tool must stop at the latest.
+      if (!stopped) timer = setTimeout(renew, Math.min(period, Math.max(end - margin - performance.now(), 0)));
     };
-    if (lease > 0) timer = setTimeout(renew, Math.min(Math.max(end - Date.now() - (lease * 2) / 3, 0), lease / 3));
+    if (lease > 0) timer = setTimeout(renew, Math.min(Math.max(end - performance.now() - (lease * 2) / 3, 0), period));
     return {
       signal: abort.signal,
       stop: (reason) => {
@@ -645,6 +722,7 @@ module.exports = {
   DOMAIN,
   Ledger,
   LedgerError,
+  LeaseEndedOnTheWayError,
   ToolFailedError,
   NeedsReconciliationError,
   NotRecordedError,
@@ -654,6 +732,7 @@ module.exports = {
   FinalToolError,
   errorDetails,
   inProgressDelay,
+  leaseMarginMs,
   toStruct,
   fromStruct,
   grpc,

@@ -68,7 +68,8 @@ func startFaultsLedgerd(t *testing.T) string {
 // returned), a wait on another caller's claim (backing off, on an injected
 // clock), a claim that comes after the wait budget (returned unused), a caller
 // that cancels while it waits, while its Reserve is on its way and while the
-// tool runs; each counting the effects at a fake destination.
+// tool runs, a Reserve answer that comes within its lease's margin and
+// renewals that hang; each counting the effects at a fake destination.
 func TestNodeFaults(t *testing.T) {
 	t.Parallel()
 	node, err := exec.LookPath("node")
