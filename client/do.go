@@ -363,6 +363,14 @@ func leaseMargin(lease time.Duration) time.Duration {
 	return min(lease/10, time.Second)
 }
 
+// LeaseMargin is how long before the end of its lease, of length lease, Do
+// stops an attempt whose renewals do not get through, and within how much
+// of that end a Reserve answer does not start the tool: a tenth of the
+// lease, at most a second. The clients in examples/ use the same margin.
+func LeaseMargin(lease time.Duration) time.Duration {
+	return leaseMargin(lease)
+}
+
 // errLeaseEndedOnTheWay is the error of an attempt whose claim's lease
 // ended (or came within leaseMargin of its end) before the Reserve answer
 // granting it arrived: fn did not run.

@@ -3,11 +3,15 @@ package polyglot
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,6 +181,67 @@ func TestExamplesBackOffReasons(t *testing.T) {
 		slices.Sort(got)
 		if !slices.Equal(got, want) {
 			t.Errorf("%s: repeats RESOURCE_EXHAUSTED with the reasons %q; the Go SDK with %q", c.file, got, want)
+		}
+	}
+}
+
+// TestExamplesLeaseMargin checks that the Node and Python examples stop a
+// tool whose renewals do not get through as long before its lease's end as
+// the Go SDK does (client.LeaseMargin: a tenth of the lease, at most 1s):
+// each example's own function computes the margin of a few leases.
+func TestExamplesLeaseMargin(t *testing.T) {
+	t.Parallel()
+	leases := []time.Duration{30 * time.Millisecond, 2 * time.Second, 4 * time.Second, 9999 * time.Millisecond,
+		10 * time.Second, 15 * time.Second, time.Hour}
+	var ms []string
+	for _, l := range leases {
+		ms = append(ms, strconv.FormatInt(l.Milliseconds(), 10))
+	}
+	list := strings.Join(ms, ",")
+	for _, c := range []struct {
+		name string
+		unit time.Duration
+		cmd  func() *exec.Cmd
+	}{
+		{"examples/python/ledger_guard.py lease_margin", time.Second, func() *exec.Cmd {
+			probe := exec.Command(systemPython, "-s", "-c", "import grpc, google.protobuf")
+			probe.Env = cleanEnv()
+			need(t, probe.Run() == nil, "%s cannot import grpc and google.protobuf (Debian: python3-grpcio, python3-protobuf)", systemPython)
+			return exec.Command(systemPython, "-s", "-c", fmt.Sprintf(
+				"import sys; sys.dont_write_bytecode = True; sys.path.insert(0, 'examples/python'); import ledger_guard\n"+
+					"for ms in [%s]: print(repr(ledger_guard.lease_margin(ms / 1000)))", list))
+		}},
+		{"examples/node/ledger.js leaseMarginMs", time.Millisecond, func() *exec.Cmd {
+			node, err := exec.LookPath("node")
+			need(t, err == nil, "node is not on PATH")
+			_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
+			need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
+			return exec.Command(node, "-e", fmt.Sprintf(
+				"const { leaseMarginMs } = require('./examples/node/ledger.js'); "+
+					"for (const ms of [%s]) console.log(String(leaseMarginMs(ms)));", list))
+		}},
+	} {
+		cmd := c.cmd()
+		cmd.Dir = repoRoot(t)
+		cmd.Env = cleanEnv("PYTHONDONTWRITEBYTECODE=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", c.name, err, out)
+		}
+		got := strings.Fields(string(out))
+		if len(got) != len(leases) {
+			t.Fatalf("%s: %d margins for %d leases:\n%s", c.name, len(got), len(leases), out)
+		}
+		for i, lease := range leases {
+			v, err := strconv.ParseFloat(got[i], 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", c.name, got[i], err)
+			}
+			// To the microsecond: the examples compute in floating point.
+			margin := time.Duration(math.Round(v*float64(c.unit)/float64(time.Microsecond))) * time.Microsecond
+			if want := client.LeaseMargin(lease); margin != want {
+				t.Errorf("%s: a lease of %s has a margin of %s; the Go SDK's is %s", c.name, lease, margin, want)
+			}
 		}
 	}
 }
