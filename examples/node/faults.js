@@ -693,6 +693,15 @@ async function main() {
     check(!retried.err && !retried.value.replayed,
       `a retry under the same id runs the tool (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
     check(dest.applied(late.operationId) === 1, `the destination applied the effect once (${dest.applied(late.operationId)})`);
+    // The claim cannot be returned: it lapses with its lease, and the caller
+    // still learns the tool did not run.
+    const unreturned = op('claim-within-margin-unreturned');
+    shortenLease(ledger, 10000, 500);
+    inject(ledger, 'Complete', grpc.status.UNAVAILABLE);
+    const lapsed = await outcome(ledger.callTool(unreturned, dest.create));
+    check(lapsed.err instanceof LeaseEndedOnTheWayError,
+      `when the claim cannot be returned, the caller still learns the tool did not run (${lapsed.err ? lapsed.err.message : 'a result'})`);
+    check(dest.applied(unreturned.operationId) === 0, `the tool did not run (${dest.applied(unreturned.operationId)})`);
     ledger.close();
   });
 

@@ -142,7 +142,8 @@ class RetryableToolError extends Error {}
 // The claim's lease ended, or came within its margin of its end (see
 // leaseMarginMs), before the Reserve answer granting it arrived. The tool
 // did not run: the claim is returned as a retryable attempt, proven not
-// applied, and the operation may be retried under the same operation id.
+// applied (or, if the ledger cannot be reached, lapses with its lease), and
+// the operation may be retried under the same operation id.
 class LeaseEndedOnTheWayError extends RetryableToolError {
   constructor(operationId) {
     super(`the claim's lease on operation ${operationId} ended, or was about to, before the answer granting it `
@@ -495,12 +496,16 @@ class Ledger {
             // The answer took longer than the lease, less its margin: the
             // claim may be someone else's already, or the tool would be
             // stopped at once. It does not run; the claim is returned as a
-            // retryable attempt, proven not applied.
-            const err = new LeaseEndedOnTheWayError(operationId);
-            await this.report('Complete', {
-              operation_id: op.operation_id, fencing_token: op.fencing_token, outcome: 'OUTCOME_FAILED_RETRYABLE',
-            }, { toolError: err });
-            throw err;
+            // retryable attempt, proven not applied (when that fails, it
+            // lapses with its lease: the tool did not run all the same).
+            try {
+              await this.rpc('Complete', {
+                operation_id: op.operation_id, fencing_token: op.fencing_token, outcome: 'OUTCOME_FAILED_RETRYABLE',
+              });
+            } catch (err) {
+              this.log(`returning the claim of ${op.operation_id}: ${err.message}`);
+            }
+            throw new LeaseEndedOnTheWayError(operationId);
           }
           return this.execute(op, fn, toolTimeoutMs, signal, asked);
         default:

@@ -677,6 +677,15 @@ def main() -> None:
         out, err = outcome(ledger.call_tool, **late, fn=dest.create)
         check(err is None and not out.replayed, f"a retry under the same id runs the tool ({err!r})")
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        # The claim cannot be returned: it lapses with its lease, and the caller still learns the tool did not run.
+        unreturned = op("claim-within-margin-unreturned")
+        shorten_lease(ledger, 10.0, 0.5)
+        inject(ledger, "Complete", grpc.StatusCode.UNAVAILABLE)
+        _, err = outcome(ledger.call_tool, **unreturned, fn=dest.create)
+        check(isinstance(err, LeaseEndedOnTheWay),
+              f"when the claim cannot be returned, the caller still learns the tool did not run ({err!r})")
+        check(dest.applied(unreturned["operation_id"]) == 0,
+              f"the tool did not run ({dest.applied(unreturned['operation_id'])})")
         ledger.close()
 
     def renewal_hung():

@@ -202,7 +202,8 @@ class LeaseEndedOnTheWay(RetryableToolError):
     granting it arrived.
 
     The tool did not run: the claim is returned as a retryable attempt,
-    proven not applied, and the operation may be retried under the same id.
+    proven not applied (or, if the ledger cannot be reached, lapses with its
+    lease), and the operation may be retried under the same id.
     """
 
     def __init__(self, operation_id: str):
@@ -531,12 +532,15 @@ class Ledger:
                 # The answer took longer than the lease, less its margin: the
                 # claim may be someone else's already, or the tool would be
                 # stopped at once. It does not run; the claim is returned as a
-                # retryable attempt, proven not applied.
-                err = LeaseEndedOnTheWay(operation_id)
-                self._report("Complete", pb.CompleteRequest(
-                    operation_id=op.operation_id, fencing_token=op.fencing_token,
-                    outcome=pb.OUTCOME_FAILED_RETRYABLE), tool_error=err)
-                raise err
+                # retryable attempt, proven not applied (when that fails, it
+                # lapses with its lease: the tool did not run all the same).
+                try:
+                    self.rpc("Complete", pb.CompleteRequest(
+                        operation_id=op.operation_id, fencing_token=op.fencing_token,
+                        outcome=pb.OUTCOME_FAILED_RETRYABLE))
+                except LedgerError as err:
+                    self.log(f"returning the claim of {op.operation_id}: {err.code.name} {err.reason}")
+                raise LeaseEndedOnTheWay(operation_id)
             return self._execute(op, fn, tool_timeout, cancel, asked)
 
     def _return_claim(self, op: pb.Operation) -> bool:
