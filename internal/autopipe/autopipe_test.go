@@ -113,34 +113,35 @@ func TestQueuedCallWhoseContextEndsIsNotSent(t *testing.T) {
 	}
 }
 
-// TestCallCancelledWhileQueuedIsNeverSent holds the only lane with a short
-// busy script while two calls queue behind it, W and A in either order. W's
-// context is cancelled while W is still queued, with h.mu held and the busy
-// batch already returned, so that the lane moves on and the next batch forms
-// before W's own goroutine can mark W abandoned: the lane must not go to W
-// (first in line), and the caller that forms the batch must leave W out
-// (second in line), so W returns its context's error and its script never
-// runs. Each round is one chance for that order.
+// TestCallCancelledWhileQueuedIsNeverSent holds the only lane with a call
+// whose request the proxy holds, while two calls queue behind it, W and A in
+// either order. W's context is cancelled while W is still queued, with h.mu
+// held, and the held call is then let through, so that its reply arrives and
+// the lane moves on while W's own goroutine waits to mark W abandoned: the
+// lane must not go to W (first in line), and the caller that forms the next
+// batch must leave W out (second in line), so W returns its context's error
+// and its script never runs.
 func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
 	for _, wAt := range []int{0, 1} {
 		t.Run(fmt.Sprintf("W%d", wAt+1), func(t *testing.T) {
 			srv := redistest.Start(t)
-			rdb := srv.Client(t)
+			p := newHoldProxy(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
+			defer rdb.Close()
 			h := Enable(rdb, Options{Lanes: 1})
 			defer h.Close()
 			ctx := context.Background()
-			for _, s := range []*redis.Script{busy, echo, incr} {
+			for _, s := range []*redis.Script{echo, incr} {
 				if err := s.Load(ctx, rdb).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			const rounds, busyMS = 10, 50
-			tried := 0
-			for i := range rounds {
-				b0, _ := h.Stats()
+			for i := range 5 {
+				marker := "held:o" + strconv.Itoa(i)
+				held := p.hold(marker)
 				occupant := make(chan error, 1)
-				go func() { occupant <- busy.Run(ctx, rdb, []string{"o"}, busyMS).Err() }()
-				waitBatches(t, h, b0+1)
+				go func() { occupant <- echo.Run(ctx, rdb, []string{marker}, "o").Err() }()
+				waitClosed(t, held.seen, "request of the occupant at the proxy")
 				wctx, cancel := context.WithCancel(ctx)
 				key := "w" + strconv.Itoa(i)
 				w, a := make(chan error, 1), make(chan error, 1)
@@ -154,33 +155,30 @@ func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
 				}
 				h.mu.Lock()
 				if len(h.pending) != 2 || h.pending[wAt].state != queued || h.active != 1 {
-					// The busy batch returned first: no chance this round.
 					h.mu.Unlock()
-					cancel()
-					<-w
-					<-occupant
-					<-a
-					continue
+					t.Fatalf("round %d: %d pending, W's state %v, %d lanes active; want W and A queued behind the held call", i, len(h.pending), h.pending[wAt].state, h.active)
 				}
-				tried++
-				time.Sleep(busyMS * time.Millisecond) // the busy batch returns and waits for h.mu
-				cancel()                              // W is still queued: the lane has not moved
-				time.Sleep(time.Millisecond)          // W's goroutine waits for h.mu too, behind it
+				held.release()
+				// Give the occupant's reply time to arrive and its caller
+				// time to wait for h.mu; then W's context ends, and W's
+				// goroutine waits for h.mu too, behind it. (Only the order
+				// is at stake: if the reply comes later, W marks itself
+				// abandoned first, and the round checks the plainer path.)
+				time.Sleep(20 * time.Millisecond)
+				cancel() // W is still queued: the lane has not moved
+				time.Sleep(time.Millisecond)
 				h.mu.Unlock()
-				if err := <-w; !errors.Is(err, context.Canceled) {
+				if err := waitErr(t, w, "W"); !errors.Is(err, context.Canceled) {
 					t.Fatalf("round %d: W = %v, want its context's error", i, err)
 				}
 				for _, c := range []chan error{occupant, a} {
-					if err := <-c; err != nil {
+					if err := waitErr(t, c, "the occupant and A"); err != nil {
 						t.Fatal(err)
 					}
 				}
 				if n, err := rdb.Get(ctx, key).Int(); !errors.Is(err, redis.Nil) {
 					t.Fatalf("round %d: %s = %d, %v: W's script ran though W was cancelled while queued", i, key, n, err)
 				}
-			}
-			if tried < rounds/2 {
-				t.Fatalf("W was queued behind the busy batch in %d of %d rounds only", tried, rounds)
 			}
 			waitIdle(t, h)
 		})
@@ -324,16 +322,6 @@ func TestLoneCallReturnsAtItsDeadline(t *testing.T) {
 // incr increments KEYS[1] and returns its new value.
 var incr = redis.NewScript(`return redis.call('INCR', KEYS[1])`)
 
-// busy runs for ARGV[1] milliseconds and returns 'busy'.
-var busy = redis.NewScript(`
-	local function now()
-		local t = redis.call('TIME')
-		return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-	end
-	local stop = now() + tonumber(ARGV[1])
-	while now() < stop do end
-	return 'busy'`)
-
 // waitPending waits until at least n calls are queued.
 func waitPending(t *testing.T, h *Hook, n int) {
 	t.Helper()
@@ -357,12 +345,6 @@ func waitIdle(t *testing.T, h *Hook) {
 		}
 		return h.active == 0
 	}, "idle hook")
-}
-
-// waitBatches waits until the hook has sent at least n batches.
-func waitBatches(t *testing.T, h *Hook, n int64) {
-	t.Helper()
-	waitFor(t, func() bool { b, _ := h.Stats(); return b >= n }, "%d batches", n)
 }
 
 func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
