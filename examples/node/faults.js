@@ -259,29 +259,35 @@ async function main() {
     ledger.close();
   });
 
+  // Runs a tool that fails for good with the error make() returns, and
+  // checks that the failure is recorded, and replayed, under tool_failed.
+  const recordedAsToolFailed = async (ledger, step, make) => {
+    const dest = destination();
+    const declined = op(step);
+    const fn = async (a) => {
+      await dest.create(a);
+      throw make();
+    };
+    const { err } = await outcome(ledger.callTool(declined, fn));
+    check(err instanceof ToolFailedError && err.failureCode === 'tool_failed' && !err.replayed,
+      `${step}: the caller learns the tool failed for good, under the code recorded, tool_failed (got ${err ? err.message : 'a result'})`);
+    const record = await ledger.lookup(declined.operationId);
+    check(record.state === 'STATE_FAILED_FINAL' && record.failure && record.failure.code === 'tool_failed',
+      `${step}: the operation is FAILED_FINAL with tool_failed at once, not RUNNING until its lease ends (${record.state}, ${record.failure ? JSON.stringify(record.failure.code) : 'no failure'})`);
+    const retried = await outcome(ledger.callTool(declined, fn));
+    check(retried.err instanceof ToolFailedError && retried.err.replayed && retried.err.failureCode === 'tool_failed',
+      `${step}: a retry under the same id replays the failure (${retried.err ? retried.err.message : 'a result'})`);
+    check(dest.applied(declined.operationId) === 1,
+      `${step}: the tool ran once (${dest.applied(declined.operationId)})`);
+  };
+
   await scenario(async () => {
     console.log('5c. the tool failed for good, with a failure code the ledger refuses (over 128 bytes, a control character, a lone surrogate: not UTF-8)');
     const ledger = new Ledger(address);
     for (const [step, code] of [
       ['long-code', 'x'.repeat(200)], ['control-code', 'declined\n'], ['surrogate-code', '\ud800'],
     ]) {
-      const dest = destination();
-      const declined = op(step);
-      const fn = async (a) => {
-        await dest.create(a);
-        throw new FinalToolError(code);
-      };
-      const { err } = await outcome(ledger.callTool(declined, fn));
-      check(err instanceof ToolFailedError && err.failureCode === 'tool_failed' && !err.replayed,
-        `${step}: the caller learns the tool failed for good, under the code recorded, tool_failed (got ${err ? err.message : 'a result'})`);
-      const record = await ledger.lookup(declined.operationId);
-      check(record.state === 'STATE_FAILED_FINAL' && record.failure && record.failure.code === 'tool_failed',
-        `${step}: the operation is FAILED_FINAL with tool_failed at once, not RUNNING until its lease ends (${record.state}, ${record.failure ? record.failure.code : 'no failure'})`);
-      const retried = await outcome(ledger.callTool(declined, fn));
-      check(retried.err instanceof ToolFailedError && retried.err.replayed && retried.err.failureCode === 'tool_failed',
-        `${step}: a retry under the same id replays the failure (${retried.err ? retried.err.message : 'a result'})`);
-      check(dest.applied(declined.operationId) === 1,
-        `${step}: the tool ran once (${dest.applied(declined.operationId)})`);
+      await recordedAsToolFailed(ledger, step, () => new FinalToolError(code));
     }
     ledger.close();
   });
@@ -292,23 +298,7 @@ async function main() {
     for (const [step, make] of [
       ['no-code', () => new FinalToolError()], ['empty-code', () => new FinalToolError('', 'card declined')],
     ]) {
-      const dest = destination();
-      const declined = op(step);
-      const fn = async (a) => {
-        await dest.create(a);
-        throw make();
-      };
-      const { err } = await outcome(ledger.callTool(declined, fn));
-      check(err instanceof ToolFailedError && err.failureCode === 'tool_failed' && !err.replayed,
-        `${step}: the caller learns the tool failed for good, under the code recorded, tool_failed (got ${err ? err.message : 'a result'})`);
-      const record = await ledger.lookup(declined.operationId);
-      check(record.state === 'STATE_FAILED_FINAL' && record.failure && record.failure.code === 'tool_failed',
-        `${step}: the operation is FAILED_FINAL with tool_failed (${record.state}, ${record.failure ? JSON.stringify(record.failure.code) : 'no failure'})`);
-      const retried = await outcome(ledger.callTool(declined, fn));
-      check(retried.err instanceof ToolFailedError && retried.err.replayed && retried.err.failureCode === 'tool_failed',
-        `${step}: a retry under the same id replays the failure (${retried.err ? retried.err.message : 'a result'})`);
-      check(dest.applied(declined.operationId) === 1,
-        `${step}: the tool ran once (${dest.applied(declined.operationId)})`);
+      await recordedAsToolFailed(ledger, step, make);
     }
     ledger.close();
   });
