@@ -343,6 +343,9 @@ async function main() {
     for (let i = 0; i < 2; i += 1) {
       const { err } = await outcome(ledger.callTool(flaky, refused));
       check(err instanceof RetryableToolError, `an attempt refused (${err ? err.message : 'a result'})`);
+      const record = await ledger.lookup(flaky.operationId);
+      check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'retryable',
+        `recorded as a retryable failure, as the Go SDK records it (${record.state}, ${record.failure ? record.failure.code : 'no failure'})`);
     }
     const { err } = await outcome(ledger.callTool(flaky, refused));
     check(err instanceof ToolFailedError && err.failureCode === 'RETRIES_EXHAUSTED' && err.replayed,
@@ -678,7 +681,8 @@ async function main() {
     check(err instanceof LeaseEndedOnTheWayError && err instanceof RetryableToolError,
       `the caller gets a retryable error (${err ? err.message : 'a result'})`);
     const record = await ledger.lookup(late.operationId);
-    check(record.state === 'STATE_PENDING', `the claim is returned, proven not applied (${record.state})`);
+    check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'retryable',
+      `the claim is returned, proven not applied, as the Go SDK returns it (${record.state}, ${record.failure ? record.failure.code : 'no failure'})`);
     const retried = await outcome(ledger.callTool(late, dest.create));
     check(!retried.err && !retried.value.replayed,
       `a retry under the same id runs the tool (${retried.err ? retried.err.message : 'SUCCEEDED'})`);
@@ -728,6 +732,9 @@ async function main() {
       `before the lease's end (${stopped.length > 0 ? `${ends[0] - stopped[0]} ms before it` : 'never'})`);
     check(dest.applied(hung.operationId) === 0, `the destination applied nothing (${dest.applied(hung.operationId)})`);
     check(err instanceof RetryableToolError, `the caller gets the tool's error (${err ? err.message : 'a result'})`);
+    const record = await ledger.lookup(hung.operationId);
+    check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'retryable',
+      `recorded as a retryable failure, as the Go SDK records it (${record.state}, ${record.failure ? record.failure.code : 'no failure'})`);
     ledger.close();
   });
 

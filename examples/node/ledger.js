@@ -134,16 +134,19 @@ class WaitBudgetSpentError extends Error {
 }
 
 // Throw from fn only when the failure proves nothing was applied (HTTP 429, a
-// refused connection). An HTTP 503 or a gRPC RESOURCE_EXHAUSTED or ABORTED
-// may come after the effect: let those propagate (UNKNOWN), unless the
-// destination guarantees they mean refused before processing.
+// refused connection); callTool records it as a retryable failure (failure
+// code RETRYABLE_FAILURE_CODE), as the Go SDK does. An HTTP 503 or a gRPC
+// RESOURCE_EXHAUSTED or ABORTED may come after the effect: let those
+// propagate (UNKNOWN), unless the destination guarantees they mean refused
+// before processing.
 class RetryableToolError extends Error {}
 
 // The claim's lease ended, or came within its margin of its end (see
 // leaseMarginMs), before the Reserve answer granting it arrived. The tool
 // did not run: the claim is returned as a retryable attempt, proven not
-// applied (or, if the ledger cannot be reached, lapses with its lease), and
-// the operation may be retried under the same operation id.
+// applied (failure code RETRYABLE_FAILURE_CODE; or, if the ledger cannot be
+// reached, lapses with its lease), and the operation may be retried under
+// the same operation id.
 class LeaseEndedOnTheWayError extends RetryableToolError {
   constructor(operationId) {
     super(`the claim's lease on operation ${operationId} ended, or was about to, before the answer granting it `
@@ -303,6 +306,11 @@ const CALLER_GAVE_UP = 'caller_gave_up';
 // empty), or whose code the ledger refuses (over 128 bytes, or with a
 // control character), as in the Go SDK.
 const DEFAULT_FAILURE_CODE = 'tool_failed';
+
+// The failure code recorded for a retryable failure proven not applied: a
+// RetryableToolError from the tool, or a claim returned because its lease
+// ended on the way (LeaseEndedOnTheWayError), as in the Go SDK.
+const RETRYABLE_FAILURE_CODE = 'retryable';
 
 // Whether a call that failed with code, and the ErrorInfo (or LedgerError)
 // info, may be repeated as it is. A RESOURCE_EXHAUSTED without one of the
@@ -500,7 +508,10 @@ class Ledger {
             // lapses with its lease: the tool did not run all the same).
             try {
               await this.rpc('Complete', {
-                operation_id: op.operation_id, fencing_token: op.fencing_token, outcome: 'OUTCOME_FAILED_RETRYABLE',
+                operation_id: op.operation_id,
+                fencing_token: op.fencing_token,
+                outcome: 'OUTCOME_FAILED_RETRYABLE',
+                failure: { code: RETRYABLE_FAILURE_CODE },
               });
             } catch (err) {
               this.log(`returning the claim of ${op.operation_id}: ${err.message}`);
@@ -610,7 +621,9 @@ class Ledger {
         throw new ToolFailedError(done.operation.failure || {}, false);
       }
       if (err instanceof RetryableToolError) {
-        await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE' }, { toolError: err });
+        await this.report('Complete', {
+          ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE', failure: { code: RETRYABLE_FAILURE_CODE },
+        }, { toolError: err });
       } else {
         // A timeout, a crash of the tool: nobody knows whether it applied.
         const reason = err instanceof ToolTimedOutError

@@ -364,6 +364,10 @@ def main() -> None:
         for _ in range(2):
             _, err = outcome(ledger.call_tool, **flaky, fn=refused)
             check(isinstance(err, RetryableToolError), f"an attempt refused ({err!r})")
+            record = ledger.lookup(flaky["operation_id"])
+            check(record.state == pb.STATE_PENDING and record.failure.code == "retryable",
+                  f"recorded as a retryable failure, as the Go SDK records it "
+                  f"({pb.State.Name(record.state)}, {record.failure.code!r})")
         _, err = outcome(ledger.call_tool, **flaky, fn=refused)
         check(isinstance(err, ToolFailed) and err.code == "RETRIES_EXHAUSTED" and err.replayed,
               f"then the call fails for good, saying why ({err!r})")
@@ -672,8 +676,9 @@ def main() -> None:
         check(isinstance(err, LeaseEndedOnTheWay) and isinstance(err, RetryableToolError),
               f"the caller gets a retryable error ({err!r})")
         record = ledger.lookup(key)
-        check(record.state == pb.STATE_PENDING,
-              f"the claim is returned, proven not applied ({pb.State.Name(record.state)})")
+        check(record.state == pb.STATE_PENDING and record.failure.code == "retryable",
+              f"the claim is returned, proven not applied, as the Go SDK returns it "
+              f"({pb.State.Name(record.state)}, {record.failure.code!r})")
         out, err = outcome(ledger.call_tool, **late, fn=dest.create)
         check(err is None and not out.replayed, f"a retry under the same id runs the tool ({err!r})")
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
@@ -718,6 +723,10 @@ def main() -> None:
               f"before the lease's end ({f'{ends[0] - stopped[0]:.3f}s before it' if stopped else 'never'})")
         check(dest.applied(key) == 0, f"the destination applied nothing ({dest.applied(key)})")
         check(isinstance(err, RetryableToolError), f"the caller gets the tool's error ({err!r})")
+        record = ledger.lookup(key)
+        check(record.state == pb.STATE_PENDING and record.failure.code == "retryable",
+              f"recorded as a retryable failure, as the Go SDK records it "
+              f"({pb.State.Name(record.state)}, {record.failure.code!r})")
         ledger.close()
 
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,

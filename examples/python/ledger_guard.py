@@ -76,6 +76,11 @@ CALLER_GAVE_UP = "caller_gave_up"
 # Go SDK.
 DEFAULT_FAILURE_CODE = "tool_failed"
 
+# The failure code recorded for a retryable failure proven not applied: a
+# RetryableToolError from the tool, or a claim returned because its lease ended
+# on the way (LeaseEndedOnTheWay), as in the Go SDK.
+RETRYABLE_FAILURE_CODE = "retryable"
+
 
 def _repeatable(code: grpc.StatusCode, reason: str, domain: str) -> bool:
     """Whether a call that failed with code and the ErrorInfo's reason and domain may be repeated as it is.
@@ -202,8 +207,9 @@ class LeaseEndedOnTheWay(RetryableToolError):
     granting it arrived.
 
     The tool did not run: the claim is returned as a retryable attempt,
-    proven not applied (or, if the ledger cannot be reached, lapses with its
-    lease), and the operation may be retried under the same id.
+    proven not applied (failure code RETRYABLE_FAILURE_CODE; or, if the ledger
+    cannot be reached, lapses with its lease), and the operation may be
+    retried under the same id.
     """
 
     def __init__(self, operation_id: str):
@@ -429,7 +435,8 @@ class Ledger:
         """Runs fn at most once for operation_id, whoever retries it and however often.
 
         fn returns {"resource_id": str, "data": dict}. It raises
-        RetryableToolError when nothing was applied, FinalToolError when the
+        RetryableToolError when nothing was applied (recorded as a retryable
+        failure, code RETRYABLE_FAILURE_CODE), FinalToolError when the
         tool failed for good, and anything else when it cannot tell (a
         timeout): the ledger then records UNKNOWN and the operation must be
         reconciled before an irreversible tool runs again.
@@ -537,7 +544,7 @@ class Ledger:
                 try:
                     self.rpc("Complete", pb.CompleteRequest(
                         operation_id=op.operation_id, fencing_token=op.fencing_token,
-                        outcome=pb.OUTCOME_FAILED_RETRYABLE))
+                        outcome=pb.OUTCOME_FAILED_RETRYABLE, failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)))
                 except LedgerError as err:
                     self.log(f"returning the claim of {op.operation_id}: {err.code.name} {err.reason}")
                 raise LeaseEndedOnTheWay(operation_id)
@@ -607,7 +614,9 @@ class Ledger:
             finally:
                 stop_renewing.set()  # fn returned, or the timeout passed: the lease then lapses on its own
         except RetryableToolError as err:
-            self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE), tool_error=err)
+            self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE,
+                                                        failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)),
+                         tool_error=err)
             raise
         except FinalToolError as err:
             def failed(code: str) -> pb.CompleteRequest:
