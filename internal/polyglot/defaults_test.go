@@ -129,6 +129,46 @@ func TestExamplesDefaultFailureCode(t *testing.T) {
 	}
 }
 
+// TestExamplesRetryableFailureCode checks that the Node and Python examples
+// record a retryable failure (one their tool proved not applied, or a claim
+// whose lease ended on the way) under the failure code the Go SDK records
+// for it.
+func TestExamplesRetryableFailureCode(t *testing.T) {
+	t.Parallel()
+	// No retry: the failed attempt's record is the last one, and is read back.
+	c, err := client.Dial(startLedgerd(t), client.WithToolPolicy("tickets.create", client.ToolPolicy{Timeout: 10 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	op := client.Op{ID: "defaults:retryable", Tool: "tickets.create", Params: map[string]any{"title": "x"}, PermitID: "approval-77"}
+	ran := 0
+	_, err = c.Do(context.Background(), op, func(context.Context, client.Attempt) (client.Result, error) {
+		ran++
+		return client.Result{}, client.MarkRetryable(errors.New("429"))
+	})
+	var exhausted *client.ExhaustedError
+	if !errors.As(err, &exhausted) || ran != 1 {
+		t.Fatalf("Go SDK, a retryable failure and no retries: ran %d time(s), got %v; want one run and an *ExhaustedError", ran, err)
+	}
+	record, err := c.Lookup(context.Background(), op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if record.State != client.StatePending || record.Failure == nil || record.Failure.Code == "" {
+		t.Fatalf("the Go SDK's retryable failure left the record %s with failure %+v; want PENDING with a failure code", record.State, record.Failure)
+	}
+	want := record.Failure.Code
+	for _, c := range []struct{ file, pattern string }{
+		{"examples/node/ledger.js", `const RETRYABLE_FAILURE_CODE = ('[^']*');`},
+		{"examples/python/ledger_guard.py", `\nRETRYABLE_FAILURE_CODE = ("[^"]*")`},
+	} {
+		if got := exampleConstant(t, c.file, c.pattern); len(got) != 1 || got[0] != want {
+			t.Errorf("%s: RETRYABLE_FAILURE_CODE is %q; the Go SDK records %q", c.file, got, want)
+		}
+	}
+}
+
 // TestExamplesBackOffReasons checks that the Node and Python examples repeat
 // a RESOURCE_EXHAUSTED Reserve for the same ledger reasons as the Go SDK
 // (RATE_LIMITED, not UNRESOLVED_LIMIT). Each reason is injected into the Go
