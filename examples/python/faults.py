@@ -452,14 +452,18 @@ def main() -> None:
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
         ledger.close()
 
-    def waits_back_off():
-        print("11. another caller holds the claim (lease 30s): a 20s wait backs off, with jitter, on an injected clock")
-        holder = Ledger(address)
-        held = op("held")
+    def claim_for_another(holder, held):
+        """Reserves held as another caller would, and checks it holds the claim."""
         claim = holder.rpc("Reserve", pb.ReserveRequest(
             operation_id=held["operation_id"], tool=held["tool"], params=to_struct(held["params"]),
             permit_id=held["permit_id"], holder="another-caller"))
         check(claim.decision == pb.DECISION_EXECUTE, "another caller holds the claim")
+
+    def waits_back_off():
+        print("11. another caller holds the claim (lease 30s): a 20s wait backs off, with jitter, on an injected clock")
+        holder = Ledger(address)
+        held = op("held")
+        claim_for_another(holder, held)
         now, pauses = [0.0], []
 
         def sleep(seconds: float) -> None:
@@ -528,10 +532,7 @@ def main() -> None:
         print("14. the caller cancels while another caller holds the claim, on an injected clock")
         holder = Ledger(address)
         held = op("cancel-waiting")
-        claim = holder.rpc("Reserve", pb.ReserveRequest(
-            operation_id=held["operation_id"], tool=held["tool"], params=to_struct(held["params"]),
-            permit_id=held["permit_id"], holder="another-caller"))
-        check(claim.decision == pb.DECISION_EXECUTE, "another caller holds the claim")
+        claim_for_another(holder, held)
         cancel, now, pauses = threading.Event(), [0.0], [0]
 
         def sleep(seconds: float) -> None:
