@@ -50,6 +50,7 @@ type ack struct {
 	Attempt uint32
 	Token   uint64
 	RID     string
+	Reason  string
 }
 
 func newRecorder(effect int, maxAttempts uint32) *recorder {
@@ -79,7 +80,7 @@ func (r *recorder) interceptor() grpc.UnaryClientInterceptor {
 		if !out.Unknown && out.Err == "" && (r.answers && out.HasOp ||
 			in.Kind != kLookup && in.Kind != kRenew && (in.Kind != kReserve || out.Decision == decExecute)) {
 			r.acks = append(r.acks, ack{Kind: in.Kind, ID: in.ID, Outcome: in.Outcome, Finding: in.Finding,
-				State: out.State, Attempt: out.Attempt, Token: out.Token, RID: out.RID})
+				State: out.State, Attempt: out.Attempt, Token: out.Token, RID: out.RID, Reason: out.Reason})
 		}
 		r.mu.Unlock()
 		return err
@@ -165,6 +166,7 @@ func outputOf(reply any, err error) output {
 	if op != nil {
 		o.HasOp = true
 		o.State, o.Attempt, o.Token = int(op.GetState()), op.GetAttempt(), op.GetFencingToken()
+		o.Reason = op.GetReason()
 		if o.State == stSucceeded {
 			o.RID = op.GetResult().GetResourceId()
 		}

@@ -108,6 +108,9 @@ type output struct {
 	Attempt  uint32
 	Token    uint64
 	RID      string // the result's resource id, when SUCCEEDED
+	// Reason of the record's latest transition (not compared: the loss
+	// check of the fault tests reads it).
+	Reason string
 }
 
 // record is the model's state of one operation. It is a comparable value.

@@ -22,7 +22,10 @@ import (
 //   - the record exists;
 //   - its attempt is at least the acknowledged one; at the same attempt, the
 //     token is the same;
-//   - an acknowledged terminal state is still the state;
+//   - an acknowledged terminal state is still the state, with one exception
+//     (supersededBySuccess): a FAILED_FINAL the ledger or a reconciler
+//     concluded may since have been turned into SUCCEEDED by the attempt's
+//     late success;
 //   - at the same attempt, an acknowledged PENDING or UNKNOWN (a retryable
 //     Complete, MarkUnknown, Reconcile) is not RUNNING again.
 //
@@ -55,7 +58,7 @@ func lostAcks(ctx context.Context, t testing.TB, c *client.Client, acks []ack, r
 				why = fmt.Sprintf("the record is at attempt %d", o.Attempt)
 			case o.Attempt == a.Attempt && o.FencingToken != a.Token:
 				why = fmt.Sprintf("the record has token %d", o.FencingToken)
-			case (a.State == stSucceeded || a.State == stFailed) && int(o.State) != a.State:
+			case (a.State == stSucceeded || a.State == stFailed) && int(o.State) != a.State && !supersededBySuccess(a, o):
 				why = fmt.Sprintf("the record is %v", o.State)
 			case (a.State == stPending || a.State == stUnknown) && o.Attempt == a.Attempt && o.State == client.StateRunning:
 				why = "the record is RUNNING again"
@@ -68,6 +71,37 @@ func lostAcks(ctx context.Context, t testing.TB, c *client.Client, acks []ack, r
 		}
 	}
 	return lost, checked
+}
+
+// supersededBySuccess reports whether o shows the one legal way out of an
+// acknowledged terminal state a: SPEC §4 accepts Complete with the latest
+// attempt's token after the ledger concluded the operation failed
+// (RETRIES_EXHAUSTED: out of attempts) or a reconciler abandoned it
+// (ABANDONED), and complete.lua then turns that FAILED_FINAL into SUCCEEDED:
+// the record must not keep the conclusion that the effect never happened.
+// Nothing else leaves a terminal state, and no claim follows one, so:
+//   - the acknowledged state is FAILED_FINAL with one of those two reasons;
+//   - the acknowledgement is not the attempt's own FAILED_FINAL report
+//     (that report binds its token: a success with it is
+//     COMPLETION_CONFLICT);
+//   - the record is SUCCEEDED at the acknowledged attempt (and token, which
+//     lostAcks checks first), and its history has that late report: the
+//     transition FAILED_FINAL → SUCCEEDED at that attempt, right after the
+//     FAILED_FINAL with that reason.
+func supersededBySuccess(a ack, o *client.Operation) bool {
+	if a.State != stFailed || a.Reason != "RETRIES_EXHAUSTED" && a.Reason != "ABANDONED" ||
+		a.Kind == kComplete && a.Outcome == outFinal ||
+		o.State != client.StateSucceeded || o.Attempt != a.Attempt {
+		return false
+	}
+	for i := 1; i < len(o.History); i++ {
+		h, prev := o.History[i], o.History[i-1]
+		if h.From == client.StateFailedFinal && h.To == client.StateSucceeded && h.Attempt == a.Attempt &&
+			prev.To == client.StateFailedFinal && prev.Reason == a.Reason {
+			return true
+		}
+	}
+	return false
 }
 
 // TestRedisKill (issue 6 (a)) kills redis-server with SIGKILL three times
