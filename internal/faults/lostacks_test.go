@@ -20,7 +20,8 @@ import (
 // FAILED_FINAL is superseded, not lost. What stays a loss: the acknowledged
 // FAILED_FINAL is not in the record's history at all, or the attempt's own
 // FAILED_FINAL report was acknowledged (its token can report nothing else
-// afterwards), or the record is at another token.
+// afterwards), the record is at another token, or at a later attempt than
+// an acknowledged terminal state.
 func TestLostAcks(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -83,6 +84,18 @@ func TestLostAcks(t *testing.T) {
 	d := claim("direct", tool)
 	late("direct", d.FencingToken)
 
+	// A retryable failure, then a second attempt that succeeds.
+	r1, err := c.Reserve(ctx, op("again"), "h-again")
+	if err != nil || r1.Decision != client.DecisionExecute {
+		t.Fatalf("Reserve(again) = %+v, %v", r1, err)
+	}
+	must(c.Fail(ctx, "again", r1.Operation.FencingToken, false, client.Failure{Code: "retryable"}))
+	r2, err := c.Reserve(ctx, op("again"), "h-again-2")
+	if err != nil || r2.Decision != client.DecisionExecute || r2.Operation.Attempt != 2 {
+		t.Fatalf("second Reserve(again) = %+v, %v", r2, err)
+	}
+	late("again", r2.Operation.FencingToken)
+
 	superseded := []ack{
 		ackOf(kReconcile, abandoned),
 		{Kind: kMarkUnknown, ID: "abandoned", State: stFailed, Attempt: a.Attempt, Token: a.FencingToken, Reason: "ABANDONED"},
@@ -100,6 +113,10 @@ func TestLostAcks(t *testing.T) {
 		{Kind: kReconcile, ID: "direct", Finding: findAbandon, State: stFailed, Attempt: d.Attempt, Token: d.FencingToken, Reason: "ABANDONED"},
 		// The record is at another token.
 		{Kind: kReconcile, ID: "exhausted", Finding: findAbandon, State: stFailed, Attempt: e.Attempt, Token: e.FencingToken + 1, Reason: "ABANDONED"},
+		// A terminal state at an attempt the record has left: no claim
+		// follows a terminal state, so the store lost it and ran the
+		// operation again.
+		{Kind: kComplete, ID: "again", Outcome: outSucceeded, State: stSucceeded, Attempt: 1, Token: r1.Operation.FencingToken, Reason: "SUCCEEDED"},
 	}
 
 	var reports []string

@@ -22,7 +22,8 @@ import (
 //   - the record exists;
 //   - its attempt is at least the acknowledged one; at the same attempt, the
 //     token is the same;
-//   - an acknowledged terminal state is still the state, with one exception
+//   - an acknowledged terminal state is still the state, at the same
+//     attempt (no claim follows a terminal state), with one exception
 //     (supersededBySuccess): a FAILED_FINAL the ledger or a reconciler
 //     concluded may since have been turned into SUCCEEDED by the attempt's
 //     late success;
@@ -58,6 +59,8 @@ func lostAcks(ctx context.Context, t testing.TB, c *client.Client, acks []ack, r
 				why = fmt.Sprintf("the record is at attempt %d", o.Attempt)
 			case o.Attempt == a.Attempt && o.FencingToken != a.Token:
 				why = fmt.Sprintf("the record has token %d", o.FencingToken)
+			case (a.State == stSucceeded || a.State == stFailed) && o.Attempt != a.Attempt:
+				why = fmt.Sprintf("the record is at attempt %d, claimed again", o.Attempt)
 			case (a.State == stSucceeded || a.State == stFailed) && int(o.State) != a.State && !supersededBySuccess(a, o):
 				why = fmt.Sprintf("the record is %v", o.State)
 			case (a.State == stPending || a.State == stUnknown) && o.Attempt == a.Attempt && o.State == client.StateRunning:
