@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -361,4 +362,107 @@ func errString(err error) string {
 		return "no error"
 	}
 	return err.Error()
+}
+
+// TestReleasePassesOverEndedCalls checks release on its own: the only lane
+// is held by a call O whose request the proxy holds, and behind it are
+// queued E, a call whose context has ended, and then C, a live call. E is
+// queued the way ProcessHook queues a call, but with no caller behind it, so
+// nothing else can notice that E's context ended: when O's reply is let
+// through, release alone decides who gets the lane. It must pass over E (abandoned, its
+// caller woken, never sent) and hand the lane to C, whose script then runs
+// once. Handing the lane to E would leave it with no one to send C.
+func TestReleasePassesOverEndedCalls(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ended func() (done <-chan struct{}, deadline time.Time)
+	}{
+		{"cancelled", func() (<-chan struct{}, time.Time) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx.Done(), time.Time{}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			p := newHoldProxy(t, srv.Addr)
+			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
+			defer rdb.Close()
+			h := Enable(rdb, Options{Lanes: 1})
+			defer h.Close()
+			ctx := context.Background()
+			for _, s := range []*redis.Script{echo, incr} {
+				if err := s.Load(ctx, rdb).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			direct := srv.Client(t)
+			before := scriptCalls(t, direct)
+
+			held := p.hold("held:o")
+			o := make(chan error, 1)
+			go func() { o <- echo.Run(ctx, rdb, []string{"held:o"}, "o").Err() }()
+			waitClosed(t, held.seen, "request of O at the proxy")
+
+			done, deadline := tc.ended()
+			e := &call{inner: redis.NewCmd(ctx, "evalsha", incr.Hash(), 1, "e"), done: done, deadline: deadline,
+				wake: make(chan struct{}, 1)}
+			h.mu.Lock()
+			h.pending = append(h.pending, e)
+			h.mu.Unlock()
+			c := make(chan error, 1)
+			go func() { c <- incr.Run(ctx, rdb, []string{"c"}).Err() }()
+			waitPending(t, h, 2)
+			h.mu.Lock()
+			if h.active != 1 || len(h.pending) != 2 || h.pending[0] != e || e.state != queued || h.pending[1].state != queued {
+				h.mu.Unlock()
+				t.Fatalf("%d lanes active, %d queued; want E then C queued behind O", h.active, len(h.pending))
+			}
+			h.mu.Unlock()
+
+			held.release()
+			if err := waitErr(t, o, "O"); err != nil {
+				t.Fatal(err)
+			}
+			if err := waitErr(t, c, "C, queued behind the ended call E (was the lane handed to E?),"); err != nil {
+				t.Fatalf("C = %v, want its reply", err)
+			}
+			h.mu.Lock()
+			state, lead, woken := e.state, e.lead, len(e.wake)
+			h.mu.Unlock()
+			if state != abandoned || lead || woken != 1 {
+				t.Fatalf("E: state %d, lead %v, %d wake signals; want abandoned (%d), no lane, its caller woken", state, lead, woken, abandoned)
+			}
+			if n, err := direct.Get(ctx, "c").Int(); err != nil || n != 1 {
+				t.Fatalf("C's counter = %d, %v; want 1", n, err)
+			}
+			if n, err := direct.Get(ctx, "e").Int(); !errors.Is(err, redis.Nil) {
+				t.Fatalf("E's counter = %d, %v: E's script ran though its context had ended", n, err)
+			}
+			if got := scriptCalls(t, direct) - before; got != 2 {
+				t.Fatalf("Redis ran %d scripts, want 2 (O and C; never E)", got)
+			}
+			waitIdle(t, h)
+		})
+	}
+}
+
+// scriptCalls returns how many EVALSHA and EVAL commands Redis has run (INFO
+// commandstats).
+func scriptCalls(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, prefix := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+				v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
 }
