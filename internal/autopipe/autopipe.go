@@ -14,7 +14,8 @@
 //
 // Contexts: a call whose context ends while it is queued is never sent (the
 // caller that forms a batch leaves out, and wakes, every queued call whose
-// context has ended or whose deadline has passed). A caller whose context
+// context has ended or whose deadline has passed; a lane being handed on
+// passes such calls over the same way). A caller whose context
 // ends while its batch is in flight returns at once with its context's
 // error (the script may have run, as when a plain call's deadline cuts its
 // reply). That holds for the caller sending the batch too: when its context
@@ -340,19 +341,19 @@ func wake(c *call) {
 }
 
 // release hands the caller's lane to the oldest queued caller, or frees it.
-// A queued caller whose context has ended is passed over: its call is
-// abandoned and the caller woken. h.mu is held.
+// A queued caller whose context has ended, or whose deadline has passed (as
+// take sees it), is passed over: its call is abandoned and the caller woken.
+// h.mu is held.
 func (h *Hook) release() {
+	var now time.Time
 	for _, c := range h.pending {
 		if c.state != queued || c.lead {
 			continue
 		}
-		select {
-		case <-c.done:
+		if c.ended(&now) {
 			c.state = abandoned
 			wake(c)
 			continue
-		default:
 		}
 		c.lead = true
 		wake(c)

@@ -366,10 +366,11 @@ func errString(err error) string {
 
 // TestReleasePassesOverEndedCalls checks release on its own: the only lane
 // is held by a call O whose request the proxy holds, and behind it are
-// queued E, a call whose context has ended, and then C, a live call. E is
-// queued the way ProcessHook queues a call, but with no caller behind it, so
-// nothing else can notice that E's context ended: when O's reply is let
-// through, release alone decides who gets the lane. It must pass over E (abandoned, its
+// queued E, a call whose context has ended (cancelled, or past its deadline
+// before its timer fired), and then C, a live call. E is queued the way
+// ProcessHook queues a call, but with no caller behind it, so nothing else
+// can notice that E's context ended: when O's reply is let through, release
+// alone decides who gets the lane. It must pass over E (abandoned, its
 // caller woken, never sent) and hand the lane to C, whose script then runs
 // once. Handing the lane to E would leave it with no one to send C.
 func TestReleasePassesOverEndedCalls(t *testing.T) {
@@ -381,6 +382,11 @@ func TestReleasePassesOverEndedCalls(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			return ctx.Done(), time.Time{}
+		}},
+		// Its deadline has passed, and its context's timer has not fired
+		// yet: take leaves such a call out, so must release.
+		{"deadline passed", func() (<-chan struct{}, time.Time) {
+			return make(chan struct{}), time.Now().Add(-time.Second)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
