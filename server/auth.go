@@ -133,7 +133,8 @@ func LoadCredentials(file string) (*Credentials, error) {
 //
 // Unknown fields, duplicate key ids, unknown scopes, malformed hashes, a
 // tenant written as YAML's null (unquoted null or ~, as a key's or client's
-// tenant or a name under tenants) and a second YAML document are errors.
+// tenant, also one it takes through a merge key, or a name under tenants)
+// and a second YAML document are errors.
 func ParseCredentials(data []byte) (*Credentials, error) {
 	var f credentialsFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -248,8 +249,9 @@ func nullTenantKey(data []byte) (string, bool) {
 // nullTenants returns the entries of keys and clients in the credentials
 // document data (decoded already) whose tenant is written as YAML's null
 // (null, Null, NULL, ~), which decodes as no tenant: the tenant as written,
-// by the entry's place ("keys[0]", "clients[1]"). A tenant left empty is
-// missing, not written, and not returned.
+// by the entry's place ("keys[0]", "clients[1]"). The tenant is the one
+// decoding takes, also through merge keys (tenantNode). A tenant left empty
+// is missing, not written, and not returned.
 func nullTenants(data []byte) map[string]string {
 	var raw struct {
 		Keys    yaml.Node `yaml:"keys"`
@@ -258,12 +260,6 @@ func nullTenants(data []byte) map[string]string {
 	if err := yaml.Unmarshal(data, &raw); err != nil {
 		return nil
 	}
-	deref := func(n *yaml.Node) *yaml.Node {
-		if n.Kind == yaml.AliasNode && n.Alias != nil {
-			return n.Alias
-		}
-		return n
-	}
 	nulls := map[string]string{}
 	for list, n := range map[string]*yaml.Node{"keys": &raw.Keys, "clients": &raw.Clients} {
 		n = deref(n)
@@ -271,18 +267,61 @@ func nullTenants(data []byte) map[string]string {
 			continue
 		}
 		for i, e := range n.Content {
-			e = deref(e)
-			if e.Kind != yaml.MappingNode {
-				continue
-			}
-			for j := 0; j+1 < len(e.Content); j += 2 {
-				if k, v := e.Content[j], deref(e.Content[j+1]); k.Value == "tenant" && v.ShortTag() == "!!null" && v.Value != "" {
-					nulls[fmt.Sprintf("%s[%d]", list, i)] = v.Value
-				}
+			if v := tenantNode(e, 0); v != nil && v.ShortTag() == "!!null" && v.Value != "" {
+				nulls[fmt.Sprintf("%s[%d]", list, i)] = v.Value
 			}
 		}
 	}
 	return nulls
+}
+
+// tenantNode returns the value of the tenant field of the mapping e as
+// decoding into a struct takes it (nil when there is none): the mapping's
+// own tenant; otherwise, from its merge key (<<), the first merged mapping,
+// in order and each with its own merge key after its own fields, that has
+// one. depth bounds merges of merges.
+func tenantNode(e *yaml.Node, depth int) *yaml.Node {
+	e = deref(e)
+	if e == nil || e.Kind != yaml.MappingNode || depth > 32 {
+		return nil
+	}
+	var merge *yaml.Node
+	for j := 0; j+1 < len(e.Content); j += 2 {
+		k := e.Content[j]
+		if isMergeKey(k) {
+			merge = deref(e.Content[j+1])
+			continue
+		}
+		if k.Value == "tenant" {
+			return deref(e.Content[j+1])
+		}
+	}
+	if merge == nil {
+		return nil
+	}
+	if merge.Kind == yaml.SequenceNode {
+		for _, m := range merge.Content {
+			if v := tenantNode(m, depth+1); v != nil {
+				return v
+			}
+		}
+		return nil
+	}
+	return tenantNode(merge, depth+1)
+}
+
+// isMergeKey reports whether the mapping key k is YAML's merge key, as the
+// decoder recognises it.
+func isMergeKey(k *yaml.Node) bool {
+	return k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.Tag == "" || k.Tag == "!" || k.ShortTag() == "!!merge")
+}
+
+// deref returns the node an alias stands for, or n itself.
+func deref(n *yaml.Node) *yaml.Node {
+	if n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
 }
 
 // Limits returns the tenant's overrides.

@@ -63,6 +63,8 @@ func FuzzParseCredentials(f *testing.F) {
 		"keys:\n  - {id: a, tenant: t, scopes: [agent], secret_sha256: " + strings.Repeat("0", 63) + "}\n",
 		"clients:\n  - {common_name: x, uri: y, tenant: t, scopes: [agent]}\n",
 		"keys:\n  - {id: a, tenant: \"null\", scopes: [agent], secret_sha256: " + strings.Repeat("0", 64) + "}\n",
+		"keys:\n  - {<<: &k {tenant: ~, scopes: [agent]}, id: a, tenant: t, secret_sha256: " + strings.Repeat("0", 64) + "}\n" +
+			"  - {<<: *k, id: b, secret_sha256: " + strings.Repeat("0", 64) + "}\n",
 		"",
 	} {
 		f.Add([]byte(doc))

@@ -406,6 +406,59 @@ func TestCredentialsNullTenant(t *testing.T) {
 	}
 }
 
+// TestCredentialsNullTenantThroughMergeKey: a tenant that YAML reads as
+// null reaches a key or client through a merge key (<<) as well: from an
+// anchored mapping, a mapping written in place, the first mapping of a
+// list that has a tenant, or a mapping merged into the merged one. The file is refused with the same error as a
+// tenant written as null in the entry itself, naming the null value. A
+// tenant the entry sets itself, or one an earlier merged mapping sets, is
+// the one decoding keeps, and no null is reported then.
+func TestCredentialsNullTenantThroughMergeKey(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	for _, name := range []string{"null", "Null", "NULL", "~"} {
+		// keys[0] sets its own tenant over the anchored null; keys[1] takes
+		// the null from the anchor.
+		anchored := "keys:\n" +
+			"  - <<: &base {tenant: " + name + ", scopes: [agent]}\n    id: k0\n    tenant: acme\n    secret_sha256: " + hash + "\n" +
+			"  - <<: *base\n    id: k1\n    secret_sha256: " + hash + "\n"
+		for _, tc := range []struct{ doc, where string }{
+			{anchored, "keys[1] (k1): tenant"},
+			{"keys:\n  - {<<: {tenant: " + name + "}, id: k1, scopes: [agent], secret_sha256: " + hash + "}\n", "keys[0] (k1): tenant"},
+			{"keys:\n  - {<<: [{scopes: [agent]}, {tenant: " + name + "}, {tenant: acme}], id: k1, secret_sha256: " + hash + "}\n", "keys[0] (k1): tenant"},
+			{"keys:\n  - {<<: {<<: {tenant: " + name + "}, scopes: [agent]}, id: k1, secret_sha256: " + hash + "}\n", "keys[0] (k1): tenant"},
+			{"clients:\n  - {<<: &c {tenant: " + name + "}, common_name: c0, tenant: acme, scopes: [agent]}\n" +
+				"  - {<<: *c, common_name: c1, scopes: [agent]}\n", "clients[1]: tenant"},
+		} {
+			_, err := server.ParseCredentials([]byte(tc.doc))
+			if err == nil || !strings.Contains(err.Error(), tc.where) || !strings.Contains(err.Error(), `"`+name+`" reads as YAML's null`) ||
+				!strings.Contains(err.Error(), "quote it") {
+				t.Errorf("%q: %v, want an error naming %s's null tenant and asking to quote it", tc.doc, err, tc.where)
+			}
+			quoted := strings.NewReplacer("tenant: "+name+"}", `tenant: "`+name+`"}`, "tenant: "+name+",", `tenant: "`+name+`",`).Replace(tc.doc)
+			if _, err := server.ParseCredentials([]byte(quoted)); err != nil {
+				t.Errorf("tenant %q quoted: %v", name, err)
+			}
+		}
+		// The tenant decoding keeps is not the null but acme (accepted: a
+		// key's tenant is never empty): the entry's own, or an earlier
+		// merged mapping's.
+		for _, doc := range []string{
+			"keys:\n  - {<<: {tenant: " + name + "}, id: k1, tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n",
+			"keys:\n  - {<<: [{tenant: acme}, {tenant: " + name + "}], id: k1, scopes: [agent], secret_sha256: " + hash + "}\n",
+			"keys:\n  - {<<: {<<: {tenant: " + name + "}, tenant: acme}, id: k1, scopes: [agent], secret_sha256: " + hash + "}\n",
+		} {
+			if _, err := server.ParseCredentials([]byte(doc)); err != nil {
+				t.Errorf("%q: %v", doc, err)
+			}
+		}
+	}
+	// A tenant left empty in the merged mapping is missing, as one left out.
+	doc := "keys:\n  - {<<: {tenant: }, id: k1, scopes: [agent], secret_sha256: " + hash + "}\n"
+	if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), "required") || strings.Contains(err.Error(), "null") {
+		t.Errorf("%q: %v, want an error saying the tenant is required", doc, err)
+	}
+}
+
 // TestCredentialsFileIsOneDocument: what follows the credentials document
 // (a second document revoking a key, or text that is not YAML) makes the
 // file invalid instead of going unread.
