@@ -133,8 +133,8 @@ func LoadCredentials(file string) (*Credentials, error) {
 //
 // Unknown fields, duplicate key ids, unknown scopes, malformed hashes, a
 // tenant written as YAML's null (unquoted null or ~, as a key's or client's
-// tenant, also one it takes through a merge key, or a name under tenants)
-// and a second YAML document are errors.
+// tenant or a name under tenants, also through a merge key) and a second
+// YAML document are errors.
 func ParseCredentials(data []byte) (*Credentials, error) {
 	var f credentialsFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -223,7 +223,8 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 
 // nullTenantKey returns the first name in the tenants map of the
 // credentials document data (decoded already) that YAML reads as null
-// (null, Null, NULL, ~), whose entry decoding drops.
+// (null, Null, NULL, ~), whose entry decoding drops: written in the map
+// itself or in a mapping it takes through a merge key (<<).
 func nullTenantKey(data []byte) (string, bool) {
 	var raw struct {
 		Tenants yaml.Node `yaml:"tenants"`
@@ -231,16 +232,33 @@ func nullTenantKey(data []byte) (string, bool) {
 	if err := yaml.Unmarshal(data, &raw); err != nil {
 		return "", false
 	}
-	n := &raw.Tenants
-	if n.Kind == yaml.AliasNode {
-		n = n.Alias
-	}
-	if n.Kind != yaml.MappingNode {
+	return nullKey(&raw.Tenants, 0)
+}
+
+// nullKey returns the first key of the mapping n, or of a mapping merged
+// into it (depth bounds merges of merges), that YAML reads as null.
+func nullKey(n *yaml.Node, depth int) (string, bool) {
+	n = deref(n)
+	if n == nil || depth > 32 {
 		return "", false
 	}
-	for i := 0; i < len(n.Content); i += 2 {
-		if k := n.Content[i]; k.ShortTag() == "!!null" {
-			return k.Value, true
+	switch n.Kind {
+	case yaml.SequenceNode: // the mappings of a merge key
+		for _, m := range n.Content {
+			if k, ok := nullKey(m, depth+1); ok {
+				return k, true
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if isMergeKey(k) {
+				if name, ok := nullKey(n.Content[i+1], depth+1); ok {
+					return name, true
+				}
+			} else if k.ShortTag() == "!!null" {
+				return k.Value, true
+			}
 		}
 	}
 	return "", false

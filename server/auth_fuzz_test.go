@@ -65,6 +65,7 @@ func FuzzParseCredentials(f *testing.F) {
 		"keys:\n  - {id: a, tenant: \"null\", scopes: [agent], secret_sha256: " + strings.Repeat("0", 64) + "}\n",
 		"keys:\n  - {<<: &k {tenant: ~, scopes: [agent]}, id: a, tenant: t, secret_sha256: " + strings.Repeat("0", 64) + "}\n" +
 			"  - {<<: *k, id: b, secret_sha256: " + strings.Repeat("0", 64) + "}\n",
+		"tenants:\n  t1: &l {rate: 1}\n  <<: [{t2: *l}, {~: *l}]\n",
 		"",
 	} {
 		f.Add([]byte(doc))

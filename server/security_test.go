@@ -353,7 +353,7 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A name YAML reads as null would have its entry dropped, and the
-	// tenant its limits: quoted, it is the name.
+	// tenant its limits, with no error: quoted, it is the name.
 	for _, name := range []string{"null", "Null", "NULL", "~"} {
 		if _, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  " + name + ": {rate: 5}\n"))); err == nil || !strings.Contains(err.Error(), "quote it") {
 			t.Errorf("tenant %s: %v, want an error asking to quote it", name, err)
@@ -361,6 +361,21 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 		c, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  \"" + name + "\": {rate: 5}\n")))
 		if err != nil || c.Limits(name).Rate != 5 {
 			t.Errorf("tenant %q quoted: %v", name, err)
+		}
+		// The same name reaching the map through a merge key (<<), in
+		// place, from an anchor, or in a mapping merged into a merged one.
+		for _, merged := range []string{
+			"tenants:\n  <<: {" + name + ": {rate: 5}}\n",
+			"tenants:\n  t1: &l {rate: 5}\n  <<: [{t2: *l}, {" + name + ": *l}]\n",
+			"tenants:\n  <<: {<<: {" + name + ": {rate: 5}}, t2: {rate: 1}}\n",
+		} {
+			if _, err := server.ParseCredentials([]byte(kr.doc(merged))); err == nil || !strings.Contains(err.Error(), `the name "`+name+`" reads as YAML's null`) {
+				t.Errorf("%q: %v, want an error naming the null and asking to quote it", merged, err)
+			}
+			quoted := strings.Replace(merged, name+":", `"`+name+`":`, 1)
+			if c, err := server.ParseCredentials([]byte(kr.doc(quoted))); err != nil || c.Limits(name).Rate != 5 {
+				t.Errorf("%q: %v, want tenant %q's limits", quoted, err, name)
+			}
 		}
 	}
 }
