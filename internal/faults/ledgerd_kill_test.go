@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,14 +96,25 @@ func TestLedgerdKill(t *testing.T) {
 // crashAgents starts n operations whose agents crash after EXECUTE and
 // never report: a third after the destination applied the effect, a third
 // before calling it, a third after applying it and marking the attempt
-// unknown. It returns how each crashed, by operation id.
+// unknown. The claims are made at once, as by the agents of one host that
+// dies, so their leases end together (and sweepers that run at once find
+// them together). It returns how each crashed, by operation id.
 func crashAgents(ctx context.Context, t testing.TB, clients []*client.Client, dest *destination, prefix string, n int) map[string]string {
 	t.Helper()
 	crashed := map[string]string{}
+	rs := make([]*client.Reservation, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			rs[i], errs[i] = clients[i%len(clients)].Reserve(ctx, op(fmt.Sprintf("%s-%d", prefix, i)), client.NewHolder())
+		})
+	}
+	wg.Wait()
 	for i := range n {
 		id := fmt.Sprintf("%s-%d", prefix, i)
 		c := clients[i%len(clients)]
-		r, err := c.Reserve(ctx, op(id), client.NewHolder())
+		r, err := rs[i], errs[i]
 		if err != nil || r.Decision != client.DecisionExecute {
 			t.Fatalf("Reserve(%s) = %v, %v", id, r, err)
 		}
