@@ -16,6 +16,16 @@
 //   - TestLedgerdKill (b): kill -9 of a ledgerd process under load, restart
 //     on the same port; clients retry; abandoned claims become UNKNOWN
 //     (sweeper) and are reconciled (S7).
+//   - TestSeveralInstances: three ledgerd processes on one Redis, each with
+//     its own sweeper and compaction pass, killed -9 one at a time under
+//     load while the others serve; the same operations are performed at
+//     once through different instances (S1, S9), clients pinned to an
+//     instance retry it and a round-robin client fails over; agents that
+//     crash at once leave claims the three sweepers race to expire (each
+//     expiry recorded once, by principal "ledger"), a reconciler on
+//     another instance resolves them; the live counts behind the
+//     unresolved gauges match the records, and short-lived receipts are
+//     cut to their tombstones and refused as expired.
 //   - TestNetworkFaults (c): an in-process toxiproxy between the ledger and
 //     Redis: latency past the read timeout, reset_peer, cut replies, silent
 //     drops, down and up; go-redis re-sends EVALSHA, nothing is applied
@@ -32,8 +42,9 @@
 // itself). docs/failure-model.md has the figures and what they mean.
 //
 // Run it alone with `go test -race -count=1 ./internal/faults/` (about two
-// minutes). It needs redis-server and redis-cli, and builds cmd/ledgerd
-// once. With LEDGER_TEST_FAULTS=long the runs are longer (12 Redis kills,
-// 4 ledgerd kills, the network fault schedule 5 times) and TestRedisKill
-// also measures appendfsync everysec and no persistence.
+// and a half minutes). It needs redis-server and redis-cli, and builds
+// cmd/ledgerd once. With LEDGER_TEST_FAULTS=long the runs are longer (12
+// Redis kills, 12 ledgerd kills in each ledgerd test, the network fault
+// schedule 5 times) and TestRedisKill also measures appendfsync everysec
+// and no persistence.
 package faults
