@@ -310,7 +310,9 @@ func (h *Hook) take(batch []*call) []*call {
 		c.state = sent
 		batch = append(batch, c)
 	}
-	h.pending = h.pending[:copy(h.pending, h.pending[n:])]
+	// Delete clears the slots it vacates: the queue's array keeps no call
+	// that left it.
+	h.pending = slices.Delete(h.pending, 0, n)
 	return batch
 }
 
@@ -360,6 +362,10 @@ func (h *Hook) release() {
 		return
 	}
 	h.active--
+	// No queued caller is left to take the calls abandoned in the queue
+	// out of it: they go now, so that the queue keeps nothing of callers
+	// that are gone (their arguments, their contexts) until the next call.
+	h.pending = slices.DeleteFunc(h.pending, func(c *call) bool { return c.state != queued })
 }
 
 // count adds batch to the hook's statistics.
