@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -21,9 +22,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/opledger/ledger/client"
@@ -66,6 +71,9 @@ type churnStack struct {
 	rdb   *redis.Client
 	proxy *churnProxy
 	admin *redis.Client // straight to the redis-server, for CLIENT LIST
+	// The API keys of the credentials file: agent's tenant has no rate
+	// limit, limited's has a low one.
+	agent, limited string
 }
 
 func startChurnStack(t *testing.T) *churnStack {
@@ -93,7 +101,24 @@ func startChurnStack(t *testing.T) *churnStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := server.New(server.Config{Ledger: l, Logger: log}, met.ServerOptions()...)
+	// Authentication as with --auth-file, and a tenant over its rate.
+	var keys []string
+	var lines strings.Builder
+	lines.WriteString("keys:\n")
+	for _, tenant := range []string{"acme", "limited"} {
+		key, hash, err := server.NewAPIKey(tenant + "-key")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+		fmt.Fprintf(&lines, "  - {id: %s-key, tenant: %s, scopes: [agent, reconciler, viewer], secret_sha256: %s}\n", tenant, tenant, hash)
+	}
+	lines.WriteString("tenants:\n  limited: {rate: 100, burst: 5}\n")
+	creds, err := server.ParseCredentials([]byte(lines.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.New(server.Config{Ledger: l, Logger: log, Auth: server.NewAuthenticator(creds)}, met.ServerOptions()...)
 	met.InitializeRPC(svc.GRPC)
 	met.WatchStore(l, 0)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -117,7 +142,7 @@ func startChurnStack(t *testing.T) *churnStack {
 		pipe.Close()
 		_ = rdb.Close()
 	})
-	return &churnStack{addr: lis.Addr().String(), rdb: rdb, proxy: proxy, admin: srv.Client(t)}
+	return &churnStack{addr: lis.Addr().String(), rdb: rdb, proxy: proxy, admin: srv.Client(t), agent: keys[0], limited: keys[1]}
 }
 
 // usage is what the process holds, less what the test's proxy holds.
@@ -283,10 +308,10 @@ func (d *effectCounter) twice() []string {
 }
 
 // TestNoLeaksUnderChurn drives ledgerd with bursts of hostile traffic:
-// calls cancelled at random points, short deadlines, connections closed in
-// the middle of calls, connections that send part of the HTTP/2 preface and
-// hang up, and Redis replies stalled past the read timeout or cut by a TCP
-// reset. After each burst ledgerd must be back to its baseline: goroutines,
+// calls cancelled at random points, short deadlines, calls with a wrong API
+// key, none, or over their tenant's rate, connections closed in the middle
+// of calls, connections that send part of the HTTP/2 preface and hang up,
+// and Redis replies stalled past the read timeout or cut by a TCP reset. After each burst ledgerd must be back to its baseline: goroutines,
 // file descriptors, and Redis connections no more than its pools allow;
 // its heap must not grow from burst to burst. Throughout, no operation's
 // irreversible effect driven by client.Do is applied twice.
@@ -297,8 +322,8 @@ func TestNoLeaksUnderChurn(t *testing.T) {
 	run := func(burst int, d time.Duration) {
 		c := &churn{s: s, dest: dest, burst: burst}
 		c.run(t, d)
-		t.Logf("burst %d: %d calls, %d connections closed during calls, %d raw connections, %d client.Do calls (%d succeeded)",
-			burst, c.calls.Load(), c.closed.Load(), c.raw.Load(), c.dos.Load(), c.succeeded.Load())
+		t.Logf("burst %d: %d calls (%d answered), %d connections closed during calls, %d raw connections, %d client.Do calls (%d succeeded)",
+			burst, c.calls.Load(), c.answered.Load(), c.closed.Load(), c.raw.Load(), c.dos.Load(), c.succeeded.Load())
 		total.add(&c.churnCounts)
 	}
 
@@ -311,7 +336,7 @@ func TestNoLeaksUnderChurn(t *testing.T) {
 	const bursts = 3
 	var heaps [bursts]uint64
 	for b := range bursts {
-		run(b+1, time.Second)
+		run(b+1, 2*time.Second)
 		u := s.settle(t, "burst "+strconv.Itoa(b+1), base)
 		heaps[b] = heap()
 		t.Logf("after burst %d: %v; heap %d KiB", b+1, u, heaps[b]>>10)
@@ -325,14 +350,15 @@ func TestNoLeaksUnderChurn(t *testing.T) {
 	if twice := dest.twice(); len(twice) > 0 {
 		t.Errorf("effects applied more than once: %v", twice)
 	}
-	if total.succeeded.Load() == 0 || total.calls.Load() == 0 {
-		t.Errorf("%d calls, %d client.Do calls succeeded: the churn tested nothing", total.calls.Load(), total.succeeded.Load())
+	if total.answered.Load() == 0 || total.succeeded.Load() == 0 {
+		t.Errorf("%d calls answered, %d client.Do calls succeeded: the churn tested nothing", total.answered.Load(), total.succeeded.Load())
 	}
 }
 
 // churnCounts count a burst's traffic.
 type churnCounts struct {
 	calls     atomic.Int64 // calls of the service's methods
+	answered  atomic.Int64 // ... that the service answered (not cut short)
 	closed    atomic.Int64 // connections closed while their calls ran
 	raw       atomic.Int64 // raw TCP connections
 	dos       atomic.Int64 // client.Do calls
@@ -341,6 +367,7 @@ type churnCounts struct {
 
 func (c *churnCounts) add(o *churnCounts) {
 	c.calls.Add(o.calls.Load())
+	c.answered.Add(o.answered.Load())
 	c.closed.Add(o.closed.Load())
 	c.raw.Add(o.raw.Load())
 	c.dos.Add(o.dos.Load())
@@ -419,7 +446,7 @@ func (c *churn) disturbRedis(stop <-chan struct{}) {
 		case <-stop:
 			c.s.proxy.unstall()
 			return
-		case <-time.After(time.Duration(50+r.IntN(150)) * time.Millisecond):
+		case <-time.After(time.Duration(100+r.IntN(300)) * time.Millisecond):
 		}
 		if r.IntN(2) == 0 {
 			c.s.proxy.reset()
@@ -443,13 +470,46 @@ func callContext(r *rand.Rand) (context.Context, context.CancelFunc) {
 		return context.WithCancel(ctx)
 	case 1:
 		ctx, cancel := context.WithCancel(ctx)
-		time.AfterFunc(time.Duration(r.IntN(3000))*time.Microsecond, cancel)
+		time.AfterFunc(moment(r), cancel)
 		return ctx, cancel
 	case 2:
-		return context.WithTimeout(ctx, time.Duration(1+r.IntN(5))*time.Millisecond)
+		return context.WithTimeout(ctx, moment(r))
 	default:
 		return context.WithTimeout(ctx, 2*time.Second)
 	}
+}
+
+// moment is a random delay from 10µs to 100ms, as likely within each tenfold
+// range: the call may end while it is sent, queued, handled or answered,
+// however fast the machine is.
+func moment(r *rand.Rand) time.Duration {
+	return time.Duration(10 * math.Pow(10, 4*r.Float64()) * float64(time.Microsecond))
+}
+
+// credentials adds an API key to ctx: mostly the agent's, sometimes the
+// rate-limited tenant's, a wrong secret, or none.
+func (c *churn) credentials(ctx context.Context, r *rand.Rand) context.Context {
+	key := c.s.agent
+	switch r.IntN(20) {
+	case 0:
+		return ctx
+	case 1:
+		key += "x"
+	case 2, 3:
+		key = c.s.limited
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+key)
+}
+
+// withKey is a connection whose every call carries key.
+type withKey struct {
+	grpc.ClientConnInterface
+	key string
+}
+
+func (w withKey) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.key)
+	return w.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
 }
 
 // rawCalls makes n calls of every method on conn, each under callContext.
@@ -462,34 +522,42 @@ func (c *churn) rawCalls(r *rand.Rand, conn grpc.ClientConnInterface, n int) {
 // oneCall makes one call of a random method.
 func (c *churn) oneCall(r *rand.Rand, cc grpc.ClientConnInterface) {
 	lc := ledgerv1.NewLedgerServiceClient(cc)
-	c.calls.Add(1)
 	ctx, cancel := callContext(r)
 	defer cancel()
+	ctx = c.credentials(ctx, r)
 	id := fmt.Sprintf("churn-raw-%d-%d", c.burst, r.IntN(200))
+	var err error
 	switch r.IntN(7) {
 	case 0:
 		params, _ := structpb.NewStruct(map[string]any{"n": float64(r.IntN(3))})
-		res, err := lc.Reserve(ctx, &ledgerv1.ReserveRequest{OperationId: id, Tool: "churn.raw", Params: params, Holder: newHolder()})
+		var res *ledgerv1.ReserveResponse
+		res, err = lc.Reserve(ctx, &ledgerv1.ReserveRequest{OperationId: id, Tool: "churn.raw", Params: params, Holder: newHolder()})
 		if err == nil && res.GetDecision() == ledgerv1.Decision_DECISION_EXECUTE && r.IntN(2) == 0 {
 			cctx, ccancel := callContext(r)
-			_, _ = lc.Complete(cctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: res.GetOperation().GetFencingToken(),
+			_, _ = lc.Complete(c.credentials(cctx, r), &ledgerv1.CompleteRequest{OperationId: id, FencingToken: res.GetOperation().GetFencingToken(),
 				Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "r"}})
 			ccancel()
 		}
 	case 1:
-		_, _ = lc.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: uint64(1 + r.IntN(3)),
+		_, err = lc.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: uint64(1 + r.IntN(3)),
 			Outcome: ledgerv1.Outcome_OUTCOME_FAILED_RETRYABLE, Failure: &ledgerv1.Failure{Code: "x"}})
 	case 2:
-		_, _ = lc.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id})
+		_, err = lc.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id})
 	case 3:
-		_, _ = lc.Renew(ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: uint64(1 + r.IntN(3))})
+		_, err = lc.Renew(ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: uint64(1 + r.IntN(3))})
 	case 4:
-		_, _ = lc.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
+		_, err = lc.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
 	case 5:
 		// A method the service does not have.
-		_ = cc.Invoke(ctx, "/ledger.v1.LedgerService/Nope"+strconv.Itoa(r.IntN(1000)), &ledgerv1.LookupRequest{}, &ledgerv1.LookupResponse{})
+		err = cc.Invoke(ctx, "/ledger.v1.LedgerService/Nope"+strconv.Itoa(r.IntN(1000)), &ledgerv1.LookupRequest{}, &ledgerv1.LookupResponse{})
 	default:
-		_, _ = lc.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{PageSize: uint32(1 + r.IntN(50))})
+		_, err = lc.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{PageSize: uint32(1 + r.IntN(50))})
+	}
+	c.calls.Add(1)
+	switch status.Code(err) {
+	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.Internal, codes.Unknown:
+	default:
+		c.answered.Add(1)
 	}
 }
 
@@ -497,13 +565,23 @@ func (c *churn) oneCall(r *rand.Rand, cc grpc.ClientConnInterface) {
 // they run.
 func (c *churn) closedMidCall(t *testing.T, r *rand.Rand) {
 	conn := c.dial(t)
+	if r.IntN(2) == 0 {
+		// Connected first, so that the calls reach the service before
+		// the connection goes (otherwise it may go while it is made).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		conn.Connect()
+		for s := conn.GetState(); s != connectivity.Ready && conn.WaitForStateChange(ctx, s); s = conn.GetState() {
+		}
+		cancel()
+	}
+	var closing atomic.Bool
 	var wg sync.WaitGroup
 	for g := range 6 {
 		wg.Add(1)
 		rg := rand.New(rand.NewPCG(r.Uint64(), uint64(g)))
 		go func() {
 			defer wg.Done()
-			for range 3 {
+			for i := 0; i < 3 && !closing.Load(); i++ {
 				c.oneCall(rg, conn)
 			}
 		}()
@@ -528,7 +606,8 @@ func (c *churn) closedMidCall(t *testing.T, r *rand.Rand) {
 			_, err = rs.Recv()
 		}
 	}()
-	time.Sleep(time.Duration(r.IntN(3000)) * time.Microsecond)
+	time.Sleep(moment(r))
+	closing.Store(true)
 	_ = conn.Close()
 	c.closed.Add(1)
 	wg.Wait()
@@ -569,7 +648,7 @@ func (c *churn) halfPrefaces(r *rand.Rand, n int) {
 // once, some of them cancelled on the way; their effects are counted at
 // the destination.
 func (c *churn) do(t *testing.T, r *rand.Rand, conn grpc.ClientConnInterface, worker, round int) {
-	cl := client.New(conn, client.WithCallTimeout(300*time.Millisecond), client.WithReportTimeout(time.Second),
+	cl := client.New(withKey{conn, c.s.agent}, client.WithCallTimeout(300*time.Millisecond), client.WithReportTimeout(time.Second),
 		client.WithBackoff(client.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond}),
 		client.WithToolPolicy("churn.send", client.ToolPolicy{Timeout: 500 * time.Millisecond, MaxRetries: 2, Effect: client.EffectIrreversible}))
 	var wg sync.WaitGroup
