@@ -400,7 +400,10 @@ func (c *churn) run(t *testing.T, d time.Duration) {
 	disturber.Add(1)
 	go func() { defer disturber.Done(); c.disturbRedis(stop) }()
 	// One shared connection, as an agent runtime holds.
-	shared := c.dial(t)
+	shared, err := c.dial()
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer shared.Close()
 	var wg sync.WaitGroup
 	for w := range 24 {
@@ -428,13 +431,9 @@ func (c *churn) run(t *testing.T, d time.Duration) {
 	disturber.Wait()
 }
 
-func (c *churn) dial(t *testing.T) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(c.s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return conn
+// dial returns a new connection to the service.
+func (c *churn) dial() (*grpc.ClientConn, error) {
+	return grpc.NewClient(c.s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
 // disturbRedis stalls Redis's replies past the read timeout, or resets the
@@ -564,7 +563,11 @@ func (c *churn) oneCall(r *rand.Rand, cc grpc.ClientConnInterface) {
 // closedMidCall opens a connection, starts calls on it, and closes it while
 // they run.
 func (c *churn) closedMidCall(t *testing.T, r *rand.Rand) {
-	conn := c.dial(t)
+	conn, err := c.dial()
+	if err != nil {
+		t.Error(err)
+		return
+	}
 	if r.IntN(2) == 0 {
 		// Connected first, so that the calls reach the service before
 		// the connection goes (otherwise it may go while it is made).
@@ -588,17 +591,18 @@ func (c *churn) closedMidCall(t *testing.T, r *rand.Rand) {
 	}
 	// Streams that run until the connection goes: a health watch, and a
 	// reflection stream left open after its first answer.
+	sctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+c.s.agent)
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		w, err := healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+		w, err := healthpb.NewHealthClient(conn).Watch(sctx, &healthpb.HealthCheckRequest{})
 		for err == nil {
 			_, err = w.Recv()
 		}
 	}()
 	go func() {
 		defer wg.Done()
-		rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+		rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(sctx)
 		if err == nil {
 			err = rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
 		}
