@@ -526,7 +526,7 @@ func (c *churn) oneCall(r *rand.Rand, cc grpc.ClientConnInterface) {
 	ctx = c.credentials(ctx, r)
 	id := fmt.Sprintf("churn-raw-%d-%d", c.burst, r.IntN(200))
 	var err error
-	switch r.IntN(7) {
+	switch r.IntN(8) {
 	case 0:
 		params, _ := structpb.NewStruct(map[string]any{"n": float64(r.IntN(3))})
 		var res *ledgerv1.ReserveResponse
@@ -547,6 +547,8 @@ func (c *churn) oneCall(r *rand.Rand, cc grpc.ClientConnInterface) {
 	case 4:
 		_, err = lc.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
 	case 5:
+		_, err = lc.MarkUnknown(ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: uint64(1 + r.IntN(3)), Reason: "lost"})
+	case 6:
 		// A method the service does not have.
 		err = cc.Invoke(ctx, "/ledger.v1.LedgerService/Nope"+strconv.Itoa(r.IntN(1000)), &ledgerv1.LookupRequest{}, &ledgerv1.LookupResponse{})
 	default:
