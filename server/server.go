@@ -78,6 +78,9 @@ type Config struct {
 	// file may set a tenant's own (TenantLimits).
 	Rate  float64
 	Burst int
+	// Connections bounds each client connection: handshake time, idle
+	// time, keepalive, calls at once (zero fields: their defaults).
+	Connections ConnectionLimits
 }
 
 // Service is the gRPC server with the ledger, health and reflection
@@ -101,7 +104,8 @@ type handler struct {
 var _ ledgerv1.LedgerServiceServer = (*handler)(nil)
 
 // New builds the service. Extra options (credentials, more interceptors)
-// come after its codec and size limit, so they may replace them; the
+// come after its codec, size limit and connection limits, so they may
+// replace them; the
 // interceptors among them run before the service's own chain (outermost
 // first), so that they see every call, also one refused by authentication,
 // its scope or its tenant's rate, or one that panicked: the RPC metrics
@@ -143,7 +147,8 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 		// the transport drops what is far over it before reading it whole.
 		grpc.ForceServerCodecV2(newRequestCodec(maxBytes)),
 		grpc.MaxRecvMsgSize(max(4*maxBytes, maxBytes+64<<10)),
-	}, opts...)
+	}, cfg.Connections.serverOptions()...)
+	all = append(all, opts...)
 	// grpc-go chains interceptors in the order of the options: the
 	// caller's first.
 	all = append(all, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))

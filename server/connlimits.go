@@ -1,0 +1,96 @@
+package server
+
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
+
+// The defaults of ConnectionLimits (docs/configuration.md §2 says why each).
+const (
+	// DefaultHandshakeTimeout bounds a new connection's TLS and HTTP/2
+	// handshakes; grpc-go's own is 120s.
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxConnectionIdle closes a connection without a call for that
+	// long (grpc-go's own: never).
+	DefaultMaxConnectionIdle = 5 * time.Minute
+	// DefaultKeepaliveTime is how long a connection may be silent before the
+	// server pings its peer (grpc-go's own: 2h).
+	DefaultKeepaliveTime = time.Minute
+	// DefaultKeepaliveTimeout is how long the server waits for the answer to
+	// that ping before it closes the connection.
+	DefaultKeepaliveTimeout = 20 * time.Second
+	// DefaultMaxConcurrentStreams bounds the calls one connection has
+	// running at once (grpc-go's own: no bound).
+	DefaultMaxConcurrentStreams = 1000
+)
+
+// KeepaliveMinTime is the shortest interval between a client's keepalive
+// pings that the server accepts, with or without calls running; a client
+// that pings more often is sent GOAWAY ("too_many_pings"). grpc-go clients
+// never ping more often than every 10s, whatever they are configured with;
+// the clients this project ships send no keepalive pings.
+const KeepaliveMinTime = 10 * time.Second
+
+// ConnectionLimits bound what one client connection may hold. A zero field
+// is its default (DefaultHandshakeTimeout and the others).
+type ConnectionLimits struct {
+	// HandshakeTimeout bounds a new connection's handshakes (TLS, then the
+	// HTTP/2 preface and settings): a peer that has not finished them by
+	// then is disconnected.
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle closes, with GOAWAY, a connection that has had no
+	// call running for that long. Clients reconnect on their next call.
+	MaxConnectionIdle time.Duration
+	// KeepaliveTime and KeepaliveTimeout find dead peers: after
+	// KeepaliveTime without any frame from the peer, the server pings it,
+	// and closes the connection if no answer comes within KeepaliveTimeout.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
+	// MaxConcurrentStreams bounds the calls running at once on one
+	// connection; the client holds further calls until one ends (they
+	// wait, they do not fail).
+	MaxConcurrentStreams uint32
+}
+
+// withDefaults returns l with each zero field set to its default.
+func (l ConnectionLimits) withDefaults() ConnectionLimits {
+	if l.HandshakeTimeout <= 0 {
+		l.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if l.MaxConnectionIdle <= 0 {
+		l.MaxConnectionIdle = DefaultMaxConnectionIdle
+	}
+	if l.KeepaliveTime <= 0 {
+		l.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if l.KeepaliveTimeout <= 0 {
+		l.KeepaliveTimeout = DefaultKeepaliveTimeout
+	}
+	if l.MaxConcurrentStreams == 0 {
+		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	return l
+}
+
+// serverOptions returns the grpc-go options that apply l (with its
+// defaults).
+func (l ConnectionLimits) serverOptions() []grpc.ServerOption {
+	l = l.withDefaults()
+	return []grpc.ServerOption{
+		grpc.ConnectionTimeout(l.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: l.MaxConnectionIdle,
+			Time:              l.KeepaliveTime,
+			Timeout:           l.KeepaliveTimeout,
+		}),
+		// Pings are allowed on an idle connection too: they do not keep it
+		// from being closed after MaxConnectionIdle.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             KeepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
+		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),
+	}
+}

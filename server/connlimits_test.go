@@ -1,0 +1,339 @@
+package server_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
+)
+
+// startLimited serves the ledger on the shared redis-server with these
+// connection limits and extra options, until the test ends, and returns its
+// address.
+func startLimited(t *testing.T, limits server.ConnectionLimits, opts ...grpc.ServerOption) string {
+	t.Helper()
+	rdb := redistest.Shared(t).Client(t)
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	l, err := ledger.New(rdb, ledger.Options{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.New(server.Config{Ledger: l, Logger: log, Connections: limits}, opts...)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { _ = svc.Serve(lis); close(served) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		svc.Shutdown(ctx)
+		<-served
+	})
+	return lis.Addr().String()
+}
+
+// dialLedger returns a client.Client on its own connection to addr, closed
+// when the test ends.
+func dialLedger(t *testing.T, addr string) *client.Client {
+	t.Helper()
+	cl, err := client.Dial(addr, client.WithCallTimeout(30*time.Second),
+		client.WithToolPolicy("conn.send", client.ToolPolicy{Timeout: 10 * time.Second, Effect: client.EffectIrreversible}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// send drives operation id through cl.Do; its effect is counted at dest.
+func send(ctx context.Context, cl *client.Client, dest *effectCounter, id string) error {
+	_, err := cl.Do(ctx, client.Op{ID: id, Tool: "conn.send", Params: map[string]any{"to": "x"}},
+		func(ctx context.Context, a client.Attempt) (client.Result, error) {
+			dest.apply(id)
+			return client.Result{ResourceID: "sent-" + id}, nil
+		})
+	return err
+}
+
+// wantApplied fails unless the effect of each id was applied exactly once.
+func wantApplied(t *testing.T, dest *effectCounter, ids ...string) {
+	t.Helper()
+	dest.mu.Lock()
+	defer dest.mu.Unlock()
+	for _, id := range ids {
+		if n := dest.applied[id]; n != 1 {
+			t.Errorf("%s: effect applied %d times, want once", id, n)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, or fails the test after bound.
+func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", bound, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// connCounter is a stats handler that counts the server's connections.
+type connCounter struct{ begun, ended atomic.Int64 }
+
+func (c *connCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (c *connCounter) HandleRPC(context.Context, stats.RPCStats)                       {}
+func (c *connCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (c *connCounter) HandleConn(_ context.Context, s stats.ConnStats) {
+	switch s.(type) {
+	case *stats.ConnBegin:
+		c.begun.Add(1)
+	case *stats.ConnEnd:
+		c.ended.Add(1)
+	}
+}
+
+// A peer that sends part of the HTTP/2 preface and goes silent is
+// disconnected once the handshake timeout has passed; clients that finish
+// their handshake are served as before.
+func TestHandshakeTimeoutDisconnectsSilentPeers(t *testing.T) {
+	t.Parallel()
+	addr := startLimited(t, server.ConnectionLimits{HandshakeTimeout: 200 * time.Millisecond})
+	const peers = 5
+	var wg sync.WaitGroup
+	errs := make([]error, peers)
+	for i := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := net.Dial("tcp", addr)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer conn.Close()
+			if _, err := conn.Write([]byte(preface[:10])); err != nil {
+				errs[i] = err
+				return
+			}
+			// Generous: far longer than the handshake timeout, far
+			// shorter than grpc-go's own (120s).
+			_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+			_, err = io.Copy(io.Discard, conn)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				errs[i] = errors.New("still connected after 15s")
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("peer %d: %v", i, err)
+		}
+	}
+	dest := &effectCounter{applied: map[string]int{}}
+	id := "conn-handshake-" + randomHex(6)
+	if err := send(context.Background(), dialLedger(t, addr), dest, id); err != nil {
+		t.Fatalf("Do after the silent peers: %v", err)
+	}
+	wantApplied(t, dest, id)
+}
+
+// A client's connection without calls is closed (GOAWAY) after
+// MaxConnectionIdle, and the same client's next call reconnects: its tool
+// runs exactly once.
+func TestIdleConnectionIsClosedAndClientReconnects(t *testing.T) {
+	t.Parallel()
+	conns := &connCounter{}
+	addr := startLimited(t, server.ConnectionLimits{MaxConnectionIdle: 500 * time.Millisecond}, grpc.StatsHandler(conns))
+	cl := dialLedger(t, addr)
+	dest := &effectCounter{applied: map[string]int{}}
+	first, second := "conn-idle-1-"+randomHex(6), "conn-idle-2-"+randomHex(6)
+	if err := send(context.Background(), cl, dest, first); err != nil {
+		t.Fatalf("first Do: %v", err)
+	}
+	waitFor(t, 15*time.Second, "the idle connection closed by the server", func() bool { return conns.ended.Load() >= 1 })
+	if err := send(context.Background(), cl, dest, second); err != nil {
+		t.Fatalf("Do after the idle close: %v", err)
+	}
+	wantApplied(t, dest, first, second)
+	if n := conns.begun.Load(); n < 2 {
+		t.Errorf("%d connection, want a second one after the idle close", n)
+	}
+}
+
+// A peer that stops answering (a dead host, a dropped NAT mapping) is found
+// by the server's keepalive ping: no answer within KeepaliveTimeout closes
+// the connection.
+func TestKeepaliveClosesDeadPeer(t *testing.T) {
+	t.Parallel()
+	addr := startLimited(t, server.ConnectionLimits{KeepaliveTime: time.Second, KeepaliveTimeout: 500 * time.Millisecond,
+		MaxConnectionIdle: time.Hour})
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(preface)); err != nil {
+		t.Fatal(err)
+	}
+	// From here on the peer reads and never writes: no SETTINGS ACK, no
+	// PING ACK.
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	pinged := false
+	for {
+		typ, flags, err := readFrame(conn)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("still connected after 20s (pinged: %v)", pinged)
+		}
+		if err != nil {
+			break // closed
+		}
+		if typ == frameGoAway {
+			t.Fatal("GOAWAY: the connection was closed for another reason than the unanswered ping")
+		}
+		if typ == framePing && flags&flagAck == 0 {
+			pinged = true
+		}
+	}
+	if !pinged {
+		t.Error("the server closed the connection without pinging it first")
+	}
+}
+
+// Calls beyond MaxConcurrentStreams on one connection wait for a stream
+// rather than fail: every call succeeds, each tool runs exactly once, and
+// the server never runs more than the limit at once.
+func TestMaxConcurrentStreamsQueuesCalls(t *testing.T) {
+	t.Parallel()
+	const limit, calls = 4, 40
+	var inFlight, most atomic.Int64
+	hold := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		// Hold the call a little, or until more than the limit run, so
+		// that calls overlap: without the limit they would pile up here.
+		for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end) && inFlight.Load() <= limit; {
+			time.Sleep(time.Millisecond)
+		}
+		return handler(ctx, req)
+	}
+	addr := startLimited(t, server.ConnectionLimits{MaxConcurrentStreams: limit}, grpc.ChainUnaryInterceptor(hold))
+	cl := dialLedger(t, addr)
+	dest := &effectCounter{applied: map[string]int{}}
+	prefix := "conn-streams-" + randomHex(6)
+	ids := make([]string, calls)
+	errs := make([]error, calls)
+	var wg sync.WaitGroup
+	for i := range calls {
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = send(context.Background(), cl, dest, ids[i])
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Do(%s): %v", ids[i], err)
+		}
+	}
+	wantApplied(t, dest, ids...)
+	if m := most.Load(); m > limit {
+		t.Errorf("%d calls ran at once on one connection, limit %d", m, limit)
+	} else if m < 2 {
+		t.Errorf("at most %d call ran at once: the calls did not overlap, the test tested nothing", m)
+	}
+}
+
+// Without limits configured, the server advertises its default bound on
+// concurrent streams in its HTTP/2 SETTINGS.
+func TestDefaultMaxConcurrentStreamsAdvertised(t *testing.T) {
+	t.Parallel()
+	addr := startLimited(t, server.ConnectionLimits{})
+	got, ok := advertisedMaxStreams(t, addr)
+	if !ok || got != server.DefaultMaxConcurrentStreams {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent: %v), want %d", got, ok, server.DefaultMaxConcurrentStreams)
+	}
+}
+
+// advertisedMaxStreams opens a raw HTTP/2 connection to addr and returns the
+// SETTINGS_MAX_CONCURRENT_STREAMS of the server's first SETTINGS frame, and
+// whether it has one.
+func advertisedMaxStreams(t *testing.T, addr string) (uint32, bool) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(preface)); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		var h [9]byte
+		if _, err := io.ReadFull(conn, h[:]); err != nil {
+			t.Fatalf("no SETTINGS from the server: %v", err)
+		}
+		payload := make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+		if _, err := io.ReadFull(conn, payload); err != nil {
+			t.Fatal(err)
+		}
+		if h[3] != frameSettings || h[4]&flagAck != 0 {
+			continue
+		}
+		for p := payload; len(p) >= 6; p = p[6:] {
+			if binary.BigEndian.Uint16(p) == settingMaxConcurrentStreams {
+				return binary.BigEndian.Uint32(p[2:]), true
+			}
+		}
+		return 0, false
+	}
+}
+
+// HTTP/2 frame types, flags and settings (RFC 9113) the raw peers read.
+const (
+	frameSettings               = 0x4
+	framePing                   = 0x6
+	frameGoAway                 = 0x7
+	flagAck                     = 0x1
+	settingMaxConcurrentStreams = 0x3
+)
+
+// readFrame reads one HTTP/2 frame from r and returns its type and flags.
+func readFrame(r io.Reader) (typ, flags byte, err error) {
+	var h [9]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, err
+	}
+	n := int64(h[0])<<16 | int64(h[1])<<8 | int64(h[2])
+	if _, err := io.CopyN(io.Discard, r, n); err != nil {
+		return 0, 0, err
+	}
+	return h[3], h[4], nil
+}
