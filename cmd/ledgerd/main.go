@@ -32,6 +32,11 @@
 //	--otlp-endpoint     LEDGER_OTLP_ENDPOINT     OTLP/gRPC collector for traces, host:port (off when empty)
 //	--otlp-insecure     LEDGER_OTLP_INSECURE     send traces without TLS (false)
 //	--require-durable   LEDGER_REQUIRE_DURABLE   refuse to start unless Redis keeps acknowledged records (false)
+//	--handshake-timeout LEDGER_HANDSHAKE_TIMEOUT how long a new connection may take to finish its handshakes (10s)
+//	--max-connection-idle LEDGER_MAX_CONNECTION_IDLE close a connection without calls for that long (5m)
+//	--keepalive-time    LEDGER_KEEPALIVE_TIME    ping a client silent for that long (1m)
+//	--keepalive-timeout LEDGER_KEEPALIVE_TIMEOUT close its connection when the ping is not answered by then (20s)
+//	--max-concurrent-streams LEDGER_MAX_CONCURRENT_STREAMS calls one connection may run at once (1000)
 //
 // Without --auth-file every caller is the tenant "default" and ledgerd only
 // serves a loopback address; with it, every call but health checks needs an
@@ -147,6 +152,9 @@ type config struct {
 	otlpEndpoint   string
 	otlpInsecure   bool
 	requireDurable bool
+
+	// conns bounds each client connection.
+	conns server.ConnectionLimits
 }
 
 func env(name, def string) string {
@@ -211,6 +219,11 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	fs.StringVar(&c.otlpEndpoint, "otlp-endpoint", env("LEDGER_OTLP_ENDPOINT", ""), "OTLP/gRPC trace collector, host:port; empty: no tracing [LEDGER_OTLP_ENDPOINT]")
 	boolFlag(&c.otlpInsecure, "otlp-insecure", "LEDGER_OTLP_INSECURE", "send traces without TLS")
 	boolFlag(&c.requireDurable, "require-durable", "LEDGER_REQUIRE_DURABLE", "refuse to start unless Redis has appendonly yes, appendfsync always and maxmemory-policy noeviction")
+	handshakeTimeout := fs.String("handshake-timeout", env("LEDGER_HANDSHAKE_TIMEOUT", "10s"), "how long a new connection may take to finish its TLS and HTTP/2 handshakes [LEDGER_HANDSHAKE_TIMEOUT]")
+	maxConnIdle := fs.String("max-connection-idle", env("LEDGER_MAX_CONNECTION_IDLE", "5m"), "close (GOAWAY) a connection without calls for that long; clients reconnect on their next call [LEDGER_MAX_CONNECTION_IDLE]")
+	keepaliveTime := fs.String("keepalive-time", env("LEDGER_KEEPALIVE_TIME", "1m"), "ping a client after that long without a frame from it; at least 1s [LEDGER_KEEPALIVE_TIME]")
+	keepaliveTimeout := fs.String("keepalive-timeout", env("LEDGER_KEEPALIVE_TIMEOUT", "20s"), "close the connection when that ping is not answered within that long [LEDGER_KEEPALIVE_TIMEOUT]")
+	maxStreams := fs.String("max-concurrent-streams", env("LEDGER_MAX_CONCURRENT_STREAMS", strconv.Itoa(server.DefaultMaxConcurrentStreams)), "calls one connection may run at once; the client holds further ones until one ends [LEDGER_MAX_CONCURRENT_STREAMS]")
 	autopipeline := true
 	if v, ok := os.LookupEnv("LEDGER_REDIS_AUTOPIPELINE"); ok {
 		b, err := strconv.ParseBool(v)
@@ -243,6 +256,9 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 || c.compactBatch > maxCompactBatch {
 			return fmt.Errorf("--compact-batch %q: want a count of keys up to %d, 0 for no compaction", *compactBatch, maxCompactBatch)
 		}
+		if err := parseConnectionLimits(&c.conns, *handshakeTimeout, *maxConnIdle, *keepaliveTime, *keepaliveTimeout, *maxStreams); err != nil {
+			return err
+		}
 		if (c.tls.Cert == "") != (c.tls.Key == "") {
 			return errors.New("--tls-cert and --tls-key go together")
 		}
@@ -262,6 +278,37 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		}
 		return nil
 	}
+}
+
+// parseConnectionLimits reads the connection limits' flags into l: each
+// duration positive (--keepalive-time at least 1s, grpc-go's least), the
+// count of streams from 1 to 2^32-1.
+func parseConnectionLimits(l *server.ConnectionLimits, handshake, idle, keepaliveTime, keepaliveTimeout, streams string) error {
+	for _, d := range []struct {
+		flag, value string
+		min         time.Duration
+		dst         *time.Duration
+	}{
+		{"--handshake-timeout", handshake, 0, &l.HandshakeTimeout},
+		{"--max-connection-idle", idle, 0, &l.MaxConnectionIdle},
+		{"--keepalive-time", keepaliveTime, time.Second, &l.KeepaliveTime},
+		{"--keepalive-timeout", keepaliveTimeout, 0, &l.KeepaliveTimeout},
+	} {
+		v, err := time.ParseDuration(d.value)
+		switch {
+		case err != nil || v <= 0:
+			return fmt.Errorf("%s %q: want a positive duration like 10s or 5m", d.flag, d.value)
+		case v < d.min:
+			return fmt.Errorf("%s %q: want at least %s", d.flag, d.value, d.min)
+		}
+		*d.dst = v
+	}
+	n, err := strconv.ParseUint(streams, 10, 32)
+	if err != nil || n == 0 {
+		return fmt.Errorf("--max-concurrent-streams %q: want a count from 1 to %d", streams, uint32(math.MaxUint32))
+	}
+	l.MaxConcurrentStreams = uint32(n)
+	return nil
 }
 
 // checkListen refuses to serve beyond this machine without authentication
@@ -749,7 +796,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	svc := server.New(server.Config{
 		Ledger: l, Logger: log, Auth: auth, PublicReflection: c.publicReflection,
-		Rate: c.rate, Burst: c.burst,
+		Rate: c.rate, Burst: c.burst, Connections: c.conns,
 	}, opts...)
 	met.InitializeRPC(svc.GRPC)
 	met.WatchStore(l, 0)

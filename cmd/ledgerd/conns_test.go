@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/opledger/ledger/server"
+)
+
+// TestConnectionFlags checks the connection limits' flags: their defaults
+// are server's, an environment variable sets each, and a flag wins over it.
+func TestConnectionFlags(t *testing.T) {
+	ledgerdFlags(t) // unsets every LEDGER_* variable until the test ends
+	c, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := server.ConnectionLimits{
+		HandshakeTimeout:     server.DefaultHandshakeTimeout,
+		MaxConnectionIdle:    server.DefaultMaxConnectionIdle,
+		KeepaliveTime:        server.DefaultKeepaliveTime,
+		KeepaliveTimeout:     server.DefaultKeepaliveTimeout,
+		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams,
+	}
+	if c.conns != want {
+		t.Errorf("defaults %+v, want %+v", c.conns, want)
+	}
+
+	t.Setenv("LEDGER_HANDSHAKE_TIMEOUT", "3s")
+	t.Setenv("LEDGER_MAX_CONNECTION_IDLE", "15m")
+	t.Setenv("LEDGER_KEEPALIVE_TIME", "30s")
+	t.Setenv("LEDGER_KEEPALIVE_TIMEOUT", "5s")
+	t.Setenv("LEDGER_MAX_CONCURRENT_STREAMS", "250")
+	if c, err = parseFlags(nil, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want = server.ConnectionLimits{HandshakeTimeout: 3 * time.Second, MaxConnectionIdle: 15 * time.Minute,
+		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 5 * time.Second, MaxConcurrentStreams: 250}
+	if c.conns != want {
+		t.Errorf("from the environment %+v, want %+v", c.conns, want)
+	}
+
+	if c, err = parseFlags([]string{"--handshake-timeout", "4s", "--max-connection-idle", "1h", "--keepalive-time", "2m",
+		"--keepalive-timeout", "1s", "--max-concurrent-streams", "100"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	want = server.ConnectionLimits{HandshakeTimeout: 4 * time.Second, MaxConnectionIdle: time.Hour,
+		KeepaliveTime: 2 * time.Minute, KeepaliveTimeout: time.Second, MaxConcurrentStreams: 100}
+	if c.conns != want {
+		t.Errorf("from flags %+v, want %+v", c.conns, want)
+	}
+}
+
+// TestRefusesBadConnectionLimits: a limit that is not positive, or not a
+// duration (a count), stops ledgerd at start-up with an error naming the
+// flag, or the environment variable it came from.
+func TestRefusesBadConnectionLimits(t *testing.T) {
+	for _, tc := range []struct{ flag, value string }{
+		{"handshake-timeout", "-1s"},
+		{"handshake-timeout", "0s"},
+		{"handshake-timeout", "ten"},
+		{"handshake-timeout", "10"},
+		{"max-connection-idle", "-5m"},
+		{"max-connection-idle", "0"},
+		{"max-connection-idle", "5 min"},
+		{"keepalive-time", "-1m"},
+		{"keepalive-time", "500ms"}, // grpc-go would raise it to 1s
+		{"keepalive-time", "x"},
+		{"keepalive-timeout", "-20s"},
+		{"keepalive-timeout", "0s"},
+		{"keepalive-timeout", "20"},
+		{"max-concurrent-streams", "-1"},
+		{"max-concurrent-streams", "0"},
+		{"max-concurrent-streams", "1e3"},
+		{"max-concurrent-streams", "4294967296"},
+	} {
+		args := []string{"--listen", "127.0.0.1:0", "--" + tc.flag, tc.value}
+		var out bytes.Buffer
+		err := run(context.Background(), args, &out)
+		if err == nil || !strings.Contains(err.Error(), "--"+tc.flag) || !strings.Contains(err.Error(), tc.value) {
+			t.Errorf("%v: %v, want an error about --%s %q", args, err, tc.flag, tc.value)
+		}
+		env := "LEDGER_" + strings.ToUpper(strings.ReplaceAll(tc.flag, "-", "_"))
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, tc.value)
+			_, err := parseFlags(nil, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.value) {
+				t.Errorf("%s=%s: %v, want an error about %q", env, tc.value, err, tc.value)
+			}
+		})
+	}
+}
+
+// TestConnectionLimitsServed runs ledgerd with short connection limits and
+// checks each on the wire: a peer that sends half the HTTP/2 preface is
+// disconnected, a client's connection without calls is closed, a peer that
+// does not answer pings is disconnected, and the bound on concurrent
+// streams is advertised.
+func TestConnectionLimitsServed(t *testing.T) {
+	conn, addr, _ := start(t, insecure.NewCredentials(), "--handshake-timeout", "200ms", "--max-connection-idle", "500ms",
+		"--max-concurrent-streams", "7")
+
+	// The health checks of start are done: the connection goes idle, the
+	// server closes it and the client's channel turns IDLE.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for s := conn.GetState(); s != connectivity.Idle; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			t.Fatalf("the idle connection is still %v after 15s", s)
+		}
+	}
+
+	half, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	if _, err := half.Write([]byte(http2Preface[:10])); err != nil {
+		t.Fatal(err)
+	}
+	_ = half.SetReadDeadline(time.Now().Add(15 * time.Second))
+	if _, err := io.Copy(io.Discard, half); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Error("a peer that sent half the preface is still connected after 15s")
+	}
+
+	if got := advertisedStreams(t, addr); got != 7 {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want 7", got)
+	}
+
+	// A peer that finishes the handshake, then neither writes nor answers,
+	// on a ledgerd that pings after 1s of silence (and would close an idle
+	// connection only after the default 5 minutes).
+	_, addr, _ = start(t, insecure.NewCredentials(), "--keepalive-time", "1s", "--keepalive-timeout", "500ms")
+	silent, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	if _, err := silent.Write([]byte(http2Preface)); err != nil {
+		t.Fatal(err)
+	}
+	_ = silent.SetReadDeadline(time.Now().Add(15 * time.Second))
+	pinged := false
+	for {
+		typ, flags, _, err := readFrame(silent)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("a peer that answers no ping is still connected after 15s (pinged: %v)", pinged)
+		}
+		if err != nil {
+			break // closed
+		}
+		if typ == 0x6 && flags&0x1 == 0 { // PING, not an ACK
+			pinged = true
+		}
+	}
+	if !pinged {
+		t.Error("the server closed the silent peer's connection without pinging it")
+	}
+}
+
+// advertisedStreams returns the SETTINGS_MAX_CONCURRENT_STREAMS of the
+// first SETTINGS frame of the server at addr (0 when it sends none).
+func advertisedStreams(t *testing.T, addr string) uint32 {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(http2Preface)); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		typ, flags, payload, err := readFrame(conn)
+		if err != nil {
+			t.Fatalf("no SETTINGS from ledgerd: %v", err)
+		}
+		if typ != 0x4 || flags&0x1 != 0 { // not SETTINGS, or an ACK
+			continue
+		}
+		for p := payload; len(p) >= 6; p = p[6:] {
+			if binary.BigEndian.Uint16(p) == 0x3 { // MAX_CONCURRENT_STREAMS
+				return binary.BigEndian.Uint32(p[2:])
+			}
+		}
+		return 0
+	}
+}
+
+// readFrame reads one HTTP/2 frame (RFC 9113 §4.1) from r.
+func readFrame(r io.Reader) (typ, flags byte, payload []byte, err error) {
+	var h [9]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, 0, nil, err
+	}
+	payload = make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, 0, nil, err
+	}
+	return h[3], h[4], payload, nil
+}
+
+// http2Preface is the HTTP/2 client connection preface, then an empty
+// SETTINGS frame.
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
