@@ -1,0 +1,139 @@
+package polyglot
+
+import (
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// connCountingProxy forwards every connection to upstream and counts them.
+type connCountingProxy struct {
+	ln    net.Listener
+	conns atomic.Int64
+}
+
+// startConnCountingProxy runs a proxy to upstream until the test ends.
+func startConnCountingProxy(t *testing.T, upstream string) *connCountingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &connCountingProxy{ln: ln}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.conns.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer down.Close()
+				up, err := net.Dial("tcp", upstream)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				done := make(chan struct{})
+				go func() { _, _ = io.Copy(up, down); _ = up.Close(); close(done) }()
+				_, _ = io.Copy(down, up)
+				_ = down.Close()
+				<-done
+			}()
+		}
+	}()
+	return p
+}
+
+// idleCloseNode and idleClosePython run two tool calls through the
+// example's ledger client, a second apart, against a ledgerd that closes a
+// connection after 100ms without calls: the second call must reconnect.
+// Each tool counts its runs (the fake destination); the script prints PASS
+// when each ran exactly once.
+const (
+	idleCloseNode = `
+const { Ledger } = require('./examples/node/ledger');
+(async () => {
+  const ledger = new Ledger(process.argv[process.argv.length - 1]);
+  const applied = {};
+  const base = 'node-idle-' + Date.now() + '-' + Math.random().toString(16).slice(2);
+  const send = (id) => ledger.callTool({ operationId: id, tool: 'tickets.create', params: { to: 'x' } }, async () => {
+    applied[id] = (applied[id] || 0) + 1;
+    return { resource_id: 'r-' + id };
+  });
+  await send(base + ':1');
+  await new Promise((r) => setTimeout(r, 1000));
+  await send(base + ':2');
+  ledger.close();
+  if (applied[base + ':1'] !== 1 || applied[base + ':2'] !== 1) throw new Error('applied ' + JSON.stringify(applied));
+  console.log('PASS: node idle close');
+})().catch((e) => { console.error(e); process.exit(1); });
+`
+	idleClosePython = `
+import sys, time, uuid
+sys.path.insert(0, "examples/python")
+from ledger_guard import Ledger
+ledger = Ledger(sys.argv[-1])
+applied = {}
+base = "py-idle-" + uuid.uuid4().hex[:12]
+def send(i):
+    def fn(attempt):
+        applied[i] = applied.get(i, 0) + 1
+        return {"resource_id": "r-" + i, "data": {}}
+    ledger.call_tool(operation_id=i, tool="tickets.create", params={"to": "x"}, permit_id="", fn=fn)
+send(base + ":1")
+time.sleep(1)
+send(base + ":2")
+ledger.close()
+if applied != {base + ":1": 1, base + ":2": 1}:
+    sys.exit("applied %r" % applied)
+print("PASS: python idle close")
+`
+)
+
+// TestExamplesReconnectAfterIdleClose: the Node and Python examples'
+// clients, whose connection ledgerd closed for being idle, reconnect on
+// their next call, which runs its tool exactly once; and they run with a
+// bound of one call at a time per connection.
+func TestExamplesReconnectAfterIdleClose(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, want string
+		cmd        func(t *testing.T, addr string) (string, []string)
+	}{
+		{"node", "PASS: node idle close", func(t *testing.T, addr string) (string, []string) {
+			node, err := exec.LookPath("node")
+			need(t, err == nil, "node is not on PATH")
+			_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
+			need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
+			return node, []string{"-e", idleCloseNode, addr}
+		}},
+		{"python", "PASS: python idle close", func(t *testing.T, addr string) (string, []string) {
+			probe := exec.Command(systemPython, "-s", "-c", "import grpc, google.protobuf")
+			probe.Env = cleanEnv()
+			need(t, probe.Run() == nil, "%s cannot import grpc and google.protobuf (Debian: python3-grpcio, python3-protobuf)", systemPython)
+			return systemPython, []string{"-s", "-c", idleClosePython, addr}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			proxy := startConnCountingProxy(t, startLedgerd(t, "--max-connection-idle", "100ms", "--max-concurrent-streams", "1"))
+			name, args := c.cmd(t, proxy.ln.Addr().String())
+			runClient(t, c.want, name, args...)
+			if n := proxy.conns.Load(); n < 2 {
+				t.Errorf("%d connection to ledgerd: the idle close did not happen, the test tested nothing", n)
+			}
+		})
+	}
+}
