@@ -118,7 +118,10 @@ func startChurnStack(t *testing.T) *churnStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := server.New(server.Config{Ledger: l, Logger: log, Auth: server.NewAuthenticator(creds)}, met.ServerOptions()...)
+	// A handshake timeout well under settle's bound, so that the silent
+	// peers of a burst are gone within it.
+	svc := server.New(server.Config{Ledger: l, Logger: log, Auth: server.NewAuthenticator(creds),
+		Connections: server.ConnectionLimits{HandshakeTimeout: time.Second}}, met.ServerOptions()...)
 	met.InitializeRPC(svc.GRPC)
 	met.WatchStore(l, 0)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -310,7 +313,8 @@ func (d *effectCounter) twice() []string {
 // TestNoLeaksUnderChurn drives ledgerd with bursts of hostile traffic:
 // calls cancelled at random points, short deadlines, calls with a wrong API
 // key, none, or over their tenant's rate, connections closed in the middle
-// of calls, connections that send part of the HTTP/2 preface and hang up,
+// of calls, connections that send part of the HTTP/2 preface and hang up
+// (or go silent, until the handshake timeout),
 // and Redis replies stalled past the read timeout or cut by a TCP reset. After each burst ledgerd must be back to its baseline: goroutines,
 // file descriptors, and Redis connections no more than its pools allow;
 // its heap must not grow from burst to burst. Throughout, no operation's
@@ -624,7 +628,8 @@ func (c *churn) closedMidCall(t *testing.T, r *rand.Rand) {
 const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 // halfPrefaces opens n raw TCP connections that send part of the HTTP/2
-// preface (or the preface and garbage) and hang up.
+// preface (or the preface and garbage) and hang up, or, one in four, go
+// silent and wait for the server to hang up (its handshake timeout).
 func (c *churn) halfPrefaces(r *rand.Rand, n int) {
 	for range n {
 		conn, err := net.Dial("tcp", c.s.addr)
@@ -632,7 +637,17 @@ func (c *churn) halfPrefaces(r *rand.Rand, n int) {
 			continue
 		}
 		c.raw.Add(1)
-		switch r.IntN(3) {
+		switch r.IntN(4) {
+		case 3:
+			_, _ = conn.Write([]byte(preface[:r.IntN(len(preface))]))
+			// Its socket and this goroutine are gone once the server
+			// closes the connection: until then the baseline is not.
+			go func() {
+				_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+				_, _ = io.Copy(io.Discard, conn)
+				_ = conn.Close()
+			}()
+			continue
 		case 0:
 			_, _ = conn.Write([]byte(preface[:r.IntN(len(preface))]))
 		case 1:
