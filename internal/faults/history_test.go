@@ -39,6 +39,11 @@ type recorder struct {
 	clients int
 }
 
+// callerPrincipal is the principal the ledger records for every call the
+// recorder sees: the fault tests' ledgers run without authentication, so
+// each caller is the server's anonymous principal.
+const callerPrincipal = "anonymous"
+
 // ack is a write the client got a successful answer for.
 type ack struct {
 	Kind    kind
@@ -115,7 +120,7 @@ func (r *recorder) input(req any) (input, bool) {
 		return input{Kind: kRenew, ID: q.GetOperationId(), Token: q.GetFencingToken()}, true
 	case *ledgerv1.ReconcileRequest:
 		return input{Kind: kReconcile, ID: q.GetOperationId(), Finding: int(q.GetFinding()), Token: q.GetFencingToken(),
-			RID: q.GetResult().GetResourceId(), Code: q.GetFailure().GetCode()}, true
+			RID: q.GetResult().GetResourceId(), Code: q.GetFailure().GetCode(), Principal: callerPrincipal, Note: q.GetNote()}, true
 	case *ledgerv1.LookupRequest:
 		return input{Kind: kLookup, ID: q.GetOperationId()}, true
 	}

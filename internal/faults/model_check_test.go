@@ -53,6 +53,9 @@ func reconcileIn(f int, rid string) input {
 func fencedReconcileIn(f int, tok uint64) input {
 	return input{Kind: kReconcile, Finding: f, Token: tok}
 }
+func findingBy(f int, tok uint64, principal, note string) input {
+	return input{Kind: kReconcile, Finding: f, Token: tok, Principal: principal, Note: note}
+}
 func lookup() input { return input{Kind: kLookup} }
 
 // TestModel checks the model on small histories: the legal ones the ledger
@@ -124,6 +127,38 @@ func TestModel(t *testing.T) {
 			add(reserve("h2"), running(decExecute, 2, 200)).
 			add(fencedReconcileIn(findAbandon, 100), output{Err: "STALE_FENCING_TOKEN"}).
 			add(lookup(), rec(stRunning, 2, 200, "")), true},
+		{"another note about an earlier attempt is refused, not taken for a repeat", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(findingBy(findNotApplied, 100, "rec", "no refund on second look"), output{Err: "STALE_FENCING_TOKEN"}).
+			add(lookup(), rec(stRunning, 2, 200, "")), true},
+		{"another principal's finding about an earlier attempt is refused", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(findingBy(findNotApplied, 100, "rec-2", "no refund at the bank"), output{Err: "STALE_FENCING_TOKEN"}), true},
+		{"another note's escalation about an earlier attempt is refused", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findEscalate, 100, "rec", "the bank does not answer"), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(findingBy(findEscalate, 100, "rec", "still no answer"), output{Err: "STALE_FENCING_TOKEN"}), true},
+		{"a finding repeated after its attempt's worker reported unknown: the report stands", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(lookup(), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stUnknown, 1, 100, "")), true},
+		{"an unfenced finding repeated after the next claim changes nothing", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stRunning, 2, 200, "")), true},
 
 		{"a second EXECUTE while the first claim is live", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
@@ -167,6 +202,25 @@ func TestModel(t *testing.T) {
 			add(reconcileIn(findNotApplied, ""), rec(stPending, 1, 100, "")).
 			add(reserve("h2"), running(decExecute, 2, 200)).
 			add(completeOK(100, "r1"), rec(stSucceeded, 2, 200, "r1")), false},
+		{"another note about an earlier attempt answered as a repeat", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(findingBy(findNotApplied, 100, "rec", "no refund on second look"), rec(stRunning, 2, 200, "")), false},
+		{"a repeated unfenced finding resolves the next attempt", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(markUnknownIn(200), rec(stUnknown, 2, 200, "")).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stPending, 2, 200, "")), false},
+		{"a repeated finding undoes its attempt's later unknown report", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(lookup(), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")), false},
 	}
 	for _, c := range cases {
 		if got := porcupine.CheckOperations(m, c.h.ops); got != c.legal {

@@ -30,6 +30,17 @@ import (
 // earlier attempt's token and which of those transitions it made (up to
 // maxModelAttempts attempts; the ledger keeps the latest 50 history
 // entries, far more than the fault tests' operations produce).
+//
+// A Reconcile is a repeat by reconcile.lua's rule: the history holds its
+// finding, made by the same principal with the same note, about the
+// attempt its token names, or about any attempt when it has none. A repeat
+// answers OK and changes nothing, before the token is checked and whatever
+// the record did since (its attempt's worker reported UNKNOWN, the next
+// attempt claimed it); a finding with another note or from another
+// principal is a new one, refused STALE_FENCING_TOKEN when its token is an
+// earlier attempt's. The model keeps the findings that stay in a record's
+// history while it is not terminal (NOT_APPLIED and ESCALATE) with their
+// attempt, principal and note.
 
 // kind is which RPC a call is.
 type kind uint8
@@ -84,6 +95,10 @@ type input struct {
 	Token   uint64 // Complete, MarkUnknown, Renew, Reconcile (0: unfenced)
 	Outcome int    // Complete
 	Finding int    // Reconcile
+	// Principal and Note of a Reconcile: who made the finding (the
+	// server's principal of the caller) and its note.
+	Principal string
+	Note      string
 	// Digest identifies a Complete's outcome (outcome, result, failure), as
 	// the ledger's cdg does; RID is the resource id of a result (Complete
 	// SUCCEEDED, Reconcile APPLIED); Code the failure code (Complete
@@ -131,23 +146,74 @@ type record struct {
 	Eff    int
 	Max    uint32
 	// Toks are the pinned tokens of earlier attempts (index: attempt), and
-	// the bit sets (bit: attempt) of the transitions a repeat recognises.
-	Toks                                   [maxModelAttempts + 1]uint64
-	Retried, Marked, NotApplied, Escalated uint64
+	// the bit sets (bit: attempt) of the transitions a repeat of Complete
+	// (retryable) or MarkUnknown recognises.
+	Toks            [maxModelAttempts + 1]uint64
+	Retried, Marked uint64
+	// Findings are the NOT_APPLIED and ESCALATE findings the history holds,
+	// one finding entry a line, sorted (so that equal sets are equal
+	// strings).
+	Findings string
 }
 
 // maxModelAttempts bounds the attempts whose tokens the model remembers.
 const maxModelAttempts = 40
 
+// earlier returns the earlier attempt whose pinned token is t (0 when
+// none is).
+func (r record) earlier(t uint64) uint32 {
+	for a := uint32(1); a < r.Att && a <= maxModelAttempts; a++ {
+		if r.Toks[a] == t && t != 0 {
+			return a
+		}
+	}
+	return 0
+}
+
 // did reports whether the attempt that held token t made a transition of
 // the set bits.
 func (r record) did(t uint64, bits uint64) bool {
-	for a := uint32(1); a < r.Att && a <= maxModelAttempts; a++ {
-		if r.Toks[a] == t && t != 0 {
-			return bits&(1<<a) != 0
+	a := r.earlier(t)
+	return a != 0 && bits&(1<<a) != 0
+}
+
+// finding is the entry of Reconcile call in's finding about attempt att
+// in record.Findings.
+func finding(att uint32, in input) string {
+	return fmt.Sprintf("%d %s", att, findingOf(in))
+}
+
+// findingOf is the part of a finding entry after the attempt.
+func findingOf(in input) string {
+	return fmt.Sprintf("%d %q %q", in.Finding, in.Principal, in.Note)
+}
+
+// found reports whether the history holds in's finding, by its principal
+// with its note, about attempt att, or about any attempt when att is 0:
+// reconcile.lua's did().
+func (r record) found(att uint32, in input) bool {
+	want := findingOf(in)
+	for _, e := range strings.Split(r.Findings, "\n") {
+		a, f, _ := strings.Cut(e, " ")
+		if f == want && (att == 0 || a == fmt.Sprint(att)) {
+			return true
 		}
 	}
 	return false
+}
+
+// addFinding adds in's finding about the current attempt to r.Findings.
+func (r *record) addFinding(in input) {
+	e := finding(r.Att, in)
+	if r.Findings == "" {
+		r.Findings = e
+		return
+	}
+	all := strings.Split(r.Findings, "\n")
+	if i := sort.SearchStrings(all, e); i == len(all) || all[i] != e {
+		all = append(all[:i], append([]string{e}, all[i:]...)...)
+	}
+	r.Findings = strings.Join(all, "\n")
 }
 
 // mark sets the current attempt's bit in *bits.
@@ -326,22 +392,32 @@ func apply(r record, in input) []result {
 		return out
 
 	case kReconcile:
-		if in.Token == 0 || r.terminal() {
+		// In reconcile.lua's order: a terminal record; a repeat; a token
+		// that is not the current one; the finding.
+		if r.terminal() {
+			return []result{reconcile(r, in)}
+		}
+		if in.Token == 0 {
+			if r.found(0, in) {
+				return []result{ok(r)}
+			}
 			return []result{reconcile(r, in)}
 		}
 		cur, stale := tokens(r, in.Token)
 		var out []result
 		if stale {
-			switch {
-			case in.Finding == findNotApplied && r.did(in.Token, r.NotApplied),
-				in.Finding == findEscalate && r.did(in.Token, r.Escalated):
+			if a := r.earlier(in.Token); a != 0 && r.found(a, in) {
 				out = append(out, ok(r))
-			default:
+			} else {
 				out = append(out, refuse(r, "STALE_FENCING_TOKEN"))
 			}
 		}
 		for _, c := range cur {
-			out = append(out, reconcile(c, in))
+			if c.found(c.Att, in) {
+				out = append(out, ok(c))
+			} else {
+				out = append(out, reconcile(c, in))
+			}
 		}
 		return out
 	}
@@ -454,13 +530,13 @@ func reconcile(r record, in input) result {
 		// From PENDING too: the finding is recorded, so its repeat after
 		// the next claim is recognised.
 		n.St, n.Rsn, n.Rev = stPending, "RECONCILED_NOT_APPLIED", false
-		n.mark(&n.NotApplied)
+		n.addFinding(in)
 	case findEscalate:
 		if r.St == stUnknown && r.Rev {
 			return ok(r)
 		}
 		n.St, n.Rsn, n.Rev = stUnknown, "ESCALATED", true
-		n.mark(&n.Escalated)
+		n.addFinding(in)
 	}
 	n.Hld, n.Ended = "", false
 	return ok(n)
@@ -559,7 +635,7 @@ func describe(in, out any) string {
 	case kMarkUnknown, kRenew:
 		fmt.Fprintf(&b, "(t%d)", i.Token)
 	case kReconcile:
-		fmt.Fprintf(&b, "(t%d, finding %d, rid=%s)", i.Token, i.Finding, i.RID)
+		fmt.Fprintf(&b, "(t%d, finding %d, rid=%s, by %s, note %q)", i.Token, i.Finding, i.RID, i.Principal, i.Note)
 	}
 	b.WriteString(" -> ")
 	switch {
