@@ -142,7 +142,7 @@ func TestSeveralInstances(t *testing.T) {
 	for id := range crashed {
 		waitSettledOrPending(ctx, t, reconciler, id)
 	}
-	reconciled := stopRec()
+	reconciled, staleFindings := stopRec()
 	close(burstStop)
 	bursts := <-burstDone
 	opIDs := finish()
@@ -178,8 +178,8 @@ func TestSeveralInstances(t *testing.T) {
 	calls, unknown := rec.counts()
 	t.Logf("%d operations of the load: %s; %d performed by one caller per instance at once: %s; %s",
 		len(opIDs), v, len(bursts), vb, dest)
-	t.Logf("%d crashed claims swept to UNKNOWN (one LEASE_EXPIRED each), %d claims of the load abandoned and expired; %d findings of the reconciler on instance 3 accepted",
-		expired, byLoad, reconciled)
+	t.Logf("%d crashed claims swept to UNKNOWN (one LEASE_EXPIRED each), %d claims of the load abandoned and expired; %d findings of the reconciler on instance 3 accepted, %d refused STALE_FENCING_TOKEN",
+		expired, byLoad, reconciled, staleFindings)
 	t.Logf("%d receipts settled, cut to their tombstone by the compaction passes (%d of them at the first look, after the other checks), and refused as expired when performed again", len(rcpt.ids), compacted)
 	t.Logf("acknowledged writes checked %v, lost %d", checked, lost)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome; Do errors retried: %s", calls, unknown, l.errors())
@@ -202,19 +202,23 @@ func newBalancedClient(t testing.TB, ds []*ledgerd, rec *recorder, d *destinatio
 	return newClient(t, r.Scheme()+":///ledger", rec, d, opts...)
 }
 
+// reconcilerNote is the note of reconcileInBackground's findings; the
+// agents' own reconciler writes the destination's (destination.reconcile).
+const reconcilerNote = "listed as unknown, checked at the destination"
+
 // reconcileInBackground runs a reconciler with c until the returned
 // function is called, which returns how many of its findings were accepted
-// (a finding an agent had recorded already included). Every 100 ms it lists
-// the UNKNOWN operations and records what the destination says about each
-// one's current attempt (fenced by its token, so a finding that arrives
-// after another attempt took over changes nothing). Refusals (an agent was
-// first with another finding, the instance is down) are left to the next
-// round.
-func reconcileInBackground(ctx context.Context, t testing.TB, c *client.Client, d *destination) (stop func() int) {
+// (those that agree with a finding an agent had recorded already
+// included) and how many were refused STALE_FENCING_TOKEN. Every 100 ms it lists the UNKNOWN operations and records what
+// the destination says about each one's current attempt (fenced by its
+// token, so a finding that arrives after another attempt took over changes
+// nothing). Refusals (an agent was first with another finding, another
+// attempt took over, the instance is down) are left to the next round.
+func reconcileInBackground(ctx context.Context, t testing.TB, c *client.Client, d *destination) (stop func() (accepted, stale int)) {
 	quit := make(chan struct{})
-	done := make(chan int)
+	done := make(chan [2]int)
 	go func() {
-		n := 0
+		var n [2]int
 		defer func() { done <- n }()
 		for {
 			select {
@@ -235,20 +239,26 @@ func reconcileInBackground(ctx context.Context, t testing.TB, c *client.Client, 
 					t.Errorf("reconciler: %v", err)
 					return
 				}
-				// f has the note the agents' own reconciler writes: with
-				// the same principal (no authentication here), a finding
-				// one of them recorded already is answered as a repeat,
-				// which is what the model expects of every equal finding.
+				// A note of its own: the same finding as an agent's, by
+				// the same principal (no authentication here), is a new
+				// finding, not a repeat of the agent's, so once another
+				// attempt holds the operation it is refused
+				// STALE_FENCING_TOKEN.
+				f.Note = reconcilerNote
 				f.FencingToken = o.FencingToken
-				if _, err := c.Reconcile(ctx, o.ID, f); err == nil {
-					n++
+				switch _, err := c.Reconcile(ctx, o.ID, f); {
+				case err == nil:
+					n[0]++
+				case errors.Is(err, client.ErrStaleToken):
+					n[1]++
 				}
 			}
 		}
 	}()
-	return func() int {
+	return func() (int, int) {
 		close(quit)
-		return <-done
+		n := <-done
+		return n[0], n[1]
 	}
 }
 
