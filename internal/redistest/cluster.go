@@ -20,6 +20,9 @@ type Cluster struct {
 	// Nodes are every node, masters first as created (their roles change
 	// after a failover: see Masters).
 	Nodes []*Server
+
+	dir  string   // the nodes' directories are under it
+	args []string // every node's options
 }
 
 // StartCluster starts a Redis Cluster with the given number of masters and
@@ -42,20 +45,14 @@ func startCluster(dir string, masters, replicas int, args []string) (*Cluster, e
 	if err != nil {
 		return nil, errors.New("redis-cli not found on PATH: it comes with Debian's redis-server (package redis-tools)")
 	}
-	c := &Cluster{}
+	c := &Cluster{dir: dir, args: append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"}, args...)}
 	n := masters * (1 + replicas)
-	for i := range n {
-		d := filepath.Join(dir, fmt.Sprintf("node%d", i))
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
-		s, err := start(d, append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"}, args...))
-		if err != nil {
+	for range n {
+		if _, err := c.startNode(); err != nil {
 			c.Stop()
 			return nil, err
 		}
-		c.Nodes = append(c.Nodes, s)
 	}
 	create := []string{"--cluster", "create"}
 	for _, s := range c.Nodes {
@@ -75,6 +72,82 @@ func startCluster(dir string, masters, replicas int, args []string) (*Cluster, e
 		return nil, err
 	}
 	return c, nil
+}
+
+// startNode starts one more node, with the cluster's options in a
+// directory of its own, and adds it to Nodes.
+func (c *Cluster) startNode() (*Server, error) {
+	d := filepath.Join(c.dir, fmt.Sprintf("node%d", len(c.Nodes)))
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	s, err := start(d, c.args)
+	if err != nil {
+		return nil, err
+	}
+	c.Nodes = append(c.Nodes, s)
+	return s, nil
+}
+
+// AddMaster starts a node with the cluster's options, has it meet the
+// cluster (CLUSTER MEET) and waits until every node knows it: a master
+// serving no slot yet, which slots can then be moved to (as redis-cli
+// --cluster add-node does), and until every node reports cluster_state:ok.
+// It is stopped with the cluster.
+func (c *Cluster) AddMaster(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := c.startNode()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	host, port, _ := strings.Cut(s.Addr, ":")
+	first := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr, DisableIdentity: true})
+	defer first.Close()
+	if err := first.ClusterMeet(ctx, host, port).Err(); err != nil {
+		tb.Fatalf("CLUSTER MEET %s: %v", s.Addr, err)
+	}
+	id := NodeID(tb, s)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		known := 0
+		for _, n := range c.Nodes {
+			if !n.Running() {
+				known++
+				continue
+			}
+			cl := redis.NewClient(&redis.Options{Addr: n.Addr, DisableIdentity: true, MaxRetries: -1})
+			nodes, err := cl.ClusterNodes(ctx).Result()
+			_ = cl.Close()
+			if err == nil && strings.Count(nodes, "\n") == len(c.Nodes) && strings.Contains(nodes, id) {
+				known++
+			}
+		}
+		if known == len(c.Nodes) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the cluster did not learn of the new master %s within 30s", s.Addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The new node answers CLUSTERDOWN until it has the slot map.
+	if err := c.waitOK(30 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// NodeID returns the cluster node id of s (CLUSTER MYID).
+func NodeID(tb testing.TB, s *Server) string {
+	tb.Helper()
+	cl := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer cl.Close()
+	id, err := cl.Do(context.Background(), "cluster", "myid").Text()
+	if err != nil {
+		tb.Fatalf("CLUSTER MYID of %s: %v", s.Addr, err)
+	}
+	return id
 }
 
 // waitReplicas waits until the given number of masters each have their
