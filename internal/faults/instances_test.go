@@ -153,7 +153,7 @@ func TestSeveralInstances(t *testing.T) {
 	all := append(append(append([]string(nil), opIDs...), bursts...), keys(crashed)...)
 	rdb := redis.NewClient(redisOptions(srv.Addr))
 	t.Cleanup(func() { _ = rdb.Close() })
-	checkLiveCounts(ctx, t, rdb, reconciler, metricsAddrs, all, "while the crashed agents' operations wait")
+	checkLiveCounts(ctx, t, []*redis.Client{rdb}, reconciler, metricsAddrs, all, "while the crashed agents' operations wait")
 
 	// The crashed agents come back through another instance than the one
 	// they crashed on: a replay of the reconciled result, or one new
@@ -163,7 +163,7 @@ func TestSeveralInstances(t *testing.T) {
 	v := l.verify(context.Background(), t, reconciler, opIDs)
 	vb := l.verify(context.Background(), t, reconciler, bursts)
 	expired, byLoad := checkLeaseExpiries(ctx, t, reconciler, all, crashed)
-	checkLiveCounts(ctx, t, rdb, reconciler, metricsAddrs, all, "at the end")
+	checkLiveCounts(ctx, t, []*redis.Client{rdb}, reconciler, metricsAddrs, all, "at the end")
 	if p, err := reconciler.ListUnresolved(ctx, client.ListOptions{PageSize: 1000}); err != nil {
 		t.Fatal(err)
 	} else if len(p.Operations) > 0 || p.NextPageToken != "" {
@@ -427,7 +427,8 @@ func (r *receipts) check(ctx context.Context, t testing.TB, rdb *redis.Client) (
 }
 
 // checkLiveCounts compares the live counts the scripts keep in every
-// shard's stats hash (what the unresolved gauges read) with the records of
+// shard's stats hash (what the unresolved gauges read), on every node of
+// nodes (one server, or every master of a cluster), with the records of
 // the operations ids, which must be every operation in the store: each
 // "<tool>|<state>|<tenant>" field must equal the number of records in that
 // state, and no other field may be there. It also checks that the lease
@@ -435,7 +436,7 @@ func (r *receipts) check(ctx context.Context, t testing.TB, rdb *redis.Client) (
 // index holds no member unless a record is UNKNOWN. Every instance's
 // unresolved gauge (ledger_unresolved_operations, on its metrics listener)
 // must show the same counts within its cache period.
-func checkLiveCounts(ctx context.Context, t testing.TB, rdb *redis.Client, c *client.Client, metricsAddrs []string, ids []string, when string) {
+func checkLiveCounts(ctx context.Context, t testing.TB, nodes []*redis.Client, c *client.Client, metricsAddrs []string, ids []string, when string) {
 	t.Helper()
 	want := map[string]int64{}
 	for _, id := range ids {
@@ -450,28 +451,30 @@ func checkLiveCounts(ctx context.Context, t testing.TB, rdb *redis.Client, c *cl
 	}
 	got := map[string]int64{}
 	var leases, overdue int64
-	shards, err := rdb.Keys(ctx, ledger.DefaultPrefix+":{s[0-9][0-9]}:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range shards {
-		switch {
-		case strings.HasSuffix(k, ":stats"):
-			fields, err := rdb.HGetAll(ctx, k).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for f, v := range fields {
-				n, err := strconv.ParseInt(v, 10, 64)
+	for _, rdb := range nodes {
+		shards, err := rdb.Keys(ctx, ledger.DefaultPrefix+":{s[0-9][0-9]}:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range shards {
+			switch {
+			case strings.HasSuffix(k, ":stats"):
+				fields, err := rdb.HGetAll(ctx, k).Result()
 				if err != nil {
-					t.Errorf("%s: field %s is %q", k, f, v)
+					t.Fatal(err)
 				}
-				got[f] += n
+				for f, v := range fields {
+					n, err := strconv.ParseInt(v, 10, 64)
+					if err != nil {
+						t.Errorf("%s: field %s is %q", k, f, v)
+					}
+					got[f] += n
+				}
+			case strings.HasSuffix(k, ":leases"):
+				leases += rdb.ZCard(ctx, k).Val()
+			case strings.HasSuffix(k, ":overdue"):
+				overdue += rdb.ZCard(ctx, k).Val()
 			}
-		case strings.HasSuffix(k, ":leases"):
-			leases += rdb.ZCard(ctx, k).Val()
-		case strings.HasSuffix(k, ":overdue"):
-			overdue += rdb.ZCard(ctx, k).Val()
 		}
 	}
 	var fields []string
@@ -516,7 +519,7 @@ func checkLiveCounts(ctx context.Context, t testing.TB, rdb *redis.Client, c *cl
 			t.Errorf("live counts %s: instance %d's ledger_unresolved_operations{tool=%q} is %v, the records say %v", when, i+1, tool, gauge, wantGauge)
 		}
 	}
-	t.Logf("live counts %s agree with the %d records, and so do the 3 instances' gauges: %v", when, len(ids), desc)
+	t.Logf("live counts %s agree with the %d records, and so do the %d instances' gauges: %v", when, len(ids), len(metricsAddrs), desc)
 }
 
 // unresolvedGauge scrapes the metrics listener at addr and returns the
