@@ -35,6 +35,12 @@
 //   - TestClusterFailover (e) and TestSentinelFailover: a master killed and
 //     its replica promoted, after a plain crash and after a partition of
 //     the replication link; acknowledged writes lost with and without WAIT.
+//   - TestClusterReshard: slots moved between the masters of a cluster
+//     under load, key by key as redis-cli --cluster reshard moves them,
+//     and to a master added mid-run; every call on a shard whose slot is
+//     open is refused by Redis (ASK, TRYAGAIN) and answered UNAVAILABLE,
+//     never another error; the live counts summed over the masters match
+//     the records.
 //
 // The histories of every test (every ledger RPC the clients made, faults
 // included) are checked for linearizability with porcupine against a model

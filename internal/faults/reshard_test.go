@@ -1,0 +1,456 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/autopipe"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/ledger"
+)
+
+// TestClusterReshard runs the ledger on a Redis Cluster (3 masters) under
+// load, with a go-redis client set up as ledgerd sets it up in cluster mode
+// (autopipelining on, the slot map reloaded every second, the scripts
+// loaded at start), and moves slots while it serves, key by key, the way
+// redis-cli --cluster reshard does: CLUSTER SETSLOT IMPORTING on the
+// target, MIGRATING on the source, CLUSTER GETKEYSINSLOT and MIGRATE a
+// couple of keys at a time with a pause between, then CLUSTER SETSLOT NODE
+// on every master.
+//
+//  1. The slots of 16 shards ({s00}…{s15}; 32 with LEDGER_TEST_FAULTS=long)
+//     each move from its master to another one.
+//  2. A fourth master joins the cluster (CLUSTER MEET: the scaling-out
+//     path), without the scripts in its cache, and the slots of the next
+//     16 shards (32) move to it.
+//
+// While a shard's slot is open, its scripts are answered TRYAGAIN or ASK
+// (every script names keys that do not exist, and Redis runs a multi-key
+// command on a slot in migration only on a node holding all its keys, so
+// on neither node until the slot is closed), then MOVED by the old master
+// until the client's slot map has the new one; calls that go-redis cannot
+// finish are answered UNAVAILABLE and the SDK repeats them. Agents that
+// crash after EXECUTE leave claims for the sweeper to expire and a
+// reconciler to resolve while the slots move.
+//
+// Then: nothing was applied twice; every call whose outcome the caller
+// could not tell was answered UNAVAILABLE (STORE_UNAVAILABLE), never
+// another error, and Do failed with nothing else than retryable errors;
+// every acknowledged write is in the store; every operation settles; the
+// live counts in the stats hashes, summed over the masters, equal the
+// records, and the lease and overdue indexes hold nothing the records do
+// not; the history is linearizable. The figures (replies redirected or
+// refused, what became of those commands, calls answered UNAVAILABLE) are
+// logged in the MEASURED line.
+func TestClusterReshard(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	// As ledgerd sets up its cluster client (cmd/ledgerd, openStore).
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true, ContextTimeoutEnabled: true,
+		ClusterStateReloadInterval: time.Second})
+	rd := newRedirects()
+	rdb.OnNewNode(func(n *redis.Client) { n.AddHook(nodeHook{rd}) })
+	pipe := autopipe.Enable(rdb, autopipe.Options{})
+	rdb.AddHook(clusterHook{rd}) // after autopipe's: it sees each script once, batched or not
+	t.Cleanup(func() { pipe.Close(); _ = rdb.Close() })
+	st := startStack(t, rdb, policyYAML(2*time.Second), ledger.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := st.Ledger.LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := newRecorder(effIrreversible, maxAttempts)
+	dest := newDestination(true, 11)
+	clients := newClients(t, 3, st.Addr, rec, dest)
+	crashed := crashAgents(ctx, t, clients, dest, "crash", scale(24, 2))
+	reconciler := newClient(t, st.Addr, rec, dest)
+	stopRec := reconcileInBackground(ctx, t, reconciler, dest)
+	l := newLoad(dest, clients, 6)
+	finish := l.background(ctx, t, "rs")
+
+	// The shards' slots, in shard order, each once.
+	var slots []int
+	seenSlot := map[int]bool{}
+	for s := range scale(32, 2) {
+		slot, err := rdb.ClusterKeySlot(ctx, fmt.Sprintf("%s:{s%02d}:stats", ledger.DefaultPrefix, s)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !seenSlot[int(slot)] {
+			seenSlot[int(slot)] = true
+			slots = append(slots, int(slot))
+		}
+	}
+	half := len(slots) / 2
+
+	// 1: between the first three masters.
+	sleepCtx(ctx, 2*time.Second)
+	masters := append([]*redistest.Server(nil), cl.Nodes...)
+	var moved reshardFigures
+	for _, slot := range slots[:half] {
+		src := slotOwner(t, cl, slot)
+		dst := masters[(indexOf(masters, src)+1)%len(masters)]
+		moved.add(moveSlot(ctx, t, masters, slot, src, dst))
+	}
+	t.Logf("phase 1: %d slots moved between the 3 masters, %d keys, after %d operations settled", moved.slots, moved.keys, l.done.Load())
+
+	// 2: a new master joins, and slots move to it.
+	added := cl.AddMaster(t)
+	masters = append(masters, added)
+	var toAdded reshardFigures
+	for _, slot := range slots[half:] {
+		toAdded.add(moveSlot(ctx, t, masters, slot, slotOwner(t, cl, slot), added))
+	}
+	t.Logf("phase 2: master %s added, %d slots moved to it, %d keys, after %d operations settled", added.Addr, toAdded.slots, toAdded.keys, l.done.Load())
+	sleepCtx(ctx, time.Second)
+
+	for id := range crashed {
+		waitSettledOrPending(ctx, t, reconciler, id)
+	}
+	reconciled := stopRec()
+	opIDs := finish()
+
+	nodes := make([]*redis.Client, len(masters))
+	for i, m := range masters {
+		nodes[i] = m.Client(t)
+	}
+	all := append(append([]string(nil), opIDs...), keys(crashed)...)
+	checkLiveCounts(ctx, t, nodes, reconciler, nil, all, "while the crashed agents' operations wait")
+	resolveCrashed(ctx, t, clients[0], dest, crashed)
+
+	v := l.verify(context.Background(), t, reconciler, opIDs)
+	checkLiveCounts(ctx, t, nodes, reconciler, nil, all, "at the end")
+	if p, err := reconciler.ListUnresolved(ctx, client.ListOptions{PageSize: 1000}); err != nil {
+		t.Fatal(err)
+	} else if len(p.Operations) > 0 || p.NextPageToken != "" {
+		t.Errorf("ListUnresolved at the end: %d operations, next page %q, want none", len(p.Operations), p.NextPageToken)
+	}
+	lost, checked := lostAcks(ctx, t, reconciler, rec.acknowledged(), func(s string) { t.Error(s) })
+	if n := owned(t, cl, added); n != len(slots)-half {
+		t.Errorf("the added master serves %d slots, want %d", n, len(slots)-half)
+	}
+
+	// What the callers saw: a call whose outcome they could not tell was
+	// answered UNAVAILABLE, which the SDK repeats; nothing else.
+	why := rec.unknownWhy()
+	for reason, n := range why {
+		if reason != "STORE_UNAVAILABLE" {
+			t.Errorf("%d ledger calls failed with %s; a slot on the move must answer UNAVAILABLE (STORE_UNAVAILABLE)", n, reason)
+		}
+	}
+	if n := l.errorsBut("unavailable", "retries exhausted"); n > 0 {
+		t.Errorf("Do failed %d times with other errors than UNAVAILABLE and retries exhausted: %s", n, l.errors())
+	}
+	if rd.scripts() == 0 {
+		t.Error("no script was redirected or refused: the slots did not move under the load")
+	}
+
+	calls, unknown := rec.counts()
+	total := 0
+	for _, n := range calls {
+		total += n
+	}
+	t.Logf("%d operations: %s; %s", len(opIDs), v, dest)
+	t.Logf("%d crashed agents' claims resolved, %d findings of the reconciler accepted; acknowledged writes checked %v, lost %d", len(crashed), reconciled, checked, lost)
+	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome (%v); Do errors retried: %s", calls, unknown, why, l.errors())
+	t.Logf("MEASURED: %d slots moved under load (%d keys, MIGRATE %d at a time), %d of them to a master added mid-run (%d keys); Redis %s; ledger scripts %d, %d failed; client calls %d, %d answered UNAVAILABLE; Do errors retried: %s; %d operations of the load: %s; %d crashed agents' operations resolved",
+		moved.slots+toAdded.slots, moved.keys+toAdded.keys, migrateBatch, toAdded.slots, toAdded.keys, rd,
+		st.scripts.Load(), st.failed.Load(), total, why["STORE_UNAVAILABLE"], l.errors(), len(opIDs), v, len(crashed))
+	rec.linearizable(t, false)
+}
+
+// migrateBatch is how many keys one MIGRATE moves, and migratePause the
+// pause after each: slow enough that scripts meet the slot half moved.
+const (
+	migrateBatch = 1
+	migratePause = 30 * time.Millisecond
+)
+
+type reshardFigures struct{ slots, keys int }
+
+func (f *reshardFigures) add(keys int) { f.slots++; f.keys += keys }
+
+// moveSlot moves slot from src to dst as redis-cli --cluster reshard does,
+// migrateBatch keys at a time, and returns how many keys it moved.
+func moveSlot(ctx context.Context, t testing.TB, masters []*redistest.Server, slot int, src, dst *redistest.Server) int {
+	t.Helper()
+	srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
+	s, d := src.Client(t), dst.Client(t)
+	do := func(c *redis.Client, args ...any) {
+		t.Helper()
+		if err := c.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%s: %v: %v", c.Options().Addr, args, err)
+		}
+	}
+	do(d, "cluster", "setslot", slot, "importing", srcID)
+	do(s, "cluster", "setslot", slot, "migrating", dstID)
+	host, port, _ := strings.Cut(dst.Addr, ":")
+	n := 0
+	for {
+		ks, err := s.ClusterGetKeysInSlot(ctx, slot, migrateBatch).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER GETKEYSINSLOT %d: %v", slot, err)
+		}
+		if len(ks) == 0 {
+			break
+		}
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+		for _, k := range ks {
+			args = append(args, k)
+		}
+		do(s, args...)
+		n += len(ks)
+		sleepCtx(ctx, migratePause)
+	}
+	// The target first, then the source (from then on it answers MOVED),
+	// then every other master.
+	do(d, "cluster", "setslot", slot, "node", dstID)
+	do(s, "cluster", "setslot", slot, "node", dstID)
+	for _, m := range masters {
+		if m != src && m != dst {
+			do(m.Client(t), "cluster", "setslot", slot, "node", dstID)
+		}
+	}
+	return n
+}
+
+// slotRanges returns the slot ranges each master serves, by address
+// (CLUSTER SHARDS of the first node).
+func slotRanges(t testing.TB, cl *redistest.Cluster) map[string][]redis.SlotRange {
+	t.Helper()
+	shards, err := cl.Nodes[0].Client(t).ClusterShards(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]redis.SlotRange{}
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if n.Role == "master" {
+				addr := fmt.Sprintf("%s:%d", n.IP, n.Port)
+				out[addr] = append(out[addr], sh.Slots...)
+			}
+		}
+	}
+	return out
+}
+
+// slotOwner returns the master serving slot.
+func slotOwner(t testing.TB, cl *redistest.Cluster, slot int) *redistest.Server {
+	t.Helper()
+	for addr, ranges := range slotRanges(t, cl) {
+		for _, r := range ranges {
+			if int(r.Start) <= slot && slot <= int(r.End) {
+				for _, s := range cl.Nodes {
+					if s.Addr == addr {
+						return s
+					}
+				}
+			}
+		}
+	}
+	t.Fatalf("no master serves slot %d", slot)
+	return nil
+}
+
+// owned returns how many slots s serves.
+func owned(t testing.TB, cl *redistest.Cluster, s *redistest.Server) int {
+	t.Helper()
+	n := 0
+	for _, r := range slotRanges(t, cl)[s.Addr] {
+		n += int(r.End - r.Start + 1)
+	}
+	return n
+}
+
+func indexOf(ss []*redistest.Server, s *redistest.Server) int {
+	for i, x := range ss {
+		if x == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// redirects counts the replies of the cluster's nodes that say a slot is
+// on the move (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) and the NOSCRIPT replies
+// of a node without the scripts, and what became of the commands that got
+// one, scripts apart from the other commands (the sweeper's, the list's and
+// the stats' reads): go-redis follows a redirection and retries TRYAGAIN
+// itself, and gives up after a few tries (MaxRedirects). A node's hook
+// sees every reply; the cluster client's hook sees each command's outcome.
+type redirects struct {
+	mu      sync.Mutex
+	replies map[string]int         // node replies by kind
+	seen    map[redis.Cmder]string // commands in flight that got one
+	byClass map[string]*redirected // "scripts", "other commands"
+}
+
+// redirected is what became of the commands of one class that got a reply
+// redirects counts.
+type redirected struct {
+	calls    int            // commands that got one
+	answered int            // ... that were answered in the end
+	resent   int            // ... that a node without the script answered NOSCRIPT in the end
+	ended    map[string]int // ... that ended in an error, by its kind
+}
+
+func newRedirects() *redirects {
+	return &redirects{replies: map[string]int{}, seen: map[redis.Cmder]string{},
+		byClass: map[string]*redirected{"scripts": {ended: map[string]int{}}, "other commands": {ended: map[string]int{}}}}
+}
+
+var movingKinds = []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"}
+
+// kindOf is the kind of a reply error that redirects counts ("" for
+// others).
+func kindOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	word, _, _ := strings.Cut(err.Error(), " ")
+	for _, k := range movingKinds {
+		if word == k {
+			return k
+		}
+	}
+	return ""
+}
+
+func classOf(cmd redis.Cmder) string {
+	switch cmd.Name() {
+	case "evalsha", "eval", "evalsha_ro", "eval_ro":
+		return "scripts"
+	}
+	return "other commands"
+}
+
+func (r *redirects) reply(cmd redis.Cmder, err error) {
+	k := kindOf(err)
+	if k == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.replies[k]++
+	if k == "NOSCRIPT" {
+		return // the script is sent again (EVAL) as another command
+	}
+	if _, ok := r.seen[cmd]; !ok {
+		r.seen[cmd] = classOf(cmd)
+		r.byClass[classOf(cmd)].calls++
+	}
+}
+
+func (r *redirects) outcome(cmd redis.Cmder) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	class, ok := r.seen[cmd]
+	if !ok {
+		return
+	}
+	delete(r.seen, cmd)
+	c := r.byClass[class]
+	if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		k := kindOf(err)
+		if k == "NOSCRIPT" {
+			c.resent++ // Script.Run sends it again as EVAL
+			return
+		}
+		if k == "" {
+			k = "other: " + err.Error()
+		}
+		c.ended[k]++
+		return
+	}
+	c.answered++
+}
+
+// scripts returns how many scripts got a reply redirects counts.
+func (r *redirects) scripts() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byClass["scripts"].calls
+}
+
+func (r *redirects) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var parts []string
+	for _, k := range movingKinds {
+		parts = append(parts, fmt.Sprintf("%s %d", k, r.replies[k]))
+	}
+	s := "replies " + strings.Join(parts, ", ")
+	for _, class := range []string{"scripts", "other commands"} {
+		c := r.byClass[class]
+		var ended []string
+		n := 0
+		for k, e := range c.ended {
+			ended = append(ended, fmt.Sprintf("%s %d", k, e))
+			n += e
+		}
+		sort.Strings(ended)
+		s += fmt.Sprintf("; %s: %d redirected or refused, %d of them answered after go-redis followed or retried them, %d answered NOSCRIPT (then sent as EVAL), %d ended in an error", class, c.calls, c.answered, c.resent, n)
+		if n > 0 {
+			s += " (" + strings.Join(ended, ", ") + ")"
+		}
+	}
+	return s
+}
+
+// nodeHook is redirects' hook on each node's client.
+type nodeHook struct{ r *redirects }
+
+func (h nodeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h nodeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.r.reply(cmd, err)
+		return err
+	}
+}
+
+func (h nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			h.r.reply(c, c.Err())
+		}
+		return err
+	}
+}
+
+// clusterHook is redirects' hook on the cluster client.
+type clusterHook struct{ r *redirects }
+
+func (h clusterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h clusterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil {
+			cmd.SetErr(err)
+		}
+		h.r.outcome(cmd)
+		return err
+	}
+}
+
+func (h clusterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			h.r.outcome(c)
+		}
+		return err
+	}
+}
