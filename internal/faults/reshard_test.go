@@ -140,10 +140,14 @@ func TestClusterReshard(t *testing.T) {
 	}
 
 	// What the callers saw: a call whose outcome they could not tell was
-	// answered UNAVAILABLE, which the SDK repeats; nothing else.
+	// answered UNAVAILABLE, which the SDK repeats, or ended by the caller
+	// itself (its deadline, or the SDK cancelling a lease renewal once the
+	// tool returned); no other error.
 	why := rec.unknownWhy()
 	for reason, n := range why {
-		if reason != "STORE_UNAVAILABLE" {
+		switch reason {
+		case "STORE_UNAVAILABLE", "DeadlineExceeded", "Canceled":
+		default:
 			t.Errorf("%d ledger calls failed with %s; a slot on the move must answer UNAVAILABLE (STORE_UNAVAILABLE)", n, reason)
 		}
 	}
