@@ -29,6 +29,12 @@
 // write timeouts. A batch that fails on a network error is retried whole by
 // go-redis (MaxRetries), so only commands that are safe to run twice may be
 // batched: the ledger's scripts are (docs/design.md §4).
+//
+// On Redis Cluster a batch goes to each master in a pipeline on that
+// master's own client, and a command a node refuses without running it (its
+// slot is elsewhere or being moved) goes out again alone through the
+// cluster client, which follows the redirection for it alone (see
+// execCluster).
 package autopipe
 
 import (
@@ -402,9 +408,106 @@ func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
 		}
 		return
 	}
+	if cc, ok := h.rdb.(*redis.ClusterClient); ok {
+		execCluster(ctx, cc, batch, next)
+		return
+	}
 	pipe := h.rdb.Pipeline()
 	for _, c := range batch {
 		_ = pipe.Process(ctx, c.inner)
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
+}
+
+// execCluster sends a batch on Redis Cluster: the commands of each master
+// in one pipeline on that master's own client, the masters at once. A
+// command that a node refuses without running it (its slot is served
+// elsewhere or is being moved: MOVED, ASK, TRYAGAIN; the cluster or the node
+// is not ready) then goes out again alone, through the client's own path,
+// which follows the redirection or waits and tries again for that command
+// only; the others are answered as they were.
+//
+// go-redis's cluster pipeline is not used for this: when a node answers the
+// first command of its share of a pipeline with TRYAGAIN, it sends that
+// whole share again (up to MaxRedirects times), so every other script in it
+// runs again each time, and a command it was told to ASK another node about
+// goes to both nodes at once.
+func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, next redis.ProcessHook) {
+	byNode := map[*redis.Client][]*call{}
+	var alone []*call
+	for _, c := range batch {
+		if key, ok := firstKey(c.inner); ok {
+			if node, err := cc.MasterForKey(ctx, key); err == nil {
+				byNode[node] = append(byNode[node], c)
+				continue
+			}
+		}
+		alone = append(alone, c)
+	}
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	for node, calls := range byNode {
+		wg.Go(func() {
+			pipe := node.Pipeline()
+			for _, c := range calls {
+				_ = pipe.Process(ctx, c.inner)
+			}
+			_, _ = pipe.Exec(ctx) // each command carries its own error
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range calls {
+				if notRun(c.inner.Err()) {
+					alone = append(alone, c)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, c := range alone {
+		wg.Go(func() {
+			c.inner.SetErr(nil)
+			// The client's own path leaves setting the error to its caller.
+			if err := next(ctx, c.inner); err != nil {
+				c.inner.SetErr(err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// firstKey returns the first key an EVAL or EVALSHA command names, if any.
+func firstKey(cmd *redis.Cmd) (string, bool) {
+	args := cmd.Args()
+	if len(args) < 4 {
+		return "", false
+	}
+	switch n := args[2].(type) {
+	case int:
+		if n < 1 {
+			return "", false
+		}
+	case int64:
+		if n < 1 {
+			return "", false
+		}
+	default:
+		return "", false
+	}
+	key, ok := args[3].(string)
+	return key, ok
+}
+
+// notRun reports whether err is a cluster node's refusal of a command it
+// did not run: the slot is served by another node or being moved (MOVED,
+// ASK, TRYAGAIN), or the cluster or the node cannot serve it now
+// (CLUSTERDOWN, LOADING, READONLY, MASTERDOWN).
+func notRun(err error) bool {
+	for _, p := range []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "LOADING", "READONLY", "MASTERDOWN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -154,6 +154,11 @@ func TestClusterReshard(t *testing.T) {
 	if n := l.errorsBut("unavailable", "retries exhausted"); n > 0 {
 		t.Errorf("Do failed %d times with other errors than UNAVAILABLE and retries exhausted: %s", n, l.errors())
 	}
+	// A script is run once per time the ledger sends it: a refusal of
+	// another script in the same pipeline must not send it again.
+	if n := rd.ranTwice(); n > 0 {
+		t.Errorf("%d scripts the ledger sent once were run more than once by Redis", n)
+	}
 	if rd.scripts() == 0 {
 		t.Error("no script was redirected or refused: the slots did not move under the load")
 	}
@@ -295,6 +300,8 @@ type redirects struct {
 	mu      sync.Mutex
 	replies map[string]int         // node replies by kind
 	seen    map[redis.Cmder]string // commands in flight that got one
+	runs    map[redis.Cmder]int    // the scripts' runs, by the ledger's command
+	twice   int                    // scripts that the ledger sent once and Redis ran more than once
 	byClass map[string]*redirected // "scripts", "other commands"
 }
 
@@ -308,7 +315,7 @@ type redirected struct {
 }
 
 func newRedirects() *redirects {
-	return &redirects{replies: map[string]int{}, seen: map[redis.Cmder]string{},
+	return &redirects{replies: map[string]int{}, seen: map[redis.Cmder]string{}, runs: map[redis.Cmder]int{},
 		byClass: map[string]*redirected{"scripts": {ended: map[string]int{}}, "other commands": {ended: map[string]int{}}}}
 }
 
@@ -339,11 +346,19 @@ func classOf(cmd redis.Cmder) string {
 
 func (r *redirects) reply(cmd redis.Cmder, err error) {
 	k := kindOf(err)
-	if k == "" {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if k == "" {
+		// A reply of the script itself (a success, or its own error):
+		// Redis ran it. A network error says nothing.
+		var rerr redis.Error
+		if classOf(cmd) == "scripts" && (err == nil || errors.As(err, &rerr)) {
+			if r.runs[cmd]++; r.runs[cmd] == 2 {
+				r.twice++
+			}
+		}
+		return
+	}
 	r.replies[k]++
 	if k == "NOSCRIPT" {
 		return // the script is sent again (EVAL) as another command
@@ -378,6 +393,13 @@ func (r *redirects) outcome(cmd redis.Cmder) {
 	c.answered++
 }
 
+// ranTwice returns how many scripts Redis ran more than once.
+func (r *redirects) ranTwice() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.twice
+}
+
 // scripts returns how many scripts got a reply redirects counts.
 func (r *redirects) scripts() int {
 	r.mu.Lock()
@@ -392,7 +414,7 @@ func (r *redirects) String() string {
 	for _, k := range movingKinds {
 		parts = append(parts, fmt.Sprintf("%s %d", k, r.replies[k]))
 	}
-	s := "replies " + strings.Join(parts, ", ")
+	s := "replies " + strings.Join(parts, ", ") + fmt.Sprintf("; scripts run more than once: %d", r.twice)
 	for _, class := range []string{"scripts", "other commands"} {
 		c := r.byClass[class]
 		var ended []string
