@@ -116,7 +116,7 @@ func TestClusterReshard(t *testing.T) {
 	for id := range crashed {
 		waitSettledOrPending(ctx, t, reconciler, id)
 	}
-	reconciled := stopRec()
+	reconciled, staleFindings := stopRec()
 	opIDs := finish()
 
 	nodes := make([]*redis.Client, len(masters))
@@ -169,7 +169,7 @@ func TestClusterReshard(t *testing.T) {
 		total += n
 	}
 	t.Logf("%d operations: %s; %s", len(opIDs), v, dest)
-	t.Logf("%d crashed agents' claims resolved, %d findings of the reconciler accepted; acknowledged writes checked %v, lost %d", len(crashed), reconciled, checked, lost)
+	t.Logf("%d crashed agents' claims resolved, %d findings of the reconciler accepted (%d refused STALE_FENCING_TOKEN); acknowledged writes checked %v, lost %d", len(crashed), reconciled, staleFindings, checked, lost)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome (%v); Do errors retried: %s", calls, unknown, why, l.errors())
 	t.Logf("MEASURED: %d slots moved under load (%d keys, MIGRATE %d at a time), %d of them to a master added mid-run (%d keys); Redis %s; ledger scripts %d, %d failed; client calls %d, %d answered UNAVAILABLE; Do errors retried: %s; %d operations of the load: %s; %d crashed agents' operations resolved",
 		moved.slots+toAdded.slots, moved.keys+toAdded.keys, migrateBatch, toAdded.slots, toAdded.keys, rd,
