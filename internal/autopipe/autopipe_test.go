@@ -125,18 +125,8 @@ func TestQueuedCallWhoseContextEndsIsNotSent(t *testing.T) {
 func TestCallCancelledWhileQueuedIsNeverSent(t *testing.T) {
 	for _, wAt := range []int{0, 1} {
 		t.Run(fmt.Sprintf("W%d", wAt+1), func(t *testing.T) {
-			srv := redistest.Start(t)
-			p := newHoldProxy(t, srv.Addr)
-			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
-			defer rdb.Close()
-			h := Enable(rdb, Options{Lanes: 1})
-			defer h.Close()
+			_, p, rdb, h := newHeldHook(t, false, Options{Lanes: 1})
 			ctx := context.Background()
-			for _, s := range []*redis.Script{echo, incr} {
-				if err := s.Load(ctx, rdb).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
 			for i := range 5 {
 				marker := "held:o" + strconv.Itoa(i)
 				held := p.hold(marker)
@@ -211,19 +201,8 @@ func TestBatchSenderReturnsAtItsContextsEnd(t *testing.T) {
 		}, true, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			p := newHoldProxy(t, srv.Addr)
-			// No read timeout: only contexts bound the calls.
-			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
-			defer rdb.Close()
-			h := Enable(rdb, Options{Lanes: 1})
-			defer h.Close()
+			_, p, rdb, h := newHeldHook(t, false, Options{Lanes: 1})
 			ctx := context.Background()
-			for _, s := range []*redis.Script{echo, incr} {
-				if err := s.Load(ctx, rdb).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
 			heldO, heldX := p.hold("held:o"), p.hold("held:x")
 			o := make(chan error, 1)
 			go func() { o <- echo.Run(ctx, rdb, []string{"held:o"}, "o").Err() }()
@@ -288,18 +267,8 @@ func TestBatchSenderReturnsAtItsContextsEnd(t *testing.T) {
 // its reply is still held. Once the proxy lets it through, later calls work
 // and the lane is free.
 func TestLoneCallReturnsAtItsDeadline(t *testing.T) {
-	srv := redistest.Start(t)
-	p := newHoldProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ContextTimeoutEnabled: true, ReadTimeout: -1})
-	defer rdb.Close()
-	h := Enable(rdb, Options{})
-	defer h.Close()
+	_, p, rdb, h := newHeldHook(t, true, Options{})
 	ctx := context.Background()
-	for _, s := range []*redis.Script{echo, incr} {
-		if err := s.Load(ctx, rdb).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
 	held := p.hold("held:lone")
 	// The deadline only has to come after the call is sent: 2s is ample.
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -390,18 +359,8 @@ func TestReleasePassesOverEndedCalls(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			p := newHoldProxy(t, srv.Addr)
-			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
-			defer rdb.Close()
-			h := Enable(rdb, Options{Lanes: 1})
-			defer h.Close()
+			srv, p, rdb, h := newHeldHook(t, false, Options{Lanes: 1})
 			ctx := context.Background()
-			for _, s := range []*redis.Script{echo, incr} {
-				if err := s.Load(ctx, rdb).Err(); err != nil {
-					t.Fatal(err)
-				}
-			}
 			direct := srv.Client(t)
 			before := scriptCalls(t, direct)
 

@@ -2,11 +2,15 @@ package autopipe
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // holdProxy forwards TCP connections to a redis-server, and holds a
@@ -48,6 +52,27 @@ func newHoldProxy(t testing.TB, upstream string) *holdProxy {
 	go p.serve()
 	t.Cleanup(p.close)
 	return p
+}
+
+// newHeldHook starts a redis-server behind a holdProxy, and a client through
+// the proxy with no read timeout of its own (only contexts bound its calls;
+// with contextTimeout, go-redis's socket deadlines follow them too),
+// autopipelined with opts, with the test scripts echo and incr loaded. All
+// of it is closed at the test's end.
+func newHeldHook(t testing.TB, contextTimeout bool, opts Options) (*redistest.Server, *holdProxy, *redis.Client, *Hook) {
+	t.Helper()
+	srv := redistest.Start(t)
+	p := newHoldProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ContextTimeoutEnabled: contextTimeout, ReadTimeout: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := Enable(rdb, opts)
+	t.Cleanup(h.Close)
+	for _, s := range []*redis.Script{echo, incr} {
+		if err := s.Load(context.Background(), rdb).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv, p, rdb, h
 }
 
 // Addr is the address clients dial.

@@ -7,10 +7,6 @@ import (
 	"testing"
 	"time"
 	"weak"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/opledger/ledger/internal/redistest"
 )
 
 // tracedArg is a script argument whose collection a test can see (through
@@ -34,16 +30,8 @@ func TestReturnedCallsAreNotKept(t *testing.T) {
 			name = "abandoned"
 		}
 		t.Run(name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			p := newHoldProxy(t, srv.Addr)
-			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DisableIdentity: true, ReadTimeout: -1})
-			defer rdb.Close()
-			h := Enable(rdb, Options{Lanes: 1})
-			defer h.Close()
+			_, p, rdb, h := newHeldHook(t, false, Options{Lanes: 1})
 			ctx := context.Background()
-			if err := echo.Load(ctx, rdb).Err(); err != nil {
-				t.Fatal(err)
-			}
 			const marker = "held:occupant"
 			held := p.hold(marker)
 			occupant := make(chan error, 1)
