@@ -256,7 +256,8 @@ func nullKey(n *yaml.Node, depth int) (string, bool) {
 				if name, ok := nullKey(n.Content[i+1], depth+1); ok {
 					return name, true
 				}
-			} else if k.ShortTag() == "!!null" {
+			} else if k := deref(k); k.ShortTag() == "!!null" {
+				// An alias (*n) is named by the null it stands for.
 				return k.Value, true
 			}
 		}

@@ -377,6 +377,12 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 				t.Errorf("%q: %v, want tenant %q's limits", quoted, err, name)
 			}
 		}
+		// The name written as an alias (*n) of such a null: the error
+		// names the null, not the anchor.
+		aliased := "tenants:\n  t1: {rate: 5, burst: &n " + name + "}\n  *n : {rate: 5}\n"
+		if _, err := server.ParseCredentials([]byte(kr.doc(aliased))); err == nil || !strings.Contains(err.Error(), `the name "`+name+`" reads as YAML's null`) {
+			t.Errorf("%q: %v, want an error naming the null and asking to quote it", aliased, err)
+		}
 	}
 }
 
