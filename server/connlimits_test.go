@@ -337,3 +337,35 @@ func readFrame(r io.Reader) (typ, flags byte, err error) {
 	}
 	return h[3], h[4], nil
 }
+
+// A client balancing with round_robin (client.md, "Several ledgerd
+// instances") does not wait for a call after the idle close: gRPC
+// reconnects it at once, so an open Client of that kind keeps its
+// connections, re-established after each MaxConnectionIdle, until it is
+// closed. Its calls are served as before.
+func TestIdleCloseRoundRobinClientReconnectsAtOnce(t *testing.T) {
+	t.Parallel()
+	conns := &connCounter{}
+	addr := startLimited(t, server.ConnectionLimits{MaxConnectionIdle: 300 * time.Millisecond}, grpc.StatsHandler(conns))
+	cl, err := client.Dial("dns:///"+addr, client.WithCallTimeout(30*time.Second),
+		client.WithDialOptions(grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`)),
+		client.WithToolPolicy("conn.send", client.ToolPolicy{Timeout: 10 * time.Second, Effect: client.EffectIrreversible}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	dest := &effectCounter{applied: map[string]int{}}
+	first, second := "conn-rr-1-"+randomHex(6), "conn-rr-2-"+randomHex(6)
+	if err := send(context.Background(), cl, dest, first); err != nil {
+		t.Fatalf("first Do: %v", err)
+	}
+	// No call from here on: every connection after the first was opened
+	// by the client on its own after an idle close.
+	waitFor(t, 30*time.Second, "two idle closes, each followed by a new connection without a call", func() bool {
+		return conns.ended.Load() >= 2 && conns.begun.Load() >= 3
+	})
+	if err := send(context.Background(), cl, dest, second); err != nil {
+		t.Fatalf("Do after the idle closes: %v", err)
+	}
+	wantApplied(t, dest, first, second)
+}
