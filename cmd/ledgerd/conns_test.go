@@ -64,7 +64,8 @@ func TestConnectionFlags(t *testing.T) {
 
 // TestRefusesBadConnectionLimits: a limit that is not positive, or not a
 // duration (a count), stops ledgerd at start-up with an error naming the
-// flag, or the environment variable it came from.
+// flag and the value, also when the value came from the flag's environment
+// variable (as for ledgerd's other flags).
 func TestRefusesBadConnectionLimits(t *testing.T) {
 	for _, tc := range []struct{ flag, value string }{
 		{"handshake-timeout", "-1s"},
