@@ -133,8 +133,9 @@ func LoadCredentials(file string) (*Credentials, error) {
 //
 // Unknown fields, duplicate key ids, unknown scopes, malformed hashes, a
 // tenant written as YAML's null (unquoted null or ~, as a key's or client's
-// tenant or a name under tenants, also through a merge key) and a second
-// YAML document are errors.
+// tenant or a name under tenants, also through a merge key), any other
+// mapping key YAML reads as null (whose entry decoding would drop) and a
+// second YAML document are errors. A quoted "<<" is a name, not a merge key.
 func ParseCredentials(data []byte) (*Credentials, error) {
 	var f credentialsFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -150,8 +151,8 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
 		return nil, errors.New("the credentials file must hold exactly one YAML document")
 	}
-	if key, ok := nullTenantKey(data); ok {
-		return nil, fmt.Errorf("tenants: the name %q reads as YAML's null, and its limits would be dropped: quote it", key)
+	if err := refuseNullKeys(data); err != nil {
+		return nil, err
 	}
 	nulls := nullTenants(data)
 	c := &Credentials{keys: map[string]apiKey{}, tenants: f.Tenants}
@@ -221,48 +222,102 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	return c, nil
 }
 
-// nullTenantKey returns the first name in the tenants map of the
+// refuseNullKeys returns an error naming the first mapping key in the
 // credentials document data (decoded already) that YAML reads as null
-// (null, Null, NULL, ~), whose entry decoding drops: written in the map
-// itself or in a mapping it takes through a merge key (<<).
-func nullTenantKey(data []byte) (string, bool) {
-	var raw struct {
-		Tenants yaml.Node `yaml:"tenants"`
+// (null, Null, NULL, ~, a key left empty or tagged !!null), or written as an
+// alias (*n) of such a null, and nil when there is none. Decoding drops such
+// a key's entry without a word, in a struct (a key's or client's entry, a
+// tenant's limits, the top level) as in the tenants map: the file would be
+// loaded without it. Every mapping of the document is looked at where it is
+// written, a merged one (<<) with the mapping it is merged into.
+func refuseNullKeys(data []byte) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil
 	}
-	if err := yaml.Unmarshal(data, &raw); err != nil {
-		return "", false
-	}
-	return nullKey(&raw.Tenants, 0)
+	return nullKeyIn(&doc, "")
 }
 
-// nullKey returns the first key of the mapping n, or of a mapping merged
-// into it (depth bounds merges of merges), that YAML reads as null.
-func nullKey(n *yaml.Node, depth int) (string, bool) {
-	n = deref(n)
-	if n == nil || depth > 32 {
-		return "", false
-	}
+// nullKeyIn returns the error for the first null key in n, a node at path
+// (as the errors name it: "" for the top level, "keys[0]", "tenants",
+// `tenants["acme"]`). Aliases are not followed: what they stand for is
+// looked at where it is written.
+func nullKeyIn(n *yaml.Node, path string) error {
 	switch n.Kind {
-	case yaml.SequenceNode: // the mappings of a merge key
-		for _, m := range n.Content {
-			if k, ok := nullKey(m, depth+1); ok {
-				return k, true
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if err := nullKeyIn(c, path); err != nil {
+				return err
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if err := nullKeyIn(c, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
 			}
 		}
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			k := n.Content[i]
+			k, v := n.Content[i], n.Content[i+1]
 			if isMergeKey(k) {
-				if name, ok := nullKey(n.Content[i+1], depth+1); ok {
-					return name, true
+				// The merged mappings' keys are this mapping's.
+				merged := []*yaml.Node{v}
+				if v.Kind == yaml.SequenceNode {
+					merged = v.Content
 				}
-			} else if k := deref(k); k.ShortTag() == "!!null" {
-				// An alias (*n) is named by the null it stands for.
-				return k.Value, true
+				for _, m := range merged {
+					if err := nullKeyIn(m, path); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			if k.ShortTag() == "!!null" {
+				return nullKeyError(k, path)
+			}
+			var name string
+			if k.Decode(&name) != nil {
+				continue // not a name: decoding refused the file already
+			}
+			child := name
+			switch path {
+			case "":
+			case "tenants":
+				child = fmt.Sprintf("tenants[%q]", name)
+			default:
+				child = path + "." + name
+			}
+			if err := nullKeyIn(v, child); err != nil {
+				return err
 			}
 		}
 	}
-	return "", false
+	return nil
+}
+
+// nullKeyError is the error for the mapping key k, at path, that YAML reads
+// as null.
+func nullKeyError(k *yaml.Node, path string) error {
+	written := fmt.Sprintf("%q", deref(k).Value)
+	if deref(k).Value == "" {
+		written = "left empty"
+	}
+	if path == "tenants" {
+		fix := "quote it"
+		if deref(k).Value == "" {
+			fix = "write the tenant's name"
+		}
+		return fmt.Errorf("line %d: tenants: the name %s reads as YAML's null, and its limits would be dropped: %s", k.Line, written, fix)
+	}
+	where := path
+	if where == "" {
+		where = "the top level"
+	}
+	hint := ""
+	if strings.HasPrefix(path, `tenants["<<"]`) {
+		hint = ` ("<<" quoted, or tagged, is a tenant's name, not a merge key)`
+	}
+	return fmt.Errorf("line %d: %s: the key %s reads as YAML's null, and its entry would be dropped unread: write the field's name, or remove the entry%s", k.Line, where, written, hint)
 }
 
 // nullTenants returns the entries of keys and clients in the credentials

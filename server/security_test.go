@@ -480,6 +480,50 @@ func TestCredentialsNullTenantThroughMergeKey(t *testing.T) {
 	}
 }
 
+// TestCredentialsRefuseNullKeys: decoding drops without a word every entry
+// whose key YAML reads as null (null, Null, NULL, ~, a key left empty), in
+// a tenant's limits, a key's or client's entry, the top level, or a mapping
+// merged into one (<<), also where the key is an alias (*n) of a null: the
+// file is refused, with the line of the key and the entry it is in, never
+// loaded without it.
+func TestCredentialsRefuseNullKeys(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	for _, name := range []string{"null", "Null", "NULL", "~"} {
+		for _, tc := range []struct{ doc, where string }{
+			{"tenants: {a: {rate: 5, " + name + ": 3}}\n", `line 1: tenants["a"]: the key "` + name + `"`},
+			{"tenants:\n  a:\n    rate: 5\n    " + name + ": 3\n", `line 4: tenants["a"]: the key "` + name + `"`},
+			{"keys:\n  - id: k1\n    tenant: acme\n    " + name + ": x\n    scopes: [agent]\n    secret_sha256: " + hash + "\n", `line 4: keys[0]: the key "` + name + `"`},
+			{"clients:\n  - {common_name: c0, tenant: acme, scopes: [agent]}\n  - {common_name: c1, " + name + ": x, tenant: acme, scopes: [agent]}\n", `line 3: clients[1]: the key "` + name + `"`},
+			{"keys: []\n" + name + ": {keys: []}\n", `line 2: the top level: the key "` + name + `"`},
+			{"keys:\n  - {<<: {" + name + ": x}, id: k1, tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n", `line 2: keys[0]: the key "` + name + `"`},
+			{"tenants:\n  t1: {rate: 5, burst: &n " + name + "}\n  t2: {rate: 5, *n : 3}\n", `line 3: tenants["t2"]: the key "` + name + `"`},
+			// A quoted << is a name, not a merge key: the mapping under it
+			// is the tenant's limits, whose null key is refused.
+			{"tenants:\n  \"<<\": {" + name + ": {rate: 5}}\n", `line 2: tenants["<<"]: the key "` + name + `"`},
+		} {
+			_, err := server.ParseCredentials([]byte(tc.doc))
+			if err == nil || !strings.Contains(err.Error(), tc.where+" reads as YAML's null") {
+				t.Errorf("%q: %v, want an error with %q", tc.doc, err, tc.where)
+			}
+		}
+	}
+	// A key left empty, or tagged as null, is null as well.
+	for _, doc := range []string{
+		"tenants: {a: {rate: 5, ? : 3}}\n",
+		"keys:\n  - {id: k1, ? !!null '' : x, tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n",
+	} {
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), "reads as YAML's null") {
+			t.Errorf("%q: %v, want an error about the null key", doc, err)
+		}
+	}
+	// Quoted, << under tenants is a tenant named "<<", as "null" quoted is
+	// one named null: a name a key's tenant may have too.
+	c, err := server.ParseCredentials([]byte("keys:\n  - {id: k1, tenant: \"<<\", scopes: [agent], secret_sha256: " + hash + "}\ntenants:\n  \"<<\": {rate: 5}\n"))
+	if err != nil || c.Limits("<<").Rate != 5 {
+		t.Errorf("tenant \"<<\": %v", err)
+	}
+}
+
 // TestCredentialsFileIsOneDocument: what follows the credentials document
 // (a second document revoking a key, or text that is not YAML) makes the
 // file invalid instead of going unread.
