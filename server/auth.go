@@ -366,7 +366,9 @@ func tenantNode(e *yaml.Node, depth int) *yaml.Node {
 			merge = deref(e.Content[j+1])
 			continue
 		}
-		if k.Value == "tenant" {
+		// The key as decoding reads it: also an alias (*t) or !!binary.
+		var name string
+		if k.Decode(&name) == nil && name == "tenant" {
 			return deref(e.Content[j+1])
 		}
 	}

@@ -524,6 +524,18 @@ func TestCredentialsRefuseNullKeys(t *testing.T) {
 	}
 }
 
+// TestCredentialsNullTenantUnderAliasedKey: a key's tenant field written
+// as an alias (*t) of the string tenant is its tenant field; a null there
+// is named as such, not reported as a tenant left out.
+func TestCredentialsNullTenantUnderAliasedKey(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	doc := "clients:\n  - {common_name: &t tenant, tenant: acme, scopes: [agent]}\n" +
+		"keys:\n  - {id: k1, *t : ~, scopes: [agent], secret_sha256: " + hash + "}\n"
+	if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), `keys[0] (k1): tenant "~" reads as YAML's null`) {
+		t.Errorf("%q: %v, want an error naming the null tenant", doc, err)
+	}
+}
+
 // TestCredentialsFileIsOneDocument: what follows the credentials document
 // (a second document revoking a key, or text that is not YAML) makes the
 // file invalid instead of going unread.
