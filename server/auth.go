@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/opledger/ledger/internal/yamlnull"
 	"github.com/opledger/ledger/ledger"
 )
 
@@ -224,100 +225,37 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 
 // refuseNullKeys returns an error naming the first mapping key in the
 // credentials document data (decoded already) that YAML reads as null
-// (null, Null, NULL, ~, a key left empty or tagged !!null), or written as an
-// alias (*n) of such a null, and nil when there is none. Decoding drops such
-// a key's entry without a word, in a struct (a key's or client's entry, a
-// tenant's limits, the top level) as in the tenants map: the file would be
-// loaded without it. Every mapping of the document is looked at where it is
-// written, a merged one (<<) with the mapping it is merged into.
+// (yamlnull.Find), and nil when there is none. Decoding drops such a key's
+// entry without a word, in a struct (a key's or client's entry, a tenant's
+// limits, the top level) as in the tenants map: the file would be loaded
+// without it. The places are named as the other errors name them: "" for
+// the top level, "keys[0]", "tenants", `tenants["acme"]`.
 func refuseNullKeys(data []byte) error {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	k, ok := yamlnull.Find(data, func(parent, key string) string {
+		if parent == "tenants" {
+			return fmt.Sprintf("tenants[%q]", key)
+		}
+		return yamlnull.Child(parent, key)
+	})
+	if !ok {
 		return nil
 	}
-	return nullKeyIn(&doc, "")
-}
-
-// nullKeyIn returns the error for the first null key in n, a node at path
-// (as the errors name it: "" for the top level, "keys[0]", "tenants",
-// `tenants["acme"]`). Aliases are not followed: what they stand for is
-// looked at where it is written.
-func nullKeyIn(n *yaml.Node, path string) error {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if err := nullKeyIn(c, path); err != nil {
-				return err
-			}
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			if err := nullKeyIn(c, fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			if isMergeKey(k) {
-				// The merged mappings' keys are this mapping's.
-				merged := []*yaml.Node{v}
-				if v.Kind == yaml.SequenceNode {
-					merged = v.Content
-				}
-				for _, m := range merged {
-					if err := nullKeyIn(m, path); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			if k.ShortTag() == "!!null" {
-				return nullKeyError(k, path)
-			}
-			var name string
-			if k.Decode(&name) != nil {
-				continue // not a name: decoding refused the file already
-			}
-			child := name
-			switch path {
-			case "":
-			case "tenants":
-				child = fmt.Sprintf("tenants[%q]", name)
-			default:
-				child = path + "." + name
-			}
-			if err := nullKeyIn(v, child); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// nullKeyError is the error for the mapping key k, at path, that YAML reads
-// as null.
-func nullKeyError(k *yaml.Node, path string) error {
-	written := fmt.Sprintf("%q", deref(k).Value)
-	if deref(k).Value == "" {
-		written = "left empty"
-	}
-	if path == "tenants" {
+	if k.Place == "tenants" {
 		fix := "quote it"
-		if deref(k).Value == "" {
+		if k.Value == "" {
 			fix = "write the tenant's name"
 		}
-		return fmt.Errorf("line %d: tenants: the name %s reads as YAML's null, and its limits would be dropped: %s", k.Line, written, fix)
+		return fmt.Errorf("line %d: tenants: the name %s reads as YAML's null, and its limits would be dropped: %s", k.Line, k.Written(), fix)
 	}
-	where := path
+	where := k.Place
 	if where == "" {
 		where = "the top level"
 	}
 	hint := ""
-	if strings.HasPrefix(path, `tenants["<<"]`) {
+	if strings.HasPrefix(k.Place, `tenants["<<"]`) {
 		hint = ` ("<<" quoted, or tagged, is a tenant's name, not a merge key)`
 	}
-	return fmt.Errorf("line %d: %s: the key %s reads as YAML's null, and its entry would be dropped unread: write the field's name, or remove the entry%s", k.Line, where, written, hint)
+	return fmt.Errorf("line %d: %s: the key %s reads as YAML's null, and its entry would be dropped unread: write the field's name, or remove the entry%s", k.Line, where, k.Written(), hint)
 }
 
 // nullTenants returns the entries of keys and clients in the credentials
@@ -362,7 +300,7 @@ func tenantNode(e *yaml.Node, depth int) *yaml.Node {
 	var merge *yaml.Node
 	for j := 0; j+1 < len(e.Content); j += 2 {
 		k := e.Content[j]
-		if isMergeKey(k) {
+		if yamlnull.IsMergeKey(k) {
 			merge = deref(e.Content[j+1])
 			continue
 		}
@@ -384,12 +322,6 @@ func tenantNode(e *yaml.Node, depth int) *yaml.Node {
 		return nil
 	}
 	return tenantNode(merge, depth+1)
-}
-
-// isMergeKey reports whether the mapping key k is YAML's merge key, as the
-// decoder recognises it.
-func isMergeKey(k *yaml.Node) bool {
-	return k.Kind == yaml.ScalarNode && k.Value == "<<" && (k.Tag == "" || k.Tag == "!" || k.ShortTag() == "!!merge")
 }
 
 // deref returns the node an alias stands for, or n itself.
