@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/yamlnull"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -168,7 +169,9 @@ func LoadPolicies(file string) (*Policies, error) {
 //	    lease: 60s               # unset fields inherit the defaults
 //	    consequential_fields: ["/amount", "/currency", "/account_id"]
 //
-// Unknown fields and out-of-range values are errors.
+// Unknown fields, out-of-range values, a mapping key YAML reads as null
+// (null, Null, NULL, ~, a key left empty; its entry decoding would drop) and
+// a second YAML document are errors.
 func ParsePolicies(data []byte) (*Policies, error) {
 	var f policyFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -180,6 +183,9 @@ func ParsePolicies(data []byte) (*Policies, error) {
 	var more any
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
 		return nil, errors.New("the policy file must hold exactly one YAML document")
+	}
+	if err := refuseNullKeys(data, f.Tools); err != nil {
+		return nil, err
 	}
 	defaults, err := f.Defaults.apply(DefaultPolicy)
 	if err != nil {
@@ -201,6 +207,28 @@ func ParsePolicies(data []byte) (*Policies, error) {
 		p.rules = append(p.rules, policyRule{tool: r.Match, tenant: r.Tenant, policy: pol})
 	}
 	return p, nil
+}
+
+// refuseNullKeys returns an error naming the first mapping key in the
+// policy document data (decoded already, its rules tools) that YAML reads
+// as null (yamlnull.Find), and nil when there is none: decoding drops such
+// a key's entry without a word, under defaults, in a rule or at the top
+// level, and the file would be loaded without it. The place is named as
+// the other errors name it ("defaults", "tools[2] (payments.*)").
+func refuseNullKeys(data []byte, tools []policyRuleY) error {
+	k, ok := yamlnull.Find(data, nil)
+	if !ok {
+		return nil
+	}
+	where := k.Place
+	var i int
+	if _, err := fmt.Sscanf(k.Place, "tools[%d]", &i); err == nil && k.Place == fmt.Sprintf("tools[%d]", i) && i < len(tools) && tools[i].Match != "" {
+		where = fmt.Sprintf("%s (%s)", k.Place, tools[i].Match)
+	}
+	if where == "" {
+		where = "the top level"
+	}
+	return fmt.Errorf("%s: line %d: the key %s reads as YAML's null, and its entry would be dropped unread: write the field's name, or remove the entry", where, k.Line, k.Written())
 }
 
 // asciiLower lowers the ASCII letters of s, and only those.

@@ -43,7 +43,8 @@ tools:
 // value lies within the documented bounds, or is refused with a message;
 // For resolves to the first rule both patterns match (by an independent
 // matcher), else to the defaults; and the parsed policies, written back as
-// a file, parse to the same policies.
+// a file, parse to the same policies. An accepted file has no mapping key
+// that YAML reads as null (whose entry decoding would drop).
 func FuzzParsePolicies(f *testing.F) {
 	for _, doc := range []string{
 		policyExample,
@@ -64,6 +65,14 @@ func FuzzParsePolicies(f *testing.F) {
 		"defaults: {}\n---\ndefaults: {lease: 1s}\n",
 		"tools:\n  - lease: 1s\n",
 		"defaults: &d {lease: 1s}\ntools: [{match: a, <<: *d}]\n",
+		"defaults: {lease: 30s, ~: 5}\n",
+		"defaults:\n  lease: 30s\n  NULL: 5\n",
+		"tools: [{match: a, null: 1}]\n",
+		"tools:\n  - match: a\n    Null: 1\n",
+		"defaults: {}\n~: 2\n",
+		"tools:\n  - {match: a, <<: [{lease: 1s}, {? : 1}]}\n",
+		"defaults: {effect: &n ~}\ntools: [{match: a, *n : 1, !!null '': 2}]\n",
+		"defaults: {lease: ~, max_attempts: null}\ntools: [{match: a, tenant: ~}]\n",
 	} {
 		f.Add([]byte(doc), "acme-eu", "payments.refund")
 	}
@@ -74,6 +83,9 @@ func FuzzParsePolicies(f *testing.F) {
 				t.Fatalf("refused with an empty message")
 			}
 			return
+		}
+		if line, ok := nullMappingKey(data); ok {
+			t.Fatalf("accepted a file whose key on line %d reads as YAML's null (its entry dropped)", line)
 		}
 		checkPolicy(t, "defaults", p.defaults)
 		for i, r := range p.rules {
@@ -100,6 +112,41 @@ func FuzzParsePolicies(f *testing.F) {
 			t.Fatalf("written back and parsed again: %+v, want %+v", again, p)
 		}
 	})
+}
+
+// nullMappingKey returns the line of a mapping key anywhere in data (a
+// YAML document) that reads as null, as a key itself or as the alias of one.
+func nullMappingKey(data []byte) (int, bool) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return 0, false
+	}
+	seen := map[*yaml.Node]bool{}
+	var walk func(n *yaml.Node) (int, bool)
+	walk = func(n *yaml.Node) (int, bool) {
+		if n == nil || seen[n] {
+			return 0, false
+		}
+		seen[n] = true
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i < len(n.Content); i += 2 {
+				k := n.Content[i]
+				if k.Kind == yaml.AliasNode && k.Alias != nil && k.Alias.ShortTag() == "!!null" || k.ShortTag() == "!!null" {
+					return k.Line, true
+				}
+			}
+		}
+		if line, ok := walk(n.Alias); ok {
+			return line, true
+		}
+		for _, c := range n.Content {
+			if line, ok := walk(c); ok {
+				return line, true
+			}
+		}
+		return 0, false
+	}
+	return walk(&doc)
 }
 
 // checkPolicy fails t unless every value of pol is within the bounds

@@ -95,3 +95,49 @@ func TestParsePoliciesRefusesBadFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePoliciesRefusesNullKeys: decoding drops without a word every
+// entry whose key YAML reads as null (null, Null, NULL, ~, a key left empty
+// or tagged !!null, an alias of a null), under defaults, in a rule, at the
+// top level or in a mapping merged into one (<<), in block and flow style:
+// the file is refused naming the place and the key's line, never loaded
+// without the entry.
+func TestParsePoliciesRefusesNullKeys(t *testing.T) {
+	for _, name := range []string{"null", "Null", "NULL", "~"} {
+		for _, tc := range []struct{ doc, want string }{
+			{"defaults:\n  lease: 30s\n  " + name + ": 5\n", "defaults: line 3"},
+			{"defaults: {lease: 30s, " + name + ": 5}\n", "defaults: line 1"},
+			{"tools:\n  - match: a\n    " + name + ": 1\n", "tools[0] (a): line 3"},
+			{"tools: [{match: a}, {match: b, " + name + ": 1}]\n", "tools[1] (b): line 1"},
+			{"defaults: {lease: 30s}\n" + name + ": 2\n", "the top level: line 2"},
+			{name + ":\n  lease: 1s\n", "the top level: line 1"},
+			{"defaults: {<<: {" + name + ": 5}, lease: 30s}\n", "defaults: line 1"},
+			{"tools:\n  - match: a\n    <<: [{lease: 1s}, {" + name + ": 1}]\n", "tools[0] (a): line 3"},
+			{"<<: {tools: [], " + name + ": 1}\n", "the top level: line 1"},
+			{"tools:\n  - &r {match: a, " + name + ": 1}\n  - {<<: *r, match: b}\n", "tools[0] (a): line 2"},
+			{"defaults: {effect: &n " + name + "}\ntools: [{match: a, *n : 1}]\n", "tools[0] (a): line 2"},
+		} {
+			_, err := ParsePolicies([]byte(tc.doc))
+			want := tc.want + `: the key "` + name + `" reads as YAML's null`
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%q: %v, want an error with %q", tc.doc, err, want)
+			}
+		}
+	}
+	// A key left empty, or tagged as null, is null as well.
+	for _, tc := range []struct{ doc, want string }{
+		{"defaults: {lease: 30s, ? : 5}\n", "defaults: line 1: the key left empty reads as YAML's null"},
+		{"tools:\n  - match: a\n    ? \n    : 1\n", "tools[0] (a): line 3: the key left empty reads as YAML's null"},
+		{"tools: [{match: a, !!null '': 1}]\n", "tools[0] (a): line 1: the key left empty reads as YAML's null"},
+		{"defaults: {}\n!!null : 1\n", "the top level: line 2: the key left empty reads as YAML's null"},
+	} {
+		if _, err := ParsePolicies([]byte(tc.doc)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want an error with %q", tc.doc, err, tc.want)
+		}
+	}
+	// A null value is a field left unset, not a null key.
+	p, err := ParsePolicies([]byte("defaults: {lease: ~, max_attempts: 3}\ntools: [{match: a, tenant: null}]\n"))
+	if err != nil || p.For("t", "a").MaxAttempts != 3 || p.For("t", "a").Lease != DefaultPolicy.Lease {
+		t.Errorf("null values: %v", err)
+	}
+}
