@@ -86,7 +86,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/opledger/ledger/internal/autopipe"
+	"github.com/opledger/ledger/internal/redisconf"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
 	"github.com/opledger/ledger/server"
@@ -356,25 +356,23 @@ const embeddedBanner = `
 // it names. An error never holds the URL's password (redisURLError).
 func parseRedisURL(mode, raw string) (newClient func() redis.UniversalClient, tlsConf **tls.Config, addrs []string, err error) {
 	// Every mode: a caller's gRPC deadline bounds its Redis call too
-	// (ContextTimeoutEnabled), and no client-name handshake (DisableIdentity).
+	// (ContextTimeoutEnabled), and no client-name handshake (DisableIdentity);
+	// internal/redisconf sets them, and the fault suite's clients share it.
 	switch mode {
 	case "single":
 		var o *redis.Options
 		if o, err = redis.ParseURL(raw); err == nil {
-			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			redisconf.Single(o)
 			tlsConf, addrs = &o.TLSConfig, []string{o.Addr}
 			newClient = func() redis.UniversalClient { return redis.NewClient(o) }
 		}
 	case "cluster":
 		var o *redis.ClusterOptions
 		if o, err = redis.ParseClusterURL(raw); err == nil {
-			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
-			// go-redis learns a failover from MOVED replies or this reload;
-			// its 60s default leaves a dead master's slots unreachable that
-			// long.
-			if o.ClusterStateReloadInterval == 0 {
-				o.ClusterStateReloadInterval = time.Second
-			}
+			// The slot map reloaded every second unless the URL says
+			// otherwise: go-redis learns a failover from MOVED replies or
+			// this reload.
+			redisconf.Cluster(o)
 			tlsConf, addrs = &o.TLSConfig, o.Addrs
 			newClient = func() redis.UniversalClient { return redis.NewClusterClient(o) }
 		}
@@ -384,7 +382,7 @@ func parseRedisURL(mode, raw string) (newClient func() redis.UniversalClient, tl
 			if o.MasterName == "" {
 				err = errors.New("a sentinel URL needs ?master_name=NAME")
 			}
-			o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+			redisconf.Failover(o)
 			tlsConf, addrs = &o.TLSConfig, o.SentinelAddrs
 			newClient = func() redis.UniversalClient { return redis.NewFailoverClient(o) }
 		}
@@ -435,7 +433,7 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 		// Concurrent calls' scripts share round trips: less CPU per call in
 		// ledgerd and in Redis (docs/benchmarks.md). Each call is still one
 		// command, and its deadline still bounds its wait.
-		h := autopipe.Enable(rdb, autopipe.Options{})
+		h := redisconf.Autopipeline(rdb)
 		return rdb, func() { h.Close(); _ = rdb.Close() }, nil
 	}
 	return rdb, func() { _ = rdb.Close() }, nil

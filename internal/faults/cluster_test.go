@@ -23,6 +23,9 @@ type failoverFigures struct {
 	verdict
 	violations int // operations whose history is not linearizable
 	operations int
+	// batches and batched are the autopipelining hook's batches and the
+	// scripts they held.
+	batches, batched int64
 }
 
 // TestClusterFailover (issue 6 (e)) runs the ledger on a Redis Cluster (3
@@ -48,8 +51,8 @@ func TestClusterFailover(t *testing.T) {
 		t.Run(fmt.Sprintf("WAIT %d", wait), func(t *testing.T) {
 			t.Parallel()
 			f := clusterFailover(t, wait)
-			t.Logf("MEASURED WAIT %d: %d acknowledged writes checked; lost: %d after the kill, %d after the partition; %d calls NOT_REPLICATED; %d operations: %s; %d not linearizable",
-				wait, f.acked, f.lostKill, f.lostPartition, f.notReplicated, f.operations, f.verdict, f.violations)
+			t.Logf("MEASURED WAIT %d: %d acknowledged writes checked; lost: %d after the kill, %d after the partition; %d calls NOT_REPLICATED; %d operations: %s; %d not linearizable; autopipelining: %d scripts in %d batches",
+				wait, f.acked, f.lostKill, f.lostPartition, f.notReplicated, f.operations, f.verdict, f.violations, f.batched, f.batches)
 			if wait > 0 && (f.lostKill > 0 || f.lostPartition > 0 || f.duplicates > 0 || f.violations > 0) {
 				t.Errorf("with WAIT %d: %d + %d acknowledged writes lost, %d duplicate effects, %d operations not linearizable; want none",
 					wait, f.lostKill, f.lostPartition, f.duplicates, f.violations)
@@ -63,13 +66,12 @@ func TestClusterFailover(t *testing.T) {
 
 func clusterFailover(t *testing.T, wait int) failoverFigures {
 	cl := redistest.StartCluster(t, 3, 1)
-	// go-redis keeps sending a dead master's slots to it until its cluster
-	// state is older than ClusterStateReloadInterval (60s by default; a
-	// refused connection does not reload it): reload it every second, or the
-	// failed-over slots stay unavailable for up to a minute.
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true, ContextTimeoutEnabled: true,
-		ClusterStateReloadInterval: time.Second})
-	t.Cleanup(func() { _ = rdb.Close() })
+	// As ledgerd sets up its cluster client (cmd/ledgerd, openStore):
+	// the slot map reloaded every second, or the failed-over slots stay
+	// unavailable for up to a minute; autopipelining on, so that batches
+	// meet the dead master too.
+	rdb := clusterClient(cl.Addrs())
+	pipe := withAutopipe(t, rdb)
 	st := startStack(t, rdb, policyYAML(3*time.Second), ledger.Options{WaitReplicas: wait, WaitTimeout: 100 * time.Millisecond})
 
 	rec := newRecorder(effIrreversible, maxAttempts)
@@ -139,6 +141,7 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	t.Logf("%d operations: %s; %s", len(opIDs), f.verdict, dest)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome (%v); Do errors retried: %s", calls, unknown, rec.unknownWhy(), l.errors())
 	f.violations = rec.violations(t, true)
+	f.batches, f.batched = pipe.Stats()
 	return f
 }
 

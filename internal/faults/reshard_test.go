@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/opledger/ledger/client"
-	"github.com/opledger/ledger/internal/autopipe"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 )
@@ -54,13 +53,11 @@ import (
 func TestClusterReshard(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	// As ledgerd sets up its cluster client (cmd/ledgerd, openStore).
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true, ContextTimeoutEnabled: true,
-		ClusterStateReloadInterval: time.Second})
+	rdb := clusterClient(cl.Addrs())
 	rd := newRedirects()
 	rdb.OnNewNode(func(n *redis.Client) { n.AddHook(nodeHook{rd}) })
-	pipe := autopipe.Enable(rdb, autopipe.Options{})
+	withAutopipe(t, rdb)
 	rdb.AddHook(clusterHook{rd}) // after autopipe's: it sees each script once, batched or not
-	t.Cleanup(func() { pipe.Close(); _ = rdb.Close() })
 	st := startStack(t, rdb, policyYAML(2*time.Second), ledger.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -45,9 +45,10 @@ func sentinelFailover(t *testing.T, wait int) {
 			t.Fatal("the sentinel did not find the replica")
 		}
 	}
-	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "faults", SentinelAddrs: []string{sentinel.Addr},
-		DisableIdentity: true, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = rdb.Close() })
+	// As ledgerd sets up its Sentinel client (cmd/ledgerd, openStore),
+	// autopipelining on.
+	rdb := failoverClient("faults", []string{sentinel.Addr})
+	pipe := withAutopipe(t, rdb)
 	st := startStack(t, rdb, policyYAML(3*time.Second), ledger.Options{WaitReplicas: wait, WaitTimeout: 100 * time.Millisecond})
 
 	rec := newRecorder(effIrreversible, maxAttempts)
@@ -106,8 +107,9 @@ func sentinelFailover(t *testing.T, wait int) {
 	calls, unknown := rec.counts()
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome (%v); Do errors retried: %s", calls, unknown, rec.unknownWhy(), l.errors())
 	violations := rec.violations(t, true)
-	t.Logf("MEASURED Sentinel, WAIT %d: %d acknowledged writes checked, %d lost; %d calls NOT_REPLICATED; %d operations: %s; %d not linearizable",
-		wait, acked, lost, rec.unknownWhy()["NOT_REPLICATED"], len(opIDs), v, violations)
+	batches, batched := pipe.Stats()
+	t.Logf("MEASURED Sentinel, WAIT %d: %d acknowledged writes checked, %d lost; %d calls NOT_REPLICATED; %d operations: %s; %d not linearizable; autopipelining: %d scripts in %d batches",
+		wait, acked, lost, rec.unknownWhy()["NOT_REPLICATED"], len(opIDs), v, violations, batched, batches)
 	if wait > 0 && (lost > 0 || v.duplicates > 0 || violations > 0) {
 		t.Errorf("with WAIT %d: %d acknowledged writes lost, %d duplicate effects, %d operations not linearizable; want none", wait, lost, v.duplicates, violations)
 	}

@@ -18,7 +18,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/opledger/ledger/internal/autopipe"
 	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redisconf"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
 )
@@ -57,11 +59,44 @@ type stack struct {
 	failed  atomic.Int64 // ... that ended in an error
 }
 
-// redisOptions are go-redis's options as ledgerd sets them: the caller's
-// deadline bounds every Redis call; go-redis re-sends a command after a
-// read timeout or a broken connection (MaxRetries).
+// redisOptions are go-redis's options as ledgerd sets them in
+// --redis-mode single (internal/redisconf): the caller's deadline bounds
+// every Redis call; go-redis re-sends a command after a read timeout or a
+// broken connection (MaxRetries).
 func redisOptions(addr string) *redis.Options {
-	return &redis.Options{Addr: addr, DisableIdentity: true, ContextTimeoutEnabled: true}
+	o := &redis.Options{Addr: addr}
+	redisconf.Single(o)
+	return o
+}
+
+// clusterClient returns a Redis Cluster client set up as ledgerd sets up
+// its own in --redis-mode cluster (internal/redisconf, shared with
+// cmd/ledgerd): the slot map reloaded every second, or a failed-over
+// master's slots stay unreachable for up to a minute. withAutopipe adds
+// the rest of what ledgerd does.
+func clusterClient(addrs []string) *redis.ClusterClient {
+	o := &redis.ClusterOptions{Addrs: addrs}
+	redisconf.Cluster(o)
+	return redis.NewClusterClient(o)
+}
+
+// failoverClient returns a Sentinel client set up as ledgerd sets up its
+// own in --redis-mode sentinel (internal/redisconf, shared with
+// cmd/ledgerd).
+func failoverClient(master string, sentinels []string) *redis.Client {
+	o := &redis.FailoverOptions{MasterName: master, SentinelAddrs: sentinels}
+	redisconf.Failover(o)
+	return redis.NewFailoverClient(o)
+}
+
+// withAutopipe enables on rdb the batching hook ledgerd enables by default
+// (--redis-autopipeline; internal/redisconf, shared with cmd/ledgerd), and
+// closes the hook and then rdb when the test ends. Hooks added to rdb after
+// it see each script once, batched or not.
+func withAutopipe(t testing.TB, rdb redis.UniversalClient) *autopipe.Hook {
+	h := redisconf.Autopipeline(rdb)
+	t.Cleanup(func() { h.Close(); _ = rdb.Close() })
+	return h
 }
 
 // startStack runs a ledger (with its sweeper) and its gRPC service on rdb
