@@ -23,6 +23,8 @@ type failoverFigures struct {
 	verdict
 	violations int // operations whose history is not linearizable
 	operations int
+	// settledAfter is how many operations settled after the last failover.
+	settledAfter int64
 	// batches and batched are the autopipelining hook's batches and the
 	// scripts they held.
 	batches, batched int64
@@ -51,8 +53,8 @@ func TestClusterFailover(t *testing.T) {
 		t.Run(fmt.Sprintf("WAIT %d", wait), func(t *testing.T) {
 			t.Parallel()
 			f := clusterFailover(t, wait)
-			t.Logf("MEASURED WAIT %d: %d acknowledged writes checked; lost: %d after the kill, %d after the partition; %d calls NOT_REPLICATED; %d operations: %s; %d not linearizable; autopipelining: %d scripts in %d batches",
-				wait, f.acked, f.lostKill, f.lostPartition, f.notReplicated, f.operations, f.verdict, f.violations, f.batched, f.batches)
+			t.Logf("MEASURED WAIT %d: %d acknowledged writes checked; lost: %d after the kill, %d after the partition; %d calls NOT_REPLICATED; %d operations (%d settled after the last failover): %s; %d not linearizable; autopipelining: %d scripts in %d batches",
+				wait, f.acked, f.lostKill, f.lostPartition, f.notReplicated, f.operations, f.settledAfter, f.verdict, f.violations, f.batched, f.batches)
 			if wait > 0 && (f.lostKill > 0 || f.lostPartition > 0 || f.duplicates > 0 || f.violations > 0) {
 				t.Errorf("with WAIT %d: %d + %d acknowledged writes lost, %d duplicate effects, %d operations not linearizable; want none",
 					wait, f.lostKill, f.lostPartition, f.duplicates, f.violations)
@@ -122,8 +124,9 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	f.lostPartition = checkLost()
 	t.Logf("failover 2 (replication of master %s cut for 1s, then kill -9, after %d operations settled): %d acknowledged writes lost", b.Addr, at, f.lostPartition)
 
-	sleepCtx(ctx, 500*time.Millisecond)
+	f.settledAfter = settledAfter(ctx, t, l)
 	opIDs := finish()
+	checkUnavailableOnly(t, rec, l)
 	f.acked = len(rec.acknowledged())
 	f.notReplicated = rec.unknownWhy()["NOT_REPLICATED"]
 	f.operations = len(opIDs)
@@ -143,6 +146,49 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 	f.violations = rec.violations(t, true)
 	f.batches, f.batched = pipe.Stats()
 	return f
+}
+
+// settledAfter waits, once a failover is over, until operations settle
+// again (recoverAfter of them, or the test's context ends), then for half a
+// second more, and returns how many settled meanwhile. Fewer than
+// recoverAfter is an error: calls on the promoted master must succeed
+// again, none held on the dead one.
+func settledAfter(ctx context.Context, t testing.TB, l *load) int64 {
+	t.Helper()
+	at := l.done.Load()
+	for l.done.Load() < at+recoverAfter && ctx.Err() == nil {
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	sleepCtx(ctx, 500*time.Millisecond)
+	n := l.done.Load() - at
+	if n < recoverAfter {
+		t.Errorf("%d operations settled after the failover, want at least %d: the calls did not recover", n, recoverAfter)
+	}
+	return n
+}
+
+// recoverAfter is how many operations must settle after a failover.
+const recoverAfter = 10
+
+// checkUnavailableOnly checks what the callers saw of a failover: a call
+// whose outcome they could not tell was answered UNAVAILABLE
+// (STORE_UNAVAILABLE for a dead master or one not yet promoted,
+// NOT_REPLICATED for a replica missing), which the SDK repeats, or ended by
+// the caller itself (its deadline, or the SDK cancelling a lease renewal
+// once the tool returned); no other error, and Do failed with nothing else
+// than retryable errors.
+func checkUnavailableOnly(t testing.TB, rec *recorder, l *load) {
+	t.Helper()
+	for reason, n := range rec.unknownWhy() {
+		switch reason {
+		case "STORE_UNAVAILABLE", "NOT_REPLICATED", "DeadlineExceeded", "Canceled":
+		default:
+			t.Errorf("%d ledger calls failed with %s; a call on a failing master must answer UNAVAILABLE", n, reason)
+		}
+	}
+	if n := l.errorsBut("unavailable", "retries exhausted"); n > 0 {
+		t.Errorf("Do failed %d times with other errors than UNAVAILABLE and retries exhausted: %s", n, l.errors())
+	}
 }
 
 // waitPromoted waits until replica has taken over from its dead master and
