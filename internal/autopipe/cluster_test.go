@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -105,6 +106,93 @@ func TestClusterBatchRunsEachScriptOnce(t *testing.T) {
 		}
 		if v, err := c.cmd.Int(); v != 1 || err != nil {
 			t.Errorf("the increment of %s answered %v, %v; want 1", c.key, v, err)
+		}
+	}
+}
+
+// TestClusterBatchAfterFailover sends batches of increments, two on a shard
+// whose master is killed and one on another master, on a cluster client set
+// up as ledgerd's (the slot map reloaded every second; internal/redisconf,
+// which this package cannot import), round after round while the killed
+// master's replica is promoted. The other master's share of every batch
+// must be answered as if nothing happened; the dead master's share fails
+// (for its callers to repeat) until the batches follow the new slot map to
+// the promoted replica, after which it is answered again. Each counter ends
+// at the number of increments answered: none ran without its caller
+// knowing, none ran twice.
+func TestClusterBatchAfterFailover(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 1)
+	ctx := context.Background()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true, ContextTimeoutEnabled: true,
+		ClusterStateReloadInterval: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	dead := cl.MasterFor(t, "{f}a")
+	other := ""
+	for i := range 1000 {
+		if k := fmt.Sprintf("{o%d}n", i); cl.MasterFor(t, k) != dead {
+			other = k
+			break
+		}
+	}
+	keys := []string{"{f}a", "{f}b", other}
+	answered := map[string]int{}
+	h := &Hook{rdb: rdb, lanes: 1, maxBatch: 256}
+	round := func() (failed []error) {
+		batch := make([]*call, len(keys))
+		for i, k := range keys {
+			batch[i] = &call{inner: redis.NewCmd(ctx, "eval", `return redis.call('INCR', KEYS[1])`, 1, k),
+				deadline: time.Now().Add(5 * time.Second)}
+		}
+		h.exec(batch, func(ctx context.Context, cmd redis.Cmder) error { return rdb.Process(ctx, cmd) })
+		for i, c := range batch {
+			if err := c.inner.Err(); err != nil {
+				failed = append(failed, fmt.Errorf("%s: %w", keys[i], err))
+				continue
+			}
+			answered[keys[i]]++
+		}
+		return failed
+	}
+	if failed := round(); len(failed) > 0 {
+		t.Fatalf("before the failover: %v", failed)
+	}
+
+	dead.Stop()
+	var failedRounds, otherFailed int
+	recovered := false
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		failed := round()
+		for _, err := range failed {
+			if strings.HasPrefix(err.Error(), other+":") {
+				otherFailed++
+				t.Errorf("the other master's share of a batch failed: %v", err)
+			}
+		}
+		if len(failed) == 0 {
+			if failedRounds > 0 {
+				recovered = true
+				break
+			}
+			continue
+		}
+		if failedRounds++; failedRounds <= 3 {
+			t.Logf("round failed while the master is down: %v", failed)
+		}
+	}
+	if failedRounds == 0 {
+		t.Fatal("no batch failed: the master's death was not seen")
+	}
+	if !recovered {
+		t.Fatalf("the batches did not recover after the failover (%d rounds failed)", failedRounds)
+	}
+	t.Logf("%d rounds failed while the master was down or not yet promoted; then answered again", failedRounds)
+	for _, k := range keys {
+		n, err := rdb.Get(ctx, k).Int()
+		if err != nil {
+			t.Fatalf("GET %s: %v", k, err)
+		}
+		if n != answered[k] {
+			t.Errorf("%s = %d after %d increments answered", k, n, answered[k])
 		}
 	}
 }
