@@ -118,8 +118,8 @@ func TestClusterBatchRunsEachScriptOnce(t *testing.T) {
 // must be answered as if nothing happened; the dead master's share fails
 // (for its callers to repeat) until the batches follow the new slot map to
 // the promoted replica, after which it is answered again. Each counter ends
-// at the number of increments answered: none ran without its caller
-// knowing, none ran twice.
+// at the number of increments answered (the replica has the ones before
+// the kill): none ran without its caller knowing, none ran twice.
 func TestClusterBatchAfterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 1)
 	ctx := context.Background()
@@ -155,6 +155,17 @@ func TestClusterBatchAfterFailover(t *testing.T) {
 	}
 	if failed := round(); len(failed) > 0 {
 		t.Fatalf("before the failover: %v", failed)
+	}
+	// The replica has those increments before the kill (replication is
+	// asynchronous): a write and WAIT on one connection to the master,
+	// after them in its replication stream.
+	conn := dead.Client(t).Conn()
+	defer conn.Close()
+	if err := conn.Set(ctx, "{f}sync", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn.Do(ctx, "wait", 1, 10000).Int(); err != nil || n < 1 {
+		t.Fatalf("WAIT 1 on the master: %d replicas, %v", n, err)
 	}
 
 	dead.Stop()
