@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/yamlnull/yamlnulltest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -84,7 +85,7 @@ func FuzzParsePolicies(f *testing.F) {
 			}
 			return
 		}
-		if line, ok := nullMappingKey(data); ok {
+		if line, ok := yamlnulltest.NullMappingKey(data); ok {
 			t.Fatalf("accepted a file whose key on line %d reads as YAML's null (its entry dropped)", line)
 		}
 		checkPolicy(t, "defaults", p.defaults)
@@ -112,41 +113,6 @@ func FuzzParsePolicies(f *testing.F) {
 			t.Fatalf("written back and parsed again: %+v, want %+v", again, p)
 		}
 	})
-}
-
-// nullMappingKey returns the line of a mapping key anywhere in data (a
-// YAML document) that reads as null, as a key itself or as the alias of one.
-func nullMappingKey(data []byte) (int, bool) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return 0, false
-	}
-	seen := map[*yaml.Node]bool{}
-	var walk func(n *yaml.Node) (int, bool)
-	walk = func(n *yaml.Node) (int, bool) {
-		if n == nil || seen[n] {
-			return 0, false
-		}
-		seen[n] = true
-		if n.Kind == yaml.MappingNode {
-			for i := 0; i < len(n.Content); i += 2 {
-				k := n.Content[i]
-				if k.Kind == yaml.AliasNode && k.Alias != nil && k.Alias.ShortTag() == "!!null" || k.ShortTag() == "!!null" {
-					return k.Line, true
-				}
-			}
-		}
-		if line, ok := walk(n.Alias); ok {
-			return line, true
-		}
-		for _, c := range n.Content {
-			if line, ok := walk(c); ok {
-				return line, true
-			}
-		}
-		return 0, false
-	}
-	return walk(&doc)
 }
 
 // checkPolicy fails t unless every value of pol is within the bounds

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/opledger/ledger/internal/yamlnull/yamlnulltest"
 	"github.com/opledger/ledger/ledger"
 )
 
@@ -88,7 +89,7 @@ func FuzzParseCredentials(f *testing.F) {
 			t.Fatalf("accepted a file of %d YAML documents", n)
 		}
 		checkCredentials(t, c)
-		if line, ok := nullMappingKey(data); ok {
+		if line, ok := yamlnulltest.NullMappingKey(data); ok {
 			t.Fatalf("accepted a file whose key on line %d reads as YAML's null (its entry dropped)", line)
 		}
 		if n, ok := tenantEntries(data); ok && n != len(c.tenants) {
@@ -139,41 +140,6 @@ func tenantEntries(data []byte) (int, bool) {
 		}
 	}
 	return len(n.Content) / 2, true
-}
-
-// nullMappingKey returns the line of a mapping key anywhere in data (a
-// YAML document) that reads as null, as a key itself or as the alias of one.
-func nullMappingKey(data []byte) (int, bool) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return 0, false
-	}
-	seen := map[*yaml.Node]bool{}
-	var walk func(n *yaml.Node) (int, bool)
-	walk = func(n *yaml.Node) (int, bool) {
-		if n == nil || seen[n] {
-			return 0, false
-		}
-		seen[n] = true
-		if n.Kind == yaml.MappingNode {
-			for i := 0; i < len(n.Content); i += 2 {
-				k := n.Content[i]
-				if k.Kind == yaml.AliasNode && k.Alias != nil && k.Alias.ShortTag() == "!!null" || k.ShortTag() == "!!null" {
-					return k.Line, true
-				}
-			}
-		}
-		if line, ok := walk(n.Alias); ok {
-			return line, true
-		}
-		for _, c := range n.Content {
-			if line, ok := walk(c); ok {
-				return line, true
-			}
-		}
-		return 0, false
-	}
-	return walk(&doc)
 }
 
 // checkCredentials fails t unless every entry of c is valid.
