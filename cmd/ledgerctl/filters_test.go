@@ -76,3 +76,54 @@ func TestListFilters(t *testing.T) {
 		}
 	})
 }
+
+// TestOverdueAcrossPages: whether this machine's clock is behind the
+// store's is decided once, over every page read, so a listing of several
+// pages judges all its operations alike. A first page whose times do not
+// show the clock behind must not have its operations dropped by this
+// machine's clock when a later page shows it behind: the ledger selected
+// them, by the store's clock, as it did the later ones.
+func TestOverdueAcrossPages(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	first, second := "wf-60:charge", "wf-61:charge"
+	e.markUnknown(t, first, "overdue.charge", "read timeout")
+	op, err := e.sdk.Lookup(context.Background(), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second operation's times are more than skewTolerance after the
+	// first's.
+	time.Sleep(skewTolerance + 100*time.Millisecond)
+	e.markUnknown(t, second, "overdue.charge", "read timeout")
+	time.Sleep(20 * time.Millisecond) // both past their 10ms recovery windows
+
+	// This machine's clock reads just after the first operation went
+	// UNKNOWN, before its recovery deadline: behind the store's, which the
+	// first page alone does not show.
+	local := op.UnknownSince.Add(5 * time.Millisecond)
+	defer func(c func() time.Time) { clock = c }(clock)
+	clock = func() time.Time { return local }
+	defer func(n int) { maxPageSize = n }(maxPageSize)
+	maxPageSize = 1
+
+	for _, old := range []bool{false, true} {
+		_, addr := startProxy(t, e.addr, old)
+		env := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"]}
+		for _, flags := range [][]string{{"--overdue"}, {"--overdue", "--limit", "1"}} {
+			want := []string{first, second}
+			if slices.Contains(flags, "--limit") {
+				want = want[:1]
+			}
+			ids, l := listIDs(t, env, flags...)
+			if !slices.Equal(ids, want) {
+				t.Errorf("old ledger %v: list-unresolved %q = %q, want %q", old, flags, ids, want)
+			}
+			if truncated := slices.Contains(flags, "--limit"); l.Truncated != truncated {
+				t.Errorf("old ledger %v: list-unresolved %q: truncated %v", old, flags, l.Truncated)
+			}
+			if codes := (jsonDoc{Notices: l.Notices}).codes(); !slices.Contains(codes, "CLOCK_BEHIND") {
+				t.Errorf("old ledger %v: list-unresolved %q: notices %q", old, flags, codes)
+			}
+		}
+	}
+}

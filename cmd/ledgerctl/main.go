@@ -54,9 +54,11 @@ const (
 	defaultAddr    = "127.0.0.1:50051"
 	defaultTimeout = 10 * time.Second
 	defaultLimit   = 1000
-	// maxPageSize is the most ListUnresolved returns in one page.
-	maxPageSize = 1000
 )
+
+// maxPageSize is the most ListUnresolved returns in one page (a test lowers
+// it to read a listing in several pages).
+var maxPageSize = 1000
 
 // Exit statuses.
 const (
@@ -857,7 +859,8 @@ func lookup(ctx context.Context, c *client.Client, o *options, stdout, stderr io
 // filter; ledgerctl checks --overdue and --needs-review on each operation
 // too, since a ledger older than those filters ignores them and lists every
 // UNKNOWN operation (the check costs nothing; --overdue's is left out when
-// this machine's clock is seen behind the store's).
+// this machine's clock is seen behind the store's, and then for the whole
+// listing, so one listing never mixes two clocks).
 func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
 	states := o.states
 	if o.overdue || o.needsReview {
@@ -868,6 +871,12 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 	var ops []*client.Operation
 	truncated := false
 	token := ""
+	// The ledger selects --overdue by the store's clock. The check here is
+	// for a ledger older than the filter, by this machine's clock: it is
+	// left out once that clock is seen behind the store's, when it would
+	// drop operations the store has overdue. dropped tells whether it left
+	// out any on the pages read before.
+	recheck, dropped := o.overdue, false
 	for {
 		size := uint32(min(o.limit-len(ops)+1, maxPageSize)) // one more tells whether more remain
 		p, err := c.ListUnresolved(ctx, client.ListOptions{PageSize: size, PageToken: token, States: states, Tool: o.tool,
@@ -876,13 +885,22 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 			return err
 		}
 		seen = latestRecorded(seen, p.Operations...)
-		// The ledger selects --overdue by the store's clock. The check here
-		// is for a ledger older than the filter, by this machine's clock: it
-		// is left out once that clock is seen behind the store's, when it
-		// would drop operations the store has overdue.
-		recheck := o.overdue && referenceAt(now, seen).behind == 0
+		if recheck && referenceAt(now, seen).behind > 0 {
+			recheck = false
+			if dropped {
+				// Earlier pages were judged by a clock now known to be
+				// behind: read the listing again from its start, by the
+				// ledger's selection only.
+				ops, token, dropped = nil, "", false
+				continue
+			}
+		}
 		for _, op := range p.Operations {
-			if recheck && !overdue(op, now) || o.needsReview && !op.NeedsReview {
+			if o.needsReview && !op.NeedsReview {
+				continue
+			}
+			if recheck && !overdue(op, now) {
+				dropped = true
 				continue
 			}
 			if len(ops) == o.limit {
