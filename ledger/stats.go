@@ -14,7 +14,13 @@ import (
 type LiveCount struct {
 	Tenant, Tool string
 	State        State
-	N            int64
+	// N is the sum of the shards' counts. It may be below zero: the counts
+	// drifted from the records (a restore of the store, a manual edit).
+	N int64
+	// Negative is the sum of the shards' counts that are below zero (0 when
+	// none is): no transition takes a count there, so anything but 0 is a
+	// drift, which N alone may hide when other shards count operations.
+	Negative int64
 }
 
 // OverdueCount is how many UNKNOWN operations of one tenant, tool and effect
@@ -30,7 +36,8 @@ type OverdueCount struct {
 const overdueScan = 10000
 
 // LiveCounts reads the live counts every transition script maintains (one
-// round trip over all shards), for the unresolved-operations gauges.
+// round trip over all shards), for the unresolved-operations gauges. A
+// count below zero is reported as it is (see LiveCount).
 func (l *Ledger) LiveCounts(ctx context.Context) ([]LiveCount, error) {
 	pipe := l.rdb.Pipeline()
 	cmds := make([]*redis.MapStringStringCmd, NumShards)
@@ -40,25 +47,37 @@ func (l *Ledger) LiveCounts(ctx context.Context) ([]LiveCount, error) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, storeError("ledger.LiveCounts", err)
 	}
-	sum := map[LiveCount]int64{}
+	type key struct {
+		tenant, tool string
+		state        State
+	}
+	sum := map[key]*LiveCount{}
 	for _, c := range cmds {
 		for field, v := range c.Val() {
 			parts := strings.Split(field, "|")
 			n, err := strconv.ParseInt(v, 10, 64)
-			if len(parts) != 3 || err != nil || n <= 0 {
+			if len(parts) != 3 || err != nil || n == 0 {
 				continue
 			}
 			tenant, err := decodeComponent(parts[2])
 			if err != nil {
 				continue
 			}
-			sum[LiveCount{Tenant: tenant, Tool: parts[0], State: parseState(parts[1])}] += n
+			k := key{tenant, parts[0], parseState(parts[1])}
+			lc := sum[k]
+			if lc == nil {
+				lc = &LiveCount{Tenant: k.tenant, Tool: k.tool, State: k.state}
+				sum[k] = lc
+			}
+			lc.N += n
+			if n < 0 {
+				lc.Negative += n
+			}
 		}
 	}
 	out := make([]LiveCount, 0, len(sum))
-	for k, n := range sum {
-		k.N = n
-		out = append(out, k)
+	for _, lc := range sum {
+		out = append(out, *lc)
 	}
 	return out, nil
 }

@@ -283,6 +283,9 @@ func (m *Metrics) WatchStore(l *ledger.Ledger, ttl time.Duration) {
 		overdue: prometheus.NewDesc("ledger_unresolved_overdue",
 			"UNKNOWN operations past their recovery window (unknown since + recovery_window), by effect: the alert.",
 			m.labels("tenant", "tool", "effect"), nil),
+		negative: prometheus.NewDesc("ledger_live_counts_negative",
+			"The live counts below zero behind ledger_unresolved_operations, summed over the shards: 0 unless the counts drifted from the records.",
+			m.labels("tenant", "tool", "state"), nil),
 	})
 }
 
@@ -292,6 +295,7 @@ type storeCollector struct {
 	l                   *ledger.Ledger
 	ttl                 time.Duration
 	unresolved, overdue *prometheus.Desc
+	negative            *prometheus.Desc
 
 	mu      sync.Mutex
 	at      time.Time
@@ -306,6 +310,7 @@ type storeCollector struct {
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.unresolved
 	ch <- c.overdue
+	ch <- c.negative
 }
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -329,16 +334,21 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.seenUnresolved == nil {
 		c.seenUnresolved, c.seenOverdue = map[[3]string]bool{}, map[[3]string]bool{}
 	}
-	unresolved := map[[3]string]float64{}
+	// A label set of ledger_unresolved_operations has one of
+	// ledger_live_counts_negative too (0 unless its counts drifted).
+	unresolved, negative := map[[3]string]float64{}, map[[3]string]float64{}
 	for k := range c.seenUnresolved {
-		unresolved[k] = 0
+		unresolved[k], negative[k] = 0, 0
 	}
 	for _, lc := range c.live {
-		unresolved[[3]string{c.m.tenant(lc.Tenant), c.m.tool(lc.Tool), lc.State.String()}] += float64(lc.N)
+		k := [3]string{c.m.tenant(lc.Tenant), c.m.tool(lc.Tool), lc.State.String()}
+		unresolved[k] += float64(lc.N)
+		negative[k] += float64(lc.Negative)
 	}
 	for k, n := range unresolved {
 		c.seenUnresolved[k] = true
 		ch <- prometheus.MustNewConstMetric(c.unresolved, prometheus.GaugeValue, n, c.m.labels(k[0], k[1], k[2])...)
+		ch <- prometheus.MustNewConstMetric(c.negative, prometheus.GaugeValue, negative[k], c.m.labels(k[0], k[1], k[2])...)
 	}
 	overdue := map[[3]string]float64{}
 	for k := range c.seenOverdue {

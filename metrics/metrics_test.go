@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -252,6 +253,75 @@ func TestOverdueAlertRisesAndFalls(t *testing.T) {
 			t.Fatalf("overdue after reconciliation = %v (the series must read 0, not vanish)", got)
 		}
 	})
+}
+
+// TestLiveCountDriftShows: a live count below zero (the counts drifted from
+// the records, e.g. after a restore of the store) shows in
+// ledger_unresolved_operations as the negative number it is, and in
+// ledger_live_counts_negative also where another shard's operations offset
+// it in the sum.
+func TestLiveCountDriftShows(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	s := start(t, rdb, metrics.Options{})
+	ctx := context.Background()
+	const tool = "drift.refund"
+	// One RUNNING operation, counted in its shard.
+	if _, err := s.c.Reserve(ctx, client.Op{ID: "drift-1", Tool: tool}, client.NewHolder()); err != nil {
+		t.Fatal(err)
+	}
+	field := func(state int) string { return fmt.Sprintf("%s|%d|default", tool, state) }
+	shard := -1
+	for n := range ledger.NumShards {
+		if rdb.HExists(ctx, statsKey(n), field(2)).Val() {
+			shard = n
+		}
+	}
+	if shard < 0 {
+		t.Fatal("the RUNNING operation is counted in no shard")
+	}
+	other := (shard + 1) % ledger.NumShards
+	// The drift: three PENDING operations fewer than the records, and one
+	// RUNNING fewer in another shard than the RUNNING one's.
+	if err := rdb.HIncrBy(ctx, statsKey(shard), field(1), -3).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HIncrBy(ctx, statsKey(other), field(2), -1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, v := s.scrape(t)
+	labels := func(state string) map[string]string { return map[string]string{"tool": tool, "state": state} }
+	for _, c := range []struct {
+		name, state string
+		want        float64
+	}{
+		{"ledger_unresolved_operations", "PENDING", -3},
+		{"ledger_live_counts_negative", "PENDING", -3},
+		{"ledger_unresolved_operations", "RUNNING", 0},
+		{"ledger_live_counts_negative", "RUNNING", -1},
+	} {
+		if got := v(c.name, labels(c.state)); got != c.want {
+			t.Errorf("%s{state=%q} = %v, want %v", c.name, c.state, got, c.want)
+		}
+	}
+	// Repaired, the drift gauge reads 0.
+	if err := rdb.HDel(ctx, statsKey(shard), field(1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HDel(ctx, statsKey(other), field(2)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	text, v := s.scrape(t)
+	if got := v("ledger_live_counts_negative", labels("PENDING")); got != 0 || !strings.Contains(text, "ledger_live_counts_negative{") {
+		t.Errorf("ledger_live_counts_negative after the repair = %v (the series must read 0, not vanish)", got)
+	}
+	if got := v("ledger_unresolved_operations", labels("RUNNING")); got != 1 {
+		t.Errorf("ledger_unresolved_operations{state=RUNNING} after the repair = %v, want 1", got)
+	}
+}
+
+// statsKey is the key of a shard's live counts (docs/design.md §2).
+func statsKey(shard int) string {
+	return fmt.Sprintf("%s:{s%02d}:stats", ledger.DefaultPrefix, shard)
 }
 
 func TestAlertRulesFile(t *testing.T) {

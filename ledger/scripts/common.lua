@@ -19,7 +19,8 @@
 --   ARGV[2] -> the operation's member in the lease index (<tenant>:<id>, encoded)
 --
 -- The stats hash counts the shard's non-terminal operations by
--- "<tool>|<state>|<tenant>" (fields at 0 are deleted); the overdue zset holds
+-- "<tool>|<state>|<tenant>" (fields at 0 are deleted; one below 0 is a
+-- drift from the records and stays, see bump); the overdue zset holds
 -- "<effect>|<tool>|<tenant>:<id>" scored by the recovery deadline while an
 -- operation is UNKNOWN. Both are maintained by transition() and finish(), so
 -- the metrics read them instead of scanning records.
@@ -393,13 +394,15 @@ F = {
     return {code, aux, S.encoded, moved}
   end,
 
-  -- bump moves the live count of the operation's state st by delta.
+  -- bump moves the live count of the operation's state st by delta. A
+  -- count at 0 is deleted; one below 0 (the counts drifted from the
+  -- records: a restore, a manual edit) is kept, for the metrics to show.
   bump = function(st, delta)
     if st == '3' or st == '4' then
       return
     end
     local field = R.tool .. '|' .. st .. '|' .. S.tenant
-    if redis.call('HINCRBY', KEYS[6], field, delta) <= 0 then
+    if redis.call('HINCRBY', KEYS[6], field, delta) == 0 then
       redis.call('HDEL', KEYS[6], field)
     end
   end,
