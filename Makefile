@@ -51,6 +51,7 @@ build: ## build bin/ledgerd
 test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
+	./scripts/ensure-jq.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '^gen/' || true); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...

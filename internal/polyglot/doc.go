@@ -1,11 +1,11 @@
 // Package polyglot holds the tests that use the service the way people and
 // other languages do, each against a ledgerd binary of its own on the
 // embedded engine: the README's grpcurl walkthrough, run command by command
-// and compared with the outputs it shows, and the Python and Node examples
+// as written and compared with the outputs it shows, and the Python and Node examples
 // (examples/python, examples/node) through their generated or loaded stubs.
 //
 // `make test` installs what they need (the pinned grpcurl, Debian's
-// python3-grpcio, the examples' npm packages) and sets
+// python3-grpcio and jq, the examples' npm packages) and sets
 // LEDGER_TEST_POLYGLOT=require, so that a missing tool fails the run; a plain
 // `go test ./...` skips the tests whose tools are missing.
 package polyglot

@@ -24,7 +24,7 @@ const fakeReadme = "# x\n\n## Quick start with grpcurl\n\nText.\n\n```console\n"
 	"  }\n" +
 	"}\n" +
 	"```\n\n```console\n" +
-	"$ grpcurl -plaintext -d '{\"operation_id\":\"op-1\",\"fencing_token\":\"100\"}' \\\n" +
+	"$ grpcurl -plaintext -d '{\"operation_id\":\"op-1\",\"fencing_token\":\"'\"$(jq -r .operation.fencingToken reserve.json)\"'\"}' \\\n" +
 	"    127.0.0.1:50051 ledger.v1.LedgerService/Complete\n" +
 	"{\n" +
 	"  \"operation\": {\n" +
@@ -98,10 +98,9 @@ func TestWalkthroughCheckerAcceptsTheTruth(t *testing.T) {
 	w := &walk{t: t, addr: "127.0.0.1:6000", bound: map[string]string{}}
 	answers := fakeAnswers()
 	for i, s := range steps {
-		if i == 2 {
-			if cmd := w.command(s); !strings.Contains(cmd, `"fencing_token":"777"`) || !strings.Contains(cmd, "127.0.0.1:6000 ") {
-				t.Errorf("the Complete command does not carry this run's token and address:\n%s", cmd)
-			}
+		// The command is the README's, with this run's address.
+		if cmd := w.command(s); cmd != strings.ReplaceAll(s.command, readmeAddr, "127.0.0.1:6000") {
+			t.Errorf("step %d: the command is not the README's with this run's address:\n%s", i, cmd)
 		}
 		w.check(s, answers[i])
 	}
@@ -147,5 +146,28 @@ func TestWalkthroughCheckerCatchesLies(t *testing.T) {
 		if got := strings.Join(w.problems, "\n"); !strings.Contains(got, lie.problem) {
 			t.Errorf("%s: want a problem with %q, got:\n%s", lie.name, lie.problem, got)
 		}
+	}
+}
+
+// TestWalkthroughCheckerCatchesCopiedTokens: a command that carries a
+// fencing token the README showed in an earlier answer fails for every
+// reader, whose run has another token: the checker says so.
+func TestWalkthroughCheckerCatchesCopiedTokens(t *testing.T) {
+	steps, err := parseWalkthrough(fakeReadme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := append([]step(nil), steps...)
+	copied[2].command = strings.Replace(copied[2].command, `"'"$(jq -r .operation.fencingToken reserve.json)"'"`, `"100"`, 1)
+	if copied[2].command == steps[2].command {
+		t.Fatalf("the Complete command does not read the token: %q", steps[2].command)
+	}
+	w := &walk{t: t, addr: "127.0.0.1:6000", bound: map[string]string{}}
+	for i, a := range fakeAnswers() {
+		w.command(copied[i])
+		w.check(copied[i], a)
+	}
+	if got := strings.Join(w.problems, "\n"); !strings.Contains(got, "the command carries 100, a value of the README's run") {
+		t.Errorf("want a problem with the copied token, got:\n%s", got)
 	}
 }

@@ -33,8 +33,9 @@ var volatileTimes = map[string]bool{
 
 // boundValues are the JSON fields whose values differ on every run but must
 // be consistent: the first value the README shows is bound to the first the
-// service returned, and every later occurrence (in outputs and in commands)
-// must agree with that binding.
+// service returned, and every later occurrence in an output must agree with
+// that binding. A command must not carry one: a reader's run has another,
+// so the command must take it from the earlier answer, as a reader's would.
 var boundValues = map[string]bool{"fencingToken": true}
 
 // step is one command of the walkthrough and the output the README shows.
@@ -46,13 +47,16 @@ type step struct {
 }
 
 // TestREADMEWalkthrough runs every grpcurl command of the README's quick
-// start against a live ledgerd and compares each output with the one the
-// README shows (timestamps normalized, fencing tokens bound), so the README
-// never lies.
+// start as written (only the address is this test's ledgerd's), one after
+// the other in one directory, against a live ledgerd, and compares each
+// output with the one the README shows (timestamps normalized, fencing
+// tokens bound), so the README never lies and a reader can run it.
 func TestREADMEWalkthrough(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	grpcurl := findGrpcurl(t, root)
+	_, err := exec.LookPath("jq")
+	need(t, err == nil, "jq is not installed")
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +69,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 		t.Fatalf("found only %d grpcurl commands in %q: the parser or the README changed", len(steps), walkthroughSection)
 	}
 
-	w := &walk{t: t, addr: startLedgerd(t), grpcurl: grpcurl, bound: map[string]string{}}
+	w := &walk{t: t, addr: startLedgerd(t), grpcurl: grpcurl, dir: t.TempDir(), bound: map[string]string{}}
 	answers := make([]answer, len(steps))
 	for i, s := range steps {
 		answers[i] = w.run(s)
@@ -227,6 +231,7 @@ type walk struct {
 	t        *testing.T
 	addr     string
 	grpcurl  string
+	dir      string            // where the commands run (the files they write)
 	bound    map[string]string // README value -> this run's value (fencing tokens)
 	problems []string
 }
@@ -252,6 +257,7 @@ func (w *walk) run(s step) answer {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c := exec.CommandContext(ctx, "bash", "-c", cmd)
+	c.Dir = w.dir
 	c.Env = cleanEnv("PATH=" + filepath.Dir(w.grpcurl) + string(os.PathListSeparator) + os.Getenv("PATH"))
 	var stdout, stderr bytes.Buffer
 	c.Stdout, c.Stderr = &stdout, &stderr
@@ -267,15 +273,17 @@ func (w *walk) run(s step) answer {
 	return a
 }
 
-// command is the step's command for this run: the test's ledgerd address
-// instead of the README's, and the values this run has where the README
-// shows others (the fencing token Reserve gave) substituted.
+// command is the step's command for this run: the README's, with the test's
+// ledgerd address instead of the README's. A value the README showed in an
+// earlier answer and a reader's run answers otherwise (a fencing token) is
+// a problem: the command, as written, fails for every reader.
 func (w *walk) command(s step) string {
-	cmd := strings.ReplaceAll(s.command, readmeAddr, w.addr)
-	for readme, actual := range w.bound {
-		cmd = strings.ReplaceAll(cmd, `"`+readme+`"`, `"`+actual+`"`)
+	for readme := range w.bound {
+		if strings.Contains(s.command, `"`+readme+`"`) {
+			w.errorf("README.md:%d: the command carries %s, a value of the README's run: a reader's differs, so take it from the earlier answer", s.line, readme)
+		}
 	}
-	return cmd
+	return strings.ReplaceAll(s.command, readmeAddr, w.addr)
 }
 
 // check compares the output the README shows for s with the service's answer.
