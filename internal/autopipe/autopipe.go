@@ -30,11 +30,21 @@
 // go-redis (MaxRetries), so only commands that are safe to run twice may be
 // batched: the ledger's scripts are (docs/design.md §4).
 //
-// On Redis Cluster a batch goes to each master in a pipeline on that
-// master's own client, and a command a node refuses without running it (its
-// slot is elsewhere or being moved) goes out again alone through the
-// cluster client, which follows the redirection for it alone (see
-// execCluster).
+// On Redis Cluster each master has a queue and lanes of its own: a caller
+// joins the queue of the master its script's first key maps to (in the
+// client's slot map), and batches hold the scripts of one master, sent in a
+// pipeline on that master's own client. A master that is down, or hangs,
+// then holds only the callers whose keys live on it: its batches wait (for
+// go-redis's dial retries, or up to their callers' deadlines) on its own
+// lanes, while the other masters' batches come and go on theirs. (With one
+// queue for all masters, a batch would answer its callers only once every
+// master's share had returned, and the lanes, taken by batches waiting on
+// the stuck master, would hold every later call too.) A script with no key,
+// or whose master the client cannot tell, joins a queue of its own, whose
+// batches go to each master at once. A command a node refuses without
+// running it (its slot is elsewhere or being moved) goes out again alone
+// through the cluster client, which follows the redirection for it alone
+// (see execCluster).
 package autopipe
 
 import (
@@ -51,7 +61,7 @@ import (
 type Options struct {
 	// Lanes is how many batches may be in flight at once, each on a
 	// connection of its own (2 when 0): while one waits for its replies the
-	// next one fills.
+	// next one fills. On Redis Cluster, each master has as many.
 	Lanes int
 	// MaxBatch bounds the commands of one batch (256 when 0).
 	MaxBatch int
@@ -66,9 +76,23 @@ type Hook struct {
 	batches  atomic.Int64
 	commands atomic.Int64
 
-	mu      sync.Mutex
-	pending []*call // queued, oldest first
-	active  int     // lanes in use (callers sending batches)
+	mu sync.Mutex
+	// queue is the only queue on one server; on Redis Cluster, the queue
+	// of the scripts with no master to join.
+	queue
+	// masters are the queues of Redis Cluster masters that have calls
+	// queued or batches in flight, by the master's client. A queue goes
+	// when its last lane is freed: the map keeps no master that left the
+	// cluster.
+	masters map[*redis.Client]*queue
+}
+
+// A queue is where calls wait for a lane, with the lanes that serve them.
+// Its fields are guarded by Hook.mu.
+type queue struct {
+	pending []*call       // queued, oldest first
+	active  int           // lanes in use (callers sending batches)
+	master  *redis.Client // its key in Hook.masters; nil: Hook.queue
 }
 
 // The states of a call, guarded by Hook.mu.
@@ -80,6 +104,7 @@ const (
 )
 
 type call struct {
+	queue    *queue // its queue, set by do; guarded by Hook.mu
 	inner    *redis.Cmd
 	done     <-chan struct{} // its context's; nil: it cannot end
 	deadline time.Time       // zero: none
@@ -139,7 +164,7 @@ func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		q := &call{inner: redis.NewCmd(ctx, c.Args()...), done: ctx.Done(), wake: make(chan struct{}, 1)}
 		q.deadline, _ = ctx.Deadline()
-		if err := h.do(ctx, q, next); err != nil {
+		if err := h.do(ctx, q, h.masterOf(ctx, q.inner), next); err != nil {
 			c.SetErr(err)
 			return err
 		}
@@ -149,13 +174,44 @@ func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// masterOf returns, on Redis Cluster, the client of the master that serves
+// the first key of cmd in the client's slot map; nil on one server, or for
+// a script with no key, or when the slot map cannot be had.
+func (h *Hook) masterOf(ctx context.Context, cmd *redis.Cmd) *redis.Client {
+	cc, ok := h.rdb.(*redis.ClusterClient)
+	if !ok {
+		return nil
+	}
+	key, ok := firstKey(cmd)
+	if !ok {
+		return nil
+	}
+	node, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return nil
+	}
+	return node
+}
+
 // do sends q, in a batch this caller sends itself or in one another caller
-// sends, and returns once q is answered (nil) or ctx ended (its error).
-func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
+// sends, through the queue of master (Hook.queue when nil), and returns
+// once q is answered (nil) or ctx ended (its error).
+func (h *Hook) do(ctx context.Context, q *call, master *redis.Client, next redis.ProcessHook) error {
 	h.mu.Lock()
-	h.pending = append(h.pending, q)
-	if h.active < h.lanes {
-		h.active++
+	qu := &h.queue
+	if master != nil {
+		if qu = h.masters[master]; qu == nil {
+			if h.masters == nil {
+				h.masters = map[*redis.Client]*queue{}
+			}
+			qu = &queue{master: master}
+			h.masters[master] = qu
+		}
+	}
+	q.queue = qu
+	qu.pending = append(qu.pending, q)
+	if qu.active < h.lanes {
+		qu.active++
 		q.lead = true
 	}
 	var buf [8]*call
@@ -164,7 +220,7 @@ func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
 		switch {
 		case q.state == answered || q.state == abandoned:
 			if q.lead {
-				h.release()
+				h.release(qu)
 			}
 			done := q.state == answered
 			h.mu.Unlock()
@@ -176,9 +232,9 @@ func (h *Hook) do(ctx context.Context, q *call, next redis.ProcessHook) error {
 			// q went out in another lane's batch: pass the lane on, and
 			// wait for that batch like any other caller.
 			q.lead = false
-			h.release()
+			h.release(qu)
 		case q.lead:
-			if batch = h.take(batch[:0]); len(batch) > 0 {
+			if batch = h.take(qu, batch[:0]); len(batch) > 0 {
 				h.mu.Unlock()
 				h.send(ctx, q, batch, next) // returns with h.mu held
 				continue
@@ -241,7 +297,7 @@ func (h *Hook) send(ctx context.Context, q *call, batch []*call, next redis.Proc
 		h.answer(flying, nil)
 		f.landed = true
 		if f.orphaned {
-			h.release()
+			h.release(q.queue)
 		} else {
 			// q's caller may not be in the batch (its command was not among
 			// the oldest MaxBatch): it sends the next one.
@@ -293,14 +349,14 @@ func (h *Hook) answer(batch []*call, except *call) {
 	}
 }
 
-// take moves the oldest queued calls, up to MaxBatch, from the queue into
-// batch and returns it. A call whose context has ended, or whose deadline has
-// passed, is not taken: it is abandoned and its caller woken, so it is never
-// sent. h.mu is held.
-func (h *Hook) take(batch []*call) []*call {
+// take moves the oldest calls queued in qu, up to MaxBatch, into batch and
+// returns it. A call whose context has ended, or whose deadline has passed,
+// is not taken: it is abandoned and its caller woken, so it is never sent.
+// h.mu is held.
+func (h *Hook) take(qu *queue, batch []*call) []*call {
 	var now time.Time
 	n := 0
-	for _, c := range h.pending {
+	for _, c := range qu.pending {
 		if len(batch) == h.maxBatch {
 			break
 		}
@@ -318,7 +374,7 @@ func (h *Hook) take(batch []*call) []*call {
 	}
 	// Delete clears the slots it vacates: the queue's array keeps no call
 	// that left it.
-	h.pending = slices.Delete(h.pending, 0, n)
+	qu.pending = slices.Delete(qu.pending, 0, n)
 	return batch
 }
 
@@ -348,13 +404,13 @@ func wake(c *call) {
 	}
 }
 
-// release hands the caller's lane to the oldest queued caller, or frees it.
-// A queued caller whose context has ended, or whose deadline has passed (as
-// take sees it), is passed over: its call is abandoned and the caller woken.
-// h.mu is held.
-func (h *Hook) release() {
+// release hands the caller's lane of qu to the oldest caller queued in qu,
+// or frees it. A queued caller whose context has ended, or whose deadline
+// has passed (as take sees it), is passed over: its call is abandoned and
+// the caller woken. h.mu is held.
+func (h *Hook) release(qu *queue) {
 	var now time.Time
-	for _, c := range h.pending {
+	for _, c := range qu.pending {
 		if c.state != queued || c.lead {
 			continue
 		}
@@ -367,11 +423,16 @@ func (h *Hook) release() {
 		wake(c)
 		return
 	}
-	h.active--
+	qu.active--
 	// No queued caller is left to take the calls abandoned in the queue
 	// out of it: they go now, so that the queue keeps nothing of callers
 	// that are gone (their arguments, their contexts) until the next call.
-	h.pending = slices.DeleteFunc(h.pending, func(c *call) bool { return c.state != queued })
+	qu.pending = slices.DeleteFunc(qu.pending, func(c *call) bool { return c.state != queued })
+	if qu.active == 0 && qu.master != nil {
+		// Nothing is queued (a queued caller would have had the lane) and
+		// no lane is left: a master's queue goes.
+		delete(h.masters, qu.master)
+	}
 }
 
 // count adds batch to the hook's statistics.

@@ -3,7 +3,9 @@ package autopipe
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,4 +208,211 @@ func TestClusterBatchAfterFailover(t *testing.T) {
 			t.Errorf("%s = %d after %d increments answered", k, n, answered[k])
 		}
 	}
+}
+
+// newClusterHook starts a Redis Cluster of three masters, with a node
+// timeout longer than any test (a paused master is not marked failed, so
+// the others serve on as they would during a short stall), and a cluster
+// client with no read timeout of its own (only contexts bound its calls),
+// autopipelined with opts, with the test script incr loaded on every
+// master, and the client's command table loaded. All of it is closed at the
+// test's end.
+func newClusterHook(t *testing.T, opts Options) (*redistest.Cluster, *redis.ClusterClient, *Hook) {
+	t.Helper()
+	cl := redistest.StartCluster(t, 3, 0, "--cluster-node-timeout", "600000")
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), DisableIdentity: true,
+		ContextTimeoutEnabled: true, ReadTimeout: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := Enable(rdb, opts)
+	t.Cleanup(h.Close)
+	ctx := context.Background()
+	if err := incr.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The client looks up the commands' key positions once, on a node of
+	// its choice: before any is paused.
+	if err := rdb.Get(ctx, "warm").Err(); err != redis.Nil {
+		t.Fatal(err)
+	}
+	return cl, rdb, h
+}
+
+// keysOn returns n keys with the prefix whose slots srv serves.
+func keysOn(t *testing.T, rdb *redis.ClusterClient, srv *redistest.Server, prefix string, n int) []string {
+	t.Helper()
+	var keys []string
+	for i := 0; len(keys) < n && i < 10000; i++ {
+		k := fmt.Sprintf("{%s%d}n", prefix, i)
+		node, err := rdb.MasterForKey(context.Background(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if node.Options().Addr == srv.Addr {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < n {
+		t.Fatalf("not %d keys of %s on %s", n, prefix, srv.Addr)
+	}
+	return keys
+}
+
+// runIncr runs incr on key in a goroutine of its own and returns where its
+// reply will come: an error unless it is 1 (each test key is incremented
+// once).
+func runIncr(ctx context.Context, rdb redis.UniversalClient, key string) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		n, err := incr.Run(ctx, rdb, []string{key}).Int()
+		if err == nil && n != 1 {
+			err = fmt.Errorf("%s: INCR answered %d, want 1", key, n)
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+// checkCounters checks that each key was incremented once, reading it on
+// its master directly.
+func checkCounters(t *testing.T, rdb *redis.ClusterClient, keys ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, k := range keys {
+		node, err := rdb.MasterForKey(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := node.Get(ctx, k).Int(); err != nil || n != 1 {
+			t.Errorf("%s = %d, %v; want 1 (its script run once)", k, n, err)
+		}
+	}
+}
+
+// gateHook holds every command naming key until open is closed. Added to a
+// client after the batching hook, it sees what that hook sends alone.
+type gateHook struct {
+	key        string
+	seen, open chan struct{}
+	once       sync.Once
+}
+
+func newGateHook(key string) *gateHook {
+	return &gateHook{key: key, seen: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (g *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any(g.key)) {
+			g.once.Do(func() { close(g.seen) })
+			<-g.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// pendingCalls returns how many calls are queued, on every master.
+func pendingCalls(h *Hook) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.pending)
+	for _, qu := range h.masters {
+		n += len(qu.pending)
+	}
+	return n
+}
+
+// TestPausedMasterHoldsOnlyItsCallers pauses master B (SIGSTOP: a host
+// that hangs) of a cluster of three, holds the only lane with a call on
+// master C, and queues calls on A and B behind it: as one batch, they would
+// go to A and B at once. Once the held call goes on, A's callers must get
+// their replies while B's still waits; once B resumes, B's caller gets its
+// reply too, and every script has run once. Before, a batch's callers were
+// all answered only when every master's share had returned: B held A's
+// callers.
+func TestPausedMasterHoldsOnlyItsCallers(t *testing.T) {
+	cl, rdb, h := newClusterHook(t, Options{Lanes: 1})
+	a, b, c := cl.Nodes[0], cl.Nodes[1], cl.Nodes[2]
+	onA, onB, onC := keysOn(t, rdb, a, "a", 2), keysOn(t, rdb, b, "b", 1), keysOn(t, rdb, c, "c", 1)
+	gate := newGateHook(onC[0])
+	rdb.AddHook(gate)
+	ctx := context.Background()
+
+	b.Pause(t)
+	held := runIncr(ctx, rdb, onC[0])
+	waitClosed(t, gate.seen, "call on C at the gate")
+	a1 := runIncr(ctx, rdb, onA[0])
+	stuck := runIncr(ctx, rdb, onB[0])
+	a2 := runIncr(ctx, rdb, onA[1])
+	// Queued behind the held call (one batch to A and B), or sent already.
+	waitFor(t, func() bool {
+		_, commands := h.Stats()
+		return pendingCalls(h) >= 3 || commands >= 4
+	}, "calls on A and B queued or sent")
+	close(gate.open)
+
+	if err := waitErr(t, held, "the call on C"); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []<-chan error{a1, a2} {
+		if err := waitErr(t, ch, "a call on A while B is paused"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-stuck:
+		t.Fatalf("the call on the paused master returned: %v", err)
+	default:
+	}
+	b.Resume()
+	if err := waitErr(t, stuck, "the call on B after it resumed"); err != nil {
+		t.Fatal(err)
+	}
+	checkCounters(t, rdb, onA[0], onA[1], onB[0], onC[0])
+	waitIdle(t, h)
+}
+
+// TestPausedMasterKeepsNoLaneFromOthers pauses master B of a cluster of
+// three and sends B one call more than there are lanes: every lane could be
+// taken by a batch to B. Calls on A and C sent after must still get their
+// replies while B's wait; once B resumes, B's callers get theirs, and every
+// script has run once. Before, the lanes served every master: the calls on
+// A and C queued until B answered.
+func TestPausedMasterKeepsNoLaneFromOthers(t *testing.T) {
+	cl, rdb, h := newClusterHook(t, Options{})
+	a, b, c := cl.Nodes[0], cl.Nodes[1], cl.Nodes[2]
+	onA, onB, onC := keysOn(t, rdb, a, "a", 2), keysOn(t, rdb, b, "b", h.lanes+1), keysOn(t, rdb, c, "c", 1)
+	ctx := context.Background()
+
+	b.Pause(t)
+	var stuck []<-chan error
+	for _, k := range onB {
+		stuck = append(stuck, runIncr(ctx, rdb, k))
+	}
+	waitFor(t, func() bool { batches, _ := h.Stats(); return batches >= int64(h.lanes) }, "batches to B on every lane")
+	for _, k := range append(onA, onC...) {
+		if err := waitErr(t, runIncr(ctx, rdb, k), "a call on A or C while B is paused"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ch := range stuck {
+		select {
+		case err := <-ch:
+			t.Fatalf("a call on the paused master returned: %v", err)
+		default:
+		}
+	}
+	b.Resume()
+	for _, ch := range stuck {
+		if err := waitErr(t, ch, "a call on B after it resumed"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkCounters(t, rdb, append(append(onA, onB...), onC...)...)
+	waitIdle(t, h)
 }

@@ -191,6 +191,25 @@ func (s *Server) Stop() {
 	<-s.done
 }
 
+// Pause stops the server process (SIGSTOP) until Resume, or the test's
+// end: it keeps its connections, and the kernel still completes new ones,
+// but it reads and answers nothing, as a host that hangs. Commands sent to
+// it meanwhile run once it resumes.
+func (s *Server) Pause(tb testing.TB) {
+	tb.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		tb.Fatalf("pausing redis-server %s: %v", s.Addr, err)
+	}
+	tb.Cleanup(s.Resume)
+}
+
+// Resume lets a paused server run again (SIGCONT).
+func (s *Server) Resume() {
+	if s.Running() {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
 // Client returns a client of the server, closed at the test's end.
 func (s *Server) Client(tb testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, TLSConfig: s.TLS})
