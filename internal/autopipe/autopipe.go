@@ -19,9 +19,9 @@
 // ends while its batch is in flight returns at once with its context's
 // error (the script may have run, as when a plain call's deadline cuts its
 // reply). That holds for the caller sending the batch too: when its context
-// can end and the batch holds other callers' commands, the batch goes out
-// from a goroutine of its own, which answers the others and hands the lane
-// on when its replies are in. A caller sending its own command alone does
+// can end (or on Redis Cluster, below) and the batch holds other callers'
+// commands, the batch goes out from a goroutine of its own, which answers
+// the others and hands the lane on when its replies are in. A caller sending its own command alone does
 // so through the client's own path under its own context, as a plain call:
 // its deadline bounds the call when the client has ContextTimeoutEnabled (as
 // ledgerd's clients have). Any other batch runs until the latest deadline
@@ -44,7 +44,13 @@
 // batches go to each master at once. A command a node refuses without
 // running it (its slot is elsewhere or being moved) goes out again alone
 // through the cluster client, which follows the redirection for it alone
-// (see execCluster).
+// (see execCluster). A batch's callers are answered as its replies come
+// in, not all at its end: those of a master's share once that master has
+// answered, that of a command sent again alone once it returns. So the
+// batch of a master whose slot map has changed since its callers queued,
+// or one of whose commands is redirected to a master that hangs, holds only
+// the callers of the stuck commands (the lane stays with it until its last
+// reply is in).
 package autopipe
 
 import (
@@ -266,11 +272,14 @@ func ctxErr(ctx context.Context) error {
 // send sends batch, taken from the queue by q's caller on q's lane, and
 // returns with h.mu held once the batch's replies are in, or once q's caller
 // is done without them (ctx ended, or q was answered in another lane's
-// batch). A batch of q alone goes out through the client's own path under
-// ctx, as a plain call would. A larger one goes out from this goroutine when
-// ctx cannot end, and otherwise from a goroutine of its own, so that the
-// caller can return at its context's end while the batch runs on: the lane
-// then stays with the batch, which hands it on when its replies are in.
+// batch, or ahead of the rest of its own). A batch of q alone goes out
+// through the client's own path under ctx, as a plain call would. A larger
+// one goes out from this goroutine when ctx cannot end and the client is
+// not a cluster client, and otherwise from a goroutine of its own, so that
+// the caller can return at its context's end, or once its own reply is in
+// (on Cluster, replies come in as each node answers: see exec), while the
+// batch runs on: the lane then stays with the batch, which hands it on when
+// its replies are in.
 func (h *Hook) send(ctx context.Context, q *call, batch []*call, next redis.ProcessHook) {
 	if len(batch) == 1 && batch[0] == q {
 		h.count(batch)
@@ -283,8 +292,9 @@ func (h *Hook) send(ctx context.Context, q *call, batch []*call, next redis.Proc
 		h.answer(batch, q)
 		return
 	}
-	if ctx.Done() == nil {
-		h.exec(batch, next)
+	_, cluster := h.rdb.(*redis.ClusterClient)
+	if ctx.Done() == nil && !cluster {
+		h.exec(batch, next, nil)
 		h.mu.Lock()
 		h.answer(batch, q)
 		return
@@ -292,7 +302,11 @@ func (h *Hook) send(ctx context.Context, q *call, batch []*call, next redis.Proc
 	f := &flight{}
 	flying := slices.Clone(batch) // batch may be on the caller's stack
 	go func() {
-		h.exec(flying, next)
+		h.exec(flying, next, func(in []*call) {
+			h.mu.Lock()
+			h.answer(in, nil)
+			h.mu.Unlock()
+		})
 		h.mu.Lock()
 		h.answer(flying, nil)
 		f.landed = true
@@ -442,8 +456,10 @@ func (h *Hook) count(batch []*call) {
 }
 
 // exec sends one batch, under the latest deadline among its callers (none if
-// one has none): alone through the client's own path, or as a pipeline.
-func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
+// one has none): alone through the client's own path, or as a pipeline. On
+// Redis Cluster it passes in, when not nil, the calls whose replies are in
+// as they come in (see execCluster), before it returns with the rest.
+func (h *Hook) exec(batch []*call, next redis.ProcessHook, in func([]*call)) {
 	ctx := context.Background()
 	var latest time.Time
 	for _, c := range batch {
@@ -470,7 +486,7 @@ func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
 		return
 	}
 	if cc, ok := h.rdb.(*redis.ClusterClient); ok {
-		execCluster(ctx, cc, batch, next)
+		execCluster(ctx, cc, batch, next, in)
 		return
 	}
 	pipe := h.rdb.Pipeline()
@@ -486,16 +502,37 @@ func (h *Hook) exec(batch []*call, next redis.ProcessHook) {
 // elsewhere or is being moved: MOVED, ASK, TRYAGAIN; the cluster or the node
 // is not ready) then goes out again alone, through the client's own path,
 // which follows the redirection or waits and tries again for that command
-// only; the others are answered as they were.
+// only; the others are answered as they were. A command with no key, or
+// whose master the client cannot tell, goes out alone that way too.
+//
+// When in is not nil, execCluster passes it the calls whose replies are in
+// as they come in: each master's share as soon as that master has answered
+// (but the commands it refused), and each command sent alone as soon as it
+// returns. A node that hangs, or a redirection to one, then holds only the
+// callers of the commands it has, not those of the whole batch.
 //
 // go-redis's cluster pipeline is not used for this: when a node answers the
 // first command of its share of a pipeline with TRYAGAIN, it sends that
 // whole share again (up to MaxRedirects times), so every other script in it
 // runs again each time, and a command it was told to ASK another node about
 // goes to both nodes at once.
-func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, next redis.ProcessHook) {
+func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, next redis.ProcessHook, in func([]*call)) {
+	if in == nil {
+		in = func([]*call) {}
+	}
+	var wg sync.WaitGroup
+	// alone sends c alone through the client's own path.
+	alone := func(c *call) {
+		wg.Go(func() {
+			c.inner.SetErr(nil)
+			// The client's own path leaves setting the error to its caller.
+			if err := next(ctx, c.inner); err != nil {
+				c.inner.SetErr(err)
+			}
+			in([]*call{c})
+		})
+	}
 	byNode := map[*redis.Client][]*call{}
-	var alone []*call
 	for _, c := range batch {
 		if key, ok := firstKey(c.inner); ok {
 			if node, err := cc.MasterForKey(ctx, key); err == nil {
@@ -503,12 +540,8 @@ func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, ne
 				continue
 			}
 		}
-		alone = append(alone, c)
+		alone(c)
 	}
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
 	for node, calls := range byNode {
 		wg.Go(func() {
 			pipe := node.Pipeline()
@@ -516,22 +549,18 @@ func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, ne
 				_ = pipe.Process(ctx, c.inner)
 			}
 			_, _ = pipe.Exec(ctx) // each command carries its own error
-			mu.Lock()
-			defer mu.Unlock()
+			answered := calls[:0] // calls is this goroutine's own
 			for _, c := range calls {
 				if notRun(c.inner.Err()) {
-					alone = append(alone, c)
+					// wg.Go before wg.Wait returns: wg counts this
+					// goroutine until it ends.
+					alone(c)
+				} else {
+					answered = append(answered, c)
 				}
 			}
-		})
-	}
-	wg.Wait()
-	for _, c := range alone {
-		wg.Go(func() {
-			c.inner.SetErr(nil)
-			// The client's own path leaves setting the error to its caller.
-			if err := next(ctx, c.inner); err != nil {
-				c.inner.SetErr(err)
+			if len(answered) > 0 {
+				in(answered)
 			}
 		})
 	}
