@@ -145,6 +145,20 @@ func (m *Metrics) ServerOptions() []grpc.ServerOption {
 // method, so dashboards see them before the first call.
 func (m *Metrics) InitializeRPC(s *grpc.Server) { m.rpc.initialize(s) }
 
+// WatchConnections exports the server's client connections, read from
+// stats on every scrape: those open now (ledger_connections_open) and those
+// refused for being over the limit (ledger_connections_refused_total).
+func (m *Metrics) WatchConnections(stats func() (open int, refused uint64)) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "ledger", Name: "connections_open",
+			Help: "Client connections open now, from their accept (before their handshakes) to their close."},
+			func() float64 { open, _ := stats(); return float64(open) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "ledger", Name: "connections_refused_total",
+			Help: "Client connections closed as soon as they were accepted, for being over --max-connections."},
+			func() float64 { _, refused := stats(); return float64(refused) }),
+	)
+}
+
 // SetReloaded records whether file ("credentials", "tls") loaded, at
 // start-up or at a reload.
 func (m *Metrics) SetReloaded(file string, ok bool) {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
@@ -24,6 +25,9 @@ const (
 	// DefaultMaxConcurrentStreams bounds the calls one connection has
 	// running at once (grpc-go's own: no bound).
 	DefaultMaxConcurrentStreams = 1000
+	// DefaultMaxConnections bounds the client connections one server holds
+	// at once (grpc-go's own: no bound).
+	DefaultMaxConnections = 10000
 )
 
 // KeepaliveMinTime is the shortest interval between a client's keepalive
@@ -52,6 +56,11 @@ type ConnectionLimits struct {
 	// connection; the client holds further calls until one ends (they
 	// wait, they do not fail).
 	MaxConcurrentStreams uint32
+	// MaxConnections bounds the client connections open at once, counted
+	// from their accept: a connection over it is closed as soon as it is
+	// accepted, so that its client's attempt fails (UNAVAILABLE) instead of
+	// waiting. Negative: no bound.
+	MaxConnections int
 }
 
 // withDefaults returns l with each zero field set to its default.
@@ -71,7 +80,17 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
+	if l.MaxConnections == 0 {
+		l.MaxConnections = DefaultMaxConnections
+	}
 	return l
+}
+
+// counter returns the counter of a server's connections under l (with its
+// defaults), which logs its refusals to log.
+func (l ConnectionLimits) counter(log *slog.Logger) *connCounter {
+	l = l.withDefaults()
+	return &connCounter{max: int64(max(l.MaxConnections, 0)), userTimeout: l.KeepaliveTimeout, log: log}
 }
 
 // serverOptions returns the grpc-go options that apply l (with its

@@ -15,7 +15,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/redistest"
@@ -27,6 +31,13 @@ import (
 // connection limits and extra options, until the test ends, and returns its
 // address.
 func startLimited(t *testing.T, limits server.ConnectionLimits, opts ...grpc.ServerOption) string {
+	t.Helper()
+	addr, _ := startLimitedService(t, limits, opts...)
+	return addr
+}
+
+// startLimitedService is startLimited, and also returns the service.
+func startLimitedService(t *testing.T, limits server.ConnectionLimits, opts ...grpc.ServerOption) (string, *server.Service) {
 	t.Helper()
 	rdb := redistest.Shared(t).Client(t)
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
@@ -47,7 +58,7 @@ func startLimited(t *testing.T, limits server.ConnectionLimits, opts ...grpc.Ser
 		svc.Shutdown(ctx)
 		<-served
 	})
-	return lis.Addr().String()
+	return lis.Addr().String(), svc
 }
 
 // dialLedger returns a client.Client on its own connection to addr, closed
@@ -368,4 +379,62 @@ func TestIdleCloseRoundRobinClientReconnectsAtOnce(t *testing.T) {
 		t.Fatalf("Do after the idle closes: %v", err)
 	}
 	wantApplied(t, dest, first, second)
+}
+
+// With MaxConnections N, N clients hold a connection each; the next
+// connection is refused at once (its call fails UNAVAILABLE, it does not
+// wait in the accept queue until its deadline), the N keep working, and once
+// one of them closes a new client is served. Each tool runs exactly once.
+func TestMaxConnectionsRefusesTheNextConnection(t *testing.T) {
+	t.Parallel()
+	const limit = 3
+	addr, svc := startLimitedService(t, server.ConnectionLimits{MaxConnections: limit})
+	dest := &effectCounter{applied: map[string]int{}}
+	prefix := "conn-max-" + randomHex(6)
+	clients := make([]*client.Client, limit)
+	var ids []string
+	for i := range clients {
+		clients[i] = dialLedger(t, addr)
+		id := fmt.Sprintf("%s-open-%d", prefix, i)
+		if err := send(context.Background(), clients[i], dest, id); err != nil {
+			t.Fatalf("client %d of %d: %v", i+1, limit, err)
+		}
+		ids = append(ids, id)
+	}
+	if got := svc.Connections(); got.Open != limit {
+		t.Fatalf("%d connections open, want %d", got.Open, limit)
+	}
+
+	extra, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	// The deadline only catches a connection left waiting: a refused one
+	// fails long before it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	_, err = healthpb.NewHealthClient(extra).Check(ctx, &healthpb.HealthCheckRequest{})
+	cancel()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("call over connection %d: %v, want UNAVAILABLE (refused at once)", limit+1, err)
+	}
+	if got := svc.Connections(); got.Refused < 1 || got.Open != limit {
+		t.Errorf("after the refusal: %+v, want %d open and at least 1 refused", got, limit)
+	}
+
+	for i, cl := range clients {
+		id := fmt.Sprintf("%s-again-%d", prefix, i)
+		if err := send(context.Background(), cl, dest, id); err != nil {
+			t.Errorf("client %d after the refusal: %v", i+1, err)
+		}
+		ids = append(ids, id)
+	}
+
+	_ = clients[0].Close()
+	waitFor(t, 15*time.Second, "the closed client's connection released", func() bool { return svc.Connections().Open < limit })
+	id := prefix + "-after-close"
+	if err := send(context.Background(), dialLedger(t, addr), dest, id); err != nil {
+		t.Fatalf("new client after one closed: %v", err)
+	}
+	wantApplied(t, dest, append(ids, id)...)
 }

@@ -78,8 +78,9 @@ type Config struct {
 	// file may set a tenant's own (TenantLimits).
 	Rate  float64
 	Burst int
-	// Connections bounds each client connection: handshake time, idle
-	// time, keepalive, calls at once (zero fields: their defaults).
+	// Connections bounds the client connections: how many at once, and
+	// each one's handshake time, idle time, keepalive and calls at once
+	// (zero fields: their defaults).
 	Connections ConnectionLimits
 }
 
@@ -91,6 +92,8 @@ type Service struct {
 	// Health reports SERVING for "" and "ledger.v1.LedgerService" until
 	// Shutdown.
 	Health *health.Server
+
+	conns *connCounter
 }
 
 // handler implements ledger.v1.LedgerService.
@@ -160,11 +163,19 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(s)
-	return &Service{GRPC: s, Health: hs}
+	return &Service{GRPC: s, Health: hs, conns: cfg.Connections.counter(log)}
 }
 
-// Serve accepts calls on lis until Shutdown.
-func (s *Service) Serve(lis net.Listener) error { return s.GRPC.Serve(lis) }
+// Serve accepts calls on lis until Shutdown. The connections it accepts
+// count towards Config.Connections.MaxConnections, with those of every other
+// listener the service serves.
+func (s *Service) Serve(lis net.Listener) error {
+	return s.GRPC.Serve(&countingListener{Listener: lis, c: s.conns})
+}
+
+// Connections returns the counts of the client connections: open now, and
+// refused for being over the limit.
+func (s *Service) Connections() ConnectionStats { return s.conns.stats() }
 
 // Shutdown reports NOT_SERVING to health checks, lets running calls finish
 // until ctx ends, then cancels those still running. It returns once every

@@ -12,8 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/server"
 )
@@ -32,6 +36,7 @@ func TestConnectionFlags(t *testing.T) {
 		KeepaliveTime:        server.DefaultKeepaliveTime,
 		KeepaliveTimeout:     server.DefaultKeepaliveTimeout,
 		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams,
+		MaxConnections:       server.DefaultMaxConnections,
 	}
 	if c.conns != want {
 		t.Errorf("defaults %+v, want %+v", c.conns, want)
@@ -42,21 +47,24 @@ func TestConnectionFlags(t *testing.T) {
 	t.Setenv("LEDGER_KEEPALIVE_TIME", "30s")
 	t.Setenv("LEDGER_KEEPALIVE_TIMEOUT", "5s")
 	t.Setenv("LEDGER_MAX_CONCURRENT_STREAMS", "250")
+	t.Setenv("LEDGER_MAX_CONNECTIONS", "0")
 	if c, err = parseFlags(nil, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	want = server.ConnectionLimits{HandshakeTimeout: 3 * time.Second, MaxConnectionIdle: 15 * time.Minute,
-		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 5 * time.Second, MaxConcurrentStreams: 250}
+		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 5 * time.Second, MaxConcurrentStreams: 250,
+		MaxConnections: -1}
 	if c.conns != want {
 		t.Errorf("from the environment %+v, want %+v", c.conns, want)
 	}
 
 	if c, err = parseFlags([]string{"--handshake-timeout", "4s", "--max-connection-idle", "1h", "--keepalive-time", "2m",
-		"--keepalive-timeout", "1s", "--max-concurrent-streams", "100"}, io.Discard); err != nil {
+		"--keepalive-timeout", "1s", "--max-concurrent-streams", "100", "--max-connections", "500"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	want = server.ConnectionLimits{HandshakeTimeout: 4 * time.Second, MaxConnectionIdle: time.Hour,
-		KeepaliveTime: 2 * time.Minute, KeepaliveTimeout: time.Second, MaxConcurrentStreams: 100}
+		KeepaliveTime: 2 * time.Minute, KeepaliveTimeout: time.Second, MaxConcurrentStreams: 100,
+		MaxConnections: 500}
 	if c.conns != want {
 		t.Errorf("from flags %+v, want %+v", c.conns, want)
 	}
@@ -85,6 +93,9 @@ func TestRefusesBadConnectionLimits(t *testing.T) {
 		{"max-concurrent-streams", "0"},
 		{"max-concurrent-streams", "1e3"},
 		{"max-concurrent-streams", "4294967296"},
+		{"max-connections", "-1"},
+		{"max-connections", "1e4"},
+		{"max-connections", "ten"},
 	} {
 		args := []string{"--listen", "127.0.0.1:0", "--" + tc.flag, tc.value}
 		var out bytes.Buffer
@@ -216,3 +227,39 @@ func readFrame(r io.Reader) (typ, flags byte, payload []byte, err error) {
 // http2Preface is the HTTP/2 client connection preface, then an empty
 // SETTINGS frame.
 const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+// TestMaxConnectionsServed runs ledgerd with --max-connections 2: the test's
+// connection and one more are served, a third is refused at once (its call
+// fails UNAVAILABLE rather than waiting), which the log and the metrics
+// show, and the two open ones keep working.
+func TestMaxConnectionsServed(t *testing.T) {
+	first, addr, out := start(t, insecure.NewCredentials(), "--max-connections", "2", "--metrics-listen", "127.0.0.1:0")
+	check := func(conn *grpc.ClientConn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	dial := func() *grpc.ClientConn {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return conn
+	}
+	second := dial()
+	if err := check(second); err != nil {
+		t.Fatalf("second connection: %v", err)
+	}
+	if err := check(dial()); status.Code(err) != codes.Unavailable {
+		t.Fatalf("third connection: %v, want UNAVAILABLE (refused at once)", err)
+	}
+	for i, conn := range []*grpc.ClientConn{first, second} {
+		if err := check(conn); err != nil {
+			t.Errorf("connection %d after the refusal: %v", i+1, err)
+		}
+	}
+	waitForMetrics(t, metricsAddrOf(t, out), out, `"msg":"connections refused: the server holds its maximum of client connections","max_connections":2,"refused":1`,
+		"ledger_connections_open 2", "ledger_connections_refused_total 1")
+}

@@ -37,6 +37,7 @@
 //	--keepalive-time    LEDGER_KEEPALIVE_TIME    ping a client silent for that long (1m)
 //	--keepalive-timeout LEDGER_KEEPALIVE_TIMEOUT close its connection when the ping is not answered by then (20s)
 //	--max-concurrent-streams LEDGER_MAX_CONCURRENT_STREAMS calls one connection may run at once (1000)
+//	--max-connections   LEDGER_MAX_CONNECTIONS   client connections open at once; more are refused (10000; 0: no limit)
 //
 // Without --auth-file every caller is the tenant "default" and ledgerd only
 // serves a loopback address; with it, every call but health checks needs an
@@ -224,6 +225,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	keepaliveTime := fs.String("keepalive-time", env("LEDGER_KEEPALIVE_TIME", "1m"), "ping a client after that long without a frame from it; at least 1s [LEDGER_KEEPALIVE_TIME]")
 	keepaliveTimeout := fs.String("keepalive-timeout", env("LEDGER_KEEPALIVE_TIMEOUT", "20s"), "close the connection when that ping is not answered within that long [LEDGER_KEEPALIVE_TIMEOUT]")
 	maxStreams := fs.String("max-concurrent-streams", env("LEDGER_MAX_CONCURRENT_STREAMS", strconv.Itoa(server.DefaultMaxConcurrentStreams)), "calls one connection may run at once; the client holds further ones until one ends [LEDGER_MAX_CONCURRENT_STREAMS]")
+	maxConns := fs.String("max-connections", env("LEDGER_MAX_CONNECTIONS", strconv.Itoa(server.DefaultMaxConnections)), "client connections open at once; one more is closed as soon as it is accepted (its client sees UNAVAILABLE); 0: no limit [LEDGER_MAX_CONNECTIONS]")
 	autopipeline := true
 	if v, ok := os.LookupEnv("LEDGER_REDIS_AUTOPIPELINE"); ok {
 		b, err := strconv.ParseBool(v)
@@ -256,7 +258,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 || c.compactBatch > maxCompactBatch {
 			return fmt.Errorf("--compact-batch %q: want a count of keys up to %d, 0 for no compaction", *compactBatch, maxCompactBatch)
 		}
-		if err := parseConnectionLimits(&c.conns, *handshakeTimeout, *maxConnIdle, *keepaliveTime, *keepaliveTimeout, *maxStreams); err != nil {
+		if err := parseConnectionLimits(&c.conns, *handshakeTimeout, *maxConnIdle, *keepaliveTime, *keepaliveTimeout, *maxStreams, *maxConns); err != nil {
 			return err
 		}
 		if (c.tls.Cert == "") != (c.tls.Key == "") {
@@ -282,8 +284,9 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 
 // parseConnectionLimits reads the connection limits' flags into l: each
 // duration positive (--keepalive-time at least 1s, grpc-go's least), the
-// count of streams from 1 to 2^32-1.
-func parseConnectionLimits(l *server.ConnectionLimits, handshake, idle, keepaliveTime, keepaliveTimeout, streams string) error {
+// count of streams from 1 to 2^32-1, the count of connections a count, 0
+// for no limit.
+func parseConnectionLimits(l *server.ConnectionLimits, handshake, idle, keepaliveTime, keepaliveTimeout, streams, conns string) error {
 	for _, d := range []struct {
 		flag, value string
 		min         time.Duration
@@ -308,6 +311,15 @@ func parseConnectionLimits(l *server.ConnectionLimits, handshake, idle, keepaliv
 		return fmt.Errorf("--max-concurrent-streams %q: want a count from 1 to %d", streams, uint32(math.MaxUint32))
 	}
 	l.MaxConcurrentStreams = uint32(n)
+	m, err := strconv.Atoi(conns)
+	switch {
+	case err != nil || m < 0:
+		return fmt.Errorf("--max-connections %q: want a count, 0 for no limit", conns)
+	case m == 0:
+		l.MaxConnections = -1 // server.ConnectionLimits: no bound
+	default:
+		l.MaxConnections = m
+	}
 	return nil
 }
 
@@ -798,6 +810,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}, opts...)
 	met.InitializeRPC(svc.GRPC)
 	met.WatchStore(l, 0)
+	met.WatchConnections(func() (int, uint64) { s := svc.Connections(); return s.Open, s.Refused })
 	for _, d := range durabilityChecks {
 		met.SetDurability(d.Name, d.OK)
 	}

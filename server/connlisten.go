@@ -1,0 +1,110 @@
+package server
+
+import (
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ConnectionStats counts a Service's client connections.
+type ConnectionStats struct {
+	// Open is the connections open now, from their accept (before their
+	// handshakes) to their close.
+	Open int
+	// Refused is the connections refused since the start for being over
+	// ConnectionLimits.MaxConnections.
+	Refused uint64
+}
+
+// refusalLogEvery is the least time between two log lines about refused
+// connections: a client that reconnects in a loop must not flood the log.
+// Each line counts the refusals since the previous one.
+const refusalLogEvery = 10 * time.Second
+
+// connCounter counts the connections of a Service, and refuses those over
+// its limit.
+type connCounter struct {
+	max         int64 // no bound when 0
+	userTimeout time.Duration
+	log         *slog.Logger
+
+	open     atomic.Int64
+	refused  atomic.Uint64
+	unlogged atomic.Uint64
+	lastLog  atomic.Int64 // Unix nanoseconds of the last refusal line
+}
+
+// stats returns the counts.
+func (c *connCounter) stats() ConnectionStats {
+	return ConnectionStats{Open: int(c.open.Load()), Refused: c.refused.Load()}
+}
+
+// admit counts a new connection and reports whether it is within the limit;
+// one that is not is not counted.
+func (c *connCounter) admit() bool {
+	if n := c.open.Add(1); c.max > 0 && n > c.max {
+		c.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+// refuse closes conn at once: its client's connection attempt fails
+// (UNAVAILABLE), rather than waiting in the accept queue until its
+// deadline. It counts the refusal and logs it, at most once every
+// refusalLogEvery, without the peer's address.
+func (c *connCounter) refuse(conn net.Conn) {
+	_ = conn.Close()
+	c.refused.Add(1)
+	c.unlogged.Add(1)
+	now := time.Now().UnixNano()
+	last := c.lastLog.Load()
+	if last != 0 && now-last < int64(refusalLogEvery) || !c.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	c.log.Warn("connections refused: the server holds its maximum of client connections",
+		"max_connections", c.max, "refused", c.unlogged.Swap(0))
+}
+
+// countingListener counts the connections it accepts until they are
+// closed, and refuses those over its counter's limit.
+type countingListener struct {
+	net.Listener
+	c *connCounter
+}
+
+// Accept returns the next connection within the limit; it closes those
+// over it as they come.
+func (l *countingListener) Accept() (net.Conn, error) {
+	for {
+		conn, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if !l.c.admit() {
+			l.c.refuse(conn)
+			continue
+		}
+		// grpc-go sets TCP_USER_TIMEOUT to the keepalive timeout on a
+		// *net.TCPConn only: on the connection it is given, which here
+		// is the countedConn around it.
+		setTCPUserTimeout(conn, l.c.userTimeout)
+		return &countedConn{Conn: conn, c: l.c}, nil
+	}
+}
+
+// countedConn is an accepted connection, uncounted at its first Close.
+type countedConn struct {
+	net.Conn
+	c    *connCounter
+	once sync.Once
+}
+
+// Close closes the connection and uncounts it.
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.c.open.Add(-1) })
+	return err
+}
