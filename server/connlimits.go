@@ -25,6 +25,14 @@ const (
 	// DefaultMaxConcurrentStreams bounds the calls one connection has
 	// running at once (grpc-go's own: no bound).
 	DefaultMaxConcurrentStreams = 1000
+	// DefaultMaxConnectionAge sends GOAWAY to a connection that has lived
+	// that long, so that clients spread over instances added since they
+	// connected (grpc-go's own: never).
+	DefaultMaxConnectionAge = 30 * time.Minute
+	// DefaultMaxConnectionAgeGrace is how long the calls running on a
+	// connection at its age's GOAWAY may take to finish (grpc-go's own: no
+	// bound).
+	DefaultMaxConnectionAgeGrace = time.Minute
 	// DefaultMaxConnections bounds the client connections one server holds
 	// at once (grpc-go's own: no bound).
 	DefaultMaxConnections = 10000
@@ -37,8 +45,9 @@ const (
 // the clients this project ships send no keepalive pings.
 const KeepaliveMinTime = 10 * time.Second
 
-// ConnectionLimits bound what one client connection may hold. A zero field
-// is its default (DefaultHandshakeTimeout and the others).
+// ConnectionLimits bound the client connections: how many, and what each
+// may hold and for how long. A zero field is its default
+// (DefaultHandshakeTimeout and the others).
 type ConnectionLimits struct {
 	// HandshakeTimeout bounds a new connection's handshakes (TLS, then the
 	// HTTP/2 preface and settings): a peer that has not finished them by
@@ -56,6 +65,16 @@ type ConnectionLimits struct {
 	// connection; the client holds further calls until one ends (they
 	// wait, they do not fail).
 	MaxConcurrentStreams uint32
+	// MaxConnectionAge sends GOAWAY to a connection that has lived that
+	// long (give or take 10%, so that clients that connected together do
+	// not reconnect together): its client's new calls go over a new
+	// connection, which behind a load balancer may reach another instance.
+	// Negative: never.
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is how long the calls running on a connection
+	// at its GOAWAY may take to finish before it is closed, which cuts
+	// those still running.
+	MaxConnectionAgeGrace time.Duration
 	// MaxConnections bounds the client connections open at once, counted
 	// from their accept: a connection over it is closed as soon as it is
 	// accepted, so that its client's attempt fails (UNAVAILABLE) instead of
@@ -80,6 +99,12 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
+	if l.MaxConnectionAge == 0 {
+		l.MaxConnectionAge = DefaultMaxConnectionAge
+	}
+	if l.MaxConnectionAgeGrace <= 0 {
+		l.MaxConnectionAgeGrace = DefaultMaxConnectionAgeGrace
+	}
 	if l.MaxConnections == 0 {
 		l.MaxConnections = DefaultMaxConnections
 	}
@@ -97,12 +122,16 @@ func (l ConnectionLimits) counter(log *slog.Logger) *connCounter {
 // defaults).
 func (l ConnectionLimits) serverOptions() []grpc.ServerOption {
 	l = l.withDefaults()
+	// grpc-go reads a zero MaxConnectionAge as never.
+	age := max(l.MaxConnectionAge, 0)
 	return []grpc.ServerOption{
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle: l.MaxConnectionIdle,
-			Time:              l.KeepaliveTime,
-			Timeout:           l.KeepaliveTimeout,
+			MaxConnectionIdle:     l.MaxConnectionIdle,
+			MaxConnectionAge:      age,
+			MaxConnectionAgeGrace: l.MaxConnectionAgeGrace,
+			Time:                  l.KeepaliveTime,
+			Timeout:               l.KeepaliveTimeout,
 		}),
 		// Pings are allowed on an idle connection too: they do not keep it
 		// from being closed after MaxConnectionIdle.

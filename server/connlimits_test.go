@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
@@ -338,15 +339,22 @@ const (
 
 // readFrame reads one HTTP/2 frame from r and returns its type and flags.
 func readFrame(r io.Reader) (typ, flags byte, err error) {
+	typ, flags, _, err = readFramePayload(r)
+	return typ, flags, err
+}
+
+// readFramePayload reads one HTTP/2 frame from r and returns its type,
+// flags and payload.
+func readFramePayload(r io.Reader) (typ, flags byte, payload []byte, err error) {
 	var h [9]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
-	n := int64(h[0])<<16 | int64(h[1])<<8 | int64(h[2])
-	if _, err := io.CopyN(io.Discard, r, n); err != nil {
-		return 0, 0, err
+	payload = make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, 0, nil, err
 	}
-	return h[3], h[4], nil
+	return h[3], h[4], payload, nil
 }
 
 // A client balancing with round_robin (client.md, "Several ledgerd
@@ -437,4 +445,169 @@ func TestMaxConnectionsRefusesTheNextConnection(t *testing.T) {
 		t.Fatalf("new client after one closed: %v", err)
 	}
 	wantApplied(t, dest, append(ids, id)...)
+}
+
+// A connection that has lived MaxConnectionAge is sent GOAWAY, whether or
+// not it is busy or idle: its debug data says why ("max_age").
+func TestMaxConnectionAgeSendsGoAway(t *testing.T) {
+	t.Parallel()
+	addr := startLimited(t, server.ConnectionLimits{MaxConnectionAge: 300 * time.Millisecond,
+		MaxConnectionAgeGrace: 10 * time.Second, MaxConnectionIdle: time.Hour})
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(preface)); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	for {
+		typ, _, payload, err := readFramePayload(conn)
+		if err != nil {
+			t.Fatalf("no GOAWAY within 15s: %v", err)
+		}
+		if typ != frameGoAway {
+			continue
+		}
+		// GOAWAY: last stream id (4 bytes), error code (4), debug data.
+		if len(payload) < 8 || string(payload[8:]) != "max_age" {
+			t.Fatalf("GOAWAY %q, want debug data \"max_age\"", payload)
+		}
+		return
+	}
+}
+
+// holdReserve is an interceptor that holds the Reserve of operation id
+// until release is closed (or the call's context ends), and counts the
+// Reserves of id the server runs: a retry of it would run it again.
+type holdReserve struct {
+	id      string
+	entered chan struct{}
+	release chan struct{}
+	runs    atomic.Int64
+	once    sync.Once
+}
+
+func newHoldReserve(id string) *holdReserve {
+	return &holdReserve{id: id, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *holdReserve) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if r, ok := req.(*ledgerv1.ReserveRequest); ok && r.GetOperationId() == h.id && h.runs.Add(1) == 1 {
+		h.once.Do(func() { close(h.entered) })
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return handler(ctx, req)
+}
+
+// A call running when its connection reaches MaxConnectionAge finishes on
+// that connection (within MaxConnectionAgeGrace): the client's later calls
+// go over a new connection meanwhile, the held call then succeeds, once,
+// without a retry, and the old connection closes after it.
+func TestMaxConnectionAgeLetsRunningCallsFinish(t *testing.T) {
+	t.Parallel()
+	conns := &connCounter{}
+	held := newHoldReserve("conn-age-held-" + randomHex(6))
+	addr := startLimited(t, server.ConnectionLimits{MaxConnectionAge: 300 * time.Millisecond,
+		MaxConnectionAgeGrace: time.Minute, MaxConnectionIdle: time.Hour},
+		grpc.StatsHandler(conns), grpc.ChainUnaryInterceptor(held.intercept))
+	cl := dialLedger(t, addr)
+	dest := &effectCounter{applied: map[string]int{}}
+	heldErr := make(chan error, 1)
+	go func() { heldErr <- send(context.Background(), cl, dest, held.id) }()
+	select {
+	case <-held.entered:
+	case err := <-heldErr:
+		t.Fatalf("the held call returned before it was held: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the held call did not reach the server within 15s")
+	}
+	// More calls until one goes over a second connection: the first got
+	// its GOAWAY, and holds only the held call.
+	ids := []string{held.id}
+	waitFor(t, 15*time.Second, "a call over a second connection while the first holds a call", func() bool {
+		id := fmt.Sprintf("conn-age-other-%s-%d", randomHex(6), len(ids))
+		if err := send(context.Background(), cl, dest, id); err != nil {
+			t.Fatalf("Do(%s) while a call is held: %v", id, err)
+		}
+		ids = append(ids, id)
+		return conns.begun.Load() >= 2
+	})
+	if n := conns.ended.Load(); n != 0 {
+		t.Fatalf("%d connection closed while the held call ran, want none before it ends", n)
+	}
+	close(held.release)
+	if err := <-heldErr; err != nil {
+		t.Fatalf("the held call, past its connection's age: %v", err)
+	}
+	if n := held.runs.Load(); n != 1 {
+		t.Errorf("the held Reserve ran %d times on the server, want once (no retry)", n)
+	}
+	wantApplied(t, dest, ids...)
+	waitFor(t, 15*time.Second, "the aged connection closed once its call ended", func() bool { return conns.ended.Load() >= 1 })
+}
+
+// A call still running MaxConnectionAgeGrace after its connection's GOAWAY
+// is cut with the connection; the Go SDK repeats it on a new connection
+// (every ledger call is safe to repeat), and the tool runs once.
+func TestMaxConnectionAgeGraceCutsStuckCalls(t *testing.T) {
+	t.Parallel()
+	held := newHoldReserve("conn-grace-" + randomHex(6))
+	addr := startLimited(t, server.ConnectionLimits{MaxConnectionAge: 200 * time.Millisecond,
+		MaxConnectionAgeGrace: 300 * time.Millisecond, MaxConnectionIdle: time.Hour},
+		grpc.ChainUnaryInterceptor(held.intercept))
+	dest := &effectCounter{applied: map[string]int{}}
+	// Never released: only the end of its connection ends the first run.
+	if err := send(context.Background(), dialLedger(t, addr), dest, held.id); err != nil {
+		t.Fatalf("Do of the stuck call: %v", err)
+	}
+	if n := held.runs.Load(); n != 2 {
+		t.Errorf("the Reserve ran %d times on the server, want twice (cut, then repeated)", n)
+	}
+	wantApplied(t, dest, held.id)
+}
+
+// A client that never goes idle moves to a new connection after each
+// MaxConnectionAge (a new instance, behind a load balancer), without an
+// error: with pick_first (the SDK's default) and with round_robin, every
+// call succeeds and each tool runs once.
+func TestMaxConnectionAgeBusyClientReconnects(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, target string
+		opts         []client.Option
+	}{
+		{"pick_first", "", nil},
+		{"round_robin", "dns:///", []client.Option{client.WithDialOptions(grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			conns := &connCounter{}
+			addr := startLimited(t, server.ConnectionLimits{MaxConnectionAge: 200 * time.Millisecond,
+				MaxConnectionAgeGrace: 10 * time.Second, MaxConnectionIdle: time.Hour}, grpc.StatsHandler(conns))
+			cl, err := client.Dial(tc.target+addr, append(tc.opts, client.WithCallTimeout(30*time.Second),
+				client.WithToolPolicy("conn.send", client.ToolPolicy{Timeout: 10 * time.Second, Effect: client.EffectIrreversible}))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			dest := &effectCounter{applied: map[string]int{}}
+			prefix := "conn-age-busy-" + tc.name + "-" + randomHex(6)
+			var ids []string
+			waitFor(t, 30*time.Second, "three connections, each closed for its age, under calls", func() bool {
+				id := fmt.Sprintf("%s-%d", prefix, len(ids))
+				if err := send(context.Background(), cl, dest, id); err != nil {
+					t.Fatalf("Do(%s): %v", id, err)
+				}
+				ids = append(ids, id)
+				return conns.begun.Load() >= 3 && conns.ended.Load() >= 2
+			})
+			wantApplied(t, dest, ids...)
+		})
+	}
 }

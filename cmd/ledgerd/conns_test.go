@@ -31,12 +31,14 @@ func TestConnectionFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := server.ConnectionLimits{
-		HandshakeTimeout:     server.DefaultHandshakeTimeout,
-		MaxConnectionIdle:    server.DefaultMaxConnectionIdle,
-		KeepaliveTime:        server.DefaultKeepaliveTime,
-		KeepaliveTimeout:     server.DefaultKeepaliveTimeout,
-		MaxConcurrentStreams: server.DefaultMaxConcurrentStreams,
-		MaxConnections:       server.DefaultMaxConnections,
+		HandshakeTimeout:      server.DefaultHandshakeTimeout,
+		MaxConnectionIdle:     server.DefaultMaxConnectionIdle,
+		KeepaliveTime:         server.DefaultKeepaliveTime,
+		KeepaliveTimeout:      server.DefaultKeepaliveTimeout,
+		MaxConcurrentStreams:  server.DefaultMaxConcurrentStreams,
+		MaxConnections:        server.DefaultMaxConnections,
+		MaxConnectionAge:      server.DefaultMaxConnectionAge,
+		MaxConnectionAgeGrace: server.DefaultMaxConnectionAgeGrace,
 	}
 	if c.conns != want {
 		t.Errorf("defaults %+v, want %+v", c.conns, want)
@@ -48,23 +50,26 @@ func TestConnectionFlags(t *testing.T) {
 	t.Setenv("LEDGER_KEEPALIVE_TIMEOUT", "5s")
 	t.Setenv("LEDGER_MAX_CONCURRENT_STREAMS", "250")
 	t.Setenv("LEDGER_MAX_CONNECTIONS", "0")
+	t.Setenv("LEDGER_MAX_CONNECTION_AGE", "0")
+	t.Setenv("LEDGER_MAX_CONNECTION_AGE_GRACE", "45s")
 	if c, err = parseFlags(nil, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	want = server.ConnectionLimits{HandshakeTimeout: 3 * time.Second, MaxConnectionIdle: 15 * time.Minute,
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 5 * time.Second, MaxConcurrentStreams: 250,
-		MaxConnections: -1}
+		MaxConnections: -1, MaxConnectionAge: -1, MaxConnectionAgeGrace: 45 * time.Second}
 	if c.conns != want {
 		t.Errorf("from the environment %+v, want %+v", c.conns, want)
 	}
 
 	if c, err = parseFlags([]string{"--handshake-timeout", "4s", "--max-connection-idle", "1h", "--keepalive-time", "2m",
-		"--keepalive-timeout", "1s", "--max-concurrent-streams", "100", "--max-connections", "500"}, io.Discard); err != nil {
+		"--keepalive-timeout", "1s", "--max-concurrent-streams", "100", "--max-connections", "500",
+		"--max-connection-age", "2h", "--max-connection-age-grace", "5s"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	want = server.ConnectionLimits{HandshakeTimeout: 4 * time.Second, MaxConnectionIdle: time.Hour,
 		KeepaliveTime: 2 * time.Minute, KeepaliveTimeout: time.Second, MaxConcurrentStreams: 100,
-		MaxConnections: 500}
+		MaxConnections: 500, MaxConnectionAge: 2 * time.Hour, MaxConnectionAgeGrace: 5 * time.Second}
 	if c.conns != want {
 		t.Errorf("from flags %+v, want %+v", c.conns, want)
 	}
@@ -96,6 +101,11 @@ func TestRefusesBadConnectionLimits(t *testing.T) {
 		{"max-connections", "-1"},
 		{"max-connections", "1e4"},
 		{"max-connections", "ten"},
+		{"max-connection-age", "-30m"},
+		{"max-connection-age", "30"},
+		{"max-connection-age-grace", "0s"},
+		{"max-connection-age-grace", "-1m"},
+		{"max-connection-age-grace", "1 min"},
 	} {
 		args := []string{"--listen", "127.0.0.1:0", "--" + tc.flag, tc.value}
 		var out bytes.Buffer
@@ -262,4 +272,32 @@ func TestMaxConnectionsServed(t *testing.T) {
 	}
 	waitForMetrics(t, metricsAddrOf(t, out), out, `"msg":"connections refused: the server holds its maximum of client connections","max_connections":2,"refused":1`,
 		"ledger_connections_open 2", "ledger_connections_refused_total 1")
+}
+
+// TestMaxConnectionAgeServed runs ledgerd with --max-connection-age: a
+// connection that has lived that long is sent GOAWAY ("max_age"), although
+// it is neither idle nor silent for long.
+func TestMaxConnectionAgeServed(t *testing.T) {
+	_, addr, _ := start(t, insecure.NewCredentials(), "--max-connection-age", "300ms", "--max-connection-age-grace", "10s")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte(http2Preface)); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	for {
+		typ, _, payload, err := readFrame(conn)
+		if err != nil {
+			t.Fatalf("no GOAWAY within 15s: %v", err)
+		}
+		if typ == 0x7 { // GOAWAY: last stream id, error code, debug data
+			if len(payload) < 8 || string(payload[8:]) != "max_age" {
+				t.Fatalf("GOAWAY %q, want debug data \"max_age\"", payload)
+			}
+			return
+		}
+	}
 }

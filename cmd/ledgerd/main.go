@@ -38,6 +38,8 @@
 //	--keepalive-timeout LEDGER_KEEPALIVE_TIMEOUT close its connection when the ping is not answered by then (20s)
 //	--max-concurrent-streams LEDGER_MAX_CONCURRENT_STREAMS calls one connection may run at once (1000)
 //	--max-connections   LEDGER_MAX_CONNECTIONS   client connections open at once; more are refused (10000; 0: no limit)
+//	--max-connection-age LEDGER_MAX_CONNECTION_AGE send GOAWAY to a connection that has lived that long (30m; 0: never)
+//	--max-connection-age-grace LEDGER_MAX_CONNECTION_AGE_GRACE how long its running calls may take to finish (1m)
 //
 // Without --auth-file every caller is the tenant "default" and ledgerd only
 // serves a loopback address; with it, every call but health checks needs an
@@ -225,6 +227,8 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	keepaliveTime := fs.String("keepalive-time", env("LEDGER_KEEPALIVE_TIME", "1m"), "ping a client after that long without a frame from it; at least 1s [LEDGER_KEEPALIVE_TIME]")
 	keepaliveTimeout := fs.String("keepalive-timeout", env("LEDGER_KEEPALIVE_TIMEOUT", "20s"), "close the connection when that ping is not answered within that long [LEDGER_KEEPALIVE_TIMEOUT]")
 	maxStreams := fs.String("max-concurrent-streams", env("LEDGER_MAX_CONCURRENT_STREAMS", strconv.Itoa(server.DefaultMaxConcurrentStreams)), "calls one connection may run at once; the client holds further ones until one ends [LEDGER_MAX_CONCURRENT_STREAMS]")
+	maxConnAge := fs.String("max-connection-age", env("LEDGER_MAX_CONNECTION_AGE", "30m"), "send GOAWAY to a connection that has lived that long (give or take 10%), so that clients spread over new instances; 0: never [LEDGER_MAX_CONNECTION_AGE]")
+	maxConnAgeGrace := fs.String("max-connection-age-grace", env("LEDGER_MAX_CONNECTION_AGE_GRACE", "1m"), "how long the calls running at that GOAWAY may take to finish before the connection is closed [LEDGER_MAX_CONNECTION_AGE_GRACE]")
 	maxConns := fs.String("max-connections", env("LEDGER_MAX_CONNECTIONS", strconv.Itoa(server.DefaultMaxConnections)), "client connections open at once; one more is closed as soon as it is accepted (its client sees UNAVAILABLE); 0: no limit [LEDGER_MAX_CONNECTIONS]")
 	autopipeline := true
 	if v, ok := os.LookupEnv("LEDGER_REDIS_AUTOPIPELINE"); ok {
@@ -258,7 +262,9 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		if c.compactBatch, err = strconv.Atoi(*compactBatch); err != nil || c.compactBatch < 0 || c.compactBatch > maxCompactBatch {
 			return fmt.Errorf("--compact-batch %q: want a count of keys up to %d, 0 for no compaction", *compactBatch, maxCompactBatch)
 		}
-		if err := parseConnectionLimits(&c.conns, *handshakeTimeout, *maxConnIdle, *keepaliveTime, *keepaliveTimeout, *maxStreams, *maxConns); err != nil {
+		if err := parseConnectionLimits(&c.conns, connectionFlags{handshake: *handshakeTimeout, idle: *maxConnIdle,
+			keepaliveTime: *keepaliveTime, keepaliveTimeout: *keepaliveTimeout, streams: *maxStreams, conns: *maxConns,
+			age: *maxConnAge, ageGrace: *maxConnAgeGrace}); err != nil {
 			return err
 		}
 		if (c.tls.Cert == "") != (c.tls.Key == "") {
@@ -282,39 +288,52 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	}
 }
 
+// connectionFlags are the connection limits' flags, as given.
+type connectionFlags struct {
+	handshake, idle, keepaliveTime, keepaliveTimeout, streams, conns, age, ageGrace string
+}
+
 // parseConnectionLimits reads the connection limits' flags into l: each
-// duration positive (--keepalive-time at least 1s, grpc-go's least), the
-// count of streams from 1 to 2^32-1, the count of connections a count, 0
-// for no limit.
-func parseConnectionLimits(l *server.ConnectionLimits, handshake, idle, keepaliveTime, keepaliveTimeout, streams, conns string) error {
+// duration positive (--keepalive-time at least 1s, grpc-go's least;
+// --max-connection-age 0 for never), the count of streams from 1 to
+// 2^32-1, the count of connections a count, 0 for no limit.
+func parseConnectionLimits(l *server.ConnectionLimits, f connectionFlags) error {
 	for _, d := range []struct {
 		flag, value string
 		min         time.Duration
+		zero        bool // 0 is allowed: never
 		dst         *time.Duration
 	}{
-		{"--handshake-timeout", handshake, 0, &l.HandshakeTimeout},
-		{"--max-connection-idle", idle, 0, &l.MaxConnectionIdle},
-		{"--keepalive-time", keepaliveTime, time.Second, &l.KeepaliveTime},
-		{"--keepalive-timeout", keepaliveTimeout, 0, &l.KeepaliveTimeout},
+		{"--handshake-timeout", f.handshake, 0, false, &l.HandshakeTimeout},
+		{"--max-connection-idle", f.idle, 0, false, &l.MaxConnectionIdle},
+		{"--keepalive-time", f.keepaliveTime, time.Second, false, &l.KeepaliveTime},
+		{"--keepalive-timeout", f.keepaliveTimeout, 0, false, &l.KeepaliveTimeout},
+		{"--max-connection-age", f.age, 0, true, &l.MaxConnectionAge},
+		{"--max-connection-age-grace", f.ageGrace, 0, false, &l.MaxConnectionAgeGrace},
 	} {
 		v, err := time.ParseDuration(d.value)
 		switch {
+		case d.zero && err == nil && v == 0:
+			v = -1 // server.ConnectionLimits: never
 		case err != nil || v <= 0:
+			if d.zero {
+				return fmt.Errorf("%s %q: want a positive duration like 30m, or 0 for never", d.flag, d.value)
+			}
 			return fmt.Errorf("%s %q: want a positive duration like 10s or 5m", d.flag, d.value)
 		case v < d.min:
 			return fmt.Errorf("%s %q: want at least %s", d.flag, d.value, d.min)
 		}
 		*d.dst = v
 	}
-	n, err := strconv.ParseUint(streams, 10, 32)
+	n, err := strconv.ParseUint(f.streams, 10, 32)
 	if err != nil || n == 0 {
-		return fmt.Errorf("--max-concurrent-streams %q: want a count from 1 to %d", streams, uint32(math.MaxUint32))
+		return fmt.Errorf("--max-concurrent-streams %q: want a count from 1 to %d", f.streams, uint32(math.MaxUint32))
 	}
 	l.MaxConcurrentStreams = uint32(n)
-	m, err := strconv.Atoi(conns)
+	m, err := strconv.Atoi(f.conns)
 	switch {
 	case err != nil || m < 0:
-		return fmt.Errorf("--max-connections %q: want a count, 0 for no limit", conns)
+		return fmt.Errorf("--max-connections %q: want a count, 0 for no limit", f.conns)
 	case m == 0:
 		l.MaxConnections = -1 // server.ConnectionLimits: no bound
 	default:
