@@ -115,7 +115,7 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 // defaults), which logs its refusals to log.
 func (l ConnectionLimits) counter(log *slog.Logger) *connCounter {
 	l = l.withDefaults()
-	return &connCounter{max: int64(max(l.MaxConnections, 0)), userTimeout: l.KeepaliveTimeout, log: log}
+	return &connCounter{max: int64(max(l.MaxConnections, 0)), userTimeout: l.KeepaliveTimeout, log: log, now: time.Now}
 }
 
 // serverOptions returns the grpc-go options that apply l (with its

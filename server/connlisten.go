@@ -29,6 +29,7 @@ type connCounter struct {
 	max         int64 // no bound when 0
 	userTimeout time.Duration
 	log         *slog.Logger
+	now         func() time.Time // time.Now
 
 	open     atomic.Int64
 	refused  atomic.Uint64
@@ -59,7 +60,7 @@ func (c *connCounter) refuse(conn net.Conn) {
 	_ = conn.Close()
 	c.refused.Add(1)
 	c.unlogged.Add(1)
-	now := time.Now().UnixNano()
+	now := c.now().UnixNano()
 	last := c.lastLog.Load()
 	if last != 0 && now-last < int64(refusalLogEvery) || !c.lastLog.CompareAndSwap(last, now) {
 		return
