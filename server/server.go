@@ -79,8 +79,8 @@ type Config struct {
 	Rate  float64
 	Burst int
 	// Connections bounds the client connections: how many at once, and
-	// each one's handshake time, idle time, keepalive and calls at once
-	// (zero fields: their defaults).
+	// each one's handshake time, idle time, age, keepalive and calls at
+	// once (zero fields: their defaults).
 	Connections ConnectionLimits
 }
 
