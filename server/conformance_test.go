@@ -1,8 +1,9 @@
 package server_test
 
-// The conformance scenarios of SPEC §9 (S1–S5, S9–S13), end to end over gRPC
-// against a real redis-server and the embedded engine. Each one counts how
-// many times the fake destination applied the effect.
+// The conformance scenarios of SPEC §9 (S1–S6, S9–S13; S8 is in
+// security_test.go), end to end over gRPC against a real redis-server and
+// the embedded engine. Each one counts how many times the fake destination
+// applied the effect.
 
 import (
 	"context"
@@ -382,6 +383,61 @@ func TestS5TimeoutThenReconciliation(t *testing.T) {
 		op := e.lookup(t, id)
 		if r := reasonsOf(op); !slices.Equal(r, []string{"RESERVED", "MARKED_UNKNOWN", "RECONCILED_NOT_APPLIED", "CLAIMED", "SUCCEEDED"}) || op.Attempt != 2 {
 			t.Fatalf("not-applied case: attempt %d, history %v", op.Attempt, r)
+		}
+	})
+}
+
+// TestS6ExpiredOrUnreachableNeverExecutes: once a terminal record has
+// expired, a late replay of the call (a new holder, as from a queue) is
+// refused with IDEMPOTENCY_KEY_EXPIRED naming the final state, and nothing
+// runs again; with the store unreachable, a call is refused with UNAVAILABLE
+// and nothing runs at all.
+func TestS6ExpiredOrUnreachableNeverExecutes(t *testing.T) {
+	t.Run("expired", func(t *testing.T) {
+		eachBackend(t, func(t *testing.T, e *env) {
+			d := newDestination()
+			id := e.id("refund")
+			params := map[string]any{"amount": 42}
+			rid, err := e.perform(t, d, id, "tiny.refund", params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// tiny.* records live 1 s, then their tombstone 1 h.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+				if err != nil {
+					wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED")
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the record never expired")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			for range 2 {
+				got, err := e.perform(t, d, id, "tiny.refund", params)
+				if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED"); ei.Metadata["final_state"] != "STATE_SUCCEEDED" || got != "" {
+					t.Fatalf("late replay = %q, %v", got, ei.Metadata)
+				}
+			}
+			if n := d.count(id); n != 1 {
+				t.Fatalf("the destination applied the effect %d times, want 1 (%s)", n, rid)
+			}
+		})
+	})
+
+	t.Run("store unreachable", func(t *testing.T) {
+		srv := redistest.Start(t)
+		e := startEnv(t, srv.Client(t))
+		srv.Stop()
+		d := newDestination()
+		for range 2 {
+			_, err := e.perform(t, d, e.id("refund"), "payments.refund", map[string]any{"amount": 42})
+			wantReason(t, err, codes.Unavailable, "STORE_UNAVAILABLE")
+		}
+		if n := d.totalApplied(); n != 0 {
+			t.Fatalf("the destination applied the effect %d times without a reservation, want 0", n)
 		}
 	})
 }
