@@ -17,6 +17,7 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/ledgertest"
@@ -772,6 +774,106 @@ func TestLogsHoldNoSecretsParamsOrResults(t *testing.T) {
 	for _, s := range []string{id, `"ledger.tenant":"acme"`, `"ledger.principal":"acme-agent"`, "IDEMPOTENCY_KEY_REUSED", "Unauthenticated"} {
 		if !strings.Contains(logs, s) {
 			t.Fatalf("the log lacks %q:\n%s", s, logs)
+		}
+	}
+}
+
+// TestScopesOfEveryMethod: each scope of SPEC §8 may call its methods and
+// no other, on every method of the service. An allowed call does what it
+// does for any caller; a refused one is PERMISSION_DENIED and changes
+// nothing.
+func TestScopesOfEveryMethod(t *testing.T) {
+	kr := newKeyring(t)
+	tenant := "scopes-" + randomHex(4)
+	keys := map[string]string{
+		"agent":      kr.add(t, "scope-agent", tenant, "agent", false),
+		"reconciler": kr.add(t, "scope-reconciler", tenant, "reconciler", false),
+		"viewer":     kr.add(t, "scope-viewer", tenant, "viewer", false),
+	}
+	admin := as(keys["reconciler"]) // may call every method: sets up and looks
+	allowed := map[string][]string{
+		"agent":      {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup"},
+		"reconciler": {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "Reconcile", "ListUnresolved"},
+		"viewer":     {"Lookup", "ListUnresolved"},
+	}
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{}, ledger.Options{}, nil)
+	params := mustStruct(t, map[string]any{"amount": 5})
+
+	// Every method is called about an operation in a state where the call
+	// succeeds when allowed: RUNNING (UNKNOWN for Reconcile), or none for
+	// Reserve. The setup returns the claim's fencing token.
+	setup := func(method, id string) uint64 {
+		t.Helper()
+		if method == "Reserve" {
+			return 0
+		}
+		r, err := e.c.Reserve(admin, reserveReq(id, "payments.refund", params, newHolder()))
+		if err != nil || r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+			t.Fatalf("Reserve(%s) = %v, %v", id, r, err)
+		}
+		tok := r.Operation.FencingToken
+		if method == "Reconcile" {
+			if _, err := e.c.MarkUnknown(admin, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: tok}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return tok
+	}
+	methods := map[string]func(ctx context.Context, id string, tok uint64) error{
+		"Reserve": func(ctx context.Context, id string, _ uint64) error {
+			_, err := e.c.Reserve(ctx, reserveReq(id, "payments.refund", params, newHolder()))
+			return err
+		},
+		"Complete": func(ctx context.Context, id string, tok uint64) error {
+			_, err := e.c.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: tok,
+				Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "R-1"}})
+			return err
+		},
+		"MarkUnknown": func(ctx context.Context, id string, tok uint64) error {
+			_, err := e.c.MarkUnknown(ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: tok, Reason: "timeout"})
+			return err
+		},
+		"Renew": func(ctx context.Context, id string, tok uint64) error {
+			time.Sleep(2 * time.Millisecond) // a Renew that went through would move the lease
+			_, err := e.c.Renew(ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: tok})
+			return err
+		},
+		"Lookup": func(ctx context.Context, id string, _ uint64) error {
+			_, err := e.c.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id})
+			return err
+		},
+		"Reconcile": func(ctx context.Context, id string, _ uint64) error {
+			_, err := e.c.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_NOT_APPLIED})
+			return err
+		},
+		"ListUnresolved": func(ctx context.Context, _ string, _ uint64) error {
+			_, err := e.c.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{})
+			return err
+		},
+	}
+	for scope, key := range keys {
+		for method, call := range methods {
+			id := "scopes-" + randomHex(4) + ":" + scope + "-" + method
+			tok := setup(method, id)
+			before, _ := e.c.Lookup(admin, &ledgerv1.LookupRequest{OperationId: id})
+			err := call(as(key), id, tok)
+			if slices.Contains(allowed[scope], method) {
+				if err != nil {
+					t.Errorf("%s calling %s: %v, want it allowed", scope, method, err)
+				}
+				continue
+			}
+			wantReason(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
+			after, lerr := e.c.Lookup(admin, &ledgerv1.LookupRequest{OperationId: id})
+			if method == "Reserve" {
+				if codeOf(lerr) != codes.NotFound {
+					t.Errorf("%s calling Reserve was refused but left a record: %v, %v", scope, after, lerr)
+				}
+				continue
+			}
+			if lerr != nil || !proto.Equal(before.GetOperation(), after.GetOperation()) {
+				t.Errorf("%s calling %s was refused but changed the record:\nbefore %v\nafter  %v (%v)", scope, method, before, after, lerr)
+			}
 		}
 	}
 }
