@@ -166,6 +166,14 @@ func TestReserveTable(t *testing.T) {
 				res.Operation.Failure.GetCode() != "RETRIES_EXHAUSTED" || res.Operation.Attempt != 3 {
 				t.Fatalf("Reserve with no attempts left = %v", res)
 			}
+			if h := e.lastEntry(t, id); h.Reason != "RETRIES_EXHAUSTED" || h.FromState != pending || h.ToState != failed || h.Attempt != 3 {
+				t.Fatalf("history = %v", h)
+			}
+			before := e.lookup(t, id)
+			if again := e.reserveAs(t, id, "payments.refund", 0, newHolder()); again.Decision != replay || again.Operation.State != failed {
+				t.Fatalf("Reserve again = %v, want REPLAY of the failure", again)
+			}
+			e.wantUnchanged(t, id, before)
 		})
 
 		t.Run("RUNNING, lease valid, same holder", func(t *testing.T) {
@@ -323,6 +331,9 @@ func TestKeyReusedNamesWhatDiffers(t *testing.T) {
 			"UNKNOWN": func(id string) { e.markUnknown(t, id, e.claim(t, id, tool, 0).FencingToken) },
 			"SUCCEEDED": func(id string) {
 				e.complete(t, id, e.claim(t, id, tool, 0).FencingToken, outSucceeded, "R-1")
+			},
+			"FAILED_FINAL": func(id string) {
+				e.complete(t, id, e.claim(t, id, tool, 0).FencingToken, outFailed, "declined")
 			},
 		}
 		for name, setup := range states {
