@@ -169,6 +169,17 @@ func TestReconcileRules(t *testing.T) {
 					t.Fatal(err)
 				}
 			}},
+			{"FAILED_FINAL by Complete", failed, abandon, func(id string) {
+				e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outFailed, "declined")
+			}},
+			{"FAILED_FINAL by RETRIES_EXHAUSTED", failed, abandon, func(id string) {
+				for range 3 {
+					e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outRetryable, "503")
+				}
+				if res := e.reserveAs(t, id, "payments.refund", 0, newHolder()); res.Operation.Reason != "RETRIES_EXHAUSTED" {
+					t.Fatalf("Reserve with no attempts left = %v", res)
+				}
+			}},
 		}
 		for _, tc := range terminals {
 			t.Run("terminal: "+tc.name, func(t *testing.T) {
