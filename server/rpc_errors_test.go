@@ -31,16 +31,19 @@ func (e *env) everyRPC(t *testing.T, id string, token uint64) map[string]error {
 func TestEveryRPCErrors(t *testing.T) {
 	t.Run("NOT_FOUND", func(t *testing.T) {
 		eachBackend(t, func(t *testing.T, e *env) {
-			for method, err := range e.everyRPC(t, e.id("never"), 1) {
+			id := e.id("never")
+			for method, err := range e.everyRPC(t, id, 1) {
 				if method == "Reserve" {
-					if err != nil {
-						t.Errorf("Reserve of a new id: %v", err)
-					}
 					continue
 				}
 				if c, ei, _ := errorInfo(t, err); c != codes.NotFound || ei.Reason != "NOT_FOUND" {
 					t.Errorf("%s of an unknown id = %v", method, err)
 				}
+			}
+			// The refused calls left nothing: Reserve (called last) made
+			// the record, as the first call about the id.
+			if op := e.lookup(t, id); op.State != running || op.Attempt != 1 || len(op.History) != 1 || op.History[0].Reason != "RESERVED" {
+				t.Errorf("the record after the refused calls and a Reserve = %v", op)
 			}
 		})
 	})
@@ -65,6 +68,9 @@ func TestEveryRPCErrors(t *testing.T) {
 					t.Errorf("%s of an expired operation = %v, %v", method, err, ei.Metadata)
 				}
 			}
+			// Nothing brought the record back.
+			_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+			wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED")
 		})
 	})
 
