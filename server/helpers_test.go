@@ -26,8 +26,9 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// testPolicy: short leases where a scenario needs a lease to run out, and a
-// short recovery window where one needs an overdue operation.
+// testPolicy: short leases where a scenario needs a lease to run out, a
+// short recovery window where one needs an overdue operation, and the
+// consequential fields of docs/configuration.md's worked example.
 const testPolicy = `
 defaults:
   max_attempts: 3
@@ -43,6 +44,8 @@ tools:
     tombstone_retention: 1h
   - match: "late.*"
     recovery_window: 1ms
+  - match: "picky.*"
+    consequential_fields: ["/amount", "/currency", "/charge_id"]
 `
 
 // env is one ledgerd-like stack: a ledger on a backend, its sweeper, the gRPC
