@@ -197,6 +197,55 @@ func TestMarkUnknownRules(t *testing.T) {
 			e.wantUnchanged(t, id, before)
 		})
 
+		t.Run("stale token on a terminal record", func(t *testing.T) {
+			id := e.id("stale-terminal")
+			first := e.claim(t, id, "payments.refund", 0)
+			e.complete(t, id, first.FencingToken, outRetryable, "503")
+			e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outSucceeded, "R-2")
+			before := e.lookup(t, id)
+			_, err := e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: first.FencingToken})
+			if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != "STATE_SUCCEEDED" {
+				t.Fatalf("metadata %v", ei.Metadata)
+			}
+			e.wantUnchanged(t, id, before)
+		})
+
+		// The attempt already reported a retryable failure: it cannot
+		// also not know.
+		t.Run("PENDING by this attempt's retryable failure", func(t *testing.T) {
+			id := e.id("pending-own")
+			op := e.claim(t, id, "payments.refund", 0)
+			e.complete(t, id, op.FencingToken, outRetryable, "503")
+			before := e.lookup(t, id)
+			_, err := e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: op.FencingToken})
+			if ei := wantReason(t, err, codes.FailedPrecondition, "COMPLETION_CONFLICT"); ei.Metadata["state"] != "STATE_PENDING" {
+				t.Fatalf("metadata %v", ei.Metadata)
+			}
+			e.wantUnchanged(t, id, before)
+		})
+
+		// The lease ran out, a reconciler found nothing, then the worker,
+		// whose token is still the latest, says it cannot tell: its
+		// request may have reached the destination after the check.
+		t.Run("PENDING by a finding, then the latest attempt's report", func(t *testing.T) {
+			id := e.id("pending-found")
+			op := e.claim(t, id, "short.refund", 0)
+			e.waitState(t, id, unknown) // the sweeper
+			if _, err := e.reconcileAs(t, id, notApplied); err != nil {
+				t.Fatal(err)
+			}
+			u := e.markUnknown(t, id, op.FencingToken)
+			if u.State != unknown || u.Attempt != 1 || u.UnknownSince == nil {
+				t.Fatalf("MarkUnknown = %v", u)
+			}
+			if h := e.lastEntry(t, id); h.Reason != "MARKED_UNKNOWN" || h.FromState != pending || h.ToState != unknown {
+				t.Fatalf("history = %v", h)
+			}
+			if res := e.reserveAs(t, id, "short.refund", 0, newHolder()); res.Decision != reconcile {
+				t.Fatalf("Reserve after = %v, want RECONCILE", res.Decision)
+			}
+		})
+
 		// Terminal by the worker's own Complete, and by a reconciler's
 		// finding after the lease ran out: the worker's late MarkUnknown
 		// leaves the outcome as recorded.
