@@ -23,6 +23,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -875,5 +878,70 @@ func TestScopesOfEveryMethod(t *testing.T) {
 				t.Errorf("%s calling %s was refused but changed the record:\nbefore %v\nafter  %v (%v)", scope, method, before, after, lerr)
 			}
 		}
+	}
+}
+
+// TestTracesHoldNoSecretsParamsOrResults: SPEC §8: the spans of the calls
+// (otelgrpc's, as ledgerd sets it up, with the ledger's attributes) carry
+// the operation id, never a parameter, a result, a failure message or a
+// credential.
+func TestTracesHoldNoSecretsParamsOrResults(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	kr := newKeyring(t)
+	key := kr.add(t, "trace-agent", "trace-"+randomHex(4), "agent", false)
+	rec := kr.add(t, "trace-rec", "trace-"+randomHex(4), "reconciler", false)
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{}, ledger.Options{},
+		[]grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp)))})
+	id := "traces-" + randomHex(4)
+	params := mustStruct(t, map[string]any{"card": "4111-SECRET-PARAM", "memo": "PRIVATE-MEMO-77"})
+	r, err := e.c.Reserve(as(key), reserveReq(id, "payments.charge", params, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Complete(as(key), &ledgerv1.CompleteRequest{OperationId: id, FencingToken: r.Operation.FencingToken,
+		Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "RESOURCE-ID-31", Data: mustStruct(t, map[string]any{"receipt": "RESULT-DATA-5521"})}}); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = e.c.Reserve(as(key), reserveReq(id, "payments.charge", mustStruct(t, map[string]any{"card": "OTHER-SECRET-CARD"}), newHolder()))
+	_, _ = e.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: id})
+	_, _ = e.c.Reconcile(as(rec), &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_ABANDON,
+		Failure: &ledgerv1.Failure{Code: "x", Message: "FAILURE-MESSAGE-88"}})
+	_, _ = e.c.Lookup(as("trace-agent."+strings.Repeat("f", 64)), &ledgerv1.LookupRequest{OperationId: id})
+
+	// The server ends a span after the reply is sent: wait for all six.
+	var spans tracetest.SpanStubs
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if spans = exp.GetSpans(); len(spans) >= 6 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(spans) < 6 {
+		t.Fatalf("%d spans, want 6", len(spans))
+	}
+	var text strings.Builder
+	for _, sp := range spans {
+		fmt.Fprintln(&text, sp.Name, sp.Status.Description)
+		for _, a := range sp.Attributes {
+			fmt.Fprintln(&text, a.Key, a.Value.String())
+		}
+		for _, ev := range sp.Events {
+			fmt.Fprintln(&text, ev.Name)
+			for _, a := range ev.Attributes {
+				fmt.Fprintln(&text, a.Key, a.Value.String())
+			}
+		}
+	}
+	_, secret, _ := strings.Cut(key, ".")
+	_, recSecret, _ := strings.Cut(rec, ".")
+	for _, s := range []string{"4111-SECRET-PARAM", "PRIVATE-MEMO-77", "OTHER-SECRET-CARD", "RESULT-DATA-5521", "RESOURCE-ID-31", "FAILURE-MESSAGE-88",
+		secret, recSecret, strings.Repeat("f", 64)} {
+		if strings.Contains(text.String(), s) {
+			t.Errorf("a span holds %q:\n%s", s, text.String())
+		}
+	}
+	if !strings.Contains(text.String(), id) {
+		t.Errorf("no span names the operation id:\n%s", text.String())
 	}
 }
