@@ -97,3 +97,54 @@ func TestRPCMetricsCountEveryCall(t *testing.T) {
 		t.Errorf("grpc_server_handled_total of a panic = %s, want 1", got)
 	}
 }
+
+// TestMetricsHoldNoSecretsParamsOrResults: SPEC §8: after calls with
+// parameters, results, failures, notes and credentials, a scrape of every
+// metric (the RPCs' and the ledger's, with the tenant label on) holds none
+// of them.
+func TestMetricsHoldNoSecretsParamsOrResults(t *testing.T) {
+	kr := newKeyring(t)
+	tenant := "metrics-" + randomHex(4)
+	key := kr.add(t, "metrics-agent", tenant, "reconciler", false)
+	met := metrics.New(metrics.Options{TenantLabel: true})
+	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{}, ledger.Options{Observer: met.Observe}, met.ServerOptions())
+	id := "metrics-" + randomHex(4)
+	params := mustStruct(t, map[string]any{"card": "4111-SECRET-PARAM", "memo": "PRIVATE-MEMO-77"})
+	r, err := e.c.Reserve(as(key), reserveReq(id, "payments.charge", params, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.MarkUnknown(as(key), &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: r.Operation.FencingToken, Reason: "NOTE-REASON-12"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Reconcile(as(key), &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_APPLIED, Note: "NOTE-FINDING-34",
+		Result: &ledgerv1.Result{ResourceId: "RESOURCE-ID-31", Data: mustStruct(t, map[string]any{"receipt": "RESULT-DATA-5521"})}}); err != nil {
+		t.Fatal(err)
+	}
+	other := "metrics-" + randomHex(4)
+	r, err = e.c.Reserve(as(key), reserveReq(other, "payments.charge", params, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Complete(as(key), &ledgerv1.CompleteRequest{OperationId: other, FencingToken: r.Operation.FencingToken,
+		Outcome: ledgerv1.Outcome_OUTCOME_FAILED_FINAL, Failure: &ledgerv1.Failure{Code: "FAILURE-CODE-9", Message: "FAILURE-MESSAGE-88"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = e.c.Reserve(as(key), reserveReq(id, "payments.charge", mustStruct(t, map[string]any{"card": "OTHER-SECRET-CARD"}), newHolder()))
+	_, _ = e.c.Lookup(as("metrics-agent."+strings.Repeat("f", 64)), &ledgerv1.LookupRequest{OperationId: id})
+
+	rec := httptest.NewRecorder()
+	met.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	scrape := rec.Body.String()
+	_, secret, _ := strings.Cut(key, ".")
+	for _, s := range []string{"4111-SECRET-PARAM", "PRIVATE-MEMO-77", "OTHER-SECRET-CARD", "RESULT-DATA-5521", "RESOURCE-ID-31",
+		"FAILURE-CODE-9", "FAILURE-MESSAGE-88", "NOTE-REASON-12", "NOTE-FINDING-34", secret, strings.Repeat("f", 64)} {
+		if strings.Contains(scrape, s) {
+			t.Errorf("the metrics hold %q", s)
+		}
+	}
+	// Not an empty scrape: the calls and the tenant are there.
+	if !strings.Contains(scrape, `grpc_method="Reconcile"`) || !strings.Contains(scrape, tenant) {
+		t.Fatalf("the scrape lacks the calls or the tenant:\n%s", scrape)
+	}
+}
