@@ -1,6 +1,6 @@
 package server_test
 
-// The conformance scenarios of SPEC §9 (S1–S6, S9–S13; S8 is in
+// The conformance scenarios of SPEC §9 (S1–S7, S9–S13; S8 is in
 // security_test.go), end to end over gRPC against a real redis-server and
 // the embedded engine. Each one counts how many times the fake destination
 // applied the effect.
@@ -440,6 +440,60 @@ func TestS6ExpiredOrUnreachableNeverExecutes(t *testing.T) {
 			t.Fatalf("the destination applied the effect %d times without a reservation, want 0", n)
 		}
 	})
+}
+
+// TestS7RestartWhileUnknown: two operations are UNKNOWN (one applied at the
+// destination, one not) when both the ledger and redis-server (with AOF)
+// are killed. After the restart, a new ledger instance shows both as they
+// were, and each resolves by reconciliation: one effect each.
+func TestS7RestartWhileUnknown(t *testing.T) {
+	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
+	e := startEnv(t, srv.Client(t))
+	d := newDestination()
+	params := map[string]any{"amount": 42}
+	applied, notApplied := e.id("applied"), e.id("not-applied")
+	before := map[string]*ledgerv1.Operation{}
+	for _, id := range []string{applied, notApplied} {
+		res, err := e.c.Reserve(e.ctx, reserveReq(id, "payments.refund", mustStruct(t, params), newHolder()))
+		if err != nil || res.Decision != ledgerv1.Decision_DECISION_EXECUTE {
+			t.Fatalf("Reserve(%s) = %v, %v", id, res, err)
+		}
+		if id == applied {
+			if _, err := d.apply(id, "42"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.markUnknown(t, id, res.Operation.FencingToken)
+		before[id] = e.lookup(t, id)
+	}
+
+	e.stop()
+	srv.Stop() // SIGKILL
+	srv.Restart(t)
+	after := startEnv(t, srv.Client(t))
+	for id, op := range before {
+		if got := after.lookup(t, id); !proto.Equal(got, op) {
+			t.Fatalf("%s after the restarts:\n%v\nwant\n%v", id, got, op)
+		}
+	}
+	got, err := after.perform(t, d, applied, "payments.refund", params)
+	if err != nil || got != "R-1" {
+		t.Fatalf("the applied operation after the restarts = %q, %v; want R-1 found by reconciliation", got, err)
+	}
+	if got, err := after.perform(t, d, notApplied, "payments.refund", params); err != nil || got != "R-2" {
+		t.Fatalf("the operation not applied after the restarts = %q, %v; want it executed once (R-2)", got, err)
+	}
+	for id, want := range map[string][]string{
+		applied:    {"RESERVED", "MARKED_UNKNOWN", "RECONCILED_APPLIED"},
+		notApplied: {"RESERVED", "MARKED_UNKNOWN", "RECONCILED_NOT_APPLIED", "CLAIMED", "SUCCEEDED"},
+	} {
+		if n := d.count(id); n != 1 {
+			t.Errorf("%s: the destination applied the effect %d times, want 1", id, n)
+		}
+		if r := reasonsOf(after.lookup(t, id)); !slices.Equal(r, want) {
+			t.Errorf("%s: history %v, want %v", id, r, want)
+		}
+	}
 }
 
 func TestS9AppointmentWithFaults(t *testing.T) {

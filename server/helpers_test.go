@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +59,9 @@ type env struct {
 	logs   *ledgertest.Buffer
 	ctx    context.Context
 	prefix string // unique operation id prefix of the test
+	// stop stops the service and its sweeper, as a crash of ledgerd would
+	// (the test's end stops them too).
+	stop func()
 }
 
 // eachBackend runs f against a real redis-server and the embedded engine.
@@ -115,13 +119,17 @@ func startEnvSweeping(t *testing.T, rdb redis.UniversalClient, level slog.Level,
 		}
 		close(done)
 	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-		defer c()
-		svc.Shutdown(sctx)
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+			defer c()
+			svc.Shutdown(sctx)
+		})
+	}
+	t.Cleanup(stop)
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts...)
 	conn, err := grpc.NewClient(lis.Addr().String(), opts...)
 	if err != nil {
@@ -130,7 +138,7 @@ func startEnvSweeping(t *testing.T, rdb redis.UniversalClient, level slog.Level,
 	t.Cleanup(func() { _ = conn.Close() })
 	return &env{
 		c: ledgerv1.NewLedgerServiceClient(conn), conn: conn, rdb: rdb, ledger: l, logs: logs,
-		ctx: context.Background(), prefix: t.Name() + "-" + randomHex(4) + ":",
+		ctx: context.Background(), prefix: t.Name() + "-" + randomHex(4) + ":", stop: stop,
 	}
 }
 
