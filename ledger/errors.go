@@ -19,7 +19,7 @@ const (
 	KindKeyExpired                     // the record expired; its tombstone is left
 	KindStaleToken                     // not the current attempt's fencing token
 	KindCompletionConflict             // another outcome is already recorded
-	KindAlreadyResolved                // resolved with another finding
+	KindAlreadyResolved                // resolved with another finding or outcome
 	KindInProgress                     // a live claim holds the operation
 	KindUnavailable                    // the store is unreachable or refused the write
 	KindQuotaExceeded                  // the tenant holds too many unresolved operations

@@ -292,7 +292,11 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // FindingApplied → SUCCEEDED with req.Result; FindingNotApplied → PENDING;
 // FindingAbandon → FAILED_FINAL; FindingEscalate → UNKNOWN flagged for
 // review. Accepted from UNKNOWN, RUNNING past its lease, and PENDING; on a
-// terminal record the same finding succeeds again. With req.FencingToken,
+// terminal record the same finding succeeds again: the same kind with the
+// outcome that stands (FindingApplied on SUCCEEDED with the same result
+// data and resource id, FindingAbandon on FAILED_FINAL with the same
+// failure code, ABANDONED when none is given, and message), however the
+// record got there; any other is KindAlreadyResolved. With req.FencingToken,
 // a finding about an attempt that is no longer the current one is refused
 // (KindStaleToken). A repeat of a call that took effect (the same finding
 // and note from the same principal, about the same attempt, or about any

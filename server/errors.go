@@ -89,7 +89,7 @@ func toStatus(err error) *status.Status {
 			info(ReasonCompletionConflict, map[string]string{"state": stateName(e.State)}))
 	case ledger.KindAlreadyResolved:
 		return withDetails(codes.FailedPrecondition,
-			"the operation is already resolved with another finding; read the record",
+			"the operation is already resolved with another finding or outcome; read the record",
 			info(ReasonAlreadyResolved, map[string]string{"state": stateName(e.State)}))
 	case ledger.KindInProgress:
 		return withDetails(codes.FailedPrecondition,

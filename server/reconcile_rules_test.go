@@ -1,9 +1,12 @@
 package server_test
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
@@ -34,7 +37,8 @@ func (e *env) reconcileAs(t *testing.T, id string, f ledgerv1.Finding) (*ledgerv
 // and from RUNNING past its lease, OPERATION_IN_PROGRESS on a live lease;
 // APPLIED → SUCCEEDED with the result, NOT_APPLIED → PENDING, ABANDON →
 // FAILED_FINAL, ESCALATE → UNKNOWN for review; on a terminal record the same
-// finding succeeds again and another is ALREADY_RESOLVED.
+// finding (the same kind with the outcome that stands) succeeds again and
+// another, of the same kind with another outcome too, is ALREADY_RESOLVED.
 func TestReconcileRules(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		froms := []struct {
@@ -148,55 +152,109 @@ func TestReconcileRules(t *testing.T) {
 			e.wantUnchanged(t, id, before)
 		})
 
+		// On a terminal record the same finding is the same kind with the
+		// outcome that stands (the result data and resource id, or the
+		// failure code and message), however the record got there; a
+		// finding of that kind with another outcome is ALREADY_RESOLVED.
+		result := func(rid, receipt string) *ledgerv1.Result {
+			return &ledgerv1.Result{ResourceId: rid, Data: mustStruct(t, map[string]any{"receipt": receipt})}
+		}
+		appliedWith := func(r *ledgerv1.Result) *ledgerv1.ReconcileRequest {
+			return &ledgerv1.ReconcileRequest{Finding: applied, Result: r, Note: "checked again"}
+		}
+		abandonWith := func(code, msg string) *ledgerv1.ReconcileRequest {
+			return &ledgerv1.ReconcileRequest{Finding: abandon, Failure: &ledgerv1.Failure{Code: code, Message: msg}, Note: "checked again"}
+		}
+		succeededOthers := []*ledgerv1.ReconcileRequest{
+			appliedWith(result("R-found", "R-other")), appliedWith(result("R-other", "R-found")),
+			appliedWith(&ledgerv1.Result{ResourceId: "R-found"}), appliedWith(nil),
+		}
 		terminals := []struct {
-			name  string
-			state ledgerv1.State
-			same  ledgerv1.Finding
-			setup func(id string)
+			name   string
+			state  ledgerv1.State
+			kind   ledgerv1.Finding
+			same   *ledgerv1.ReconcileRequest   // answered OK
+			others []*ledgerv1.ReconcileRequest // of the same kind, ALREADY_RESOLVED
+			setup  func(id string)
 		}{
-			{"SUCCEEDED by APPLIED", succeeded, applied, func(id string) {
+			{"SUCCEEDED by APPLIED", succeeded, applied, appliedWith(result("R-found", "R-found")), succeededOthers, func(id string) {
 				e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
 				if _, err := e.reconcileAs(t, id, applied); err != nil {
 					t.Fatal(err)
 				}
 			}},
-			{"SUCCEEDED by Complete", succeeded, applied, func(id string) {
-				e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outSucceeded, "R-1")
-			}},
-			{"FAILED_FINAL by ABANDON", failed, abandon, func(id string) {
-				e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
-				if _, err := e.reconcileAs(t, id, abandon); err != nil {
-					t.Fatal(err)
-				}
-			}},
-			{"FAILED_FINAL by Complete", failed, abandon, func(id string) {
-				e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outFailed, "declined")
-			}},
-			{"FAILED_FINAL by RETRIES_EXHAUSTED", failed, abandon, func(id string) {
-				for range 3 {
-					e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outRetryable, "503")
-				}
-				if res := e.reserveAs(t, id, "payments.refund", 0, newHolder()); res.Operation.Reason != "RETRIES_EXHAUSTED" {
-					t.Fatalf("Reserve with no attempts left = %v", res)
-				}
-			}},
+			{"SUCCEEDED by Complete", succeeded, applied, appliedWith(result("R-1", "R-1")),
+				[]*ledgerv1.ReconcileRequest{appliedWith(result("R-found", "R-found")), appliedWith(result("R-1", "R-2")),
+					appliedWith(result("R-2", "R-1")), appliedWith(nil)},
+				func(id string) {
+					e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outSucceeded, "R-1")
+				}},
+			{"FAILED_FINAL by ABANDON", failed, abandon, abandonWith("gave_up", "nothing at the destination"),
+				[]*ledgerv1.ReconcileRequest{abandonWith("other", "nothing at the destination"), abandonWith("gave_up", "another message"),
+					abandonWith("gave_up", ""), {Finding: abandon}},
+				func(id string) {
+					e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
+					if _, err := e.reconcileAs(t, id, abandon); err != nil {
+						t.Fatal(err)
+					}
+				}},
+			{"FAILED_FINAL by ABANDON without a failure", failed, abandon, abandonWith("ABANDONED", ""),
+				[]*ledgerv1.ReconcileRequest{abandonWith("gave_up", ""), abandonWith("ABANDONED", "nothing at the destination")},
+				func(id string) {
+					e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
+					if _, err := e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: abandon}); err != nil {
+						t.Fatal(err)
+					}
+				}},
+			// The worker's final failure and the ledger's own conclusion
+			// stand as well: an ABANDON agrees only when it reports them.
+			{"FAILED_FINAL by Complete", failed, abandon, abandonWith("declined", "refused by the destination"),
+				[]*ledgerv1.ReconcileRequest{{Finding: abandon}, abandonWith("gave_up", "nothing at the destination"),
+					abandonWith("declined", "")},
+				func(id string) {
+					e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outFailed, "declined")
+				}},
+			{"FAILED_FINAL by RETRIES_EXHAUSTED", failed, abandon, abandonWith("RETRIES_EXHAUSTED", "the policy allows 3 attempts"),
+				[]*ledgerv1.ReconcileRequest{{Finding: abandon}, abandonWith("gave_up", "nothing at the destination")},
+				func(id string) {
+					for range 3 {
+						e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outRetryable, "503")
+					}
+					if res := e.reserveAs(t, id, "payments.refund", 0, newHolder()); res.Operation.Reason != "RETRIES_EXHAUSTED" {
+						t.Fatalf("Reserve with no attempts left = %v", res)
+					}
+				}},
 		}
 		for _, tc := range terminals {
 			t.Run("terminal: "+tc.name, func(t *testing.T) {
 				id := e.id(tc.name)
 				tc.setup(id)
 				before := e.lookup(t, id)
-				for _, f := range []ledgerv1.Finding{applied, notApplied, abandon, escalate} {
-					op, err := e.reconcileAs(t, id, f)
-					if f == tc.same {
-						if err != nil || op.State != tc.state {
-							t.Fatalf("the same finding (%v) again = %v, %v", f, op, err)
-						}
-						continue
-					}
+				tc.same.OperationId = id
+				res, err := e.c.Reconcile(e.ctx, tc.same)
+				if err != nil || res.Operation.State != tc.state || !proto.Equal(res.Operation.Result, before.Result) ||
+					!proto.Equal(res.Operation.Failure, before.Failure) {
+					t.Fatalf("the same finding (%v) again = %v, %v; the record holds %v", tc.same, res.GetOperation(), err, before)
+				}
+				alreadyResolved := func(what string, err error) {
+					t.Helper()
 					if ei := wantReason(t, err, codes.FailedPrecondition, "ALREADY_RESOLVED"); ei.Metadata["state"] != tc.state.String() {
-						t.Fatalf("%v: metadata %v", f, ei.Metadata)
+						t.Fatalf("%s: metadata %v", what, ei.Metadata)
 					}
+					if msg := status.Convert(err).Message(); !strings.Contains(msg, "another finding or outcome") {
+						t.Fatalf("%s: message %q", what, msg)
+					}
+				}
+				for _, f := range []ledgerv1.Finding{applied, notApplied, abandon, escalate} {
+					if f != tc.kind {
+						_, err := e.reconcileAs(t, id, f)
+						alreadyResolved(f.String(), err)
+					}
+				}
+				for _, req := range tc.others {
+					req.OperationId = id
+					_, err := e.c.Reconcile(e.ctx, req)
+					alreadyResolved(req.String(), err)
 				}
 				e.wantUnchanged(t, id, before)
 			})

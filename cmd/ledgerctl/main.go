@@ -129,7 +129,7 @@ reconcile <operation_id> <finding> [flags]
   Records what the destination system says about an UNKNOWN operation (or a
   PENDING one, or a RUNNING one past its lease), and prints the record after
   it. Ask the destination first, by operation id. Needs the reconciler scope.
-  Repeating the same finding is harmless.
+  Repeating the same finding (with the same result or failure) is harmless.
   findings:
     applied             the effect exists: SUCCEEDED, with the result
     not-applied         the effect does not exist: PENDING, the next Reserve
@@ -972,6 +972,19 @@ func sameFailure(r, given *client.Failure) bool {
 	return r != nil && r.Code == code && r.Message == given.Message
 }
 
+// otherOutcome reports whether err is the ledger's refusal of a finding of
+// the operation's own kind (applied on SUCCEEDED, abandon on FAILED_FINAL)
+// with another result or failure than the one that stands.
+func otherOutcome(err error, kind client.FindingKind) bool {
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Reason != "ALREADY_RESOLVED" {
+		return false
+	}
+	st := ce.Metadata["state"]
+	return kind == client.Applied && st == client.StateSucceeded.String() ||
+		kind == client.Abandon && st == client.StateFailedFinal.String()
+}
+
 // overdue reports whether op is UNKNOWN past its recovery deadline, by this
 // machine's clock.
 func overdue(op *client.Operation, now time.Time) bool {
@@ -982,8 +995,22 @@ func overdue(op *client.Operation, now time.Time) bool {
 func reconcile(ctx context.Context, c *client.Client, o *options, f client.Finding, stdout, stderr io.Writer) error {
 	id := o.args[0]
 	op, err := c.Reconcile(ctx, id, f)
+	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) with
+	// another result (failure) than the one that stands is refused
+	// (ALREADY_RESOLVED). Show what stands, as for a ledger older than that,
+	// which answered OK with the record: another result than the one found
+	// may be a second effect. When the record cannot be read, the refusal
+	// is the error; its hint says as much (describe).
+	refused := false
 	if err != nil {
-		return err
+		if !otherOutcome(err, f.Kind) {
+			return err
+		}
+		full, lerr := c.Lookup(ctx, id)
+		if lerr != nil {
+			return err
+		}
+		op, refused = full, true
 	}
 	// A finding is recorded with the state it makes, in the same step as
 	// the snapshot: any other state means the ledger took the call for a
@@ -998,9 +1025,10 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 			" about the current attempt, look it up and give a new --note (and its --fencing-token)",
 			strings.ToLower(o.args[1]), stateName(op.State), op.Attempt)
 	}
-	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) is
-	// answered OK whatever its result (failure): the recorded one stands.
-	// Another one than given may be another effect.
+	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) with
+	// another result (failure) changes nothing: the recorded one stands
+	// (refused, or answered OK by an older ledger). Another one than given
+	// may be another effect.
 	switch {
 	case !nothing && f.FencingToken != 0 && op.FencingToken != f.FencingToken:
 		// Resolved by another attempt than the one given (the ledger
@@ -1015,11 +1043,11 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		notes.add(o, stderr, noticeOtherAttempt, "this call recorded nothing: attempt %d resolved the operation (%s%s), not the attempt with"+
 			" --fencing-token %d; if the destination has the effect of that attempt too, that may be two effects: check it",
 			op.Attempt, stateName(op.State), what, f.FencingToken)
-	case f.Kind == client.Applied && o.resourceSet && !sameResult(op.Result, f.Result):
+	case f.Kind == client.Applied && (refused || o.resourceSet && !sameResult(op.Result, f.Result)):
 		nothing = true
 		notes.add(o, stderr, noticeOtherResult, "this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
 			" which stands; if the destination has both, that may be two effects: check it", resultText(op.Result))
-	case f.Kind == client.Abandon && o.failureSet && !sameFailure(op.Failure, f.Failure):
+	case f.Kind == client.Abandon && (refused || o.failureSet && !sameFailure(op.Failure, f.Failure)):
 		nothing = true
 		notes.add(o, stderr, noticeOtherFailure, "this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
 			" which stands", failureText(op.Failure))

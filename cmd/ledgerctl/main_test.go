@@ -392,7 +392,9 @@ func TestOperatorWorkflow(t *testing.T) {
 			t.Errorf("after applied: %+v, last %+v", op, last)
 		}
 		// The same finding again is harmless; another one is refused.
-		must(t, env, "reconcile", unknown, "applied", "--resource-id", "re_1")
+		if o := must(t, env, "reconcile", unknown, "applied", "--resource-id", "re_1", "--data", `{"status": "succeeded", "amount": 12.5}`); o.stderr != "" {
+			t.Errorf("the same finding again: %s", o)
+		}
 		fails(t, env, 1, []string{"ledgerctl: ALREADY_RESOLVED: ", "it is SUCCEEDED: see ledgerctl lookup " + unknown}, "reconcile", unknown, "abandon")
 
 		// not-applied: UNKNOWN → PENDING, retry allowed (--json output),
@@ -842,10 +844,12 @@ func TestReconcileRepeat(t *testing.T) {
 }
 
 // TestReconcileResolvedOtherwise: applied on an operation already SUCCEEDED
-// (abandon on one already FAILED_FINAL) is answered OK and changes nothing,
-// whatever result (failure) it gives. When the recorded one is not the one
-// given, the two may be two effects: ledgerctl says that this call recorded
-// nothing and prints the record, instead of a plain "reconciled".
+// (abandon on one already FAILED_FINAL) changes nothing. With the result
+// (failure) that stands the ledger answers OK; with another one, none given
+// included, it answers ALREADY_RESOLVED (a ledger older than that answered
+// OK). Another result than the one given may be a second effect: ledgerctl
+// says that this call recorded nothing and prints the record that stands,
+// instead of a plain "reconciled" or a bare refusal.
 func TestReconcileResolvedOtherwise(t *testing.T) {
 	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
 	env, ctx := e.env, context.Background()
@@ -858,12 +862,10 @@ func TestReconcileResolvedOtherwise(t *testing.T) {
 	if _, err := e.sdk.Fail(ctx, failed, tok, true, client.Failure{Code: "CARD_DECLINED", Message: "declined"}); err != nil {
 		t.Fatal(err)
 	}
-	// The same result or failure, or none given: nothing to say.
+	// The same result or failure: nothing to say.
 	for _, args := range [][]string{
 		{"reconcile", done, "applied", "--resource-id", "re_A", "--data", `{"amount": 1250}`},
-		{"reconcile", done, "applied"},
 		{"reconcile", failed, "abandon", "--failure-code", "CARD_DECLINED", "--failure-message", "declined"},
-		{"reconcile", failed, "abandon"},
 	} {
 		if o := must(t, env, args...); o.stderr != "" || !strings.HasPrefix(o.stdout, "reconciled ") {
 			t.Errorf("ledgerctl %q: %s", args, o)
@@ -875,10 +877,15 @@ func TestReconcileResolvedOtherwise(t *testing.T) {
 	}{
 		{[]string{"reconcile", done, "applied", "--resource-id", "re_B"}, "re_A"},
 		{[]string{"reconcile", done, "applied", "--resource-id", "re_A", "--data", `{"amount": 1300}`}, `{"amount":1250}`},
+		{[]string{"reconcile", done, "applied", "--resource-id", "re_A"}, `{"amount":1250}`},
+		{[]string{"reconcile", done, "applied"}, "re_A"},
 		{[]string{"reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND"}, "CARD_DECLINED: declined"},
+		{[]string{"reconcile", failed, "abandon", "--failure-code", "CARD_DECLINED"}, "CARD_DECLINED: declined"},
+		{[]string{"reconcile", failed, "abandon"}, "CARD_DECLINED: declined"},
 	} {
 		o := must(t, env, c.args...)
-		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, c.want) || strings.HasPrefix(o.stdout, "reconciled ") {
+		if !strings.Contains(o.stderr, "this call recorded nothing") || !strings.Contains(o.stderr, c.want) ||
+			!strings.HasPrefix(o.stdout, "not reconciled ") || !strings.Contains(o.stdout, "RESERVED") {
 			t.Errorf("ledgerctl %q: %s", c.args, o)
 		}
 	}

@@ -586,8 +586,21 @@ func describe(o *options, err error) jsonError {
 		}
 	case d.Reason == "ALREADY_RESOLVED":
 		d.Hint = "see ledgerctl lookup" + id
-		if st := d.Metadata["state"]; st != "" {
-			d.Hint = "it is " + strings.TrimPrefix(st, "STATE_") + ": " + d.Hint
+		st := strings.TrimPrefix(d.Metadata["state"], "STATE_")
+		kind := client.FindingKind(0)
+		if o.cmd == "reconcile" && len(o.args) > 1 {
+			kind = findings[strings.ToLower(o.args[1])]
+		}
+		switch {
+		case kind != 0 && ce != nil && otherOutcome(ce, kind):
+			// The record's own kind of finding, with another outcome.
+			what := "result"
+			if kind == client.Abandon {
+				what = "failure"
+			}
+			d.Hint = "it is " + st + " with another " + what + " than this finding's, which stands: nothing was recorded; " + d.Hint
+		case st != "":
+			d.Hint = "it is " + st + ": " + d.Hint
 		}
 	case d.Reason == "STALE_FENCING_TOKEN" && o.cmd == "reconcile":
 		d.Hint = "another attempt holds the operation now: nothing was recorded; see ledgerctl lookup" + id + " and ask the destination again"

@@ -6,9 +6,11 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
@@ -17,7 +19,10 @@ import (
 // Reconcile and Lookup on, and counts what the ledger answers. As an older
 // ledger (old), it drops what such a ledger did not have: the overdue and
 // needs_review filters on the way (a ledger that does not know them ignores
-// them), and the history in Reconcile's answer.
+// them), and the history in Reconcile's answer; and it answers as such a
+// ledger did an applied (abandon) finding on an operation already
+// SUCCEEDED (FAILED_FINAL) with another result (failure): OK, with the
+// record that stands.
 type proxy struct {
 	ledgerv1.UnimplementedLedgerServiceServer
 	next ledgerv1.LedgerServiceClient
@@ -78,6 +83,20 @@ func (p *proxy) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolved
 
 func (p *proxy) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest) (*ledgerv1.ReconcileResponse, error) {
 	res, err := p.next.Reconcile(forward(ctx), req)
+	if p.old && err != nil {
+		own := map[ledgerv1.Finding]ledgerv1.State{
+			ledgerv1.Finding_FINDING_APPLIED: ledgerv1.State_STATE_SUCCEEDED,
+			ledgerv1.Finding_FINDING_ABANDON: ledgerv1.State_STATE_FAILED_FINAL,
+		}[req.GetFinding()]
+		if ei := errorInfo(err); ei != nil && ei.Reason == "ALREADY_RESOLVED" && own != ledgerv1.State_STATE_UNSPECIFIED &&
+			ei.Metadata["state"] == own.String() {
+			look, lerr := p.next.Lookup(forward(ctx), &ledgerv1.LookupRequest{OperationId: req.GetOperationId()})
+			if lerr != nil {
+				return nil, lerr
+			}
+			res, err = &ledgerv1.ReconcileResponse{Operation: look.GetOperation()}, nil
+		}
+	}
 	if err == nil {
 		if p.afterReconcile != nil {
 			p.afterReconcile()
@@ -107,4 +126,14 @@ func (p *proxy) take() (listed, lookups int) {
 	listed, lookups = p.listed, p.lookups
 	p.listed, p.lookups = 0, 0
 	return listed, lookups
+}
+
+// errorInfo is the ErrorInfo detail of a gRPC error, or nil.
+func errorInfo(err error) *errdetails.ErrorInfo {
+	for _, d := range status.Convert(err).Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei
+		}
+	}
+	return nil
 }

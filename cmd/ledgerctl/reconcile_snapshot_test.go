@@ -110,3 +110,47 @@ func TestHistoryUnreadable(t *testing.T) {
 		t.Errorf("after the calls: %+v, %v", op, err)
 	}
 }
+
+// TestReconcileOtherOutcomeUnreadable: the ledger refuses applied with
+// another result than the one that stands (abandon with another failure)
+// with ALREADY_RESOLVED, and ledgerctl reads the record to show what
+// stands. When that read fails, the refusal is the error (exit 1), and its
+// hint says that the operation holds another result (failure), which
+// stands, and that nothing was recorded; another finding gets the plain
+// hint, without a read.
+func TestReconcileOtherOutcomeUnreadable(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	ctx := context.Background()
+	p, addr := startProxy(t, e.addr, false)
+	p.lookupErr = status.Error(codes.Unavailable, "no lookup today")
+	env := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"]}
+
+	done, failed := "wf-95:refund", "wf-96:refund"
+	tok := e.reserve(t, done, "payments.refund")
+	if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "re_A"}); err != nil {
+		t.Fatal(err)
+	}
+	tok = e.reserve(t, failed, "payments.refund")
+	if _, err := e.sdk.Fail(ctx, failed, tok, true, client.Failure{Code: "CARD_DECLINED"}); err != nil {
+		t.Fatal(err)
+	}
+	fails(t, env, 1, []string{"ledgerctl: ALREADY_RESOLVED: ",
+		"it is SUCCEEDED with another result than this finding's, which stands: nothing was recorded; see ledgerctl lookup " + done},
+		"reconcile", done, "applied", "--resource-id", "re_B")
+	o := fails(t, env, 1, []string{`"reason":"ALREADY_RESOLVED"`,
+		`"hint":"it is FAILED_FINAL with another failure than this finding's, which stands: nothing was recorded; see ledgerctl lookup ` + failed + `"`},
+		"--json", "reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND")
+	if o.stdout != "" {
+		t.Errorf("a refusal printed a record: %s", o)
+	}
+	if _, lookups := p.take(); lookups != 2 {
+		t.Errorf("Lookup called %d times, want 2 (once a refusal of the record's own kind)", lookups)
+	}
+	fails(t, env, 1, []string{"ledgerctl: ALREADY_RESOLVED: ", "it is SUCCEEDED: see ledgerctl lookup " + done}, "reconcile", done, "abandon")
+	if _, lookups := p.take(); lookups != 0 {
+		t.Errorf("Lookup called %d times for another finding, want 0", lookups)
+	}
+	if op, err := e.sdk.Lookup(ctx, done); err != nil || op.Result == nil || op.Result.ResourceID != "re_A" {
+		t.Errorf("after the calls: %+v, %v", op, err)
+	}
+}

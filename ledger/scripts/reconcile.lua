@@ -19,7 +19,8 @@
 --   {C_OK, '', record}                 resolved (or already resolved the
 --                                      same way)
 --   {C_BUSY, ms, record}               a live lease holds it; it ends in ms
---   {C_ALREADY_RESOLVED, '', record}   terminal with another finding
+--   {C_ALREADY_RESOLVED, '', record}   terminal with another finding, or
+--                                      with another result or failure
 --   {C_STALE, state, ''}               ARGV[9] is not the current attempt's
 --                                      token
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
@@ -29,7 +30,11 @@
 -- finding in its history and ESCALATE holds it for a human). APPLIED -> SUCCEEDED with the result; NOT_APPLIED
 -- -> PENDING; ABANDON -> FAILED_FINAL; ESCALATE -> UNKNOWN, flagged for
 -- review. A repeat of the same finding succeeds again without a second
--- history entry. With a token, a finding about an attempt that is no longer
+-- history entry. On a terminal record the same finding is the same kind
+-- with the same outcome as the one that stands: APPLIED on SUCCEEDED with
+-- the same result data (canonical JSON, as stored) and resource id, ABANDON
+-- on FAILED_FINAL with the same failure code (ABANDONED when ARGV[6] is '')
+-- and message; anything else is ALREADY_RESOLVED and changes nothing. With a token, a finding about an attempt that is no longer
 -- the current one changes nothing (STALE).
 --
 -- A repeat of a call that took effect (the history holds its finding, made
@@ -50,8 +55,20 @@ if not load() then
 end
 local st = R.st
 if st == ST_SUCCEEDED or st == ST_FAILED then
-  if (finding == '1' and st == ST_SUCCEEDED) or (finding == '3' and st == ST_FAILED) then
-    return reply(C_OK, '')
+  -- The same finding is the same kind with the outcome that stands, however
+  -- the record got there (Complete, an earlier finding, RETRIES_EXHAUSTED):
+  -- OK must never tell a reconciler that the ledger holds what it reported
+  -- when it holds something else.
+  if finding == '1' and st == ST_SUCCEEDED then
+    if (R.rd or '') == ARGV[4] and (R.rid or '') == ARGV[5] then
+      return reply(C_OK, '')
+    end
+  elseif finding == '3' and st == ST_FAILED then
+    local code = ARGV[6]
+    if code == '' then code = 'ABANDONED' end
+    if (R.fc or '') == code and (R.fm or '') == ARGV[7] then
+      return reply(C_OK, '')
+    end
   end
   return reply(C_ALREADY_RESOLVED, '')
 end

@@ -17,7 +17,7 @@
 //   IDEMPOTENCY_KEY_EXPIRED  FAILED_PRECONDITION  the record expired; only its tombstone is left
 //   STALE_FENCING_TOKEN      FAILED_PRECONDITION  the token is not the current attempt's (claim gone)
 //   COMPLETION_CONFLICT      FAILED_PRECONDITION  a different outcome was already reported
-//   ALREADY_RESOLVED         FAILED_PRECONDITION  the operation was resolved with another finding
+//   ALREADY_RESOLVED         FAILED_PRECONDITION  the operation was resolved with another finding or outcome
 //   OPERATION_IN_PROGRESS    FAILED_PRECONDITION  a live claim holds the operation
 //   NOT_FOUND                NOT_FOUND            no such operation
 //   INVALID_ARGUMENT         INVALID_ARGUMENT     bad input, with google.rpc.BadRequest field violations

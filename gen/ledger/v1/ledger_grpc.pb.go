@@ -17,7 +17,7 @@
 //   IDEMPOTENCY_KEY_EXPIRED  FAILED_PRECONDITION  the record expired; only its tombstone is left
 //   STALE_FENCING_TOKEN      FAILED_PRECONDITION  the token is not the current attempt's (claim gone)
 //   COMPLETION_CONFLICT      FAILED_PRECONDITION  a different outcome was already reported
-//   ALREADY_RESOLVED         FAILED_PRECONDITION  the operation was resolved with another finding
+//   ALREADY_RESOLVED         FAILED_PRECONDITION  the operation was resolved with another finding or outcome
 //   OPERATION_IN_PROGRESS    FAILED_PRECONDITION  a live claim holds the operation
 //   NOT_FOUND                NOT_FOUND            no such operation
 //   INVALID_ARGUMENT         INVALID_ARGUMENT     bad input, with google.rpc.BadRequest field violations
@@ -90,7 +90,12 @@ type LedgerServiceClient interface {
 	// the result), not applied (retry allowed, or abandoned), or escalated to a
 	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
 	// operation the same finding succeeds again and another is
-	// ALREADY_RESOLVED. With a fencing_token, a finding about an attempt that
+	// ALREADY_RESOLVED. The same finding there is the same kind with the
+	// outcome that stands: APPLIED on SUCCEEDED with the same result data and
+	// resource_id, ABANDON on FAILED_FINAL with the same failure code
+	// (ABANDONED when none is given) and message, however the operation got
+	// there; the same kind with another result or failure is
+	// ALREADY_RESOLVED too. With a fencing_token, a finding about an attempt that
 	// is no longer the current one is STALE_FENCING_TOKEN. A repeat of a call
 	// that took effect (the same finding and note from the same principal,
 	// about the same attempt) succeeds again and changes nothing, whatever
@@ -218,7 +223,12 @@ type LedgerServiceServer interface {
 	// the result), not applied (retry allowed, or abandoned), or escalated to a
 	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
 	// operation the same finding succeeds again and another is
-	// ALREADY_RESOLVED. With a fencing_token, a finding about an attempt that
+	// ALREADY_RESOLVED. The same finding there is the same kind with the
+	// outcome that stands: APPLIED on SUCCEEDED with the same result data and
+	// resource_id, ABANDON on FAILED_FINAL with the same failure code
+	// (ABANDONED when none is given) and message, however the operation got
+	// there; the same kind with another result or failure is
+	// ALREADY_RESOLVED too. With a fencing_token, a finding about an attempt that
 	// is no longer the current one is STALE_FENCING_TOKEN. A repeat of a call
 	// that took effect (the same finding and note from the same principal,
 	// about the same attempt) succeeds again and changes nothing, whatever
