@@ -103,16 +103,8 @@ func (r *recorder) input(req any) (input, bool) {
 		return input{Kind: kReserve, ID: q.GetOperationId(), Holder: q.GetHolder(), Effect: eff, Max: r.max}, true
 	case *ledgerv1.CompleteRequest:
 		in := input{Kind: kComplete, ID: q.GetOperationId(), Token: q.GetFencingToken(), Outcome: int(q.GetOutcome()),
-			RID: q.GetResult().GetResourceId(), Code: q.GetFailure().GetCode()}
-		data := ""
-		if d := q.GetResult().GetData(); d != nil {
-			b, err := fingerprint.Canonical(d.AsMap())
-			if err != nil {
-				panic(err)
-			}
-			data = string(b)
-		}
-		in.Digest = fmt.Sprintf("%d|%q|%q|%q|%s", in.Outcome, in.RID, in.Code, q.GetFailure().GetMessage(), data)
+			RID: q.GetResult().GetResourceId(), Data: canonicalData(q.GetResult()), Code: q.GetFailure().GetCode(), Msg: q.GetFailure().GetMessage()}
+		in.Digest = fmt.Sprintf("%d|%q|%q|%q|%s", in.Outcome, in.RID, in.Code, in.Msg, in.Data)
 		return in, true
 	case *ledgerv1.MarkUnknownRequest:
 		return input{Kind: kMarkUnknown, ID: q.GetOperationId(), Token: q.GetFencingToken()}, true
@@ -120,11 +112,26 @@ func (r *recorder) input(req any) (input, bool) {
 		return input{Kind: kRenew, ID: q.GetOperationId(), Token: q.GetFencingToken()}, true
 	case *ledgerv1.ReconcileRequest:
 		return input{Kind: kReconcile, ID: q.GetOperationId(), Finding: int(q.GetFinding()), Token: q.GetFencingToken(),
-			RID: q.GetResult().GetResourceId(), Code: q.GetFailure().GetCode(), Principal: callerPrincipal, Note: q.GetNote()}, true
+			RID: q.GetResult().GetResourceId(), Data: canonicalData(q.GetResult()), Code: q.GetFailure().GetCode(),
+			Msg: q.GetFailure().GetMessage(), Principal: callerPrincipal, Note: q.GetNote()}, true
 	case *ledgerv1.LookupRequest:
 		return input{Kind: kLookup, ID: q.GetOperationId()}, true
 	}
 	return input{}, false
+}
+
+// canonicalData is a result's data as the ledger stores it: canonical JSON
+// ("" for none).
+func canonicalData(r *ledgerv1.Result) string {
+	d := r.GetData()
+	if d == nil {
+		return ""
+	}
+	b, err := fingerprint.Canonical(d.AsMap())
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }
 
 // outputOf describes an answer. A definite refusal (FAILED_PRECONDITION,

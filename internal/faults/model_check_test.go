@@ -221,6 +221,60 @@ func TestModel(t *testing.T) {
 			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
 			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")), false},
+
+		// On a terminal record the same finding is the same kind with the
+		// outcome that stands; the same kind with another one is
+		// ALREADY_RESOLVED and changes nothing.
+		{"applied on SUCCEEDED: OK with the result that stands, ALREADY_RESOLVED with another", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(reconcileIn(findApplied, "r2"), output{Err: "ALREADY_RESOLVED"}).
+			add(reconcileIn(findApplied, ""), output{Err: "ALREADY_RESOLVED"}).
+			add(reconcileIn(findApplied, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(lookup(), rec(stSucceeded, 1, 100, "r1")), true},
+		{"applied on SUCCEEDED answered OK with another result than the one that stands", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(reconcileIn(findApplied, "r2"), rec(stSucceeded, 1, 100, "r1")), false},
+		{"applied on SUCCEEDED by an earlier finding: the data counts too", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":1}`}, rec(stSucceeded, 1, 100, "r1")).
+			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":1}`, Note: "again"}, rec(stSucceeded, 1, 100, "r1")).
+			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":2}`}, output{Err: "ALREADY_RESOLVED"}).
+			add(reconcileIn(findApplied, "r1"), output{Err: "ALREADY_RESOLVED"}), true},
+		{"applied answered OK with other data than the data that stands", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(input{Kind: kComplete, Token: 100, Outcome: outSucceeded, RID: "r1", Data: `{"amount":1}`, Digest: "1|r1|1"}, rec(stSucceeded, 1, 100, "r1")).
+			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":2}`}, rec(stSucceeded, 1, 100, "r1")), false},
+		{"abandon on FAILED_FINAL: OK with the failure that stands, ALREADY_RESOLVED with another", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "GONE", Msg: "no order"}, rec(stFailed, 1, 100, "")).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "GONE", Msg: "no order"}, rec(stFailed, 1, 100, "")).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "OTHER", Msg: "no order"}, output{Err: "ALREADY_RESOLVED"}).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "GONE", Msg: "cancelled"}, output{Err: "ALREADY_RESOLVED"}).
+			add(reconcileIn(findAbandon, ""), output{Err: "ALREADY_RESOLVED"}), true},
+		{"abandon without a failure matches ABANDONED", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(reconcileIn(findAbandon, ""), rec(stFailed, 1, 100, "")).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "ABANDONED"}, rec(stFailed, 1, 100, "")).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "GONE"}, output{Err: "ALREADY_RESOLVED"}), true},
+		{"abandon on a worker's FAILED_FINAL answered OK with another failure", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(input{Kind: kComplete, Token: 100, Outcome: outFinal, Code: "declined", Digest: "2|declined"}, rec(stFailed, 1, 100, "")).
+			add(reconcileIn(findAbandon, ""), rec(stFailed, 1, 100, "")), false},
+		{"abandon on RETRIES_EXHAUSTED: OK only with that failure", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(input{Kind: kComplete, Token: 100, Outcome: outRetryable, Code: "503", Digest: "3|503"}, rec(stPending, 1, 100, "")).
+			add(reserve("h1"), running(decExecute, 2, 200)).
+			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Code: "503", Digest: "3|503"}, rec(stPending, 2, 200, "")).
+			add(reserve("h1"), running(decExecute, 3, 300)).
+			add(input{Kind: kComplete, Token: 300, Outcome: outRetryable, Code: "503", Digest: "3|503"}, rec(stPending, 3, 300, "")).
+			add(reserve("h1"), output{Decision: decReplay, HasOp: true, State: stFailed, Attempt: 3, Token: 300}).
+			add(reconcileIn(findAbandon, ""), output{Err: "ALREADY_RESOLVED"}).
+			add(input{Kind: kReconcile, Finding: findAbandon, Code: "RETRIES_EXHAUSTED", Msg: "the policy allows 3 attempts"}, rec(stFailed, 3, 300, "")), true},
 	}
 	for _, c := range cases {
 		if got := porcupine.CheckOperations(m, c.h.ops); got != c.legal {

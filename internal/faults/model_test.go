@@ -41,6 +41,12 @@ import (
 // earlier attempt's. The model keeps the findings that stay in a record's
 // history while it is not terminal (NOT_APPLIED and ESCALATE) with their
 // attempt, principal and note.
+//
+// On a terminal record the same finding is the same kind with the outcome
+// that stands: APPLIED on SUCCEEDED with the same result (resource id and
+// data), ABANDON on FAILED_FINAL with the same failure (code, ABANDONED
+// when none is given, and message), however the record got there; anything
+// else is ALREADY_RESOLVED. So the record keeps the whole outcome.
 
 // kind is which RPC a call is.
 type kind uint8
@@ -100,12 +106,15 @@ type input struct {
 	Principal string
 	Note      string
 	// Digest identifies a Complete's outcome (outcome, result, failure), as
-	// the ledger's cdg does; RID is the resource id of a result (Complete
-	// SUCCEEDED, Reconcile APPLIED); Code the failure code (Complete
-	// failures, Reconcile ABANDON).
+	// the ledger's cdg does; RID and Data are the resource id and the data
+	// (canonical JSON) of a result (Complete SUCCEEDED, Reconcile APPLIED);
+	// Code and Msg the failure code and message (Complete failures,
+	// Reconcile ABANDON).
 	Digest string
 	RID    string
+	Data   string
 	Code   string
+	Msg    string
 }
 
 // output is what the client got back.
@@ -142,7 +151,9 @@ type record struct {
 	Rsn    string
 	Rev    bool
 	RID    string
+	Data   string // the result's data (canonical JSON)
 	Code   string
+	Msg    string // the failure's message
 	Eff    int
 	Max    uint32
 	// Toks are the pinned tokens of earlier attempts (index: attempt), and
@@ -243,6 +254,12 @@ func (r record) String() string {
 	if r.RID != "" {
 		s += " rid=" + r.RID
 	}
+	if r.Data != "" {
+		s += " data=" + r.Data
+	}
+	if r.Code != "" {
+		s += fmt.Sprintf(" failure=%s %q", r.Code, r.Msg)
+	}
 	if r.Rev {
 		s += " review"
 	}
@@ -300,7 +317,7 @@ func claim(r record, holder string) record {
 	r.Att++
 	r.Tok, r.TokLo = 0, lo
 	r.St, r.Hld, r.Ended = stRunning, holder, false
-	r.RID, r.Code, r.Rev = "", "", false
+	r.RID, r.Data, r.Code, r.Msg, r.Rev = "", "", "", "", false
 	return r
 }
 
@@ -346,7 +363,8 @@ func apply(r record, in input) []result {
 			return []result{dec(r, decReplay)}
 		case r.St == stPending && exhausted:
 			n := r
-			n.St, n.Rsn, n.Code, n.RID = stFailed, "RETRIES_EXHAUSTED", "RETRIES_EXHAUSTED", ""
+			n.St, n.Rsn, n.RID, n.Data = stFailed, "RETRIES_EXHAUSTED", "", ""
+			n.Code, n.Msg = "RETRIES_EXHAUSTED", fmt.Sprintf("the policy allows %d attempts", r.Max)
 			return []result{dec(n, decReplay)}
 		case r.St == stPending:
 			return []result{dec(claim(r, in.Holder), decExecute)}
@@ -446,23 +464,23 @@ func complete(r record, in input) result {
 		if in.Outcome == outSucceeded && (r.Rsn == "RETRIES_EXHAUSTED" || r.Rsn == "ABANDONED") {
 			n := r
 			n.Ctk, n.Cdg = in.Token, in.Digest
-			n.St, n.Rsn, n.RID, n.Code = stSucceeded, "SUCCEEDED", in.RID, ""
+			n.St, n.Rsn, n.RID, n.Data, n.Code, n.Msg = stSucceeded, "SUCCEEDED", in.RID, in.Data, "", ""
 			return ok(n)
 		}
 		return conflict
 	}
 	n := r
 	n.Ctk, n.Cdg = in.Token, in.Digest
-	n.RID, n.Code = in.RID, in.Code
+	n.RID, n.Data, n.Code, n.Msg = in.RID, in.Data, in.Code, in.Msg
 	switch {
 	case in.Outcome == outSucceeded:
-		n.St, n.Rsn, n.Code = stSucceeded, "SUCCEEDED", ""
+		n.St, n.Rsn, n.Code, n.Msg = stSucceeded, "SUCCEEDED", "", ""
 	case in.Outcome == outFinal:
-		n.St, n.Rsn, n.RID = stFailed, "FAILED_FINAL", ""
+		n.St, n.Rsn, n.RID, n.Data = stFailed, "FAILED_FINAL", "", ""
 	case r.St == stPending:
-		n.RID = ""
+		n.RID, n.Data = "", ""
 	default:
-		n.St, n.Rsn, n.RID = stPending, "FAILED_RETRYABLE", ""
+		n.St, n.Rsn, n.RID, n.Data = stPending, "FAILED_RETRYABLE", "", ""
 		n.mark(&n.Retried)
 	}
 	n.Hld, n.Ended, n.Rev = "", false, false
@@ -509,7 +527,9 @@ func reconcile(r record, in input) result {
 	ok := func(n record) result { return result{next: n, snap: true} }
 	switch {
 	case r.St == stSucceeded || r.St == stFailed:
-		if (in.Finding == findApplied && r.St == stSucceeded) || (in.Finding == findAbandon && r.St == stFailed) {
+		// The same finding: the same kind with the outcome that stands.
+		if in.Finding == findApplied && r.St == stSucceeded && in.RID == r.RID && in.Data == r.Data ||
+			in.Finding == findAbandon && r.St == stFailed && abandonCode(in) == r.Code && in.Msg == r.Msg {
 			return ok(r)
 		}
 		return result{next: r, err: "ALREADY_RESOLVED"}
@@ -519,13 +539,9 @@ func reconcile(r record, in input) result {
 	n := r
 	switch in.Finding {
 	case findApplied:
-		n.St, n.Rsn, n.RID, n.Code = stSucceeded, "RECONCILED_APPLIED", in.RID, ""
+		n.St, n.Rsn, n.RID, n.Data, n.Code, n.Msg = stSucceeded, "RECONCILED_APPLIED", in.RID, in.Data, "", ""
 	case findAbandon:
-		code := in.Code
-		if code == "" {
-			code = "ABANDONED"
-		}
-		n.St, n.Rsn, n.RID, n.Code = stFailed, "ABANDONED", "", code
+		n.St, n.Rsn, n.RID, n.Data, n.Code, n.Msg = stFailed, "ABANDONED", "", "", abandonCode(in), in.Msg
 	case findNotApplied:
 		// From PENDING too: the finding is recorded, so its repeat after
 		// the next claim is recognised.
@@ -540,6 +556,14 @@ func reconcile(r record, in input) result {
 	}
 	n.Hld, n.Ended = "", false
 	return ok(n)
+}
+
+// abandonCode is the failure code an ABANDON finding records.
+func abandonCode(in input) string {
+	if in.Code == "" {
+		return "ABANDONED"
+	}
+	return in.Code
 }
 
 // matches reports whether the answer out agrees with result res, and
@@ -635,7 +659,7 @@ func describe(in, out any) string {
 	case kMarkUnknown, kRenew:
 		fmt.Fprintf(&b, "(t%d)", i.Token)
 	case kReconcile:
-		fmt.Fprintf(&b, "(t%d, finding %d, rid=%s, by %s, note %q)", i.Token, i.Finding, i.RID, i.Principal, i.Note)
+		fmt.Fprintf(&b, "(t%d, finding %d, rid=%s, data=%s, failure=%s %q, by %s, note %q)", i.Token, i.Finding, i.RID, i.Data, i.Code, i.Msg, i.Principal, i.Note)
 	}
 	b.WriteString(" -> ")
 	switch {
