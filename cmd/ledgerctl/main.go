@@ -980,9 +980,18 @@ func otherOutcome(err error, kind client.FindingKind) bool {
 	if !errors.As(err, &ce) || ce.Reason != "ALREADY_RESOLVED" {
 		return false
 	}
-	st := ce.Metadata["state"]
+	st := refusedState(err)
 	return kind == client.Applied && st == client.StateSucceeded.String() ||
 		kind == client.Abandon && st == client.StateFailedFinal.String()
+}
+
+// refusedState is the state metadata of a ledger's refusal ("" for none).
+func refusedState(err error) string {
+	var ce *client.Error
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	return ce.Metadata["state"]
 }
 
 // overdue reports whether op is UNKNOWN past its recovery deadline, by this
@@ -999,15 +1008,17 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 	// another result (failure) than the one that stands is refused
 	// (ALREADY_RESOLVED). Show what stands, as for a ledger older than that,
 	// which answered OK with the record: another result than the one found
-	// may be a second effect. When the record cannot be read, the refusal
-	// is the error; its hint says as much (describe).
+	// may be a second effect. When the record cannot be read, or no longer
+	// holds the state refused (a late report of success turns an abandoned
+	// operation SUCCEEDED), the refusal is the error; its hint says as much
+	// (describe).
 	refused := false
 	if err != nil {
 		if !otherOutcome(err, f.Kind) {
 			return err
 		}
 		full, lerr := c.Lookup(ctx, id)
-		if lerr != nil {
+		if lerr != nil || full.State.String() != refusedState(err) {
 			return err
 		}
 		op, refused = full, true

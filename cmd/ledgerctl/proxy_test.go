@@ -30,6 +30,9 @@ type proxy struct {
 	// afterReconcile, when set, runs once Reconcile has taken effect, before
 	// its answer goes back.
 	afterReconcile func()
+	// afterRefusal, when set, runs once the ledger has refused a
+	// Reconcile, before the refusal goes back.
+	afterRefusal func()
 	// lookupErr, when set, is the answer to every Lookup.
 	lookupErr error
 
@@ -83,6 +86,9 @@ func (p *proxy) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolved
 
 func (p *proxy) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest) (*ledgerv1.ReconcileResponse, error) {
 	res, err := p.next.Reconcile(forward(ctx), req)
+	if err != nil && p.afterRefusal != nil {
+		p.afterRefusal()
+	}
 	if p.old && err != nil {
 		own := map[ledgerv1.Finding]ledgerv1.State{
 			ledgerv1.Finding_FINDING_APPLIED: ledgerv1.State_STATE_SUCCEEDED,

@@ -154,3 +154,35 @@ func TestReconcileOtherOutcomeUnreadable(t *testing.T) {
 		t.Errorf("after the calls: %+v, %v", op, err)
 	}
 }
+
+// TestReconcileOtherFailureThenSucceeded: abandon with another failure on
+// an ABANDONED operation is refused; before ledgerctl reads the record to
+// show the failure that stands, the attempt's late report of success turns
+// it SUCCEEDED. ledgerctl must not print that record as "already
+// FAILED_FINAL with another failure": the refusal is the error (exit 1).
+func TestReconcileOtherFailureThenSucceeded(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	ctx := context.Background()
+	p, addr := startProxy(t, e.addr, false)
+	env := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"]}
+
+	id := "wf-97:refund"
+	tok := e.reserve(t, id, "payments.refund")
+	if _, err := e.sdk.MarkUnknown(ctx, id, tok, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	must(t, env, "reconcile", id, "abandon", "--failure-code", "GONE")
+	p.afterRefusal = func() {
+		p.afterRefusal = nil
+		if _, err := e.sdk.Complete(ctx, id, tok, client.Result{ResourceID: "re_late"}); err != nil {
+			t.Error(err)
+		}
+	}
+	o := fails(t, env, 1, []string{"ledgerctl: ALREADY_RESOLVED: ", "see ledgerctl lookup " + id}, "reconcile", id, "abandon", "--failure-code", "OTHER")
+	if o.stdout != "" || strings.Contains(o.stderr, "recorded nothing: the operation was already FAILED_FINAL") {
+		t.Errorf("the record read after the refusal, SUCCEEDED, shown as the failure that stands: %s", o)
+	}
+	if op, err := e.sdk.Lookup(ctx, id); err != nil || op.State != client.StateSucceeded {
+		t.Errorf("after the late report: %+v, %v", op, err)
+	}
+}
