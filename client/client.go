@@ -365,7 +365,9 @@ func (c *Client) Lookup(ctx context.Context, id string) (*Operation, error) {
 
 // Reconcile records what the destination says about an operation (about
 // the attempt with f.FencingToken, when set), and returns the record after
-// it with its history (a ledger older than that returns it without).
+// it with its history (a ledger older than that returns it without). On a
+// resolved operation the same finding, with the result (failure) recorded,
+// succeeds again; any other is ErrAlreadyResolved and changes nothing.
 func (c *Client) Reconcile(ctx context.Context, id string, f Finding) (*Operation, error) {
 	req := &ledgerv1.ReconcileRequest{OperationId: id, Finding: f.Kind, Note: f.Note, FencingToken: f.FencingToken}
 	if f.Kind == Applied {

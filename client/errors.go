@@ -27,7 +27,9 @@ var (
 	ErrStaleToken = errors.New("stale fencing token")
 	// ErrCompletionConflict: another outcome is already recorded.
 	ErrCompletionConflict = errors.New("completion conflict")
-	// ErrAlreadyResolved: the operation was resolved with another finding.
+	// ErrAlreadyResolved: the operation was resolved with another finding,
+	// or with another result (failure) than an Applied (Abandon) finding
+	// gives: the recorded one stands.
 	ErrAlreadyResolved = errors.New("already resolved")
 	// ErrInProgress: a live claim holds the operation (Reconcile).
 	ErrInProgress = errors.New("operation in progress")
