@@ -42,14 +42,16 @@
 //     never another error; the live counts summed over the masters match
 //     the records.
 //
-// The tests that run the ledger in the test process on Redis Cluster or
-// Sentinel (TestClusterFailover, TestSentinelFailover, TestClusterReshard)
-// set up its go-redis client as ledgerd does, with the same code
-// (internal/redisconf): the caller's deadline bounds each Redis call, the
-// slot map is reloaded every second, and concurrent scripts are batched
-// (internal/autopipe), so that batches meet the dead master and the moving
-// slots too. The hook batches nothing with WAIT: each call then sends its
-// script, the WAIT marker and WAIT in a pipeline of its own.
+// The tests that run the ledger in the test process (TestRedisKill,
+// TestNetworkFaults, TestScriptFlush, TestClusterFailover,
+// TestSentinelFailover, TestClusterReshard) set up its go-redis client as
+// ledgerd does, with the same code (internal/redisconf): the caller's
+// deadline bounds each Redis call, a Cluster client reloads its slot map
+// every second, and concurrent scripts are batched (internal/autopipe), so
+// that batches meet the killed server, the network faults, NOSCRIPT, the
+// dead master and the moving slots too. The hook batches nothing with
+// WAIT: each call then sends its script, the WAIT marker and WAIT in a
+// pipeline of its own.
 //
 // The histories of every test (every ledger RPC the clients made, faults
 // included) are checked for linearizability with porcupine against a model

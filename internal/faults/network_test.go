@@ -54,8 +54,8 @@ func (f *faultProxy) clear(t testing.TB, name string) {
 }
 
 // TestNetworkFaults (issue 6 (c)) puts a toxiproxy between the ledger and
-// Redis (go-redis as ledgerd sets it up, with a 150ms read timeout and 3
-// retries) and, while clients run operations through it, goes through the
+// Redis (go-redis as ledgerd sets it up, autopipelining on, with a 150ms
+// read timeout and 3 retries) and, while clients run operations through it, goes through the
 // faults of a real network, each for a second or two:
 //   - latency on the replies, a quarter of them and then all past the read
 //     timeout: the script runs, its reply comes too late, go-redis sends the
@@ -80,7 +80,7 @@ func TestNetworkFaults(t *testing.T) {
 	opts.ReadTimeout, opts.WriteTimeout, opts.DialTimeout = 150*time.Millisecond, 150*time.Millisecond, 300*time.Millisecond
 	opts.MaxRetries = 3
 	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
+	pipe := withAutopipe(t, rdb) // as ledgerd: batches meet the faults too
 	st := startStack(t, rdb, policyYAML(6*time.Second), ledger.Options{})
 	if err := st.Ledger.LoadScripts(context.Background()); err != nil {
 		t.Fatal(err)
@@ -163,8 +163,9 @@ func TestNetworkFaults(t *testing.T) {
 	t.Logf("%d operations: %s; %s", len(opIDs), v, dest)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome; Do errors retried: %s", calls, unknown, l.errors())
 	resent := ran() - (st.scripts.Load() - st.failed.Load())
-	t.Logf("scripts: the ledger asked for %d (%d failed); Redis ran %d: at least %d re-sent by go-redis and run again",
-		st.scripts.Load(), st.failed.Load(), ran(), resent)
+	batches, batched := pipe.Stats()
+	t.Logf("scripts: the ledger asked for %d (%d failed), the autopipelining hook sent %d in %d batches; Redis ran %d: at least %d re-sent by go-redis and run again",
+		st.scripts.Load(), st.failed.Load(), batched, batches, ran(), resent)
 	if twice := rec.linearizable(t, true); int64(twice) > resent {
 		t.Errorf("%d operations are linearizable only if a script ran twice, but Redis ran only %d scripts more than the ledger asked for", twice, resent)
 	}

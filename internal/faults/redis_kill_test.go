@@ -135,8 +135,10 @@ func TestRedisKill(t *testing.T) {
 
 func redisKill(t *testing.T, kills int, args []string, measure bool) {
 	srv := redistest.Start(t, args...)
+	// As ledgerd sets up its client (cmd/ledgerd, openStore):
+	// autopipelining on, so that batches meet the dead server too.
 	rdb := redis.NewClient(redisOptions(srv.Addr))
-	t.Cleanup(func() { _ = rdb.Close() })
+	pipe := withAutopipe(t, rdb)
 	st := startStack(t, rdb, policyYAML(3*time.Second), ledger.Options{})
 
 	rec := newRecorder(effIrreversible, maxAttempts)
@@ -191,6 +193,8 @@ func redisKill(t *testing.T, kills int, args []string, measure bool) {
 	calls, unknown := rec.counts()
 	t.Logf("%d operations: %s; %s", len(opIDs), v, dest)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome; Do errors retried: %s", calls, unknown, l.errors())
+	batches, batched := pipe.Stats()
+	t.Logf("autopipelining: %d scripts in %d batches", batched, batches)
 	if measure {
 		t.Logf("MEASURED %v: %d kills, %d acknowledged writes lost, %d duplicate effects, %d operations not settled",
 			args, kills, totalLost, v.duplicates, v.unsettled)

@@ -37,7 +37,7 @@ func TestScriptFlush(t *testing.T) {
 func scriptFlush(t *testing.T, srv *redistest.Server, opts ledger.Options) {
 	direct := srv.Client(t)
 	rdb := redis.NewClient(redisOptions(srv.Addr))
-	t.Cleanup(func() { _ = rdb.Close() })
+	pipe := withAutopipe(t, rdb) // as ledgerd: batched scripts meet NOSCRIPT too
 	st := startStack(t, rdb, policyYAML(3*time.Second), opts)
 
 	rec := newRecorder(effIrreversible, maxAttempts)
@@ -63,8 +63,9 @@ func scriptFlush(t *testing.T, srv *redistest.Server, opts ledger.Options) {
 	calls, unknown := rec.counts()
 	t.Logf("%d SCRIPT FLUSH; %d operations: %s; %s", flushes, len(opIDs), v, dest)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome; Do errors retried: %s", calls, unknown, l.errors())
-	t.Logf("scripts: the ledger asked for %d (%d failed); Redis answered NOSCRIPT %d times and ran %d scripts",
-		st.scripts.Load(), st.failed.Load(), noscript, scriptRuns(t, direct))
+	batches, batched := pipe.Stats()
+	t.Logf("scripts: the ledger asked for %d (%d failed), the autopipelining hook sent %d (EVAL after NOSCRIPT included) in %d batches; Redis answered NOSCRIPT %d times and ran %d scripts",
+		st.scripts.Load(), st.failed.Load(), batched, batches, noscript, scriptRuns(t, direct))
 	if scriptRuns(t, direct) != st.scripts.Load() {
 		t.Errorf("Redis ran %d scripts for the ledger's %d: the NOSCRIPT fallback ran some twice", scriptRuns(t, direct), st.scripts.Load())
 	}
