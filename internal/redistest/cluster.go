@@ -96,6 +96,60 @@ func (c *Cluster) startNode() (*Server, error) {
 // It is stopped with the cluster.
 func (c *Cluster) AddMaster(tb testing.TB) *Server {
 	tb.Helper()
+	s := c.meetNode(tb)
+	// The new node answers CLUSTERDOWN until it has the slot map.
+	if err := c.waitOK(30 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// AddReplica starts a node with the cluster's options, has it meet the
+// cluster, makes it a replica of master (CLUSTER REPLICATE, as redis-cli
+// --cluster add-node --cluster-slave does) and waits until master has it
+// online and every node reports cluster_state:ok. It is stopped with the
+// cluster.
+func (c *Cluster) AddReplica(tb testing.TB, master *Server) *Server {
+	tb.Helper()
+	s := c.meetNode(tb)
+	masterID := NodeID(tb, master)
+	cl := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer cl.Close()
+	// The node may not have learnt yet that master is a master.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := cl.Do(context.Background(), "cluster", "replicate", masterID).Err()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("CLUSTER REPLICATE %s on %s: %v", master.Addr, s.Addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr, DisableIdentity: true})
+	defer mc.Close()
+	_, port, _ := strings.Cut(s.Addr, ":")
+	for {
+		info, err := mc.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "port="+port+",state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("replica %s of %s did not come in sync within 30s", s.Addr, master.Addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.waitOK(30 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// meetNode starts a node with the cluster's options, has it meet the
+// cluster (CLUSTER MEET) and waits until every node knows it.
+func (c *Cluster) meetNode(tb testing.TB) *Server {
+	tb.Helper()
 	s, err := c.startNode()
 	if err != nil {
 		tb.Fatal(err)
@@ -130,10 +184,6 @@ func (c *Cluster) AddMaster(tb testing.TB) *Server {
 			tb.Fatalf("the cluster did not learn of the new master %s within 30s", s.Addr)
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-	// The new node answers CLUSTERDOWN until it has the slot map.
-	if err := c.waitOK(30 * time.Second); err != nil {
-		tb.Fatal(err)
 	}
 	return s
 }
