@@ -40,7 +40,11 @@
 //     and to a master added mid-run; every call on a shard whose slot is
 //     open is refused by Redis (ASK, TRYAGAIN) and answered UNAVAILABLE,
 //     never another error; the live counts summed over the masters match
-//     the records.
+//     the records. The compaction pass runs meanwhile and cuts receipts
+//     to their tombstones, each on one master, each run once. Once without
+//     WAIT, and once with WAIT 1 on a cluster with a replica per master
+//     (the ledger's EVALSHA, marker SET and WAIT pipelines on moving
+//     slots).
 //
 // The tests that run the ledger in the test process (TestRedisKill,
 // TestNetworkFaults, TestScriptFlush, TestClusterFailover,

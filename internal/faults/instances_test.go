@@ -172,7 +172,7 @@ func TestSeveralInstances(t *testing.T) {
 			t.Logf("  unresolved: %s %v (%s)", o.ID, o.State, reasons(o))
 		}
 	}
-	compacted := rcpt.check(ctx, t, rdb)
+	compacted := rcpt.check(ctx, t, []*redis.Client{rdb})
 	lost, checked := lostAcks(ctx, t, reconciler, rec.acknowledged(), func(s string) { t.Error(s) })
 
 	calls, unknown := rec.counts()
@@ -340,10 +340,20 @@ type receipts struct {
 }
 
 func newReceipts(t testing.TB, ds []*ledgerd, d *destination) *receipts {
+	addrs := make([]string, len(ds))
+	for i, ld := range ds {
+		addrs[i] = ld.Addr
+	}
+	return newReceiptsOn(t, addrs, d)
+}
+
+// newReceiptsOn returns receipts performed through a client of each of
+// the ledger services at addrs.
+func newReceiptsOn(t testing.TB, addrs []string, d *destination) *receipts {
 	r := &receipts{runs: map[string]int{}}
-	for _, ld := range ds {
+	for _, addr := range addrs {
 		// Their own recorder: the model knows no retention.
-		r.clients = append(r.clients, newClient(t, ld.Addr, newRecorder(effIrreversible, maxAttempts), d))
+		r.clients = append(r.clients, newClient(t, addr, newRecorder(effIrreversible, maxAttempts), d))
 	}
 	return r
 }
@@ -371,37 +381,88 @@ func (r *receipts) settle(ctx context.Context, t testing.TB, n int) {
 	}
 }
 
+// performInBackground performs receipts, one after another, through the
+// clients in turn, until stop is called, which returns how many. A Do
+// answered UNAVAILABLE (the SDK gave up repeating it) is repeated with the
+// same operation id.
+func (r *receipts) performInBackground(ctx context.Context, t testing.TB, pause time.Duration) (stop func() int) {
+	quit := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		defer func() { done <- n }()
+		for ; ; n++ {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			default:
+			}
+			id := fmt.Sprintf("rcpt-%03d", n)
+			r.mu.Lock()
+			r.ids = append(r.ids, id)
+			r.mu.Unlock()
+			var err error
+			for range 50 {
+				if _, err = r.clients[n%len(r.clients)].Do(ctx, r.op(id), r.fn); !errors.Is(err, client.ErrUnavailable) {
+					break
+				}
+				sleepCtx(ctx, 100*time.Millisecond)
+			}
+			if err != nil {
+				t.Errorf("Do(%s): %v", id, err)
+				n++
+				return
+			}
+			sleepCtx(ctx, pause)
+		}
+	}()
+	return func() int { close(quit); return <-done }
+}
+
 // check waits until every receipt's record is cut to its tombstone (the
-// fingerprint and four fields, no history) and returns how many were at
-// the first look; then it performs each again, through another instance
-// than the first time, which must be refused as expired without running.
-func (r *receipts) check(ctx context.Context, t testing.TB, rdb *redis.Client) (first int) {
+// fingerprint and four fields, no history), each on one of nodes (one
+// server, or every master of a cluster) and on one only, and returns how
+// many were at the first look; then it performs each again, through
+// another instance than the first time, which must be refused as expired
+// without running.
+func (r *receipts) check(ctx context.Context, t testing.TB, nodes []*redis.Client) (first int) {
 	t.Helper()
 	pattern := ledger.DefaultPrefix + ":{s[0-9][0-9]}:op:default:rcpt-*"
 	deadline := time.Now().Add(30 * time.Second)
 	for look := 0; ; look++ {
-		ks, err := rdb.Keys(ctx, pattern).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
+		records := map[string]int{} // by key: on how many nodes
 		cut := 0
-		for _, k := range ks {
-			v, err := rdb.Get(ctx, k).Result()
+		for _, rdb := range nodes {
+			ks, err := rdb.Keys(ctx, pattern).Result()
 			if err != nil {
-				t.Fatalf("GET %s: %v", k, err)
+				t.Fatal(err)
 			}
-			if body := v[min(len(v), 33):]; strings.Count(body, "\xff") == 3 && !strings.Contains(body, "\xfe") {
-				cut++
+			for _, k := range ks {
+				v, err := rdb.Get(ctx, k).Result()
+				if err != nil {
+					t.Fatalf("GET %s: %v", k, err)
+				}
+				records[k]++
+				if body := v[min(len(v), 33):]; strings.Count(body, "\xff") == 3 && !strings.Contains(body, "\xfe") {
+					cut++
+				}
 			}
 		}
 		if look == 0 {
 			first = cut
 		}
-		if len(ks) == len(r.ids) && cut == len(ks) {
+		for k, n := range records {
+			if n > 1 {
+				t.Fatalf("receipts: %s is on %d nodes", k, n)
+			}
+		}
+		if len(records) == len(r.ids) && cut == len(records) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("receipts: %d records of %d, %d cut to their tombstone, 30 s after the first look", len(ks), len(r.ids), cut)
+			t.Fatalf("receipts: %d records of %d, %d cut to their tombstone, 30 s after the first look", len(records), len(r.ids), cut)
 		}
 		sleepCtx(ctx, 200*time.Millisecond)
 	}

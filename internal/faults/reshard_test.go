@@ -32,6 +32,8 @@ import (
 //     path), without the scripts in its cache, and the slots of the next
 //     16 shards (32) move to it.
 //
+// (Half as many shards with WAIT, below.)
+//
 // While a shard's slot is open, its scripts are answered TRYAGAIN or ASK
 // (every script names keys that do not exist, and Redis runs a multi-key
 // command on a slot in migration only on a node holding all its keys, so
@@ -39,26 +41,50 @@ import (
 // until the client's slot map has the new one; calls that go-redis cannot
 // finish are answered UNAVAILABLE and the SDK repeats them. Agents that
 // crash after EXECUTE leave claims for the sweeper to expire and a
-// reconciler to resolve while the slots move.
+// reconciler to resolve while the slots move. The compaction pass runs as
+// ledgerd runs it (RunCompactor, here every 100 ms), on receipts kept 1 s
+// once settled that are performed all along: it walks every master's keys
+// while slots leave and reach them.
 //
 // Then: nothing was applied twice; every call whose outcome the caller
-// could not tell was answered UNAVAILABLE (STORE_UNAVAILABLE), never
-// another error, and Do failed with nothing else than retryable errors;
-// every acknowledged write is in the store; every operation settles; the
-// live counts in the stats hashes, summed over the masters, equal the
-// records, and the lease and overdue indexes hold nothing the records do
-// not; the history is linearizable. The figures (replies redirected or
-// refused, what became of those commands, calls answered UNAVAILABLE) are
-// logged in the MEASURED line.
+// could not tell was answered UNAVAILABLE (STORE_UNAVAILABLE, or with WAIT
+// NOT_REPLICATED), never another error, and Do failed with nothing else
+// than retryable errors; every acknowledged write is in the store; every
+// operation settles; no script the ledger sent once ran twice; the live
+// counts in the stats hashes, summed over the masters, equal the records,
+// and the lease and overdue indexes hold nothing the records do not; the
+// compaction passes cut records while the slots moved, and every receipt
+// ends cut to its tombstone on one master, ran once, and is refused as
+// expired when performed again; the history is linearizable. The figures
+// (replies redirected or refused, what became of those commands, calls
+// answered UNAVAILABLE, records compacted) are logged in the MEASURED
+// line.
+//
+// The same runs with WAIT 1 (ledger.Options.WaitReplicas, ledgerd's
+// --wait-replicas) on a cluster whose masters, the added one too, have a
+// replica each: every call then sends its script, the WAIT marker and WAIT
+// in a pipeline of its own straight to the slot's master, and follows MOVED
+// and ASK itself. There every acknowledged answer, a read's too, must hold.
 func TestClusterReshard(t *testing.T) {
-	cl := redistest.StartCluster(t, 3, 0)
+	for _, wait := range []int{0, 1} {
+		t.Run(fmt.Sprintf("WAIT %d", wait), func(t *testing.T) { clusterReshard(t, wait) })
+	}
+}
+
+func clusterReshard(t *testing.T, wait int) {
+	// Replicas sync at once (not after diskless sync's 5 s delay): at the
+	// start, and the added master's.
+	cl := redistest.StartCluster(t, 3, wait, "--repl-diskless-sync-delay", "0")
 	// As ledgerd sets up its cluster client (cmd/ledgerd, openStore).
 	rdb := clusterClient(cl.Addrs())
 	rd := newRedirects()
 	rdb.OnNewNode(func(n *redis.Client) { n.AddHook(nodeHook{rd}) })
 	withAutopipe(t, rdb)
 	rdb.AddHook(clusterHook{rd}) // after autopipe's: it sees each script once, batched or not
-	st := startStack(t, rdb, policyYAML(2*time.Second), ledger.Options{})
+	// Receipts are kept 1 s once settled, so that the compaction passes
+	// have records to cut while the slots move.
+	policy := policyYAML(2*time.Second) + "tools:\n  - match: " + receiptTool + "\n    retention: 1s\n    tombstone_retention: 1h\n"
+	st := startStack(t, rdb, policy, ledger.Options{WaitReplicas: wait, WaitTimeout: time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := st.Ledger.LoadScripts(ctx); err != nil {
@@ -66,6 +92,7 @@ func TestClusterReshard(t *testing.T) {
 	}
 
 	rec := newRecorder(effIrreversible, maxAttempts)
+	rec.answers = wait > 0
 	dest := newDestination(true, 11)
 	clients := newClients(t, 3, st.Addr, rec, dest)
 	crashed := crashAgents(ctx, t, clients, dest, "crash", scale(24, 2))
@@ -73,11 +100,24 @@ func TestClusterReshard(t *testing.T) {
 	stopRec := reconcileInBackground(ctx, t, reconciler, dest)
 	l := newLoad(dest, clients, 6)
 	finish := l.background(ctx, t, "rs")
+	rcpt := newReceiptsOn(t, []string{st.Addr, st.Addr}, dest)
+	stopReceipts := rcpt.performInBackground(ctx, t, 200*time.Millisecond)
+	// The compaction pass, as ledgerd runs it (--compact-batch), with a
+	// shorter tick; its commands are told apart in the figures.
+	cctx, stopCompactor := context.WithCancel(context.WithValue(ctx, compactionCtx{}, true))
+	compactorDone := make(chan struct{})
+	go func() { st.Ledger.RunCompactor(cctx, 100*time.Millisecond, 25); close(compactorDone) }()
+	defer func() { stopCompactor(); <-compactorDone }()
 
-	// The shards' slots, in shard order, each once.
+	// The shards' slots, in shard order, each once; half as many with WAIT,
+	// whose moves take longer (twice the nodes on the same cores).
+	shards := scale(32, 2)
+	if wait > 0 {
+		shards /= 2
+	}
 	var slots []int
 	seenSlot := map[int]bool{}
-	for s := range scale(32, 2) {
+	for s := range shards {
 		slot, err := rdb.ClusterKeySlot(ctx, fmt.Sprintf("%s:{s%02d}:stats", ledger.DefaultPrefix, s)).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -91,7 +131,13 @@ func TestClusterReshard(t *testing.T) {
 
 	// 1: between the first three masters.
 	sleepCtx(ctx, 2*time.Second)
-	masters := append([]*redistest.Server(nil), cl.Nodes...)
+	var masters []*redistest.Server
+	for _, n := range cl.Nodes {
+		if role(t, n) == "master" {
+			masters = append(masters, n)
+		}
+	}
+	compactedBefore, passesBefore := st.compacted.Load(), st.compactPasses.Load()
 	var moved reshardFigures
 	for _, slot := range slots[:half] {
 		src := slotOwner(t, cl, slot)
@@ -103,10 +149,16 @@ func TestClusterReshard(t *testing.T) {
 	// 2: a new master joins, and slots move to it.
 	added := cl.AddMaster(t)
 	masters = append(masters, added)
+	if wait > 0 {
+		// Its replica, before any slot is its: WAIT counts the master's
+		// replicas.
+		cl.AddReplica(t, added)
+	}
 	var toAdded reshardFigures
 	for _, slot := range slots[half:] {
 		toAdded.add(moveSlot(ctx, t, masters, slot, slotOwner(t, cl, slot), added))
 	}
+	compactedMoving, passesMoving := st.compacted.Load()-compactedBefore, st.compactPasses.Load()-passesBefore
 	t.Logf("phase 2: master %s added, %d slots moved to it, %d keys, after %d operations settled", added.Addr, toAdded.slots, toAdded.keys, l.done.Load())
 	sleepCtx(ctx, time.Second)
 
@@ -114,6 +166,7 @@ func TestClusterReshard(t *testing.T) {
 		waitSettledOrPending(ctx, t, reconciler, id)
 	}
 	reconciled, staleFindings := stopRec()
+	nReceipts := stopReceipts()
 	opIDs := finish()
 
 	nodes := make([]*redis.Client, len(masters))
@@ -135,6 +188,12 @@ func TestClusterReshard(t *testing.T) {
 	if n := owned(t, cl, added); n != len(slots)-half {
 		t.Errorf("the added master serves %d slots, want %d", n, len(slots)-half)
 	}
+	// The compaction passes cut records while the slots moved, and every
+	// receipt is cut to its tombstone, on one master, in the end.
+	if compactedMoving == 0 {
+		t.Errorf("the compaction passes cut no record while the slots moved (%d walks ended meanwhile): they tested nothing", passesMoving)
+	}
+	cutFirst := rcpt.check(ctx, t, nodes)
 
 	// What the callers saw: a call whose outcome they could not tell was
 	// answered UNAVAILABLE, which the SDK repeats, or ended by the caller
@@ -144,6 +203,10 @@ func TestClusterReshard(t *testing.T) {
 	for reason, n := range why {
 		switch reason {
 		case "STORE_UNAVAILABLE", "DeadlineExceeded", "Canceled":
+		case "NOT_REPLICATED":
+			if wait == 0 {
+				t.Errorf("%d ledger calls failed with %s without WAIT", n, reason)
+			}
 		default:
 			t.Errorf("%d ledger calls failed with %s; a slot on the move must answer UNAVAILABLE (STORE_UNAVAILABLE)", n, reason)
 		}
@@ -152,12 +215,21 @@ func TestClusterReshard(t *testing.T) {
 		t.Errorf("Do failed %d times with other errors than UNAVAILABLE and retries exhausted: %s", n, l.errors())
 	}
 	// A script is run once per time the ledger sends it: a refusal of
-	// another script in the same pipeline must not send it again.
+	// another script in the same pipeline must not send it again, nor a
+	// refusal of the WAIT marker written after it.
 	if n := rd.ranTwice(); n > 0 {
 		t.Errorf("%d scripts the ledger sent once were run more than once by Redis", n)
 	}
 	if rd.scripts() == 0 {
 		t.Error("no script was redirected or refused: the slots did not move under the load")
+	}
+	// A compaction pass skips a key whose slot is elsewhere (that master's
+	// walk finds it): meeting a slot on the move is no failure.
+	if n := st.compactFailed.Load(); n > 0 {
+		t.Errorf("%d pipelines of the compaction passes failed", n)
+	}
+	if rd.calls("compaction") == 0 {
+		t.Error("no command of the compaction passes was redirected or refused: they did not meet a slot on the move")
 	}
 
 	calls, unknown := rec.counts()
@@ -168,11 +240,16 @@ func TestClusterReshard(t *testing.T) {
 	t.Logf("%d operations: %s; %s", len(opIDs), v, dest)
 	t.Logf("%d crashed agents' claims resolved, %d findings of the reconciler accepted (%d refused STALE_FENCING_TOKEN); acknowledged writes checked %v, lost %d", len(crashed), reconciled, staleFindings, checked, lost)
 	t.Logf("ledger calls by the clients: %v, %d with an unknown outcome (%v); Do errors retried: %s", calls, unknown, why, l.errors())
-	t.Logf("MEASURED: %d slots moved under load (%d keys, MIGRATE %d at a time), %d of them to a master added mid-run (%d keys); Redis %s; ledger scripts %d, %d failed; client calls %d, %d answered UNAVAILABLE; Do errors retried: %s; %d operations of the load: %s; %d crashed agents' operations resolved",
-		moved.slots+toAdded.slots, moved.keys+toAdded.keys, migrateBatch, toAdded.slots, toAdded.keys, rd,
-		st.scripts.Load(), st.failed.Load(), total, why["STORE_UNAVAILABLE"], l.errors(), len(opIDs), v, len(crashed))
+	t.Logf("MEASURED WAIT %d: %d slots moved under load (%d keys, MIGRATE %d at a time), %d of them to a master added mid-run (%d keys); Redis %s; ledger scripts %d, %d failed; client calls %d, %d answered UNAVAILABLE (%d NOT_REPLICATED); Do errors retried: %s; %d operations of the load: %s; %d crashed agents' operations resolved; compaction: %d records cut while the slots moved (%d walks over a master's keys ended meanwhile), %d pipelines of which %d failed; %d receipts, each cut to its tombstone (%d at the first look) and refused as expired when performed again",
+		wait, moved.slots+toAdded.slots, moved.keys+toAdded.keys, migrateBatch, toAdded.slots, toAdded.keys, rd,
+		st.scripts.Load(), st.failed.Load(), total, why["STORE_UNAVAILABLE"], why["NOT_REPLICATED"], l.errors(), len(opIDs), v, len(crashed),
+		compactedMoving, passesMoving, st.compactions.Load(), st.compactFailed.Load(), nReceipts, cutFirst)
 	rec.linearizable(t, false)
 }
+
+// compactionCtx marks the context of the compaction pass, so that
+// redirects tells its commands apart.
+type compactionCtx struct{}
 
 // migrateBatch is how many keys one MIGRATE moves, and migratePause the
 // pause after each: slow enough that scripts meet the slot half moved.
@@ -289,17 +366,20 @@ func indexOf(ss []*redistest.Server, s *redistest.Server) int {
 // redirects counts the replies of the cluster's nodes that say a slot is
 // on the move (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) and the NOSCRIPT replies
 // of a node without the scripts, and what became of the commands that got
-// one, scripts apart from the other commands (the sweeper's, the list's and
-// the stats' reads): go-redis follows a redirection and retries TRYAGAIN
-// itself, and gives up after a few tries (MaxRedirects). A node's hook
-// sees every reply; the cluster client's hook sees each command's outcome.
+// one, the ledger's scripts apart from the compaction pass's and from the
+// other commands (the sweeper's, the list's and the stats' reads): go-redis
+// follows a redirection and retries TRYAGAIN itself, and gives up after a
+// few tries (MaxRedirects). A node's hook sees every reply; the cluster
+// client's hook sees each command's outcome, and with WAIT, where the
+// ledger sends its pipelines to the nodes itself, the node's reply is the
+// outcome.
 type redirects struct {
 	mu      sync.Mutex
 	replies map[string]int         // node replies by kind
 	seen    map[redis.Cmder]string // commands in flight that got one
 	runs    map[redis.Cmder]int    // the scripts' runs, by the ledger's command
 	twice   int                    // scripts that the ledger sent once and Redis ran more than once
-	byClass map[string]*redirected // "scripts", "other commands"
+	byClass map[string]*redirected // "scripts", "compaction", "other commands"
 }
 
 // redirected is what became of the commands of one class that got a reply
@@ -313,7 +393,7 @@ type redirected struct {
 
 func newRedirects() *redirects {
 	return &redirects{replies: map[string]int{}, seen: map[redis.Cmder]string{}, runs: map[redis.Cmder]int{},
-		byClass: map[string]*redirected{"scripts": {ended: map[string]int{}}, "other commands": {ended: map[string]int{}}}}
+		byClass: map[string]*redirected{"scripts": {ended: map[string]int{}}, "compaction": {ended: map[string]int{}}, "other commands": {ended: map[string]int{}}}}
 }
 
 var movingKinds = []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT"}
@@ -333,23 +413,38 @@ func kindOf(err error) string {
 	return ""
 }
 
-func classOf(cmd redis.Cmder) string {
+func isScript(cmd redis.Cmder) bool {
 	switch cmd.Name() {
 	case "evalsha", "eval", "evalsha_ro", "eval_ro":
+		return true
+	}
+	return false
+}
+
+func classOf(ctx context.Context, cmd redis.Cmder) string {
+	switch {
+	case ctx.Value(compactionCtx{}) != nil:
+		return "compaction"
+	case isScript(cmd):
 		return "scripts"
 	}
 	return "other commands"
 }
 
-func (r *redirects) reply(cmd redis.Cmder, err error) {
+// ran reports whether a script's reply says Redis ran it: a success, or
+// the script's own error. A redirection, NOSCRIPT or a network error says
+// it did not, or nothing.
+func ran(err error) bool {
+	var rerr redis.Error
+	return kindOf(err) == "" && (err == nil || errors.As(err, &rerr))
+}
+
+func (r *redirects) reply(ctx context.Context, cmd redis.Cmder, err error) {
 	k := kindOf(err)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if k == "" {
-		// A reply of the script itself (a success, or its own error):
-		// Redis ran it. A network error says nothing.
-		var rerr redis.Error
-		if classOf(cmd) == "scripts" && (err == nil || errors.As(err, &rerr)) {
+		if isScript(cmd) && ran(err) {
 			if r.runs[cmd]++; r.runs[cmd] == 2 {
 				r.twice++
 			}
@@ -361,8 +456,21 @@ func (r *redirects) reply(cmd redis.Cmder, err error) {
 		return // the script is sent again (EVAL) as another command
 	}
 	if _, ok := r.seen[cmd]; !ok {
-		r.seen[cmd] = classOf(cmd)
-		r.byClass[classOf(cmd)].calls++
+		r.seen[cmd] = classOf(ctx, cmd)
+		r.byClass[classOf(ctx, cmd)].calls++
+	}
+}
+
+// waitPipeline takes the replies of one of the ledger's WAIT pipelines
+// (its script, the SET of the WAIT marker, WAIT), sent by the ledger to a
+// node itself: when the script ran but the marker's SET was redirected,
+// the ledger must not take the redirection for the script's and send the
+// script again, so the script counts as run twice.
+func (r *redirects) waitPipeline(cmds []redis.Cmder) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(cmds) == 3 && isScript(cmds[0]) && ran(cmds[0].Err()) && kindOf(cmds[1].Err()) != "" {
+		r.twice++
 	}
 }
 
@@ -397,11 +505,15 @@ func (r *redirects) ranTwice() int {
 	return r.twice
 }
 
-// scripts returns how many scripts got a reply redirects counts.
-func (r *redirects) scripts() int {
+// scripts returns how many of the ledger's scripts got a reply redirects
+// counts.
+func (r *redirects) scripts() int { return r.calls("scripts") }
+
+// calls returns how many commands of class got a reply redirects counts.
+func (r *redirects) calls(class string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.byClass["scripts"].calls
+	return r.byClass[class].calls
 }
 
 func (r *redirects) String() string {
@@ -412,7 +524,7 @@ func (r *redirects) String() string {
 		parts = append(parts, fmt.Sprintf("%s %d", k, r.replies[k]))
 	}
 	s := "replies " + strings.Join(parts, ", ") + fmt.Sprintf("; scripts run more than once: %d", r.twice)
-	for _, class := range []string{"scripts", "other commands"} {
+	for _, class := range []string{"scripts", "compaction", "other commands"} {
 		c := r.byClass[class]
 		var ended []string
 		n := 0
@@ -437,7 +549,7 @@ func (h nodeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h nodeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		h.r.reply(cmd, err)
+		h.r.reply(ctx, cmd, err)
 		return err
 	}
 }
@@ -446,7 +558,19 @@ func (h nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			h.r.reply(c, c.Err())
+			h.r.reply(ctx, c, c.Err())
+		}
+		waitPipe := len(cmds) > 0 && cmds[len(cmds)-1].Name() == "wait"
+		if waitPipe {
+			h.r.waitPipeline(cmds)
+		}
+		if waitPipe || ctx.Value(compactionCtx{}) != nil {
+			// The ledger's WAIT pipeline, or the compaction pass's: the
+			// ledger sends them to the node itself, and the cluster client
+			// never sees them. The node's replies are the outcome.
+			for _, c := range cmds {
+				h.r.outcome(c)
+			}
 		}
 		return err
 	}

@@ -57,6 +57,10 @@ type stack struct {
 	Ledger  *ledger.Ledger
 	scripts atomic.Int64 // script runs the ledger asked for
 	failed  atomic.Int64 // ... that ended in an error
+	// compaction: its pipelines of scripts, those that ended in an error,
+	// the records cut and the walks that reached the end of a master's
+	// keys (RunCompactor; startStack does not run it).
+	compactions, compactFailed, compacted, compactPasses atomic.Int64
 }
 
 // redisOptions are go-redis's options as ledgerd sets them in
@@ -111,9 +115,19 @@ func startStack(t testing.TB, rdb redis.UniversalClient, policy string, opts led
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	opts.Policies, opts.Logger = pol, log
 	opts.Observer = func(e ledger.Event) {
+		switch {
+		case e.Type == ledger.EventScript && e.Op == "Compact":
+			s.compactions.Add(1)
+			if e.Failed {
+				s.compactFailed.Add(1)
+			}
+		case e.Type == ledger.EventCompacted:
+			s.compacted.Add(int64(e.Count))
+		case e.Type == ledger.EventCompactionPass:
+			s.compactPasses.Add(1)
 		// Scripts only: the sweeper's read of the lease indexes (op Sweep)
 		// is reported too, but runs no script.
-		if e.Type == ledger.EventScript && e.Op != "Sweep" {
+		case e.Type == ledger.EventScript && e.Op != "Sweep":
 			s.scripts.Add(1)
 			if e.Failed {
 				s.failed.Add(1)
