@@ -62,8 +62,8 @@
 // of the SPEC state machine (model_test.go; TestModel checks the model
 // itself). docs/failure-model.md has the figures and what they mean.
 //
-// Run it alone with `go test -race -count=1 ./internal/faults/` (about two
-// and a half minutes). It needs redis-server and redis-cli, and builds
+// Run it alone with `go test -race -count=1 ./internal/faults/` (about three
+// minutes). It needs redis-server and redis-cli, and builds
 // cmd/ledgerd once. With LEDGER_TEST_FAULTS=long the runs are longer (12
 // Redis kills, 12 ledgerd kills in each ledgerd test, the network fault
 // schedule 5 times) and TestRedisKill also measures appendfsync everysec
