@@ -440,12 +440,15 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker st
 			}
 			c = node
 		}
-		res, err := l.evalWait(ctx, op, c, s, marker, keys, args)
-		if !cluster || try == 3 || !movedError(err) {
+		res, ran, err := l.evalWait(ctx, op, c, s, marker, keys, args)
+		if !cluster || try == 3 || ran || !movedError(err) {
+			// A redirection of the marker's SET after the script ran (the
+			// slot closed between the two) is not the script's: sent again,
+			// the script would run twice.
 			return res, err
 		}
 		// The slot moved (a failover, a resharding) and the cached slot map
-		// is behind: MOVED and ASK mean the script did not run. Reload the
+		// is behind: a script answered MOVED or ASK did not run. Reload the
 		// map and go to the new master.
 		cc.ReloadState(ctx)
 		t := time.NewTimer(time.Duration(50<<try) * time.Millisecond)
@@ -473,7 +476,13 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker st
 // only once that state is on the replicas, whether the script wrote or
 // not. The marker has the operation's hash tag: on Cluster it is on the
 // same master.
-func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, marker string, keys []string, args []any) ([]any, error) {
+//
+// ran reports whether the script ran (its reply is in), whatever became of
+// the commands after it: Redis may serve other clients between the
+// commands of a pipeline (one read in several parts), so a resharding can
+// close the slot between the script and the marker's SET, which is then
+// answered MOVED or ASK although the script ran.
+func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, marker string, keys []string, args []any) (res []any, ran bool, err error) {
 	once := func(full bool) ([]any, int64, error) {
 		pipe := c.Pipeline() // one connection: WAIT covers the marker's write
 		var ev *redis.Cmd
@@ -490,24 +499,26 @@ func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *re
 		if err != nil {
 			return nil, 0, err
 		}
+		ran = true
 		if err := mark.Err(); err != nil {
-			// Refused (read-only after a failover, out of memory): nothing
-			// says the replicas have what the script read.
+			// Refused (read-only after a failover, out of memory, the slot
+			// moved since the script ran): nothing says the replicas have
+			// what the script read.
 			return nil, 0, err
 		}
 		return res, w.Val(), w.Err()
 	}
 	res, acked, err := once(false)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+	if err != nil && !ran && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		res, acked, err = once(true)
 	}
 	if err != nil {
-		return nil, err
+		return nil, ran, err
 	}
 	if acked < int64(l.waitN) {
-		return res, &Error{Op: op, Kind: KindNotReplicated, Replicas: int(acked), Err: fmt.Errorf("%d of %d replicas acknowledged within %s", acked, l.waitN, l.waitFor)}
+		return res, true, &Error{Op: op, Kind: KindNotReplicated, Replicas: int(acked), Err: fmt.Errorf("%d of %d replicas acknowledged within %s", acked, l.waitN, l.waitFor)}
 	}
-	return res, nil
+	return res, true, nil
 }
 
 // movedError reports a Redis Cluster redirection: the node no longer (or not

@@ -4,8 +4,11 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/opledger/ledger/internal/redistest"
 )
@@ -239,5 +242,157 @@ func TestWaitCoversTheStateRead(t *testing.T) {
 		if changes() == before {
 			t.Errorf("%s sent the replicas nothing before its WAIT: the WAIT did not cover the state it read", c.name)
 		}
+	}
+}
+
+// TestWaitMarkerRedirectedAfterTheScript: with WaitReplicas on Redis
+// Cluster, a call's script, the SET of its WAIT marker and WAIT go to the
+// slot's master in one pipeline, but Redis may serve other clients between
+// them (a pipeline read in several parts). When a resharding closes the
+// slot in between, the script has run and the marker's SET is answered
+// MOVED: that redirection is not the script's, and the script must not be
+// sent again to the new master. The call is answered KindUnavailable (the
+// write stands; nothing says a replica has it), the caller repeats it and
+// gets the same outcome, and Redis ran the script once for the first call.
+func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	cc := cl.Client(t)
+	// Once armed, the next WAIT pipeline is sent in two parts, the slot
+	// moved between them.
+	var armed atomic.Bool
+	var moveSlot func()
+	cc.OnNewNode(func(n *redis.Client) { n.AddHook(splitHook{armed: &armed, between: func() { moveSlot() }}) })
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	// No replica: every call waits its 10 ms and reports KindNotReplicated;
+	// what matters here is what runs.
+	l, err := New(cc, Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := l.LoadScripts(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := l.keys.op("t", "op").all[0]
+	slot, err := cc.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := cl.MasterFor(t, key)
+	dst := cl.Nodes[0]
+	if dst == src {
+		dst = cl.Nodes[1]
+	}
+	masters := []*redistest.Server{src, dst}
+	// moveSlot moves the slot with its keys from src to dst, as redis-cli
+	// --cluster reshard does.
+	moveSlot = func() {
+		s, d := src.Client(t), dst.Client(t)
+		srcID, dstID := redistest.NodeID(t, src), redistest.NodeID(t, dst)
+		do := func(c interface {
+			Do(context.Context, ...any) *redis.Cmd
+		}, args ...any) {
+			if err := c.Do(ctx, args...).Err(); err != nil {
+				t.Errorf("%v: %v", args, err)
+			}
+		}
+		do(d, "cluster", "setslot", slot, "importing", srcID)
+		do(s, "cluster", "setslot", slot, "migrating", dstID)
+		host, port, _ := strings.Cut(dst.Addr, ":")
+		for {
+			ks, err := s.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
+			if err != nil || len(ks) == 0 {
+				break
+			}
+			args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+			for _, k := range ks {
+				args = append(args, k)
+			}
+			do(s, args...)
+		}
+		do(d, "cluster", "setslot", slot, "node", dstID)
+		do(s, "cluster", "setslot", slot, "node", dstID)
+		for _, m := range cl.Nodes {
+			if m != src && m != dst {
+				do(m.Client(t), "cluster", "setslot", slot, "node", dstID)
+			}
+		}
+	}
+	evalshas := func() int64 {
+		var n int64
+		for _, s := range masters {
+			info, err := s.Client(t).Info(ctx, "commandstats").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(info, "\r\n") {
+				if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+					v, _, _ := strings.Cut(rest, ",")
+					c, _ := strconv.ParseInt(v, 10, 64)
+					n += c
+				}
+			}
+		}
+		return n
+	}
+
+	who := Principal{Tenant: "t", ID: "a"}
+	req := ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"}
+	before := evalshas()
+	armed.Store(true)
+	_, err = l.Reserve(ctx, who, req)
+	ran := evalshas() - before
+	if armed.Load() {
+		t.Fatal("the WAIT pipeline was not split: the test tested nothing")
+	}
+	if ran != 1 {
+		t.Errorf("Redis ran the first Reserve's script %d times, want 1: the marker's MOVED was taken for the script's", ran)
+	}
+	if KindOf(err) != KindUnavailable {
+		t.Errorf("Reserve with its marker redirected: %v (kind %v), want KindUnavailable", err, KindOf(err))
+	}
+	// The caller repeats the call: the ledger goes to the new master, where
+	// the first run's claim is, and answers it again (not replicated: no
+	// replica here). The record holds one claim.
+	for range 20 {
+		if _, err = l.Reserve(ctx, who, req); KindOf(err) != KindUnavailable {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if KindOf(err) != KindNotReplicated {
+		t.Fatalf("Reserve repeated: %v, want KindNotReplicated", err)
+	}
+	plain, err := New(cc, Options{Policies: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := plain.Lookup(ctx, who, "op"); err != nil || o.State != StateRunning || o.Attempt != 1 || len(o.History) != 1 {
+		t.Fatalf("Lookup = %+v, %v; want RUNNING, attempt 1, one claim", o, err)
+	}
+}
+
+// splitHook sends the first WAIT pipeline (script, marker, WAIT) it sees
+// once armed in two parts, the script first, and calls between in
+// between.
+type splitHook struct {
+	armed   *atomic.Bool
+	between func()
+}
+
+func (h splitHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h splitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h splitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) != 3 || cmds[2].Name() != "wait" || !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		err := next(ctx, cmds[:1])
+		h.between()
+		if err2 := next(ctx, cmds[1:]); err == nil {
+			err = err2
+		}
+		return err
 	}
 }
