@@ -311,6 +311,11 @@ func errKind(err error) string {
 		return "effect not recorded"
 	case errors.Is(err, client.ErrRetriesExhausted):
 		return "retries exhausted"
+	case errors.Is(err, client.ErrNeedsReconciliation) && errors.Is(err, client.ErrUnavailable):
+		// The reconciler had its finding, but the ledger could not record
+		// it (a failing master): the operation is still UNKNOWN, and the
+		// next Do reconciles it again.
+		return "unavailable"
 	case errors.Is(err, client.ErrNeedsReconciliation):
 		return "needs reconciliation"
 	case errors.Is(err, client.ErrUnavailable):

@@ -1,0 +1,30 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/opledger/ledger/client"
+)
+
+// TestErrKind checks how the load sorts the errors of Do it retries: a
+// reconciliation the ledger could not record because it was unavailable
+// is an unavailable ledger (a failover's), not an operation left needing
+// a human.
+func TestErrKind(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&client.ReconcileError{Err: fmt.Errorf("recording the finding: %w", client.ErrUnavailable)}, "unavailable"},
+		{&client.ReconcileError{Err: fmt.Errorf("reconciler: %w", context.DeadlineExceeded)}, "needs reconciliation"},
+		{&client.ReconcileError{Escalated: true}, "needs reconciliation"},
+		{fmt.Errorf("reserve: %w", client.ErrUnavailable), "unavailable"},
+		{&client.ExhaustedError{Ambiguous: true}, "retries exhausted"},
+	} {
+		if got := errKind(c.err); got != c.want {
+			t.Errorf("errKind(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}
