@@ -18,6 +18,7 @@ func TestReconcileTerminalSameFinding(t *testing.T) {
 	resB := &Result{Data: []byte(`{"receipt":"B"}`), ResourceID: "r-A"}
 	resOtherID := &Result{Data: []byte(`{"receipt":"A"}`), ResourceID: "r-B"}
 	resNoID := &Result{Data: []byte(`{"receipt":"A"}`)}
+	emptyData := &Result{Data: []byte(`{}`)}
 	failX := &Failure{Code: "GONE", Message: "no such order"}
 	failY := &Failure{Code: "OTHER", Message: "no such order"}
 	failXOtherMsg := &Failure{Code: "GONE", Message: "order cancelled"}
@@ -65,8 +66,17 @@ func TestReconcileTerminalSameFinding(t *testing.T) {
 			if _, err := e.reconcile(t, id, FindingApplied, nil); err != nil {
 				t.Fatal(err)
 			}
-		}, []finding{{FindingApplied, nil, nil}, {FindingApplied, &Result{}, nil}},
+		}, []finding{{FindingApplied, nil, nil}, {FindingApplied, &Result{}, nil}, {FindingApplied, emptyData, nil}},
 			[]finding{{FindingApplied, resA, nil}, {FindingApplied, &Result{ResourceID: "r-A"}, nil}}},
+		// An empty object and no data are the same result: SDKs differ in
+		// which they send for "nothing" (Go none, Python and Node {}).
+		{"SUCCEEDED by Complete with an empty object", StateSucceeded, func(t *testing.T, e *env, id string) {
+			o := e.execute(t, id, "payments.refund")
+			if _, err := e.complete(t, id, o.FencingToken, OutcomeSucceeded, emptyData, nil); err != nil {
+				t.Fatal(err)
+			}
+		}, []finding{{FindingApplied, emptyData, nil}, {FindingApplied, nil, nil}, {FindingApplied, &Result{}, nil}},
+			[]finding{{FindingApplied, resA, nil}, {FindingApplied, &Result{Data: []byte(`{}`), ResourceID: "r-A"}, nil}}},
 		{"FAILED_FINAL by ABANDON", StateFailedFinal, func(t *testing.T, e *env, id string) {
 			o := e.execute(t, id, "payments.refund")
 			if _, err := e.markUnknown(t, id, o.FencingToken); err != nil {

@@ -243,6 +243,12 @@ func TestModel(t *testing.T) {
 			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":1}`, Note: "again"}, rec(stSucceeded, 1, 100, "r1")).
 			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":2}`}, output{Err: "ALREADY_RESOLVED"}).
 			add(reconcileIn(findApplied, "r1"), output{Err: "ALREADY_RESOLVED"}), true},
+		{"applied on SUCCEEDED: an empty object is the same data as none", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(input{Kind: kComplete, Token: 100, Outcome: outSucceeded, RID: "r1", Data: `{}`, Digest: "1|r1|{}"}, rec(stSucceeded, 1, 100, "r1")).
+			add(reconcileIn(findApplied, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{}`}, rec(stSucceeded, 1, 100, "r1")).
+			add(input{Kind: kReconcile, Finding: findApplied, RID: "r1", Data: `{"amount":2}`}, output{Err: "ALREADY_RESOLVED"}), true},
 		{"applied answered OK with other data than the data that stands", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(input{Kind: kComplete, Token: 100, Outcome: outSucceeded, RID: "r1", Data: `{"amount":1}`, Digest: "1|r1|1"}, rec(stSucceeded, 1, 100, "r1")).

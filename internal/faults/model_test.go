@@ -523,12 +523,24 @@ func renew(r record) result {
 	return result{next: r, snap: true}
 }
 
+// sameData reports whether two results' data are the same for Reconcile:
+// an empty object is the same as none.
+func sameData(a, b string) bool {
+	if a == "{}" {
+		a = ""
+	}
+	if b == "{}" {
+		b = ""
+	}
+	return a == b
+}
+
 func reconcile(r record, in input) result {
 	ok := func(n record) result { return result{next: n, snap: true} }
 	switch {
 	case r.St == stSucceeded || r.St == stFailed:
 		// The same finding: the same kind with the outcome that stands.
-		if in.Finding == findApplied && r.St == stSucceeded && in.RID == r.RID && in.Data == r.Data ||
+		if in.Finding == findApplied && r.St == stSucceeded && in.RID == r.RID && sameData(in.Data, r.Data) ||
 			in.Finding == findAbandon && r.St == stFailed && abandonCode(in) == r.Code && in.Msg == r.Msg {
 			return ok(r)
 		}

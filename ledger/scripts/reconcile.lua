@@ -32,7 +32,8 @@
 -- review. A repeat of the same finding succeeds again without a second
 -- history entry. On a terminal record the same finding is the same kind
 -- with the same outcome as the one that stands: APPLIED on SUCCEEDED with
--- the same result data (canonical JSON, as stored) and resource id, ABANDON
+-- the same result data (canonical JSON, as stored; an empty object is the
+-- same as none) and resource id, ABANDON
 -- on FAILED_FINAL with the same failure code (ABANDONED when ARGV[6] is '')
 -- and message; anything else is ALREADY_RESOLVED and changes nothing. With a token, a finding about an attempt that is no longer
 -- the current one changes nothing (STALE).
@@ -60,7 +61,12 @@ if st == ST_SUCCEEDED or st == ST_FAILED then
   -- OK must never tell a reconciler that the ledger holds what it reported
   -- when it holds something else.
   if finding == '1' and st == ST_SUCCEEDED then
-    if (R.rd or '') == ARGV[4] and (R.rid or '') == ARGV[5] then
+    -- An empty object is no data: clients differ in which they send.
+    local function data(d)
+      if d == nil or d == '{}' then return '' end
+      return d
+    end
+    if data(R.rd) == data(ARGV[4]) and (R.rid or '') == ARGV[5] then
       return reply(C_OK, '')
     end
   elseif finding == '3' and st == ST_FAILED then
