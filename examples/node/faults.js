@@ -98,6 +98,26 @@ function destination() {
   };
 }
 
+// Reports what the destination holds about the attempt with token, and
+// returns the record. ALREADY_RESOLVED or STALE_FENCING_TOKEN: someone
+// settled the operation meanwhile (the attempt's own report, another
+// reconciler; perhaps with another result than the one found here, which
+// stands) or another attempt claimed it. Nothing was recorded: the record
+// read after the refusal says what stands, and a retry under the same id
+// replays it or waits.
+async function reconcile(ledger, operationId, applied, token) {
+  try {
+    return (await ledger.rpc('Reconcile', {
+      operation_id: operationId,
+      finding: applied ? 'FINDING_APPLIED' : 'FINDING_NOT_APPLIED',
+      fencing_token: token,
+    })).operation;
+  } catch (err) {
+    if (!(err instanceof LedgerError) || !['ALREADY_RESOLVED', 'STALE_FENCING_TOKEN'].includes(err.reason)) throw err;
+    return ledger.lookup(operationId);
+  }
+}
+
 async function outcome(promise) {
   try {
     return { value: await promise };
@@ -321,11 +341,7 @@ async function main() {
       if (!(retried.err && retried.err.name === 'NeedsReconciliationError')) break;
       const applied = dest.applied(slow.operationId) > 0;
       console.log(`  reconciler: the destination has ${applied ? 'the ticket' : 'no ticket'}`);
-      await second.rpc('Reconcile', {
-        operation_id: slow.operationId,
-        finding: applied ? 'FINDING_APPLIED' : 'FINDING_NOT_APPLIED',
-        fencing_token: retried.err.operation.fencing_token,
-      });
+      await reconcile(second, slow.operationId, applied, retried.err.operation.fencing_token);
     }
     const ran = await running;
     check(dest.applied(slow.operationId) === 1, `the destination applied the effect once (${dest.applied(slow.operationId)})`);
@@ -333,6 +349,27 @@ async function main() {
     check(!retried.err && retried.value.replayed, `the second worker replayed it (${retried.err ? retried.err.message : 'replayed'})`);
     first.close();
     second.close();
+  });
+
+  await scenario(async () => {
+    console.log("6b. a reconciler reports the effect found after the worker's own report recorded it with its result");
+    const worker = new Ledger(address);
+    const reconciler = new Ledger(address);
+    const dest = destination();
+    const settled = op('settled-meanwhile');
+    const first = await outcome(worker.callTool(settled, dest.create));
+    check(!first.err && first.value.resourceId === 'TCK-1', `the worker recorded its result (${first.err ? first.err.message : 'recorded'})`);
+    // The reconciler saw the attempt unresolved a moment before, and finds a ticket at the
+    // destination: it reports it without the worker's result, which it does not know.
+    const record = await reconcile(reconciler, settled.operationId, true, (await worker.lookup(settled.operationId)).fencing_token);
+    check(record.state === 'STATE_SUCCEEDED' && record.result && record.result.resource_id === 'TCK-1',
+      `the record read after the refusal holds the worker's result (${record.state}, ${record.result ? record.result.resource_id : 'no result'})`);
+    const retried = await outcome(reconciler.callTool(settled, dest.create));
+    check(!retried.err && retried.value.replayed && retried.value.resourceId === 'TCK-1',
+      `a retry replays the worker's result (${retried.err ? retried.err.message : 'replayed'})`);
+    check(dest.applied(settled.operationId) === 1, `the destination applied the effect once (${dest.applied(settled.operationId)})`);
+    worker.close();
+    reconciler.close();
   });
 
   await scenario(async () => {

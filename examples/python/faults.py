@@ -131,6 +131,24 @@ class Destination:
             return self.tickets.count(key)
 
 
+def reconcile(ledger: Ledger, key: str, applied: bool, token: int) -> pb.Operation:
+    """Reports what the destination holds about the attempt with token, and returns the record.
+
+    ALREADY_RESOLVED or STALE_FENCING_TOKEN: someone settled the operation meanwhile (the
+    attempt's own report, another reconciler; perhaps with another result than the one found
+    here, which stands) or another attempt claimed it. Nothing was recorded: the record read
+    after the refusal says what stands, and a retry under the same id replays it or waits.
+    """
+    try:
+        return ledger.rpc("Reconcile", pb.ReconcileRequest(
+            operation_id=key, finding=pb.FINDING_APPLIED if applied else pb.FINDING_NOT_APPLIED,
+            fencing_token=token)).operation
+    except LedgerError as err:
+        if err.reason not in ("ALREADY_RESOLVED", "STALE_FENCING_TOKEN"):
+            raise
+        return ledger.lookup(key)
+
+
 def outcome(call, **kwargs):
     try:
         return call(**kwargs), None
@@ -331,9 +349,7 @@ def main() -> None:
                 break
             applied = dest.applied(key) > 0
             print(f"  reconciler: the destination has {'the ticket' if applied else 'no ticket'}")
-            second.rpc("Reconcile", pb.ReconcileRequest(
-                operation_id=key, finding=pb.FINDING_APPLIED if applied else pb.FINDING_NOT_APPLIED,
-                fencing_token=err.operation.fencing_token))
+            reconcile(second, key, applied, err.operation.fencing_token)
         worker.join(60)
         check(not worker.is_alive() and ran, "the first worker's call ended")
         check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
@@ -341,6 +357,26 @@ def main() -> None:
         check(err is None and out.replayed, f"the second worker replayed it ({err!r})")
         first.close()
         second.close()
+
+    def settled_meanwhile():
+        print("5b. a reconciler reports the effect found after the worker's own report recorded it with its result")
+        worker, reconciler, dest = Ledger(address), Ledger(address), Destination()
+        settled = op("settled-meanwhile")
+        key = settled["operation_id"]
+        out, err = outcome(worker.call_tool, **settled, fn=dest.create)
+        check(err is None and out.resource_id == "TCK-1", f"the worker recorded its result ({err!r})")
+        # The reconciler saw the attempt unresolved a moment before, and finds a ticket at the
+        # destination: it reports it without the worker's result, which it does not know.
+        record = reconcile(reconciler, key, True, worker.lookup(key).fencing_token)
+        check(record.state == pb.STATE_SUCCEEDED and record.result.resource_id == "TCK-1",
+              f"the record read after the refusal holds the worker's result "
+              f"({pb.State.Name(record.state)}, {record.result.resource_id!r})")
+        out, err = outcome(reconciler.call_tool, **settled, fn=dest.create)
+        check(err is None and out.replayed and out.resource_id == "TCK-1",
+              f"a retry replays the worker's result ({err!r})")
+        check(dest.applied(key) == 1, f"the destination applied the effect once ({dest.applied(key)})")
+        worker.close()
+        reconciler.close()
 
     def big_integer():
         print("6. amounts beyond 2^53, which the wire's doubles cannot tell apart")
@@ -731,9 +767,10 @@ def main() -> None:
         ledger.close()
 
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,
-                     refused_result, refused_failure_code, missing_failure_code, slow, big_integer, exhausted, hung,
-                     hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays, late_claim, cancel_waiting,
-                     cancel_reserving, cancel_running, lost_then_limited, claim_within_margin, renewal_hung):
+                     refused_result, refused_failure_code, missing_failure_code, slow, settled_meanwhile, big_integer,
+                     exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays, late_claim,
+                     cancel_waiting, cancel_reserving, cancel_running, lost_then_limited, claim_within_margin,
+                     renewal_hung):
         try:
             scenario()
         except CheckFailed as err:
