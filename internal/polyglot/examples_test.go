@@ -63,8 +63,10 @@ func startFaultsLedgerd(t *testing.T) string {
 // refused once, not repeated), parameters and results JSON cannot carry,
 // results the ledger refuses (both results left UNKNOWN at once), final
 // failures without a code or whose code the ledger refuses (recorded under
-// tool_failed), a tool that outlives its lease, a tool that hangs past its
-// tool timeout, a Reserve whose answers are lost (the claim granted is
+// tool_failed), a tool that outlives its lease, a reconciler's finding
+// refused as already resolved because the worker's own report came first
+// (the record read after it stands, and is replayed), a tool that hangs past
+// its tool timeout, a Reserve whose answers are lost (the claim granted is
 // returned), a wait on another caller's claim (backing off, on an injected
 // clock), a claim that comes after the wait budget (returned unused), a caller
 // that cancels while it waits, while its Reserve is on its way and while the
