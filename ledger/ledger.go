@@ -296,7 +296,9 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // outcome that stands (FindingApplied on SUCCEEDED with the same result
 // data and resource id, FindingAbandon on FAILED_FINAL with the same
 // failure code, ABANDONED when none is given, and message), however the
-// record got there; any other is KindAlreadyResolved. With req.FencingToken,
+// record got there, and a repeat of a FindingNotApplied or FindingEscalate
+// that took effect before the record went terminal (as below); any other
+// is KindAlreadyResolved. With req.FencingToken,
 // a finding about an attempt that is no longer the current one is refused
 // (KindStaleToken). A repeat of a call that took effect (the same finding
 // and note from the same principal, about the same attempt, or about any

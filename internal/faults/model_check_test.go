@@ -108,6 +108,21 @@ func TestModel(t *testing.T) {
 			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stPending, 2, 200, "")).
 			add(reserve("h3"), running(decExecute, 3, 300)).
 			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stRunning, 3, 300, "")), true},
+		{"a not-applied finding repeated after the record went terminal: OK; a new one: ALREADY_RESOLVED", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(completeOK(200, "r2"), rec(stSucceeded, 2, 200, "r2")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stSucceeded, 2, 200, "r2")).
+			add(reconcileIn(findNotApplied, ""), rec(stSucceeded, 2, 200, "r2")).
+			add(findingBy(findNotApplied, 100, "rec", "looked again"), output{Err: "ALREADY_RESOLVED"}).
+			add(fencedReconcileIn(findNotApplied, 200), output{Err: "ALREADY_RESOLVED"}).
+			add(fencedReconcileIn(findEscalate, 100), output{Err: "ALREADY_RESOLVED"}), true},
+		{"a new not-applied finding on a terminal record answered OK", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(completeOK(100, "r1"), rec(stSucceeded, 1, 100, "r1")).
+			add(fencedReconcileIn(findNotApplied, 100), rec(stSucceeded, 1, 100, "r1")), false},
 		{"mark unknown repeated after a finding, before the next claim: the finding stands", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).

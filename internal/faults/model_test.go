@@ -413,6 +413,19 @@ func apply(r record, in input) []result {
 		// In reconcile.lua's order: a terminal record; a repeat; a token
 		// that is not the current one; the finding.
 		if r.terminal() {
+			// A NOT_APPLIED or ESCALATE that took effect before the
+			// operation went terminal, repeated: OK, nothing changes.
+			if in.Finding == findNotApplied || in.Finding == findEscalate {
+				switch a := r.earlier(in.Token); {
+				case in.Token == 0 && r.found(0, in), a != 0 && r.found(a, in),
+					r.Tok != 0 && r.Tok == in.Token && r.found(r.Att, in):
+					return []result{ok(r)}
+				case r.Tok == 0 && in.Token > r.TokLo && r.found(r.Att, in):
+					// The token may be the current attempt's, which the
+					// history has not pinned.
+					return []result{ok(r), reconcile(r, in)}
+				}
+			}
 			return []result{reconcile(r, in)}
 		}
 		if in.Token == 0 {

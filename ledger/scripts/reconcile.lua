@@ -35,7 +35,9 @@
 -- the same result data (canonical JSON, as stored; an empty object is the
 -- same as none) and resource id, ABANDON
 -- on FAILED_FINAL with the same failure code (ABANDONED when ARGV[6] is '')
--- and message; anything else is ALREADY_RESOLVED and changes nothing. With a token, a finding about an attempt that is no longer
+-- and message; so is the repeat of a NOT_APPLIED or ESCALATE that took
+-- effect before the record went terminal (below); anything else is
+-- ALREADY_RESOLVED and changes nothing. With a token, a finding about an attempt that is no longer
 -- the current one changes nothing (STALE).
 --
 -- A repeat of a call that took effect (the history holds its finding, made
@@ -75,6 +77,11 @@ if st == ST_SUCCEEDED or st == ST_FAILED then
     if (R.fc or '') == code and (R.fm or '') == ARGV[7] then
       return reply(C_OK, '')
     end
+  elseif (finding == '2' or finding == '4') and did(token ~= '' and token or nil, REASON, S.principal, note) then
+    -- A repeat of a NOT_APPLIED or ESCALATE that took effect before the
+    -- operation went on to this state: it answers as the call it repeats
+    -- did, and changes nothing.
+    return reply(C_OK, '')
   end
   return reply(C_ALREADY_RESOLVED, '')
 end

@@ -91,15 +91,16 @@ type LedgerServiceClient interface {
 	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
 	// operation the same finding succeeds again and another is
 	// ALREADY_RESOLVED. The same finding there is the same kind with the
-	// outcome that stands: APPLIED on SUCCEEDED with the same result data and
-	// resource_id, ABANDON on FAILED_FINAL with the same failure code
+	// outcome that stands: APPLIED on SUCCEEDED with the same result data (an
+	// empty object is the same as none) and resource_id, ABANDON on FAILED_FINAL with the same failure code
 	// (ABANDONED when none is given) and message, however the operation got
 	// there; the same kind with another result or failure is
 	// ALREADY_RESOLVED too. With a fencing_token, a finding about an attempt that
 	// is no longer the current one is STALE_FENCING_TOKEN. A repeat of a call
 	// that took effect (the same finding and note from the same principal,
 	// about the same attempt) succeeds again and changes nothing, whatever
-	// happened since; a second finding about one attempt needs a new note.
+	// happened since, the operation's end included; a second finding about
+	// one attempt needs a new note.
 	// The response carries the record with its history, as Lookup does.
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
@@ -224,15 +225,16 @@ type LedgerServiceServer interface {
 	// human. A live lease refuses it (OPERATION_IN_PROGRESS); on a terminal
 	// operation the same finding succeeds again and another is
 	// ALREADY_RESOLVED. The same finding there is the same kind with the
-	// outcome that stands: APPLIED on SUCCEEDED with the same result data and
-	// resource_id, ABANDON on FAILED_FINAL with the same failure code
+	// outcome that stands: APPLIED on SUCCEEDED with the same result data (an
+	// empty object is the same as none) and resource_id, ABANDON on FAILED_FINAL with the same failure code
 	// (ABANDONED when none is given) and message, however the operation got
 	// there; the same kind with another result or failure is
 	// ALREADY_RESOLVED too. With a fencing_token, a finding about an attempt that
 	// is no longer the current one is STALE_FENCING_TOKEN. A repeat of a call
 	// that took effect (the same finding and note from the same principal,
 	// about the same attempt) succeeds again and changes nothing, whatever
-	// happened since; a second finding about one attempt needs a new note.
+	// happened since, the operation's end included; a second finding about
+	// one attempt needs a new note.
 	// The response carries the record with its history, as Lookup does.
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	// Renew extends the lease of a running claim; long tools call it as a
