@@ -210,6 +210,30 @@ func (e *ledgerEnv) markUnknown(t *testing.T, id, tool, why string) {
 	}
 }
 
+// waitOverdue waits until the store's clock, read from rdb, has passed the
+// recovery deadline of the UNKNOWN operation id: from then on the ledger
+// selects it as overdue.
+func (e *ledgerEnv) waitOverdue(t *testing.T, rdb redis.UniversalClient, id string) {
+	t.Helper()
+	ctx := context.Background()
+	op, err := e.sdk.Lookup(ctx, id)
+	if err != nil || op.RecoveryDeadline.IsZero() {
+		t.Fatalf("Lookup %s = %+v, %v", id, op, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !now.Before(op.RecoveryDeadline) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store's clock %v never reached the recovery deadline %v of %s", now, op.RecoveryDeadline, id)
+		}
+	}
+}
+
 // TestOperatorWorkflow finds and resolves operations end to end: lookup,
 // list-unresolved with its filters, and each reconcile finding.
 func TestOperatorWorkflow(t *testing.T) {
@@ -1250,11 +1274,15 @@ func TestHistoryCut(t *testing.T) {
 // time the store's clock has passed), marked as lower bounds, and a notice
 // says the clock is behind (in the JSON document with --json).
 func TestClockBehind(t *testing.T) {
-	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	rdb := redistest.Shared(t).Client(t)
+	e := newLedgerEnv(t, rdb)
 	env := e.env
 	old, young := "wf-40:charge", "wf-41:refund"
 	e.markUnknown(t, old, "overdue.charge", "read timeout")
 	e.markUnknown(t, young, "payments.refund", "timeout")
+	// The store has old overdue before any listing by the ledger's
+	// selection below.
+	e.waitOverdue(t, rdb, old)
 
 	defer func(c func() time.Time) { clock = c }(clock)
 	clock = func() time.Time { return time.Now().Add(-time.Hour) }
