@@ -650,7 +650,7 @@ func TestS11FencedWorkerCannotOverwrite(t *testing.T) {
 			t.Fatalf("worker A = %v, %v", a, err)
 		}
 		// Worker A stalls past its lease; worker B takes over.
-		time.Sleep(400 * time.Millisecond)
+		e.waitLeaseEnd(t, a.Operation)
 		b, err := e.c.Reserve(e.ctx, reserveReq(id, "short.idempotent", params, newHolder()))
 		if err != nil || b.Decision != ledgerv1.Decision_DECISION_EXECUTE || b.Operation.FencingToken <= a.Operation.FencingToken {
 			t.Fatalf("worker B = %v, %v", b, err)
