@@ -72,9 +72,7 @@ func TestClusterReshard(t *testing.T) {
 }
 
 func clusterReshard(t *testing.T, wait int) {
-	// Replicas sync at once (not after diskless sync's 5 s delay): at the
-	// start, and the added master's.
-	cl := redistest.StartCluster(t, 3, wait, "--repl-diskless-sync-delay", "0")
+	cl := redistest.StartCluster(t, 3, wait)
 	// As ledgerd sets up its cluster client (cmd/ledgerd, openStore).
 	rdb := clusterClient(cl.Addrs())
 	rd := newRedirects()

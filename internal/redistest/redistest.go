@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +46,10 @@ type Server struct {
 // Start starts a redis-server for one test and stops it at the test's end.
 // Extra args are redis-server options, e.g. "--maxmemory", "10mb". A missing
 // redis-server fails the test with MissingMessage.
+//
+// Every server started here (cluster nodes too) runs with syncAtOnce: a
+// replica's full sync starts as soon as it asks, not after the 5 s Redis
+// waits by default for more replicas to share a diskless transfer.
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
 	dir := tb.TempDir()
@@ -76,7 +81,14 @@ func start(dir string, args []string) (*Server, error) {
 	return startWith(dir, args, nil, func(port int) []string { return []string{"--port", strconv.Itoa(port)} })
 }
 
+// syncAtOnce sets repl-diskless-sync-delay to 0, so that a test waiting
+// for a replica to come online (at the start, after a restart or a
+// failover) does not wait 5 s more for nothing. Options given by a test
+// come after it, so a test may set another delay.
+var syncAtOnce = []string{"--repl-diskless-sync-delay", "0"}
+
 func startWith(dir string, args []string, clientTLS *tls.Config, listen func(port int) []string) (*Server, error) {
+	args = append(slices.Clone(syncAtOnce), args...)
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, errors.New(MissingMessage)
