@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/server"
@@ -449,15 +450,31 @@ func TestDoWaitsForAnotherHolder(t *testing.T) {
 		for calls.Load() == 0 {
 			time.Sleep(time.Millisecond)
 		}
+		// The second caller's client tells when the ledger has answered it
+		// IN_PROGRESS: it is then waiting for the first.
+		waiting := make(chan struct{})
+		var once sync.Once
+		seeWait := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if r, ok := reply.(*ledgerv1.ReserveResponse); ok && err == nil && r.GetDecision() == ledgerv1.Decision_DECISION_IN_PROGRESS {
+				once.Do(func() { close(waiting) })
+			}
+			return err
+		}))
+		c2, err := client.Dial(e.stack.Addr, fast, seeWait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c2.Close()
 		second := make(chan client.Result, 1)
 		go func() {
-			r, err := e.c.Do(e.ctx, op, slow)
+			r, err := c2.Do(e.ctx, op, slow)
 			if err != nil {
 				t.Error(err)
 			}
 			second <- r
 		}()
-		time.Sleep(50 * time.Millisecond) // the second caller is waiting
+		<-waiting
 		close(release)
 		if err := <-first; err != nil {
 			t.Fatal(err)

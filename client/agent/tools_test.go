@@ -15,6 +15,7 @@ import (
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 )
@@ -171,13 +172,24 @@ func TestCrashAfterResponseReplays(t *testing.T) {
 // lets one execute; the other waits and replays.
 func TestConcurrentRunsSameCall(t *testing.T) {
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		env := startLedger(t, rdb)
+		// waiting is closed once the ledger has answered a worker
+		// IN_PROGRESS: that worker is then waiting for the other.
+		waiting := make(chan struct{})
+		var once sync.Once
+		seeWait := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if r, ok := reply.(*ledgerv1.ReserveResponse); ok && err == nil && r.GetDecision() == ledgerv1.Decision_DECISION_IN_PROGRESS {
+				once.Do(func() { close(waiting) })
+			}
+			return err
+		}))
+		env := startLedger(t, rdb, seeWait)
 		dest := newDestination()
 		gate := make(chan struct{})
 		slow := bookTool(dest)
 		inner := slow.Func
 		slow.Func = func(ctx context.Context, c agent.Call) (client.Result, error) {
-			<-gate // hold the claim until both workers have started
+			<-gate // hold the claim until the other worker waits for it
 			return inner(ctx, c)
 		}
 		call := agent.ToolCall{ID: "call-1", Name: "book", Args: map[string]any{"slot": "10:00"}}
@@ -188,7 +200,7 @@ func TestConcurrentRunsSameCall(t *testing.T) {
 		for i := range outs {
 			wg.Go(func() { outs[i] = r.Run(context.Background(), agent.Input{RunID: runID, Transcript: user("book")}) })
 		}
-		time.Sleep(50 * time.Millisecond)
+		<-waiting
 		close(gate)
 		wg.Wait()
 		if outs[0].Status != agent.StatusDone || outs[1].Status != agent.StatusDone || outs[0].Answer != outs[1].Answer {
