@@ -126,7 +126,7 @@ func clusterFailover(t *testing.T, wait int) failoverFigures {
 
 	f.settledAfter = settledAfter(ctx, t, l)
 	opIDs := finish()
-	checkUnavailableOnly(t, rec, l)
+	checkUnavailableOnly(t, rec, l, f.lostKill+f.lostPartition)
 	f.acked = len(rec.acknowledged())
 	f.notReplicated = rec.unknownWhy()["NOT_REPLICATED"]
 	f.operations = len(opIDs)
@@ -180,8 +180,11 @@ const recoverAfter = 10
 // the tool returned; no other error. Do failed with nothing else than
 // retryable errors: UNAVAILABLE, retries exhausted, or the tool's
 // completion not recorded (its Complete was answered UNAVAILABLE until
-// the SDK gave up; the operation reconciles as applied).
-func checkUnavailableOnly(t testing.TB, rec *recorder, l *load) {
+// the SDK gave up; the operation reconciles as applied). When the failover
+// lost acknowledged writes (lost > 0, which only WAIT 0 allows), Do may
+// also have met what follows from them: an outcome recorded otherwise, or
+// an operation left needing reconciliation; they are logged, not errors.
+func checkUnavailableOnly(t testing.TB, rec *recorder, l *load, lost int) {
 	t.Helper()
 	for reason, n := range rec.unknownWhy() {
 		switch reason {
@@ -190,7 +193,12 @@ func checkUnavailableOnly(t testing.TB, rec *recorder, l *load) {
 			t.Errorf("%d ledger calls failed with %s; a call on a failing master must answer UNAVAILABLE", n, reason)
 		}
 	}
-	if n := l.errorsBut("unavailable", "retries exhausted", "effect not recorded"); n > 0 {
+	allowed := []string{"unavailable", "retries exhausted", "effect not recorded"}
+	if lost > 0 {
+		allowed = append(allowed, "effect recorded otherwise", "needs reconciliation")
+		t.Logf("Do errors with %d acknowledged writes lost: %s", lost, l.errors())
+	}
+	if n := l.errorsBut(allowed...); n > 0 {
 		t.Errorf("Do failed %d times with other errors than UNAVAILABLE, retries exhausted and completion not recorded: %s", n, l.errors())
 	}
 }

@@ -93,7 +93,7 @@ func sentinelFailover(t *testing.T, wait int) {
 	t.Logf("failover (replication cut for 1s, then kill -9 of the primary, after %d operations settled): %d acknowledged writes lost", at, lost)
 	after := settledAfter(ctx, t, l)
 	opIDs := finish()
-	checkUnavailableOnly(t, rec, l)
+	checkUnavailableOnly(t, rec, l, lost)
 
 	fail := t.Errorf
 	if wait == 0 {
