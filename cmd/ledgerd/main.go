@@ -806,6 +806,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("cannot use the store: %w", err)
 	}
+	if limit, ok := openFileLimit(); ok {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		checkOpenFiles(log, c.conns.MaxConnections, redisConnections(cctx, c, rdb), limit)
+		cancel()
+	}
 
 	lis, err := net.Listen("tcp", c.listen)
 	if err != nil {

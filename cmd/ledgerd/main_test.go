@@ -213,7 +213,18 @@ func TestRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+// runAsLedgerd, set to 1 in the environment, makes the test binary run
+// ledgerd's main with its arguments instead of the tests: a test that needs
+// ledgerd in a process of its own (under other resource limits) starts it so.
+const runAsLedgerd = "LEDGERD_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runAsLedgerd) == "1" {
+		main()
+		os.Exit(0)
+	}
+	redistest.Main(m)
+}
 
 func TestListenRules(t *testing.T) {
 	for _, tc := range []struct {
