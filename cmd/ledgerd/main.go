@@ -41,6 +41,10 @@
 //	--max-connection-age LEDGER_MAX_CONNECTION_AGE send GOAWAY to a connection that has lived that long (30m; 0: never)
 //	--max-connection-age-grace LEDGER_MAX_CONNECTION_AGE_GRACE how long its running calls may take to finish (1m)
 //
+// On Linux it warns at start when the open-file limit cannot hold
+// --max-connections, its Redis connections and a margin (raise ulimit -n,
+// or lower --max-connections; docs/configuration.md).
+//
 // Without --auth-file every caller is the tenant "default" and ledgerd only
 // serves a loopback address; with it, every call but health checks needs an
 // API key or a mapped client certificate, and a non-loopback address also
