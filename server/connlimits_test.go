@@ -23,6 +23,7 @@ import (
 
 	"github.com/opledger/ledger/client"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/h2test"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
@@ -145,7 +146,7 @@ func TestHandshakeTimeoutDisconnectsSilentPeers(t *testing.T) {
 				return
 			}
 			defer conn.Close()
-			if _, err := conn.Write([]byte(preface[:10])); err != nil {
+			if _, err := conn.Write([]byte(h2test.Preface[:10])); err != nil {
 				errs[i] = err
 				return
 			}
@@ -207,7 +208,7 @@ func TestKeepaliveClosesDeadPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(preface)); err != nil {
+	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
 		t.Fatal(err)
 	}
 	// From here on the peer reads and never writes: no SETTINGS ACK, no
@@ -215,17 +216,17 @@ func TestKeepaliveClosesDeadPeer(t *testing.T) {
 	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	pinged := false
 	for {
-		typ, flags, err := readFrame(conn)
+		typ, flags, _, err := h2test.ReadFrame(conn)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("still connected after 20s (pinged: %v)", pinged)
 		}
 		if err != nil {
 			break // closed
 		}
-		if typ == frameGoAway {
+		if typ == h2test.FrameGoAway {
 			t.Fatal("GOAWAY: the connection was closed for another reason than the unanswered ping")
 		}
-		if typ == framePing && flags&flagAck == 0 {
+		if typ == h2test.FramePing && flags&h2test.FlagAck == 0 {
 			pinged = true
 		}
 	}
@@ -303,7 +304,7 @@ func advertisedMaxStreams(t *testing.T, addr string) (uint32, bool) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(preface)); err != nil {
+	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
 		t.Fatal(err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -316,45 +317,16 @@ func advertisedMaxStreams(t *testing.T, addr string) (uint32, bool) {
 		if _, err := io.ReadFull(conn, payload); err != nil {
 			t.Fatal(err)
 		}
-		if h[3] != frameSettings || h[4]&flagAck != 0 {
+		if h[3] != h2test.FrameSettings || h[4]&h2test.FlagAck != 0 {
 			continue
 		}
 		for p := payload; len(p) >= 6; p = p[6:] {
-			if binary.BigEndian.Uint16(p) == settingMaxConcurrentStreams {
+			if binary.BigEndian.Uint16(p) == h2test.SettingMaxConcurrentStreams {
 				return binary.BigEndian.Uint32(p[2:]), true
 			}
 		}
 		return 0, false
 	}
-}
-
-// HTTP/2 frame types, flags and settings (RFC 9113) the raw peers read.
-const (
-	frameSettings               = 0x4
-	framePing                   = 0x6
-	frameGoAway                 = 0x7
-	flagAck                     = 0x1
-	settingMaxConcurrentStreams = 0x3
-)
-
-// readFrame reads one HTTP/2 frame from r and returns its type and flags.
-func readFrame(r io.Reader) (typ, flags byte, err error) {
-	typ, flags, _, err = readFramePayload(r)
-	return typ, flags, err
-}
-
-// readFramePayload reads one HTTP/2 frame from r and returns its type,
-// flags and payload.
-func readFramePayload(r io.Reader) (typ, flags byte, payload []byte, err error) {
-	var h [9]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, 0, nil, err
-	}
-	payload = make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
-	if _, err := io.ReadFull(r, payload); err != nil {
-		return 0, 0, nil, err
-	}
-	return h[3], h[4], payload, nil
 }
 
 // A client balancing with round_robin (client.md, "Several ledgerd
@@ -460,16 +432,16 @@ func TestMaxConnectionAgeSendsGoAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(preface)); err != nil {
+	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
 		t.Fatal(err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
 	for {
-		typ, _, payload, err := readFramePayload(conn)
+		typ, _, payload, err := h2test.ReadFrame(conn)
 		if err != nil {
 			t.Fatalf("no GOAWAY within 15s: %v", err)
 		}
-		if typ != frameGoAway {
+		if typ != h2test.FrameGoAway {
 			continue
 		}
 		// GOAWAY: last stream id (4 bytes), error code (4), debug data.

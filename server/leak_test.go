@@ -34,6 +34,7 @@ import (
 	"github.com/opledger/ledger/client"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/autopipe"
+	"github.com/opledger/ledger/internal/h2test"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
@@ -623,10 +624,6 @@ func (c *churn) closedMidCall(t *testing.T, r *rand.Rand) {
 	wg.Wait()
 }
 
-// preface is the HTTP/2 client connection preface, then an empty SETTINGS
-// frame.
-const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-
 // halfPrefaces opens n raw TCP connections that send part of the HTTP/2
 // preface (or the preface and garbage) and hang up, or, one in four, go
 // silent and wait for the server to hang up (its handshake timeout).
@@ -639,7 +636,7 @@ func (c *churn) halfPrefaces(r *rand.Rand, n int) {
 		c.raw.Add(1)
 		switch r.IntN(4) {
 		case 3:
-			_, _ = conn.Write([]byte(preface[:r.IntN(len(preface))]))
+			_, _ = conn.Write([]byte(h2test.Preface[:r.IntN(len(h2test.Preface))]))
 			// Its socket and this goroutine are gone once the server
 			// closes the connection: until then the baseline is not.
 			go func() {
@@ -649,11 +646,11 @@ func (c *churn) halfPrefaces(r *rand.Rand, n int) {
 			}()
 			continue
 		case 0:
-			_, _ = conn.Write([]byte(preface[:r.IntN(len(preface))]))
+			_, _ = conn.Write([]byte(h2test.Preface[:r.IntN(len(h2test.Preface))]))
 		case 1:
-			_, _ = conn.Write([]byte(preface + "\xff\xff\xff garbage"))
+			_, _ = conn.Write([]byte(h2test.Preface + "\xff\xff\xff garbage"))
 		default:
-			_, _ = conn.Write([]byte(preface[:r.IntN(len(preface))]))
+			_, _ = conn.Write([]byte(h2test.Preface[:r.IntN(len(h2test.Preface))]))
 			time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond)
 		}
 		if r.IntN(2) == 0 {

@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/opledger/ledger/internal/h2test"
 	"github.com/opledger/ledger/server"
 )
 
@@ -148,7 +149,7 @@ func TestConnectionLimitsServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer half.Close()
-	if _, err := half.Write([]byte(http2Preface[:10])); err != nil {
+	if _, err := half.Write([]byte(h2test.Preface[:10])); err != nil {
 		t.Fatal(err)
 	}
 	_ = half.SetReadDeadline(time.Now().Add(15 * time.Second))
@@ -169,20 +170,20 @@ func TestConnectionLimitsServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	if _, err := silent.Write([]byte(http2Preface)); err != nil {
+	if _, err := silent.Write([]byte(h2test.Preface)); err != nil {
 		t.Fatal(err)
 	}
 	_ = silent.SetReadDeadline(time.Now().Add(15 * time.Second))
 	pinged := false
 	for {
-		typ, flags, _, err := readFrame(silent)
+		typ, flags, _, err := h2test.ReadFrame(silent)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Fatalf("a peer that answers no ping is still connected after 15s (pinged: %v)", pinged)
 		}
 		if err != nil {
 			break // closed
 		}
-		if typ == 0x6 && flags&0x1 == 0 { // PING, not an ACK
+		if typ == h2test.FramePing && flags&h2test.FlagAck == 0 {
 			pinged = true
 		}
 	}
@@ -200,43 +201,26 @@ func advertisedStreams(t *testing.T, addr string) uint32 {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(http2Preface)); err != nil {
+	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
 		t.Fatal(err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for {
-		typ, flags, payload, err := readFrame(conn)
+		typ, flags, payload, err := h2test.ReadFrame(conn)
 		if err != nil {
 			t.Fatalf("no SETTINGS from ledgerd: %v", err)
 		}
-		if typ != 0x4 || flags&0x1 != 0 { // not SETTINGS, or an ACK
+		if typ != h2test.FrameSettings || flags&h2test.FlagAck != 0 {
 			continue
 		}
 		for p := payload; len(p) >= 6; p = p[6:] {
-			if binary.BigEndian.Uint16(p) == 0x3 { // MAX_CONCURRENT_STREAMS
+			if binary.BigEndian.Uint16(p) == h2test.SettingMaxConcurrentStreams {
 				return binary.BigEndian.Uint32(p[2:])
 			}
 		}
 		return 0
 	}
 }
-
-// readFrame reads one HTTP/2 frame (RFC 9113 §4.1) from r.
-func readFrame(r io.Reader) (typ, flags byte, payload []byte, err error) {
-	var h [9]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, 0, nil, err
-	}
-	payload = make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
-	if _, err := io.ReadFull(r, payload); err != nil {
-		return 0, 0, nil, err
-	}
-	return h[3], h[4], payload, nil
-}
-
-// http2Preface is the HTTP/2 client connection preface, then an empty
-// SETTINGS frame.
-const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 // TestMaxConnectionsServed runs ledgerd with --max-connections 2: the test's
 // connection and one more are served, a third is refused at once (its call
@@ -289,16 +273,16 @@ func TestMaxConnectionAgeServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(http2Preface)); err != nil {
+	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
 		t.Fatal(err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
 	for {
-		typ, _, payload, err := readFrame(conn)
+		typ, _, payload, err := h2test.ReadFrame(conn)
 		if err != nil {
 			t.Fatalf("no GOAWAY within 15s: %v", err)
 		}
-		if typ == 0x7 { // GOAWAY: last stream id, error code, debug data
+		if typ == h2test.FrameGoAway { // last stream id, error code, debug data
 			if len(payload) < 8 || string(payload[8:]) != "max_age" {
 				t.Fatalf("GOAWAY %q, want debug data \"max_age\"", payload)
 			}
