@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -203,32 +202,19 @@ func TestKeepaliveClosesDeadPeer(t *testing.T) {
 	t.Parallel()
 	addr := startLimited(t, server.ConnectionLimits{KeepaliveTime: time.Second, KeepaliveTimeout: 500 * time.Millisecond,
 		MaxConnectionIdle: time.Hour})
-	conn, err := net.Dial("tcp", addr)
+	// From here on the peer reads and never writes: no SETTINGS ACK, no
+	// PING ACK.
+	conn, err := h2test.Open(addr, 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
-		t.Fatal(err)
+	pinged, goAway, err := h2test.ReadUntilClosed(conn)
+	if err != nil {
+		t.Fatalf("still connected after 20s (pinged: %v)", pinged)
 	}
-	// From here on the peer reads and never writes: no SETTINGS ACK, no
-	// PING ACK.
-	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-	pinged := false
-	for {
-		typ, flags, _, err := h2test.ReadFrame(conn)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("still connected after 20s (pinged: %v)", pinged)
-		}
-		if err != nil {
-			break // closed
-		}
-		if typ == h2test.FrameGoAway {
-			t.Fatal("GOAWAY: the connection was closed for another reason than the unanswered ping")
-		}
-		if typ == h2test.FramePing && flags&h2test.FlagAck == 0 {
-			pinged = true
-		}
+	if goAway {
+		t.Fatal("GOAWAY: the connection was closed for another reason than the unanswered ping")
 	}
 	if !pinged {
 		t.Error("the server closed the connection without pinging it first")
@@ -288,44 +274,12 @@ func TestMaxConcurrentStreamsQueuesCalls(t *testing.T) {
 func TestDefaultMaxConcurrentStreamsAdvertised(t *testing.T) {
 	t.Parallel()
 	addr := startLimited(t, server.ConnectionLimits{})
-	got, ok := advertisedMaxStreams(t, addr)
-	if !ok || got != server.DefaultMaxConcurrentStreams {
-		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent: %v), want %d", got, ok, server.DefaultMaxConcurrentStreams)
-	}
-}
-
-// advertisedMaxStreams opens a raw HTTP/2 connection to addr and returns the
-// SETTINGS_MAX_CONCURRENT_STREAMS of the server's first SETTINGS frame, and
-// whether it has one.
-func advertisedMaxStreams(t *testing.T, addr string) (uint32, bool) {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
+	got, ok, err := h2test.MaxConcurrentStreams(addr, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for {
-		var h [9]byte
-		if _, err := io.ReadFull(conn, h[:]); err != nil {
-			t.Fatalf("no SETTINGS from the server: %v", err)
-		}
-		payload := make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
-		if _, err := io.ReadFull(conn, payload); err != nil {
-			t.Fatal(err)
-		}
-		if h[3] != h2test.FrameSettings || h[4]&h2test.FlagAck != 0 {
-			continue
-		}
-		for p := payload; len(p) >= 6; p = p[6:] {
-			if binary.BigEndian.Uint16(p) == h2test.SettingMaxConcurrentStreams {
-				return binary.BigEndian.Uint32(p[2:]), true
-			}
-		}
-		return 0, false
+	if !ok || got != server.DefaultMaxConcurrentStreams {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent: %v), want %d", got, ok, server.DefaultMaxConcurrentStreams)
 	}
 }
 
@@ -427,28 +381,13 @@ func TestMaxConnectionAgeSendsGoAway(t *testing.T) {
 	t.Parallel()
 	addr := startLimited(t, server.ConnectionLimits{MaxConnectionAge: 300 * time.Millisecond,
 		MaxConnectionAgeGrace: 10 * time.Second, MaxConnectionIdle: time.Hour})
-	conn, err := net.Dial("tcp", addr)
+	conn, err := h2test.Open(addr, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
-	for {
-		typ, _, payload, err := h2test.ReadFrame(conn)
-		if err != nil {
-			t.Fatalf("no GOAWAY within 15s: %v", err)
-		}
-		if typ != h2test.FrameGoAway {
-			continue
-		}
-		// GOAWAY: last stream id (4 bytes), error code (4), debug data.
-		if len(payload) < 8 || string(payload[8:]) != "max_age" {
-			t.Fatalf("GOAWAY %q, want debug data \"max_age\"", payload)
-		}
-		return
+	if debug, err := h2test.GoAwayDebug(conn); err != nil || debug != "max_age" {
+		t.Fatalf("GOAWAY debug data %q (%v) within 15s, want \"max_age\"", debug, err)
 	}
 }
 

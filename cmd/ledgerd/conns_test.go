@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -157,68 +156,25 @@ func TestConnectionLimitsServed(t *testing.T) {
 		t.Error("a peer that sent half the preface is still connected after 15s")
 	}
 
-	if got := advertisedStreams(t, addr); got != 7 {
-		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want 7", got)
+	if got, _, err := h2test.MaxConcurrentStreams(addr, 10*time.Second); err != nil || got != 7 {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d (%v), want 7", got, err)
 	}
 
 	// A peer that finishes the handshake, then neither writes nor answers,
 	// on a ledgerd that pings after 1s of silence (and would close an idle
 	// connection only after the default 5 minutes).
 	_, addr, _ = start(t, insecure.NewCredentials(), "--keepalive-time", "1s", "--keepalive-timeout", "500ms")
-	silent, err := net.Dial("tcp", addr)
+	silent, err := h2test.Open(addr, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	if _, err := silent.Write([]byte(h2test.Preface)); err != nil {
-		t.Fatal(err)
-	}
-	_ = silent.SetReadDeadline(time.Now().Add(15 * time.Second))
-	pinged := false
-	for {
-		typ, flags, _, err := h2test.ReadFrame(silent)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("a peer that answers no ping is still connected after 15s (pinged: %v)", pinged)
-		}
-		if err != nil {
-			break // closed
-		}
-		if typ == h2test.FramePing && flags&h2test.FlagAck == 0 {
-			pinged = true
-		}
+	pinged, _, err := h2test.ReadUntilClosed(silent)
+	if err != nil {
+		t.Fatalf("a peer that answers no ping is still connected after 15s (pinged: %v)", pinged)
 	}
 	if !pinged {
 		t.Error("the server closed the silent peer's connection without pinging it")
-	}
-}
-
-// advertisedStreams returns the SETTINGS_MAX_CONCURRENT_STREAMS of the
-// first SETTINGS frame of the server at addr (0 when it sends none).
-func advertisedStreams(t *testing.T, addr string) uint32 {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for {
-		typ, flags, payload, err := h2test.ReadFrame(conn)
-		if err != nil {
-			t.Fatalf("no SETTINGS from ledgerd: %v", err)
-		}
-		if typ != h2test.FrameSettings || flags&h2test.FlagAck != 0 {
-			continue
-		}
-		for p := payload; len(p) >= 6; p = p[6:] {
-			if binary.BigEndian.Uint16(p) == h2test.SettingMaxConcurrentStreams {
-				return binary.BigEndian.Uint32(p[2:])
-			}
-		}
-		return 0
 	}
 }
 
@@ -268,25 +224,12 @@ func TestMaxConnectionsServed(t *testing.T) {
 // it is neither idle nor silent for long.
 func TestMaxConnectionAgeServed(t *testing.T) {
 	_, addr, _ := start(t, insecure.NewCredentials(), "--max-connection-age", "300ms", "--max-connection-age-grace", "10s")
-	conn, err := net.Dial("tcp", addr)
+	conn, err := h2test.Open(addr, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(h2test.Preface)); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
-	for {
-		typ, _, payload, err := h2test.ReadFrame(conn)
-		if err != nil {
-			t.Fatalf("no GOAWAY within 15s: %v", err)
-		}
-		if typ == h2test.FrameGoAway { // last stream id, error code, debug data
-			if len(payload) < 8 || string(payload[8:]) != "max_age" {
-				t.Fatalf("GOAWAY %q, want debug data \"max_age\"", payload)
-			}
-			return
-		}
+	if debug, err := h2test.GoAwayDebug(conn); err != nil || debug != "max_age" {
+		t.Fatalf("GOAWAY debug data %q (%v) within 15s, want \"max_age\"", debug, err)
 	}
 }
