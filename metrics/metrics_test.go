@@ -38,6 +38,8 @@ const policy = `
 tools:
   - match: "slow.*"
     recovery_window: 300ms
+  - match: "patient.*"
+    recovery_window: 1h
   - match: "sync.*"
     effect: idempotent
 `
@@ -213,30 +215,41 @@ func TestTenantLabelWhenConfigured(t *testing.T) {
 
 // TestOverdueAlertRisesAndFalls is the alert's test: an UNKNOWN operation
 // past its recovery window raises ledger_unresolved_overdue, which the rule
-// in docs/alerts.yml fires on; reconciling it brings the gauge back to 0.
+// in docs/alerts.yml fires on; reconciling it brings the gauge back to 0. An
+// UNKNOWN operation within its window (an hour, so that no slow machine can
+// pass it) counts in ledger_unresolved_operations but never as overdue.
 func TestOverdueAlertRisesAndFalls(t *testing.T) {
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		s := start(t, rdb, metrics.Options{})
 		ctx := context.Background()
-		id := "overdue-" + client.NewHolder()
-		r, err := s.c.Reserve(ctx, client.Op{ID: id, Tool: "slow.refund"}, client.NewHolder())
-		if err != nil {
-			t.Fatal(err)
+		unknown := func(tool string) string {
+			t.Helper()
+			id := "overdue-" + client.NewHolder()
+			r, err := s.c.Reserve(ctx, client.Op{ID: id, Tool: tool}, client.NewHolder())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.c.MarkUnknown(ctx, id, r.Operation.FencingToken, "timeout"); err != nil {
+				t.Fatal(err)
+			}
+			return id
 		}
-		if _, err := s.c.MarkUnknown(ctx, id, r.Operation.FencingToken, "timeout"); err != nil {
-			t.Fatal(err)
-		}
+		within := map[string]string{"tool": "patient.refund", "effect": "IRREVERSIBLE"}
+		unknown("patient.refund")
+		id := unknown("slow.refund")
 		labels := map[string]string{"tool": "slow.refund", "effect": "IRREVERSIBLE"}
 		_, v := s.scrape(t)
-		if got := v("ledger_unresolved_overdue", labels); got != 0 {
-			t.Fatalf("overdue within the window = %v", got)
-		}
-		if got := v("ledger_unresolved_operations", map[string]string{"tool": "slow.refund", "state": "UNKNOWN"}); got < 1 {
-			t.Fatalf("unresolved UNKNOWN = %v", got)
+		for _, tool := range []string{"slow.refund", "patient.refund"} {
+			if got := v("ledger_unresolved_operations", map[string]string{"tool": tool, "state": "UNKNOWN"}); got < 1 {
+				t.Fatalf("unresolved UNKNOWN of %s = %v", tool, got)
+			}
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			_, v = s.scrape(t)
+			if got := v("ledger_unresolved_overdue", within); got != 0 {
+				t.Fatalf("overdue within the window = %v", got)
+			}
 			if v("ledger_unresolved_overdue", labels) >= 1 {
 				break
 			}
@@ -251,6 +264,9 @@ func TestOverdueAlertRisesAndFalls(t *testing.T) {
 		text, v := s.scrape(t)
 		if got := v("ledger_unresolved_overdue", labels); got != 0 || !strings.Contains(text, "ledger_unresolved_overdue{") {
 			t.Fatalf("overdue after reconciliation = %v (the series must read 0, not vanish)", got)
+		}
+		if got := v("ledger_unresolved_overdue", within); got != 0 {
+			t.Fatalf("overdue within the window = %v", got)
 		}
 	})
 }
