@@ -22,6 +22,7 @@ func TestErrKind(t *testing.T) {
 		{&client.ReconcileError{Escalated: true}, "needs reconciliation"},
 		{fmt.Errorf("reserve: %w", client.ErrUnavailable), "unavailable"},
 		{&client.ExhaustedError{Ambiguous: true}, "retries exhausted"},
+		{fmt.Errorf("recording the failed attempt (destination: no answer): %w", fmt.Errorf("ledger: NOT_FOUND: %w", client.ErrNotFound)), "record lost"},
 	} {
 		if got := errKind(c.err); got != c.want {
 			t.Errorf("errKind(%v) = %q, want %q", c.err, got, c.want)

@@ -324,6 +324,10 @@ func errKind(err error) string {
 		return "deadline"
 	case errors.Is(err, client.ErrStaleToken):
 		return "stale token"
+	case errors.Is(err, client.ErrNotFound):
+		// The record the worker held a claim on is gone: a failover lost
+		// its creation (WAIT 0).
+		return "record lost"
 	}
 	return "other: " + err.Error()
 }
