@@ -402,12 +402,14 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 }
 
 // run runs a write script on an operation's five keys with the principal and
-// lease member as ARGV[1..2], followed by args.
+// lease member as ARGV[1..2], followed by args. It reports the transition
+// the script made whenever the script ran, also when the call then fails
+// (KindNotReplicated, or the WAIT marker's write or WAIT refused after the
+// script): the transition stands in the store, and the caller's repeat
+// will not make it again.
 func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, *record, []any, error) {
 	code, aux, rec, extra, err := l.runKeys(ctx, op, s, l.waitMarker(k), k.all, principal, k.member, args...)
-	if err == nil || KindOf(err) == KindNotReplicated {
-		l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
-	}
+	l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
 	return code, aux, rec, extra, err
 }
 
@@ -424,7 +426,9 @@ func (l *Ledger) waitMarker(k opKeys) string {
 // set (replicas are required), a write of marker and WAIT on the same
 // connection in the same round trip. It returns the script's reply, and
 // when fewer replicas acknowledged, the reply with a *Error of
-// KindNotReplicated.
+// KindNotReplicated. When the script ran and the marker's write or WAIT
+// then failed, it returns the reply with that error; a reply is returned
+// only when the script ran.
 func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker string, keys []string, args []any) ([]any, error) {
 	if marker == "" {
 		return s.Run(ctx, l.rdb, keys, args...).Slice()
@@ -483,7 +487,8 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker st
 // the commands after it: Redis may serve other clients between the
 // commands of a pipeline (one read in several parts), so a resharding can
 // close the slot between the script and the marker's SET, which is then
-// answered MOVED or ASK although the script ran.
+// answered MOVED or ASK although the script ran. res is the script's reply
+// whenever it ran, also with the error of the marker or WAIT after it.
 func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, marker string, keys []string, args []any) (res []any, ran bool, err error) {
 	once := func(full bool) ([]any, int64, error) {
 		pipe := c.Pipeline() // one connection: WAIT covers the marker's write
@@ -505,8 +510,9 @@ func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *re
 		if err := mark.Err(); err != nil {
 			// Refused (read-only after a failover, out of memory, the slot
 			// moved since the script ran): nothing says the replicas have
-			// what the script read.
-			return nil, 0, err
+			// what the script read. What the script did stands: the
+			// reply goes back with the error.
+			return res, 0, err
 		}
 		return res, w.Val(), w.Err()
 	}
@@ -515,7 +521,7 @@ func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *re
 		res, acked, err = once(true)
 	}
 	if err != nil {
-		return nil, ran, err
+		return res, ran, err
 	}
 	if acked < int64(l.waitN) {
 		return res, true, &Error{Op: op, Kind: KindNotReplicated, Replicas: int(acked), Err: fmt.Errorf("%d of %d replicas acknowledged within %s", acked, l.waitN, l.waitFor)}
@@ -532,7 +538,11 @@ func movedError(err error) bool {
 // runKeys runs script s on keys with ARGV principal, member, args..., and
 // splits its reply: code, aux, the record (nil when the script returned
 // none) and any further values. With a marker (waitMarker) the call waits
-// for the replicas (eval).
+// for the replicas (eval). When the script ran and the call then failed
+// (KindNotReplicated, or the marker's write or WAIT refused after the
+// script), the split reply comes with the error, so that the caller can
+// report what the script did; the record is nil whenever the script did
+// not run.
 func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker string, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
 	start := time.Now()
 	// ARGV is principal, member, args: built once (go-redis copies it once
@@ -540,26 +550,35 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker
 	argv := make([]any, 0, 2+len(args))
 	argv = append(argv, principal, member)
 	raw, err := l.eval(ctx, op, s, marker, keys, append(argv, args...))
-	var notReplicated error
-	if KindOf(err) == KindNotReplicated {
-		notReplicated, err = err, nil
-	}
-	if err != nil {
-		err = storeError(op, err)
+	var failed error // the store's error, also after a script that ran
+	if err != nil && KindOf(err) != KindNotReplicated {
+		failed = storeError(op, err)
+		err = failed
 		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
-		return 0, "", nil, nil, err
+		if raw == nil { // the script did not run
+			return 0, "", nil, nil, err
+		}
+	} else {
+		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)})
 	}
-	l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)})
+	// A reply that cannot be read is KindOther, unless the store failed
+	// the call anyway: its error stands.
+	unreadable := func(e error) error {
+		if failed != nil {
+			return failed
+		}
+		return &Error{Op: op, Kind: KindOther, Err: e}
+	}
 	if len(raw) < 3 {
-		return 0, "", nil, nil, &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("script returned %d values", len(raw))}
+		return 0, "", nil, nil, unreadable(fmt.Errorf("script returned %d values", len(raw)))
 	}
 	code, _ := raw[0].(int64)
 	aux, _ := raw[1].(string)
-	rec, err := recordFromReply(raw)
-	if err != nil {
-		return 0, "", nil, nil, &Error{Op: op, Kind: KindOther, Err: err}
+	rec, rerr := recordFromReply(raw)
+	if rerr != nil {
+		return 0, "", nil, nil, unreadable(rerr)
 	}
-	return code, aux, rec, raw[3:], notReplicated
+	return code, aux, rec, raw[3:], err
 }
 
 // codeError turns a script's error code into an *Error.

@@ -254,6 +254,9 @@ func TestWaitCoversTheStateRead(t *testing.T) {
 // sent again to the new master. The call is answered KindUnavailable (the
 // write stands; nothing says a replica has it), the caller repeats it and
 // gets the same outcome, and Redis ran the script once for the first call.
+// The claim that script made is reported (EventTransition) for the first
+// call, whose answer is an error, and for no other: the repeats make none,
+// and a repeat's script answered MOVED did not run.
 func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	cc := cl.Client(t)
@@ -265,7 +268,8 @@ func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
 	pol, _ := ParsePolicies([]byte(testPolicy))
 	// No replica: every call waits its 10 ms and reports KindNotReplicated;
 	// what matters here is what runs.
-	l, err := New(cc, Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
+	var tl transitionLog
+	l, err := New(cc, Options{Policies: pol, Observer: tl.observe, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,6 +355,10 @@ func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
 	if KindOf(err) != KindUnavailable {
 		t.Errorf("Reserve with its marker redirected: %v (kind %v), want KindUnavailable", err, KindOf(err))
 	}
+	const claimed = "UNSPECIFIED>RUNNING:RESERVED"
+	if got := tl.list(); got != claimed {
+		t.Errorf("transitions reported for the Reserve with its marker redirected: %q, want %q", got, claimed)
+	}
 	// The caller repeats the call: the ledger goes to the new master, where
 	// the first run's claim is, and answers it again (not replicated: no
 	// replica here). The record holds one claim.
@@ -369,6 +377,9 @@ func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
 	}
 	if o, err := plain.Lookup(ctx, who, "op"); err != nil || o.State != StateRunning || o.Attempt != 1 || len(o.History) != 1 {
 		t.Fatalf("Lookup = %+v, %v; want RUNNING, attempt 1, one claim", o, err)
+	}
+	if got := tl.list(); got != claimed {
+		t.Errorf("transitions reported after the repeats: %q, want %q (once)", got, claimed)
 	}
 }
 

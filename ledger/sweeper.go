@@ -45,16 +45,19 @@ func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 				continue
 			}
 			_, aux, _, _, err := l.run(ctx, op, expireScript, k, SweeperPrincipal)
-			switch {
-			case err != nil:
+			if aux == "unknown" {
+				// Counted whenever the script made it UNKNOWN, also when
+				// the WAIT marker or WAIT after it failed: the next pass
+				// will not find it again.
+				moved++
+			}
+			if err != nil {
 				if firstErr == nil {
 					firstErr = err
 				}
 				if ctx.Err() != nil {
 					return moved, firstErr
 				}
-			case aux == "unknown":
-				moved++
 			}
 		}
 	}
