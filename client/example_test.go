@@ -1,0 +1,90 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/opledger/ledger/client"
+)
+
+// The examples hold the Go snippets of docs/client.md: each snippet is in
+// an example's body as the page shows it (TestDocsGoSnippetsAreExamples),
+// so go vet and go test compile it. They have no output: they need a
+// ledger to talk to. What the snippets leave to the reader (a refunds API,
+// a reconciler, the ids) is declared here.
+
+// refundsAPI is a destination's client, as the snippet uses it.
+type refundsAPI struct{}
+
+// Create would ask the refunds API for a refund under key.
+func (refundsAPI) Create(ctx context.Context, charge string, amount int, key string) (*http.Response, error) {
+	return nil, errors.New("no refunds API in an example")
+}
+
+var refunds refundsAPI
+
+// findRefundByOperationID would ask the refunds API whether op's refund
+// exists.
+func findRefundByOperationID(ctx context.Context, op *client.Operation) (client.Finding, error) {
+	return client.Finding{Kind: client.Escalate}, nil
+}
+
+// Example is the first snippet of docs/client.md: Do around a refund.
+func Example() {
+	ctx := context.Background()
+	runID, callID, approvalID := "wf-8472", "call-3", "approval-77"
+
+	c, err := client.Dial("127.0.0.1:50051",
+		client.WithToolPolicy("create_refund", client.ToolPolicy{Timeout: 10 * time.Second, MaxRetries: 1}),
+		client.WithReconciler("create_refund", findRefundByOperationID),
+	)
+	res, err := c.Do(ctx, client.Op{
+		ID:       runID + ":" + callID, // minted once, reused by every retry
+		Tool:     "create_refund",
+		Params:   map[string]any{"charge": "ch_1", "amount": 1250},
+		PermitID: approvalID,
+	}, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		resp, err := refunds.Create(ctx, "ch_1", 1250, a.IdempotencyKey)
+		if err := client.ClassifyHTTP(resp, err); err != nil {
+			return client.Result{}, err
+		}
+		return client.Result{ResourceID: resp.Header.Get("Refund-Id")}, nil
+	})
+	switch {
+	case err == nil: // res.Replayed says whether this call ran it
+	case errors.Is(err, client.ErrKeyReused): // stop: the request changed under the same key
+	case errors.Is(err, client.ErrNeedsReconciliation): // stop: a human or reconciler must settle it
+	case errors.Is(err, client.ErrUnavailable): // the ledger is down: retry later with the same op
+	}
+	_ = res
+}
+
+// ExampleDial_roundRobin is docs/client.md's "Several ledgerd instances":
+// a client that spreads its calls over every instance a name resolves to.
+func ExampleDial_roundRobin() {
+	c, err := client.Dial("dns:///ledger.internal:50051",
+		client.WithDialOptions(grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`)),
+	)
+	_, _ = c, err
+}
+
+// ExampleWithWaitDeadline is docs/client.md's "Bounding the waits": a
+// budget for Do's waits that never cuts a running tool.
+func ExampleWithWaitDeadline() {
+	ctx := context.Background()
+	runDeadline := time.Now().Add(time.Minute)
+	var c *client.Client
+	op := client.Op{ID: "wf-8472:call-3", Tool: "create_refund"}
+	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) { return client.Result{}, nil }
+
+	res, err := c.Do(client.WithWaitDeadline(ctx, runDeadline), op, fn)
+	var wd *client.WaitDeadlineError
+	if errors.As(err, &wd) { // errors.Is(err, client.ErrWaitDeadline)
+		// out of time: the operation is as the ledger has it (wd.Operation); retry later, same op
+	}
+	_ = res
+}
