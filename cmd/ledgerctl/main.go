@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"os"
 	"os/signal"
 	"slices"
@@ -801,8 +802,33 @@ func exactNumbers(v any) error {
 	return nil
 }
 
+// checkAddr refuses an --addr that is not HOST:PORT with a port from 1 to
+// 65535 before anything is sent: gRPC would take it, and only fail the
+// call (UNAVAILABLE, as if the ledger could not be reached) or dial a port
+// of its own choosing (443 for a HOST alone). A gRPC target with a scheme
+// ("dns:///host:port", "unix:///path") is left to gRPC.
+func checkAddr(addr string) error {
+	if strings.Contains(addr, ":/") {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want HOST:PORT (%v)", err)
+	}
+	if host == "" || strings.ContainsAny(host, " \t") {
+		return errors.New("want HOST:PORT, with a host name or IP address")
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return errors.New("want HOST:PORT, with a port from 1 to 65535")
+	}
+	return nil
+}
+
 // dial makes the client; the connection is made on the first call.
 func dial(o *options) (*client.Client, error) {
+	if err := checkAddr(o.addr); err != nil {
+		return nil, &localError{reason: "BAD_ADDRESS", msg: "--addr " + o.addr + ": " + err.Error()}
+	}
 	var opts []client.Option
 	if o.tls || o.tlsCA != "" || o.tlsCert != "" {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12}

@@ -1475,6 +1475,24 @@ func TestLocalErrorsExit1(t *testing.T) {
 	}
 }
 
+// TestUnparseableAddrIsBadAddress: an --addr that is not HOST:PORT is
+// BAD_ADDRESS, exit 1, as docs/ledgerctl.md says, whatever else is set (an
+// API key, which is not sent anywhere then): not UNAVAILABLE, whose hint
+// for reconcile says the finding may have been recorded, when nothing was
+// sent.
+func TestUnparseableAddrIsBadAddress(t *testing.T) {
+	for _, addr := range []string{":::", "[::1", "127.0.0.1", "127.0.0.1:99999", "127.0.0.1:0", "localhost:x", "bad addr:1"} {
+		for _, env := range []map[string]string{{}, {"LEDGER_API_KEY": "ops.secret"}} {
+			o := fails(t, env, 1, []string{"ledgerctl: BAD_ADDRESS: --addr " + addr + ": "}, "reconcile", "x", "escalate", "--addr", addr)
+			if strings.Contains(o.stderr, "may have been recorded") {
+				t.Errorf("ledgerctl --addr %q reconcile: the hint says the finding may have been recorded: %s", addr, o)
+			}
+		}
+	}
+	// A gRPC target with a scheme is gRPC's to parse.
+	fails(t, nil, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", "x", "--addr", "dns:///127.0.0.1:1", "--timeout", "2s")
+}
+
 // TestEmptyAPIKey: an empty --api-key (an unset shell variable) is bad
 // usage, like an empty --tls-ca, instead of overriding LEDGER_API_KEY with
 // no key and calling the ledger without credentials.
