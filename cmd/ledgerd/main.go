@@ -627,6 +627,9 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 	var o keygenOptions
 	fs := newKeygenFlagSet(&o, stderr)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // the usage is printed: -h succeeds, as ledgerd -h does
+		}
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -326,6 +326,25 @@ func TestKeygenRefusesBadInput(t *testing.T) {
 	}
 }
 
+// TestKeygenHelp: ledgerd keygen -h prints its flags and succeeds (exit
+// 0), as ledgerd -h does, and makes no key.
+func TestKeygenHelp(t *testing.T) {
+	for _, h := range []string{"-h", "--help"} {
+		var out, errOut bytes.Buffer
+		if err := keygen([]string{h}, &out, &errOut); err != nil {
+			t.Errorf("keygen %s: %v", h, err)
+		}
+		if out.Len() != 0 {
+			t.Errorf("keygen %s printed a key: %s", h, out.String())
+		}
+		for _, f := range []string{"-id", "-tenant", "-scopes"} {
+			if !strings.Contains(errOut.String(), f) {
+				t.Errorf("keygen %s: the usage lacks %s: %s", h, f, errOut.String())
+			}
+		}
+	}
+}
+
 // writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its key.
 func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
 	t.Helper()
