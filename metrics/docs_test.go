@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/mdtable"
@@ -304,7 +305,40 @@ var promIdent = regexp.MustCompile(`\b(?:ledger|grpc_server)_[a-z0-9_]*[a-z0-9]`
 // selector is a metric name with label matchers: name{a="x", b!~"y"}.
 var selector = regexp.MustCompile(`\b((?:ledger|grpc_server)_[a-z0-9_]*[a-z0-9])\{([^}]*)\}`)
 
-var matcherLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
+var matcherLabel = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"([^"]*)")?`)
+
+// grouping is the label list of an aggregation's by or without clause.
+var grouping = regexp.MustCompile(`\b(?:by|without)\s*\(([^)]*)\)`)
+
+// aggregation is an aggregation operator applied to an expression.
+var aggregation = regexp.MustCompile(`\b(?:sum|min|max|avg|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)\s*(?:(?:by|without)\s*\([^)]*\)\s*)?\(`)
+
+// labelValues are the values the service gives the labels whose values
+// come from an enumeration: a matcher that compares one of them with
+// another value selects nothing (=) or everything (!=), silently.
+func labelValues() map[string][]string {
+	var states, effects, decisions, codeNames []string
+	for s := ledger.StatePending; s <= ledger.StateUnknown; s++ {
+		states = append(states, s.String())
+	}
+	for e := ledger.EffectReadOnly; e <= ledger.EffectIrreversible; e++ {
+		effects = append(effects, e.String())
+	}
+	for d := ledger.DecisionExecute; d <= ledger.DecisionReconcile; d++ {
+		decisions = append(decisions, strings.ToLower(d.String()))
+	}
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		codeNames = append(codeNames, c.String())
+	}
+	return map[string][]string{
+		"state":     states,
+		"from":      append([]string{"NONE"}, states...),
+		"to":        states,
+		"effect":    effects,
+		"decision":  decisions,
+		"grpc_code": codeNames,
+	}
+}
 
 // metricOf returns the metric a series name belongs to (a histogram's
 // _bucket, _sum and _count are its own), and its labels ("le" too for a
@@ -339,17 +373,78 @@ func checkPromQL(t *testing.T, defs map[string]metricDef, where, expr string) {
 		if !ok {
 			continue // reported above
 		}
+		values := labelValues()
 		for _, lm := range matcherLabel.FindAllStringSubmatch(m[2], -1) {
 			if !slices.Contains(labels, lm[1]) {
 				t.Errorf("%s: selects %s by the label %s, which it does not have (%q)", where, m[1], lm[1], labels)
+				continue
+			}
+			if known, ok := values[lm[1]]; ok && (lm[2] == "=" || lm[2] == "!=") && !slices.Contains(known, lm[3]) {
+				t.Errorf("%s: compares the label %s of %s with %q, a value it never has (%q)", where, lm[1], m[1], lm[3], known)
 			}
 		}
 	}
 }
 
+// exprLabels returns the labels of the metrics expr names (le too for a
+// histogram's buckets), and the labels of its result: when it aggregates,
+// those its outermost aggregation keeps (by: the clause's, without: the
+// others, neither: none), else its metrics'.
+func exprLabels(defs map[string]metricDef, expr string) (in, out []string) {
+	for _, name := range promIdent.FindAllString(expr, -1) {
+		if _, labels, ok := metricOf(defs, name); ok {
+			in = append(in, labels...)
+		}
+	}
+	loc := aggregation.FindStringIndex(expr)
+	if loc == nil {
+		return in, in
+	}
+	head := expr[loc[0]:loc[1]]
+	g := grouping.FindStringSubmatch(head)
+	if g == nil {
+		return in, nil
+	}
+	var listed []string
+	for _, l := range strings.Split(g[1], ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			listed = append(listed, l)
+		}
+	}
+	if strings.HasPrefix(g[0], "by") {
+		return in, listed
+	}
+	for _, l := range in {
+		if !slices.Contains(listed, l) {
+			out = append(out, l)
+		}
+	}
+	return in, out
+}
+
+// checkGrouping reports every label expr groups by (by or without) that
+// none of its metrics has: the aggregation then keeps or drops nothing by
+// it, and an alert or panel meant per value of it is one for them all.
+func checkGrouping(t *testing.T, defs map[string]metricDef, where, expr string) {
+	t.Helper()
+	in, _ := exprLabels(defs, expr)
+	for _, g := range grouping.FindAllStringSubmatch(expr, -1) {
+		for _, l := range strings.Split(g[1], ",") {
+			if l = strings.TrimSpace(l); l != "" && !slices.Contains(in, l) {
+				t.Errorf("%s: groups by the label %s, which none of its metrics has (%q)", where, l, in)
+			}
+		}
+	}
+}
+
+// templateLabel is a label an alert's annotation shows: {{ $labels.tool }}.
+var templateLabel = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)`)
+
 // checkAlertRules holds docs/alerts.yml to the service: every metric its
-// expressions name is exported, with the labels they select on, and every
-// runbook it links is a section of docs/operations.md.
+// expressions name is exported, with the labels they select and group on
+// and values those labels take, every label its annotations show is one
+// its expression's result has, and every runbook it links is a section of
+// docs/operations.md.
 func checkAlertRules(t *testing.T, defs map[string]metricDef) {
 	raw, err := os.ReadFile(filepath.Join("..", "docs", "alerts.yml"))
 	if err != nil {
@@ -381,6 +476,15 @@ func checkAlertRules(t *testing.T, defs map[string]metricDef) {
 				t.Errorf("%s: its expression names no metric of the service: %s", where, r.Expr)
 			}
 			checkPromQL(t, defs, where, r.Expr)
+			checkGrouping(t, defs, where, r.Expr)
+			_, out := exprLabels(defs, r.Expr)
+			for _, key := range sortedKeys(r.Annotations) {
+				for _, m := range templateLabel.FindAllStringSubmatch(r.Annotations[key], -1) {
+					if !slices.Contains(out, m[1]) {
+						t.Errorf("%s: its %s shows the label %s, which its expression's result does not have (%q): it would show as empty", where, key, m[1], out)
+					}
+				}
+			}
 			if doc, anchor, ok := strings.Cut(r.Annotations["runbook"], "#"); ok && doc == "docs/operations.md" && !anchors[anchor] {
 				t.Errorf("%s: its runbook links docs/operations.md#%s, which is no heading there", where, anchor)
 			}
@@ -408,8 +512,22 @@ func checkMetricNames(t *testing.T, defs map[string]metricDef) {
 		}
 		for i, l := range d.Lines {
 			checkPromQL(t, defs, d.All().Where(i+1), l)
+			for _, c := range mdtable.CodeSpans(l) {
+				if promIdent.MatchString(c) {
+					checkGrouping(t, defs, d.All().Where(i+1), c)
+				}
+			}
 		}
 	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func sortedNames(m map[string]metricDef) []string {
