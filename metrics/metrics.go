@@ -104,7 +104,7 @@ func New(o Options) *Metrics {
 		[]float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 3}, "op")
 	m.storeErrors = counter("store_errors_total", "Store calls that failed (unreachable, refused, script error).", "op", "kind")
 	m.durability = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ledger", Name: "store_durability_ok",
-		Help: "1 when the store's setting protects acknowledged records (check: appendonly, appendfsync, maxmemory-policy), 0 when not, read at start-up."}, []string{"check"})
+		Help: "1 when the store's setting protects acknowledged records (check: appendonly, appendfsync, maxmemory-policy), 0 when not, read at start-up and every minute."}, []string{"check"})
 	m.reg.MustRegister(m.durability)
 	m.storeScrapes = counter("store_scrape_errors_total", "Failed reads of the store's live counts for the unresolved gauges.", "what")
 	m.reloaded = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ledger", Name: "config_last_reload_successful",
