@@ -349,7 +349,9 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	}
 	o := toOperation(req.OperationID, rec)
 	o.History = parseHistory(rec.history, o.CreatedAt)
-	l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
+	if rec.moved { // a repeat of a finding that stands is answered OK and records nothing
+		l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
+	}
 	return o, nil
 }
 
