@@ -1,14 +1,26 @@
 package client_test
 
 import (
+	"context"
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"unicode"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/mdtable"
 )
 
@@ -117,6 +129,127 @@ func TestDocsGoSnippetsAreExamples(t *testing.T) {
 		}
 		if n == 0 {
 			t.Errorf("%s: no ```go snippet: drop it from goSnippetDocs", g.doc)
+		}
+	}
+}
+
+// codeName is a gRPC code as the docs write it: INVALID_ARGUMENT.
+func codeName(c codes.Code) string {
+	var b strings.Builder
+	for i, r := range c.String() {
+		if i > 0 && unicode.IsUpper(r) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToUpper(r))
+	}
+	return b.String()
+}
+
+var (
+	// httpRange is "4xx (but 408/425/429)": a class of statuses but some.
+	httpRange = regexp.MustCompile(`\b([1-5])xx \(but ([0-9/]+)\)`)
+	// httpStatus is a status the table names: HTTP 500/502/503/504.
+	httpStatus = regexp.MustCompile(`\b[1-5][0-9][0-9]\b`)
+	// upperWord is a word that may name a gRPC code.
+	upperWord = regexp.MustCompile(`\b[A-Z][A-Z_]+[A-Z]\b`)
+)
+
+// TestDocsClassesMatchClassifiers holds the table "How fn ended → what the
+// ledger records" of docs/client.md to ClassOf, ClassifyHTTP and
+// ClassifyGRPC: every HTTP status and gRPC code a row names (and its
+// markers, a refused connection, a timeout, a canceled context, an
+// unmarked error) has the row's class, and every status and code no row
+// names is ambiguous, as "any unmarked error" says. A status the table
+// calls retryable that is not proven "not applied" would run an effect
+// twice.
+func TestDocsClassesMatchClassifiers(t *testing.T) {
+	d, err := mdtable.Read("docs/client.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, ok := d.Section("How fn ended → what the ledger records")
+	if !ok {
+		t.Fatal("docs/client.md: no section \"How fn ended → what the ledger records\"")
+	}
+	tb, ok := sec.TableWith("fn returned", "class")
+	if !ok {
+		t.Fatal("docs/client.md: the section How fn ended has no table with columns \"fn returned\" and \"class\"")
+	}
+	grpcCodes := map[string]codes.Code{}
+	for c := codes.Canceled; c <= codes.Unauthenticated; c++ {
+		grpcCodes[codeName(c)] = c
+	}
+	cause := errors.New("the destination's error")
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	markers := map[string]error{
+		"`MarkFinal`":        client.MarkFinal("declined", cause),
+		"`MarkRetryable`":    client.MarkRetryable(cause),
+		"connection refused": refused,
+		"a timeout":          context.DeadlineExceeded,
+		"a canceled context": context.Canceled,
+		"any unmarked error": cause,
+	}
+	namedHTTP, namedGRPC := map[int]bool{}, map[codes.Code]bool{}
+	rows := 0
+	for _, r := range tb.Rows {
+		class, _, _ := strings.Cut(strings.TrimSpace(r.Cell(tb.Column("class"))), ":")
+		if class != "final" && class != "retryable" && class != "ambiguous" {
+			continue // a result, a panic: no class
+		}
+		rows++
+		cell := r.Cell(tb.Column("fn returned"))
+		check := func(what string, err error) {
+			t.Helper()
+			if got := client.ClassOf(err).String(); got != class {
+				t.Errorf("%s: %s is %s, the table says %s", tb.Where(r), what, got, class)
+			}
+		}
+		for m, err := range markers {
+			if strings.Contains(cell, m) {
+				check(m, err)
+			}
+		}
+		for _, g := range httpRange.FindAllStringSubmatch(cell, -1) {
+			except := map[int]bool{}
+			for _, n := range strings.Split(g[2], "/") {
+				v, _ := strconv.Atoi(n)
+				except[v] = true
+			}
+			base, _ := strconv.Atoi(g[1])
+			for st := base * 100; st < base*100+100; st++ {
+				if http.StatusText(st) != "" && !except[st] {
+					namedHTTP[st] = true
+					check("HTTP "+strconv.Itoa(st), client.ClassifyHTTP(&http.Response{StatusCode: st}, nil))
+				}
+			}
+		}
+		for _, n := range httpStatus.FindAllString(httpRange.ReplaceAllString(cell, ""), -1) {
+			st, _ := strconv.Atoi(n)
+			namedHTTP[st] = true
+			check("HTTP "+n, client.ClassifyHTTP(&http.Response{StatusCode: st}, nil))
+		}
+		for _, w := range upperWord.FindAllString(cell, -1) {
+			if c, ok := grpcCodes[w]; ok {
+				namedGRPC[c] = true
+				check("gRPC "+w, client.ClassifyGRPC(status.Error(c, "x")))
+			}
+		}
+	}
+	if rows != 3 {
+		t.Fatalf("%s: %d rows with a class (final, retryable, ambiguous), want 3", tb.Where(tb.Rows[0]), rows)
+	}
+	for st := 400; st < 600; st++ {
+		if http.StatusText(st) != "" && !namedHTTP[st] {
+			if got := client.ClassOf(client.ClassifyHTTP(&http.Response{StatusCode: st}, nil)); got != client.Ambiguous {
+				t.Errorf("docs/client.md: HTTP %d is %s, but no row of the table names it (an unmarked error is ambiguous)", st, got)
+			}
+		}
+	}
+	for name, c := range grpcCodes {
+		if !namedGRPC[c] {
+			if got := client.ClassOf(client.ClassifyGRPC(status.Error(c, "x"))); got != client.Ambiguous {
+				t.Errorf("docs/client.md: gRPC %s is %s, but no row of the table names it (an unmarked error is ambiguous)", name, got)
+			}
 		}
 	}
 }
