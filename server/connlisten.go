@@ -54,11 +54,12 @@ func (c *connCounter) admit() bool {
 
 // refuse closes conn at once: its client's connection attempt fails
 // (UNAVAILABLE), rather than waiting in the accept queue until its
-// deadline. It counts the refusal and logs it, at most once every
+// deadline. It counts the refusal (before the close, so that whoever sees
+// the close finds it counted) and logs it, at most once every
 // refusalLogEvery, without the peer's address.
 func (c *connCounter) refuse(conn net.Conn) {
-	_ = conn.Close()
 	c.refused.Add(1)
+	_ = conn.Close()
 	c.unlogged.Add(1)
 	now := c.now().UnixNano()
 	last := c.lastLog.Load()
