@@ -607,8 +607,9 @@ func describe(o *options, err error) jsonError {
 	case d.Reason == "RATE_LIMITED" && ce != nil && ce.RetryAfter > 0:
 		d.Hint = "retry after " + span(ce.RetryAfter)
 	}
-	if o.cmd == "reconcile" && le == nil && slices.Contains([]string{"DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "STORE_UNAVAILABLE"}, d.Reason) {
+	if o.cmd == "reconcile" && le == nil && slices.Contains([]string{"DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "STORE_UNAVAILABLE", "NOT_REPLICATED"}, d.Reason) {
 		// No answer: the call may have reached the ledger all the same.
+		// NOT_REPLICATED: it ran on the primary, which may hold the finding.
 		if d.Hint != "" {
 			d.Hint += "; "
 		}

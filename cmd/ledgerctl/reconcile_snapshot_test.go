@@ -186,3 +186,23 @@ func TestReconcileOtherFailureThenSucceeded(t *testing.T) {
 		t.Errorf("after the late report: %+v, %v", op, err)
 	}
 }
+
+// TestReconcileNotReplicatedMayBeRecorded: a reconcile answered
+// NOT_REPLICATED ran on the primary, which may hold the finding now while
+// its replicas do not: like a reconcile without an answer, the hint says
+// the finding may have been recorded and that the same command again is
+// the safe retry, not another finding or note. Other commands get no such
+// hint.
+func TestReconcileNotReplicatedMayBeRecorded(t *testing.T) {
+	err := &client.Error{Code: codes.Unavailable, Reason: "NOT_REPLICATED", Metadata: map[string]string{"acknowledged": "0"},
+		Message: "the write is on the primary but fewer replicas than required acknowledged it; retry the same call"}
+	d := describe(&options{cmd: "reconcile", args: []string{"wf-1:refund"}}, err)
+	for _, want := range []string{"may have been recorded", "ledgerctl lookup wf-1:refund", "run the same command again"} {
+		if !strings.Contains(d.Hint, want) {
+			t.Errorf("reconcile answered NOT_REPLICATED: the hint lacks %q: %+v", want, d)
+		}
+	}
+	if d := describe(&options{cmd: "lookup", args: []string{"wf-1:refund"}}, err); strings.Contains(d.Hint, "recorded") {
+		t.Errorf("lookup answered NOT_REPLICATED: %+v", d)
+	}
+}
