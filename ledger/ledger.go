@@ -341,6 +341,13 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	// snapshot carries it at no extra round trip.
 	code, aux, rec, _, err := l.run(ctx, op, reconcileScript, l.keys.op(who.Tenant, req.OperationID), who.ID,
 		int(req.Finding), r.Data, r.ResourceID, f.Code, f.Message, req.Note, token)
+	if code == codeOK && rec != nil && rec.op != nil && rec.moved {
+		// The finding is recorded: reported once, by the call whose script
+		// recorded it, also when the call then fails (NOT_REPLICATED, the
+		// WAIT marker refused), as run reports its transition. A repeat of
+		// a finding that stands is answered OK and records nothing.
+		l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: rec.op.Tool, Finding: req.Finding})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -349,9 +356,6 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	}
 	o := toOperation(req.OperationID, rec)
 	o.History = parseHistory(rec.history, o.CreatedAt)
-	if rec.moved { // a repeat of a finding that stands is answered OK and records nothing
-		l.emit(Event{Type: EventReconciled, Op: "Reconcile", Tenant: who.Tenant, Tool: o.Tool, Finding: req.Finding})
-	}
 	return o, nil
 }
 

@@ -200,3 +200,55 @@ func TestTransitionsReportedWhenTheMarkerIsRefused(t *testing.T) {
 		t.Errorf("after a second Sweep the transitions reported are %q, want %q", got, want)
 	}
 }
+
+// TestReconciledReportedWhenNotReplicated: a Reconcile whose script records
+// the finding and whose WAIT then falls short (KindNotReplicated) reports
+// the finding (EventReconciled, which ledger_reconciliations_total counts)
+// for that call, once: the caller's repeat, answered the same, records
+// nothing and reports nothing.
+func TestReconciledReportedWhenNotReplicated(t *testing.T) {
+	primary := redistest.Start(t)
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	var mu sync.Mutex
+	var findings []Finding
+	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond,
+		Observer: func(e Event) {
+			if e.Type == EventReconciled {
+				mu.Lock()
+				findings = append(findings, e.Finding)
+				mu.Unlock()
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := New(primary.Client(t), Options{Policies: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	who := Principal{Tenant: "t", ID: "a"}
+	r, err := plain.Reserve(ctx, who, ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.MarkUnknown(ctx, who, MarkUnknownRequest{OperationID: "op", FencingToken: r.Operation.FencingToken}); err != nil {
+		t.Fatal(err)
+	}
+	req := ReconcileRequest{OperationID: "op", Finding: FindingApplied, Result: &Result{ResourceID: "re-1"}}
+	for _, call := range []string{"Reconcile", "Reconcile repeated"} {
+		if _, err := l.Reconcile(ctx, who, req); KindOf(err) != KindNotReplicated {
+			t.Fatalf("%s: %v, want KindNotReplicated", call, err)
+		}
+		o, err := plain.Lookup(ctx, who, "op")
+		if err != nil || o.State != StateSucceeded {
+			t.Fatalf("after %s: Lookup = %+v, %v; want SUCCEEDED", call, o, err)
+		}
+		mu.Lock()
+		n := len(findings)
+		mu.Unlock()
+		if n != 1 {
+			t.Errorf("after %s: %d findings reported, want 1 (the call whose script recorded it)", call, n)
+		}
+	}
+}
