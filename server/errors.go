@@ -101,7 +101,7 @@ func toStatus(err error) *status.Status {
 			info(ReasonUnresolvedLimit, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
 	case ledger.KindNotReplicated:
 		return withDetails(codes.Unavailable,
-			"the write is on the primary but fewer replicas than required acknowledged it; retry the same call",
+			"the call ran on the primary (what it wrote stands there) but fewer replicas than required acknowledged it; retry the same call",
 			info(ReasonNotReplicated, map[string]string{"acknowledged": strconv.Itoa(e.Replicas)}),
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(storeRetryDelay)})
 	case ledger.KindUnavailable:

@@ -163,14 +163,14 @@ type Tool struct {
 	Mutating bool
 	// Policy is how the client treats a mutating tool: a fresh Timeout per
 	// attempt, MaxRetries after a retryable or ambiguous outcome, and the
-	// Effect sent with Reserve. New passes it to client.SetToolPolicy unless
+	// Effect sent with Reserve. New passes it to [client.Client.SetToolPolicy] unless
 	// it is the zero value. Policy.Timeout also bounds each run of a
 	// non-mutating tool (client.DefaultToolPolicy.Timeout when zero), even
 	// one that ignores its context.
 	Policy client.ToolPolicy
 	// Reconciler asks the destination whether a mutating call's effect
 	// exists when its outcome is unknown; New registers it with the client
-	// (client.RegisterReconciler) unless it is nil.
+	// ([client.Client.RegisterReconciler]) unless it is nil.
 	Reconciler client.Reconciler
 	// Func runs the tool. Required.
 	Func ToolFunc

@@ -195,7 +195,7 @@ func TestReconcileOtherFailureThenSucceeded(t *testing.T) {
 // hint.
 func TestReconcileNotReplicatedMayBeRecorded(t *testing.T) {
 	err := &client.Error{Code: codes.Unavailable, Reason: "NOT_REPLICATED", Metadata: map[string]string{"acknowledged": "0"},
-		Message: "the write is on the primary but fewer replicas than required acknowledged it; retry the same call"}
+		Message: "the call ran on the primary (what it wrote stands there) but fewer replicas than required acknowledged it; retry the same call"}
 	d := describe(&options{cmd: "reconcile", args: []string{"wf-1:refund"}}, err)
 	for _, want := range []string{"may have been recorded", "ledgerctl lookup wf-1:refund", "run the same command again"} {
 		if !strings.Contains(d.Hint, want) {
