@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -606,14 +607,27 @@ func TestHangupWhileStarting(t *testing.T) {
 	if err := os.WriteFile(file, []byte("keys:\n"+entry+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The proxy is released once the signal has reached ledgerd, so that
+	// it arrives while ledgerd starts, however slow the machine. The test's
+	// own channel tells when os/signal has the signal; it hands a signal to
+	// every channel registered for it under one lock, which signal.Stop
+	// takes: once Stop returns, ledgerd's channel has it too.
+	caught := make(chan os.Signal, 1)
+	signal.Notify(caught, syscall.SIGHUP)
+	t.Cleanup(func() { signal.Stop(caught) })
 	go func() {
+		defer close(release)
 		select {
 		case <-accepted: // ledgerd is starting: its first Redis command waits
 		case <-time.After(10 * time.Second):
+			return // ledgerd never reached Redis: start fails the test
 		}
 		_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-		time.Sleep(200 * time.Millisecond) // the signal is handled (or the process gone)
-		close(release)
+		select {
+		case <-caught:
+		case <-time.After(10 * time.Second):
+		}
+		signal.Stop(caught)
 	}()
 	_, _, out := start(t, insecure.NewCredentials(), "--redis-url", "redis://"+ln.Addr().String()+"/0", "--auth-file", file)
 	deadline := time.Now().Add(10 * time.Second)
