@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,8 +30,9 @@ type Cluster struct {
 // StartCluster starts a Redis Cluster with the given number of masters and
 // replicas per master (cluster-enabled, a 1s node timeout so a failover is
 // quick), creates it with redis-cli --cluster create, waits until every node
-// reports cluster_state:ok, and stops it at the test's end. Extra args go to
-// every node.
+// reports cluster_state:ok and every replica is in sync and known to every
+// node as its master's (WaitReplicas), and stops it at the test's end. Extra
+// args go to every node.
 func StartCluster(tb testing.TB, masters, replicas int, args ...string) *Cluster {
 	tb.Helper()
 	c, err := startCluster(tb.TempDir(), masters, replicas, args)
@@ -201,34 +204,104 @@ func NodeID(tb testing.TB, s *Server) string {
 }
 
 // waitReplicas waits until the given number of masters each have their
-// replicas connected and in sync.
+// replicas connected and in sync, and until every running node knows those
+// replicas as that master's (CLUSTER NODES). The replication link comes up
+// before the cluster bus has told every node of the new role, and a
+// failover needs the nodes to know it: a master ignores a manual failover
+// request (CLUSTER FAILOVER) from a node it does not know as its replica,
+// and the masters vote only for a replica of the failed master.
 func (c *Cluster) waitReplicas(masters, replicas int, timeout time.Duration) error {
 	if replicas == 0 {
 		return nil
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		synced := 0
+		synced, known := 0, true
 		for _, s := range c.Nodes {
+			if !s.Running() {
+				continue
+			}
 			cl := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
 			info, err := cl.Info(context.Background(), "replication").Result()
+			var id string
+			if err == nil {
+				id, err = cl.Do(context.Background(), "cluster", "myid").Text()
+			}
 			_ = cl.Close()
 			if err != nil || !strings.Contains(info, "role:master") {
 				continue
 			}
-			online := strings.Count(info, "state=online")
-			if online >= replicas {
+			online := onlineReplicas(info)
+			if len(online) >= replicas {
 				synced++
+				known = known && c.knownAsReplicas(id, online)
 			}
 		}
-		if synced >= masters {
+		if synced >= masters && known {
 			return nil
 		}
 		if time.Now().After(deadline) {
+			if synced >= masters {
+				return errors.New("the cluster's replicas came in sync, but not every node knows them as replicas")
+			}
 			return errors.New("the cluster's replicas did not come in sync")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// onlineReplicas returns the addresses (host:port) of the replicas a
+// master's INFO replication shows online.
+func onlineReplicas(info string) []string {
+	var addrs []string
+	for _, line := range strings.Split(info, "\n") {
+		_, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(line, "slave") || !strings.Contains(v, "state=online") {
+			continue
+		}
+		var ip, port string
+		for _, kv := range strings.Split(v, ",") {
+			switch k, v, _ := strings.Cut(kv, "="); k {
+			case "ip":
+				ip = v
+			case "port":
+				port = v
+			}
+		}
+		addrs = append(addrs, net.JoinHostPort(ip, port))
+	}
+	return addrs
+}
+
+// knownAsReplicas reports whether every running node's CLUSTER NODES lists
+// each of addrs as a replica of the master whose node id is master.
+func (c *Cluster) knownAsReplicas(master string, addrs []string) bool {
+	for _, n := range c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		cl := redis.NewClient(&redis.Options{Addr: n.Addr, DisableIdentity: true, MaxRetries: -1})
+		nodes, err := cl.ClusterNodes(context.Background()).Result()
+		_ = cl.Close()
+		if err != nil {
+			return false
+		}
+		for _, addr := range addrs {
+			found := false
+			for _, line := range strings.Split(nodes, "\n") {
+				// <id> <ip:port@cport[,hostname]> <flags> <master id> ...
+				f := strings.Fields(line)
+				if len(f) > 3 && strings.HasPrefix(f[1], addr+"@") {
+					found = slices.Contains(strings.Split(f[2], ","), "slave") && f[3] == master
+					break
+				}
+			}
+			if !found {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // waitOK waits until every running node reports cluster_state:ok and agrees
@@ -337,7 +410,7 @@ func (c *Cluster) WaitOK(tb testing.TB) {
 }
 
 // WaitReplicas waits until the given number of masters each have that many
-// replicas online.
+// replicas online, known to every node as that master's replicas.
 func (c *Cluster) WaitReplicas(tb testing.TB, masters, replicas int) {
 	tb.Helper()
 	if err := c.waitReplicas(masters, replicas, 30*time.Second); err != nil {
