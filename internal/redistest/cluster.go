@@ -435,14 +435,25 @@ var (
 	sharedClusterDir  string
 )
 
+// sharedClusterArgs are the shared cluster's options besides StartCluster's:
+// a node timeout longer than any test run. The shared cluster is for tests
+// of a cluster that keeps its shape; with StartCluster's 1s, a node stalled
+// for a second on a busy machine (a redis-server not scheduled, or slow to
+// answer the cluster bus) is marked failing, the others fail it over to its
+// replica, and it answers CLUSTERDOWN meanwhile: tests that share the
+// cluster would fail for a failover they never asked for.
+var sharedClusterArgs = []string{"--cluster-node-timeout", "600000"}
+
 // SharedCluster returns a 3-master Redis Cluster (one replica each) shared
-// by the test binary, started on first use and stopped by Main.
+// by the test binary, started on first use and stopped by Main. Its nodes
+// are never failed over: a test that needs a failover starts a cluster of
+// its own (StartCluster).
 func SharedCluster(tb testing.TB) *Cluster {
 	tb.Helper()
 	sharedClusterOnce.Do(func() {
 		sharedClusterDir, sharedClusterErr = os.MkdirTemp("", "redistest-cluster-")
 		if sharedClusterErr == nil {
-			sharedCluster, sharedClusterErr = startCluster(sharedClusterDir, 3, 1, nil)
+			sharedCluster, sharedClusterErr = startCluster(sharedClusterDir, 3, 1, sharedClusterArgs)
 		}
 	})
 	if sharedClusterErr != nil {
