@@ -28,6 +28,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -36,6 +37,8 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"google.golang.org/grpc/resolver"
 
 	"github.com/opledger/ledger/client"
 )
@@ -805,10 +808,14 @@ func exactNumbers(v any) error {
 // checkAddr refuses an --addr that is not HOST:PORT with a port from 1 to
 // 65535 before anything is sent: gRPC would take it, and only fail the
 // call (UNAVAILABLE, as if the ledger could not be reached) or dial a port
-// of its own choosing (443 for a HOST alone). A gRPC target with a scheme
-// ("dns:///host:port", "unix:///path") is left to gRPC.
+// of its own choosing (443 for a HOST alone). A target that gRPC resolves
+// by its scheme ("dns:///host:port", "dns:host:port", "unix:///path",
+// "unix:relative/path", "unix-abstract:name", "passthrough:///host:port")
+// is left to gRPC, which tells it as gRPC does: a URL whose scheme has a
+// resolver ("localhost:50051" parses as the scheme "localhost", which has
+// none).
 func checkAddr(addr string) error {
-	if strings.Contains(addr, ":/") {
+	if u, err := url.Parse(addr); err == nil && resolver.Get(u.Scheme) != nil {
 		return nil
 	}
 	host, port, err := net.SplitHostPort(addr)

@@ -1493,6 +1493,37 @@ func TestUnparseableAddrIsBadAddress(t *testing.T) {
 	fails(t, nil, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", "x", "--addr", "dns:///127.0.0.1:1", "--timeout", "2s")
 }
 
+// TestGRPCTargetsWithASchemeReachTheLedger: an --addr that gRPC resolves by
+// its scheme reaches the ledger, as HOST:PORT does, in each of the forms
+// gRPC names: not only "scheme:///..." but "dns:HOST:PORT", "unix:" with a
+// relative path and "unix-abstract:NAME", which are no HOST:PORT either
+// and are not BAD_ADDRESS. The ledger answers a lookup of an operation it
+// does not hold: NOT_FOUND.
+func TestGRPCTargetsWithASchemeReachTheLedger(t *testing.T) {
+	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{})
+	t.Chdir(t.TempDir())
+	abstract := "ledgerctl-test-" + client.NewHolder()
+	for _, path := range []string{"ledger.sock", "@" + abstract} {
+		lis, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = st.Service.Serve(lis) }()
+	}
+	_, port, err := net.SplitHostPort(st.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "localhost:PORT" parses as a URL too, of the scheme "localhost", which
+	// gRPC has no resolver for: it is HOST:PORT.
+	for _, addr := range []string{st.Addr, "localhost:" + port, "dns:" + st.Addr, "dns:///" + st.Addr, "unix:ledger.sock", "unix-abstract:" + abstract} {
+		o := ctl(t, nil, "lookup", "no-such-operation", "--addr", addr, "--timeout", "20s")
+		if !strings.HasPrefix(o.stderr, "ledgerctl: NOT_FOUND: ") {
+			t.Errorf("ledgerctl lookup --addr %s: want the ledger's NOT_FOUND: %s", addr, o)
+		}
+	}
+}
+
 // TestEmptyAPIKey: an empty --api-key (an unset shell variable) is bad
 // usage, like an empty --tls-ca, instead of overriding LEDGER_API_KEY with
 // no key and calling the ledger without credentials.
