@@ -32,22 +32,32 @@ func (tl *transitionLog) list() string {
 	return strings.Join(tl.seen, " ")
 }
 
+// unreplicated returns two ledgers on one fresh redis-server without a
+// replica: l, with observe and WaitReplicas 1, whose every call answers
+// KindNotReplicated after its script ran, and plain, without either, to read
+// the store.
+func unreplicated(t *testing.T, observe Observer) (l, plain *Ledger) {
+	t.Helper()
+	primary := redistest.Start(t)
+	pol, _ := ParsePolicies([]byte(testPolicy))
+	l, err := New(primary.Client(t), Options{Policies: pol, Observer: observe, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err = New(primary.Client(t), Options{Policies: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, plain
+}
+
 // TestTransitionsReportedWhenNotReplicated: with WaitReplicas and no replica
 // every call answers KindNotReplicated, but its write stands on the primary:
 // the transition it made is reported, once (its repeat, answered the same,
 // makes none).
 func TestTransitionsReportedWhenNotReplicated(t *testing.T) {
-	primary := redistest.Start(t)
-	pol, _ := ParsePolicies([]byte(testPolicy))
 	var tl transitionLog
-	l, err := New(primary.Client(t), Options{Policies: pol, Observer: tl.observe, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := New(primary.Client(t), Options{Policies: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, plain := unreplicated(t, tl.observe)
 	ctx := context.Background()
 	who := Principal{Tenant: "t", ID: "a"}
 	req := ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"}
@@ -207,25 +217,15 @@ func TestTransitionsReportedWhenTheMarkerIsRefused(t *testing.T) {
 // for that call, once: the caller's repeat, answered the same, records
 // nothing and reports nothing.
 func TestReconciledReportedWhenNotReplicated(t *testing.T) {
-	primary := redistest.Start(t)
-	pol, _ := ParsePolicies([]byte(testPolicy))
 	var mu sync.Mutex
 	var findings []Finding
-	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond,
-		Observer: func(e Event) {
-			if e.Type == EventReconciled {
-				mu.Lock()
-				findings = append(findings, e.Finding)
-				mu.Unlock()
-			}
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := New(primary.Client(t), Options{Policies: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, plain := unreplicated(t, func(e Event) {
+		if e.Type == EventReconciled {
+			mu.Lock()
+			findings = append(findings, e.Finding)
+			mu.Unlock()
+		}
+	})
 	ctx := context.Background()
 	who := Principal{Tenant: "t", ID: "a"}
 	r, err := plain.Reserve(ctx, who, ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h"})
