@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
-	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/server"
@@ -452,15 +451,8 @@ func TestDoWaitsForAnotherHolder(t *testing.T) {
 		}
 		// The second caller's client tells when the ledger has answered it
 		// IN_PROGRESS: it is then waiting for the first.
-		waiting := make(chan struct{})
-		var once sync.Once
-		seeWait := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			err := invoker(ctx, method, req, reply, cc, opts...)
-			if r, ok := reply.(*ledgerv1.ReserveResponse); ok && err == nil && r.GetDecision() == ledgerv1.Decision_DECISION_IN_PROGRESS {
-				once.Do(func() { close(waiting) })
-			}
-			return err
-		}))
+		see, waiting := ledgertest.SeeInProgress()
+		seeWait := client.WithDialOptions(grpc.WithChainUnaryInterceptor(see))
 		c2, err := client.Dial(e.stack.Addr, fast, seeWait)
 		if err != nil {
 			t.Fatal(err)

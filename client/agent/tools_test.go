@@ -15,7 +15,6 @@ import (
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
-	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 )
@@ -174,15 +173,8 @@ func TestConcurrentRunsSameCall(t *testing.T) {
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		// waiting is closed once the ledger has answered a worker
 		// IN_PROGRESS: that worker is then waiting for the other.
-		waiting := make(chan struct{})
-		var once sync.Once
-		seeWait := client.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			err := invoker(ctx, method, req, reply, cc, opts...)
-			if r, ok := reply.(*ledgerv1.ReserveResponse); ok && err == nil && r.GetDecision() == ledgerv1.Decision_DECISION_IN_PROGRESS {
-				once.Do(func() { close(waiting) })
-			}
-			return err
-		}))
+		see, waiting := ledgertest.SeeInProgress()
+		seeWait := client.WithDialOptions(grpc.WithChainUnaryInterceptor(see))
 		env := startLedger(t, rdb, seeWait)
 		dest := newDestination()
 		gate := make(chan struct{})

@@ -3,11 +3,14 @@ package ledgertest
 import (
 	"context"
 	"strings"
+	"sync"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
 // Fault is a client interceptor that makes every call of one ledger method
@@ -37,4 +40,19 @@ func Fault(method, mode string) grpc.UnaryClientInterceptor {
 			return status.Error(codes.Internal, "stream terminated by RST_STREAM with error code: INTERNAL_ERROR")
 		}
 	}
+}
+
+// SeeInProgress returns a client interceptor and a channel it closes once
+// the ledger has answered a Reserve IN_PROGRESS: the caller is then waiting
+// for another holder's claim.
+func SeeInProgress() (grpc.UnaryClientInterceptor, <-chan struct{}) {
+	waiting := make(chan struct{})
+	var once sync.Once
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if r, ok := reply.(*ledgerv1.ReserveResponse); ok && err == nil && r.GetDecision() == ledgerv1.Decision_DECISION_IN_PROGRESS {
+			once.Do(func() { close(waiting) })
+		}
+		return err
+	}, waiting
 }
