@@ -200,6 +200,7 @@ func TestAPIKeyIsNotSentInClearBeyondLoopback(t *testing.T) {
 func TestDialRefusesAKeyInClearBeyondLoopback(t *testing.T) {
 	for target, ok := range map[string]bool{
 		"127.0.0.1:50051": true, "localhost:50051": true, "[::1]:50051": true, "dns:///127.0.0.1:1": true,
+		"unix:ledger.sock": true, "unix:///run/ledger.sock": true, "unix-abstract:ledger": true,
 		"10.1.2.3:50051": false, "ledger.example:443": false, "dns:///ledger.example:443": false,
 	} {
 		c, err := Dial(target, WithAPIKey("id.secret"))

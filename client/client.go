@@ -131,8 +131,9 @@ func WithTLS(cfg *tls.Config) Option {
 
 // WithAPIKey sends key ("<id>.<secret>", from "ledgerd keygen") with every
 // call as "authorization: Bearer <key>". Over a connection without TLS the
-// key is only sent to a loopback address; elsewhere the call fails instead
-// of exposing the key.
+// key is only sent to a loopback address or a Unix socket ("unix:PATH",
+// "unix-abstract:NAME"); elsewhere the call fails instead of exposing the
+// key.
 func WithAPIKey(key string) Option {
 	return func(c *Client) {
 		c.hasAPIKey = true
@@ -141,12 +142,17 @@ func WithAPIKey(key string) Option {
 }
 
 // ErrInsecureAPIKey: Dial was asked to send an API key without TLS to an
-// address that is not loopback.
-var ErrInsecureAPIKey = errors.New("client: refusing to send an API key without TLS beyond loopback; add WithTLS")
+// address that is neither loopback nor a Unix socket.
+var ErrInsecureAPIKey = errors.New("client: refusing to send an API key without TLS beyond this machine (loopback or a Unix socket); add WithTLS")
 
-// loopbackTarget reports whether a dial target ("host:port", possibly with
-// a "dns:///" or "passthrough:///" scheme) names this machine.
+// loopbackTarget reports whether a dial target names this machine: a
+// "host:port" (possibly with a "dns:///" or "passthrough:///" scheme) on
+// loopback, or a Unix socket ("unix:PATH", "unix:///PATH",
+// "unix-abstract:NAME"), which never leaves the host.
 func loopbackTarget(target string) bool {
+	if u, err := url.Parse(target); err == nil && (u.Scheme == "unix" || u.Scheme == "unix-abstract") {
+		return true
+	}
 	if i := strings.Index(target, ":///"); i >= 0 {
 		target = target[i+4:]
 	}
@@ -164,7 +170,7 @@ func loopbackTarget(target string) bool {
 type apiKey string
 
 // GetRequestMetadata attaches the key, refusing to send it in clear beyond
-// this machine.
+// this machine. gRPC names a Unix socket's authority "localhost".
 func (k apiKey) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
 	ri, _ := credentials.RequestInfoFromContext(ctx)
 	if credentials.CheckSecurityLevel(ri.AuthInfo, credentials.PrivacyAndIntegrity) != nil {
@@ -205,7 +211,7 @@ func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 
 // Dial connects to the ledger at target (host:port); the connection is made
 // on the first call. With WithAPIKey and without WithTLS it refuses a target
-// that is not loopback (ErrInsecureAPIKey).
+// that is neither loopback nor a Unix socket (ErrInsecureAPIKey).
 func Dial(target string, opts ...Option) (*Client, error) {
 	c := New(nil, opts...)
 	transport := c.transport

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -686,5 +688,57 @@ func TestAPIKeys(t *testing.T) {
 	}
 	if _, err := c.Reconcile(context.Background(), op.ID, client.Finding{Kind: client.Applied}); !errors.Is(err, client.ErrPermissionDenied) {
 		t.Fatalf("Reconcile with an agent key = %v", err)
+	}
+}
+
+// TestAPIKeyOverAUnixSocket: a Unix socket never leaves this machine, so
+// Dial sends an API key over one without TLS, as it does to a loopback
+// address: to "unix:PATH" and to "unix-abstract:NAME" the key authenticates
+// and Do runs the effect once (once in all: the second Do is a replay).
+// Without a key the same socket answers UNAUTHENTICATED, so the key is what
+// lets the call in.
+func TestAPIKeyOverAUnixSocket(t *testing.T) {
+	key, hash, err := server.NewAPIKey("unix-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := server.ParseCredentials([]byte("keys:\n  - {id: unix-agent, tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Credentials: creds})
+	path := filepath.Join(t.TempDir(), "ledger.sock")
+	abstract := "ledger-client-test-" + client.NewHolder()
+	for _, l := range []struct{ network, addr string }{{"unix", path}, {"unix", "@" + abstract}} {
+		lis, err := net.Listen(l.network, l.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = st.Service.Serve(lis) }()
+	}
+	for _, target := range []string{"unix:" + path, "unix://" + path, "unix-abstract:" + abstract} {
+		anon, err := client.Dial(target, fast)
+		if err != nil {
+			t.Fatalf("Dial(%q) without a key: %v", target, err)
+		}
+		d := newDestination()
+		op := client.Op{ID: "unix-" + client.NewHolder(), Tool: "payments.refund", PermitID: "p"}
+		if _, err := anon.Do(context.Background(), op, d.fn); !errors.Is(err, client.ErrUnauthenticated) || d.calls.Load() != 0 {
+			t.Errorf("%s: Do without a key = %v (fn called %d times), want UNAUTHENTICATED", target, err, d.calls.Load())
+		}
+		_ = anon.Close()
+		c, err := client.Dial(target, fast, client.WithAPIKey(key))
+		if err != nil {
+			t.Fatalf("Dial(%q) with a key and no TLS = %v, want a client: a Unix socket is this machine", target, err)
+		}
+		for range 2 {
+			if _, err := c.Do(context.Background(), op, d.fn); err != nil {
+				t.Errorf("%s: Do with the key = %v", target, err)
+			}
+		}
+		if n := d.count(op.ID); n != 1 || d.calls.Load() != 1 {
+			t.Errorf("%s: the effect was applied %d times (fn called %d times), want once", target, n, d.calls.Load())
+		}
+		_ = c.Close()
 	}
 }
