@@ -133,6 +133,72 @@ func TestDocsGoSnippetsAreExamples(t *testing.T) {
 	}
 }
 
+// readsErr reports whether n reads a variable named err, outside the
+// function literals in it (which have their own).
+func readsErr(n ast.Node) bool {
+	found := false
+	ast.Inspect(n, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.FuncLit:
+			return false
+		case *ast.Ident:
+			found = found || n.Name == "err"
+		}
+		return !found
+	})
+	return found
+}
+
+// TestDocsGoSnippetsCheckErrors: no Go snippet of the SDK's pages drops an
+// error by assigning err again before reading it (as "c, err :=
+// client.Dial(...)" followed by "res, err := c.Do(...)" would: a reader
+// who copies it calls Do on a nil Client when Dial failed). Each snippet's
+// statements are read in order; a function literal's err is its own.
+func TestDocsGoSnippetsCheckErrors(t *testing.T) {
+	for _, g := range goSnippetDocs {
+		d, err := mdtable.Read(g.doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range d.All().CodeBlocks() {
+			if b.Info != "go" {
+				continue
+			}
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, "", "package p\nfunc _() {\n"+b.Text+"\n}\n", 0)
+			if err != nil {
+				t.Errorf("%s:%d: the Go snippet is no list of statements: %v", g.doc, b.Line, err)
+				continue
+			}
+			line := func(n ast.Node) int { return b.Line + fset.Position(n.Pos()).Line - 2 }
+			var unread ast.Node // the statement whose err is not read yet
+			for _, st := range f.Decls[0].(*ast.FuncDecl).Body.List {
+				as, ok := st.(*ast.AssignStmt)
+				if !ok {
+					if readsErr(st) {
+						unread = nil
+					}
+					continue
+				}
+				for _, r := range as.Rhs {
+					if readsErr(r) {
+						unread = nil
+					}
+				}
+				for _, l := range as.Lhs {
+					if id, ok := l.(*ast.Ident); ok && id.Name == "err" {
+						if unread != nil {
+							t.Errorf("%s:%d: the error assigned on line %d is not checked before err is assigned again here: check it (and change the Example function too)",
+								g.doc, line(as), line(unread))
+						}
+						unread = as
+					}
+				}
+			}
+		}
+	}
+}
+
 // codeName is a gRPC code as the docs write it: INVALID_ARGUMENT.
 func codeName(c codes.Code) string {
 	var b strings.Builder

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"log"
 	"net/http"
 	"time"
 
@@ -42,6 +43,10 @@ func Example() {
 		client.WithToolPolicy("create_refund", client.ToolPolicy{Timeout: 10 * time.Second, MaxRetries: 1}),
 		client.WithReconciler("create_refund", findRefundByOperationID),
 	)
+	if err != nil {
+		log.Fatal(err) // a target gRPC cannot parse, or WithAPIKey without TLS beyond this machine
+	}
+	defer c.Close()
 	res, err := c.Do(ctx, client.Op{
 		ID:       runID + ":" + callID, // minted once, reused by every retry
 		Tool:     "create_refund",
