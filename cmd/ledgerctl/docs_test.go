@@ -25,7 +25,8 @@ var commandArgs = map[string][]string{
 
 // flagEnvs returns, by flag, the environment variable ledgerctl reads as
 // its default: a variable is the flag's when setting it to a value parses
-// to the same options as giving the flag that value.
+// to the same options as giving the flag that value (but for addrFrom,
+// which names where the address came from, to say so in BAD_ADDRESS).
 func flagEnvs(t *testing.T) map[string]string {
 	t.Helper()
 	var names []string
@@ -44,6 +45,7 @@ func flagEnvs(t *testing.T) map[string]string {
 			})
 			for _, f := range append(slices.Clone(globalFlags), commandFlags[cmd]...) {
 				fromFlag, _ := parse(append(slices.Clone(base), "--"+f, val), func(string) string { return "" })
+				fromEnv.addrFrom, fromFlag.addrFrom = "", ""
 				if reflect.DeepEqual(fromEnv, fromFlag) {
 					envs[f], found = name, true
 				}

@@ -90,7 +90,8 @@ commands:
 
 const usageGlobal = `
 global flags (before or after the command):
-  --addr HOST:PORT      the ledger (env LEDGER_ADDR; default 127.0.0.1:50051)
+  --addr HOST:PORT      the ledger (env LEDGER_ADDR; default 127.0.0.1:50051), or
+                        a gRPC target: dns:///HOST:PORT, unix:PATH, unix-abstract:NAME
   --api-key KEY         API key "<id>.<secret>" (env LEDGER_API_KEY, preferred:
                         a flag shows in ps and in the shell's history)
   --tls                 connect with TLS (implied by --tls-ca and --tls-cert;
@@ -177,6 +178,7 @@ type options struct {
 	args []string
 
 	addr, apiKey            string
+	addrFrom                string // "--addr", or "LEDGER_ADDR" when the address is the environment's
 	tls                     bool
 	tlsCA, tlsCert, tlsKey  string
 	timeout                 time.Duration
@@ -367,6 +369,9 @@ func parse(args []string, env func(string) string) (*options, error) {
 	if bad != nil {
 		return o, bad
 	}
+	if given["addr"] {
+		o.addrFrom = "--addr"
+	}
 	if given["tls"] && !o.tls {
 		// A TLS file turns TLS on: with --tls=false it would do so behind
 		// the operator's back.
@@ -410,9 +415,9 @@ func helpCommand(positional []string) error {
 // defaults, and the values of the environment (env is os.Getenv) in their
 // place.
 func newOptions(env func(string) string) *options {
-	o := &options{addr: env("LEDGER_ADDR"), tlsCA: env("LEDGER_TLS_CA"), timeout: defaultTimeout, limit: defaultLimit}
+	o := &options{addr: env("LEDGER_ADDR"), addrFrom: "LEDGER_ADDR", tlsCA: env("LEDGER_TLS_CA"), timeout: defaultTimeout, limit: defaultLimit}
 	if o.addr == "" {
-		o.addr = defaultAddr
+		o.addr, o.addrFrom = defaultAddr, "--addr"
 	}
 	o.apiKey = strings.TrimSpace(env("LEDGER_API_KEY"))
 	return o
@@ -819,22 +824,32 @@ func checkAddr(addr string) error {
 		return nil
 	}
 	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("want HOST:PORT (%v)", err)
+	var ae *net.AddrError
+	switch {
+	case errors.As(err, &ae) && ae.Err == "missing port in address":
+		return errors.New("no port")
+	case errors.As(err, &ae):
+		return errors.New(ae.Err) // too many colons, a missing ']'...
+	case err != nil:
+		return err
 	}
 	if host == "" || strings.ContainsAny(host, " \t") {
-		return errors.New("want HOST:PORT, with a host name or IP address")
+		return errors.New("want a host name or IP address before the port")
 	}
 	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		return errors.New("want HOST:PORT, with a port from 1 to 65535")
+		return errors.New("want a port from 1 to 65535")
 	}
 	return nil
 }
 
+// addrHint says what --addr takes, for BAD_ADDRESS.
+const addrHint = "give --addr (or LEDGER_ADDR) as HOST:PORT, e.g. 127.0.0.1:50051 or ledger.internal:50051," +
+	" or as a gRPC target with a scheme: dns:///HOST:PORT, unix:PATH, unix-abstract:NAME"
+
 // dial makes the client; the connection is made on the first call.
 func dial(o *options) (*client.Client, error) {
 	if err := checkAddr(o.addr); err != nil {
-		return nil, &localError{reason: "BAD_ADDRESS", msg: "--addr " + o.addr + ": " + err.Error()}
+		return nil, &localError{reason: "BAD_ADDRESS", msg: o.addrFrom + " " + o.addr + ": " + err.Error()}
 	}
 	var opts []client.Option
 	if o.tls || o.tlsCA != "" || o.tlsCert != "" {
@@ -868,7 +883,7 @@ func dial(o *options) (*client.Client, error) {
 			"; add --tls (and --tls-ca): the API key is only sent over TLS beyond this machine"}
 	}
 	if err != nil {
-		return nil, &localError{reason: "BAD_ADDRESS", msg: "--addr " + o.addr + ": " + err.Error()}
+		return nil, &localError{reason: "BAD_ADDRESS", msg: o.addrFrom + " " + o.addr + ": " + err.Error()}
 	}
 	return c, nil
 }

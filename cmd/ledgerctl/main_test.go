@@ -1493,6 +1493,34 @@ func TestUnparseableAddrIsBadAddress(t *testing.T) {
 	fails(t, nil, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", "x", "--addr", "dns:///127.0.0.1:1", "--timeout", "2s")
 }
 
+// TestBadAddressSaysWhatIsWanted: a BAD_ADDRESS names where the address
+// came from (--addr, or LEDGER_ADDR when the flag is left out) and says what
+// to give instead: HOST:PORT, or a gRPC target with a scheme. A HOST alone
+// (the usual slip) says its port is missing. With --json the hint is the
+// object's "hint".
+func TestBadAddressSaysWhatIsWanted(t *testing.T) {
+	want := []string{"HOST:PORT", "127.0.0.1:50051", "dns:///HOST:PORT", "unix:PATH"}
+	o := fails(t, nil, 1, append([]string{"ledgerctl: BAD_ADDRESS: --addr ledger.internal: ", "no port"}, want...),
+		"lookup", "x", "--addr", "ledger.internal")
+	if strings.Contains(o.stderr, "LEDGER_ADDR ledger.internal") {
+		t.Errorf("--addr given: the error names LEDGER_ADDR: %s", o)
+	}
+	fails(t, map[string]string{"LEDGER_ADDR": "ledger.internal"}, 1,
+		append([]string{"ledgerctl: BAD_ADDRESS: LEDGER_ADDR ledger.internal: ", "no port"}, want...), "lookup", "x")
+	fails(t, nil, 1, append([]string{"ledgerctl: BAD_ADDRESS: --addr 127.0.0.1:0: ", "port from 1 to 65535"}, want...),
+		"lookup", "x", "--addr", "127.0.0.1:0")
+	o = fails(t, nil, 1, nil, "--json", "lookup", "x", "--addr", "ledger.internal")
+	var je jsonError
+	if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "BAD_ADDRESS" {
+		t.Fatalf("--json BAD_ADDRESS = %v: %s", err, o)
+	}
+	for _, w := range want {
+		if !strings.Contains(je.Hint, w) {
+			t.Errorf("--json BAD_ADDRESS: the hint lacks %q: %+v", w, je)
+		}
+	}
+}
+
 // TestGRPCTargetsWithASchemeReachTheLedger: an --addr that gRPC resolves by
 // its scheme reaches the ledger, as HOST:PORT does, in each of the forms
 // gRPC names: not only "scheme:///..." but "dns:HOST:PORT", "unix:" with a

@@ -566,6 +566,8 @@ func describe(o *options, err error) jsonError {
 		}
 	case errors.Is(err, client.ErrPermissionDenied):
 		d.Hint = scopeHints[o.cmd]
+	case d.Reason == "BAD_ADDRESS":
+		d.Hint = addrHint
 	case d.Reason == "DEADLINE_EXCEEDED":
 		d.Hint = "no answer within --timeout " + o.timeout.String() + ": is the ledger at " + o.addr + " up? (a slow link needs a longer --timeout)"
 	case d.Reason == "UNAVAILABLE":
