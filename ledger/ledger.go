@@ -66,16 +66,25 @@ type Ledger struct {
 	listScan int
 }
 
+// CheckPrefix reports whether prefix may be Options.Prefix: letters,
+// digits, '.', '_' and '-' only ("" is DefaultPrefix).
+func CheckPrefix(prefix string) error {
+	for i := 0; i < len(prefix); i++ {
+		if c := prefix[i]; !unreserved(c) || c == '~' {
+			return fmt.Errorf("ledger: key prefix %q: only letters, digits, '.', '_' and '-' are allowed", prefix)
+		}
+	}
+	return nil
+}
+
 // New returns a Ledger storing its records through rdb.
 func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 	prefix := opts.Prefix
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	for i := 0; i < len(prefix); i++ {
-		if c := prefix[i]; !unreserved(c) || c == '~' {
-			return nil, fmt.Errorf("ledger: key prefix %q: only letters, digits, '.', '_' and '-' are allowed", prefix)
-		}
+	if err := CheckPrefix(prefix); err != nil {
+		return nil, err
 	}
 	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer,
 		waitN: opts.WaitReplicas, waitFor: opts.WaitTimeout, listScan: maxListScan}

@@ -57,6 +57,11 @@
 //
 // "ledgerd keygen --id ID --tenant T --scopes agent" prints a new API key and
 // the line of the credentials file that admits it.
+//
+// Exit status: 0 after a stop asked for (and for -h), 1 for a failure at run
+// time (a file, Redis, the listen address), 2 for a usage error (an unknown
+// flag, a value or a combination of flags it refuses, a stray argument), in
+// ledgerd and ledgerd keygen alike.
 package main
 
 import (
@@ -110,8 +115,29 @@ func main() {
 	tuneGC(os.Getenv)
 	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerd:", err)
+		var u *usageError
+		if errors.As(err, &u) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
+}
+
+// usageError is a command line (or environment) ledgerd refuses before it
+// starts anything: an unknown flag, a value it does not take, flags it does
+// not take together, a stray argument. main exits 2 for it, as the flag
+// package does, and 1 for a failure at run time.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// usage marks err, when there is one, as a usageError.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &usageError{err}
 }
 
 // DefaultGCPercent is ledgerd's garbage collection target (GOGC) unless
@@ -171,14 +197,18 @@ func env(name, def string) string {
 	return def
 }
 
+// parseFlags reads the command line and the environment into a config. Its
+// errors but flag.ErrHelp (-h) are usageErrors.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
 	fs, finish := newFlagSet(&c, stderr)
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		if errors.Is(err, flag.ErrHelp) {
+			return c, err
+		}
+		return c, usage(err)
 	}
-	err := finish()
-	return c, err
+	return c, usage(finish())
 }
 
 // newFlagSet defines ledgerd's flags on a new flag set that fills c. Each
@@ -270,6 +300,14 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 			keepaliveTime: *keepaliveTime, keepaliveTimeout: *keepaliveTimeout, streams: *maxStreams, conns: *maxConns,
 			age: *maxConnAge, ageGrace: *maxConnAgeGrace}); err != nil {
 			return err
+		}
+		if err := ledger.CheckPrefix(c.prefix); err != nil {
+			return fmt.Errorf("--key-prefix %q: want letters, digits, '.', '_' and '-' only", c.prefix)
+		}
+		switch c.redisMode {
+		case "single", "cluster", "sentinel":
+		default:
+			return fmt.Errorf("--redis-mode %q: want single, cluster or sentinel", c.redisMode)
 		}
 		if (c.tls.Cert == "") != (c.tls.Key == "") {
 			return errors.New("--tls-cert and --tls-key go together")
@@ -446,11 +484,11 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 	}
 	newClient, tlsConf, addrs, err := parseRedisURL(c.redisMode, c.redisURL)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, usage(err)
 	}
 	if c.redisCA != "" {
 		if *tlsConf == nil {
-			return nil, nil, errors.New("--redis-ca needs a rediss:// URL")
+			return nil, nil, usage(errors.New("--redis-ca needs a rediss:// URL"))
 		}
 		pem, err := os.ReadFile(c.redisCA)
 		if err != nil {
@@ -746,11 +784,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log, err := newLogger(c.logLevel, stderr)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	redis.SetLogger(redisLogger{log})
 	if err := checkListen(c); err != nil {
-		return err
+		return usage(err)
 	}
 	// SIGHUP is caught from here on, so that one sent while ledgerd starts
 	// (connecting to Redis may take a while) is not its default action,

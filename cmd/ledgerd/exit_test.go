@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runLedgerd runs ledgerd's main, in the test binary (runAsLedgerd), with
+// args and env added to an environment without LEDGER_ variables; it
+// returns the exit status and stderr. A command line ledgerd wrongly
+// accepts would serve: it is killed after a minute, which fails the test.
+func runLedgerd(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, self, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LEDGER_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(append(cmd.Env, runAsLedgerd+"=1"), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, stderr.String()
+	case ctx.Err() != nil:
+		t.Fatalf("ledgerd %q did not exit (it serves?):\n%s", args, stderr.String())
+	case errors.As(err, &ee):
+		return ee.ExitCode(), stderr.String()
+	}
+	t.Fatalf("ledgerd %q: %v", args, err)
+	return 0, ""
+}
+
+// TestExitStatus: a usage error (an unknown flag, a value ledgerd refuses,
+// from a flag or its environment variable, flags it refuses together, a
+// stray argument) exits 2, the flag package's convention, in ledgerd and in
+// ledgerd keygen alike, with a "ledgerd: ..." line naming what is wrong; a
+// failure at run time (a file it cannot read, an address in use) exits 1;
+// -h exits 0. docs/configuration.md says so.
+func TestExitStatus(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	missing := filepath.Join(t.TempDir(), "missing")
+	redisURL := "redis://127.0.0.1:1/0"
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		code int
+		want string // on stderr
+	}{
+		{nil, []string{"--bogus"}, 2, "ledgerd: flag provided but not defined"},
+		{nil, []string{"--sweep-interval", "x"}, 2, "ledgerd: --sweep-interval"},
+		{nil, []string{"--public-reflection=maybe"}, 2, "ledgerd: invalid boolean value"},
+		{nil, []string{"--listen", "127.0.0.1:0", "stray"}, 2, "ledgerd: unexpected arguments"},
+		{nil, []string{"--tls-cert", "c.pem"}, 2, "ledgerd: --tls-cert and --tls-key go together"},
+		{[]string{"LEDGER_RATE_LIMIT=x"}, nil, 2, "ledgerd: --rate-limit"},
+		{[]string{"LEDGER_OTLP_INSECURE=maybe"}, nil, 2, "ledgerd: LEDGER_OTLP_INSECURE"},
+		{nil, []string{"--log-level", "loud"}, 2, "ledgerd: --log-level"},
+		{nil, []string{"--listen", "nope"}, 2, "ledgerd: --listen"},
+		{nil, []string{"--listen", "0.0.0.0:0"}, 2, "ledgerd: --listen"},
+		{nil, []string{"--key-prefix", "a:b"}, 2, "ledgerd: --key-prefix"},
+		{nil, []string{"--redis-mode", "ring"}, 2, "ledgerd: --redis-mode"},
+		{nil, []string{"--redis-mode", "ring", "--redis-url", redisURL}, 2, "ledgerd: --redis-mode"},
+		{nil, []string{"--redis-url", "http://x"}, 2, "ledgerd: --redis-url"},
+		{nil, []string{"--redis-url", redisURL, "--redis-ca", missing}, 2, "ledgerd: --redis-ca needs a rediss:// URL"},
+		{nil, []string{"keygen", "--bogus"}, 2, "ledgerd: flag provided but not defined"},
+		{nil, []string{"keygen", "--id", "a", "--tenant", "acme", "stray"}, 2, "ledgerd: keygen: unexpected arguments"},
+		{nil, []string{"keygen", "--tenant", "acme"}, 2, "ledgerd: keygen: --id and --tenant are required"},
+		{nil, []string{"--listen", "127.0.0.1:0", "--policy", missing}, 1, "ledgerd: "},
+		{nil, []string{"--listen", "127.0.0.1:0", "--auth-file", missing}, 1, "ledgerd: "},
+		{nil, []string{"--listen", busy.Addr().String()}, 1, "address already in use"},
+		{nil, []string{"-h"}, 0, "-listen"},
+		{nil, []string{"keygen", "-h"}, 0, "-tenant"},
+	} {
+		code, stderr := runLedgerd(t, tc.env, tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%s ledgerd %q: exit %d, want %d with %q:\n%s", strings.Join(tc.env, " "), tc.args, code, tc.code, tc.want, stderr)
+		}
+	}
+}
