@@ -22,7 +22,9 @@
 // shows medians of calls/s, p50 and p99, of each as a ratio to health Check
 // in the same round, and of the CPU time the load generator, ledgerd and
 // redis-server each spent per call. It fails (exit status 1) when any call
-// failed; it asserts no timing. `make bench` builds ledgerd and runs it;
+// failed, or a server would not start; a usage error (an unknown flag, a
+// value or a combination of flags it refuses, a stray argument) exits 2. It
+// asserts no timing. `make bench` builds ledgerd and runs it;
 // docs/benchmarks.md explains the numbers.
 //
 //	ledgerbench --ledgerd bin/ledgerd [--duration 10s] [--concurrency 50]
@@ -31,6 +33,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -51,7 +54,11 @@ func main() {
 		redisAddr := fs.String("redis-addr", "", "the Redis of the one EVALSHA per call")
 		plain := fs.Bool("plain", false, "a plain go-redis client, without auto-pipelining")
 		withLedger := fs.Bool("ledger", false, "each Check is a ledger.Reserve of a new operation instead of a trivial script")
-		_ = fs.Parse(os.Args[2:])
+		_ = fs.Parse(os.Args[2:]) // ExitOnError: exit 2
+		if fs.NArg() > 0 {
+			fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", bench.BareCommand, fs.Args())
+			os.Exit(2)
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		o := bench.BareOptions{Listen: *listen, RedisAddr: *redisAddr, Plain: *plain, Ledger: *withLedger}
@@ -63,9 +70,23 @@ func main() {
 	}
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+		var u *usageError
+		if errors.As(err, &u) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }
+
+// usageError is a command line ledgerbench refuses before it starts
+// anything: main exits 2 for it, as the flag package does.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// usagef returns a usageError.
+func usagef(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
 
 func run(args []string, stdout, stderr io.Writer) error {
 	var c bench.Config
@@ -96,10 +117,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err == flag.ErrHelp {
 			return nil
 		}
-		return err
+		return &usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+		return usagef("unexpected arguments: %v", fs.Args())
+	}
+	if c.Ledgerd == "" && c.Addr == "" {
+		return usagef("--ledgerd BINARY (make bench builds bin/ledgerd) or --addr HOST:PORT (a running ledgerd) is required")
+	}
+	if c.ServerCPUs != "" && c.Addr != "" {
+		return usagef("--server-cpus places the servers ledgerbench starts: it does not go with --addr (a running ledgerd)")
 	}
 	for _, s := range strings.Split(*growth, ",") {
 		if s = strings.TrimSpace(s); s == "" {
@@ -107,7 +134,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n <= 0 {
-			return fmt.Errorf("--growth %q: want positive record counts", *growth)
+			return usagef("--growth %q: want positive record counts", *growth)
 		}
 		c.Growth = append(c.Growth, n)
 	}
@@ -117,7 +144,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger":
 			c.Only = append(c.Only, s)
 		default:
-			return fmt.Errorf("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare or bare-ledger", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare or bare-ledger", s)
 		}
 	}
 	c.NoThroughput = *noThroughput
