@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/opledger/ledger/server"
 )
 
 // runLedgerd runs ledgerd's main, in the test binary (runAsLedgerd), with
@@ -71,12 +74,13 @@ func TestExitStatus(t *testing.T) {
 		{nil, []string{"--bogus"}, 2, "ledgerd: flag provided but not defined"},
 		{nil, []string{"--sweep-interval", "x"}, 2, "ledgerd: --sweep-interval"},
 		{nil, []string{"--public-reflection=maybe"}, 2, "ledgerd: invalid boolean value"},
-		{nil, []string{"--listen", "127.0.0.1:0", "stray"}, 2, "ledgerd: unexpected arguments"},
+		{nil, []string{"--listen", "127.0.0.1:0", "stray"}, 2, "ledgerd: unexpected arguments [stray]: ledgerd takes flags only"},
 		{nil, []string{"--tls-cert", "c.pem"}, 2, "ledgerd: --tls-cert and --tls-key go together"},
 		{[]string{"LEDGER_RATE_LIMIT=x"}, nil, 2, "ledgerd: --rate-limit"},
 		{[]string{"LEDGER_OTLP_INSECURE=maybe"}, nil, 2, "ledgerd: LEDGER_OTLP_INSECURE"},
 		{nil, []string{"--log-level", "loud"}, 2, "ledgerd: --log-level"},
-		{nil, []string{"--listen", "nope"}, 2, "ledgerd: --listen"},
+		{nil, []string{"--listen", "nope"}, 2, `ledgerd: --listen "nope": want HOST:PORT, e.g. 127.0.0.1:50051`},
+		{nil, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "nope"}, 2, `ledgerd: --metrics-listen "nope": want HOST:PORT, e.g. 127.0.0.1:9464`},
 		{nil, []string{"--listen", "0.0.0.0:0"}, 2, "ledgerd: --listen"},
 		{nil, []string{"--key-prefix", "a:b"}, 2, "ledgerd: --key-prefix"},
 		{nil, []string{"--redis-mode", "ring"}, 2, "ledgerd: --redis-mode"},
@@ -84,7 +88,7 @@ func TestExitStatus(t *testing.T) {
 		{nil, []string{"--redis-url", "http://x"}, 2, "ledgerd: --redis-url"},
 		{nil, []string{"--redis-url", redisURL, "--redis-ca", missing}, 2, "ledgerd: --redis-ca needs a rediss:// URL"},
 		{nil, []string{"keygen", "--bogus"}, 2, "ledgerd: flag provided but not defined"},
-		{nil, []string{"keygen", "--id", "a", "--tenant", "acme", "stray"}, 2, "ledgerd: keygen: unexpected arguments"},
+		{nil, []string{"keygen", "--id", "a", "--tenant", "acme", "stray"}, 2, "ledgerd: keygen: unexpected arguments [stray]: keygen takes flags only (--id, --tenant, --scopes)"},
 		{nil, []string{"keygen", "--tenant", "acme"}, 2, "ledgerd: keygen: --id and --tenant are required"},
 		{nil, []string{"--listen", "127.0.0.1:0", "--policy", missing}, 1, "ledgerd: "},
 		{nil, []string{"--listen", "127.0.0.1:0", "--auth-file", missing}, 1, "ledgerd: "},
@@ -96,5 +100,28 @@ func TestExitStatus(t *testing.T) {
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%s ledgerd %q: exit %d, want %d with %q:\n%s", strings.Join(tc.env, " "), tc.args, code, tc.code, tc.want, stderr)
 		}
+		if tc.code == 2 && strings.Contains(stderr, "ledgerd serving") {
+			t.Errorf("%s ledgerd %q served before refusing its command line:\n%s", strings.Join(tc.env, " "), tc.args, stderr)
+		}
+	}
+}
+
+// TestListenUsageSaysWhenBeyondLoopback: ledgerd -h says what --listen
+// takes as checkListen has it (and docs/configuration.md): loopback without
+// --auth-file, beyond it with --auth-file and TLS (or --allow-plaintext),
+// not "loopback only".
+func TestListenUsageSaysWhenBeyondLoopback(t *testing.T) {
+	if err := checkListen(config{listen: "10.0.0.1:1", authFile: "f", tls: server.TLSFiles{Cert: "c", Key: "k"}}); err != nil {
+		t.Fatalf("checkListen refuses a non-loopback address with authentication and TLS: %v", err)
+	}
+	fs, _ := newFlagSet(&config{}, io.Discard)
+	u := fs.Lookup("listen").Usage
+	for _, want := range []string{"host:port", "loopback", "--auth-file", "TLS", "--allow-plaintext"} {
+		if !strings.Contains(u, want) {
+			t.Errorf("the usage of --listen lacks %q: %s", want, u)
+		}
+	}
+	if strings.Contains(u, "loopback only)") {
+		t.Errorf("the usage of --listen says loopback only: %s", u)
 	}
 }

@@ -5,7 +5,7 @@
 // trying it out: nothing survives a restart. Configuration comes from flags,
 // or from the environment when a flag is not given:
 //
-//	--listen            LEDGER_LISTEN            address to serve (127.0.0.1:50051); loopback only
+//	--listen            LEDGER_LISTEN            host:port to serve (127.0.0.1:50051); loopback unless --auth-file and TLS
 //	--redis-url         LEDGER_REDIS_URL         redis://[user:password@]host:port/db, rediss:// for TLS
 //	--redis-ca          LEDGER_REDIS_CA          CA of Redis's certificate (PEM), for rediss:// with a private CA
 //	--redis-mode        LEDGER_REDIS_MODE        single, cluster (?addr=... seeds) or sentinel (?master_name=...) (single)
@@ -218,7 +218,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() error) {
 	fs = flag.NewFlagSet("ledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.listen, "listen", env("LEDGER_LISTEN", "127.0.0.1:50051"), "address to serve gRPC on (loopback only) [LEDGER_LISTEN]")
+	fs.StringVar(&c.listen, "listen", env("LEDGER_LISTEN", "127.0.0.1:50051"), "host:port to serve gRPC on: loopback, or with --auth-file and TLS (or --allow-plaintext) any address [LEDGER_LISTEN]")
 	fs.StringVar(&c.redisURL, "redis-url", env("LEDGER_REDIS_URL", ""), "Redis URL, e.g. redis://127.0.0.1:6379/0; empty runs the embedded engine (nothing survives a restart) [LEDGER_REDIS_URL]")
 	fs.StringVar(&c.policy, "policy", env("LEDGER_POLICY", ""), "policy file (YAML or JSON); empty uses the defaults [LEDGER_POLICY]")
 	fs.StringVar(&c.prefix, "key-prefix", env("LEDGER_KEY_PREFIX", ledger.DefaultPrefix), "first segment of every Redis key [LEDGER_KEY_PREFIX]")
@@ -316,7 +316,12 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 			return errors.New("--tls-client-ca needs --tls-cert and --tls-key")
 		}
 		if fs.NArg() > 0 {
-			return fmt.Errorf("unexpected arguments: %v", fs.Args())
+			return fmt.Errorf("unexpected arguments %v: ledgerd takes flags only (--name value, or --name=value)", fs.Args())
+		}
+		if c.metricsListen != "" {
+			if _, _, err := net.SplitHostPort(c.metricsListen); err != nil {
+				return fmt.Errorf("--metrics-listen %q: want HOST:PORT, e.g. 127.0.0.1:9464 (%v)", c.metricsListen, err)
+			}
 		}
 		d, err := time.ParseDuration(*sweep)
 		if err != nil || d <= 0 {
@@ -390,7 +395,7 @@ func parseConnectionLimits(l *server.ConnectionLimits, f connectionFlags) error 
 func checkListen(c config) error {
 	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {
-		return fmt.Errorf("--listen %q: %w", c.listen, err)
+		return fmt.Errorf("--listen %q: want HOST:PORT, e.g. 127.0.0.1:50051 (%w)", c.listen, err)
 	}
 	if host == "localhost" {
 		return nil
@@ -671,7 +676,7 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("keygen: unexpected arguments: %v", fs.Args())
+		return fmt.Errorf("keygen: unexpected arguments %v: keygen takes flags only (--id, --tenant, --scopes)", fs.Args())
 	}
 	if o.id == "" || o.tenant == "" {
 		return errors.New("keygen: --id and --tenant are required")
