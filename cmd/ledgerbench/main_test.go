@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,6 +76,28 @@ func TestExitStatus(t *testing.T) {
 		}
 		if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("ledgerbench %q: exit %d, want %d with %q:\n%s", tc.args, code, tc.code, tc.want, stderr.String())
+		}
+	}
+}
+
+// TestAddrUsageSaysWhatRuns: ledgerbench -h says what --addr measures as
+// docs/benchmarks.md does, and as bench.Run has it: the throughput and the
+// latency (concurrency 1) runs, without the parts that start servers of
+// their own (the bare server, memory, growth).
+func TestAddrUsageSaysWhatRuns(t *testing.T) {
+	var stderr bytes.Buffer
+	if err := run([]string{"-h"}, io.Discard, &stderr); err != nil {
+		t.Fatal(err)
+	}
+	var addr string
+	for _, l := range strings.Split(stderr.String(), "\n  -") {
+		if strings.HasPrefix(l, "addr ") {
+			addr = l
+		}
+	}
+	for _, want := range []string{"throughput and latency", "bare server", "memory", "growth"} {
+		if !strings.Contains(addr, want) {
+			t.Errorf("the usage of --addr lacks %q: %s", want, addr)
 		}
 	}
 }
