@@ -842,6 +842,14 @@ func checkAddr(addr string) error {
 	return nil
 }
 
+// Hints of ledgerctl's own errors: what the flag takes.
+const (
+	caHint = "give --tls-ca (or LEDGER_TLS_CA) the PEM certificate of the CA that issued the ledger's certificate," +
+		" or leave it out for the system's roots"
+	certHint = "give --tls-cert and --tls-key a PEM client certificate and its private key, or leave both out" +
+		" to authenticate with the API key alone"
+)
+
 // addrHint says what --addr takes, for BAD_ADDRESS.
 const addrHint = "give --addr (or LEDGER_ADDR) as HOST:PORT, e.g. 127.0.0.1:50051 or ledger.internal:50051," +
 	" or as a gRPC target with a scheme: dns:///HOST:PORT, unix:PATH, unix-abstract:NAME"
@@ -849,7 +857,7 @@ const addrHint = "give --addr (or LEDGER_ADDR) as HOST:PORT, e.g. 127.0.0.1:5005
 // dial makes the client; the connection is made on the first call.
 func dial(o *options) (*client.Client, error) {
 	if err := checkAddr(o.addr); err != nil {
-		return nil, &localError{reason: "BAD_ADDRESS", msg: o.addrFrom + " " + o.addr + ": " + err.Error()}
+		return nil, &localError{reason: "BAD_ADDRESS", msg: o.addrFrom + " " + o.addr + ": " + err.Error(), hint: addrHint}
 	}
 	var opts []client.Option
 	if o.tls || o.tlsCA != "" || o.tlsCert != "" {
@@ -857,18 +865,18 @@ func dial(o *options) (*client.Client, error) {
 		if o.tlsCA != "" {
 			pem, err := os.ReadFile(o.tlsCA)
 			if err != nil {
-				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-ca: " + err.Error()}
+				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-ca: " + err.Error(), hint: caHint}
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-ca " + o.tlsCA + ": no PEM certificate in it"}
+				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-ca " + o.tlsCA + ": no PEM certificate in it", hint: caHint}
 			}
 			cfg.RootCAs = pool
 		}
 		if o.tlsCert != "" {
 			cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
 			if err != nil {
-				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-cert/--tls-key: " + err.Error()}
+				return nil, &localError{reason: "TLS_CONFIG", msg: "--tls-cert/--tls-key: " + err.Error(), hint: certHint}
 			}
 			cfg.Certificates = []tls.Certificate{cert}
 		}
@@ -883,7 +891,7 @@ func dial(o *options) (*client.Client, error) {
 			"; add --tls (and --tls-ca): the API key is only sent over TLS beyond this machine"}
 	}
 	if err != nil {
-		return nil, &localError{reason: "BAD_ADDRESS", msg: o.addrFrom + " " + o.addr + ": " + err.Error()}
+		return nil, &localError{reason: "BAD_ADDRESS", msg: o.addrFrom + " " + o.addr + ": " + err.Error(), hint: addrHint}
 	}
 	return c, nil
 }

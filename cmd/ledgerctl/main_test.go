@@ -1493,6 +1493,39 @@ func TestUnparseableAddrIsBadAddress(t *testing.T) {
 	fails(t, nil, 1, []string{"ledgerctl: UNAVAILABLE: "}, "lookup", "x", "--addr", "dns:///127.0.0.1:1", "--timeout", "2s")
 }
 
+// TestTLSConfigSaysWhatToGive: a TLS file ledgerctl cannot use is
+// TLS_CONFIG, exit 1, with a hint that says what the flag takes (and that
+// leaving it out is an answer too), on stderr and in --json's "hint".
+func TestTLSConfigSaysWhatToGive(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	env := map[string]string{"LEDGER_ADDR": "127.0.0.1:1"}
+	ca := []string{"the PEM certificate of the CA that issued the ledger's certificate", "leave it out"}
+	cert := []string{"a PEM client certificate and its private key", "leave both out"}
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{env, []string{"lookup", "x", "--tls-ca", missing}, append([]string{"ledgerctl: TLS_CONFIG: --tls-ca: "}, ca...)},
+		{env, []string{"lookup", "x", "--tls-ca", notPEM}, append([]string{"ledgerctl: TLS_CONFIG: --tls-ca ", "no PEM certificate"}, ca...)},
+		{map[string]string{"LEDGER_ADDR": "127.0.0.1:1", "LEDGER_TLS_CA": missing}, []string{"lookup", "x"}, append([]string{"ledgerctl: TLS_CONFIG: "}, ca...)},
+		{env, []string{"lookup", "x", "--tls-cert", missing, "--tls-key", missing}, append([]string{"ledgerctl: TLS_CONFIG: --tls-cert/--tls-key: "}, cert...)},
+		{env, []string{"lookup", "x", "--tls-cert", notPEM, "--tls-key", notPEM}, append([]string{"ledgerctl: TLS_CONFIG: --tls-cert/--tls-key: "}, cert...)},
+	} {
+		fails(t, tc.env, 1, tc.want, tc.args...)
+		o := fails(t, tc.env, 1, nil, append([]string{"--json"}, tc.args...)...)
+		var je jsonError
+		if err := json.Unmarshal([]byte(o.stderr), &je); err != nil || je.Reason != "TLS_CONFIG" || !strings.Contains(je.Hint, tc.want[len(tc.want)-2]) {
+			t.Errorf("--json %q = %v: %s", tc.args, err, o)
+		}
+	}
+}
+
 // TestBadAddressSaysWhatIsWanted: a BAD_ADDRESS names where the address
 // came from (--addr, or LEDGER_ADDR when the flag is left out) and says what
 // to give instead: HOST:PORT, or a gRPC target with a scheme. A HOST alone

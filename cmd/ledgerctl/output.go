@@ -492,8 +492,9 @@ func span(d time.Duration) string {
 }
 
 // localError is a failure before or around a call (a TLS file, the
-// address), with a reason of its own.
-type localError struct{ reason, msg string }
+// address), with a reason of its own and a hint (what to do) when it has
+// one.
+type localError struct{ reason, msg, hint string }
 
 func (e *localError) Error() string { return e.msg }
 
@@ -553,6 +554,8 @@ func describe(o *options, err error) jsonError {
 		id = " " + clean(o.args[0])
 	}
 	switch {
+	case le != nil:
+		d.Hint = le.hint
 	case ce != nil && ce.Reason == "" && strings.Contains(ce.Message, "refusing to send the API key"):
 		// The SDK's own refusal (client.apiKey): grpc reports it as
 		// UNAUTHENTICATED, but the ledger never saw the call.
@@ -566,8 +569,6 @@ func describe(o *options, err error) jsonError {
 		}
 	case errors.Is(err, client.ErrPermissionDenied):
 		d.Hint = scopeHints[o.cmd]
-	case d.Reason == "BAD_ADDRESS":
-		d.Hint = addrHint
 	case d.Reason == "DEADLINE_EXCEEDED":
 		d.Hint = "no answer within --timeout " + o.timeout.String() + ": is the ledger at " + o.addr + " up? (a slow link needs a longer --timeout)"
 	case d.Reason == "UNAVAILABLE":
