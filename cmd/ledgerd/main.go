@@ -741,15 +741,24 @@ func validScheme(s string) bool {
 	return s != ""
 }
 
+// redisURLForms are the forms of --redis-url, by --redis-mode, as
+// docs/configuration.md (section 3.2) writes them.
+var redisURLForms = map[string]string{
+	"single":   "redis://[user:password@]host:port[/db] (rediss:// for TLS, or unix:///path/to/redis.sock)",
+	"cluster":  "redis://[user:password@]seed1:port?addr=seed2:port&addr=seed3:port (rediss:// for TLS)",
+	"sentinel": "redis://[user:password@]sentinel1:26379?master_name=NAME&addr=sentinel2:26379 (rediss:// for TLS)",
+}
+
 // redisURLError is the error for a --redis-url that go-redis refused with
-// err, without the URL's password: the URL is shown redacted (redactURL).
+// err, without the URL's password: the URL is shown redacted (redactURL),
+// and the form mode wants follows.
 // go-redis's message is kept only when the URL is well formed and its last
 // '@' ends its userinfo, so that no piece of the password can be elsewhere
 // in it, and then with the password replaced. Otherwise (url.Parse failed,
 // and its error quotes the input, or a piece of it such as an invalid
 // escape or port) a message of its own replaces it.
 func redisURLError(mode, raw string, err error) error {
-	reason := "not a valid URL; want redis://[user:password@]host:port/db, with reserved characters in the user name and password percent-encoded"
+	reason := "not a valid URL (reserved characters in the user name and password must be percent-encoded)"
 	if u, perr := url.Parse(raw); perr == nil && u.Opaque == "" && !strings.ContainsRune(u.Host+u.Path+u.RawPath+u.RawQuery+u.Fragment, '@') {
 		reason = err.Error()
 		if u.User != nil {
@@ -771,7 +780,7 @@ func redisURLError(mode, raw string, err error) error {
 			}
 		}
 	}
-	return fmt.Errorf("--redis-url %s (%s): %s", redactURL(raw), mode, reason)
+	return fmt.Errorf("--redis-url %s (%s): %s; want %s", redactURL(raw), mode, reason, redisURLForms[mode])
 }
 
 // maxCompactBatch bounds --compact-batch: each second the pass asks Redis

@@ -126,3 +126,26 @@ func FuzzRedisURLRedaction(f *testing.F) {
 		}
 	})
 }
+
+// TestRedisURLErrorSaysTheForm: a --redis-url ledgerd refuses, malformed or
+// refused by go-redis, is answered with the form its --redis-mode wants, as
+// docs/configuration.md (section 3.2) writes it.
+func TestRedisURLErrorSaysTheForm(t *testing.T) {
+	forms := map[string]string{
+		"single":   "want redis://[user:password@]host:port[/db]",
+		"cluster":  "want redis://[user:password@]seed1:port?addr=seed2:port",
+		"sentinel": "want redis://[user:password@]sentinel1:26379?master_name=NAME",
+	}
+	for mode, form := range forms {
+		for _, raw := range []string{"http://x", "redis://user:pw@[::1/0", "127.0.0.1:6379"} {
+			_, _, _, err := parseRedisURL(mode, raw)
+			if err == nil || !strings.Contains(err.Error(), form) {
+				t.Errorf("--redis-mode %s --redis-url %s: %v, want %q", mode, raw, err, form)
+			}
+		}
+	}
+	_, _, _, err := parseRedisURL("sentinel", "redis://h:26379")
+	if err == nil || !strings.Contains(err.Error(), forms["sentinel"]) {
+		t.Errorf("a sentinel URL without master_name: %v, want %q", err, forms["sentinel"])
+	}
+}
