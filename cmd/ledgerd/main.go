@@ -323,6 +323,13 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 				return fmt.Errorf("--metrics-listen %q: want HOST:PORT, e.g. 127.0.0.1:9464 (%v)", c.metricsListen, err)
 			}
 		}
+		if c.otlpEndpoint != "" {
+			// The exporter would take anything, and send every span
+			// nowhere (a HOST alone to port 443).
+			if h, _, err := net.SplitHostPort(c.otlpEndpoint); err != nil || h == "" {
+				return fmt.Errorf("--otlp-endpoint %q: want HOST:PORT of the OTLP/gRPC collector, e.g. 127.0.0.1:4317 (no scheme)", c.otlpEndpoint)
+			}
+		}
 		d, err := time.ParseDuration(*sweep)
 		if err != nil || d <= 0 {
 			return fmt.Errorf("--sweep-interval %q: want a positive duration like 1s", *sweep)
