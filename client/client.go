@@ -54,6 +54,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -132,8 +133,9 @@ func WithTLS(cfg *tls.Config) Option {
 // WithAPIKey sends key ("<id>.<secret>", from "ledgerd keygen") with every
 // call as "authorization: Bearer <key>". Over a connection without TLS the
 // key is only sent to a loopback address or a Unix socket ("unix:PATH",
-// "unix-abstract:NAME"); elsewhere the call fails instead of exposing the
-// key.
+// "unix-abstract:NAME"): the target must name one, and the connection must
+// reach one, whatever the name resolved to or a dialer did; elsewhere the
+// call fails instead of exposing the key.
 func WithAPIKey(key string) Option {
 	return func(c *Client) {
 		c.hasAPIKey = true
@@ -183,8 +185,45 @@ func (k apiKey) GetRequestMetadata(ctx context.Context, uri ...string) (map[stri
 		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 			return nil, errors.New("client: refusing to send the API key without TLS to " + host)
 		}
+		// The name is not where the connection goes: a hosts file or
+		// resolver may map localhost elsewhere, a dialer (WithDialOptions)
+		// may connect anywhere. The peer the call is sent to decides.
+		if p, ok := peer.FromContext(ctx); ok && !localPeer(p.Addr) {
+			return nil, errors.New("client: refusing to send the API key without TLS to " + peerName(p.Addr) + " (the connection to " + host + " does not stay on this machine)")
+		}
 	}
 	return map[string]string{"authorization": "Bearer " + string(k)}, nil
+}
+
+// localPeer reports whether a connection's remote address is on this
+// machine: a loopback IP address or a Unix socket. Any other address,
+// including one that names no IP address at all, is not known to be.
+func localPeer(a net.Addr) bool {
+	if a == nil {
+		return false
+	}
+	switch a.Network() {
+	case "unix", "unixgram", "unixpacket":
+		return true
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		host = a.String()
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// peerName is a remote address as a refusal names it.
+func peerName(a net.Addr) string {
+	if a == nil {
+		return "an unknown peer"
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
 }
 
 // RequireTransportSecurity is false so the key also works with a plaintext
