@@ -160,6 +160,12 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	for i, k := range f.Keys {
 		where := fmt.Sprintf("keys[%d]", i)
 		if !validKeyID(k.ID) {
+			if id, _, ok := strings.Cut(k.ID, "."); ok {
+				// The whole key ("<id>.<secret>") written as its id: the
+				// error, which goes to stderr or the log, must not quote
+				// the secret.
+				return nil, fmt.Errorf("%s: id %q followed by '.' and more: a key id has no '.'; write the id of the key (\"<id>.<secret>\") only, never its secret (the file holds the secret's SHA-256, secret_sha256)", where, id)
+			}
 			return nil, fmt.Errorf("%s: id %q: want 1 to 64 letters, digits, '-' or '_'", where, k.ID)
 		}
 		if _, dup := c.keys[k.ID]; dup {

@@ -564,6 +564,35 @@ func TestCredentialsFileIsOneDocument(t *testing.T) {
 	}
 }
 
+// TestCredentialsErrorsQuoteNoSecret: a key written whole where its id
+// belongs (as "ledgerd keygen" prints it, "<id>.<secret>") is refused
+// without quoting its secret: the error goes to ledgerd's stderr, or to its
+// log when a reload fails. It names the entry and the id.
+func TestCredentialsErrorsQuoteNoSecret(t *testing.T) {
+	key, hash, err := server.NewAPIKey("acme-agent-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, secret, _ := strings.Cut(key, ".")
+	for _, doc := range []string{
+		"keys:\n  - {id: " + key + ", tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n",
+		"keys:\n  - {id: k0, tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n" +
+			"  - {id: \"Bearer " + key + "\", tenant: acme, scopes: [agent], secret_sha256: " + hash + "}\n",
+		`{"keys": [{"id": "` + key + `.", "tenant": "acme", "scopes": ["agent"], "secret_sha256": "` + hash + `"}]}`,
+	} {
+		_, err := server.ParseCredentials([]byte(doc))
+		if err == nil {
+			t.Fatalf("%q: accepted", doc)
+		}
+		if strings.Contains(err.Error(), secret[:8]) {
+			t.Errorf("the error quotes the key's secret: %v", err)
+		}
+		if !strings.Contains(err.Error(), "keys[") || !strings.Contains(err.Error(), "acme-agent-1") {
+			t.Errorf("%v: want the entry and the id named", err)
+		}
+	}
+}
+
 // TestCredentialsClientURIAsCompared: a client's uri is compared with a
 // certificate's URI as url.URL.String writes it, so one spelled otherwise
 // (an upper-case scheme, a space) would match no certificate: the file is
