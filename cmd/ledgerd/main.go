@@ -398,7 +398,9 @@ func parseConnectionLimits(l *server.ConnectionLimits, f connectionFlags) error 
 
 // checkListen refuses to serve beyond this machine without authentication
 // (any caller could read and write every operation), and without TLS (API
-// keys would cross the network in clear) unless told otherwise.
+// keys would cross the network in clear) unless told otherwise. It judges
+// the address as given, before anything starts; the name localhost passes
+// here, and checkBound judges where it went.
 func checkListen(c config) error {
 	host, _, err := net.SplitHostPort(c.listen)
 	if err != nil {
@@ -407,14 +409,37 @@ func checkListen(c config) error {
 	if host == "localhost" {
 		return nil
 	}
+	if err := listenRule(c, host); err != nil {
+		return fmt.Errorf("--listen %q: %w", c.listen, err)
+	}
+	return nil
+}
+
+// checkBound applies checkListen's rules to the address the listener bound:
+// a name is where the hosts file or the resolver says it is, and localhost
+// need not be loopback there.
+func checkBound(c config, bound net.Addr) error {
+	host, _, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		host = bound.String()
+	}
+	if err := listenRule(c, host); err != nil {
+		return fmt.Errorf("--listen %q bound %s, which is not loopback: %w", c.listen, bound, err)
+	}
+	return nil
+}
+
+// listenRule is nil when ledgerd may serve on the IP address host (anything
+// that is not an IP address counts as beyond this machine).
+func listenRule(c config, host string) error {
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
 	switch {
 	case c.authFile == "":
-		return fmt.Errorf("--listen %q: without authentication (--auth-file) ledgerd only serves a loopback address (127.0.0.1, ::1 or localhost)", c.listen)
+		return errors.New("without authentication (--auth-file) ledgerd only serves a loopback address (127.0.0.1, ::1, or localhost where it is one)")
 	case c.tls.Cert == "" && !c.allowPlaintext:
-		return fmt.Errorf("--listen %q: a non-loopback address needs TLS (--tls-cert, --tls-key), or --allow-plaintext behind a TLS-terminating proxy", c.listen)
+		return errors.New("a non-loopback address needs TLS (--tls-cert, --tls-key), or --allow-plaintext behind a TLS-terminating proxy")
 	}
 	return nil
 }
@@ -880,6 +905,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	lis, err := net.Listen("tcp", c.listen)
 	if err != nil {
+		return err
+	}
+	if err := checkBound(c, lis.Addr()); err != nil {
+		_ = lis.Close()
 		return err
 	}
 	opts := met.ServerOptions()

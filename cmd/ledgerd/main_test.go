@@ -246,6 +246,28 @@ func TestListenRules(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", tc.c, err, tc.want)
 		}
 	}
+	// The address bound decides where a name went (TestLocalhostServedOnlyWhereItIsLoopback
+	// runs ledgerd so).
+	for _, tc := range []struct {
+		c     config
+		bound string
+		want  string
+	}{
+		{config{listen: "localhost:1"}, "127.0.0.1:1", ""},
+		{config{listen: "localhost:1"}, "[::1]:1", ""},
+		{config{listen: "localhost:1"}, "10.0.0.1:1", "bound 10.0.0.1:1, which is not loopback: without authentication"},
+		{config{listen: "localhost:1", authFile: "f"}, "10.0.0.1:1", "needs TLS"},
+		{config{listen: "localhost:1", authFile: "f", tls: server.TLSFiles{Cert: "c", Key: "k"}}, "10.0.0.1:1", ""},
+	} {
+		bound, err := net.ResolveTCPAddr("tcp", tc.bound)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkBound(tc.c, bound)
+		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v bound %s: %v, want %q", tc.c, tc.bound, err, tc.want)
+		}
+	}
 }
 
 // keygenEntry runs keygen and returns the key and the credentials entry.
