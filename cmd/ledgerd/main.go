@@ -80,6 +80,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -290,6 +291,17 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		if c.waitTimeout, err = time.ParseDuration(*waitTimeout); err != nil || c.waitTimeout <= 0 {
 			return fmt.Errorf("--wait-timeout %q: want a positive duration like 100ms", *waitTimeout)
 		}
+		if !slices.Contains(redisModes, c.redisMode) {
+			return fmt.Errorf("--redis-mode %q: want single, cluster or sentinel", c.redisMode)
+		}
+		// The embedded engine would ignore these, or fail every call on
+		// them: a setting meant for Redis without --redis-url is a mistake.
+		if c.redisURL == "" && c.waitReplicas > 0 {
+			return fmt.Errorf("--wait-replicas %d: the embedded engine has no replicas (set --redis-url)", c.waitReplicas)
+		}
+		if c.redisURL == "" && c.redisCA != "" {
+			return errors.New("--redis-ca needs a rediss:// URL (--redis-url); the embedded engine speaks no TLS")
+		}
 		if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
 			return fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
 		}
@@ -303,11 +315,6 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		}
 		if err := ledger.CheckPrefix(c.prefix); err != nil {
 			return fmt.Errorf("--key-prefix %q: want letters, digits, '.', '_' and '-' only", c.prefix)
-		}
-		switch c.redisMode {
-		case "single", "cluster", "sentinel":
-		default:
-			return fmt.Errorf("--redis-mode %q: want single, cluster or sentinel", c.redisMode)
 		}
 		if (c.tls.Cert == "") != (c.tls.Key == "") {
 			return errors.New("--tls-cert and --tls-key go together")
@@ -460,6 +467,9 @@ const embeddedBanner = `
  LEDGER_REDIS_URL (or --redis-url), e.g. redis://127.0.0.1:6379/0
 ==========================================================================
 `
+
+// redisModes are the values of --redis-mode.
+var redisModes = []string{"single", "cluster", "sentinel"}
 
 // parseRedisURL reads --redis-url in --redis-mode mode: how to make the
 // client, where its TLS configuration is (nil without TLS) and the addresses

@@ -202,9 +202,21 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "NaN"}, "rate-limit"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "Inf"}, "rate-limit"},
 		{[]string{"--listen", "127.0.0.1:0", "--rate-limit", "-1"}, "rate-limit"},
+		// The embedded engine (no --redis-url) takes no Redis settings it
+		// would ignore: a mode it does not know, replicas it does not have
+		// (every call would fail NOT_REPLICATED), a CA for a TLS it never
+		// speaks.
+		{[]string{"--listen", "127.0.0.1:0", "--redis-mode", "clustr"}, "redis-mode"},
+		{[]string{"--listen", "127.0.0.1:0", "--redis-mode", ""}, "redis-mode"},
+		{[]string{"--listen", "127.0.0.1:0", "--wait-replicas", "1"}, "wait-replicas"},
+		{[]string{"--listen", "127.0.0.1:0", "--redis-ca", "/nonexistent-ca.pem"}, "redis-ca"},
 	} {
-		var out bytes.Buffer
-		err := run(context.Background(), tc.args, &out)
+		// A configuration accepted by mistake is stopped as soon as it
+		// serves, and reported.
+		ctx, cancel := context.WithCancel(context.Background())
+		out := &cancelOn{marker: "ledgerd serving", cancel: cancel}
+		err := run(ctx, tc.args, out)
+		cancel()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error about %q", tc.args, err, tc.want)
 		}
