@@ -1,8 +1,9 @@
 'use strict';
 // The failure paths of ledger.js, against a running ledgerd whose policy
-// gives tickets.slow a lease of 2s (internal/polyglot starts one):
+// gives tickets.slow a lease of 2s and tickets.flaky two attempts (README.md
+// shows it; internal/polyglot starts one so):
 //
-//   node examples/node/faults.js ADDRESS
+//   node examples/node/faults.js [ADDRESS]    (default $LEDGER_ADDR or 127.0.0.1:50051)
 //
 // Each scenario counts how often the fake destination applied the effect.
 // Faults in the ledger's answers are injected by wrapping the client's

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The failure paths of ledger_guard.py, against a running ledgerd whose policy
-gives tickets.slow a lease of 2s (internal/polyglot starts one):
+gives tickets.slow a lease of 2s and tickets.flaky two attempts (README.md
+shows it; internal/polyglot starts one so):
 
-    /usr/bin/python3 examples/python/faults.py ADDRESS
+    /usr/bin/python3 examples/python/faults.py [ADDRESS]    (default $LEDGER_ADDR or 127.0.0.1:50051)
 
 Each scenario counts how often the fake destination applied the effect.
 Faults in the ledger's answers are injected by wrapping the stub's method;

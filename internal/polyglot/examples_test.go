@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/opledger/ledger/internal/mdtable"
 )
 
 // systemPython is Debian's interpreter, whose python3-grpcio and
@@ -55,6 +57,27 @@ func startFaultsLedgerd(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return startLedgerd(t, "--policy", policy)
+}
+
+// TestExamplesShowFaultsPolicy: the READMEs of the Python and Node examples
+// show the policy that the ledgerd their fault scenarios run against needs
+// (faultsPolicy, which TestNodeFaults and TestPythonFaults start it with),
+// so that a reader who runs faults.py or faults.js by hand runs them as this
+// test does, not against the defaults, under which some scenarios fail.
+func TestExamplesShowFaultsPolicy(t *testing.T) {
+	for _, name := range []string{"examples/python/README.md", "examples/node/README.md"} {
+		d, err := mdtable.Read(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, b := range d.All().CodeBlocks() {
+			found = found || b.Info == "yaml" && b.Text == faultsPolicy
+		}
+		if !found {
+			t.Errorf("%s: no yaml block with the policy the fault scenarios need, as internal/polyglot starts ledgerd with it:\n%s", name, faultsPolicy)
+		}
+	}
 }
 
 // TestNodeFaults runs examples/node/faults.js: outcomes the ledger could not
