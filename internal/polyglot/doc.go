@@ -1,7 +1,8 @@
 // Package polyglot holds the tests that use the service the way people and
 // other languages do, each against a ledgerd binary of its own on the
 // embedded engine: the README's grpcurl walkthrough, run command by command
-// as written and compared with the outputs it shows, and the Python and Node examples
+// as written and compared with the outputs it shows (also against a ledgerd
+// on a redis-server of its own), and the Python and Node examples
 // (examples/python, examples/node) through their generated or loaded stubs.
 //
 // `make test` installs what they need (the pinned grpcurl, Debian's

@@ -72,9 +72,9 @@ func cleanEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// startLedgerd runs a fresh ledgerd (embedded engine, with flags) on a
-// loopback port it binds itself until the test ends, waits until it reports
-// SERVING, and returns its address.
+// startLedgerd runs a fresh ledgerd (with flags: the embedded engine unless
+// they give --redis-url) on a loopback port it binds itself until the test
+// ends, waits until it reports SERVING, and returns its address.
 func startLedgerd(t *testing.T, flags ...string) string {
 	t.Helper()
 	d, err := launchLedgerd(ledgertest.LedgerdBinary(t, tmpDir), "127.0.0.1:0", flags...)

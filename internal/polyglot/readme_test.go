@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/opledger/ledger/internal/redistest"
 )
 
 // readmeAddr is the address the README's commands use; the test rewrites it
@@ -50,9 +52,25 @@ type step struct {
 // start as written (only the address is this test's ledgerd's), one after
 // the other in one directory, against a live ledgerd, and compares each
 // output with the one the README shows (timestamps normalized, fencing
-// tokens bound), so the README never lies and a reader can run it.
+// tokens bound), so the README never lies and a reader can run it. It runs
+// twice, as the README offers: on the embedded engine (make run) and on a
+// redis-server (LEDGER_REDIS_URL), whose Lua and encodings are not the
+// embedded engine's.
 func TestREADMEWalkthrough(t *testing.T) {
 	t.Parallel()
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		walkREADME(t)
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		walkREADME(t, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	})
+}
+
+// walkREADME runs the README's walkthrough against a fresh ledgerd started
+// with flags.
+func walkREADME(t *testing.T, flags ...string) {
 	root := repoRoot(t)
 	grpcurl := findGrpcurl(t, root)
 	_, err := exec.LookPath("jq")
@@ -69,7 +87,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 		t.Fatalf("found only %d grpcurl commands in %q: the parser or the README changed", len(steps), walkthroughSection)
 	}
 
-	w := &walk{t: t, addr: startLedgerd(t), grpcurl: grpcurl, dir: t.TempDir(), bound: map[string]string{}}
+	w := &walk{t: t, addr: startLedgerd(t, flags...), grpcurl: grpcurl, dir: t.TempDir(), bound: map[string]string{}}
 	answers := make([]answer, len(steps))
 	for i, s := range steps {
 		answers[i] = w.run(s)
