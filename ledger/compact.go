@@ -159,9 +159,18 @@ func (c *Compactor) step(ctx context.Context, node redis.Cmdable, w *walk) (Comp
 	const op = "ledger.Compact"
 	var st CompactStats
 	if len(w.pending) < c.batch && !w.ended {
+		start := time.Now()
 		keys, next, err := node.Scan(ctx, w.cursor, c.match, int64(c.batch)).Result()
 		if err != nil {
-			return st, storeError(op, err)
+			err = storeError(op, err)
+			// A walk that cannot read the keys (SCAN refused, Redis out of
+			// reach) is a failed store call of the pass, like a failed
+			// script: reported, so that it counts as a store error, unless
+			// the pass was stopped.
+			if ctx.Err() == nil {
+				c.l.emit(Event{Type: EventScript, Op: "Compact", Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
+			}
+			return st, err
 		}
 		w.pending, w.cursor, w.ended = append(w.pending, keys...), next, next == 0
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/opledger/ledger/internal/redistest"
 )
 
 // compactor returns a compactor of e's ledger that walks only the records of
@@ -520,4 +522,51 @@ func TestCompactionKeepsTheKeysEnd(t *testing.T) {
 			t.Fatalf("a key without a TTL ends at %d after compaction", after)
 		}
 	})
+}
+
+// TestCompactionWalkFailureIsReported: a compaction step whose walk cannot
+// read the keys (SCAN refused: a Redis user without +scan, the runbook's
+// first case; or Redis unreachable) is reported as a failed store call of
+// op "Compact", as a failed script of the pass is, so that
+// ledger_store_errors_total{op="Compact"} and the LedgerCompactionFailing
+// alert see it, not only the warn log.
+func TestCompactionWalkFailureIsReported(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	srv.CreateUser(t, "noscan", "noscan-password", ACLRules(DefaultPrefix)+" -scan")
+	var (
+		mu     sync.Mutex
+		failed []Kind
+	)
+	observe := func(e Event) {
+		if e.Type == EventScript && e.Op == "Compact" && e.Failed {
+			mu.Lock()
+			failed = append(failed, e.ErrKind)
+			mu.Unlock()
+		}
+	}
+	reported := func() []Kind {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(failed)
+	}
+	l, err := New(srv.UserClient(t, "noscan", "noscan-password"), Options{Observer: observe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.NewCompactor(0)
+	if _, err := c.Step(ctx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Step as a user without +scan: %v, want NOPERM", err)
+	}
+	if got := reported(); !slices.Equal(got, []Kind{KindOther}) {
+		t.Fatalf("a SCAN refused (NOPERM) reported as failures of kinds %v, want one script error (%v)", got, KindOther)
+	}
+
+	srv.Stop()
+	if _, err := c.Step(ctx); KindOf(err) != KindUnavailable {
+		t.Fatalf("Step with Redis gone: %v (kind %v), want unavailable", err, KindOf(err))
+	}
+	if got := reported(); !slices.Equal(got, []Kind{KindOther, KindUnavailable}) {
+		t.Fatalf("after a SCAN that reached no Redis, failures of kinds %v reported, want %v", got, []Kind{KindOther, KindUnavailable})
+	}
 }
