@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"os"
 	"reflect"
 	"regexp"
 	"slices"
@@ -246,4 +247,127 @@ func commandOf(name string) string {
 		return "no command"
 	}
 	return strings.Join(cmds, ", ")
+}
+
+// jsonNames returns the JSON names of v's fields (of its embedded structs
+// too), in order.
+func jsonNames(v any) []string {
+	var names []string
+	var walk func(reflect.Type)
+	walk = func(ty reflect.Type) {
+		for i := range ty.NumField() {
+			f := ty.Field(i)
+			tag, ok := f.Tag.Lookup("json")
+			if f.Anonymous && !ok {
+				walk(f.Type)
+				continue
+			}
+			if name, _, _ := strings.Cut(tag, ","); name != "" && name != "-" {
+				names = append(names, name)
+			}
+		}
+	}
+	walk(reflect.TypeOf(v))
+	return names
+}
+
+// noticeConst is a notice code constant of output.go.
+var noticeConst = regexp.MustCompile(`(?m)^\s*notice[A-Za-z]+\s*=\s*"([A-Z_]+)"`)
+
+// TestGuideMatchesJSONOutput holds the section "JSON output" of
+// docs/ledgerctl.md to what ledgerctl prints with --json: its table of
+// fields names every field of the document lookup and reconcile print (and
+// of each operation listed), with the members of history[], result,
+// failure and notices[], and no other; list-unresolved's document is shown
+// with every field it has; and its table of notices lists every notice
+// code and no other.
+func TestGuideMatchesJSONOutput(t *testing.T) {
+	d, err := mdtable.Read("docs/ledgerctl.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := d.Section("JSON output")
+	if !ok {
+		t.Fatal(`docs/ledgerctl.md: no section "JSON output"`)
+	}
+	// The guide's names: a field's own in the first column; its members
+	// (history[]'s, result's, failure's) in the second, as code spans.
+	ft, ok := s.TableWith("field")
+	if !ok {
+		t.Fatal(`docs/ledgerctl.md, section "JSON output": no table with a column "field"`)
+	}
+	documented := map[string]bool{}
+	for _, r := range ft.Rows {
+		for _, name := range mdtable.CodeSpans(r.Cell(ft.Column("field"))) {
+			documented[strings.TrimSuffix(name, "[]")] = true
+		}
+	}
+	for _, name := range jsonNames(jsonDocument{}) {
+		if !documented[name] {
+			t.Errorf("%s: the table of fields does not document %q, which ledgerctl --json prints", s.Where(ft.Line), name)
+		}
+		delete(documented, name)
+	}
+	for name := range documented {
+		t.Errorf("%s: the table of fields documents %q, which ledgerctl --json does not print", s.Where(ft.Line), name)
+	}
+	// list-unresolved's document, shown whole in the text.
+	lines, _ := s.Text()
+	text := strings.Join(lines, "\n")
+	for _, name := range jsonNames(jsonList{}) {
+		if !strings.Contains(text, `"`+name+`":`) {
+			t.Errorf(`docs/ledgerctl.md, section "JSON output": list-unresolved's document is not shown with its field %q`, name)
+		}
+	}
+	members := map[string][]string{
+		"history": jsonNames(jsonHistory{}),
+		"result":  jsonNames(jsonResult{}),
+		"failure": jsonNames(jsonFailure{}),
+		"notices": jsonNames(jsonNotice{}),
+	}
+	for _, r := range ft.Rows {
+		for _, field := range mdtable.CodeSpans(r.Cell(ft.Column("field"))) {
+			names, ok := members[strings.TrimSuffix(field, "[]")]
+			if !ok {
+				continue
+			}
+			text := r.Cell(ft.Column("field") + 1)
+			for _, name := range names {
+				if !strings.Contains(text, "`"+name+"`") && !strings.Contains(text, `"`+name+`"`) {
+					t.Errorf("%s: %s's row does not name its field %q", ft.Where(r), field, name)
+				}
+			}
+		}
+	}
+
+	// Notice codes.
+	src, err := os.ReadFile("output.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	for _, m := range noticeConst.FindAllStringSubmatch(string(src), -1) {
+		codes = append(codes, m[1])
+	}
+	if len(codes) == 0 {
+		t.Fatal("cmd/ledgerctl/output.go: no notice code constants (notice... = \"CODE\")")
+	}
+	nt, ok := s.TableWith("`code`", "command")
+	if !ok {
+		t.Fatal(`docs/ledgerctl.md, section "JSON output": no table of notices (columns code, command)`)
+	}
+	listed := map[string]bool{}
+	for _, r := range nt.Rows {
+		for _, c := range mdtable.CodeSpans(r.Cell(nt.Column("`code`"))) {
+			listed[c] = true
+			if !slices.Contains(codes, c) {
+				t.Errorf("%s: documents the notice %s, which ledgerctl does not give", nt.Where(r), c)
+			}
+		}
+	}
+	for _, c := range codes {
+		if !listed[c] {
+			t.Errorf("%s: the table of notices does not document %s", s.Where(nt.Line), c)
+		}
+	}
 }
