@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opledger/ledger/internal/mdtable"
 	"github.com/opledger/ledger/internal/redistest"
 )
 
@@ -124,6 +125,70 @@ func TestREADMEPinnedVersions(t *testing.T) {
 		if want := fmt.Sprintf(format, m[1]); !bytes.Contains(readme, []byte(want)) {
 			t.Errorf("README.md does not say %q (Makefile: %s := %s)", want, name, m[1])
 		}
+	}
+}
+
+// TestREADMELayout holds the README's Layout table to the repository: every
+// path it names exists, and every directory of Go code is under one of them,
+// so a package added or moved is not left out of the map.
+func TestREADMELayout(t *testing.T) {
+	root := repoRoot(t)
+	d, err := mdtable.Read("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := d.Section("Layout")
+	if !ok {
+		t.Fatal(`README.md: no section "Layout"`)
+	}
+	tb, ok := s.TableWith("path")
+	if !ok {
+		t.Fatal(`README.md, section "Layout": no table with a column "path"`)
+	}
+	var listed []string
+	for _, r := range tb.Rows {
+		paths := mdtable.CodeSpans(r.Cell(tb.Column("path")))
+		if len(paths) == 0 {
+			t.Errorf("%s: a row names no path", tb.Where(r))
+		}
+		for _, p := range paths {
+			if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(p))); err != nil {
+				t.Errorf("%s: %s does not exist", tb.Where(r), p)
+			}
+			listed = append(listed, strings.TrimSuffix(p, "/"))
+		}
+	}
+	under := func(dir string) bool {
+		for _, p := range listed {
+			if dir == p || strings.HasPrefix(dir, p+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	err = filepath.WalkDir(root, func(path string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := e.Name()
+		if e.IsDir() && path != root && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata" || name == "bin") {
+			return filepath.SkipDir
+		}
+		if e.IsDir() || !strings.HasSuffix(name, ".go") {
+			return nil
+		}
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		if rel = filepath.ToSlash(rel); rel != "." && !under(rel) {
+			t.Errorf("%s: the Layout table does not cover %s/, which holds Go code", s.Where(tb.Line), rel)
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
