@@ -4,6 +4,9 @@
 // as written and compared with the outputs it shows (also against a ledgerd
 // on a redis-server of its own), and the Python and Node examples
 // (examples/python, examples/node) through their generated or loaded stubs.
+// Beside them, the checks of what the documentation says about the
+// repository itself: the README's Layout table, and the tests the docs name
+// as their evidence.
 //
 // `make test` installs what they need (the pinned grpcurl, Debian's
 // python3-grpcio and jq, the examples' npm packages) and sets
