@@ -34,6 +34,11 @@ tools:
     retention: 1s
     retain_grace: 0s
     tombstone_retention: 2s
+  - match: "compact.fields"
+    retention: 1s
+    retain_grace: 0s
+    tombstone_retention: 1h
+    consequential_fields: ["/amount"]
   - match: "compact.*"
     retention: 1s
     retain_grace: 0s

@@ -119,7 +119,9 @@ const (
 // or DecisionReconcile (the outcome is unknown).
 //
 // May return an *Error of KindInvalid, KindKeyReused (Differs names tool,
-// params and/or permit), KindKeyExpired (State is the final state),
+// params and/or permit; for an expired operation only params, the tombstone
+// keeping only the fingerprint), KindKeyExpired (a late replay of an expired
+// operation: State is the final state),
 // KindQuotaExceeded (a new operation beyond the tenant's unresolved limit) or
 // KindUnavailable.
 func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest) (*ReserveResult, error) {

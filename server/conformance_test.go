@@ -389,8 +389,9 @@ func TestS5TimeoutThenReconciliation(t *testing.T) {
 
 // TestS6ExpiredOrUnreachableNeverExecutes: once a terminal record has
 // expired, a late replay of the call (a new holder, as from a queue) is
-// refused with IDEMPOTENCY_KEY_EXPIRED naming the final state, and nothing
-// runs again; with the store unreachable, a call is refused with UNAVAILABLE
+// refused with IDEMPOTENCY_KEY_EXPIRED naming the final state, other
+// parameters under the key with IDEMPOTENCY_KEY_REUSED, and nothing runs
+// again; with the store unreachable, a call is refused with UNAVAILABLE
 // and nothing runs at all.
 func TestS6ExpiredOrUnreachableNeverExecutes(t *testing.T) {
 	t.Run("expired", func(t *testing.T) {
@@ -419,6 +420,13 @@ func TestS6ExpiredOrUnreachableNeverExecutes(t *testing.T) {
 				got, err := e.perform(t, d, id, "tiny.refund", params)
 				if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED"); ei.Metadata["final_state"] != "STATE_SUCCEEDED" || got != "" {
 					t.Fatalf("late replay = %q, %v", got, ei.Metadata)
+				}
+				// Other parameters under the expired key are no late replay:
+				// the tombstone keeps the fingerprint, and the old outcome
+				// is not theirs (S4).
+				got, err = e.perform(t, d, id, "tiny.refund", map[string]any{"amount": 4200})
+				if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"); ei.Metadata["differs"] != "params" || got != "" {
+					t.Fatalf("other parameters under the expired key = %q, %v", got, ei.Metadata)
 				}
 			}
 			if n := d.count(id); n != 1 {

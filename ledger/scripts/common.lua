@@ -280,7 +280,8 @@ F = {
   end,
 
   -- load reads the record. It returns false when there is none, with
-  -- S.expired set when only its tombstone is left.
+  -- S.expired set when only its tombstone is left (and R.fp its
+  -- fingerprint).
   load = function()
     local s = redis.pcall('GET', KEYS[1])
     if type(s) == 'table' and s.err then
@@ -288,7 +289,9 @@ F = {
     elseif not s then
       local tomb = redis.call('GET', KEYS[3]) -- of the previous layout
       if tomb then
+        -- "<final state>:<fingerprint, 64 hex digits>"
         S.expired = string.sub(tomb, 1, 1)
+        R.fp = string.gsub(string.sub(tomb, 3), '%x%x', function(x) return string.char(tonumber(x, 16)) end)
       end
       return false
     else

@@ -34,8 +34,11 @@
 --   {C_REPLAY, '', record}        terminal: replay the recorded outcome
 --   {C_IN_PROGRESS, ms, record}   another holder's live claim ends in ms
 --   {C_RECONCILE, '', record}     UNKNOWN (now or just now): reconcile first
---   {C_KEY_REUSED, mask, ''}      tool (1), fingerprint (2), permit (4) differ
---   {C_EXPIRED, state, ''}        the record expired; its final state
+--   {C_KEY_REUSED, mask, ''}      tool (1), fingerprint (2), permit (4) differ;
+--                                 of an expired record only the fingerprint
+--                                 is compared (its tombstone keeps no more)
+--   {C_EXPIRED, state, ''}        the record expired, and the fingerprint
+--                                 is its own (a late replay); its final state
 --   {C_QUOTA, '', ''}             a new operation would exceed the tenant's
 --                                 unresolved limit in this shard
 --   {C_FIELDS, fields, ''}        the record was fingerprinted over other
@@ -66,6 +69,18 @@ end
 
 if not load() then
   if S.expired then
+    -- The tombstone keeps the fingerprint (SPEC §6): other parameters under
+    -- the key are no late replay but a reuse of the key, and EXPIRED with
+    -- the final state would tell that new intent it ended so. The fields
+    -- bound at creation decide while the record is whole; a compacted one
+    -- has lost them, and the current policy's count. Tool and permit are
+    -- not in a tombstone: with the same parameters it answers EXPIRED.
+    if R.fp ~= fp then
+      if R.att and R.att ~= '' and (R.cfh or '') ~= ARGV[18] then
+        return {C_FIELDS, R.cf or '', ''}
+      end
+      return {C_KEY_REUSED, '2', ''}
+    end
     return missing()
   end
   local limit = tonumber(ARGV[20])

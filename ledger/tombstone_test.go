@@ -1,0 +1,117 @@
+package ledger
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/opledger/ledger/fingerprint"
+)
+
+// TestTombstoneKeepsTheFingerprint (S4, S6): the tombstone of an expired
+// operation keeps its fingerprint (SPEC §6), so a Reserve under the key with
+// other parameters is IDEMPOTENCY_KEY_REUSED (differs "params"), not
+// IDEMPOTENCY_KEY_EXPIRED with a final state that is not that request's,
+// while a late replay of the same request is still EXPIRED. This holds
+// while the expired record is whole, after compaction, and for a tombstone
+// of the previous layout; parameters outside the consequential fields bound
+// at creation do not count. Nothing is executed or written.
+func TestTombstoneKeepsTheFingerprint(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		reserve := func(id, tool string, params map[string]any) (*ReserveResult, error) {
+			return e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: id, Tool: tool, Params: params, PermitID: "permit-1", Holder: "late-" + randomHex(4)})
+		}
+		same := map[string]any{"amount": 10.0}
+		other := map[string]any{"amount": 11.0}
+		for _, id := range []string{"ok", "fields"} {
+			tool := "compact.refund"
+			if id == "fields" {
+				tool = "compact.fields"
+			}
+			o := e.execute(t, id, tool)
+			if _, err := e.complete(t, id, o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r-" + id}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.waitExpired(t, "ok", "fields")
+
+		check := func(stage string) {
+			t.Helper()
+			for _, c := range []struct {
+				id, tool string
+				params   map[string]any
+				reused   bool
+			}{
+				{"ok", "compact.refund", other, true},
+				{"ok", "compact.refund", same, false},
+				// Another tool or permit with the same parameters: the
+				// tombstone cannot tell (it keeps the fingerprint only).
+				{"ok", "compact.other", same, false},
+				{"fields", "compact.fields", map[string]any{"amount": 10.0, "memo": "not consequential"}, false},
+				{"fields", "compact.fields", map[string]any{"amount": 11.0, "memo": "not consequential"}, true},
+			} {
+				before, _ := e.stored(t, e.opKeys(c.id).all[0])
+				res, err := reserve(c.id, c.tool, c.params)
+				if c.reused {
+					if ee := wantKind(t, err, KindKeyReused); !slices.Equal(ee.Differs, []string{"params"}) {
+						t.Fatalf("%s: %s %v: differs %v, want [params]", stage, c.id, c.params, ee.Differs)
+					}
+				} else if ee := wantKind(t, err, KindKeyExpired); ee.State != StateSucceeded {
+					t.Fatalf("%s: %s %v: expired in state %v", stage, c.id, c.params, ee.State)
+				}
+				if res != nil {
+					t.Fatalf("%s: %s: a decision %v for an expired key", stage, c.id, res.Decision)
+				}
+				if after, _ := e.stored(t, e.opKeys(c.id).all[0]); after != before {
+					t.Fatalf("%s: %s: the Reserve changed the stored record", stage, c.id)
+				}
+			}
+		}
+		check("expired")
+
+		// The consequential fields bound at creation decide, also when the
+		// policy lists others now (another ledger with such a policy).
+		pol, err := ParsePolicies([]byte("tools:\n  - match: \"compact.fields\"\n    consequential_fields: [\"/amount\", \"/memo\"]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed, err := New(e.lrdb, Options{Policies: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = changed.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "fields", Tool: "compact.fields", Params: map[string]any{"amount": 10.0, "memo": "other"}, PermitID: "permit-1", Holder: "late"})
+		wantKind(t, err, KindKeyExpired)
+		_, err = changed.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "fields", Tool: "compact.fields", Params: map[string]any{"amount": 12.0, "memo": "other"}, PermitID: "permit-1", Holder: "late"})
+		wantKind(t, err, KindKeyReused)
+
+		if _, err := e.compactor(0).Pass(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"ok", "fields"} {
+			if s, _ := e.stored(t, e.opKeys(id).all[0]); s != tombstoneOf(s) {
+				t.Fatalf("%s was not compacted", id)
+			}
+		}
+		check("compacted")
+
+		// A tombstone of the previous layout: "<state>:<fingerprint, hex>".
+		fp, err := fingerprint.Compute(same, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.rdb.Set(e.ctx, e.opKeys("gone").all[2], "4:"+fp.String(), time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err = reserve("gone", "payments.refund", other)
+		if ee := wantKind(t, err, KindKeyReused); !slices.Equal(ee.Differs, []string{"params"}) {
+			t.Fatalf("previous layout: differs %v", ee.Differs)
+		}
+		_, err = reserve("gone", "payments.refund", same)
+		if ee := wantKind(t, err, KindKeyExpired); ee.State != StateFailedFinal {
+			t.Fatalf("previous layout: expired in state %v", ee.State)
+		}
+		if n, _ := e.rdb.Exists(e.ctx, e.opKeys("gone").all[0]).Result(); n != 0 {
+			t.Fatal("a Reserve under a tombstone of the previous layout created a record")
+		}
+	})
+}
