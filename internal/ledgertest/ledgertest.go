@@ -38,6 +38,9 @@ type Options struct {
 	SweepInterval time.Duration
 	// Credentials turn authentication on (nil: every caller is "default").
 	Credentials *server.Credentials
+	// Rate and Burst bound each tenant's calls (server.Config; 0: no limit).
+	Rate  float64
+	Burst int
 }
 
 // Start runs a ledger service on rdb until the test ends.
@@ -61,7 +64,7 @@ func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg := server.Config{Ledger: l, Logger: log}
+	cfg := server.Config{Ledger: l, Logger: log, Rate: o.Rate, Burst: o.Burst}
 	if o.Credentials != nil {
 		cfg.Auth = server.NewAuthenticator(o.Credentials)
 	}
