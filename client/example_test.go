@@ -74,7 +74,10 @@ func ExampleDial_roundRobin() {
 	c, err := client.Dial("dns:///ledger.internal:50051",
 		client.WithDialOptions(grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`)),
 	)
-	_, _ = c, err
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
 }
 
 // ExampleWithWaitDeadline is docs/client.md's "Bounding the waits": a

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"log"
 	"log/slog"
 	"time"
 
@@ -66,8 +67,11 @@ func Example() {
 		Logger:       slog.Default(),
 		Checkpoint:   save, // optional: save the transcript after every message
 	})
+	if err != nil {
+		log.Fatal(err) // a Config it refuses: a mutating tool without a Client, a duplicate name
+	}
 	out := r.Run(ctx, agent.Input{RunID: "run-8472", PermitID: "approval-77", Transcript: request})
-	_, _ = out, err
+	_ = out
 }
 
 // Example_appointment is "How a Go runtime wires the ledger into a tool
@@ -79,6 +83,9 @@ func Example_appointment() {
 	approvalID := "approval-77"
 
 	c, err := client.Dial("127.0.0.1:50051") // ledgerd; TLS via client.WithDialOptions
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	createAppointment := agent.Tool{
 		Name: "create_appointment", Mutating: true,
@@ -104,8 +111,10 @@ func Example_appointment() {
 		Client: c, Model: model, Tools: []agent.Tool{createAppointment},
 		Checkpoint: func(ctx context.Context, runID string, t []agent.Message) error { return db.Save(ctx, runID, t) },
 	})
+	if err != nil {
+		log.Fatal(err) // a Config it refuses: a mutating tool without a Client, a duplicate name
+	}
 	out := r.Run(ctx, agent.Input{RunID: "visit-42", PermitID: approvalID, Transcript: saved})
 	switch out.Status { // "done", "step_limit", "deadline", "repetition" or "error"
 	}
-	_ = err
 }
