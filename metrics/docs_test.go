@@ -88,6 +88,7 @@ func exportedMetrics(t *testing.T) map[string]metricDef {
 	m.SetDurability("appendonly", true)
 	m.SetCertificateExpiry(time.Now())
 	m.WatchConnections(func() (int, uint64) { return 1, 1 })
+	m.WatchHealthWatches(func() (int, uint64) { return 1, 1 })
 
 	// The scrape errors: a second instance on a store that cannot be
 	// reached. Its families are gathered with the first's.

@@ -159,6 +159,21 @@ func (m *Metrics) WatchConnections(stats func() (open int, refused uint64)) {
 	)
 }
 
+// WatchHealthWatches exports the server's health Watch streams, read from
+// stats on every scrape: those open now (ledger_health_watches_open) and
+// those refused for being over the limit
+// (ledger_health_watches_refused_total).
+func (m *Metrics) WatchHealthWatches(stats func() (open int, refused uint64)) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "ledger", Name: "health_watches_open",
+			Help: "grpc.health.v1.Health/Watch streams open now."},
+			func() float64 { open, _ := stats(); return float64(open) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "ledger", Name: "health_watches_refused_total",
+			Help: "grpc.health.v1.Health/Watch calls answered RESOURCE_EXHAUSTED for being over --max-health-watches."},
+			func() float64 { _, refused := stats(); return float64(refused) }),
+	)
+}
+
 // SetReloaded records whether file ("credentials", "tls") loaded, at
 // start-up or at a reload.
 func (m *Metrics) SetReloaded(file string, ok bool) {

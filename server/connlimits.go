@@ -36,7 +36,18 @@ const (
 	// DefaultMaxConnections bounds the client connections one server holds
 	// at once (grpc-go's own: no bound).
 	DefaultMaxConnections = 10000
+	// DefaultMaxHealthWatches bounds the health Watch streams one server
+	// holds at once, over all its connections (grpc-go's own: no bound).
+	DefaultMaxHealthWatches = 2000
 )
+
+// MaxHeaderListSize bounds the header list of one call, as HTTP/2 counts
+// it (each field's name and value and 32 bytes): 16 KiB, room for an API
+// key, W3C trace context and an 8 KiB baggage, twice gRPC's recommended
+// least and far below grpc-go's own 16 MB. The server advertises it in its
+// SETTINGS, so that a gRPC client refuses such a call itself; a stream
+// whose headers are over it anyway is reset before any handler runs.
+const MaxHeaderListSize = 16 << 10
 
 // KeepaliveMinTime is the shortest interval between a client's keepalive
 // pings that the server accepts, with or without calls running; a client
@@ -45,8 +56,9 @@ const (
 // the clients this project ships send no keepalive pings.
 const KeepaliveMinTime = 10 * time.Second
 
-// ConnectionLimits bound the client connections: how many, and what each
-// may hold and for how long. A zero field is its default
+// ConnectionLimits bound the client connections: how many, what each may
+// hold and for how long, and how many health watches they hold together. A
+// zero field is its default
 // (DefaultHandshakeTimeout and the others).
 type ConnectionLimits struct {
 	// HandshakeTimeout bounds a new connection's handshakes (TLS, then the
@@ -80,6 +92,12 @@ type ConnectionLimits struct {
 	// accepted, so that its client's attempt fails (UNAVAILABLE) instead of
 	// waiting. Negative: no bound.
 	MaxConnections int
+	// MaxHealthWatches bounds the grpc.health.v1.Health/Watch streams
+	// open at once, over every connection of the server: they need no
+	// credentials, and each holds memory until its client ends it. A Watch
+	// over it is answered RESOURCE_EXHAUSTED at once; Check is not
+	// bounded. Negative: no bound.
+	MaxHealthWatches int
 }
 
 // withDefaults returns l with each zero field set to its default.
@@ -108,6 +126,9 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 	if l.MaxConnections == 0 {
 		l.MaxConnections = DefaultMaxConnections
 	}
+	if l.MaxHealthWatches == 0 {
+		l.MaxHealthWatches = DefaultMaxHealthWatches
+	}
 	return l
 }
 
@@ -115,7 +136,15 @@ func (l ConnectionLimits) withDefaults() ConnectionLimits {
 // defaults), which logs its refusals to log.
 func (l ConnectionLimits) counter(log *slog.Logger) *connCounter {
 	l = l.withDefaults()
-	return &connCounter{max: int64(max(l.MaxConnections, 0)), userTimeout: l.KeepaliveTimeout, log: log, now: time.Now}
+	return &connCounter{max: int64(max(l.MaxConnections, 0)), userTimeout: l.KeepaliveTimeout, log: log,
+		lines: logEvery{every: refusalLogEvery, now: time.Now}}
+}
+
+// watchGate returns the gate of a server's health Watch streams under l
+// (with its defaults), which logs its refusals to log.
+func (l ConnectionLimits) watchGate(log *slog.Logger) *watchGate {
+	l = l.withDefaults()
+	return &watchGate{max: int64(max(l.MaxHealthWatches, 0)), log: log, lines: logEvery{every: refusalLogEvery, now: time.Now}}
 }
 
 // serverOptions returns the grpc-go options that apply l (with its
@@ -140,5 +169,6 @@ func (l ConnectionLimits) serverOptions() []grpc.ServerOption {
 			PermitWithoutStream: true,
 		}),
 		grpc.MaxConcurrentStreams(l.MaxConcurrentStreams),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
 	}
 }

@@ -19,9 +19,33 @@ type ConnectionStats struct {
 }
 
 // refusalLogEvery is the least time between two log lines about refused
-// connections: a client that reconnects in a loop must not flood the log.
-// Each line counts the refusals since the previous one.
+// connections or health watches: a client that reconnects or watches in a
+// loop must not flood the log. Each line counts the refusals since the
+// previous one.
 const refusalLogEvery = 10 * time.Second
+
+// logEvery lets through at most one log line per interval about events
+// that may come in a flood, and counts the events between the lines.
+type logEvery struct {
+	every time.Duration
+	now   func() time.Time // time.Now
+
+	unlogged atomic.Uint64
+	last     atomic.Int64 // Unix nanoseconds of the last line
+}
+
+// note counts an event and reports whether a line is due for it (none in
+// the last interval); n is then the events since the previous line, this
+// one included.
+func (l *logEvery) note() (n uint64, due bool) {
+	l.unlogged.Add(1)
+	now := l.now().UnixNano()
+	last := l.last.Load()
+	if last != 0 && now-last < int64(l.every) || !l.last.CompareAndSwap(last, now) {
+		return 0, false
+	}
+	return l.unlogged.Swap(0), true
+}
 
 // connCounter counts the connections of a Service, and refuses those over
 // its limit.
@@ -29,12 +53,10 @@ type connCounter struct {
 	max         int64 // no bound when 0
 	userTimeout time.Duration
 	log         *slog.Logger
-	now         func() time.Time // time.Now
+	lines       logEvery // of the refusals
 
-	open     atomic.Int64
-	refused  atomic.Uint64
-	unlogged atomic.Uint64
-	lastLog  atomic.Int64 // Unix nanoseconds of the last refusal line
+	open    atomic.Int64
+	refused atomic.Uint64
 }
 
 // stats returns the counts.
@@ -60,14 +82,10 @@ func (c *connCounter) admit() bool {
 func (c *connCounter) refuse(conn net.Conn) {
 	c.refused.Add(1)
 	_ = conn.Close()
-	c.unlogged.Add(1)
-	now := c.now().UnixNano()
-	last := c.lastLog.Load()
-	if last != 0 && now-last < int64(refusalLogEvery) || !c.lastLog.CompareAndSwap(last, now) {
-		return
+	if n, due := c.lines.note(); due {
+		c.log.Warn("connections refused: the server holds its maximum of client connections",
+			"max_connections", c.max, "refused", n)
 	}
-	c.log.Warn("connections refused: the server holds its maximum of client connections",
-		"max_connections", c.max, "refused", c.unlogged.Swap(0))
 }
 
 // countingListener counts the connections it accepts until they are

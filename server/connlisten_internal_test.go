@@ -17,7 +17,7 @@ func TestRefusalsLoggedAtMostEveryInterval(t *testing.T) {
 	c := ConnectionLimits{MaxConnections: 1}.counter(slog.New(slog.NewJSONHandler(&out, nil)))
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := start
-	c.now = func() time.Time { return at }
+	c.lines.now = func() time.Time { return at }
 	if !c.admit() {
 		t.Fatal("the first connection was refused")
 	}

@@ -80,7 +80,8 @@ type Config struct {
 	Burst int
 	// Connections bounds the client connections: how many at once, and
 	// each one's handshake time, idle time, age, keepalive and calls at
-	// once (zero fields: their defaults).
+	// once, and the health watches they hold together (zero fields:
+	// their defaults).
 	Connections ConnectionLimits
 }
 
@@ -93,7 +94,8 @@ type Service struct {
 	// Shutdown.
 	Health *health.Server
 
-	conns *connCounter
+	conns   *connCounter
+	watches *watchGate
 }
 
 // handler implements ledger.v1.LedgerService.
@@ -131,11 +133,13 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 		return withDetails(codes.Internal, "internal error", info(ReasonInternal, nil)).Err()
 	})}
 	// The service's chain, outermost first (inside the interceptors of
-	// opts): one log line per call, panic recovery, authentication and
-	// scope, the tenant's rate.
+	// opts): the bound on health watches (whose refusals are logged on
+	// their own), one log line per call, panic recovery, authentication
+	// and scope, the tenant's rate.
+	watches := cfg.Connections.watchGate(log)
 	logUnary, logStream := callLoggers(log)
 	unary := []grpc.UnaryServerInterceptor{logUnary, recovery.UnaryServerInterceptor(recoverOpts...)}
-	stream := []grpc.StreamServerInterceptor{logStream, recovery.StreamServerInterceptor(recoverOpts...)}
+	stream := []grpc.StreamServerInterceptor{watches.interceptor, logStream, recovery.StreamServerInterceptor(recoverOpts...)}
 	if cfg.Auth != nil {
 		u, st := authInterceptors(cfg.Auth, cfg.PublicReflection)
 		unary, stream = append(unary, u), append(stream, st)
@@ -163,7 +167,7 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(s)
-	return &Service{GRPC: s, Health: hs, conns: cfg.Connections.counter(log)}
+	return &Service{GRPC: s, Health: hs, conns: cfg.Connections.counter(log), watches: watches}
 }
 
 // Serve accepts calls on lis until Shutdown. The connections it accepts
@@ -176,6 +180,10 @@ func (s *Service) Serve(lis net.Listener) error {
 // Connections returns the counts of the client connections: open now, and
 // refused for being over the limit.
 func (s *Service) Connections() ConnectionStats { return s.conns.stats() }
+
+// HealthWatches returns the counts of the health Watch streams: open now,
+// and refused for being over the limit.
+func (s *Service) HealthWatches() HealthWatchStats { return s.watches.stats() }
 
 // Shutdown reports NOT_SERVING to health checks, lets running calls finish
 // until ctx ends, then cancels those still running. It returns once every

@@ -39,6 +39,7 @@ func TestConnectionFlags(t *testing.T) {
 		MaxConnections:        server.DefaultMaxConnections,
 		MaxConnectionAge:      server.DefaultMaxConnectionAge,
 		MaxConnectionAgeGrace: server.DefaultMaxConnectionAgeGrace,
+		MaxHealthWatches:      server.DefaultMaxHealthWatches,
 	}
 	if c.conns != want {
 		t.Errorf("defaults %+v, want %+v", c.conns, want)
@@ -52,24 +53,25 @@ func TestConnectionFlags(t *testing.T) {
 	t.Setenv("LEDGER_MAX_CONNECTIONS", "0")
 	t.Setenv("LEDGER_MAX_CONNECTION_AGE", "0")
 	t.Setenv("LEDGER_MAX_CONNECTION_AGE_GRACE", "45s")
+	t.Setenv("LEDGER_MAX_HEALTH_WATCHES", "0")
 	if c, err = parseFlags(nil, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	want = server.ConnectionLimits{HandshakeTimeout: 3 * time.Second, MaxConnectionIdle: 15 * time.Minute,
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 5 * time.Second, MaxConcurrentStreams: 250,
-		MaxConnections: -1, MaxConnectionAge: -1, MaxConnectionAgeGrace: 45 * time.Second}
+		MaxConnections: -1, MaxConnectionAge: -1, MaxConnectionAgeGrace: 45 * time.Second, MaxHealthWatches: -1}
 	if c.conns != want {
 		t.Errorf("from the environment %+v, want %+v", c.conns, want)
 	}
 
 	if c, err = parseFlags([]string{"--handshake-timeout", "4s", "--max-connection-idle", "1h", "--keepalive-time", "2m",
 		"--keepalive-timeout", "1s", "--max-concurrent-streams", "100", "--max-connections", "500",
-		"--max-connection-age", "2h", "--max-connection-age-grace", "5s"}, io.Discard); err != nil {
+		"--max-connection-age", "2h", "--max-connection-age-grace", "5s", "--max-health-watches", "300"}, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	want = server.ConnectionLimits{HandshakeTimeout: 4 * time.Second, MaxConnectionIdle: time.Hour,
 		KeepaliveTime: 2 * time.Minute, KeepaliveTimeout: time.Second, MaxConcurrentStreams: 100,
-		MaxConnections: 500, MaxConnectionAge: 2 * time.Hour, MaxConnectionAgeGrace: 5 * time.Second}
+		MaxConnections: 500, MaxConnectionAge: 2 * time.Hour, MaxConnectionAgeGrace: 5 * time.Second, MaxHealthWatches: 300}
 	if c.conns != want {
 		t.Errorf("from flags %+v, want %+v", c.conns, want)
 	}
@@ -106,6 +108,9 @@ func TestRefusesBadConnectionLimits(t *testing.T) {
 		{"max-connection-age-grace", "0s"},
 		{"max-connection-age-grace", "-1m"},
 		{"max-connection-age-grace", "1 min"},
+		{"max-health-watches", "-1"},
+		{"max-health-watches", "2e3"},
+		{"max-health-watches", "many"},
 	} {
 		args := []string{"--listen", "127.0.0.1:0", "--" + tc.flag, tc.value}
 		var out bytes.Buffer
@@ -217,6 +222,36 @@ func TestMaxConnectionsServed(t *testing.T) {
 	}
 	waitForMetrics(t, metricsAddrOf(t, out), out, `"msg":"connections refused: the server holds its maximum of client connections","max_connections":2,"refused":1`,
 		"ledger_connections_open 2", "ledger_connections_refused_total 1")
+}
+
+// TestMaxHealthWatchesServed runs ledgerd with --max-health-watches 1: one
+// Watch is served, a second is refused at once with RESOURCE_EXHAUSTED
+// (Check still answers), which the log and the metrics show.
+func TestMaxHealthWatchesServed(t *testing.T) {
+	conn, _, out := start(t, insecure.NewCredentials(), "--max-health-watches", "1", "--metrics-listen", "127.0.0.1:0")
+	hc := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	first, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := first.Recv(); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first watch: %v, %v; want SERVING", resp, err)
+	}
+	second, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second watch: %v, want RESOURCE_EXHAUSTED at once", err)
+	}
+	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("Check with the watches at their bound: %v, %v; want SERVING", resp, err)
+	}
+	waitForMetrics(t, metricsAddrOf(t, out), out,
+		`"msg":"health watches refused: the server holds its maximum of health Watch streams","max_health_watches":1,"refused":1`,
+		"ledger_health_watches_open 1", "ledger_health_watches_refused_total 1")
 }
 
 // TestMaxConnectionAgeServed runs ledgerd with --max-connection-age: a

@@ -40,6 +40,7 @@
 //	--max-connections   LEDGER_MAX_CONNECTIONS   client connections open at once; more are refused (10000; 0: no limit)
 //	--max-connection-age LEDGER_MAX_CONNECTION_AGE send GOAWAY to a connection that has lived that long (30m; 0: never)
 //	--max-connection-age-grace LEDGER_MAX_CONNECTION_AGE_GRACE how long its running calls may take to finish (1m)
+//	--max-health-watches LEDGER_MAX_HEALTH_WATCHES health Watch streams open at once; more are refused (2000; 0: no limit)
 //
 // On Linux it warns at start when the open-file limit cannot hold
 // --max-connections, its Redis connections and a margin (raise ulimit -n,
@@ -265,6 +266,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	maxConnAge := fs.String("max-connection-age", env("LEDGER_MAX_CONNECTION_AGE", "30m"), "send GOAWAY to a connection that has lived that long (give or take 10%), so that clients spread over new instances; 0: never [LEDGER_MAX_CONNECTION_AGE]")
 	maxConnAgeGrace := fs.String("max-connection-age-grace", env("LEDGER_MAX_CONNECTION_AGE_GRACE", "1m"), "how long the calls running at that GOAWAY may take to finish before the connection is closed [LEDGER_MAX_CONNECTION_AGE_GRACE]")
 	maxConns := fs.String("max-connections", env("LEDGER_MAX_CONNECTIONS", strconv.Itoa(server.DefaultMaxConnections)), "client connections open at once; one more is closed as soon as it is accepted (its client sees UNAVAILABLE); 0: no limit [LEDGER_MAX_CONNECTIONS]")
+	maxWatches := fs.String("max-health-watches", env("LEDGER_MAX_HEALTH_WATCHES", strconv.Itoa(server.DefaultMaxHealthWatches)), "grpc.health.v1.Health/Watch streams open at once, over all connections; one more is answered RESOURCE_EXHAUSTED at once (Check is not bounded); 0: no limit [LEDGER_MAX_HEALTH_WATCHES]")
 	autopipeline := true
 	if v, ok := os.LookupEnv("LEDGER_REDIS_AUTOPIPELINE"); ok {
 		b, err := strconv.ParseBool(v)
@@ -310,7 +312,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		}
 		if err := parseConnectionLimits(&c.conns, connectionFlags{handshake: *handshakeTimeout, idle: *maxConnIdle,
 			keepaliveTime: *keepaliveTime, keepaliveTimeout: *keepaliveTimeout, streams: *maxStreams, conns: *maxConns,
-			age: *maxConnAge, ageGrace: *maxConnAgeGrace}); err != nil {
+			age: *maxConnAge, ageGrace: *maxConnAgeGrace, watches: *maxWatches}); err != nil {
 			return err
 		}
 		if err := ledger.CheckPrefix(c.prefix); err != nil {
@@ -351,13 +353,14 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 
 // connectionFlags are the connection limits' flags, as given.
 type connectionFlags struct {
-	handshake, idle, keepaliveTime, keepaliveTimeout, streams, conns, age, ageGrace string
+	handshake, idle, keepaliveTime, keepaliveTimeout, streams, conns, age, ageGrace, watches string
 }
 
 // parseConnectionLimits reads the connection limits' flags into l: each
 // duration positive (--keepalive-time at least 1s, grpc-go's least;
 // --max-connection-age 0 for never), the count of streams from 1 to
-// 2^32-1, the count of connections a count, 0 for no limit.
+// 2^32-1, the counts of connections and health watches a count, 0 for no
+// limit.
 func parseConnectionLimits(l *server.ConnectionLimits, f connectionFlags) error {
 	for _, d := range []struct {
 		flag, value string
@@ -399,6 +402,15 @@ func parseConnectionLimits(l *server.ConnectionLimits, f connectionFlags) error 
 		l.MaxConnections = -1 // server.ConnectionLimits: no bound
 	default:
 		l.MaxConnections = m
+	}
+	w, err := strconv.Atoi(f.watches)
+	switch {
+	case err != nil || w < 0:
+		return fmt.Errorf("--max-health-watches %q: want a count, 0 for no limit", f.watches)
+	case w == 0:
+		l.MaxHealthWatches = -1 // server.ConnectionLimits: no bound
+	default:
+		l.MaxHealthWatches = w
 	}
 	return nil
 }
@@ -940,6 +952,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	met.InitializeRPC(svc.GRPC)
 	met.WatchStore(l, 0)
 	met.WatchConnections(func() (int, uint64) { s := svc.Connections(); return s.Open, s.Refused })
+	met.WatchHealthWatches(func() (int, uint64) { s := svc.HealthWatches(); return s.Open, s.Refused })
 	for _, d := range durabilityChecks {
 		met.SetDurability(d.Name, d.OK)
 	}
