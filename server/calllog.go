@@ -32,6 +32,12 @@ import (
 // end, after the level is known. At --log-level warn a successful call
 // costs two allocations here (its buffer and its context) instead of a
 // dozen field copies (docs/benchmarks.md §6.5).
+//
+// Calls refused for missing or bad credentials (UNAUTHENTICATED) come from
+// anyone who can reach the port, as fast as it sends them: they write at
+// most one line every refusalLogEvery, which counts those since the
+// previous one that wrote none (ledger.unlogged_refusals), as refused
+// connections are logged.
 
 type callLogKey struct{}
 
@@ -66,13 +72,15 @@ next:
 	}
 }
 
-// callLoggers returns the interceptors that write the call log to log.
-func callLoggers(log *slog.Logger) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+// callLoggers returns the interceptors that write the call log to log,
+// with the lines of calls refused for their credentials spaced by
+// refusals.
+func callLoggers(log *slog.Logger, refusals *logEvery) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		cl := new(callLog)
 		resp, err := handler(context.WithValue(ctx, callLogKey{}, cl), req)
-		writeCallLog(ctx, log, info.FullMethod, "unary", start, cl, err)
+		writeCallLog(ctx, log, refusals, info.FullMethod, "unary", start, cl, err)
 		return resp, err
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
@@ -80,7 +88,7 @@ func callLoggers(log *slog.Logger) (grpc.UnaryServerInterceptor, grpc.StreamServ
 		cl := new(callLog)
 		ctx := ss.Context()
 		err := handler(srv, &loggedStream{ServerStream: ss, ctx: context.WithValue(ctx, callLogKey{}, cl)})
-		writeCallLog(ctx, log, info.FullMethod, streamType(info), start, cl, err)
+		writeCallLog(ctx, log, refusals, info.FullMethod, streamType(info), start, cl, err)
 		return err
 	}
 	return unary, stream
@@ -121,8 +129,9 @@ func codeLevel(c codes.Code) slog.Level {
 }
 
 // writeCallLog writes the line of a call that started at start and ended
-// with err, if log is enabled at the line's level.
-func writeCallLog(ctx context.Context, log *slog.Logger, fullMethod, typ string, start time.Time, cl *callLog, err error) {
+// with err, if log is enabled at the line's level; for a call refused for
+// its credentials, only when refusals lets it through.
+func writeCallLog(ctx context.Context, log *slog.Logger, refusals *logEvery, fullMethod, typ string, start time.Time, cl *callLog, err error) {
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
@@ -130,6 +139,14 @@ func writeCallLog(ctx context.Context, log *slog.Logger, fullMethod, typ string,
 	level := codeLevel(code)
 	if !log.Enabled(ctx, level) {
 		return
+	}
+	var unlogged uint64
+	if code == codes.Unauthenticated && refusals != nil {
+		n, due := refusals.note()
+		if !due {
+			return
+		}
+		unlogged = n - 1
 	}
 	took := time.Since(start)
 	service, method := splitMethod(fullMethod)
@@ -155,6 +172,9 @@ func writeCallLog(ctx context.Context, log *slog.Logger, fullMethod, typ string,
 		attrs = append(attrs, slog.String("grpc.error", loggedError(err)))
 		if r := errorReason(err); r != "" {
 			attrs = append(attrs, slog.String("ledger.reason", r))
+		}
+		if code == codes.Unauthenticated && refusals != nil {
+			attrs = append(attrs, slog.Uint64("ledger.unlogged_refusals", unlogged))
 		}
 	}
 	ms := float32(took.Nanoseconds()/1000) / 1000

@@ -19,9 +19,9 @@ type ConnectionStats struct {
 }
 
 // refusalLogEvery is the least time between two log lines about refused
-// connections or health watches: a client that reconnects or watches in a
-// loop must not flood the log. Each line counts the refusals since the
-// previous one.
+// connections, health watches, or calls refused for their credentials: a
+// client that reconnects, watches or calls in a loop must not flood the
+// log. Each line counts the refusals since the previous one.
 const refusalLogEvery = 10 * time.Second
 
 // logEvery lets through at most one log line per interval about events

@@ -96,6 +96,9 @@ type Service struct {
 
 	conns   *connCounter
 	watches *watchGate
+	// authRefusals spaces the call log lines of calls refused for their
+	// credentials (writeCallLog).
+	authRefusals *logEvery
 }
 
 // handler implements ledger.v1.LedgerService.
@@ -137,7 +140,8 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	// their own), one log line per call, panic recovery, authentication
 	// and scope, the tenant's rate.
 	watches := cfg.Connections.watchGate(log)
-	logUnary, logStream := callLoggers(log)
+	authRefusals := &logEvery{every: refusalLogEvery, now: time.Now}
+	logUnary, logStream := callLoggers(log, authRefusals)
 	unary := []grpc.UnaryServerInterceptor{logUnary, recovery.UnaryServerInterceptor(recoverOpts...)}
 	stream := []grpc.StreamServerInterceptor{watches.interceptor, logStream, recovery.StreamServerInterceptor(recoverOpts...)}
 	if cfg.Auth != nil {
@@ -167,7 +171,7 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(s)
-	return &Service{GRPC: s, Health: hs, conns: cfg.Connections.counter(log), watches: watches}
+	return &Service{GRPC: s, Health: hs, conns: cfg.Connections.counter(log), watches: watches, authRefusals: authRefusals}
 }
 
 // Serve accepts calls on lis until Shutdown. The connections it accepts
