@@ -86,6 +86,8 @@ func TestExitStatus(t *testing.T) {
 		{nil, []string{"--key-prefix", "a:b"}, 2, "ledgerd: --key-prefix"},
 		{nil, []string{"--redis-mode", "ring"}, 2, "ledgerd: --redis-mode"},
 		{nil, []string{"--redis-mode", "ring", "--redis-url", redisURL}, 2, "ledgerd: --redis-mode"},
+		{nil, []string{"--listen", "127.0.0.1:0", "--redis-mode", "cluster"}, 2, "ledgerd: --redis-mode cluster needs a Redis URL (set --redis-url)"},
+		{[]string{"LEDGER_REDIS_MODE=sentinel"}, []string{"--listen", "127.0.0.1:0"}, 2, "ledgerd: --redis-mode sentinel needs a Redis URL (set --redis-url)"},
 		{nil, []string{"--redis-url", "http://x"}, 2, "ledgerd: --redis-url"},
 		{nil, []string{"--redis-url", redisURL, "--redis-ca", missing}, 2, "ledgerd: --redis-ca needs a rediss:// URL"},
 		{nil, []string{"keygen", "--bogus"}, 2, "ledgerd: flag provided but not defined"},

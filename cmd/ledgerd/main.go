@@ -304,6 +304,9 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 		if c.redisURL == "" && c.redisCA != "" {
 			return errors.New("--redis-ca needs a rediss:// URL (--redis-url); the embedded engine speaks no TLS")
 		}
+		if c.redisURL == "" && c.redisMode != "single" {
+			return fmt.Errorf("--redis-mode %s needs a Redis URL (set --redis-url); the embedded engine is a single node", c.redisMode)
+		}
 		if c.maxUnresolved, err = strconv.Atoi(*maxUnresolved); err != nil || c.maxUnresolved < 0 {
 			return fmt.Errorf("--max-unresolved %q: want a count, 0 for no limit", *maxUnresolved)
 		}

@@ -105,6 +105,9 @@ func reserveOnce(t *testing.T, c ledgerv1.LedgerServiceClient, tool string) *led
 
 func TestEmbeddedEngineSaysNothingSurvives(t *testing.T) {
 	t.Setenv("LEDGER_REDIS_URL", "")
+	// The default mode, written out, is no Redis setting the embedded
+	// engine refuses (cluster and sentinel are: TestRefusesBadConfiguration).
+	t.Setenv("LEDGER_REDIS_MODE", "single")
 	c, out := serve(t)
 	if r := reserveOnce(t, c, "tickets.create"); r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 		t.Fatalf("Reserve = %v", r)
@@ -210,6 +213,9 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--redis-mode", ""}, "redis-mode"},
 		{[]string{"--listen", "127.0.0.1:0", "--wait-replicas", "1"}, "wait-replicas"},
 		{[]string{"--listen", "127.0.0.1:0", "--redis-ca", "/nonexistent-ca.pem"}, "redis-ca"},
+		// A topology without the servers it names.
+		{[]string{"--listen", "127.0.0.1:0", "--redis-mode", "cluster"}, "--redis-mode cluster needs a Redis URL (set --redis-url)"},
+		{[]string{"--listen", "127.0.0.1:0", "--redis-mode", "sentinel"}, "--redis-mode sentinel needs a Redis URL (set --redis-url)"},
 	} {
 		// A configuration accepted by mistake is stopped as soon as it
 		// serves, and reported.
