@@ -126,14 +126,26 @@ func (c *Compactor) each(ctx context.Context, whole bool) (CompactStats, error) 
 		var (
 			seenMu sync.Mutex
 			seen   = map[string]bool{}
+			walked bool // a master's walk ran: its error is reported by step
 		)
+		start := time.Now()
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
 			addr := node.Options().Addr
 			seenMu.Lock()
 			seen[addr] = true
+			walked = true
 			seenMu.Unlock()
 			return run(ctx, addr, node)
 		})
+		if err != nil && !walked {
+			// The masters could not be listed (CLUSTER SLOTS refused, no
+			// node reachable): a failed store call of the pass, like a
+			// failed SCAN of a walk, reported unless the pass was stopped.
+			err = storeError("ledger.Compact", err)
+			if ctx.Err() == nil {
+				c.l.emit(Event{Type: EventScript, Op: "Compact", Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
+			}
+		}
 		if !whole && err == nil {
 			// Forget the walks of nodes that are no masters any more (failed
 			// over, removed): a node that is a master again later starts a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -579,5 +580,82 @@ func TestCompactionWalkFailureIsReported(t *testing.T) {
 	}
 	if got := reported(); !slices.Equal(got, []Kind{KindOther, KindUnavailable}) {
 		t.Fatalf("after a SCAN that reached no Redis, failures of kinds %v reported, want %v", got, []Kind{KindOther, KindUnavailable})
+	}
+}
+
+// TestCompactionMastersListFailureIsReported: in cluster mode, a compaction
+// step that cannot list the masters to walk (CLUSTER SLOTS refused: a Redis
+// user without +cluster|slots; or no node reachable) is reported as a
+// failed store call of op "Compact", as a failed SCAN of the walk is
+// (TestCompactionWalkFailureIsReported), unless the pass was stopped.
+func TestCompactionMastersListFailureIsReported(t *testing.T) {
+	cl := redistest.SharedCluster(t)
+	ctx := context.Background()
+	for _, s := range cl.Nodes {
+		s.CreateUser(t, "noslots", "noslots-password", ACLRules(DefaultPrefix))
+	}
+	var (
+		mu     sync.Mutex
+		failed []Kind
+	)
+	observe := func(e Event) {
+		if e.Type == EventScript && e.Op == "Compact" && e.Failed {
+			mu.Lock()
+			failed = append(failed, e.ErrKind)
+			mu.Unlock()
+		}
+	}
+	reported := func() []Kind {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(failed)
+	}
+	compactor := func(opts *redis.ClusterOptions) *Compactor {
+		cc := redis.NewClusterClient(opts)
+		t.Cleanup(func() { _ = cc.Close() })
+		l, err := New(cc, Options{Observer: observe})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.NewCompactor(0)
+	}
+
+	c := compactor(&redis.ClusterOptions{Addrs: cl.Addrs(), Username: "noslots", Password: "noslots-password", DisableIdentity: true})
+	if _, err := c.Step(ctx); err == nil || !strings.Contains(err.Error(), "NOPERM") || KindOf(err) != KindOther {
+		t.Fatalf("Step as a user without +cluster|slots: %v (kind %v), want NOPERM, a script error", err, KindOf(err))
+	}
+	if got := reported(); !slices.Equal(got, []Kind{KindOther}) {
+		t.Fatalf("masters not listed (NOPERM) reported as failures of kinds %v, want one script error (%v)", got, KindOther)
+	}
+	if _, err := c.Pass(ctx); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Pass as a user without +cluster|slots: %v, want NOPERM", err)
+	}
+	if got := reported(); !slices.Equal(got, []Kind{KindOther, KindOther}) {
+		t.Fatalf("after a Pass that listed no masters, failures of kinds %v reported, want %v", got, []Kind{KindOther, KindOther})
+	}
+
+	// A pass that was stopped is not a store failure.
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.Step(stopped); err == nil {
+		t.Fatal("Step with a cancelled context succeeded")
+	}
+	if got := reported(); len(got) != 2 {
+		t.Fatalf("a stopped step was reported: failures of kinds %v", got)
+	}
+
+	// No node reachable: the seed is a port nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := ln.Addr().String()
+	_ = ln.Close()
+	c = compactor(&redis.ClusterOptions{Addrs: []string{gone}, DisableIdentity: true, MaxRetries: -1})
+	if _, err := c.Step(ctx); KindOf(err) != KindUnavailable {
+		t.Fatalf("Step with no node reachable: %v (kind %v), want unavailable", err, KindOf(err))
+	}
+	if got := reported(); !slices.Equal(got, []Kind{KindOther, KindOther, KindUnavailable}) {
+		t.Fatalf("after a Step that reached no node, failures of kinds %v reported, want %v", got, []Kind{KindOther, KindOther, KindUnavailable})
 	}
 }
