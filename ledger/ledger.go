@@ -120,7 +120,7 @@ const (
 //
 // May return an *Error of KindInvalid, KindKeyReused (Differs names tool,
 // params and/or permit; for an expired operation only params, the tombstone
-// keeping only the fingerprint), KindKeyExpired (a late replay of an expired
+// keeping the fingerprint but not the tool or permit), KindKeyExpired (a late replay of an expired
 // operation: State is the final state),
 // KindQuotaExceeded (a new operation beyond the tenant's unresolved limit) or
 // KindUnavailable.

@@ -52,7 +52,8 @@
 -- tombstone too: a terminal record lives until exp + tret, and from exp on
 -- load() reports it as expired (only its final state is ever read again).
 -- The compaction pass (compact.lua) then cuts it to its tombstone, the
--- fingerprint and the first four fields (st, exp, ct, ut), keeping its TTL.
+-- fingerprint, the first four fields (st, exp, ct, ut), an empty attempt
+-- and cf, keeping its TTL.
 -- ledger/record.go decodes the same form; docs/design.md §2 describes it.
 --
 --   'L' <fp: 32 bytes> <field> \255 <field> ... [\254 <entry>]...
@@ -281,7 +282,8 @@ F = {
 
   -- load reads the record. It returns false when there is none, with
   -- S.expired set when only its tombstone is left (and R.fp its
-  -- fingerprint).
+  -- fingerprint; S.tcf the consequential fields of a compacted tombstone
+  -- that keeps them, '' for all parameters).
   load = function()
     local s = redis.pcall('GET', KEYS[1])
     if type(s) == 'table' and s.err then
@@ -308,6 +310,10 @@ F = {
       for f in string.gmatch(body .. '\255', '([^\255]*)\255') do
         n = n + 1
         v[n] = f
+      end
+      if v[5] == '' and n >= 6 then
+        -- A compacted tombstone: st, exp, ct, ut, no attempt, cf.
+        S.tcf, v[6] = v[6], ''
       end
       for i = n + 1, 30 do v[i] = '' end
       local ms, tostr = F.ms, F.tostr
@@ -336,8 +342,8 @@ F = {
     end
     if (R.st == '3' or R.st == '4') and (tonumber(R.exp) < NOW or R.att == '') then
       -- Past its retention: only the tombstone counts. A compacted one
-      -- (compact.lua: no attempt, nothing after ut) is expired whatever the
-      -- clock says, as it was when it was compacted.
+      -- (compact.lua: no attempt) is expired whatever the clock says, as it
+      -- was when it was compacted.
       S.expired = R.st
       return false
     end

@@ -12,17 +12,21 @@
 -- of the current layout, not terminal, still in its retention (exp not
 -- passed by the store's clock), or a tombstone already.
 --
--- The tombstone is the record cut after its fourth field:
+-- The tombstone is the record cut after its fourth field, with an empty
+-- fifth (the attempt) and the consequential fields the fingerprint was
+-- taken over (cf, the record's 30th field; empty for all parameters):
 --
---   'L' <fp: 32 bytes> <st> \255 <exp> \255 <ct> \255 <ut>
+--   'L' <fp: 32 bytes> <st> \255 <exp> \255 <ct> \255 <ut> \255 \255 <cf>
 --
 -- which is all that any script reads of a terminal record once exp has
 -- passed: load() and lookup.lua decode st, ct, ut and exp (the expiry is
 -- ct + ut + exp), find it expired and answer C_EXPIRED with the final state
--- and nothing else. The fields are kept verbatim, so the expiry reads the
--- same; load() and lookup.lua also take a record without the fifth field
--- (the attempt, present in every full record) for an expired tombstone
--- whatever the clock says. The value is written with the key's TTL as PTTL
+-- and nothing else; reserve.lua compares the fingerprint, over cf when the
+-- tool's policy lists other fields now. The fields are kept verbatim, so
+-- the expiry reads the same; load() and lookup.lua also take a record with
+-- an empty or no fifth field (the attempt, present in every full record)
+-- for an expired tombstone whatever the clock says. A tombstone compacted
+-- before cf was kept ends after <ut>; it is left as it is. The value is written with the key's TTL as PTTL
 -- reads it (PX; no TTL when the key has none): the key ends when it did
 -- before (exp + tombstone retention), so a late replay is still refused
 -- until then. Redis stores the end in milliseconds; from 7.2 on a script
@@ -41,8 +45,8 @@ if not head then
   return 0 -- not terminal (or not a record)
 end
 local n = 33 + #head
-if #s == n or string.sub(s, n + 1, n + 1) ~= '\255' then
-  return 0 -- a tombstone already (or not a record)
+if #s == n or string.sub(s, n + 1, n + 1) ~= '\255' or string.sub(s, n + 2, n + 2) == '\255' then
+  return 0 -- a tombstone already, of either form (or not a record)
 end
 local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\255]*)$')
 if ut ~= '' and not string.match(ut, '^%d+[smhd]?$') then
@@ -55,11 +59,22 @@ end
 if created + ms(ut) + ms(exp) >= NOW then
   return 0 -- still in its retention
 end
+-- cf, the 30th field, is the last one before the history, when present.
+local cf = ''
+do
+  local h = string.find(s, '\254', n + 1, true)
+  local i = 4
+  for f in string.gmatch(string.sub(s, n + 2, (h or (#s + 1)) - 1) .. '\255', '([^\255]*)\255') do
+    i = i + 1
+    if i == 30 then cf = f end
+  end
+end
+local tomb = string.sub(s, 1, n) .. '\255\255' .. cf
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -1 then
-  redis.call('SET', KEYS[1], string.sub(s, 1, n))
+  redis.call('SET', KEYS[1], tomb)
 elseif ttl > 0 then
-  redis.call('SET', KEYS[1], string.sub(s, 1, n), 'PX', tostr(ttl))
+  redis.call('SET', KEYS[1], tomb, 'PX', tostr(ttl))
 else
   return 0 -- ending now: nothing to cut
 end

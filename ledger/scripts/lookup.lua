@@ -12,13 +12,14 @@
 --
 -- A record in the current form is returned as stored: only its state and,
 -- when terminal, its expiry are decoded. A compacted tombstone (compact.lua:
--- nothing after ut) is expired whatever the clock says.
+-- an empty attempt after ut, or nothing after it) is expired whatever the
+-- clock says.
 
 local s = redis.pcall('GET', KEYS[1])
 if type(s) == 'string' then
-  local st, exp, ct, ut, more = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255\254]*)(.?)', 34)
+  local st, exp, ct, ut, more = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255\254]*)(.?.?)', 34)
   if st then
-    if (st == ST_SUCCEEDED or st == ST_FAILED) and (more == '' or tonumber(ct, 36) + ms(ut) + ms(exp) < NOW) then
+    if (st == ST_SUCCEEDED or st == ST_FAILED) and (more == '' or more == '\255\255' or tonumber(ct, 36) + ms(ut) + ms(exp) < NOW) then
       return {C_EXPIRED, st, ''}
     end
     return {C_OK, '', s, ''}

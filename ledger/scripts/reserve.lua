@@ -72,12 +72,16 @@ if not load() then
     -- The tombstone keeps the fingerprint (SPEC §6): other parameters under
     -- the key are no late replay but a reuse of the key, and EXPIRED with
     -- the final state would tell that new intent it ended so. The fields
-    -- bound at creation decide while the record is whole; a compacted one
-    -- has lost them, and the current policy's count. Tool and permit are
-    -- not in a tombstone: with the same parameters it answers EXPIRED.
+    -- bound at creation decide: the whole record's cfh and cf, a compacted
+    -- tombstone's cf (S.tcf); a tombstone compacted before it kept them has
+    -- lost them, and the current policy's count. Tool and permit are not in
+    -- a tombstone: with the same parameters it answers EXPIRED.
     if R.fp ~= fp then
       if R.att and R.att ~= '' and (R.cfh or '') ~= ARGV[18] then
         return {C_FIELDS, R.cf or '', ''}
+      end
+      if S.tcf and S.tcf ~= ARGV[19] then
+        return {C_FIELDS, S.tcf, ''}
       end
       return {C_KEY_REUSED, '2', ''}
     end
