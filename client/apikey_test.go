@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/opledger/ledger/internal/ledgertest"
 )
 
 // TestAPIKeyNotSentInClearWhereTheConnectionLeavesLoopback: whether the key
@@ -22,7 +24,7 @@ import (
 // localhost elsewhere is the same) does not get the key; the peer counts
 // every call that arrives with one.
 func TestAPIKeyNotSentInClearWhereTheConnectionLeavesLoopback(t *testing.T) {
-	ip := nonLoopbackIP(t)
+	ip := ledgertest.NonLoopbackIPv4(t)
 	lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Skip("cannot listen on", ip, err)
@@ -102,21 +104,4 @@ func TestAPIKeyGoesInClearOnlyToLocalPeers(t *testing.T) {
 			t.Errorf("the refusal quotes the key: %v", err)
 		}
 	}
-}
-
-// nonLoopbackIP returns an IPv4 address of this machine that is not
-// loopback, or skips the test.
-func nonLoopbackIP(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
-			return n.IP.String()
-		}
-	}
-	t.Skip("no non-loopback IPv4 address")
-	return ""
 }

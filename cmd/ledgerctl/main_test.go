@@ -1041,7 +1041,7 @@ func TestClean(t *testing.T) {
 // TestKeyNotSentInClear: the SDK refuses to send an API key without TLS
 // beyond loopback; ledgerctl says to use TLS.
 func TestKeyNotSentInClear(t *testing.T) {
-	ip := nonLoopbackIP(t)
+	ip := ledgertest.NonLoopbackIPv4(t)
 	keys := newKeyring(t, "reconciler")
 	l, err := ledger.New(redistest.Shared(t).Client(t), ledger.Options{Policies: ledger.DefaultPolicies(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -1065,22 +1065,6 @@ func TestKeyNotSentInClear(t *testing.T) {
 	if strings.Contains(o.stdout+o.stderr, strings.SplitN(key, ".", 2)[1]) {
 		t.Fatalf("the key is printed: %s", o)
 	}
-}
-
-// nonLoopbackIP returns an IPv4 address of this machine that is not
-// loopback, or skips the test.
-func nonLoopbackIP(t *testing.T) string {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
-			return n.IP.String()
-		}
-	}
-	t.Skip("no non-loopback IPv4 address")
-	return ""
 }
 
 // jsonDoc is what one --json command prints on stdout: the operation's (or

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,7 +20,7 @@ import (
 // non-loopback IPv4 address and the right to unshare and bind-mount (root),
 // and is skipped without them.
 func TestLocalhostServedOnlyWhereItIsLoopback(t *testing.T) {
-	ip := nonLoopbackIPv4(t)
+	ip := ledgertest.NonLoopbackIPv4(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -99,21 +98,4 @@ func TestLocalhostServedOnlyWhereItIsLoopback(t *testing.T) {
 			t.Fatalf("ledgerd serves %s, want 127.0.0.1", addr)
 		}
 	})
-}
-
-// nonLoopbackIPv4 returns an IPv4 address of this machine that is not
-// loopback, or skips the test.
-func nonLoopbackIPv4(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
-			return n.IP.String()
-		}
-	}
-	t.Skip("no non-loopback IPv4 address")
-	return ""
 }

@@ -3,9 +3,29 @@ package ledgertest
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"strings"
+	"testing"
 	"time"
 )
+
+// NonLoopbackIPv4 returns an IPv4 address of this machine that is not
+// loopback, for tests of what may or may not go beyond it; it skips the
+// test on a machine without one.
+func NonLoopbackIPv4(t testing.TB) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+			return n.IP.String()
+		}
+	}
+	t.Skip("no non-loopback IPv4 address")
+	return ""
+}
 
 // ListenAddr waits until log holds a JSON line whose "msg" is msg (ledgerd
 // writes "ledgerd serving" and "metrics serving") and returns its "listen"
