@@ -5,14 +5,11 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -77,18 +74,8 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 // ledger behind it): INTERNAL, reason INTERNAL, domain ledger.v1.
 func TestPanicIsInternalWithTheContractsDetails(t *testing.T) {
 	svc := server.New(server.Config{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = svc.Serve(lis) }()
-	t.Cleanup(svc.GRPC.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	_, err = ledgerv1.NewLedgerServiceClient(conn).Lookup(context.Background(), &ledgerv1.LookupRequest{OperationId: "panics"})
+	conn := dialConn(t, serveLoopback(t, svc))
+	_, err := ledgerv1.NewLedgerServiceClient(conn).Lookup(context.Background(), &ledgerv1.LookupRequest{OperationId: "panics"})
 	wantReason(t, err, codes.Internal, "INTERNAL")
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,19 @@ import (
 	"github.com/opledger/ledger/internal/h2test"
 	"github.com/opledger/ledger/server"
 )
+
+// serveLoopback serves svc on a free loopback port until the test ends and
+// returns its address.
+func serveLoopback(t *testing.T, svc *server.Service) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = svc.Serve(lis) }()
+	t.Cleanup(svc.GRPC.Stop)
+	return lis.Addr().String()
+}
 
 // dialConn returns a gRPC connection of its own to addr, closed when the
 // test ends.

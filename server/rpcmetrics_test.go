@@ -4,14 +4,11 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
@@ -79,17 +76,7 @@ func TestRPCMetricsCountEveryCall(t *testing.T) {
 	// counted as INTERNAL, the status the caller gets.
 	met = metrics.New(metrics.Options{})
 	svc := server.New(server.Config{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}, met.ServerOptions()...)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = svc.Serve(lis) }()
-	t.Cleanup(svc.GRPC.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := dialConn(t, serveLoopback(t, svc))
 	if _, err := ledgerv1.NewLedgerServiceClient(conn).Lookup(context.Background(), lookup); codeOf(err) != codes.Internal {
 		t.Fatalf("Lookup that panics: %v", err)
 	}
