@@ -19,6 +19,35 @@ var ACLCommands = []string{
 	"set", "pttl", "hdel", "hincrby", "zadd", "zcard", "lrange", "del",
 }
 
+// ACLClusterCommands are the commands a Redis Cluster user needs besides
+// ACLCommands: go-redis's cluster client sends them on its own, to every
+// node, to find where the ledger's keys are and how to route its commands.
+var ACLClusterCommands = []string{
+	// the slot map: without it no call reaches any master
+	"cluster|slots",
+	// the command table, read once to route commands; refused, every call
+	// that routes by it asks again (a refused round trip to up to three
+	// nodes, and a log line of go-redis's, each time)
+	"command",
+}
+
+// ACLSentinelCommands are the only commands go-redis's failover client
+// (--redis-mode sentinel) sends to a sentinel, and ACLSentinelChannels the
+// only channels it subscribes to there. The master is run as the user of
+// ACLRules: the client sends it nothing else.
+var ACLSentinelCommands = []string{
+	// where the master is
+	"sentinel|get-master-addr-by-name",
+	// the other sentinels, to ask them when this one is gone
+	"sentinel|sentinels",
+	// told of a failover at once (ACLSentinelChannels); the subscription
+	// is pinged after 3 s without a message, and reconnected if refused
+	"subscribe", "ping",
+}
+
+// ACLSentinelChannels are the channels of ACLSentinelCommands' subscribe.
+var ACLSentinelChannels = []string{"+switch-master", "+replica-reconf-done"}
+
 // ACLRules returns the rules of the least-privileged Redis user the ledger
 // can run as: only its keys (prefix:*), no channels, only ACLCommands.
 // (SCAN, for the compaction pass, is not filtered by key patterns: it lists
@@ -29,13 +58,46 @@ var ACLCommands = []string{
 // and put the user and password in the Redis URL
 // (redis://ledger:PASSWORD@host:6379/0).
 func ACLRules(prefix string) string {
+	return aclRules(prefix, ACLCommands)
+}
+
+// ClusterACLRules returns the rules of the least-privileged Redis user the
+// ledger can run as on a Redis Cluster (--redis-mode cluster): ACLRules
+// and ACLClusterCommands. Create the user on every node, masters and
+// replicas (a replica promoted by a failover serves the same user).
+func ClusterACLRules(prefix string) string {
+	return aclRules(prefix, ACLCommands, ACLClusterCommands)
+}
+
+// SentinelACLRules returns the rules of the least-privileged user the
+// ledger can connect to sentinels as, when they have ACLs of their own: no
+// keys, ACLSentinelChannels, ACLSentinelCommands. Create it on every
+// sentinel and put it in the Redis URL (redis://USER:PASSWORD@sentinel...);
+// the master's user (ACLRules) goes in its username and password
+// parameters.
+func SentinelACLRules() string {
+	var b strings.Builder
+	b.WriteString("resetchannels")
+	for _, c := range ACLSentinelChannels {
+		b.WriteString(" &" + c)
+	}
+	b.WriteString(" -@all")
+	for _, c := range ACLSentinelCommands {
+		b.WriteString(" +" + c)
+	}
+	return b.String()
+}
+
+func aclRules(prefix string, commands ...[]string) string {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
 	var b strings.Builder
 	b.WriteString("~" + prefix + ":* resetchannels -@all")
-	for _, c := range ACLCommands {
-		b.WriteString(" +" + c)
+	for _, cs := range commands {
+		for _, c := range cs {
+			b.WriteString(" +" + c)
+		}
 	}
 	return b.String()
 }
