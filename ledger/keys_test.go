@@ -147,7 +147,13 @@ func TestSecurityDocShowsTheACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(doc), "ACL SETUSER ledger on >PASSWORD "+ACLRules(DefaultPrefix)) {
-		t.Fatalf("docs/security.md does not show the rules of ACLRules:\n%s", ACLRules(DefaultPrefix))
+	for _, r := range []struct{ name, rules string }{
+		{"ACLRules", ACLRules(DefaultPrefix)},
+		{"ClusterACLRules", ClusterACLRules(DefaultPrefix)},
+		{"SentinelACLRules", SentinelACLRules()},
+	} {
+		if !strings.Contains(string(doc), "ACL SETUSER ledger on >PASSWORD "+r.rules+"\n") {
+			t.Errorf("docs/security.md does not show the rules of %s:\n%s", r.name, r.rules)
+		}
 	}
 }
