@@ -26,6 +26,10 @@ func TestMalformedRedisURLHidesThePassword(t *testing.T) {
 		{"http://user:S3cretPW@127.0.0.1:1/0", "S3cretPW"},
 		{"user:S3cretPW@127.0.0.1:1/0", "S3cretPW"},
 		{"S3cretPW@127.0.0.1:1/0", "S3cretPW"},
+		// The master's password of a sentinel URL is a query parameter.
+		{"redis://127.0.0.1:1?master_name=m&username=u&password=S3cretPW&dial_timeout=zz", "S3cretPW"},
+		{"redis://127.0.0.1:1?master_name=m&pass%77ord=S3cretPW&bogus=1", "S3cretPW"},
+		{"redis://u:pw@127.0.0.1:1?master_name=m&password=S3cret%PW", "S3cret"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), []string{"--listen", "127.0.0.1:0", "--redis-url", tc.url}, &out)
@@ -44,18 +48,24 @@ func TestMalformedRedisURLHidesThePassword(t *testing.T) {
 
 func TestRedactURL(t *testing.T) {
 	for raw, want := range map[string]string{
-		"redis://user:pw@127.0.0.1:6379/0":   "redis://user:xxxxx@127.0.0.1:6379/0",
-		"redis://:pw@127.0.0.1:6379/0":       "redis://:xxxxx@127.0.0.1:6379/0",
-		"redis://pw@127.0.0.1:6379/0":        "redis://xxxxx@127.0.0.1:6379/0",
-		"redis://127.0.0.1:6379/0":           "redis://127.0.0.1:6379/0",
-		"redis://u:p@w:o@rd@[::1/0":          "redis://u:xxxxx@[::1/0",
-		"redis://u:a/b@c://d@h/0":            "redis://u:xxxxx@h/0",
-		"u:pw@127.0.0.1":                     "u:xxxxx@127.0.0.1",
-		"u:p://w@127.0.0.1":                  "u:xxxxx@127.0.0.1",
-		"rediss://u:pw@h:1/0?addr=h2:2":      "rediss://u:xxxxx@h:1/0?addr=h2:2",
-		"unix://u:pw@/run/redis.sock?db=1":   "unix://u:xxxxx@/run/redis.sock?db=1",
-		"redis://u:pw@h:1/0?addr=x@h2:2":     "redis://u:xxxxx@h2:2",
-		"redis://user:S3cret PW@127.0.0.1/0": "redis://user:xxxxx@127.0.0.1/0",
+		"redis://user:pw@127.0.0.1:6379/0":                        "redis://user:xxxxx@127.0.0.1:6379/0",
+		"redis://:pw@127.0.0.1:6379/0":                            "redis://:xxxxx@127.0.0.1:6379/0",
+		"redis://pw@127.0.0.1:6379/0":                             "redis://xxxxx@127.0.0.1:6379/0",
+		"redis://127.0.0.1:6379/0":                                "redis://127.0.0.1:6379/0",
+		"redis://u:p@w:o@rd@[::1/0":                               "redis://u:xxxxx@[::1/0",
+		"redis://u:a/b@c://d@h/0":                                 "redis://u:xxxxx@h/0",
+		"u:pw@127.0.0.1":                                          "u:xxxxx@127.0.0.1",
+		"u:p://w@127.0.0.1":                                       "u:xxxxx@127.0.0.1",
+		"rediss://u:pw@h:1/0?addr=h2:2":                           "rediss://u:xxxxx@h:1/0?addr=h2:2",
+		"unix://u:pw@/run/redis.sock?db=1":                        "unix://u:xxxxx@/run/redis.sock?db=1",
+		"redis://u:pw@h:1/0?addr=x@h2:2":                          "redis://u:xxxxx@h2:2",
+		"redis://user:S3cret PW@127.0.0.1/0":                      "redis://user:xxxxx@127.0.0.1/0",
+		"redis://h:1?master_name=m&password=pw&addr=h2:2":         "redis://h:1?master_name=m&password=xxxxx&addr=h2:2",
+		"redis://u:pw@h:1?username=u&password=p%40w&password=pw2": "redis://u:xxxxx@h:1?username=u&password=xxxxx&password=xxxxx",
+		"redis://h:1?Pass%77ord=pw#frag":                          "redis://h:1?Pass%77ord=xxxxx#frag",
+		"redis://h:1?password":                                    "redis://h:1?password=xxxxx",
+		"redis://h:1?password=a@b&addr=h2":                        "redis://h:xxxxx&addr=h2",
+		"redis://u:p?password=zz@h:1/0":                           "redis://u:xxxxx",
 	} {
 		if got := redactURL(raw); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", raw, got, want)
@@ -82,8 +92,9 @@ func rot(s string) string {
 }
 
 // FuzzRedisURLRedaction: whatever --redis-url holds, the error of a URL
-// that does not parse, in every mode, never holds its password, as written
-// or percent-decoded.
+// that does not parse, in every mode, never holds its password (of the
+// userinfo, or the password parameter of a sentinel URL), as written or
+// percent-decoded.
 func FuzzRedisURLRedaction(f *testing.F) {
 	for _, s := range [][3]string{
 		{"user", "S3cretPW%zz", "127.0.0.1:1/0"},
@@ -106,14 +117,28 @@ func FuzzRedisURLRedaction(f *testing.F) {
 			if d, err := url.PathUnescape(pw); err == nil && len(d) >= 4 {
 				secrets = append(secrets, d)
 			}
+			sep := "?"
+			if strings.Contains(rest, "?") {
+				sep = "&"
+			}
 			for _, mode := range []string{"single", "cluster", "sentinel"} {
-				_, _, _, err := parseRedisURL(mode, "redis://"+user+":"+pw+"@"+rest)
-				if err == nil {
-					continue
+				// The password in the userinfo, and as a sentinel URL's
+				// master password parameter (unless a '#' before it makes
+				// it part of the fragment, or a '&' or '#' ends it: what
+				// follows is no password).
+				raws := []string{"redis://" + user + ":" + pw + "@" + rest}
+				if !strings.ContainsAny(pw, "&#") && !strings.Contains(user+rest, "#") {
+					raws = append(raws, "redis://"+user+"@"+rest+sep+"master_name=m&password="+pw)
 				}
-				for _, s := range secrets {
-					if strings.Contains(err.Error(), s) && !strings.Contains(user+rest, s) {
-						found = append(found, mode+": "+err.Error())
+				for _, raw := range raws {
+					_, _, _, err := parseRedisURL(mode, raw)
+					if err == nil {
+						continue
+					}
+					for _, s := range secrets {
+						if strings.Contains(err.Error(), s) && !strings.Contains(user+rest, s) {
+							found = append(found, mode+": "+err.Error())
+						}
 					}
 				}
 			}
