@@ -17,7 +17,9 @@ type DurabilityCheck struct {
 // CheckDurability reads the settings that decide whether records can be
 // lost or evicted: appendonly (yes), appendfsync (always) and
 // maxmemory-policy (noeviction). A setting that cannot be read (an ACL
-// without +config|get, a store without CONFIG) is reported not OK, with why.
+// without +config|get, a store without CONFIG, Redis unreachable) is
+// reported not OK, with why; the remedy +config|get is named only when the
+// ACL refused CONFIG GET.
 func (l *Ledger) CheckDurability(ctx context.Context) []DurabilityCheck {
 	want := []struct{ name, ok, why string }{
 		{"appendonly", "yes", "without the append-only file a crash loses every record written since the last snapshot"},
@@ -30,7 +32,12 @@ func (l *Ledger) CheckDurability(ctx context.Context) []DurabilityCheck {
 		vals, err := l.rdb.ConfigGet(ctx, w.name).Result()
 		switch {
 		case err != nil:
-			c.Why = "cannot be read (" + strings.SplitN(err.Error(), "\n", 2)[0] + "); grant +config|get to check it"
+			c.Why = "cannot be read (" + strings.SplitN(err.Error(), "\n", 2)[0] + ")"
+			if msg := err.Error(); strings.Contains(msg, "NOPERM") && strings.Contains(msg, "'config") {
+				// Refused by the ACL, not lost on the way (Redis gone, a
+				// cluster user without +cluster|slots).
+				c.Why += "; grant +config|get to check it"
+			}
 		case vals[w.name] == "":
 			c.Why = "not reported by the store"
 		default:
