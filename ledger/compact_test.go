@@ -555,22 +555,7 @@ func TestCompactionWalkFailureIsReported(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	srv.CreateUser(t, "noscan", "noscan-password", ACLRules(DefaultPrefix)+" -scan")
-	var (
-		mu     sync.Mutex
-		failed []Kind
-	)
-	observe := func(e Event) {
-		if e.Type == EventScript && e.Op == "Compact" && e.Failed {
-			mu.Lock()
-			failed = append(failed, e.ErrKind)
-			mu.Unlock()
-		}
-	}
-	reported := func() []Kind {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(failed)
-	}
+	observe, reported := compactFailures()
 	l, err := New(srv.UserClient(t, "noscan", "noscan-password"), Options{Observer: observe})
 	if err != nil {
 		t.Fatal(err)
@@ -592,6 +577,28 @@ func TestCompactionWalkFailureIsReported(t *testing.T) {
 	}
 }
 
+// compactFailures returns an Observer that records the kinds of the failed
+// store calls of op "Compact", and the function that reads them.
+func compactFailures() (observe func(Event), reported func() []Kind) {
+	var (
+		mu     sync.Mutex
+		failed []Kind
+	)
+	observe = func(e Event) {
+		if e.Type == EventScript && e.Op == "Compact" && e.Failed {
+			mu.Lock()
+			failed = append(failed, e.ErrKind)
+			mu.Unlock()
+		}
+	}
+	reported = func() []Kind {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(failed)
+	}
+	return observe, reported
+}
+
 // TestCompactionMastersListFailureIsReported: in cluster mode, a compaction
 // step that cannot list the masters to walk (CLUSTER SLOTS refused: a Redis
 // user without +cluster|slots; or no node reachable) is reported as a
@@ -603,22 +610,7 @@ func TestCompactionMastersListFailureIsReported(t *testing.T) {
 	for _, s := range cl.Nodes {
 		s.CreateUser(t, "noslots", "noslots-password", ACLRules(DefaultPrefix))
 	}
-	var (
-		mu     sync.Mutex
-		failed []Kind
-	)
-	observe := func(e Event) {
-		if e.Type == EventScript && e.Op == "Compact" && e.Failed {
-			mu.Lock()
-			failed = append(failed, e.ErrKind)
-			mu.Unlock()
-		}
-	}
-	reported := func() []Kind {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(failed)
-	}
+	observe, reported := compactFailures()
 	compactor := func(opts *redis.ClusterOptions) *Compactor {
 		cc := redis.NewClusterClient(opts)
 		t.Cleanup(func() { _ = cc.Close() })
