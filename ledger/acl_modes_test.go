@@ -133,7 +133,7 @@ func TestACLRulesCluster(t *testing.T) {
 	t.Cleanup(func() { _ = cc.Close() })
 	aclCycle(t, cc, prefix, Options{WaitReplicas: 1, WaitTimeout: 2 * time.Second})
 	for _, n := range cl.Nodes {
-		noDenials(t, n, user)
+		n.RequireNoACLDenials(t, user)
 	}
 }
 
@@ -165,8 +165,8 @@ func TestACLRulesSentinel(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	noDenials(t, master, "ledger")
-	noDenials(t, sentinel, "ledger-sentinel")
+	master.RequireNoACLDenials(t, "ledger")
+	sentinel.RequireNoACLDenials(t, "ledger-sentinel")
 }
 
 // pinged reports whether a connection of user to s subscribed to channels
@@ -185,20 +185,4 @@ func pinged(t *testing.T, s *redistest.Server, user string) bool {
 		}
 	}
 	return false
-}
-
-// noDenials fails the test if s refused user anything (ACL LOG): a command
-// refused on a path the ledger survives (go-redis logs it and goes on) is a
-// missing rule too.
-func noDenials(t *testing.T, s *redistest.Server, user string) {
-	t.Helper()
-	entries, err := s.Client(t).ACLLog(context.Background(), 128).Result()
-	if err != nil {
-		t.Fatalf("ACL LOG on %s: %v", s.Addr, err)
-	}
-	for _, e := range entries {
-		if e.Username == user {
-			t.Errorf("%s refused %s: %s %s (%s)", s.Addr, user, e.Reason, e.Object, e.Context)
-		}
-	}
 }

@@ -340,6 +340,23 @@ func (s *Server) CreateUser(tb testing.TB, name, password, rules string) {
 	}
 }
 
+// RequireNoACLDenials fails the test if the server refused user any
+// command, key or channel (ACL LOG) other than the commands in except
+// (as ACL LOG names them, e.g. "config|get"): a refusal on a path the
+// caller survives (go-redis logs it and goes on) is a missing rule too.
+func (s *Server) RequireNoACLDenials(tb testing.TB, user string, except ...string) {
+	tb.Helper()
+	entries, err := s.Client(tb).ACLLog(context.Background(), 128).Result()
+	if err != nil {
+		tb.Fatalf("ACL LOG on %s: %v", s.Addr, err)
+	}
+	for _, e := range entries {
+		if e.Username == user && !slices.Contains(except, e.Object) {
+			tb.Errorf("%s refused %s: %s %s (%s)", s.Addr, user, e.Reason, e.Object, e.Context)
+		}
+	}
+}
+
 // UserClient returns a client of the server that authenticates as an ACL
 // user, closed at the test's end.
 func (s *Server) UserClient(tb testing.TB, name, password string) *redis.Client {
