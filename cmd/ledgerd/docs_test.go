@@ -291,14 +291,11 @@ func TestKeygenDocsMatchFlags(t *testing.T) {
 
 	// The section's example gives every flag; without each required one
 	// it is refused, without any other accepted.
-	lines, numbers := s.Text()
 	var example []string
 	where := ""
-	for i, l := range lines {
-		for _, c := range mdtable.CodeSpans(l) {
-			if args, ok := keygenArgs(c); ok && example == nil && len(argFlags(args)) == len(flags) {
-				example, where = args, s.Where(numbers[i])
-			}
+	for _, c := range s.Spans() {
+		if args, ok := keygenArgs(c.Text); ok && example == nil && len(argFlags(args)) == len(flags) {
+			example, where = args, c.Where
 		}
 	}
 	if example == nil {
@@ -324,31 +321,25 @@ func TestKeygenDocsMatchFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type commandLine struct{ where, cmd string }
-	var cmds []commandLine
+	var cmds []mdtable.Span
 	for _, name := range append([]string{filepath.Join(root, "README.md")}, docs...) {
 		rel, _ := filepath.Rel(root, name)
 		d, err := mdtable.Read(filepath.ToSlash(rel))
 		if err != nil {
 			t.Fatal(err)
 		}
-		lines, numbers := d.All().Text()
-		for i, l := range lines {
-			for _, c := range mdtable.CodeSpans(l) {
-				cmds = append(cmds, commandLine{d.All().Where(numbers[i]), c})
-			}
-		}
+		cmds = append(cmds, d.All().Spans()...)
 	}
 	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range regexp.MustCompile(`"(ledgerd keygen[^"]*)"`).FindAllStringSubmatch(f.Doc.Text(), -1) {
-		cmds = append(cmds, commandLine{"cmd/ledgerd/main.go's package comment", m[1]})
+		cmds = append(cmds, mdtable.Span{Text: m[1], Where: "cmd/ledgerd/main.go's package comment"})
 	}
 	found := 0
 	for _, c := range cmds {
-		args, ok := keygenArgs(c.cmd)
+		args, ok := keygenArgs(c.Text)
 		if !ok || len(args) == 0 {
 			continue
 		}
@@ -356,12 +347,12 @@ func TestKeygenDocsMatchFlags(t *testing.T) {
 		unknown := false
 		for _, name := range argFlags(args) {
 			if _, ok := flags[name]; !ok && name != "h" && name != "help" { // -h: the flag package's own
-				t.Errorf("%s: `%s` gives --%s, which ledgerd keygen does not have", c.where, c.cmd, name)
+				t.Errorf("%s: `%s` gives --%s, which ledgerd keygen does not have", c.Where, c.Text, name)
 				unknown = true
 			}
 		}
 		if err := keygen(args, io.Discard, io.Discard); err != nil && !unknown {
-			t.Errorf("%s: `%s` is refused: %v", c.where, c.cmd, err)
+			t.Errorf("%s: `%s` is refused: %v", c.Where, c.Text, err)
 		}
 	}
 	if found == 0 {

@@ -162,6 +162,27 @@ func (s Section) Text() (lines []string, numbers []int) {
 	return lines, numbers
 }
 
+// Span is a code span of a document's text, and where it is.
+type Span struct {
+	// Text is the span's content, without its backticks.
+	Text string
+	// Where names its line, as Where does.
+	Where string
+}
+
+// Spans returns the code spans of the section's text outside fenced code
+// blocks, in order.
+func (s Section) Spans() []Span {
+	var spans []Span
+	lines, numbers := s.Text()
+	for i, l := range lines {
+		for _, c := range CodeSpans(l) {
+			spans = append(spans, Span{Text: c, Where: s.Where(numbers[i])})
+		}
+	}
+	return spans
+}
+
 // CodeBlock is a fenced code block.
 type CodeBlock struct {
 	// Info is the first word after the opening fence ("yaml" for ```yaml).

@@ -68,16 +68,13 @@ func TestDocsNameExistingTests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lines, numbers := d.All().Text()
-		for i, l := range lines {
-			for _, c := range mdtable.CodeSpans(l) {
-				if !testName.MatchString(c) {
-					continue
-				}
-				named++
-				if !defined[c] {
-					t.Errorf("%s: names %s, which no _test.go file defines", d.All().Where(numbers[i]), c)
-				}
+		for _, c := range d.All().Spans() {
+			if !testName.MatchString(c.Text) {
+				continue
+			}
+			named++
+			if !defined[c.Text] {
+				t.Errorf("%s: names %s, which no _test.go file defines", c.Where, c.Text)
 			}
 		}
 	}
