@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -44,9 +46,10 @@ func (c Class) String() string {
 }
 
 type classified struct {
-	class Class
-	code  string
-	err   error
+	class   Class
+	code    string
+	message string
+	err     error
 }
 
 func (c *classified) Error() string { return c.err.Error() }
@@ -65,6 +68,13 @@ func MarkAmbiguous(err error) error { return &classified{class: Ambiguous, err: 
 // character, or not valid UTF-8).
 func MarkFinal(code string, err error) error {
 	return &classified{class: Final, code: code, err: err}
+}
+
+// MarkFinalMessage is MarkFinal that also records message as the failure's
+// message (cut to the ledger's 1 KiB), which a replay returns. The message
+// is stored in the record: never put parameters or secrets in it.
+func MarkFinalMessage(code, message string, err error) error {
+	return &classified{class: Final, code: code, message: message, err: err}
 }
 
 // ClassOf returns the class of an attempt's error: the one it was marked
@@ -98,6 +108,27 @@ func failureCode(err error) string {
 	}
 	return defaultFailureCode
 }
+
+// failureMessage is the message recorded for a final failure: valid UTF-8,
+// at most maxFailureMessage bytes.
+func failureMessage(err error) string {
+	var c *classified
+	if !errors.As(err, &c) {
+		return ""
+	}
+	m := strings.ToValidUTF8(c.message, "\uFFFD")
+	if len(m) <= maxFailureMessage {
+		return m
+	}
+	cut := maxFailureMessage
+	for cut > 0 && !utf8.RuneStart(m[cut]) {
+		cut--
+	}
+	return m[:cut]
+}
+
+// maxFailureMessage is the ledger's limit on a failure message, in bytes.
+const maxFailureMessage = 1024
 
 // defaultFailureCode is the failure code of a final failure whose error
 // carries none (or one the ledger refuses).

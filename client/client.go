@@ -78,7 +78,7 @@ type Client struct {
 	reportTimeout time.Duration
 	dialOptions   []grpc.DialOption
 	transport     credentials.TransportCredentials
-	hasAPIKey     bool
+	key           apiKey
 }
 
 // Option configures a Client.
@@ -131,16 +131,15 @@ func WithTLS(cfg *tls.Config) Option {
 }
 
 // WithAPIKey sends key ("<id>.<secret>", from "ledgerd keygen") with every
-// call as "authorization: Bearer <key>". Over a connection without TLS the
-// key is only sent to a loopback address or a Unix socket ("unix:PATH",
-// "unix-abstract:NAME"): the target must name one, and the connection must
-// reach one, whatever the name resolved to or a dialer did; elsewhere the
-// call fails instead of exposing the key.
+// call as "authorization: Bearer <key>", on the connection Dial makes or the
+// one given to New (several Clients may share one connection, each with its
+// own key). Over a connection without TLS the key is only sent to a
+// loopback address or a Unix socket ("unix:PATH", "unix-abstract:NAME"): the
+// target must name one, and the connection must reach one, whatever the name
+// resolved to or a dialer did; elsewhere the call fails instead of exposing
+// the key.
 func WithAPIKey(key string) Option {
-	return func(c *Client) {
-		c.hasAPIKey = true
-		c.dialOptions = append(c.dialOptions, grpc.WithPerRPCCredentials(apiKey(key)))
-	}
+	return func(c *Client) { c.key = apiKey(key) }
 }
 
 // ErrInsecureAPIKey: Dial was asked to send an API key without TLS to an
@@ -230,10 +229,32 @@ func peerName(a net.Addr) string {
 // loopback ledgerd; GetRequestMetadata guards everything else.
 func (apiKey) RequireTransportSecurity() bool { return false }
 
+// keyedConn sends an API key with every call on a shared connection.
+type keyedConn struct {
+	cc  grpc.ClientConnInterface
+	key apiKey
+}
+
+func (k keyedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return k.cc.Invoke(ctx, method, args, reply, append(opts, grpc.PerRPCCredentials(k.key))...)
+}
+
+func (k keyedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return k.cc.NewStream(ctx, desc, method, append(opts, grpc.PerRPCCredentials(k.key))...)
+}
+
 // New returns a Client on an existing connection.
 func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
+	c := newClient(opts)
+	if cc != nil && c.key != "" {
+		cc = keyedConn{cc: cc, key: c.key}
+	}
+	c.rpc = ledgerv1.NewLedgerServiceClient(cc)
+	return c
+}
+
+func newClient(opts []Option) *Client {
 	c := &Client{
-		rpc:           ledgerv1.NewLedgerServiceClient(cc),
 		tools:         map[string]ToolPolicy{},
 		reconcilers:   map[string]Reconciler{},
 		defaultTool:   DefaultToolPolicy,
@@ -252,15 +273,19 @@ func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 // on the first call. With WithAPIKey and without WithTLS it refuses a target
 // that is neither loopback nor a Unix socket (ErrInsecureAPIKey).
 func Dial(target string, opts ...Option) (*Client, error) {
-	c := New(nil, opts...)
+	c := newClient(opts)
 	transport := c.transport
 	if transport == nil {
-		if c.hasAPIKey && !loopbackTarget(target) {
+		if c.key != "" && !loopbackTarget(target) {
 			return nil, ErrInsecureAPIKey
 		}
 		transport = insecure.NewCredentials()
 	}
-	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(transport)}, c.dialOptions...)...)
+	dialOpts := append([]grpc.DialOption{grpc.WithTransportCredentials(transport)}, c.dialOptions...)
+	if c.key != "" {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(c.key))
+	}
+	conn, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/opledger/ledger/client"
@@ -102,6 +103,8 @@ func (d *destination) fn(ctx context.Context, a client.Attempt) (client.Result, 
 		return client.Result{}, errTimeout
 	case "declined":
 		return client.Result{}, client.MarkFinal("declined", errors.New("card declined"))
+	case "declined-message":
+		return client.Result{}, client.MarkFinalMessage("declined", "card declined: "+strings.Repeat("é", 600), errors.New("card declined"))
 	}
 	d.total++
 	rid := fmt.Sprintf("R-%d", d.total)
@@ -404,20 +407,31 @@ func TestDoRetriesRetryableFailures(t *testing.T) {
 	})
 }
 
+// TestDoFinalFailure: a final failure is recorded with its code, and with
+// the message MarkFinalMessage gives (cut to 1 KiB on a rune boundary);
+// the next Do replays both and does not run fn.
 func TestDoFinalFailure(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		d := newDestination("declined")
-		op := e.op("charge", "payments.charge", map[string]any{"amount": 1})
-		_, err := e.c.Do(e.ctx, op, d.fn)
-		var fe *client.FailedError
-		if !errors.Is(err, client.ErrOperationFailed) || !errors.As(err, &fe) || fe.Code != "declined" || fe.Replayed {
-			t.Fatalf("Do = %v", err)
-		}
-		_, err = e.c.Do(e.ctx, op, d.fn)
-		if !errors.As(err, &fe) || !fe.Replayed || fe.Code != "declined" || d.calls.Load() != 1 {
-			t.Fatalf("replayed Do = %v (fn called %d times)", err, d.calls.Load())
-		}
-	})
+	long := "card declined: " + strings.Repeat("é", 600)
+	for _, tc := range []struct{ fault, message string }{
+		{"declined", ""},
+		{"declined-message", long[:1023]},
+	} {
+		t.Run(tc.fault, func(t *testing.T) {
+			eachBackend(t, func(t *testing.T, e *env) {
+				d := newDestination(tc.fault)
+				op := e.op("charge", "payments.charge", map[string]any{"amount": 1})
+				_, err := e.c.Do(e.ctx, op, d.fn)
+				var fe *client.FailedError
+				if !errors.Is(err, client.ErrOperationFailed) || !errors.As(err, &fe) || fe.Code != "declined" || fe.Message != tc.message || fe.Replayed {
+					t.Fatalf("Do = %v", err)
+				}
+				_, err = e.c.Do(e.ctx, op, d.fn)
+				if !errors.As(err, &fe) || !fe.Replayed || fe.Code != "declined" || fe.Message != tc.message || d.calls.Load() != 1 {
+					t.Fatalf("replayed Do = %v (fn called %d times)", err, d.calls.Load())
+				}
+			})
+		})
+	}
 }
 
 func TestDoRetriesAmbiguousIdempotentTools(t *testing.T) {
@@ -688,6 +702,45 @@ func TestAPIKeys(t *testing.T) {
 	}
 	if _, err := c.Reconcile(context.Background(), op.ID, client.Finding{Kind: client.Applied}); !errors.Is(err, client.ErrPermissionDenied) {
 		t.Fatalf("Reconcile with an agent key = %v", err)
+	}
+}
+
+// TestAPIKeysOnASharedConnection: Clients made by New on one connection,
+// each WithAPIKey of its own tenant, act as their own tenant: the same
+// operation id runs once in each, and a Client without a key is refused.
+func TestAPIKeysOnASharedConnection(t *testing.T) {
+	var lines []string
+	keys := map[string]string{}
+	for _, tenant := range []string{"acme", "globex"} {
+		key, hash, err := server.NewAPIKey(tenant + "-agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[tenant] = key
+		lines = append(lines, "  - {id: "+tenant+"-agent, tenant: "+tenant+", scopes: [agent], secret_sha256: "+hash+"}")
+	}
+	creds, err := server.ParseCredentials([]byte("keys:\n" + strings.Join(lines, "\n") + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Credentials: creds})
+	conn, err := grpc.NewClient(st.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	op := client.Op{ID: "shared-" + client.NewHolder(), Tool: "payments.refund", PermitID: "p"}
+	d := newDestination()
+	for _, tenant := range []string{"acme", "globex", "acme"} {
+		if _, err := client.New(conn, fast, client.WithAPIKey(keys[tenant])).Do(context.Background(), op, d.fn); err != nil {
+			t.Fatalf("%s: Do = %v", tenant, err)
+		}
+	}
+	if n := d.count(op.ID); n != 2 {
+		t.Fatalf("the effect was applied %d times, want once per tenant", n)
+	}
+	if _, err := client.New(conn, fast).Do(context.Background(), op, d.fn); !errors.Is(err, client.ErrUnauthenticated) || d.count(op.ID) != 2 {
+		t.Fatalf("Do without a key on the shared connection = %v", err)
 	}
 }
 

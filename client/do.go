@@ -451,23 +451,23 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 // holds the operation (a stale token, or another outcome already recorded):
 // the operation's outcome is then the ledger's, not this attempt's.
 func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error {
-	code := failureCode(ferr)
-	fail := func(code string) error {
+	f := Failure{Code: failureCode(ferr), Message: failureMessage(ferr)}
+	fail := func(f Failure) error {
 		return c.report(ctx, func(ctx context.Context) error {
-			_, err := c.Fail(ctx, o.ID, o.FencingToken, true, Failure{Code: code})
+			_, err := c.Fail(ctx, o.ID, o.FencingToken, true, f)
 			return err
 		})
 	}
-	if !utf8.ValidString(code) {
-		code = defaultFailureCode // the request could not even be encoded
+	if !utf8.ValidString(f.Code) {
+		f.Code = defaultFailureCode // the request could not even be encoded
 	}
-	err := fail(code)
-	if errors.Is(err, ErrInvalidArgument) && code != defaultFailureCode {
+	err := fail(f)
+	if errors.Is(err, ErrInvalidArgument) && (f.Code != defaultFailureCode || f.Message != "") {
 		// The ledger refuses the code (too long, a control character):
 		// the attempt still failed for good, under the default code,
 		// rather than leave the claim to expire into UNKNOWN.
-		code = defaultFailureCode
-		err = fail(code)
+		f = Failure{Code: defaultFailureCode}
+		err = fail(f)
 	}
 	if errors.Is(err, ErrStaleToken) || errors.Is(err, ErrCompletionConflict) {
 		return errClaimGone
@@ -475,7 +475,7 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 	if err != nil {
 		ferr = fmt.Errorf("%w (the ledger did not record it: %w)", ferr, err)
 	}
-	return &FailedError{Code: code, Reason: "FAILED_FINAL", Err: ferr}
+	return &FailedError{Code: f.Code, Message: f.Message, Reason: "FAILED_FINAL", Err: ferr}
 }
 
 // unanswered says whether a ledger call's err leaves open that the ledger
