@@ -87,6 +87,10 @@ func (p *Policies) For(tenant, tool string) Policy {
 	return p.defaults
 }
 
+// MatchGlob reports whether s matches the glob pattern as a policy rule's
+// match does: '*' matches any run of characters, '?' any one character.
+func MatchGlob(pattern, s string) bool { return match(pattern, s) }
+
 // match reports whether s matches the glob pattern: '*' matches any run of
 // characters ('/' and '.' included), '?' any one character, and every other
 // character itself.

@@ -16,41 +16,60 @@ import (
 // raceEnabled is set when this binary is built with -race (race.go).
 var raceEnabled bool
 
-var (
-	buildOnce  sync.Once
-	ledgerdBin string
-	buildErr   error
-)
-
 // LedgerdBinary builds cmd/ledgerd into dir once per test binary and returns
 // its path: with -race when the tests run with it, so the build cache is
 // shared with the rest of the suite and ledgerd reports its own races.
 func LedgerdBinary(tb testing.TB, dir string) string {
 	tb.Helper()
-	buildOnce.Do(func() {
+	return ledgerd.path(tb, dir)
+}
+
+// LedgermcpBinary builds cmd/ledgermcp into dir once per test binary, as
+// LedgerdBinary builds ledgerd, and returns its path.
+func LedgermcpBinary(tb testing.TB, dir string) string {
+	tb.Helper()
+	return ledgermcp.path(tb, dir)
+}
+
+var (
+	ledgerd   = &binary{name: "ledgerd"}
+	ledgermcp = &binary{name: "ledgermcp"}
+)
+
+// binary is a command of the module, built once per test binary.
+type binary struct {
+	name string
+	once sync.Once
+	bin  string
+	err  error
+}
+
+func (b *binary) path(tb testing.TB, dir string) string {
+	tb.Helper()
+	b.once.Do(func() {
 		out, _, err := run(buildTimeout, "", "go", "env", "GOMOD")
 		mod := strings.TrimSpace(string(out))
 		if err != nil || mod == "" || mod == os.DevNull {
-			buildErr = fmt.Errorf("go env GOMOD: not in the module (%v)", err)
+			b.err = fmt.Errorf("go env GOMOD: not in the module (%v)", err)
 			return
 		}
-		ledgerdBin = filepath.Join(dir, "ledgerd")
+		b.bin = filepath.Join(dir, b.name)
 		args := []string{"build"}
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		args = append(args, "-o", ledgerdBin, "./cmd/ledgerd")
+		args = append(args, "-o", b.bin, "./cmd/"+b.name)
 		if out, errOut, err := run(buildTimeout, filepath.Dir(mod), "go", args...); err != nil {
-			buildErr = fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
+			b.err = fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
 		}
 	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
+	if b.err != nil {
+		tb.Fatal(b.err)
 	}
-	return ledgerdBin
+	return b.bin
 }
 
-// buildTimeout bounds each go command LedgerdBinary runs. It is generous
+// buildTimeout bounds each go command LedgerdBinary and LedgermcpBinary run. It is generous
 // (a cold build with -race on a loaded machine), yet well within the test
 // timeout of make test: a command that does not end fails the tests that
 // need ledgerd, saying so, rather than hold them until the test binary is

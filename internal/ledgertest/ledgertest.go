@@ -41,6 +41,9 @@ type Options struct {
 	// Rate and Burst bound each tenant's calls (server.Config; 0: no limit).
 	Rate  float64
 	Burst int
+	// Prefix is the first segment of the ledger's keys (ledger.Options):
+	// a ledger of its own on a shared Redis.
+	Prefix string
 }
 
 // Start runs a ledger service on rdb until the test ends.
@@ -60,7 +63,7 @@ func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
 	if o.SweepInterval <= 0 {
 		o.SweepInterval = 50 * time.Millisecond
 	}
-	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log})
+	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log, Prefix: o.Prefix})
 	if err != nil {
 		tb.Fatal(err)
 	}

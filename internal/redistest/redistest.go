@@ -240,6 +240,10 @@ func Main(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
+// Run is Main that returns the exit status instead, for a TestMain with
+// more to clean up.
+func Run(m *testing.M) int { return runMain(m) }
+
 func runMain(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
