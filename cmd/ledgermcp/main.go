@@ -1,0 +1,126 @@
+// Command ledgermcp is the MCP gateway: it serves the tools of the MCP
+// servers its configuration names, and runs every call through the
+// operation ledger, so that an agent's retries never apply an effect twice.
+//
+//	ledgermcp --config gateway.yaml              # MCP over stdin and stdout
+//	ledgermcp --config gateway.yaml --http ADDR  # MCP over Streamable HTTP
+//
+// It logs to stderr. docs/mcp.md describes the configuration and what the
+// gateway promises. Exit status: 0 when the session or the server ended,
+// 1 when it could not start or failed, 2 on bad usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/mcpgateway"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--log-level LEVEL]
+
+Serve the tools of the MCP servers FILE names, over stdio (or Streamable
+HTTP with --http), running every call through the operation ledger.
+docs/mcp.md describes FILE.
+
+`
+
+// run runs the gateway and returns its exit status.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("ledgermcp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", os.Getenv("LEDGERMCP_CONFIG"), "the configuration file (env LEDGERMCP_CONFIG)")
+	listen := fs.String("http", "", "serve Streamable HTTP on this HOST:PORT instead of stdio (the file's http.listen otherwise)")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var lvl slog.Level
+	switch {
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "ledgermcp: unexpected arguments: %v\n", fs.Args())
+		return 2
+	case *config == "":
+		fmt.Fprintln(stderr, "ledgermcp: --config FILE is required")
+		return 2
+	case lvl.UnmarshalText([]byte(*level)) != nil:
+		fmt.Fprintf(stderr, "ledgermcp: --log-level %q: want debug, info, warn or error\n", *level)
+		return 2
+	}
+	cfg, err := mcpgateway.LoadConfig(*config)
+	if err == nil && *listen != "" {
+		cfg.HTTP.Listen = *listen
+		err = mcpgateway.CheckHTTP(cfg)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "ledgermcp:", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("ledgermcp stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// serve runs the gateway until its session ends (stdio) or ctx does.
+func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error {
+	g, err := mcpgateway.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	g.Start(ctx, 15*time.Second)
+	if cfg.HTTP.Listen == "" {
+		log.Info("serving MCP over stdio", "ledger", cfg.Ledger.Address)
+		return g.Serve(ctx, &mcp.StdioTransport{})
+	}
+	lis, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("ledgermcp serving", "listen", lis.Addr().String(), "path", cfg.HTTP.Path, "ledger", cfg.Ledger.Address)
+	if t := cfg.HTTP.TLS; t != nil {
+		err = srv.ServeTLS(lis, t.CertFile, t.KeyFile)
+	} else {
+		err = srv.Serve(lis)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

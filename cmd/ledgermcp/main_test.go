@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/mcpgateway"
+	"github.com/opledger/ledger/mcpgateway/mcptest"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	mcptest.ServeStdioIfAsked()
+	dir, err := os.MkdirTemp("", "ledgermcp-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := redistest.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// TestUsage: bad usage exits 2 with a line saying what is wrong; -h
+// exits 0.
+func TestUsage(t *testing.T) {
+	good := writeConfig(t, "upstreams:\n  - {name: t, command: [x]}\n")
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"-h"}, 0, "usage: ledgermcp --config FILE"},
+		{nil, 2, "--config FILE is required"},
+		{[]string{"--config", good, "stray"}, 2, "unexpected arguments"},
+		{[]string{"--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"--config", good, "--log-level", "loud"}, 2, "--log-level"},
+		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, 2, "no such file"},
+		{[]string{"--config", writeConfig(t, "upstreams: []\n")}, 2, "at least one is needed"},
+		{[]string{"--config", good, "--http", "0.0.0.0:8931"}, 2, "need tls"},
+	} {
+		var stderr bytes.Buffer
+		if code := run(context.Background(), tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.says) {
+			t.Errorf("ledgermcp %q = %d, %q; want %d saying %q", tc.args, code, stderr.String(), tc.code, tc.says)
+		}
+	}
+}
+
+func writeConfig(t *testing.T, doc string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// ledger starts a ledger service for the test, with a 1s lease.
+func ledger(t *testing.T) *ledgertest.Stack {
+	return ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{
+		Policy: "tools:\n  - match: \"*\"\n    lease: 1s\n", Prefix: "mcp-" + client.NewHolder()[2:14]})
+}
+
+// TestStdio: an MCP client starts the ledgermcp binary as its stdio
+// server, as a desktop agent does; the gateway starts its own stdio
+// upstream. One operation sent twice is applied once; a read-only tool
+// is forwarded each time.
+func TestStdio(t *testing.T) {
+	st := ledger(t)
+	up := mcptest.New(t.TempDir())
+	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nupstreams:\n  - name: tickets\n    command: [%q]\n    env: {%s: %q}\n",
+		st.Addr, os.Args[0], mcptest.StdioEnv, up.Dir))
+	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg)
+	cmd.Stderr = &ledgertest.Buffer{}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: "stdio-" + client.NewHolder()}
+	var tickets []string
+	for range 2 {
+		res := callTool(t, cs, "tickets_create_ticket", meta)
+		tickets = append(tickets, ticket(res))
+		callTool(t, cs, "tickets_search_tickets", nil)
+	}
+	if up.Count("create_ticket") != 1 || tickets[0] != "T-1" || tickets[1] != "T-1" || up.Calls("search_tickets") != 2 {
+		t.Fatalf("tickets %v, %d effects, %d searches; want T-1 twice from one effect, two searches", tickets, up.Count("create_ticket"), up.Calls("search_tickets"))
+	}
+}
+
+func callTool(t *testing.T, cs *mcp.ClientSession, name string, meta mcp.Meta) *mcp.CallToolResult {
+	t.Helper()
+	res, err := callErr(cs, name, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// callErr calls name with a copy of meta, which the SDK writes to.
+func callErr(cs *mcp.ClientSession, name string, meta mcp.Meta) (*mcp.CallToolResult, error) {
+	m := mcp.Meta{}
+	for k, v := range meta {
+		m[k] = v
+	}
+	return cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: map[string]any{"title": "Printer on fire"}, Meta: m})
+}
+
+func ticket(res *mcp.CallToolResult) string {
+	m, _ := res.StructuredContent.(map[string]any)
+	s, _ := m["id"].(string)
+	return s
+}
+
+func outcome(res *mcp.CallToolResult) string {
+	m, _ := res.Meta[mcpgateway.MetaLedger].(map[string]any)
+	s, _ := m["outcome"].(string)
+	return s
+}
+
+// TestKilledMidCall: the gateway is killed (SIGKILL) while the upstream,
+// which applied the effect, has not answered yet. The operation's lease
+// ends and it is UNKNOWN; the restarted gateway's probe finds the effect,
+// and the next call gets the original result, applied once. Without a
+// probe the operation stays UNKNOWN, and the next call says so.
+func TestKilledMidCall(t *testing.T) {
+	for _, probe := range []bool{true, false} {
+		t.Run(fmt.Sprintf("probe=%v", probe), func(t *testing.T) {
+			t.Parallel()
+			st := ledger(t)
+			up := mcptest.New(t.TempDir())
+			srv := httptest.NewServer(up.Handler())
+			t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() }) // after the gateways stop
+			rules := ""
+			if probe {
+				rules = "\n    tools:\n      - {match: create_ticket, probe: {tool: find_ticket, not_found_after: 1s}}"
+			}
+			cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nhttp: {anonymous: true}\nreconcile: {interval: 200ms}\nupstreams:\n  - name: tickets\n    url: %s%s\n",
+				st.Addr, srv.URL, rules))
+			k := "killed-" + client.NewHolder()
+			meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}
+
+			kill, url := startHTTP(t, cfg)
+			cs := dialHTTP(t, url)
+			up.Fault("create_ticket", "drop")
+			go func() { _, _ = callErr(cs, "tickets_create_ticket", meta) }()
+			for deadline := time.Now().Add(10 * time.Second); up.Count("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the upstream never applied the effect")
+				}
+			}
+			kill(syscall.SIGKILL)
+
+			lc, err := client.Dial(st.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lc.Close()
+			waitState(t, lc, k, client.StateUnknown)
+			_, url = startHTTP(t, cfg)
+			want := client.StateUnknown
+			if probe {
+				want = client.StateSucceeded
+			}
+			waitState(t, lc, k, want)
+			if !probe {
+				time.Sleep(time.Second) // a few background passes
+				if o, err := lc.Lookup(context.Background(), k); err != nil || o.State != client.StateUnknown {
+					t.Fatalf("without a probe: %+v, %v; want UNKNOWN", o, err)
+				}
+			}
+			res := callTool(t, dialHTTP(t, url), "tickets_create_ticket", meta)
+			switch {
+			case probe && (res.IsError || ticket(res) != "T-1" || outcome(res) != "replayed"):
+				t.Fatalf("the call after the restart = %+v, want the replay of T-1", res)
+			case !probe && (!res.IsError || outcome(res) != "unknown"):
+				t.Fatalf("the call after the restart = %+v, want unknown", res)
+			}
+			if n := up.Count("create_ticket"); n != 1 {
+				t.Fatalf("%d effects, want 1", n)
+			}
+		})
+	}
+}
+
+// startHTTP runs the ledgermcp binary on a free loopback port, stopped
+// when the test ends, and returns a function that signals it and waits for
+// it to exit, and its endpoint.
+func startHTTP(t *testing.T, cfg string) (func(os.Signal), string) {
+	t.Helper()
+	log := &ledgertest.Buffer{}
+	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg, "--http", "127.0.0.1:0")
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func(sig os.Signal) {
+		_ = cmd.Process.Signal(sig)
+		<-exited
+	}
+	t.Cleanup(func() { stop(syscall.SIGTERM) })
+	addr, err := ledgertest.ListenAddr(log.String, "ledgermcp serving", exited, 20*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	return stop, "http://" + addr + "/mcp"
+}
+
+func dialHTTP(t *testing.T, url string) *mcp.ClientSession {
+	t.Helper()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: http.DefaultClient}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func waitState(t *testing.T, lc *client.Client, id string, want client.State) *client.Operation {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		o, err := lc.Lookup(context.Background(), id)
+		if err == nil && o.State == want {
+			return o
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("operation %s = %+v, %v; want %v", id, o, err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,63 @@
+package mcpgateway_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/mcpgateway"
+)
+
+// TestTenantsAreIsolated (S8 through the gateway): two tenants call one
+// gateway over Streamable HTTP with their own API keys. Each is its own
+// tenant: the same operation id runs once per tenant and replays within
+// it, and neither sees the other's record. A request without a key, or
+// with one the ledger does not take, is refused; stdio callers act under
+// the gateway's own key.
+func TestTenantsAreIsolated(t *testing.T) {
+	creds, keys := apiKeys(t, "acme", "globex", "initech")
+	r := newRig(t, rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": keys["initech"]}})
+	k := key(t, "shared-id")
+	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}
+	tickets := map[string]string{}
+	for _, tenant := range []string{"acme", "globex", "acme", "globex"} {
+		a := call(t, r.http(keys[tenant], clientOptions{}), "tickets_create_ticket", ticketArgs, meta)
+		if a.isError {
+			t.Fatalf("%s: %v", tenant, a)
+		}
+		if prev, ok := tickets[tenant]; ok && (a.ticket != prev || a.outcome() != "replayed") {
+			t.Fatalf("%s's repeat = %v, want the replay of %s", tenant, a, prev)
+		}
+		tickets[tenant] = a.ticket
+	}
+	if tickets["acme"] == tickets["globex"] || r.up.Count("create_ticket") != 2 {
+		t.Fatalf("tickets %v, %d effects: want one per tenant", tickets, r.up.Count("create_ticket"))
+	}
+	for tenant, ticket := range tickets {
+		o, err := r.ledgerClient(keys[tenant]).Lookup(context.Background(), k)
+		if err != nil || o.Result == nil || !strings.Contains(jsonString(o.Result.Data), ticket) {
+			t.Errorf("%s's record = %+v, %v; want its own ticket %s", tenant, o, err, ticket)
+		}
+	}
+	if _, err := r.ledgerClient(keys["initech"]).Lookup(context.Background(), k); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("a third tenant's lookup = %v, want NOT_FOUND", err)
+	}
+
+	for name, bad := range map[string]string{"no key": "", "unknown key": "acme-agent.notthesecret", "not a key": "garbage"} {
+		if _, err := r.dialHTTP(bad, clientOptions{}); err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+			t.Errorf("%s: connect = %v, want 401 Unauthorized", name, err)
+		}
+	}
+
+	a := call(t, r.stdio(clientOptions{}), "tickets_create_ticket", ticketArgs, meta)
+	if a.isError || a.outcome() != "executed" || r.up.Count("create_ticket") != 3 {
+		t.Fatalf("a stdio call under the gateway's key = %v, want a third tenant's effect", a)
+	}
+	if _, err := r.ledgerClient(keys["initech"]).Lookup(context.Background(), k); err != nil {
+		t.Fatalf("the gateway's tenant has no record: %v", err)
+	}
+}

@@ -1,0 +1,278 @@
+package mcpgateway_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/mcpgateway"
+)
+
+// createRules: create_ticket gives up after 1s and is reconciled by
+// find_ticket.
+const createRules = `
+- match: create_ticket
+  timeout: 1s
+  probe: {tool: find_ticket, not_found_after: 1s}
+`
+
+var ticketArgs = map[string]any{"title": "Printer on fire", "priority": 2}
+
+// TestRepeatedCallsApplyOnce (S9 through the gateway): an MCP client sends
+// one create_ticket call 5 times, the first 2 at once, over stdio and over
+// Streamable HTTP, with an operation id in _meta and without one (the
+// session mode), while the upstream answers, loses its answer after the
+// effect, or dies after it: the upstream applies the effect once, and
+// every answer carries that ticket.
+func TestRepeatedCallsApplyOnce(t *testing.T) {
+	for _, downstream := range []string{"stdio", "http"} {
+		for _, keyed := range []bool{true, false} {
+			for _, fault := range []string{"none", "drop", "kill"} {
+				t.Run(fmt.Sprintf("%s/keyed=%v/%s", downstream, keyed, fault), func(t *testing.T) {
+					t.Parallel()
+					r := newRig(t, rigOptions{rules: createRules})
+					if fault != "none" {
+						r.up.Fault("create_ticket", fault)
+					}
+					cs := r.session(downstream)
+					var meta mcp.Meta
+					if keyed {
+						meta = mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "ticket")}
+					}
+					answers := concurrently(2, func(int) answer { return call(t, cs, "tickets_create_ticket", ticketArgs, meta) })
+					for range 3 {
+						answers = append(answers, call(t, cs, "tickets_create_ticket", ticketArgs, meta))
+					}
+					if n := r.up.Count("create_ticket"); n != 1 {
+						t.Fatalf("the upstream applied the effect %d times, want once; answers %v", n, answers)
+					}
+					executed := 0
+					for i, a := range answers {
+						if a.isError || a.ticket != "T-1" || a.id() != answers[0].id() {
+							t.Errorf("answer %d = %v, want ticket T-1 under one operation id", i, a)
+						}
+						if a.outcome() == "executed" {
+							executed++
+						}
+					}
+					if want := map[string]int{"none": 1, "drop": 0, "kill": 0}[fault]; executed != want {
+						t.Errorf("%d answers say executed, want %d: %v", executed, want, answers)
+					}
+				})
+			}
+		}
+	}
+}
+
+// session connects a client to the rig's gateway over downstream: stdio
+// or http.
+func (r *rig) session(downstream string) *mcp.ClientSession {
+	if downstream == "stdio" {
+		return r.stdio(clientOptions{})
+	}
+	return r.http("", clientOptions{})
+}
+
+// TestKeyedCalls: under one key, changed arguments are refused and never
+// forwarded, and the refusal says what to do; a new key is a new effect.
+func TestKeyedCalls(t *testing.T) {
+	r := newRig(t, rigOptions{rules: createRules})
+	cs := r.stdio(clientOptions{})
+	k := key(t, "a")
+	first := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+	changed := call(t, cs, "tickets_create_ticket", map[string]any{"title": "Printer on fire", "priority": 1}, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+	if !changed.isError || changed.outcome() != "key_reused" || !strings.Contains(changed.text, "send its original arguments unchanged") || !strings.Contains(changed.text, "params") {
+		t.Fatalf("changed arguments under the key = %v, want key_reused telling what to do", changed)
+	}
+	if n := r.up.Calls("create_ticket"); n != 1 {
+		t.Fatalf("the upstream got %d calls, want 1: the changed request must not be forwarded", n)
+	}
+	own := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaOperationID: k})
+	if own.ticket != first.ticket || own.outcome() != "replayed" {
+		t.Fatalf("the same key under %s = %v, want the replay of %v", mcpgateway.MetaOperationID, own, first)
+	}
+	second := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "b")})
+	if second.isError || second.ticket != "T-2" || r.up.Count("create_ticket") != 2 {
+		t.Fatalf("a new key = %v (%d effects), want a second ticket", second, r.up.Count("create_ticket"))
+	}
+	for _, meta := range []mcp.Meta{
+		{mcpgateway.MetaIdempotencyKey: 7},
+		{mcpgateway.MetaIdempotencyKey: ""},
+		{mcpgateway.MetaIdempotencyKey: "a", mcpgateway.MetaOperationID: "b"},
+		{mcpgateway.MetaIdempotencyKey: strings.Repeat("x", 300)},
+	} {
+		a := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+		if !a.isError || a.outcome() != "invalid_request" {
+			t.Errorf("_meta %v = %v, want invalid_request", meta, a)
+		}
+	}
+	if n := r.up.Calls("create_ticket"); n != 2 {
+		t.Fatalf("the upstream got %d calls, want 2", n)
+	}
+}
+
+// TestSessionMode: without a key, the same call in one session is one
+// operation within the window and a new one after it; another session, or
+// other consequential arguments, is another operation; arguments the
+// policy leaves out do not count.
+func TestSessionMode(t *testing.T) {
+	r := newRig(t, rigOptions{rules: `
+- match: create_ticket
+  window: 1s
+  params: [/title]
+`})
+	cs := r.stdio(clientOptions{})
+	a := call(t, cs, "tickets_create_ticket", ticketArgs, nil)
+	b := call(t, cs, "tickets_create_ticket", map[string]any{"title": "Printer on fire", "priority": 5}, nil)
+	if b.ticket != a.ticket || b.outcome() != "replayed" {
+		t.Fatalf("a repeat with another priority (not consequential) = %v, want the replay of %v", b, a)
+	}
+	other := call(t, r.http("", clientOptions{}), "tickets_create_ticket", ticketArgs, nil)
+	if other.ticket == a.ticket || other.id() == a.id() {
+		t.Fatalf("the same call in another session = %v, want another operation than %v", other, a)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	late := call(t, cs, "tickets_create_ticket", ticketArgs, nil)
+	if late.outcome() != "executed" || late.id() == a.id() || !strings.HasSuffix(late.id(), ":2") {
+		t.Fatalf("a repeat after the window = %v, want a new operation (%s:2)", late, strings.TrimSuffix(a.id(), ":1"))
+	}
+	run := mcp.Meta{mcpgateway.MetaRunID: key(t, "run")}
+	x := call(t, cs, "tickets_create_ticket", ticketArgs, run)
+	y := call(t, r.http("", clientOptions{}), "tickets_create_ticket", ticketArgs, run)
+	if y.ticket != x.ticket || y.outcome() != "replayed" {
+		t.Fatalf("the same call under one run id in two sessions = %v then %v, want one operation", x, y)
+	}
+	if n := r.up.Count("create_ticket"); n != 4 {
+		t.Fatalf("%d effects, want 4", n)
+	}
+}
+
+// TestToolModes: a read-only tool is forwarded every time, unrecorded; a
+// tool whose rule says require refuses a call without a key, telling what
+// to send; an idempotent tool is recorded too.
+func TestToolModes(t *testing.T) {
+	r := newRig(t, rigOptions{rules: `
+- match: create_ticket
+  key: require
+`})
+	cs := r.stdio(clientOptions{})
+	for range 3 {
+		if a := call(t, cs, "tickets_search_tickets", map[string]any{"query": "printer"}, nil); a.isError || a.outcome() != "unrecorded" {
+			t.Fatalf("search = %v", a)
+		}
+	}
+	if n := r.up.Calls("search_tickets"); n != 3 {
+		t.Fatalf("the read-only tool was forwarded %d times, want 3", n)
+	}
+	a := call(t, cs, "tickets_create_ticket", ticketArgs, nil)
+	if !a.isError || a.outcome() != "key_required" || !strings.Contains(a.text, `"idempotencyKey"`) || r.up.Calls("create_ticket") != 0 {
+		t.Fatalf("create without a key under require = %v", a)
+	}
+	k := key(t, "status")
+	for range 2 {
+		if a := call(t, cs, "tickets_set_status", map[string]any{"id": "T-1", "status": "closed"}, mcp.Meta{mcpgateway.MetaIdempotencyKey: k}); a.isError {
+			t.Fatalf("set_status = %v", a)
+		}
+	}
+	if n := r.up.Count("set_status"); n != 1 {
+		t.Fatalf("set_status applied %d times, want once", n)
+	}
+	o, err := r.ledgerClient("").Lookup(context.Background(), k)
+	if err != nil || o.Effect != client.EffectIdempotent || o.State != client.StateSucceeded {
+		t.Fatalf("the record of set_status = %+v, %v: want an idempotent SUCCEEDED operation", o, err)
+	}
+}
+
+// TestUpstreamOutcomes: what each way a forward ends is recorded as, and
+// what the next call with the same key gets.
+func TestUpstreamOutcomes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		upstream  string
+		rules     string
+		fault     string
+		down      func(t *testing.T, r *rig)
+		outcome   string // of the first call
+		state     client.State
+		again     string // outcome of the second call
+		forwards  int    // calls the upstream got in all
+		effects   int
+		textHints []string
+	}{
+		{name: "error is final", fault: "error", outcome: "executed", state: client.StateFailedFinal, again: "replayed", forwards: 1,
+			textHints: []string{"priority must be 1 to 5"}},
+		{name: "error is retryable", rules: "- {match: create_ticket, errors: retryable}", fault: "error", outcome: "not_applied", state: client.StatePending, again: "executed", forwards: 2, effects: 1},
+		{name: "hang past the timeout", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1,
+			textHints: []string{"unknown", "do not change its arguments or key"}},
+		{name: "upstream not started", down: stopStdio, outcome: "not_applied", state: client.StatePending, again: "not_applied",
+			textHints: []string{"nothing was applied"}},
+		{name: "connection refused", upstream: "http", down: stopHTTP, outcome: "not_applied", state: client.StatePending, again: "not_applied"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{upstream: tc.upstream, rules: tc.rules})
+			if tc.fault != "" {
+				r.up.Fault("create_ticket", tc.fault)
+			}
+			cs := r.stdio(clientOptions{})
+			if tc.down != nil {
+				tc.down(t, r)
+			}
+			k := key(t, "op")
+			first := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+			if first.outcome() != tc.outcome || tc.outcome != "executed" && !first.isError {
+				t.Fatalf("first call = %v, want %s", first, tc.outcome)
+			}
+			for _, h := range tc.textHints {
+				if !strings.Contains(first.text, h) {
+					t.Errorf("first call's text %q does not say %q", first.text, h)
+				}
+			}
+			o, err := r.ledgerClient("").Lookup(context.Background(), k)
+			if err != nil || o.State != tc.state {
+				t.Fatalf("record = %+v, %v: want %v", o, err, tc.state)
+			}
+			second := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+			if second.outcome() != tc.again {
+				t.Fatalf("second call = %v, want %s", second, tc.again)
+			}
+			if tc.again == "replayed" && (second.text != first.text || second.isError != first.isError) {
+				t.Errorf("the replay %v differs from the first answer %v", second, first)
+			}
+			if n, m := r.up.Calls("create_ticket"), r.up.Count("create_ticket"); n != tc.forwards || m != tc.effects {
+				t.Fatalf("the upstream got %d calls and applied %d effects, want %d and %d", n, m, tc.forwards, tc.effects)
+			}
+		})
+	}
+}
+
+// stopStdio kills the stdio upstream and keeps it from starting again,
+// and waits for the gateway to see its session end.
+func stopStdio(t *testing.T, r *rig) {
+	r.up.Down()
+	if err := r.up.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	r.waitLog(t, "upstream session ended")
+}
+
+// stopHTTP stops the HTTP upstream: its port refuses connections.
+func stopHTTP(t *testing.T, r *rig) {
+	r.httpUpstream.CloseClientConnections()
+	r.httpUpstream.Close()
+}
+
+// waitLog waits until the gateway's log holds s.
+func (r *rig) waitLog(t *testing.T, s string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), s); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the gateway's log:\n%s", s, r.log.String())
+		}
+	}
+}

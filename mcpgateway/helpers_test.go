@@ -1,0 +1,321 @@
+package mcpgateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/mcpgateway"
+	"github.com/opledger/ledger/mcpgateway/mcptest"
+	"github.com/opledger/ledger/server"
+)
+
+func TestMain(m *testing.M) {
+	mcptest.ServeStdioIfAsked()
+	redistest.Main(m)
+}
+
+// ledgerPolicy gives the tools a short lease, so a lost claim shows soon.
+const ledgerPolicy = `
+tools:
+  - match: "*"
+    lease: 2s
+`
+
+// rig is a ledger on the shared redis-server, the fake upstream and a
+// gateway in front of it, stopped when the test ends.
+type rig struct {
+	t      *testing.T
+	up     *mcptest.Upstream
+	ledger *ledgertest.Stack
+	gw     *mcpgateway.Gateway
+	cfg    *mcpgateway.Config
+	url    string // the gateway's Streamable HTTP endpoint
+	log    *ledgertest.Buffer
+	server *mcp.Server // the fake's server, when it is served over HTTP
+	// httpUpstream serves it then.
+	httpUpstream *httptest.Server
+}
+
+type rigOptions struct {
+	// upstream is how the gateway reaches the fake: "stdio" (a command)
+	// or "http"; "stdio" when empty.
+	upstream string
+	// rules are the upstream's tool rules, as YAML list items.
+	rules string
+	// config is more YAML at the top level of the gateway's file.
+	config string
+	creds  *server.Credentials
+	// env is the gateway's environment; apiKeyEnv names its own key there.
+	env       map[string]string
+	apiKeyEnv string
+}
+
+func newRig(t *testing.T, o rigOptions) *rig {
+	t.Helper()
+	r := &rig{t: t, up: mcptest.New(t.TempDir()), log: &ledgertest.Buffer{}}
+	r.ledger = ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Policy: ledgerPolicy, Credentials: o.creds,
+		Prefix: "mcp-" + client.NewHolder()[2:14]}) // a ledger of its own: the gateways of other tests reconcile theirs
+	var up string
+	switch o.upstream {
+	case "", "stdio":
+		up = fmt.Sprintf("command: [%q]\n    env: {%s: %q}", os.Args[0], mcptest.StdioEnv, r.up.Dir)
+	case "http":
+		r.server = r.up.Server()
+		r.httpUpstream = httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return r.server }, nil))
+		t.Cleanup(r.httpUpstream.Close)
+		up = "url: " + r.httpUpstream.URL
+	}
+	if o.creds == nil && !strings.Contains(o.config, "http:") {
+		// A ledger without authentication: so is the gateway's listener.
+		o.config += "\nhttp: {anonymous: true}"
+	}
+	ledgerKey := ""
+	if o.apiKeyEnv != "" {
+		ledgerKey = "\n  api_key_env: " + o.apiKeyEnv
+	}
+	doc := fmt.Sprintf("ledger:\n  address: %s%s\n%s\nreconcile:\n  interval: 200ms\nupstreams:\n  - name: tickets\n    %s\n    tools:\n%s\n",
+		r.ledger.Addr, ledgerKey, o.config, up, indent(o.rules, "      "))
+	lookup := func(k string) (string, bool) { v, ok := o.env[k]; return v, ok }
+	cfg, err := mcpgateway.ParseConfig([]byte(doc), lookup)
+	if err != nil {
+		t.Fatalf("config:\n%s\n%v", doc, err)
+	}
+	r.cfg = cfg
+	r.gw, err = mcpgateway.New(cfg, slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.gw.Start(context.Background(), 20*time.Second)
+	t.Cleanup(func() { _ = r.gw.Close() })
+	hs := httptest.NewServer(r.gw.Handler())
+	t.Cleanup(hs.Close)
+	r.url = hs.URL + cfg.HTTP.Path
+	return r
+}
+
+func indent(s, by string) string {
+	if strings.TrimSpace(s) == "" {
+		return by + "[]"
+	}
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i := range lines {
+		lines[i] = by + lines[i]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// clientOptions let a test see what the gateway sends a client.
+type clientOptions struct {
+	toolsChanged chan struct{}
+	progress     chan float64
+}
+
+// stdio connects an MCP client to the gateway over a pair of pipes, the
+// stdio transport's framing.
+func (r *rig) stdio(o clientOptions) *mcp.ClientSession {
+	r.t.Helper()
+	cr, gw, err := os.Pipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	gr, cw, err := os.Pipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = r.gw.Serve(ctx, &mcp.IOTransport{Reader: gr, Writer: gw})
+	}()
+	cs, err := newClient(o).Connect(context.Background(), &mcp.IOTransport{Reader: cr, Writer: cw}, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		_ = cs.Close()
+		cancel()
+		<-served
+	})
+	return cs
+}
+
+// http connects an MCP client to the gateway over Streamable HTTP, with
+// key as its bearer token ("" for none).
+func (r *rig) http(key string, o clientOptions) *mcp.ClientSession {
+	r.t.Helper()
+	cs, err := r.dialHTTP(key, o)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func (r *rig) dialHTTP(key string, o clientOptions) (*mcp.ClientSession, error) {
+	hc := &http.Client{Transport: bearer{key: key, next: http.DefaultTransport}}
+	return newClient(o).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: r.url, HTTPClient: hc}, nil)
+}
+
+func newClient(o clientOptions) *mcp.Client {
+	opts := &mcp.ClientOptions{}
+	if o.toolsChanged != nil {
+		opts.ToolListChangedHandler = func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case o.toolsChanged <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if o.progress != nil {
+		opts.ProgressNotificationHandler = func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			o.progress <- req.Params.Progress
+		}
+	}
+	return mcp.NewClient(&mcp.Implementation{Name: "test-agent", Version: "1"}, opts)
+}
+
+type bearer struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	if b.key != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+b.key)
+	}
+	return b.next.RoundTrip(r)
+}
+
+// ledgerClient reads the ledger as the test's tenant (key "" for none).
+func (r *rig) ledgerClient(key string) *client.Client {
+	opts := []client.Option{}
+	if key != "" {
+		opts = append(opts, client.WithAPIKey(key))
+	}
+	c, err := client.Dial(r.ledger.Addr, opts...)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// answer is what a test reads of a call's answer.
+type answer struct {
+	isError bool
+	text    string
+	ticket  string // structuredContent.id
+	ledger  map[string]any
+}
+
+func (a answer) outcome() string { s, _ := a.ledger["outcome"].(string); return s }
+func (a answer) id() string      { s, _ := a.ledger["operationId"].(string); return s }
+
+func (a answer) String() string {
+	return fmt.Sprintf("{isError:%v outcome:%s id:%s ticket:%s text:%q}", a.isError, a.outcome(), a.id(), a.ticket, a.text)
+}
+
+// call calls a tool and reads its answer; a protocol error fails the test.
+func call(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, meta mcp.Meta) answer {
+	t.Helper()
+	res, err := callErr(cs, name, args, meta)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return res
+}
+
+func callErr(cs *mcp.ClientSession, name string, args map[string]any, meta mcp.Meta) (answer, error) {
+	var m mcp.Meta // the SDK writes to it
+	if meta != nil {
+		m = mcp.Meta{}
+		for k, v := range meta {
+			m[k] = v
+		}
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args, Meta: m})
+	if err != nil {
+		return answer{}, err
+	}
+	return read(res), nil
+}
+
+func read(res *mcp.CallToolResult) answer {
+	a := answer{isError: res.IsError}
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			a.text += tc.Text
+		}
+	}
+	if m, ok := res.StructuredContent.(map[string]any); ok {
+		a.ticket, _ = m["id"].(string)
+	}
+	a.ledger, _ = res.Meta[mcpgateway.MetaLedger].(map[string]any)
+	return a
+}
+
+// concurrently runs f n times at once and returns the answers in order.
+func concurrently(n int, f func(i int) answer) []answer {
+	out := make([]answer, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// key returns an operation id no other test uses.
+func key(t *testing.T, name string) string {
+	return t.Name() + ":" + name + ":" + client.NewHolder()[2:10]
+}
+
+// apiKeys makes credentials with an agent key for each tenant.
+func apiKeys(t *testing.T, tenants ...string) (*server.Credentials, map[string]string) {
+	t.Helper()
+	keys := map[string]string{}
+	var doc strings.Builder
+	doc.WriteString("keys:\n")
+	for _, tenant := range tenants {
+		k, hash, err := server.NewAPIKey(tenant + "-agent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[tenant] = k
+		fmt.Fprintf(&doc, "  - {id: %s-agent, tenant: %s, scopes: [reconciler], secret_sha256: %s}\n", tenant, tenant, hash)
+	}
+	creds, err := server.ParseCredentials([]byte(doc.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds, keys
+}
+
+// jsonString is v as JSON, for messages.
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+var _ = io.Discard

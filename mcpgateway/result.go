@@ -1,0 +1,174 @@
+package mcpgateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/ledger"
+)
+
+// recordLimit is the size of a recorded result, as JSON, beyond which
+// only a note that the call succeeded is recorded (the ledger's limit,
+// less room for escaping).
+const recordLimit = ledger.MaxResultDataLen - 4<<10
+
+// record returns what the ledger records of an upstream's result: the
+// CallToolResult as the gateway returns it (the SDK reads its numbers as
+// doubles), and the resource id the policy points at.
+func record(res *mcp.CallToolResult, resourceID string) client.Result {
+	out := client.Result{ResourceID: pointString(res.StructuredContent, resourceID)}
+	b, err := json.Marshal(res)
+	if err == nil && len(b) <= recordLimit {
+		err = json.Unmarshal(b, &out.Data)
+	}
+	if err != nil || len(b) > recordLimit {
+		out.Data = notKept(len(b))
+	}
+	return out
+}
+
+// notKept is recorded in place of a result over the ledger's size limit.
+func notKept(size int) map[string]any {
+	return map[string]any{"content": []any{map[string]any{
+		"type": "text",
+		"text": fmt.Sprintf("The call succeeded. Its result (%d bytes) was too large for the ledger to keep, so this replay cannot show it.", size),
+	}}}
+}
+
+// replayed rebuilds a recorded result as a CallToolResult: the one the
+// upstream returned, or, for data a reconciler or operator recorded, that
+// data as structured content.
+func replayed(r client.Result) *mcp.CallToolResult {
+	var res mcp.CallToolResult
+	if _, ok := r.Data["content"].([]any); ok {
+		if b, err := json.Marshal(r.Data); err == nil && json.Unmarshal(b, &res) == nil {
+			return &res
+		}
+	}
+	data := map[string]any{}
+	for k, v := range r.Data {
+		data[k] = v
+	}
+	if r.ResourceID != "" {
+		data["resourceId"] = r.ResourceID
+	}
+	b, _ := json.Marshal(data)
+	return &mcp.CallToolResult{StructuredContent: data, Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}}
+}
+
+// errorText is the text of an isError result that the ledger keeps as its
+// failure message.
+func errorText(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// failed rebuilds a recorded failure as an isError result.
+func failed(f *client.FailedError) *mcp.CallToolResult {
+	text := f.Message
+	if text == "" {
+		text = "The tool failed (" + f.Code + ")."
+		if f.Reason == "RETRIES_EXHAUSTED" {
+			text = "The operation ran out of attempts: it will not run again under this key."
+		}
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+}
+
+// decodeObject decodes a JSON object, keeping numbers as json.Number.
+func decodeObject(b []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("more than one JSON value")
+	}
+	return m, nil
+}
+
+// selectParams returns the values of args that the pointers name, keyed by
+// pointer (the object the ledger fingerprints); args itself without
+// pointers.
+func selectParams(args map[string]any, pointers []string) map[string]any {
+	if len(pointers) == 0 {
+		return args
+	}
+	out := map[string]any{}
+	for _, p := range pointers {
+		if v, ok := point(args, p); ok {
+			out[p] = v
+		}
+	}
+	return out
+}
+
+// point resolves the JSON pointer p (RFC 6901) in v.
+func point(v any, p string) (any, bool) {
+	if p == "" {
+		return v, true
+	}
+	if p[0] != '/' {
+		return nil, false
+	}
+	for _, tok := range strings.Split(p[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := v.(type) {
+		case map[string]any:
+			x, ok := c[tok]
+			if !ok {
+				return nil, false
+			}
+			v = x
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) || tok != strconv.Itoa(i) {
+				return nil, false
+			}
+			v = c[i]
+		default:
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// pointString is the value at p in v as a resource id: a string, or a
+// number as written; "" when there is none.
+func pointString(v any, p string) string {
+	if p == "" || v == nil {
+		return ""
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ""
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
+		return ""
+	}
+	x, _ := point(v, p)
+	switch x := x.(type) {
+	case string:
+		if len(x) <= ledger.MaxResourceIDLen {
+			return x
+		}
+	case json.Number:
+		return x.String()
+	}
+	return ""
+}

@@ -1,0 +1,104 @@
+package mcpgateway
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/opledger/ledger/client"
+)
+
+// TestRecordReplays: what the ledger records of a result replays as that
+// result, through the wire's Struct: text and structured content, _meta,
+// a number as its resource id, and a result over the ledger's size limit
+// (a note that the call succeeded).
+func TestRecordReplays(t *testing.T) {
+	big := strings.Repeat("x", recordLimit)
+	for _, tc := range []struct {
+		name   string
+		result string
+		ptr    string
+		rid    string
+		exact  bool // the replay is the result, byte for byte as JSON
+		says   string
+	}{
+		{name: "text and structure", result: `{"content":[{"type":"text","text":"Opened T-1."}],"structuredContent":{"id":"T-1","n":2}}`, ptr: "/id", rid: "T-1", exact: true},
+		{name: "meta and image", result: `{"_meta":{"x":1},"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}]}`, exact: true},
+		{name: "numeric id", result: `{"content":[],"structuredContent":{"id":12345}}`, ptr: "/id", rid: "12345", exact: true},
+		{name: "too large", result: `{"content":[{"type":"text","text":"` + big + `"}]}`, says: "too large for the ledger to keep"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var res mcp.CallToolResult
+			if err := json.Unmarshal([]byte(tc.result), &res); err != nil {
+				t.Fatal(err)
+			}
+			r := record(&res, tc.ptr)
+			if r.ResourceID != tc.rid {
+				t.Errorf("resource id %q, want %q", r.ResourceID, tc.rid)
+			}
+			s, err := structpb.NewStruct(r.Data) // what the wire carries
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := json.Marshal(r.Data); len(b) > recordLimit {
+				t.Fatalf("%d bytes recorded, over the limit", len(b))
+			}
+			got := replayed(client.Result{Data: s.AsMap(), ResourceID: r.ResourceID})
+			want, _ := json.Marshal(&res)
+			if b, _ := json.Marshal(got); tc.exact && string(b) != string(want) {
+				t.Errorf("replay\n%s\nwant\n%s", b, want)
+			}
+			if tc.says != "" && !strings.Contains(errorTextOf(got), tc.says) {
+				t.Errorf("replay %q does not say %q", errorTextOf(got), tc.says)
+			}
+		})
+	}
+}
+
+// TestReplayedOperatorData: data an operator or reconciler recorded,
+// which is no CallToolResult, replays as structured content with its
+// resource id.
+func TestReplayedOperatorData(t *testing.T) {
+	got := replayed(client.Result{Data: map[string]any{"ticket": "T-9"}, ResourceID: "T-9"})
+	if m, _ := got.StructuredContent.(map[string]any); m["ticket"] != "T-9" || m["resourceId"] != "T-9" || !strings.Contains(errorTextOf(got), `"ticket":"T-9"`) {
+		t.Fatalf("replay = %+v", got)
+	}
+}
+
+func errorTextOf(r *mcp.CallToolResult) string { return errorText(r) }
+
+func TestSelectParams(t *testing.T) {
+	args := map[string]any{"amount": 5.0, "to": map[string]any{"iban": "X", "name": "Y"}, "memo": "m", "a/b": 1.0, "list": []any{"p", "q"}}
+	for _, tc := range []struct {
+		ptrs []string
+		want string
+	}{
+		{nil, `{"a/b":1,"amount":5,"list":["p","q"],"memo":"m","to":{"iban":"X","name":"Y"}}`},
+		{[]string{"/amount", "/to/iban"}, `{"/amount":5,"/to/iban":"X"}`},
+		{[]string{"/missing", "/list/1", "/list/01", "/a~1b"}, `{"/a~1b":1,"/list/1":"q"}`},
+	} {
+		if got := jsonOf(selectParams(args, tc.ptrs)); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.ptrs, got, tc.want)
+		}
+	}
+}
+
+// FuzzArguments: no arguments a caller sends make the gateway's decoding,
+// selection or fingerprinting panic.
+func FuzzArguments(f *testing.F) {
+	f.Add(`{"title": "x", "n": 1e400, "deep": {"a": [1, 2, {"b": null}]}}`, "/deep/a/2/b")
+	f.Add(`[1]`, "/0")
+	f.Add(`{"a": 9007199254740993}`, "/a")
+	f.Fuzz(func(t *testing.T, raw, ptr string) {
+		args, err := arguments(json.RawMessage(raw))
+		if err != nil {
+			return
+		}
+		_ = selectParams(args, []string{ptr})
+		_, _ = point(args, ptr)
+		_ = pointString(args, ptr)
+	})
+}

@@ -1,0 +1,266 @@
+package mcpgateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+)
+
+// upstream is one MCP server behind the gateway, and the session to it.
+type upstream struct {
+	cfg    UpstreamConfig
+	g      *Gateway
+	client *mcp.Client
+
+	mu     sync.Mutex
+	sess   *mcp.ClientSession
+	closed chan struct{} // closed when sess ends
+}
+
+func newUpstream(g *Gateway, cfg UpstreamConfig) *upstream {
+	u := &upstream{cfg: cfg, g: g}
+	u.client = mcp.NewClient(&mcp.Implementation{Name: "ledgermcp", Version: Version}, &mcp.ClientOptions{
+		Capabilities: &mcp.ClientCapabilities{},
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			go u.refresh(context.Background())
+		},
+		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
+			g.progress.deliver(ctx, req.Params)
+		},
+	})
+	return u
+}
+
+// session returns a live session, connecting when there is none, and the
+// channel closed when it ends. An error means the call was not sent.
+func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, <-chan struct{}, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.sess != nil {
+		select {
+		case <-u.closed:
+			u.sess = nil
+		default:
+			return u.sess, u.closed, nil
+		}
+	}
+	cs, err := u.client.Connect(ctx, u.transport(), nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to upstream %s: %w", u.cfg.Name, err)
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = cs.Wait()
+		close(closed)
+	}()
+	u.sess, u.closed = cs, closed
+	return cs, closed, nil
+}
+
+// keep holds a session to the upstream and its tools served until ctx
+// ends: it connects, lists the tools, waits for the session to end, and
+// starts again, backing off while the upstream cannot be reached.
+func (u *upstream) keep(ctx context.Context, ready func()) {
+	wait := time.Second
+	for ctx.Err() == nil {
+		closed, err := u.sync(ctx)
+		ready()
+		if err != nil {
+			u.g.log.Warn("upstream unreachable", "upstream", u.cfg.Name, "retry_in", wait, "error", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			wait = min(wait*2, 30*time.Second)
+			continue
+		}
+		wait = time.Second
+		select {
+		case <-ctx.Done():
+		case <-closed:
+			u.g.log.Warn("upstream session ended", "upstream", u.cfg.Name)
+		}
+	}
+}
+
+// refresh lists the upstream's tools again, when it says they changed.
+func (u *upstream) refresh(ctx context.Context) {
+	if _, err := u.sync(ctx); err != nil {
+		u.g.log.Warn("listing an upstream's tools", "upstream", u.cfg.Name, "error", err)
+	}
+}
+
+// sync lists the upstream's tools and serves them in place of the ones
+// served before. It returns the channel closed when the session ends.
+func (u *upstream) sync(ctx context.Context) (<-chan struct{}, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cs, closed, err := u.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var tools []*mcp.Tool
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, t)
+	}
+	u.g.serve(u, tools)
+	return closed, nil
+}
+
+// transport connects to the upstream: its command over stdio, or its URL.
+func (u *upstream) transport() mcp.Transport {
+	if u.cfg.URL != "" {
+		return &mcp.StreamableClientTransport{
+			Endpoint:   u.cfg.URL,
+			HTTPClient: &http.Client{Transport: headers{h: u.cfg.Headers, next: http.DefaultTransport}},
+		}
+	}
+	cmd := exec.Command(u.cfg.Command[0], u.cfg.Command[1:]...)
+	cmd.Env = u.environment()
+	cmd.Stderr = os.Stderr
+	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+}
+
+// environment is a command's: the gateway's own, without the variables
+// holding ledger keys, and the configured env on top.
+func (u *upstream) environment() []string {
+	secret := map[string]bool{}
+	for _, name := range append([]string{u.g.cfg.Ledger.APIKeyEnv}, u.g.cfg.Reconcile.APIKeyEnvs...) {
+		secret[name] = true
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if _, set := u.cfg.Env[name]; !secret[name] && !set {
+			env = append(env, kv)
+		}
+	}
+	for k, v := range u.cfg.Env {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// headers adds the configured headers to every request to the upstream.
+type headers struct {
+	h    map[string]string
+	next http.RoundTripper
+}
+
+func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
+	if len(t.h) > 0 {
+		r = r.Clone(r.Context())
+		for k, v := range t.h {
+			r.Header.Set(k, v)
+		}
+	}
+	return t.next.RoundTrip(r)
+}
+
+// call forwards a tool call. Its error is classified for the ledger
+// (client.ClassOf): retryable when the call was not sent or the upstream
+// refused it before running the tool, ambiguous otherwise.
+func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress func(context.Context, *mcp.ProgressNotificationParams)) (*mcp.CallToolResult, error) {
+	cs, _, err := u.session(ctx)
+	if err != nil {
+		return nil, client.MarkRetryable(err)
+	}
+	if progress != nil {
+		tok, done := u.g.progress.add(progress)
+		defer done()
+		p.SetProgressToken(tok)
+	}
+	res, err := cs.CallTool(ctx, p)
+	if errors.Is(err, mcp.ErrConnectionClosed) {
+		u.drop(cs)
+	}
+	if err != nil {
+		return nil, classify(err)
+	}
+	return res, nil
+}
+
+// drop forgets the session cs, which ended, so the next call connects.
+func (u *upstream) drop(cs *mcp.ClientSession) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.sess == cs {
+		u.sess = nil
+	}
+}
+
+// classify marks an upstream's error: a refused connection or a JSON-RPC
+// refusal of the request (unknown method or tool, invalid params) proves
+// the tool did not run; anything else may come after it ran.
+func classify(err error) error {
+	var we *jsonrpc.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return client.MarkRetryable(err)
+	case errors.As(err, &we) && (we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams):
+		return client.MarkRetryable(&refusedError{msg: we.Message})
+	}
+	return client.MarkAmbiguous(err)
+}
+
+// refusedError is an upstream's refusal of a call before the tool ran.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return "the tool server refused the call: " + e.msg }
+
+// close ends the session, stopping a command.
+func (u *upstream) close() {
+	u.mu.Lock()
+	cs := u.sess
+	u.sess = nil
+	u.mu.Unlock()
+	if cs != nil {
+		_ = cs.Close()
+	}
+}
+
+// progressRelay passes upstreams' progress notifications on to the
+// callers that asked for them, under the callers' own tokens.
+type progressRelay struct {
+	next atomic.Int64
+	m    sync.Map // gateway token -> func
+}
+
+func (r *progressRelay) add(f func(context.Context, *mcp.ProgressNotificationParams)) (string, func()) {
+	tok := "ledgermcp-" + strconv.FormatInt(r.next.Add(1), 10)
+	r.m.Store(tok, f)
+	return tok, func() { r.m.Delete(tok) }
+}
+
+func (r *progressRelay) deliver(ctx context.Context, p *mcp.ProgressNotificationParams) {
+	tok, _ := p.ProgressToken.(string)
+	if f, ok := r.m.Load(tok); ok {
+		f.(func(context.Context, *mcp.ProgressNotificationParams))(ctx, p)
+	}
+}
+
+// rawArguments is a call's arguments as the upstream gets them.
+func rawArguments(raw json.RawMessage) any {
+	if len(raw) == 0 || string(raw) == "null" {
+		return map[string]any{}
+	}
+	return raw
+}

@@ -1,0 +1,83 @@
+package mcpgateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/client"
+)
+
+// TestClassify: only a refused connection or a JSON-RPC refusal of the
+// request proves the tool did not run.
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want client.Class
+	}{
+		{fmt.Errorf("calling: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), client.Retryable},
+		{&jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown tool"}, client.Retryable},
+		{fmt.Errorf("x: %w", &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound}), client.Retryable},
+		{&jsonrpc.Error{Code: jsonrpc.CodeInternalError}, client.Ambiguous},
+		{fmt.Errorf("x: %w", mcp.ErrConnectionClosed), client.Ambiguous},
+		{context.DeadlineExceeded, client.Ambiguous},
+		{errors.New("EOF"), client.Ambiguous},
+	} {
+		if got := client.ClassOf(classify(tc.err)); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestEnvironment: a command gets the gateway's environment without the
+// variables of ledger keys, and its configured env on top.
+func TestEnvironment(t *testing.T) {
+	t.Setenv("GW_KEY", "gw.secret")
+	t.Setenv("ACME_KEY", "acme.secret")
+	t.Setenv("KEEP", "1")
+	t.Setenv("OVERRIDE", "old")
+	g := &Gateway{cfg: &Config{Ledger: LedgerConfig{APIKeyEnv: "GW_KEY"}, Reconcile: ReconcileConfig{APIKeyEnvs: []string{"ACME_KEY"}}}}
+	u := &upstream{g: g, cfg: UpstreamConfig{Env: map[string]string{"OVERRIDE": "new", "TOKEN": "t"}}}
+	env := u.environment()
+	for _, want := range []string{"KEEP=1", "OVERRIDE=new", "TOKEN=t"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("no %s in the command's environment", want)
+		}
+	}
+	for _, kv := range env {
+		if strings.Contains(kv, "secret") || kv == "OVERRIDE=old" {
+			t.Errorf("%s in the command's environment", kv)
+		}
+	}
+}
+
+// TestHeaders: an HTTP upstream gets the configured headers with every
+// request.
+func TestHeaders(t *testing.T) {
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Header.Get("Authorization"))
+	}))
+	defer srv.Close()
+	c := &http.Client{Transport: headers{h: map[string]string{"Authorization": "Bearer t"}, next: http.DefaultTransport}}
+	for range 2 {
+		resp, err := c.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if !slices.Equal(got, []string{"Bearer t", "Bearer t"}) {
+		t.Fatalf("the upstream got %q", got)
+	}
+}
