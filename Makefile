@@ -34,6 +34,10 @@ BREAKING_AGAINST ?= .git\#branch=main
 PROTO_V1_BASELINE := 81f0528db3e89469d27041f72b0e5c9a3b244dcf
 # The Node example's packages, installed with `npm ci` from its package-lock.json.
 NODE_EXAMPLE_DEPS := examples/node/node_modules/.installed
+# The MCP example's Node client's packages (the official MCP SDK), likewise.
+MCP_NODE_DEPS := examples/mcp/node/node_modules/.installed
+# The configuration `make mcp` runs the gateway with.
+MCP_CONFIG ?= examples/mcp/gateway.yaml
 
 .PHONY: help
 help: ## list the targets
@@ -43,12 +47,17 @@ help: ## list the targets
 run: ## run ledgerd on 127.0.0.1:50051 (embedded engine unless LEDGER_REDIS_URL is set; ARGS=... for flags)
 	$(GO) run ./cmd/ledgerd $(ARGS)
 
+.PHONY: mcp
+mcp: ## run the MCP gateway (ledgermcp) with MCP_CONFIG (the demo ticket desk of examples/mcp) on the ledger of make run (ARGS=... for flags)
+	$(GO) run ./cmd/ledgermcp --config $(MCP_CONFIG) $(ARGS)
+
 .PHONY: build
-build: ## build bin/ledgerd
+build: ## build bin/ledgerd and bin/ledgermcp
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
+	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 
 .PHONY: test
-test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples
+test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples, the MCP gateway with a Node MCP client
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
 	./scripts/ensure-jq.sh
@@ -63,10 +72,11 @@ test-faults: ## the fault suite alone in its long form (more kills, longer sched
 	LEDGER_TEST_FAULTS=long $(GO) test -race -count=1 -timeout 40m -v ./internal/faults/ 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|MEASURED|lost|linearizab|duplicate'
 
 .PHONY: bench
-bench: ## measure ledgerd on fresh redis-servers: throughput and latency against health Check, memory per record, growth (BENCH_ARGS=... for flags; docs/benchmarks.md)
+bench: ## measure ledgerd on fresh redis-servers: throughput and latency against health Check, memory per record, growth, the MCP gateway's cost per call (BENCH_ARGS=... for flags; docs/benchmarks.md)
 	./scripts/ensure-redis-server.sh
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
-	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd $(BENCH_ARGS)
+	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
+	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp $(BENCH_ARGS)
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
@@ -89,6 +99,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzRedisURLRedaction$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerd/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseData$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerctl/
 	$(GO) test -run '^$$' -fuzz '^FuzzFencingToken$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerctl/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./mcpgateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadMeta$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./mcpgateway/
+	$(GO) test -run '^$$' -fuzz '^FuzzArguments$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./mcpgateway/
 
 .PHONY: tools
 tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) ## install the pinned code generators into ./bin
@@ -139,6 +152,11 @@ lint-proto: tools ## buf lint, buf format and buf breaking against ledger.v1 as 
 $(NODE_EXAMPLE_DEPS): examples/node/package.json examples/node/package-lock.json
 	./scripts/ensure-node.sh
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(MCP_NODE_DEPS): examples/mcp/node/package.json examples/mcp/node/package-lock.json
+	./scripts/ensure-node.sh
+	cd examples/mcp/node && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 .PHONY: grpcurl

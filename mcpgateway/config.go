@@ -254,11 +254,20 @@ func (c *Config) check(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// CheckHTTP checks c's http section again, after a change to it (a
-// --http flag).
-func CheckHTTP(c *Config) error {
-	if err := c.HTTP.check(); err != nil {
-		return fmt.Errorf("http: %w", err)
+// Override sets the ledger's address and the HTTP listener, where given
+// (the command line's), and checks them.
+func Override(c *Config, ledgerAddr, listen string) error {
+	if ledgerAddr != "" {
+		if _, _, err := net.SplitHostPort(ledgerAddr); err != nil {
+			return fmt.Errorf("ledger address %q: want HOST:PORT", ledgerAddr)
+		}
+		c.Ledger.Address = ledgerAddr
+	}
+	if listen != "" {
+		c.HTTP.Listen = listen
+		if err := c.HTTP.check(); err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
 	}
 	return nil
 }

@@ -192,6 +192,7 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 	for _, def := range add {
 		g.server.AddTool(def, g.handler(def.Name))
 	}
+	g.log.Info("upstream tools served", "upstream", u.cfg.Name, "tools", len(add), "removed", len(gone))
 }
 
 // served is the definition of an upstream tool as the gateway serves it:

@@ -16,7 +16,10 @@
 //   - the Redis memory per SUCCEEDED record (100k records, default policy),
 //     on another fresh redis-server;
 //   - with --growth, Reserve throughput and memory with that many records
-//     stored (e.g. --growth 1000,1000000).
+//     stored (e.g. --growth 1000,1000000);
+//   - with --ledgermcp, a tool called directly over MCP and the same tool
+//     through a ledgermcp process (new operations, session mode, replays,
+//     read-only calls left unrecorded), at both concurrencies.
 //
 // Every throughput and latency run repeats --rounds times (3); the report
 // shows medians of calls/s, p50 and p99, of each as a ratio to health Check
@@ -94,6 +97,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.Ledgerd, "ledgerd", "", "the ledgerd binary to start on fresh redis-servers (make bench builds bin/ledgerd)")
 	fs.StringVar(&c.RedisServer, "redis-server", "redis-server", "the redis-server binary")
+	fs.StringVar(&c.Ledgermcp, "ledgermcp", "", "the ledgermcp binary: also measure a tool called directly and through the MCP gateway (make bench builds bin/ledgermcp)")
 	fs.StringVar(&c.Addr, "addr", "", "drive an already running ledgerd at this address instead: throughput and latency only (no bare server, memory or growth part, which start servers of their own)")
 	fs.StringVar(&c.RedisAddr, "redis-addr", "", "the Redis of --addr, for the environment line")
 	fs.IntVar(&c.Concurrency, "concurrency", 50, "concurrent calls of the throughput runs")
@@ -106,7 +110,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	fs.StringVar(&c.ServerCPUs, "server-cpus", "", "CPU list (taskset -c form, e.g. 1 or 2-3): run redis-server, ledgerd and the bare servers on these CPUs only and the load generator on the others, as when the agents run elsewhere (docs/benchmarks.md, sections 3.10 and 5.2); empty: every process on every CPU")
@@ -141,10 +145,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger":
+		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", "mcp":
 			c.Only = append(c.Only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare or bare-ledger", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger or mcp", s)
 		}
 	}
 	c.NoThroughput = *noThroughput

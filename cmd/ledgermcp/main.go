@@ -36,7 +36,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--log-level LEVEL]
+const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--ledger HOST:PORT] [--log-level LEVEL]
 
 Serve the tools of the MCP servers FILE names, over stdio (or Streamable
 HTTP with --http), running every call through the operation ledger.
@@ -50,6 +50,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	config := fs.String("config", os.Getenv("LEDGERMCP_CONFIG"), "the configuration file (env LEDGERMCP_CONFIG)")
 	listen := fs.String("http", "", "serve Streamable HTTP on this HOST:PORT instead of stdio (the file's http.listen otherwise)")
+	ledgerAddr := fs.String("ledger", "", "ledgerd's HOST:PORT (the file's ledger.address otherwise)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -74,9 +75,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg, err := mcpgateway.LoadConfig(*config)
-	if err == nil && *listen != "" {
-		cfg.HTTP.Listen = *listen
-		err = mcpgateway.CheckHTTP(cfg)
+	if err == nil && (*listen != "" || *ledgerAddr != "") {
+		err = mcpgateway.Override(cfg, *ledgerAddr, *listen)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "ledgermcp:", err)

@@ -41,6 +41,9 @@ type Config struct {
 	// trip per call on this machine; and its ledger variant's, with one
 	// ledger.Reserve per call.
 	BareServer string
+	// Ledgermcp is the ledgermcp binary: when set, the MCP part measures a
+	// tool called directly and through the gateway (with Addr too).
+	Ledgermcp string
 	// ServerCPUs, when set, is a CPU list in taskset's form ("1", "2-3"):
 	// the servers the benchmark starts (redis-server, ledgerd, the bare
 	// servers) run on those CPUs only, under taskset, and the load
@@ -69,8 +72,9 @@ type Config struct {
 	// NoThroughput skips the throughput part (for a memory or growth run).
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
-	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger) it
-	// lists; health Check always runs, and at concurrency 1 so does Reserve.
+	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp)
+	// it lists; health Check always runs, and at concurrency 1 so does
+	// Reserve.
 	Only []string
 
 	pids      [2]int     // ledgerd and redis-server of the current stack, when started here
@@ -124,6 +128,9 @@ type Report struct {
 	Latency    []*Summary // at concurrency 1; [0] is health Check
 	Memory     *Memory
 	Growth     []GrowthPoint
+	// MCP and MCPLatency are the MCP part, at Concurrency and at 1; [0]
+	// is the tool called directly.
+	MCP, MCPLatency []*Summary
 }
 
 // Memory is the store's memory per SUCCEEDED record.
@@ -265,6 +272,12 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 			return rep, err
 		}
 		c.printThroughput(rep)
+		if c.Ledgermcp != "" && c.selected("mcp") {
+			if err := c.mcpPart(ctx, rep, addr); err != nil {
+				return rep, err
+			}
+			c.printMCP(rep)
+		}
 	}
 	if c.Addr == "" && c.MemoryRecords > 0 {
 		m, err := c.memory(ctx)

@@ -46,6 +46,36 @@ func TestBenchmarkSmoke(t *testing.T) {
 	}
 }
 
+// TestMCPSmoke runs the MCP part briefly: a ledgermcp process in front of
+// the in-process tool server, every call answered without an error.
+func TestMCPSmoke(t *testing.T) {
+	srv := redistest.Start(t)
+	stack := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	var out, log bytes.Buffer
+	rep, err := Run(context.Background(), Config{
+		Addr: stack.Addr, RedisAddr: srv.Addr, Only: []string{"mcp"}, Ledgermcp: ledgertest.LedgermcpBinary(t, t.TempDir()),
+		Concurrency: 4, Warmup: 20 * time.Millisecond, Duration: 100 * time.Millisecond,
+		LatencyDuration: 100 * time.Millisecond, Rounds: 1, Dir: t.TempDir(),
+		Out: &out, Log: &log,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.MCP) != 5 || len(rep.MCPLatency) != 5 {
+		t.Fatalf("%d and %d MCP rows:\n%s", len(rep.MCP), len(rep.MCPLatency), out.String())
+	}
+	for _, s := range append(rep.MCP, rep.MCPLatency...) {
+		if s.Calls == 0 {
+			t.Fatalf("%s: no calls", s.Name)
+		}
+	}
+	for _, want := range []string{"tool called directly", "gateway: replay", "calls/s ÷ direct"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report without %q:\n%s", want, out.String())
+		}
+	}
+}
+
 // TestOnlyChoosesScenarios: --only runs the scenarios it names and health
 // Check; the fingerprint scenario runs at concurrency 1 only when named.
 func TestOnlyChoosesScenarios(t *testing.T) {

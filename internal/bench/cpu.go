@@ -43,23 +43,24 @@ func selfCPU() time.Duration {
 // window; zero for a process the benchmark did not start.
 type CPU struct {
 	Client, Ledgerd, Redis time.Duration
+	// Gateway is the MCP gateway's, in the MCP part.
+	Gateway time.Duration
 }
 
-// cpuMeter samples the CPU counters of the three processes.
+// cpuMeter samples the CPU counters of the processes.
 type cpuMeter struct {
-	ledgerd, redis int // pids, 0 when unknown
-	at             [3]time.Duration
-	used           [3]time.Duration
+	ledgerd, redis, gateway int // pids, 0 when unknown
+	at                      [4]time.Duration
+	used                    [4]time.Duration
 }
 
-func (m *cpuMeter) sample() [3]time.Duration {
-	var s [3]time.Duration
+func (m *cpuMeter) sample() [4]time.Duration {
+	var s [4]time.Duration
 	s[0] = selfCPU()
-	if m.ledgerd > 0 {
-		s[1] = cpuOf(m.ledgerd)
-	}
-	if m.redis > 0 {
-		s[2] = cpuOf(m.redis)
+	for i, pid := range []int{m.ledgerd, m.redis, m.gateway} {
+		if pid > 0 {
+			s[i+1] = cpuOf(pid)
+		}
 	}
 	return s
 }
@@ -87,6 +88,9 @@ func (m *cpuMeter) perCall(calls int64) CPU {
 	}
 	if m.redis > 0 {
 		c.Redis = per(2)
+	}
+	if m.gateway > 0 {
+		c.Gateway = per(3)
 	}
 	return c
 }

@@ -34,7 +34,7 @@ func summarize(results [][]*Result) []*Summary {
 	for _, rounds := range results {
 		s := &Summary{Name: rounds[0].Name, Concurrency: rounds[0].Concurrency, RPCs: rounds[0].RPCs, Rounds: len(rounds)}
 		var rps, rr, r50, r99 []float64
-		var p50, p99, client, ledgerd, redis []time.Duration
+		var p50, p99, client, ledgerd, redis, gateway []time.Duration
 		for i, r := range rounds {
 			s.Calls += r.Calls
 			rps = append(rps, r.RPS())
@@ -43,6 +43,7 @@ func summarize(results [][]*Result) []*Summary {
 			client = append(client, r.CPU.Client)
 			ledgerd = append(ledgerd, r.CPU.Ledgerd)
 			redis = append(redis, r.CPU.Redis)
+			gateway = append(gateway, r.CPU.Gateway)
 			if i < len(base) && base[i].RPS() > 0 {
 				rr = append(rr, r.RPS()*float64(r.RPCs)/base[i].RPS())
 				r50 = append(r50, float64(r.Quantile(0.5))/float64(base[i].Quantile(0.5)))
@@ -50,7 +51,7 @@ func summarize(results [][]*Result) []*Summary {
 			}
 		}
 		s.RPS, s.P50, s.P99 = median(rps), median(p50), median(p99)
-		s.CPU = CPU{Client: median(client), Ledgerd: median(ledgerd), Redis: median(redis)}
+		s.CPU = CPU{Client: median(client), Ledgerd: median(ledgerd), Redis: median(redis), Gateway: median(gateway)}
 		s.RatioRPS, s.RatioP50, s.RatioP99 = median(rr), median(r50), median(r99)
 		out = append(out, s)
 	}
