@@ -3,7 +3,9 @@ package mcpgateway_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -53,6 +55,18 @@ func TestTenantsAreIsolated(t *testing.T) {
 		}
 	}
 
+	// A session belongs to the key that opened it.
+	swap := &swappable{key: keys["acme"]}
+	cs, err := newClient(clientOptions{}).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: r.url, HTTPClient: &http.Client{Transport: swap}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	swap.set(keys["globex"])
+	if _, err := callErr(cs, "tickets_search_tickets", nil, nil); err == nil || !strings.Contains(err.Error(), "Forbidden") {
+		t.Fatalf("acme's session with globex's key = %v, want 403 Forbidden", err)
+	}
+
 	a := call(t, r.stdio(clientOptions{}), "tickets_create_ticket", ticketArgs, meta)
 	if a.isError || a.outcome() != "executed" || r.up.Count("create_ticket") != 3 {
 		t.Fatalf("a stdio call under the gateway's key = %v, want a third tenant's effect", a)
@@ -60,4 +74,23 @@ func TestTenantsAreIsolated(t *testing.T) {
 	if _, err := r.ledgerClient(keys["initech"]).Lookup(context.Background(), k); err != nil {
 		t.Fatalf("the gateway's tenant has no record: %v", err)
 	}
+}
+
+// swappable sends whichever key it was last set to.
+type swappable struct {
+	mu  sync.Mutex
+	key string
+}
+
+func (s *swappable) set(k string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.key = k
+}
+
+func (s *swappable) RoundTrip(r *http.Request) (*http.Response, error) {
+	s.mu.Lock()
+	k := s.key
+	s.mu.Unlock()
+	return bearer{key: k, next: http.DefaultTransport}.RoundTrip(r)
 }
