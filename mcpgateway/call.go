@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -28,7 +29,7 @@ const (
 	outcomeUnknown      = "unknown"
 	outcomeInProgress   = "in_progress"
 	outcomeNotApplied   = "not_applied"
-	outcomeUnavailable  = "ledger_unavailable"
+	outcomeUnavailable  = "unavailable"
 	outcomeRefused      = "refused"
 	outcomeInvalid      = "invalid_request"
 	outcomeMisconfigure = "misconfigured"
@@ -133,7 +134,7 @@ func (g *Gateway) unrecorded(ctx context.Context, t *tool, req *mcp.CallToolRequ
 	}
 	out, err := t.up.call(ctx, g.forward(t, req, nil), g.relay(req))
 	if err != nil {
-		return refusal("", outcomeUnrecorded, "The tool server gave no answer: "+upstreamText(err)+".")
+		return refusal("", outcomeUnrecorded, "No answer: "+upstreamText(err)+".")
 	}
 	return annotate(out, "", outcomeUnrecorded, 0)
 }
@@ -144,11 +145,8 @@ func (g *Gateway) forward(t *tool, req *mcp.CallToolRequest, a *client.Attempt) 
 	p := &mcp.CallToolParams{Name: t.remote, Arguments: rawArguments(req.Params.Arguments)}
 	if a != nil {
 		p.Meta = forwardMeta(req.Params.Meta, *a)
-	} else if len(req.Params.Meta) > 0 {
-		p.Meta = forwardMeta(req.Params.Meta, client.Attempt{})
-		delete(p.Meta, MetaIdempotencyKey)
-		delete(p.Meta, MetaOperationID)
-		delete(p.Meta, MetaFencingToken)
+	} else if m := passedMeta(req.Params.Meta); len(m) > 0 {
+		p.Meta = m
 	}
 	return p
 }
@@ -263,18 +261,23 @@ func keyReusedText(id string, err error) string {
 
 // upstreamText says why a forward failed, without its arguments.
 func upstreamText(err error) string {
-	var r *refusedError
-	if errors.As(err, &r) {
+	var (
+		r  *refusedError
+		te *toolError
+		ue *unreachableError
+	)
+	switch {
+	case errors.As(err, &r):
 		return r.Error()
-	}
-	var te *toolError
-	if errors.As(err, &te) {
+	case errors.As(err, &te):
 		if t := errorText(te.res); t != "" {
 			return "the tool answered: " + t
 		}
 		return "the tool answered an error"
+	case errors.As(err, &ue), errors.Is(err, syscall.ECONNREFUSED):
+		return "the tool server could not be reached"
 	}
-	return "the tool server could not be reached"
+	return "the tool server gave no answer"
 }
 
 // refusal is an isError answer with text for the model.

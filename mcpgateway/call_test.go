@@ -210,8 +210,9 @@ func TestUpstreamOutcomes(t *testing.T) {
 		{name: "hang past the timeout", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1,
 			textHints: []string{"unknown", "do not change its arguments or key"}},
 		{name: "upstream not started", down: stopStdio, outcome: "not_applied", state: client.StatePending, again: "not_applied",
-			textHints: []string{"nothing was applied"}},
-		{name: "connection refused", upstream: "http", down: stopHTTP, outcome: "not_applied", state: client.StatePending, again: "not_applied"},
+			textHints: []string{"nothing was applied", "could not be reached"}},
+		{name: "connection refused", upstream: "http", down: stopHTTP, outcome: "not_applied", state: client.StatePending, again: "not_applied",
+			textHints: []string{"could not be reached"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -69,18 +69,25 @@ func readMeta(m mcp.Meta) (callMeta, error) {
 	return c, nil
 }
 
-// forwardMeta is the _meta of a forward: the caller's, without the
-// gateway's own keys and progress token, with the operation id as the
-// upstream's idempotency key and the attempt's fencing token.
-func forwardMeta(in mcp.Meta, a client.Attempt) mcp.Meta {
+// passedMeta is the caller's _meta as an upstream gets it: without the
+// gateway's own keys and the progress token (a forward has its own).
+func passedMeta(in mcp.Meta) mcp.Meta {
 	out := mcp.Meta{}
 	for k, v := range in {
 		switch k {
-		case MetaOperationID, MetaRunID, MetaPermitID, MetaFencingToken, "progressToken":
+		case MetaOperationID, MetaIdempotencyKey, MetaRunID, MetaPermitID, MetaFencingToken, "progressToken":
 			continue
 		}
 		out[k] = v
 	}
+	return out
+}
+
+// forwardMeta is the _meta of a recorded call's forward: the caller's,
+// with the operation id as the upstream's idempotency key and the
+// attempt's fencing token.
+func forwardMeta(in mcp.Meta, a client.Attempt) mcp.Meta {
+	out := passedMeta(in)
 	out[MetaIdempotencyKey] = a.IdempotencyKey
 	out[MetaOperationID] = a.OperationID
 	out[MetaFencingToken] = strconv.FormatUint(a.FencingToken, 10)

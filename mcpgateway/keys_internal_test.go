@@ -62,9 +62,9 @@ func FuzzReadMeta(f *testing.F) {
 	})
 }
 
-// TestForwardMeta: the upstream gets the caller's other _meta, and the
-// operation id as its idempotency key, never the caller's own key, run,
-// permit or progress token.
+// TestForwardMeta: the upstream gets the caller's other _meta, and (for a
+// recorded call) the operation id as its idempotency key, never the
+// caller's own key, run, permit or progress token.
 func TestForwardMeta(t *testing.T) {
 	in := mcp.Meta{"idempotencyKey": "caller", MetaRunID: "r", MetaPermitID: "p", "progressToken": "t", "traceparent": "00-ab"}
 	got := forwardMeta(in, client.Attempt{OperationID: "op-1", IdempotencyKey: "op-1", FencingToken: 42})
@@ -74,6 +74,9 @@ func TestForwardMeta(t *testing.T) {
 	}
 	if in["idempotencyKey"] != "caller" {
 		t.Fatal("forwardMeta changed the caller's _meta")
+	}
+	if got := passedMeta(in); jsonOf(got) != `{"traceparent":"00-ab"}` {
+		t.Fatalf("passedMeta = %s, want only the caller's other keys", jsonOf(got))
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -61,7 +60,7 @@ func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, <-chan stru
 	}
 	cs, err := u.client.Connect(ctx, u.transport(), nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connecting to upstream %s: %w", u.cfg.Name, err)
+		return nil, nil, &unreachableError{upstream: u.cfg.Name, err: err}
 	}
 	closed := make(chan struct{})
 	go func() {
@@ -220,6 +219,19 @@ func classify(err error) error {
 	}
 	return client.MarkAmbiguous(err)
 }
+
+// unreachableError is an upstream the gateway could not connect to: no
+// call was sent.
+type unreachableError struct {
+	upstream string
+	err      error
+}
+
+func (e *unreachableError) Error() string {
+	return "connecting to upstream " + e.upstream + ": " + e.err.Error()
+}
+
+func (e *unreachableError) Unwrap() error { return e.err }
 
 // refusedError is an upstream's refusal of a call before the tool ran.
 type refusedError struct{ msg string }

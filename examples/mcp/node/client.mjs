@@ -25,9 +25,11 @@ function check(ok, what) {
     process.exit(1);
   }
 }
-function show(label, res) {
+function show(label, ...answers) {
+  const res = answers[0];
   const t = res.isError ? text(res).split(":")[0] : res.structuredContent?.id;
-  console.log(`${label.padEnd(34)} ${ledger(res).outcome.padEnd(11)} ${t}`);
+  const outcomes = answers.map((r) => ledger(r).outcome).sort().join("+");
+  console.log(`${label.padEnd(34)} ${outcomes.padEnd(17)} ${t}`);
 }
 const create = (args, key) =>
   client.callTool({ name: "tickets_create_ticket", arguments: args, _meta: key ? { idempotencyKey: key } : undefined });
@@ -45,15 +47,16 @@ const before = await count();
 const key = `demo-${randomUUID()}`;
 const printer = { title: "Printer on fire", priority: 2 };
 const [a, b] = await Promise.all([create(printer, key), create(printer, key)]);
+show("create (key K), twice at once", a, b);
 const c = await create(printer, key);
-for (const [label, res] of [["create (key K)", a], ["create (key K, at once)", b], ["create (key K, again)", c]]) show(label, res);
+show("create (key K), again", c);
 const ids = new Set([a, b, c].map((r) => r.structuredContent?.id));
 check(ids.size === 1 && !ids.has(undefined), "three calls under one key answer one ticket");
 check([a, b, c].filter((r) => ledger(r).outcome === "executed").length === 1, "one of them executed, the others replayed");
 
 // The same key with a changed request: refused, never forwarded.
 const changed = await create({ title: "Printer on fire", priority: 1 }, key);
-show("create (key K, priority changed)", changed);
+show("create (key K), priority changed", changed);
 check(changed.isError && ledger(changed).outcome === "key_reused", "a changed request under the key is refused");
 
 // No key: the gateway derives one from this session and the arguments.
