@@ -213,6 +213,8 @@ func TestUpstreamOutcomes(t *testing.T) {
 			textHints: []string{"nothing was applied", "could not be reached"}},
 		{name: "connection refused", upstream: "http", down: stopHTTP, outcome: "not_applied", state: client.StatePending, again: "not_applied",
 			textHints: []string{"could not be reached"}},
+		{name: "upstream restarted, its sessions gone", upstream: "http", down: func(_ *testing.T, r *rig) { r.restartHTTP() },
+			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,8 +48,15 @@ type rig struct {
 	url    string // the gateway's Streamable HTTP endpoint
 	log    *ledgertest.Buffer
 	server *mcp.Server // the fake's server, when it is served over HTTP
-	// httpUpstream serves it then.
+	// httpUpstream serves it then, with httpHandler.
 	httpUpstream *httptest.Server
+	httpHandler  atomic.Pointer[mcp.StreamableHTTPHandler]
+}
+
+// restartHTTP gives the HTTP upstream a new handler, as a restarted
+// server has: the sessions of the old one are unknown to it.
+func (r *rig) restartHTTP() {
+	r.httpHandler.Store(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return r.server }, nil))
 }
 
 type rigOptions struct {
@@ -76,7 +84,10 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		up = fmt.Sprintf("command: [%q]\n    env: {%s: %q}", os.Args[0], mcptest.StdioEnv, r.up.Dir)
 	case "http":
 		r.server = r.up.Server()
-		r.httpUpstream = httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return r.server }, nil))
+		r.restartHTTP()
+		r.httpUpstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			r.httpHandler.Load().ServeHTTP(w, req)
+		}))
 		t.Cleanup(r.httpUpstream.Close)
 		up = "url: " + r.httpUpstream.URL
 	}

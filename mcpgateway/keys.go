@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,7 +71,8 @@ func readMeta(m mcp.Meta) (callMeta, error) {
 }
 
 // passedMeta is the caller's _meta as an upstream gets it: without the
-// gateway's own keys and the progress token (a forward has its own).
+// gateway's own keys, and without the progress token and the protocol's
+// reserved keys, which belong to the caller's hop (a forward has its own).
 func passedMeta(in mcp.Meta) mcp.Meta {
 	out := mcp.Meta{}
 	for k, v := range in {
@@ -78,9 +80,27 @@ func passedMeta(in mcp.Meta) mcp.Meta {
 		case MetaOperationID, MetaIdempotencyKey, MetaRunID, MetaPermitID, MetaFencingToken, "progressToken":
 			continue
 		}
+		if reservedMeta(k) {
+			continue
+		}
 		out[k] = v
 	}
 	return out
+}
+
+// reservedMeta reports whether a _meta key is the protocol's own: its
+// prefix has a label mcp or modelcontextprotocol (io.modelcontextprotocol/).
+func reservedMeta(k string) bool {
+	prefix, _, ok := strings.Cut(k, "/")
+	if !ok {
+		return false
+	}
+	for _, label := range strings.Split(prefix, ".") {
+		if label == "mcp" || label == "modelcontextprotocol" {
+			return true
+		}
+	}
+	return false
 }
 
 // forwardMeta is the _meta of a recorded call's forward: the caller's,

@@ -64,18 +64,20 @@ func FuzzReadMeta(f *testing.F) {
 
 // TestForwardMeta: the upstream gets the caller's other _meta, and (for a
 // recorded call) the operation id as its idempotency key, never the
-// caller's own key, run, permit or progress token.
+// caller's own key, run, permit or progress token, nor the protocol's
+// reserved keys of the caller's hop.
 func TestForwardMeta(t *testing.T) {
-	in := mcp.Meta{"idempotencyKey": "caller", MetaRunID: "r", MetaPermitID: "p", "progressToken": "t", "traceparent": "00-ab"}
+	in := mcp.Meta{"idempotencyKey": "caller", MetaRunID: "r", MetaPermitID: "p", "progressToken": "t", "traceparent": "00-ab",
+		"io.modelcontextprotocol/protocolVersion": "2026-07-28", "dev.mcp.x/y": 1, "com.example/z": 2}
 	got := forwardMeta(in, client.Attempt{OperationID: "op-1", IdempotencyKey: "op-1", FencingToken: 42})
-	want := mcp.Meta{"idempotencyKey": "op-1", MetaOperationID: "op-1", MetaFencingToken: "42", "traceparent": "00-ab"}
+	want := mcp.Meta{"idempotencyKey": "op-1", MetaOperationID: "op-1", MetaFencingToken: "42", "traceparent": "00-ab", "com.example/z": 2}
 	if jsonOf(got) != jsonOf(want) {
 		t.Fatalf("forwardMeta = %s, want %s", jsonOf(got), jsonOf(want))
 	}
 	if in["idempotencyKey"] != "caller" {
 		t.Fatal("forwardMeta changed the caller's _meta")
 	}
-	if got := passedMeta(in); jsonOf(got) != `{"traceparent":"00-ab"}` {
+	if got := passedMeta(in); jsonOf(got) != `{"com.example/z":2,"traceparent":"00-ab"}` {
 		t.Fatalf("passedMeta = %s, want only the caller's other keys", jsonOf(got))
 	}
 }

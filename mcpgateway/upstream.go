@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -187,14 +188,30 @@ func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress fun
 		defer done()
 		p.SetProgressToken(tok)
 	}
-	res, err := cs.CallTool(ctx, p)
-	if errors.Is(err, mcp.ErrConnectionClosed) {
+	res, err := cs.CallTool(ctx, copyParams(p))
+	if errors.Is(err, mcp.ErrSessionMissing) {
+		// The upstream answered 404 for its session (it restarted):
+		// the call was not processed, so it goes again on a new one.
+		u.drop(cs)
+		if cs, _, err = u.session(ctx); err != nil {
+			return nil, client.MarkRetryable(err)
+		}
+		res, err = cs.CallTool(ctx, copyParams(p))
+	}
+	if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
 		u.drop(cs)
 	}
 	if err != nil {
 		return nil, classify(err)
 	}
 	return res, nil
+}
+
+// copyParams is p for one send: the SDK writes to a call's _meta.
+func copyParams(p *mcp.CallToolParams) *mcp.CallToolParams {
+	c := *p
+	c.Meta = maps.Clone(p.Meta)
+	return &c
 }
 
 // drop forgets the session cs, which ended, so the next call connects.
@@ -206,9 +223,10 @@ func (u *upstream) drop(cs *mcp.ClientSession) {
 	}
 }
 
-// classify marks an upstream's error: a refused connection or a JSON-RPC
-// refusal of the request (unknown method or tool, invalid params) proves
-// the tool did not run; anything else may come after it ran.
+// classify marks an upstream's error: a refused connection, a JSON-RPC
+// refusal of the request (unknown method or tool, invalid params) or a
+// 404 for the session prove the tool did not run; anything else may come
+// after it ran.
 func classify(err error) error {
 	var we *jsonrpc.Error
 	switch {
@@ -216,6 +234,8 @@ func classify(err error) error {
 		return client.MarkRetryable(err)
 	case errors.As(err, &we) && (we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams):
 		return client.MarkRetryable(&refusedError{msg: we.Message})
+	case errors.Is(err, mcp.ErrSessionMissing):
+		return client.MarkRetryable(&unreachableError{upstream: "(its session is gone)", err: err})
 	}
 	return client.MarkAmbiguous(err)
 }

@@ -30,6 +30,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("x: %w", &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound}), client.Retryable},
 		{&jsonrpc.Error{Code: jsonrpc.CodeInternalError}, client.Ambiguous},
 		{fmt.Errorf("x: %w", mcp.ErrConnectionClosed), client.Ambiguous},
+		{fmt.Errorf("sending: %w", mcp.ErrSessionMissing), client.Retryable},
 		{context.DeadlineExceeded, client.Ambiguous},
 		{errors.New("EOF"), client.Ambiguous},
 	} {
