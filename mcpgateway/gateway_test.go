@@ -3,6 +3,7 @@ package mcpgateway_test
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/mcpgateway"
+	"github.com/opledger/ledger/mcpgateway/mcptest"
 )
 
 // TestToolsAreServedUnderThePrefix: tools/list shows the upstream's tools
@@ -57,6 +59,29 @@ func TestToolsAreServedUnderThePrefix(t *testing.T) {
 	}
 	if _, err := callErr(cs, "tickets_search_tickets", nil, nil); err == nil {
 		t.Fatal("the removed tool is still served")
+	}
+}
+
+// TestSeveralUpstreams: the tools of two upstreams, one over stdio and one
+// over Streamable HTTP, are served under their prefixes, and each call
+// reaches the upstream whose tool it names.
+func TestSeveralUpstreams(t *testing.T) {
+	desk := mcptest.New(t.TempDir())
+	srv := httptest.NewServer(desk.Handler())
+	t.Cleanup(srv.Close)
+	r := newRig(t, rigOptions{upstreams: "  - {name: desk, prefix: desk., url: " + srv.URL + "}"})
+	cs := r.http("", clientOptions{})
+	got := names(list(t, cs))
+	for _, want := range []string{"tickets_create_ticket", "desk.create_ticket", "desk.find_ticket"} {
+		if !slices.Contains(got, want) {
+			t.Fatalf("tools %v: no %s", got, want)
+		}
+	}
+	call(t, cs, "desk.create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "desk")})
+	call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "tickets")})
+	call(t, cs, "desk.create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "desk-2")})
+	if d, tk := desk.Count("create_ticket"), r.up.Count("create_ticket"); d != 2 || tk != 1 {
+		t.Fatalf("desk applied %d effects, tickets %d; want 2 and 1", d, tk)
 	}
 }
 

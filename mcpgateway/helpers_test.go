@@ -65,9 +65,10 @@ type rigOptions struct {
 	upstream string
 	// rules are the upstream's tool rules, as YAML list items.
 	rules string
-	// config is more YAML at the top level of the gateway's file.
-	config string
-	creds  *server.Credentials
+	// config is more YAML at the top level of the gateway's file, and
+	// upstreams more entries of its upstreams list.
+	config, upstreams string
+	creds             *server.Credentials
 	// env is the gateway's environment; apiKeyEnv names its own key there.
 	env       map[string]string
 	apiKeyEnv string
@@ -99,8 +100,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.apiKeyEnv != "" {
 		ledgerKey = "\n  api_key_env: " + o.apiKeyEnv
 	}
-	doc := fmt.Sprintf("ledger:\n  address: %s%s\n%s\nreconcile:\n  interval: 200ms\nupstreams:\n  - name: tickets\n    %s\n    tools:\n%s\n",
-		r.ledger.Addr, ledgerKey, o.config, up, indent(o.rules, "      "))
+	doc := fmt.Sprintf("ledger:\n  address: %s%s\n%s\nreconcile:\n  interval: 200ms\nupstreams:\n  - name: tickets\n    %s\n    tools:\n%s\n%s\n",
+		r.ledger.Addr, ledgerKey, o.config, up, indent(o.rules, "      "), o.upstreams)
 	lookup := func(k string) (string, bool) { v, ok := o.env[k]; return v, ok }
 	cfg, err := mcpgateway.ParseConfig([]byte(doc), lookup)
 	if err != nil {
