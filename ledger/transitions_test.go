@@ -894,3 +894,38 @@ func TestObserverSeesTransitionsDecisionsAndRefusals(t *testing.T) {
 		}
 	})
 }
+
+// TestObserverSeesRenewsLeaseExpiry: a Renew that finds an irreversible
+// operation's lease over moves it to UNKNOWN (LEASE_EXPIRED) itself, and
+// reports that transition, with its dwell in RUNNING, as the sweeper's
+// would be.
+func TestObserverSeesRenewsLeaseExpiry(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		var mu sync.Mutex
+		var moves []Event
+		l, err := New(e.lrdb, Options{Policies: e.l.policies, Observer: func(ev Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			if ev.Type == EventTransition && ev.To == StateUnknown {
+				moves = append(moves, ev)
+			}
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.l = l
+		unswept(func() {
+			o := e.execute(t, "renewed-late", "expiring.refund")
+			waitLeaseExpiry()
+			_, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "renewed-late", FencingToken: o.FencingToken})
+			if le := wantKind(t, err, KindStaleToken); le.State != StateUnknown {
+				t.Fatalf("Renew after the lease: state %v, want UNKNOWN", le.State)
+			}
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if len(moves) != 1 || moves[0].From != StateRunning || moves[0].Reason != "LEASE_EXPIRED" || moves[0].Op != "Renew" || moves[0].Dwell < 150*time.Millisecond {
+			t.Fatalf("transitions to UNKNOWN: %+v, want Renew's RUNNING > UNKNOWN (LEASE_EXPIRED) after its lease", moves)
+		}
+	})
+}

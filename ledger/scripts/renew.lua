@@ -11,8 +11,11 @@
 --   {C_OK, '', record, ''}   the lease now ends at the record's lse
 --   {C_STALE, state, ''}     the claim is gone: another token is current, the
 --                            operation left RUNNING, or the lease already
---                            expired (an irreversible operation becomes
---                            UNKNOWN here, as the sweeper would make it)
+--                            expired
+--   {C_STALE, state, record, moved}  the lease expired, and the irreversible
+--                            operation becomes UNKNOWN here, as the sweeper
+--                            would make it: the record comes with the
+--                            transition, which the caller reports
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- A repeat extends the lease from the store's current time again: the same
@@ -29,6 +32,7 @@ end
 if tonumber(R.lse) <= NOW then
   if R.eff == EFF_IRREVERSIBLE then
     transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')
+    return reply(C_STALE, R.st)
   end
   return {C_STALE, R.st, ''}
 end
