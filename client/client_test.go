@@ -284,6 +284,51 @@ func TestS5DoTimeoutThenReconciliation(t *testing.T) { // S5
 	})
 }
 
+// TestDoLeavesEscalatedOperationsToAHuman: an operation escalated to a
+// human answers RECONCILE to every Reserve, an idempotent one too, and Do
+// does not ask its reconciler: it returns the escalation, until a human's
+// finding releases the operation.
+func TestDoLeavesEscalatedOperationsToAHuman(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		for _, tool := range []string{"payments.refund", "idem.refund"} {
+			d := newDestination()
+			var asked atomic.Int32
+			e.c.RegisterReconciler(tool, func(ctx context.Context, op *client.Operation) (client.Finding, error) {
+				asked.Add(1)
+				return d.reconciler(ctx, op)
+			})
+			e.c.SetToolPolicy(tool, client.ToolPolicy{Timeout: time.Second})
+			op := e.op("escalated-"+tool, tool, map[string]any{"amount": 1})
+			reserved, err := e.c.Reserve(e.ctx, op, client.NewHolder())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.MarkUnknown(e.ctx, op.ID, reserved.Operation.FencingToken, "the worker cannot tell"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.c.Reconcile(e.ctx, op.ID, client.Finding{Kind: client.Escalate, Note: "the bank does not answer"}); err != nil {
+				t.Fatal(err)
+			}
+			var re *client.ReconcileError
+			for range 2 {
+				if _, err := e.c.Do(e.ctx, op, d.fn); !errors.As(err, &re) || !re.Escalated {
+					t.Fatalf("%s: Do of the escalated operation = %v, want the escalation", tool, err)
+				}
+			}
+			if asked.Load() != 0 || d.calls.Load() != 0 {
+				t.Fatalf("%s: the reconciler was asked %d times and fn called %d times, want neither", tool, asked.Load(), d.calls.Load())
+			}
+			human := client.Finding{Kind: client.NotApplied, Note: "checked by hand", FencingToken: reserved.Operation.FencingToken}
+			if _, err := e.c.Reconcile(e.ctx, op.ID, human); err != nil {
+				t.Fatal(err)
+			}
+			if res, err := e.c.Do(e.ctx, op, d.fn); err != nil || res.Replayed || d.count(op.ID) != 1 {
+				t.Fatalf("%s: Do after the human's finding = %+v, %v (%d effects)", tool, res, err, d.count(op.ID))
+			}
+		}
+	})
+}
+
 func TestS9DoAppointmentWithFaults(t *testing.T) { // S9 through the SDK
 	eachBackend(t, func(t *testing.T, e *env) {
 		clinic := newDestination("refuse", "timeout-after-write")

@@ -603,14 +603,15 @@ func (c *Client) settleLast(ctx, wctx context.Context, tool string, pol ToolPoli
 }
 
 // reconcile runs the tool's reconciler on an operation whose outcome is
-// unknown and records its finding. It returns the record after it (nil when
+// unknown, unless it was escalated to a human, and records its finding. It returns the record after it (nil when
 // someone else got there first); either way the caller may Reserve again.
 // The reconciler (it applies nothing) and the wait for a live claim end at
 // wctx's wait deadline too, with a *waitCutError; the finding, once the
 // reconciler has it, is recorded whatever the deadline.
 func (c *Client) reconcile(ctx, wctx context.Context, tool string, pol ToolPolicy, o *Operation, lastErr error) (*Operation, error) {
 	r := c.reconciler(tool)
-	if r == nil {
+	if r == nil || o.NeedsReview {
+		// Once a human was asked, a human settles it.
 		return nil, &ReconcileError{Operation: o, Escalated: o.NeedsReview, Err: lastErr}
 	}
 	if pastWaitDeadline(ctx) {

@@ -312,10 +312,13 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // is KindAlreadyResolved. With req.FencingToken,
 // a finding about an attempt that is no longer the current one is refused
 // (KindStaleToken). A repeat of a call that took effect (the same finding
-// and note from the same principal, about the same attempt, or about any
-// attempt without req.FencingToken) returns the record and changes nothing,
-// whatever happened since; a second finding about one attempt needs a new
-// note. The record returned carries its history, as Lookup's does.
+// and note from the same principal, about the same attempt, or about the
+// current attempt without req.FencingToken) returns the record and changes
+// nothing, whatever happened since; a second finding about one attempt
+// needs a new note. Without req.FencingToken, the same finding the history
+// holds about an earlier attempt only is refused (KindStaleToken): the
+// call cannot say which attempt it is about. The record returned carries
+// its history, as Lookup's does.
 //
 // May return an *Error of KindInvalid, KindInProgress (a live lease; see
 // RetryAfter), KindAlreadyResolved, KindStaleToken, KindNotFound,

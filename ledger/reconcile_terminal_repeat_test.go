@@ -9,30 +9,34 @@ import "testing"
 // operation is not terminal: every ledger RPC is safe to retry, and the
 // reconciler whose answer was lost must not be told its finding was
 // refused. A new finding (another note, another principal, another
-// attempt's token) is still ALREADY_RESOLVED.
+// attempt's token) is still ALREADY_RESOLVED, and so is the repeat without
+// a token once another attempt resolved the operation: it cannot say it
+// was about the earlier one.
 func TestReconcileRepeatAfterTheRecordWentTerminal(t *testing.T) {
 	cases := []struct {
 		name    string
 		finding Finding
 		// settle takes the operation, after the finding, to a terminal state.
 		settle func(t *testing.T, e *env, id string)
+		// nextAttempt: settle runs another attempt.
+		nextAttempt bool
 	}{
 		{"NOT_APPLIED, then the next attempt succeeded", FindingNotApplied, func(t *testing.T, e *env, id string) {
 			o := e.execute(t, id, "payments.refund")
 			if _, err := e.complete(t, id, o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r-2"}, nil); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, true},
 		{"NOT_APPLIED, then abandoned", FindingNotApplied, func(t *testing.T, e *env, id string) {
 			if _, err := e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingAbandon, Note: "gave up"}); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, false},
 		{"ESCALATE, then applied by a human", FindingEscalate, func(t *testing.T, e *env, id string) {
 			if _, err := e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingApplied, Result: &Result{ResourceID: "r-1"}, Note: "checked by hand"}); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, false},
 	}
 	eachBackend(t, func(t *testing.T, e *env) {
 		other := Principal{Tenant: e.who.Tenant, ID: "reconciler-2"}
@@ -67,10 +71,14 @@ func TestReconcileRepeatAfterTheRecordWentTerminal(t *testing.T) {
 					}
 
 					got, err := e.l.Reconcile(e.ctx, e.who, first)
-					if err != nil {
+					switch {
+					case c.nextAttempt && !fenced:
+						if le := wantKind(t, err, KindAlreadyResolved); le.State != want.State {
+							t.Fatalf("the unfenced repeat: state %v, want %v", le.State, want.State)
+						}
+					case err != nil:
 						t.Fatalf("the finding repeated after the operation went %v: %v", want.State, err)
-					}
-					if got.State != want.State || len(got.History) != len(want.History) {
+					case got.State != want.State || len(got.History) != len(want.History):
 						t.Fatalf("the repeat answered %v with %d history entries, the record is %v with %d", got.State, len(got.History), want.State, len(want.History))
 					}
 

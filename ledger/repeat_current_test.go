@@ -84,34 +84,57 @@ func TestRepeatUndoesNothingThatCameAfter(t *testing.T) {
 			}
 		})
 
-		t.Run("unfenced reconcile after the next attempt", func(t *testing.T) {
-			applied := 0
-			id := "unfenced-reconcile"
-			first := e.execute(t, id, "payments.refund")
-			if _, err := e.markUnknown(t, id, first.FencingToken); err != nil {
-				t.Fatal(err)
-			}
-			unfenced := ReconcileRequest{OperationID: id, Finding: FindingNotApplied} // no fencing_token
-			if _, err := e.l.Reconcile(e.ctx, e.who, unfenced); err != nil {          // its answer is lost
-				t.Fatal(err)
-			}
-			second := e.reserve(t, id, "payments.refund", params, "h2")
-			if second.Decision != DecisionExecute {
-				t.Fatalf("Reserve = %v, want EXECUTE", second.Decision)
-			}
-			applied++ // attempt 2 refunds, and cannot tell
-			if _, err := e.markUnknown(t, id, second.Operation.FencingToken); err != nil {
-				t.Fatal(err)
-			}
-			o, err := e.l.Reconcile(e.ctx, e.who, unfenced) // the retry
-			if err != nil || o.State != StateUnknown || o.Attempt != 2 {
-				t.Fatalf("repeated unfenced Reconcile = %v, %v; want OK, UNKNOWN attempt 2", o, err)
-			}
-			e.retryMustReconcile(t, id, "payments.refund", params, "h3", &applied)
-			if applied != 1 {
-				t.Fatalf("the refund was applied %d times, want 1", applied)
-			}
-		})
+		// An unfenced finding the history holds about an earlier attempt
+		// only is no repeat of a call about this one: answering OK would
+		// say it took effect when it touched nothing, and applying it
+		// would let a lost answer's retry return attempt 2, whose refund
+		// may exist, to PENDING. It is refused and changes nothing; the
+		// finding about attempt 2 names its token.
+		for name, f := range map[string]Finding{"not applied": FindingNotApplied, "escalate": FindingEscalate} {
+			t.Run("unfenced "+name+" after the next attempt", func(t *testing.T) {
+				applied := 0
+				id := "unfenced-reconcile-" + name
+				first := e.execute(t, id, "payments.refund")
+				if _, err := e.markUnknown(t, id, first.FencingToken); err != nil {
+					t.Fatal(err)
+				}
+				unfenced := ReconcileRequest{OperationID: id, Finding: f} // no fencing_token
+				if _, err := e.l.Reconcile(e.ctx, e.who, unfenced); err != nil {
+					t.Fatal(err)
+				}
+				if f == FindingEscalate {
+					// A human finds nothing at the destination.
+					human := ReconcileRequest{OperationID: id, Finding: FindingNotApplied, Note: "checked by hand", FencingToken: first.FencingToken}
+					if _, err := e.l.Reconcile(e.ctx, e.who, human); err != nil {
+						t.Fatal(err)
+					}
+				}
+				second := e.reserve(t, id, "payments.refund", params, "h2")
+				if second.Decision != DecisionExecute {
+					t.Fatalf("Reserve = %v, want EXECUTE", second.Decision)
+				}
+				applied++ // attempt 2 refunds, and cannot tell
+				if _, err := e.markUnknown(t, id, second.Operation.FencingToken); err != nil {
+					t.Fatal(err)
+				}
+				before := e.lookup(t, id)
+				_, err := e.l.Reconcile(e.ctx, e.who, unfenced) // a lost answer's retry, or a new call with the old note
+				wantKind(t, err, KindStaleToken)
+				if o := e.lookup(t, id); o.State != StateUnknown || o.Attempt != 2 || o.NeedsReview || len(o.History) != len(before.History) {
+					t.Fatalf("after the refused Reconcile: %v", o)
+				}
+				e.retryMustReconcile(t, id, "payments.refund", params, "h3", &applied)
+				if applied != 1 {
+					t.Fatalf("the refund was applied %d times, want 1", applied)
+				}
+				fenced := unfenced
+				fenced.FencingToken = second.Operation.FencingToken
+				o, err := e.l.Reconcile(e.ctx, e.who, fenced)
+				if err != nil || o.Attempt != 2 || f == FindingNotApplied && o.State != StatePending || f == FindingEscalate && !o.NeedsReview {
+					t.Fatalf("the finding about attempt 2 with its token = %v, %v", o, err)
+				}
+			})
+		}
 
 		t.Run("complete after the ledger concluded", func(t *testing.T) {
 			id := "complete-after-abandon"

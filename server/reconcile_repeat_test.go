@@ -17,7 +17,9 @@ import (
 // the effect, its worker dies, and the lease expiry makes the operation
 // UNKNOWN. Then the reconciler's call arrives again. It took effect once and
 // must change nothing now: turning the UNKNOWN attempt back to PENDING would
-// let a third attempt refund a second time.
+// let a third attempt refund a second time. With its fencing token it is
+// the repeat of a call about attempt 1 (OK); without one it cannot say it
+// is not about attempt 2, and is refused (STALE_FENCING_TOKEN).
 func TestS12ReconcileOfAPendingOperationRepeated(t *testing.T) {
 	for _, fenced := range []bool{false, true} {
 		name := "without a fencing token"
@@ -76,10 +78,12 @@ func TestS12ReconcileOfAPendingOperationRepeated(t *testing.T) {
 				// The reconciler's call arrives again: the same outcome as
 				// the one call, and nothing changes.
 				again, err := e.c.Reconcile(e.ctx, finding)
-				if err != nil {
+				switch {
+				case !fenced:
+					wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN")
+				case err != nil:
 					t.Fatalf("repeated Reconcile: %v, want OK (it took effect)", err)
-				}
-				if again.Operation.State != ledgerv1.State_STATE_UNKNOWN || again.Operation.Attempt != 2 {
+				case again.Operation.State != ledgerv1.State_STATE_UNKNOWN || again.Operation.Attempt != 2:
 					t.Fatalf("after the repeat: %v attempt %d, want UNKNOWN attempt 2", again.Operation.State, again.Operation.Attempt)
 				}
 				if got, want := reasonsOf(e.lookup(t, id)), reasonsOf(before); len(got) != len(want) {

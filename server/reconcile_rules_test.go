@@ -111,15 +111,16 @@ func TestReconcileRules(t *testing.T) {
 						if !op.NeedsReview || op.UnknownSince == nil {
 							t.Fatalf("ESCALATE: %v", op)
 						}
-						// Flagged for a human: an irreversible operation
-						// waits for the review, an idempotent one is
-						// reclaimed as from any UNKNOWN (design.md, 3.3).
-						if from.tool == "short.idempotent" {
-							if res.Decision != execute || res.Operation.NeedsReview {
-								t.Fatalf("ESCALATE, then Reserve = %v, want EXECUTE", res)
-							}
-						} else if res.Decision != reconcile || !e.lookup(t, id).NeedsReview {
+						// Flagged for a human: whatever its effect, the
+						// operation waits for a finding (design.md, 3.3).
+						if res.Decision != reconcile || !e.lookup(t, id).NeedsReview {
 							t.Fatalf("ESCALATE, then Reserve = %v, want RECONCILE, still flagged", res)
+						}
+						if op, err := e.reconcileAs(t, id, notApplied); err != nil || op.State != pending || op.NeedsReview {
+							t.Fatalf("NOT_APPLIED after ESCALATE = %v, %v", op, err)
+						}
+						if res := e.reserveAs(t, id, from.tool, 0, newHolder()); res.Decision != execute {
+							t.Fatalf("ESCALATE, NOT_APPLIED, then Reserve = %v, want EXECUTE", res)
 						}
 					}
 				})

@@ -1082,7 +1082,8 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 	// A finding is recorded with the state it makes, in the same step as
 	// the snapshot: any other state means the ledger took the call for a
 	// repeat of one this key recorded with this note (about this token's
-	// attempt, or any attempt without one), and this call changed nothing.
+	// attempt, or the current one without a token), and this call changed
+	// nothing.
 	nothing := f.Kind == client.NotApplied && op.State != client.StatePending ||
 		f.Kind == client.Escalate && (op.State != client.StateUnknown || !op.NeedsReview)
 	var notes notices

@@ -605,6 +605,12 @@ func describe(o *options, err error) jsonError {
 		case st != "":
 			d.Hint = "it is " + st + ": " + d.Hint
 		}
+	case d.Reason == "STALE_FENCING_TOKEN" && o.cmd == "reconcile" && o.fencingToken == 0:
+		// Unfenced: the ledger holds this finding and note about an
+		// earlier attempt, and cannot tell a retry from a new finding.
+		d.Hint = "this key recorded this finding with this note about an earlier attempt, and another attempt holds the operation now:" +
+			" nothing was recorded; to record it about the current attempt, ask the destination again and give its --fencing-token" +
+			" (ledgerctl lookup" + id + ") or a new --note"
 	case d.Reason == "STALE_FENCING_TOKEN" && o.cmd == "reconcile":
 		d.Hint = "another attempt holds the operation now: nothing was recorded; see ledgerctl lookup" + id + " and ask the destination again"
 	case d.Reason == "RATE_LIMITED" && ce != nil && ce.RetryAfter > 0:

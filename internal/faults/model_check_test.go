@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"cmp"
 	"testing"
 
 	"github.com/anishathalye/porcupine"
@@ -16,7 +17,7 @@ type seq struct {
 func (s *seq) add(in input, out output) *seq {
 	in.ID = "op"
 	if in.Kind == kReserve {
-		in.Effect, in.Max = effIrreversible, 3
+		in.Effect, in.Max = cmp.Or(in.Effect, effIrreversible), 3
 	}
 	s.t += 10
 	s.ops = append(s.ops, porcupine.Operation{Input: in, Call: s.t, Output: out, Return: s.t + 5})
@@ -42,7 +43,8 @@ func rec(st int, att uint32, tok uint64, rid string) output {
 	return output{HasOp: true, State: st, Attempt: att, Token: tok, RID: rid}
 }
 
-func reserve(h string) input { return input{Kind: kReserve, Holder: h} }
+func reserve(h string) input     { return input{Kind: kReserve, Holder: h} }
+func reserveIdem(h string) input { return input{Kind: kReserve, Holder: h, Effect: effIdempotent} }
 func completeOK(tok uint64, rid string) input {
 	return input{Kind: kComplete, Token: tok, Outcome: outSucceeded, RID: rid, Digest: "1|" + rid}
 }
@@ -108,14 +110,14 @@ func TestModel(t *testing.T) {
 			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stPending, 2, 200, "")).
 			add(reserve("h3"), running(decExecute, 3, 300)).
 			add(input{Kind: kComplete, Token: 200, Outcome: outRetryable, Digest: "3|"}, rec(stRunning, 3, 300, "")), true},
-		{"a not-applied finding repeated after the record went terminal: OK; a new one: ALREADY_RESOLVED", new(seq).
+		{"a not-applied finding repeated after the record went terminal: OK; unfenced or new: ALREADY_RESOLVED", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
 			add(fencedReconcileIn(findNotApplied, 100), rec(stPending, 1, 100, "")).
 			add(reserve("h2"), running(decExecute, 2, 200)).
 			add(completeOK(200, "r2"), rec(stSucceeded, 2, 200, "r2")).
 			add(fencedReconcileIn(findNotApplied, 100), rec(stSucceeded, 2, 200, "r2")).
-			add(reconcileIn(findNotApplied, ""), rec(stSucceeded, 2, 200, "r2")).
+			add(reconcileIn(findNotApplied, ""), output{Err: "ALREADY_RESOLVED"}).
 			add(findingBy(findNotApplied, 100, "rec", "looked again"), output{Err: "ALREADY_RESOLVED"}).
 			add(fencedReconcileIn(findNotApplied, 200), output{Err: "ALREADY_RESOLVED"}).
 			add(fencedReconcileIn(findEscalate, 100), output{Err: "ALREADY_RESOLVED"}), true},
@@ -168,12 +170,15 @@ func TestModel(t *testing.T) {
 			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
 			add(findingBy(findNotApplied, 100, "rec", "no refund at the bank"), rec(stUnknown, 1, 100, "")), true},
-		{"an unfenced finding repeated after the next claim changes nothing", new(seq).
+		{"an unfenced finding repeated after the next claim is refused", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
 			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
 			add(reserve("h2"), running(decExecute, 2, 200)).
-			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stRunning, 2, 200, "")), true},
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), output{Err: "STALE_FENCING_TOKEN"}).
+			add(markUnknownIn(200), rec(stUnknown, 2, 200, "")).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), output{Err: "STALE_FENCING_TOKEN"}).
+			add(findingBy(findNotApplied, 200, "rec", "no refund at the bank"), rec(stPending, 2, 200, "")), true},
 
 		{"a second EXECUTE while the first claim is live", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
@@ -230,6 +235,18 @@ func TestModel(t *testing.T) {
 			add(reserve("h2"), running(decExecute, 2, 200)).
 			add(markUnknownIn(200), rec(stUnknown, 2, 200, "")).
 			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stPending, 2, 200, "")), false},
+		{"an unfenced finding about an earlier attempt answered OK, recording nothing", new(seq).
+			add(reserve("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stPending, 1, 100, "")).
+			add(reserve("h2"), running(decExecute, 2, 200)).
+			add(markUnknownIn(200), rec(stUnknown, 2, 200, "")).
+			add(findingBy(findNotApplied, 0, "rec", "no refund at the bank"), rec(stUnknown, 2, 200, "")), false},
+		{"an escalated idempotent operation reclaimed", new(seq).
+			add(reserveIdem("h1"), running(decExecute, 1, 100)).
+			add(markUnknownIn(100), rec(stUnknown, 1, 100, "")).
+			add(findingBy(findEscalate, 100, "rec", "a human looks"), rec(stUnknown, 1, 100, "")).
+			add(reserveIdem("h2"), running(decExecute, 2, 200)), false},
 		{"a repeated finding undoes its attempt's later unknown report", new(seq).
 			add(reserve("h1"), running(decExecute, 1, 100)).
 			add(lookup(), rec(stUnknown, 1, 100, "")).

@@ -33,12 +33,14 @@ import (
 //
 // A Reconcile is a repeat by reconcile.lua's rule: the history holds its
 // finding, made by the same principal with the same note, about the
-// attempt its token names, or about any attempt when it has none. A repeat
-// answers OK and changes nothing, before the token is checked and whatever
-// the record did since (its attempt's worker reported UNKNOWN, the next
-// attempt claimed it); a finding with another note or from another
-// principal is a new one, refused STALE_FENCING_TOKEN when its token is an
-// earlier attempt's. The model keeps the findings that stay in a record's
+// attempt its token names, or about the current attempt when it has none.
+// A repeat answers OK and changes nothing, before the token is checked and
+// whatever the record did since (its attempt's worker reported UNKNOWN,
+// the next attempt claimed it); a finding with another note or from
+// another principal is a new one, refused STALE_FENCING_TOKEN when its
+// token is an earlier attempt's. A finding without a token that the
+// history holds about an earlier attempt only is refused
+// STALE_FENCING_TOKEN too: it cannot say which attempt it is about. The model keeps the findings that stay in a record's
 // history while it is not terminal (NOT_APPLIED and ESCALATE) with their
 // attempt, principal and note.
 //
@@ -85,6 +87,7 @@ const (
 	findAbandon    = 3
 	findEscalate   = 4
 
+	effIdempotent   = 2
 	effIrreversible = 3
 )
 
@@ -201,7 +204,7 @@ func findingOf(in input) string {
 
 // found reports whether the history holds in's finding, by its principal
 // with its note, about attempt att, or about any attempt when att is 0:
-// reconcile.lua's did().
+// reconcile.lua's did() with a token, or without one.
 func (r record) found(att uint32, in input) bool {
 	want := findingOf(in)
 	for _, e := range strings.Split(r.Findings, "\n") {
@@ -379,7 +382,7 @@ func apply(r record, in input) []result {
 			return []result{dec(toUnknown(r, "RETRIES_EXHAUSTED"), decReconcile)}
 		case r.St == stRunning:
 			return []result{dec(claim(r, in.Holder), decExecute)}
-		case r.Eff == effIrreversible || exhausted: // UNKNOWN
+		case r.Eff == effIrreversible || exhausted || r.Rev: // UNKNOWN
 			return []result{dec(r, decReconcile)}
 		default:
 			return []result{dec(claim(r, in.Holder), decExecute)}
@@ -417,7 +420,7 @@ func apply(r record, in input) []result {
 			// operation went terminal, repeated: OK, nothing changes.
 			if in.Finding == findNotApplied || in.Finding == findEscalate {
 				switch a := r.earlier(in.Token); {
-				case in.Token == 0 && r.found(0, in), a != 0 && r.found(a, in),
+				case in.Token == 0 && r.found(r.Att, in), a != 0 && r.found(a, in),
 					r.Tok != 0 && r.Tok == in.Token && r.found(r.Att, in):
 					return []result{ok(r)}
 				case r.Tok == 0 && in.Token > r.TokLo && r.found(r.Att, in):
@@ -429,8 +432,11 @@ func apply(r record, in input) []result {
 			return []result{reconcile(r, in)}
 		}
 		if in.Token == 0 {
-			if r.found(0, in) {
+			switch {
+			case r.found(r.Att, in):
 				return []result{ok(r)}
+			case r.found(0, in): // about an earlier attempt only
+				return []result{refuse(r, "STALE_FENCING_TOKEN")}
 			}
 			return []result{reconcile(r, in)}
 		}

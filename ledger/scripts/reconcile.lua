@@ -22,7 +22,9 @@
 --   {C_ALREADY_RESOLVED, '', record}   terminal with another finding, or
 --                                      with another result or failure
 --   {C_STALE, state, ''}               ARGV[9] is not the current attempt's
---                                      token
+--                                      token; or, without one, the history
+--                                      holds the finding about an earlier
+--                                      attempt only (below)
 --   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
 --
 -- Accepted from UNKNOWN, from RUNNING past its lease, and from PENDING (where
@@ -41,14 +43,19 @@
 -- the current one changes nothing (STALE).
 --
 -- A repeat of a call that took effect (the history holds its finding, made
--- by the same principal with the same note, about the same attempt, or
--- about any attempt when the call has no token) answers OK and changes
--- nothing, whatever happened since: the worker of that attempt may have
--- reported UNKNOWN after the finding, or the next attempt may have claimed
--- the operation, applied the effect and ended UNKNOWN, and the repeat must
--- not return either to PENDING for another attempt to apply the effect
--- again. A new finding about the same attempt after that must differ from
--- the recorded one in its note (or come from another principal).
+-- by the same principal with the same note, about the attempt its token
+-- names, or about the current attempt when it has none) answers OK and
+-- changes nothing, whatever happened since: the worker of that attempt may
+-- have reported UNKNOWN after the finding, and the repeat must not return
+-- it to PENDING for another attempt to apply the effect again. A call
+-- without a token whose finding the history holds about an earlier attempt
+-- only cannot say which attempt it is about: a repeat of that finding,
+-- after the next attempt applied the effect and ended UNKNOWN, or a new
+-- finding about the current attempt. It is refused (STALE) and changes
+-- nothing, rather than answered OK for a finding that did not touch the
+-- current attempt. A new finding about the same attempt after that must
+-- differ from the recorded one in its note (or come from another
+-- principal), or name the attempt's token.
 
 local finding, note, token = ARGV[3], ARGV[8], ARGV[9]
 local REASON = ({'RECONCILED_APPLIED', 'RECONCILED_NOT_APPLIED', 'ABANDONED', 'ESCALATED'})[tonumber(finding)]
@@ -77,7 +84,7 @@ if st == ST_SUCCEEDED or st == ST_FAILED then
     if (R.fc or '') == code and (R.fm or '') == ARGV[7] then
       return reply(C_OK, '')
     end
-  elseif (finding == '2' or finding == '4') and did(token ~= '' and token or nil, REASON, S.principal, note) then
+  elseif (finding == '2' or finding == '4') and did(token ~= '' and token or R.tok, REASON, S.principal, note) then
     -- A repeat of a NOT_APPLIED or ESCALATE that took effect before the
     -- operation went on to this state: it answers as the call it repeats
     -- did, and changes nothing.
@@ -86,8 +93,11 @@ if st == ST_SUCCEEDED or st == ST_FAILED then
   return reply(C_ALREADY_RESOLVED, '')
 end
 if token == '' then token = nil end
-if did(token, REASON, S.principal, note) then
+if did(token or R.tok, REASON, S.principal, note) then
   return reply(C_OK, '')
+end
+if not token and did(nil, REASON, S.principal, note) then
+  return {C_STALE, st, ''} -- the finding of an earlier attempt (above)
 end
 if token and R.tok ~= token then
   return {C_STALE, st, ''}

@@ -166,8 +166,9 @@ if st == ST_RUNNING then
 end
 
 -- UNKNOWN: repeating is harmless only for idempotent and read-only tools,
--- and only while attempts remain.
-if R.eff == EFF_IRREVERSIBLE or exhausted then
+-- and only while attempts remain; once escalated, only a human's finding
+-- releases it, whatever its effect.
+if R.eff == EFF_IRREVERSIBLE or exhausted or R.rev == '1' then
   return reply(C_RECONCILE, '')
 end
 return claim('RECLAIMED')
