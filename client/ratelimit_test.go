@@ -14,7 +14,7 @@ import (
 	"github.com/opledger/ledger/internal/redistest"
 )
 
-// TestDoBacksOffWhenTheTenantIsOverItsRate (SPEC §5: RESOURCE_EXHAUSTED,
+// TestDoBacksOffWhenTheTenantIsOverItsRate (contract.md §5: RESOURCE_EXHAUSTED,
 // "back off"): against a ledger that lets the tenant make one call at once,
 // Do's Complete and the next Do's Reserve are refused RATE_LIMITED with
 // RetryInfo; Do waits and repeats the same call instead of failing, so the

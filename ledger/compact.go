@@ -31,7 +31,7 @@ type CompactStats struct {
 
 // Compactor cuts terminal records past their retention to their tombstone
 // (scripts/compact.lua): a record lives on as its own tombstone for the
-// tombstone retention (SPEC §6), and only its fingerprint and final state
+// tombstone retention (contract.md §6), and only its fingerprint and final state
 // are ever read again, so the result data, the failure and the history go
 // at the end of the retention instead of lasting until the key expires.
 //

@@ -112,7 +112,7 @@ const (
 )
 
 // Reserve records the intent of an operation and decides how the caller
-// proceeds (SPEC §4). The decision is DecisionExecute (the caller holds the
+// proceeds (contract.md §4). The decision is DecisionExecute (the caller holds the
 // claim: run the tool, then Complete or MarkUnknown), DecisionReplay (the
 // operation ended: the snapshot holds the result or failure),
 // DecisionInProgress (another holder's live claim: retry after RetryAfter)

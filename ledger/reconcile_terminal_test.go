@@ -6,7 +6,7 @@ import (
 )
 
 // TestReconcileTerminalSameFinding: on a terminal record "the same finding"
-// (SPEC §4) is the same kind with the same outcome: for APPLIED the result
+// (contract.md §4) is the same kind with the same outcome: for APPLIED the result
 // data and resource id that stand, for ABANDON the failure code and message
 // that stand (the code ABANDONED when none is given), however the record
 // got there. It answers OK with the record; any other finding, a different

@@ -10,7 +10,7 @@ import (
 )
 
 // TestTombstoneKeepsTheFingerprint (S4, S6): the tombstone of an expired
-// operation keeps its fingerprint (SPEC §6), so a Reserve under the key with
+// operation keeps its fingerprint (contract.md §6), so a Reserve under the key with
 // other parameters is IDEMPOTENCY_KEY_REUSED (differs "params"), not
 // IDEMPOTENCY_KEY_EXPIRED with a final state that is not that request's,
 // while a late replay of the same request is still EXPIRED. This holds

@@ -74,3 +74,27 @@ func TestDocsOutcomes(t *testing.T) {
 		t.Fatalf("docs/mcp.md lists outcomes %q; call.go has %q", documented, code)
 	}
 }
+
+// TestContractNamesTheMetaKeys: docs/contract.md's wire names of the
+// gateway are its _meta keys and the fields of its answers' object.
+func TestContractNamesTheMetaKeys(t *testing.T) {
+	doc, err := mdtable.Read("docs/contract.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec, ok := doc.Section("10. Other surfaces")
+	if !ok {
+		t.Fatal("docs/contract.md has no section 10")
+	}
+	lines, _ := sec.Text()
+	var spans []string
+	for _, l := range lines {
+		spans = append(spans, mdtable.CodeSpans(l)...)
+	}
+	for _, want := range []string{MetaIdempotencyKey, MetaOperationID, MetaRunID, MetaPermitID, MetaFencingToken, MetaLedger,
+		"operationId", "outcome", "replayed", "attempt"} {
+		if !slices.Contains(spans, want) {
+			t.Errorf("docs/contract.md §10 does not name %s", want)
+		}
+	}
+}

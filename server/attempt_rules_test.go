@@ -26,7 +26,7 @@ func (e *env) waitState(t *testing.T, id string, st ledgerv1.State) *ledgerv1.Op
 	}
 }
 
-// TestCompleteRules: SPEC §4's rules for Complete: only the current token,
+// TestCompleteRules: contract.md §4's rules for Complete: only the current token,
 // from RUNNING and from UNKNOWN with the latest token, a retryable failure
 // back to PENDING, a repeat of the same outcome succeeds, another outcome is
 // COMPLETION_CONFLICT.

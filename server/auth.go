@@ -31,7 +31,7 @@ import (
 // Scope is a set of methods a credential may call.
 type Scope string
 
-// The scopes (SPEC §8).
+// The scopes (contract.md §8).
 const (
 	// ScopeAgent: Reserve, Complete, MarkUnknown, Renew, Lookup.
 	ScopeAgent Scope = "agent"

@@ -10,7 +10,7 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
-// TestOneClockTheStores: SPEC §6: lease and retention times come from the
+// TestOneClockTheStores: contract.md §6: lease and retention times come from the
 // store's clock, shared by every ledger instance, never from an instance's
 // own. The store's clock here is frozen 1000 hours behind the instances':
 // by theirs every lease ended long ago, by the store's none has until the

@@ -1,6 +1,6 @@
 package server_test
 
-// The conformance scenarios of SPEC §9 (S1–S7, S9–S13; S8 is in
+// The conformance scenarios of contract.md §9 (S1–S7, S9–S13; S8 is in
 // security_test.go), end to end over gRPC against a real redis-server and
 // the embedded engine. Each one counts how many times the fake destination
 // applied the effect.

@@ -9,7 +9,7 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
-// TestConsequentialFieldsOverTheWire: SPEC §6: with a policy naming the
+// TestConsequentialFieldsOverTheWire: contract.md §6: with a policy naming the
 // consequential fields (picky.*), only they are fingerprinted: a retry that
 // changes another parameter replays, one that changes a named field is
 // IDEMPOTENCY_KEY_REUSED. The fingerprints are those of the worked example

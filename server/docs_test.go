@@ -137,16 +137,17 @@ func asExpr(n ast.Node) ast.Expr {
 	return e
 }
 
-// TestErrorTablesMatchReasons holds the error tables of README.md and
-// docs/design.md to the ErrorInfo reasons the service sends: every reason
-// in each, with the gRPC code it is sent with, and no reason in them that
-// the service does not send.
+// TestErrorTablesMatchReasons holds the error tables of README.md,
+// docs/contract.md and docs/design.md to the ErrorInfo reasons the service
+// sends: every reason in each, with the gRPC code it is sent with, and no
+// reason in them that the service does not send.
 func TestErrorTablesMatchReasons(t *testing.T) {
 	sent := sentReasons(t)
 	for _, c := range []struct {
 		doc, section, reasonCol, codeCol string
 	}{
 		{"README.md", "Errors", "reason", "code"},
+		{"docs/contract.md", "5. Errors", "reason", "code"},
 		{"docs/design.md", "11. Errors on the wire", "ErrorInfo reason", "gRPC code"},
 	} {
 		d, err := mdtable.Read(c.doc)

@@ -45,7 +45,7 @@ const (
 const storeRetryDelay = 200 * time.Millisecond
 
 // toStatus converts an error of package ledger into the gRPC status the
-// contract names (SPEC §5), with an ErrorInfo and, where they apply,
+// contract names (contract.md §5), with an ErrorInfo and, where they apply,
 // BadRequest field violations or RetryInfo. Messages name fields, ids and
 // states, never parameter values or results.
 func toStatus(err error) *status.Status {

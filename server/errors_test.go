@@ -20,7 +20,7 @@ import (
 	"github.com/opledger/ledger/server"
 )
 
-// TestErrorsCarryTheContractsDetails checks every reason of SPEC §5 on the
+// TestErrorsCarryTheContractsDetails checks every reason of contract.md §5 on the
 // wire: code, ErrorInfo (domain ledger.v1) and the detail it comes with.
 func TestErrorsCarryTheContractsDetails(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
@@ -69,7 +69,7 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 	})
 }
 
-// TestPanicIsInternalWithTheContractsDetails: SPEC §5 gives every error an
+// TestPanicIsInternalWithTheContractsDetails: contract.md §5 gives every error an
 // ErrorInfo, also the one of a handler that panics (here: a service with no
 // ledger behind it): INTERNAL, reason INTERNAL, domain ledger.v1.
 func TestPanicIsInternalWithTheContractsDetails(t *testing.T) {

@@ -104,7 +104,7 @@ func TestListUnresolvedFilters(t *testing.T) {
 	})
 }
 
-// TestListUnresolvedListsWhatIsUnresolved: SPEC §3: ListUnresolved pages
+// TestListUnresolvedListsWhatIsUnresolved: contract.md §3: ListUnresolved pages
 // through the tenant's operations that are not terminal and not under a
 // live lease (PENDING, UNKNOWN, flagged for review, RUNNING past its lease),
 // oldest first; a live claim and a terminal record are not listed.

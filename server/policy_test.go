@@ -10,7 +10,7 @@ import (
 	"github.com/opledger/ledger/server"
 )
 
-// TestPoliciesOverTheWire: SPEC §6: the policy of an operation comes from
+// TestPoliciesOverTheWire: contract.md §6: the policy of an operation comes from
 // the config file, per tenant and per tool pattern (the first matching rule,
 // over the defaults), and shows in the snapshot: the effect when the request
 // leaves it unspecified, the lease, max_attempts, and the recovery window

@@ -33,7 +33,7 @@ func (e *env) reconcileAs(t *testing.T, id string, f ledgerv1.Finding) (*ledgerv
 	return res.GetOperation(), err
 }
 
-// TestReconcileRules: SPEC §4's rules for Reconcile: accepted from UNKNOWN
+// TestReconcileRules: contract.md §4's rules for Reconcile: accepted from UNKNOWN
 // and from RUNNING past its lease, OPERATION_IN_PROGRESS on a live lease;
 // APPLIED → SUCCEEDED with the result, NOT_APPLIED → PENDING, ABANDON →
 // FAILED_FINAL, ESCALATE → UNKNOWN for review; on a terminal record the same

@@ -11,7 +11,7 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
-// TestRetentionOverTheWire: SPEC §6: a terminal record lives for
+// TestRetentionOverTheWire: contract.md §6: a terminal record lives for
 // max(policy retention, retain_until + grace), as its expires_at says, then
 // leaves a tombstone; a record that is not terminal (PENDING, RUNNING,
 // UNKNOWN) has no expires_at and outlives the retention of its tool.

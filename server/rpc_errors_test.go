@@ -27,7 +27,7 @@ func (e *env) everyRPC(t *testing.T, id string, token uint64) map[string]error {
 
 // TestEveryRPCErrors: NOT_FOUND, IDEMPOTENCY_KEY_EXPIRED and
 // STORE_UNAVAILABLE are answered by every RPC about an operation with the
-// code, ErrorInfo and details of SPEC §5, not only by Reserve and Lookup.
+// code, ErrorInfo and details of contract.md §5, not only by Reserve and Lookup.
 func TestEveryRPCErrors(t *testing.T) {
 	t.Run("NOT_FOUND", func(t *testing.T) {
 		eachBackend(t, func(t *testing.T, e *env) {

@@ -85,7 +85,7 @@ func TestRPCMetricsCountEveryCall(t *testing.T) {
 	}
 }
 
-// TestMetricsHoldNoSecretsParamsOrResults: SPEC §8: after calls with
+// TestMetricsHoldNoSecretsParamsOrResults: contract.md §8: after calls with
 // parameters, results, failures, notes and credentials, a scrape of every
 // metric (the RPCs' and the ledger's, with the tenant label on) holds none
 // of them.

@@ -812,7 +812,7 @@ func TestLogsHoldNoSecretsParamsOrResults(t *testing.T) {
 	}
 }
 
-// TestScopesOfEveryMethod: each scope of SPEC §8 may call its methods and
+// TestScopesOfEveryMethod: each scope of contract.md §8 may call its methods and
 // no other, on every method of the service. An allowed call does what it
 // does for any caller; a refused one is PERMISSION_DENIED and changes
 // nothing.
@@ -912,7 +912,7 @@ func TestScopesOfEveryMethod(t *testing.T) {
 	}
 }
 
-// TestTracesHoldNoSecretsParamsOrResults: SPEC §8: the spans of the calls
+// TestTracesHoldNoSecretsParamsOrResults: contract.md §8: the spans of the calls
 // (otelgrpc's, as ledgerd sets it up, with the ledger's attributes) carry
 // the operation id, never a parameter, a result, a failure message or a
 // credential.

@@ -1,6 +1,6 @@
 package server_test
 
-// The state machine of SPEC §4, row by row and rule by rule, through the
+// The state machine of contract.md §4, row by row and rule by rule, through the
 // gRPC API against a real redis-server, a cluster and the embedded engine.
 // The scenarios of §9 (conformance_test.go) cover the paths an agent takes;
 // these tests, and those of the *_rules_test.go files, pin each rule on its
@@ -120,7 +120,7 @@ func (e *env) wantUnchanged(t *testing.T, id string, before *ledgerv1.Operation)
 	}
 }
 
-// TestReserveTable: every row of SPEC §4's Reserve table, with the decision,
+// TestReserveTable: every row of contract.md §4's Reserve table, with the decision,
 // the record it leaves and the history entry it writes.
 func TestReserveTable(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {

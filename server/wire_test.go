@@ -11,7 +11,7 @@ import (
 	"github.com/opledger/ledger/internal/redistest"
 )
 
-// TestWireNamesOfTheContract: the names SPEC §3 marks (wire), as a client
+// TestWireNamesOfTheContract: the names contract.md §3 marks (wire), as a client
 // with no proto files sees them through the service's reflection: the
 // package and service, the RPCs, the fields with their types, and the enum
 // values with their zero values.

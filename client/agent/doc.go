@@ -108,7 +108,7 @@
 // (a model or adapter that numbers call ids per turn): nothing ran, the
 // other call's operation is untouched, and the error asks the model for a
 // new call id. Any other error ends the run with status "error" (deny by
-// default): the ledger's stop signals (SPEC §5: client.ErrKeyReused
+// default): the ledger's stop signals (contract.md §5: client.ErrKeyReused
 // otherwise, ErrKeyExpired, ErrNeedsReconciliation, where the
 // effect may exist and a new call id must not be minted for it,
 // ErrUnavailable, also when the ledger did not answer while Do recorded an

@@ -545,8 +545,8 @@ func (s *run) do(ctx context.Context, op client.Op, fn client.Func) (out client.
 // again without reconciliation, so its effect may exist under the
 // operation's idempotency key, which a new call id would not share), or a
 // request the ledger refused as malformed before fn ran.
-// Anything else stops the run (deny by default): a ledger stop signal (SPEC
-// §5), an effect that may exist, an outcome the ledger did not record or did
+// Anything else stops the run (deny by default): a ledger stop signal
+// (contract.md §5), an effect that may exist, an outcome the ledger did not record or did
 // not answer about, the run's context ended or its deadline passed while Do
 // waited (client.ErrWaitDeadline), and errors not known here.
 func settled(ctx context.Context, err error, ran, proven bool) bool {

@@ -10,7 +10,7 @@ import (
 	"github.com/opledger/ledger/client"
 )
 
-// Status is how a run ended. Its values are the strings of SPEC S14.
+// Status is how a run ended. Its values are the strings of contract.md S14.
 type Status string
 
 // The terminal statuses of a run (see the package doc).

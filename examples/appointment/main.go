@@ -1,5 +1,5 @@
-// Command appointment is the seed exercise of the operation ledger (SPEC
-// S9): an agent books a clinic appointment through a flaky, non-idempotent
+// Command appointment is the seed exercise of the operation ledger
+// (contract.md S9): an agent books a clinic appointment through a flaky, non-idempotent
 // clinic API, and the ledger makes sure exactly one appointment exists.
 //
 //	go run ./examples/appointment       # prints the story, exits 1 unless it holds

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestAppointment runs the seed exercise (SPEC S9) end to end: it fails
+// TestAppointment runs the seed exercise (contract.md S9) end to end: it fails
 // unless exactly one appointment exists for the operation, every retry
 // returned its id, the rewritten payload was refused and a new key booked a
 // second appointment.

@@ -59,7 +59,7 @@
 //
 // The histories of every test (every ledger RPC the clients made, faults
 // included) are checked for linearizability with porcupine against a model
-// of the SPEC state machine (model_test.go; TestModel checks the model
+// of the contract's state machine (model_test.go; TestModel checks the model
 // itself). docs/failure-model.md has the figures and what they mean.
 //
 // Run it alone with `go test -race -count=1 ./internal/faults/` (about three

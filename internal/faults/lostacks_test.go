@@ -16,7 +16,7 @@ import (
 //
 // A FAILED_FINAL the ledger (RETRIES_EXHAUSTED) or a reconciler (ABANDONED)
 // concluded is turned into SUCCEEDED by a late success reported with the
-// latest token (SPEC §4, complete.lua): an acknowledgement of that
+// latest token (contract.md §4, complete.lua): an acknowledgement of that
 // FAILED_FINAL is superseded, not lost. What stays a loss: the acknowledged
 // FAILED_FINAL is not in the record's history at all, or the attempt's own
 // FAILED_FINAL report was acknowledged (its token can report nothing else

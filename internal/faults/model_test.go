@@ -9,7 +9,7 @@ import (
 )
 
 // This file is a sequential model of one operation's record, written from
-// SPEC §4 and the transition tables of docs/design.md §3.3, for porcupine.
+// contract.md §4 and the transition tables of docs/design.md §3.3, for porcupine.
 // A history is partitioned by operation id; each partition is checked on its
 // own against this model.
 //
@@ -342,7 +342,7 @@ func tokens(r record, t uint64) (cur []record, stale bool) {
 	return nil, true
 }
 
-// apply returns the ways call in can go from record r (SPEC §4; design.md
+// apply returns the ways call in can go from record r (contract.md §4; design.md
 // §3.3).
 func apply(r record, in input) []result {
 	ok := func(n record) result { return result{next: n, snap: true} }

@@ -77,7 +77,7 @@ func lostAcks(ctx context.Context, t testing.TB, c *client.Client, acks []ack, r
 }
 
 // supersededBySuccess reports whether o shows the one legal way out of an
-// acknowledged terminal state a: SPEC §4 accepts Complete with the latest
+// acknowledged terminal state a: contract.md §4 accepts Complete with the latest
 // attempt's token after the ledger concluded the operation failed
 // (RETRIES_EXHAUSTED: out of attempts) or a reconciler abandoned it
 // (ABANDONED), and complete.lua then turns that FAILED_FINAL into SUCCEEDED:

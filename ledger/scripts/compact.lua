@@ -1,5 +1,5 @@
 -- compact.lua: drop the body of a terminal record past its retention, so
--- that only its tombstone (SPEC §6: fingerprint and final state) stays for
+-- that only its tombstone (contract.md §6: fingerprint and final state) stays for
 -- the tombstone retention. Run by the compaction pass (Compactor) on every
 -- key it finds; writes only when the record is due.
 --

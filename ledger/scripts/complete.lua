@@ -1,4 +1,4 @@
--- complete.lua: the claim holder reports how its attempt ended (SPEC §4,
+-- complete.lua: the claim holder reports how its attempt ended (contract.md §4,
 -- Complete).
 --
 -- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,

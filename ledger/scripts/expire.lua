@@ -1,4 +1,4 @@
--- expire.lua: the sweeper's lease expiry for one operation (SPEC §4: expired
+-- expire.lua: the sweeper's lease expiry for one operation (contract.md §4: expired
 -- leases are also swept in the background).
 --
 -- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,

@@ -1,4 +1,4 @@
--- lookup.lua: read one operation with its history, atomically (SPEC §3,
+-- lookup.lua: read one operation with its history, atomically (contract.md §3,
 -- Lookup). Writes nothing.
 --
 -- KEYS[1..3] -> record, and the history list and tombstone of the previous

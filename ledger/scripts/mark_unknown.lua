@@ -1,5 +1,5 @@
 -- mark_unknown.lua: the claim holder cannot tell whether the effect happened
--- (SPEC §4, MarkUnknown).
+-- (contract.md §4, MarkUnknown).
 --
 -- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
 --               stats, overdue

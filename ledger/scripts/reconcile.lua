@@ -1,5 +1,5 @@
 -- reconcile.lua: resolve an operation from what the destination system says
--- (SPEC §4, Reconcile).
+-- (contract.md §4, Reconcile).
 --
 -- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
 --               stats, overdue

@@ -1,4 +1,4 @@
--- renew.lua: extend the lease of a running claim (SPEC §4, Renew).
+-- renew.lua: extend the lease of a running claim (contract.md §4, Renew).
 --
 -- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
 --               stats, overdue

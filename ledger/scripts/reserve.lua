@@ -1,5 +1,5 @@
 -- reserve.lua: record the intent of an operation and decide how the caller
--- proceeds (SPEC §4, the Reserve table).
+-- proceeds (contract.md §4, the Reserve table).
 --
 -- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
 --               stats, overdue
@@ -69,7 +69,7 @@ end
 
 if not load() then
   if S.expired then
-    -- The tombstone keeps the fingerprint (SPEC §6): other parameters under
+    -- The tombstone keeps the fingerprint (contract.md §6): other parameters under
     -- the key are no late replay but a reuse of the key, and EXPIRED with
     -- the final state would tell that new intent it ended so. The fields
     -- bound at creation decide: the whole record's cfh and cf, a compacted
