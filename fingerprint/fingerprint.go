@@ -151,6 +151,17 @@ func Compute(params map[string]any, fields []string) (Fingerprint, error) {
 	return sha256.Sum256(e.buf), nil
 }
 
+// Resolve returns the value the JSON pointer p (RFC 6901) selects in root,
+// as Compute selects it, and whether it selects one. An invalid pointer,
+// or one past MaxDepth, selects nothing.
+func Resolve(root map[string]any, p string) (any, bool) {
+	if ValidatePointer(p) != nil {
+		return nil, false
+	}
+	v, _, found, err := resolvePointer(root, p)
+	return v, found && err == nil
+}
+
 // resolvePointer evaluates the valid JSON pointer p against root. It returns
 // the selected value, the number of reference tokens in p, and whether p
 // selects anything. It fails only when the walk would enter a container

@@ -401,3 +401,27 @@ func FuzzComputeFingerprint(f *testing.F) {
 		}
 	})
 }
+
+// TestResolve: Resolve selects what Compute's pointers select: members
+// (~1 and ~0 unescaped), array indices without leading zeros, the root for
+// ""; an invalid pointer, or a miss, selects nothing.
+func TestResolve(t *testing.T) {
+	root := map[string]any{"a/b": 1.0, "m~n": 2.0, "to": map[string]any{"iban": "X"}, "list": []any{"p", "q"}}
+	for _, tc := range []struct {
+		p     string
+		want  any
+		found bool
+	}{
+		{"/a~1b", 1.0, true}, {"/m~0n", 2.0, true}, {"/to/iban", "X", true}, {"/list/1", "q", true},
+		{"/list/01", nil, false}, {"/list/2", nil, false}, {"/list/-", nil, false}, {"/missing", nil, false},
+		{"/to/iban/x", nil, false}, {"to", nil, false}, {"/~2", nil, false},
+	} {
+		got, found := Resolve(root, tc.p)
+		if found != tc.found || found && got != tc.want {
+			t.Errorf("Resolve(%q) = %v, %v; want %v, %v", tc.p, got, found, tc.want, tc.found)
+		}
+	}
+	if got, found := Resolve(root, ""); !found || got.(map[string]any)["to"] == nil {
+		t.Errorf("Resolve(\"\") = %v, %v; want the root", got, found)
+	}
+}

@@ -849,17 +849,7 @@ func TestLiveCountsAndOverdue(t *testing.T) {
 
 func TestObserverSeesTransitionsDecisionsAndRefusals(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		var mu sync.Mutex
-		var events []Event
-		l, err := New(e.lrdb, Options{Policies: e.l.policies, Observer: func(ev Event) {
-			mu.Lock()
-			defer mu.Unlock()
-			events = append(events, ev)
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.l = l
+		seen := observe(t, e)
 		o := e.execute(t, "op", "payments.refund")
 		time.Sleep(5 * time.Millisecond)
 		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
@@ -867,10 +857,8 @@ func TestObserverSeesTransitionsDecisionsAndRefusals(t *testing.T) {
 		}
 		_, _ = e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "payments.refund", Params: map[string]any{"amount": 1.0}, PermitID: "permit-1", Holder: "h"})
 		_, _ = e.complete(t, "op", o.FencingToken+1, OutcomeSucceeded, nil, nil)
-		mu.Lock()
-		defer mu.Unlock()
 		var kinds []string
-		for _, ev := range events {
+		for _, ev := range seen() {
 			switch ev.Type {
 			case EventTransition:
 				kinds = append(kinds, "transition:"+ev.From.String()+">"+ev.To.String()+":"+ev.Reason)
@@ -901,19 +889,7 @@ func TestObserverSeesTransitionsDecisionsAndRefusals(t *testing.T) {
 // would be.
 func TestObserverSeesRenewsLeaseExpiry(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		var mu sync.Mutex
-		var moves []Event
-		l, err := New(e.lrdb, Options{Policies: e.l.policies, Observer: func(ev Event) {
-			mu.Lock()
-			defer mu.Unlock()
-			if ev.Type == EventTransition && ev.To == StateUnknown {
-				moves = append(moves, ev)
-			}
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.l = l
+		seen := observe(t, e)
 		unswept(func() {
 			o := e.execute(t, "renewed-late", "expiring.refund")
 			waitLeaseExpiry()
@@ -922,10 +898,36 @@ func TestObserverSeesRenewsLeaseExpiry(t *testing.T) {
 				t.Fatalf("Renew after the lease: state %v, want UNKNOWN", le.State)
 			}
 		})
-		mu.Lock()
-		defer mu.Unlock()
+		var moves []Event
+		for _, ev := range seen() {
+			if ev.Type == EventTransition && ev.To == StateUnknown {
+				moves = append(moves, ev)
+			}
+		}
 		if len(moves) != 1 || moves[0].From != StateRunning || moves[0].Reason != "LEASE_EXPIRED" || moves[0].Op != "Renew" || moves[0].Dwell < 150*time.Millisecond {
 			t.Fatalf("transitions to UNKNOWN: %+v, want Renew's RUNNING > UNKNOWN (LEASE_EXPIRED) after its lease", moves)
 		}
 	})
+}
+
+// observe gives e a ledger on the same store whose events are kept, and
+// returns what it has seen so far.
+func observe(t *testing.T, e *env) func() []Event {
+	t.Helper()
+	var mu sync.Mutex
+	var events []Event
+	l, err := New(e.lrdb, Options{Policies: e.l.policies, Observer: func(ev Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.l = l
+	return func() []Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(events)
+	}
 }

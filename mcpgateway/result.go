@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/fingerprint"
 	"github.com/opledger/ledger/ledger"
 )
 
@@ -109,41 +109,11 @@ func selectParams(args map[string]any, pointers []string) map[string]any {
 	}
 	out := map[string]any{}
 	for _, p := range pointers {
-		if v, ok := point(args, p); ok {
+		if v, ok := fingerprint.Resolve(args, p); ok {
 			out[p] = v
 		}
 	}
 	return out
-}
-
-// point resolves the JSON pointer p (RFC 6901) in v.
-func point(v any, p string) (any, bool) {
-	if p == "" {
-		return v, true
-	}
-	if p[0] != '/' {
-		return nil, false
-	}
-	for _, tok := range strings.Split(p[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch c := v.(type) {
-		case map[string]any:
-			x, ok := c[tok]
-			if !ok {
-				return nil, false
-			}
-			v = x
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(c) || tok != strconv.Itoa(i) {
-				return nil, false
-			}
-			v = c[i]
-		default:
-			return nil, false
-		}
-	}
-	return v, true
 }
 
 // pointString is the value at p in v as a resource id: a string, or a
@@ -161,7 +131,8 @@ func pointString(v any, p string) string {
 	if err := dec.Decode(&v); err != nil {
 		return ""
 	}
-	x, _ := point(v, p)
+	m, _ := v.(map[string]any)
+	x, _ := fingerprint.Resolve(m, p)
 	switch x := x.(type) {
 	case string:
 		if len(x) <= ledger.MaxResourceIDLen {

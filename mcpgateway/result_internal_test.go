@@ -98,7 +98,6 @@ func FuzzArguments(f *testing.F) {
 			return
 		}
 		_ = selectParams(args, []string{ptr})
-		_, _ = point(args, ptr)
 		_ = pointString(args, ptr)
 	})
 }
