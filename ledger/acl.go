@@ -13,10 +13,8 @@ var ACLCommands = []string{
 	// reads outside scripts (ListUnresolved, Sweep, the live counts, the
 	// compaction pass's walk over the record keys) and the clock
 	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem", "scan",
-	// inside the scripts; pttl only in the compaction's; lrange and del
-	// only for records of the previous layout, which the scripts convert
-	// (scripts/common.lua, load_legacy)
-	"set", "pttl", "hdel", "hincrby", "zadd", "zcard", "lrange", "del",
+	// inside the scripts; pttl only in the compaction's
+	"set", "pttl", "hdel", "hincrby", "zadd", "zcard",
 }
 
 // ACLClusterCommands are the commands a Redis Cluster user needs besides

@@ -148,8 +148,7 @@ func (e *env) waitExpired(t *testing.T, ids ...string) {
 // it to its tombstone: the result, the failure, the notes and the history
 // are gone from the store, the key ends when it did, and every call answers
 // as it did before (a late Reserve is refused, never executed). Records in
-// their retention, non-terminal ones, records of the previous layout and
-// other keys are left byte for byte.
+// their retention, non-terminal ones and other keys are left byte for byte.
 func TestCompaction(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		secrets := []string{"customer-data-4711", "res-4711", "declined-for-customer-4711", "note-4711", "timeout"}
@@ -179,15 +178,17 @@ func TestCompaction(t *testing.T) {
 		}
 		expired := []string{"ok", "failed", "reconciled"}
 
-		// Left alone: in its retention, running, of the previous layout,
-		// and keys that are no records of this layout.
+		// Left alone: in its retention, running, a hash, and strings that
+		// are no records.
 		o = e.execute(t, "kept", "payments.refund")
 		if _, err := e.complete(t, "kept", o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"card":"customer-data-4711"}`)}, nil); err != nil {
 			t.Fatal(err)
 		}
 		e.execute(t, "running", "compact.refund")
-		tok := e.layout0Reserve(t, "legacy", 30000)
-		e.layout0Complete(t, "legacy", tok, OutcomeSucceeded, Result{Data: []byte(`{"card":"customer-data-4711"}`)}, Failure{})
+		foreign := map[string]string{"st": "3", "exp": "1"}
+		if err := e.rdb.HSet(e.ctx, e.opKeys("foreign").all[0], foreign).Err(); err != nil {
+			t.Fatal(err)
+		}
 		other := map[string]string{
 			e.opKeys("not-a-record").all[0]: "L and some text",
 			e.opKeys("short").all[0]:        "3\xff1\xff",
@@ -203,10 +204,6 @@ func TestCompaction(t *testing.T) {
 		untouched := map[string]string{}
 		for _, id := range []string{"kept", "running", "not-a-record", "short", "bare-unit"} {
 			untouched[id], _ = e.stored(t, e.opKeys(id).all[0])
-		}
-		legacy, err := e.rdb.HGetAll(e.ctx, e.opKeys("legacy").all[0]).Result()
-		if err != nil || len(legacy) == 0 {
-			t.Fatalf("layout-0 record: %v %v", legacy, err)
 		}
 
 		e.waitExpired(t, expired...)
@@ -257,9 +254,9 @@ func TestCompaction(t *testing.T) {
 					t.Fatalf("%s changed by compaction: %q, was %q", id, now, v)
 				}
 			}
-			now, err := e.rdb.HGetAll(e.ctx, e.opKeys("legacy").all[0]).Result()
-			if err != nil || !maps.Equal(now, legacy) {
-				t.Fatalf("layout-0 record changed by compaction: %v (%v)", now, err)
+			now, err := e.rdb.HGetAll(e.ctx, e.opKeys("foreign").all[0]).Result()
+			if err != nil || !maps.Equal(now, foreign) {
+				t.Fatalf("a hash changed by compaction: %v (%v)", now, err)
 			}
 		}
 		check()

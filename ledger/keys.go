@@ -22,9 +22,6 @@ const DefaultPrefix = "ledger"
 //
 //	<prefix>:{sNN}:op:<tenant>:<id>       operation record with its history, and
 //	                                      its tombstone after its retention (string)
-//	<prefix>:{sNN}:h:<tenant>:<id>        previous layout only: the history (list),
-//	                                      read and deleted when the record is converted
-//	<prefix>:{sNN}:tomb:<tenant>:<id>     previous layout only: the tombstone (string)
 //	<prefix>:{sNN}:unresolved:<tenant>    non-terminal operations of a tenant in
 //	                                      this shard (zset, ordered by member)
 //	<prefix>:{sNN}:leases                 running claims of this shard by lease
@@ -43,11 +40,11 @@ type keyspace struct {
 }
 
 // opKeys are the keys of one operation, in the order every write script
-// takes them (KEYS[1..7] in common.lua).
+// takes them (KEYS[1..5] in common.lua).
 type opKeys struct {
 	tenant, id string // raw
 	shard      int
-	all        []string // record, history, tombstone, unresolved, leases, stats, overdue
+	all        []string // record, unresolved, leases, stats, overdue
 	member     string   // the operation's member in the lease index
 }
 
@@ -68,16 +65,6 @@ func shardOf(tenant, id string) int {
 // record is the key of an operation's record.
 func (k keyspace) record(shard int, t, id string) string {
 	return k.tag(shard) + ":op:" + t + ":" + id
-}
-
-// history is the key of an operation's history list in the previous layout.
-func (k keyspace) history(shard int, t, id string) string {
-	return k.tag(shard) + ":h:" + t + ":" + id
-}
-
-// tombstone is the key of an operation's tombstone in the previous layout.
-func (k keyspace) tombstone(shard int, t, id string) string {
-	return k.tag(shard) + ":tomb:" + t + ":" + id
 }
 
 // unresolved is the key of a tenant's unresolved index in one shard.
@@ -115,8 +102,6 @@ func (k keyspace) op(tenant, id string) opKeys {
 		shard:  s,
 		all: []string{
 			k.record(s, t, i),
-			k.history(s, t, i),
-			k.tombstone(s, t, i),
 			k.unresolved(s, t),
 			k.leases(s),
 			k.stats(s),

@@ -387,7 +387,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 		return nil, invalid(op, vs...)
 	}
 	k := l.keys.op(who.Tenant, id)
-	code, aux, rec, _, err := l.runKeys(ctx, op, lookupScript, l.waitMarker(k), k.all[:3], who.ID, k.member)
+	code, aux, rec, _, err := l.runKeys(ctx, op, lookupScript, l.waitMarker(k), k.all[:1], who.ID, k.member)
 	if err != nil {
 		return nil, err
 	}

@@ -172,7 +172,7 @@ func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]
 		_, ids[i], _ = strings.Cut(m, ":")
 		cmds[i] = pipe.Get(ctx, l.keys.op(tenant, ids[i]).all[0])
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && !isWrongType(err) {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, time.Time{}, err
 	}
 	ops := make([]*Operation, len(members))
@@ -186,13 +186,6 @@ func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]
 			}
 		case errors.Is(err, redis.Nil):
 			stale = append(stale, members[i])
-		case isWrongType(err):
-			// A record of the previous layout, not converted yet.
-			m, err := l.rdb.HGetAll(ctx, l.keys.op(tenant, ids[i]).all[0]).Result()
-			if err != nil {
-				return nil, time.Time{}, err
-			}
-			ops[i] = legacyOperation(ids[i], m)
 		default:
 			return nil, time.Time{}, err
 		}
@@ -210,10 +203,6 @@ func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]
 		_, _ = pipe.Exec(ctx) // best effort: the next page tries again
 	}
 	return ops, now.Val(), nil
-}
-
-func isWrongType(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
 }
 
 // encodePageToken returns the page token that continues after the index

@@ -296,58 +296,6 @@ func parseUint(s string) uint64 {
 	return n
 }
 
-func parseMillis(s string) time.Time {
-	if s == "" {
-		return time.Time{}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n == 0 {
-		return time.Time{}
-	}
-	return time.UnixMilli(n).UTC()
-}
-
-// legacyOperation decodes a record of the previous layout (a hash; the
-// scripts convert it on its next write), which ListUnresolved may still
-// meet.
-func legacyOperation(id string, m map[string]string) *Operation {
-	o := &Operation{
-		ID:             id,
-		Tool:           m["tool"],
-		Effect:         Effect(parseUint(m["eff"])),
-		State:          parseState(m["st"]),
-		Attempt:        uint32(parseUint(m["att"])),
-		FencingToken:   parseUint(m["tok"]),
-		PermitID:       m["pmt"],
-		RunID:          m["run"],
-		Step:           uint32(parseUint(m["stp"])),
-		Holder:         m["hld"],
-		Reason:         m["rsn"],
-		NeedsReview:    m["rev"] == "1",
-		CreatedAt:      parseMillis(m["ct"]),
-		UpdatedAt:      parseMillis(m["ut"]),
-		LeaseExpiresAt: parseMillis(m["lse"]),
-		UnknownSince:   parseMillis(m["uks"]),
-		RetainUntil:    parseMillis(m["ru"]),
-		ExpiresAt:      parseMillis(m["exp"]),
-		MaxAttempts:    uint32(parseUint(m["max"])),
-	}
-	o.Fingerprint, _ = fingerprint.Parse(m["fp"])
-	if !o.UnknownSince.IsZero() {
-		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(parseUint(m["rwin"])) * time.Millisecond)
-	}
-	if o.State == StateSucceeded {
-		o.Result = &Result{ResourceID: m["rid"]}
-		if d := m["rd"]; d != "" {
-			o.Result.Data = []byte(d)
-		}
-	}
-	if m["fc"] != "" || m["fm"] != "" {
-		o.Failure = &Failure{Code: m["fc"], Message: m["fm"]}
-	}
-	return o
-}
-
 // outcomeDigest identifies a Complete's outcome, so a repeat can be told
 // from a different report under the same token: 16 hex digits (64 bits) of
 // SHA-256 over the outcome and the length-prefixed result and failure.

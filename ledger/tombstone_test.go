@@ -4,9 +4,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/opledger/ledger/fingerprint"
 )
 
 // TestTombstoneKeepsTheFingerprint (S4, S6): the tombstone of an expired
@@ -14,8 +11,7 @@ import (
 // other parameters is IDEMPOTENCY_KEY_REUSED (differs "params"), not
 // IDEMPOTENCY_KEY_EXPIRED with a final state that is not that request's,
 // while a late replay of the same request is still EXPIRED. This holds
-// while the expired record is whole, after compaction, and for a tombstone
-// of the previous layout; parameters outside the consequential fields bound
+// while the expired record is whole and after compaction; parameters outside the consequential fields bound
 // at creation do not count. Nothing is executed or written.
 func TestTombstoneKeepsTheFingerprint(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
@@ -94,26 +90,6 @@ func TestTombstoneKeepsTheFingerprint(t *testing.T) {
 			}
 		}
 		check("compacted")
-
-		// A tombstone of the previous layout: "<state>:<fingerprint, hex>".
-		fp, err := fingerprint.Compute(same, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.rdb.Set(e.ctx, e.opKeys("gone").all[2], "4:"+fp.String(), time.Hour).Err(); err != nil {
-			t.Fatal(err)
-		}
-		_, err = reserve("gone", "payments.refund", other)
-		if ee := wantKind(t, err, KindKeyReused); !slices.Equal(ee.Differs, []string{"params"}) {
-			t.Fatalf("previous layout: differs %v", ee.Differs)
-		}
-		_, err = reserve("gone", "payments.refund", same)
-		if ee := wantKind(t, err, KindKeyExpired); ee.State != StateFailedFinal {
-			t.Fatalf("previous layout: expired in state %v", ee.State)
-		}
-		if n, _ := e.rdb.Exists(e.ctx, e.opKeys("gone").all[0]).Result(); n != 0 {
-			t.Fatal("a Reserve under a tombstone of the previous layout created a record")
-		}
 	})
 }
 

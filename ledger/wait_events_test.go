@@ -113,7 +113,7 @@ func TestTransitionsReportedWhenTheMarkerIsRefused(t *testing.T) {
 		t.Fatalf("ACLRules %q has no %s to narrow", rules, all)
 	}
 	var patterns []string
-	for _, k := range []string{":op:*", ":h:*", ":tomb:*", ":unresolved:*", ":leases", ":stats", ":overdue"} {
+	for _, k := range []string{":op:*", ":unresolved:*", ":leases", ":stats", ":overdue"} {
 		patterns = append(patterns, "~"+DefaultPrefix+":{s??}"+k)
 	}
 	srv.CreateUser(t, "nomarker", "nomarker-password", strings.Replace(rules, all, strings.Join(patterns, " "), 1))

@@ -5,15 +5,10 @@
 -- Conventions shared by all write scripts:
 --
 --   KEYS[1] -> the operation record (string)        <prefix>:{sNN}:op:<tenant>:<id>
---   KEYS[2] -> the history list of the previous record layout, read and
---              deleted when such a record is converted (see load_legacy)
---                                                   <prefix>:{sNN}:h:<tenant>:<id>
---   KEYS[3] -> the tombstone of the previous record layout, read while it
---              lasts and deleted on conversion     <prefix>:{sNN}:tomb:<tenant>:<id>
---   KEYS[4] -> the tenant's unresolved index (zset) <prefix>:{sNN}:unresolved:<tenant>
---   KEYS[5] -> the shard's lease index (zset)       <prefix>:{sNN}:leases
---   KEYS[6] -> the shard's live counts (hash)       <prefix>:{sNN}:stats
---   KEYS[7] -> the shard's UNKNOWN operations by recovery deadline (zset)
+--   KEYS[2] -> the tenant's unresolved index (zset) <prefix>:{sNN}:unresolved:<tenant>
+--   KEYS[3] -> the shard's lease index (zset)       <prefix>:{sNN}:leases
+--   KEYS[2] -> the shard's live counts (hash)       <prefix>:{sNN}:stats
+--   KEYS[3] -> the shard's UNKNOWN operations by recovery deadline (zset)
 --                                                   <prefix>:{sNN}:overdue
 --   ARGV[1] -> the principal recorded in the history
 --   ARGV[2] -> the operation's member in the lease index (<tenant>:<id>, encoded)
@@ -25,7 +20,7 @@
 -- operation is UNKNOWN. Both are maintained by transition() and finish(), so
 -- the metrics read them instead of scanning records.
 --
--- All seven keys share one hash tag, so a script runs unchanged on Redis
+-- All five keys share one hash tag, so a script runs unchanged on Redis
 -- Cluster. Every script validates everything before its first write and
 -- raises no error after it, so a refused script (e.g. OOM under maxmemory,
 -- which Redis reports on the first write) changes nothing. The time is the
@@ -101,13 +96,11 @@ local R = {}
 --   hist      the history as stored (each entry with its leading \254)
 --   encoded   the stored form of R while it matches (nil: encode it)
 --   ct36      the stored creation time
---   legacy    R was read from a record of the previous layout (a hash, a
---             history list and a tombstone); its first write converts it
 --   expired   the final state, when only the tombstone is left
 --   entered   when the loaded record entered its state (for dwell times)
 --   from, dwell  this call's transition, if it made one
 --   principal, member, tenant  ARGV[1], ARGV[2] and the tenant part of it
-local S = {hist = '', legacy = false, principal = ARGV[1], member = ARGV[2],
+local S = {hist = '', principal = ARGV[1], member = ARGV[2],
   tenant = string.match(ARGV[2] or '', '^[^:]*')}
 
 -- The letter each transition reason is stored as (record.go mirrors it).
@@ -256,28 +249,11 @@ F = {
     S.hist = hist
   end,
 
-  -- load_legacy reads a record of the previous layout: a hash with the
-  -- fields above (times and policy durations in ms, fp in hex, cdg 32 hex
-  -- digits), its history a list of JSON entries {t, f, s, a, k, p, r, d}.
-  load_legacy = function()
-    local flat = redis.call('HGETALL', KEYS[1])
-    for i = 1, #flat, 2 do
-      R[flat[i]] = flat[i + 1]
-    end
-    R.fp = string.gsub(R.fp or '', '%x%x', function(x) return string.char(tonumber(x, 16)) end)
-    if R.cdg then R.cdg = string.sub(R.cdg, 1, 16) end
-    for _, f in ipairs({'lms', 'ret', 'tret', 'rwin'}) do
-      R[f] = F.enc(tonumber(R[f]) or 0)
-    end
-    R.ix = nil
-    local prev
-    for _, j in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
-      local h = cjson.decode(j)
-      local p = h.p or ''
-      S.hist = S.hist .. F.entry(h.f or '0', h.s, h.r, tonumber(h.t), h.a, tonumber(h.k), p, h.d or '', prev)
-      prev = p
-    end
-    S.legacy = true
+  -- gone is the one rule for an expired record: terminal (st), and past
+  -- its retention (exp, ms) or compacted (compact.lua leaves no attempt),
+  -- whatever the clock says then. Only its tombstone counts from then on.
+  gone = function(st, exp, att)
+    return (st == '3' or st == '4') and (att == '' or exp < NOW)
   end,
 
   -- load reads the record. It returns false when there is none, with
@@ -285,16 +261,8 @@ F = {
   -- fingerprint; S.tcf the consequential fields of a compacted tombstone
   -- that keeps them, '' for all parameters).
   load = function()
-    local s = redis.pcall('GET', KEYS[1])
-    if type(s) == 'table' and s.err then
-      F.load_legacy()
-    elseif not s then
-      local tomb = redis.call('GET', KEYS[3]) -- of the previous layout
-      if tomb then
-        -- "<final state>:<fingerprint, 64 hex digits>"
-        S.expired = string.sub(tomb, 1, 1)
-        R.fp = string.gsub(string.sub(tomb, 3), '%x%x', function(x) return string.char(tonumber(x, 16)) end)
-      end
+    local s = redis.call('GET', KEYS[1])
+    if not s then
       return false
     else
       R.fp = string.sub(s, 2, 33)
@@ -340,10 +308,7 @@ F = {
       if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
       S.encoded = s
     end
-    if (R.st == '3' or R.st == '4') and (tonumber(R.exp) < NOW or R.att == '') then
-      -- Past its retention: only the tombstone counts. A compacted one
-      -- (compact.lua: no attempt) is expired whatever the clock says, as it
-      -- was when it was compacted.
+    if F.gone(R.st, tonumber(R.exp), R.att) then
       S.expired = R.st
       return false
     end
@@ -383,10 +348,6 @@ F = {
       redis.call('SET', KEYS[1], s)
     end
     S.encoded = s
-    if S.legacy then
-      redis.call('DEL', KEYS[2], KEYS[3])
-      S.legacy = false
-    end
   end,
 
   -- reply is a script's answer with the record: {code, aux, record, moved},
@@ -411,8 +372,8 @@ F = {
       return
     end
     local field = R.tool .. '|' .. st .. '|' .. S.tenant
-    if redis.call('HINCRBY', KEYS[6], field, delta) == 0 then
-      redis.call('HDEL', KEYS[6], field)
+    if redis.call('HINCRBY', KEYS[4], field, delta) == 0 then
+      redis.call('HDEL', KEYS[4], field)
     end
   end,
 
@@ -426,9 +387,9 @@ F = {
     F.bump(to, 1)
     local member = R.eff .. '|' .. R.tool .. '|' .. S.member
     if to == '5' then
-      redis.call('ZADD', KEYS[7], tonumber(R.uks) + F.ms(R.rwin), member)
+      redis.call('ZADD', KEYS[5], tonumber(R.uks) + F.ms(R.rwin), member)
     elseif from == '5' then
-      redis.call('ZREM', KEYS[7], member)
+      redis.call('ZREM', KEYS[5], member)
     end
   end,
 
@@ -452,7 +413,7 @@ F = {
     F.flush()
     F.indexes(from, to)
     if to ~= '2' then
-      redis.call('ZREM', KEYS[5], S.member)
+      redis.call('ZREM', KEYS[3], S.member)
     end
   end,
 
@@ -480,8 +441,8 @@ F = {
     F.history(from, to, reason, detail)
     F.flush()
     F.indexes(from, to)
-    redis.call('ZREM', KEYS[4], F.unresolved_member())
-    redis.call('ZREM', KEYS[5], S.member)
+    redis.call('ZREM', KEYS[2], F.unresolved_member())
+    redis.call('ZREM', KEYS[3], S.member)
   end,
 
   -- missing answers for an operation without a record: expired (its

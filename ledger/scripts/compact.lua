@@ -8,8 +8,7 @@
 -- ARGV: none
 --
 -- Output: 1 when the record was compacted now, 0 when it was left as it was:
--- no such key, not a string (a record of the previous layout), not a record
--- of the current layout, not terminal, still in its retention (exp not
+-- no such key, not a string, not a record, not terminal, still in its retention (exp not
 -- passed by the store's clock), or a tombstone already.
 --
 -- The tombstone is the record cut after its fourth field, with an empty
@@ -23,10 +22,8 @@
 -- ct + ut + exp), find it expired and answer C_EXPIRED with the final state
 -- and nothing else; reserve.lua compares the fingerprint, over cf when the
 -- tool's policy lists other fields now. The fields are kept verbatim, so
--- the expiry reads the same; load() and lookup.lua also take a record with
--- an empty or no fifth field (the attempt, present in every full record)
--- for an expired tombstone whatever the clock says. A tombstone compacted
--- before cf was kept ends after <ut>; it is left as it is. The value is written with the key's TTL as PTTL
+-- the expiry reads the same; the empty attempt makes it expired whatever
+-- the clock says (gone in common.lua). The value is written with the key's TTL as PTTL
 -- reads it (PX; no TTL when the key has none): the key ends when it did
 -- before (exp + tombstone retention), so a late replay is still refused
 -- until then. Redis stores the end in milliseconds; from 7.2 on a script
@@ -46,7 +43,7 @@ if not head then
 end
 local n = 33 + #head
 if #s == n or string.sub(s, n + 1, n + 1) ~= '\255' or string.sub(s, n + 2, n + 2) == '\255' then
-  return 0 -- a tombstone already, of either form (or not a record)
+  return 0 -- a tombstone already (or not a record)
 end
 local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\255]*)$')
 if ut ~= '' and not string.match(ut, '^%d+[smhd]?$') then

@@ -1,8 +1,7 @@
 -- expire.lua: the sweeper's lease expiry for one operation (contract.md §4: expired
 -- leases are also swept in the background).
 --
--- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
---               stats, overdue
+-- KEYS[1..5] -> record, unresolved index, lease index, stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal ("ledger")
 -- ARGV[2] -> lease index member
@@ -19,14 +18,14 @@
 -- Idempotent: a second run finds UNKNOWN and only drops the index entry.
 
 if not load() or R.st ~= ST_RUNNING then
-  redis.call('ZREM', KEYS[5], LEASE_MEMBER)
+  redis.call('ZREM', KEYS[3], LEASE_MEMBER)
   return {C_OK, 'dropped', ''}
 end
 if tonumber(R.lse) > NOW then
   return {C_OK, 'live', ''}
 end
 if R.eff ~= EFF_IRREVERSIBLE then
-  redis.call('ZREM', KEYS[5], LEASE_MEMBER)
+  redis.call('ZREM', KEYS[3], LEASE_MEMBER)
   return {C_OK, 'dropped', ''}
 end
 transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')

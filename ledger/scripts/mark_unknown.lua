@@ -1,8 +1,7 @@
 -- mark_unknown.lua: the claim holder cannot tell whether the effect happened
 -- (contract.md §4, MarkUnknown).
 --
--- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
---               stats, overdue
+-- KEYS[1..5] -> record, unresolved index, lease index, stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member

@@ -1,8 +1,7 @@
 -- reconcile.lua: resolve an operation from what the destination system says
 -- (contract.md §4, Reconcile).
 --
--- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
---               stats, overdue
+-- KEYS[1..5] -> record, unresolved index, lease index, stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member

@@ -1,7 +1,6 @@
 -- renew.lua: extend the lease of a running claim (contract.md §4, Renew).
 --
--- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
---               stats, overdue
+-- KEYS[1..5] -> record, unresolved index, lease index, stats, overdue
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member
@@ -39,5 +38,5 @@ end
 local lease_end = NOW + ms(R.lms)
 set('lse', tostr(lease_end))
 flush()
-redis.call('ZADD', KEYS[5], lease_end, LEASE_MEMBER)
+redis.call('ZADD', KEYS[3], lease_end, LEASE_MEMBER)
 return reply(C_OK, '')

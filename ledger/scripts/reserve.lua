@@ -1,8 +1,7 @@
 -- reserve.lua: record the intent of an operation and decide how the caller
 -- proceeds (contract.md §4, the Reserve table).
 --
--- KEYS[1..7] -> record, history, tombstone, unresolved index, lease index,
---               stats, overdue
+-- KEYS[1..5] -> record, unresolved index, lease index, stats, overdue
 --               (see common.lua)
 -- ARGV[1]  -> principal
 -- ARGV[2]  -> lease index member
@@ -63,7 +62,7 @@ local function claim(reason)
   set('lse', tostr(lease_end))
   set_outcome('', '', '', '')
   transition(ST_RUNNING, reason, '')
-  redis.call('ZADD', KEYS[5], lease_end, LEASE_MEMBER)
+  redis.call('ZADD', KEYS[3], lease_end, LEASE_MEMBER)
   return reply(C_EXECUTE, '')
 end
 
@@ -88,7 +87,7 @@ if not load() then
     return missing()
   end
   local limit = tonumber(ARGV[20])
-  if limit > 0 and redis.call('ZCARD', KEYS[4]) >= limit then
+  if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
     return {C_QUOTA, '', ''}
   end
   set('tool', tool)
@@ -110,7 +109,7 @@ if not load() then
     set('cf', ARGV[19])
   end
   local out = claim('RESERVED')
-  redis.call('ZADD', KEYS[4], 0, string.format('%013d', NOW) .. ':' .. ARGV[17])
+  redis.call('ZADD', KEYS[2], 0, string.format('%013d', NOW) .. ':' .. ARGV[17])
   return out
 end
 
