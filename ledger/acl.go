@@ -11,10 +11,11 @@ var ACLCommands = []string{
 	// before it) only with Options.WaitReplicas
 	"hello", "ping", "eval", "evalsha", "script|load", "wait",
 	// reads outside scripts (ListUnresolved, Sweep, the live counts, the
-	// compaction pass's walk over the record keys) and the clock
-	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem", "scan",
+	// compaction pass's walk over the record keys, the unresolved limit's
+	// counts) and the clock
+	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem", "scan", "zcard",
 	// inside the scripts; pttl only in the compaction's
-	"set", "pttl", "hdel", "hincrby", "zadd", "zcard",
+	"set", "pttl", "hdel", "hincrby", "zadd",
 }
 
 // ACLClusterCommands are the commands a Redis Cluster user needs besides

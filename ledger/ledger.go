@@ -30,9 +30,9 @@ type Options struct {
 	// UnresolvedLimit returns how many unresolved operations a tenant may
 	// hold (0: no limit); nil means no limit for anyone. Reserve refuses a
 	// new operation beyond it (KindQuotaExceeded), so one tenant cannot fill
-	// the store. The limit is enforced per shard, as limit/NumShards rounded
-	// up, inside the same script as the creation: exact per shard, within a
-	// few percent of the limit overall for limits of thousands.
+	// the store. One Ledger never lets a tenant pass it; Ledgers sharing a
+	// store learn of each other's operations within a second, within 10 ms
+	// near the limit (docs/design.md, "The unresolved limit").
 	UnresolvedLimit func(tenant string) int
 	// Observer receives an Event for every script run, transition, decision
 	// and refusal (nil: none), for metrics and traces.
@@ -59,6 +59,7 @@ type Ledger struct {
 	policies *Policies
 	log      *slog.Logger
 	limit    func(tenant string) int
+	quotas   quotas
 	observe  Observer
 	waitN    int
 	waitFor  time.Duration
@@ -173,20 +174,20 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		holder = newHolder()
 	}
 	k := l.keys.op(who.Tenant, req.OperationID)
-	shardLimit := 0
+	limit := 0
 	if l.limit != nil {
-		if n := l.limit(who.Tenant); n > 0 {
-			shardLimit = (n + NumShards - 1) / NumShards
-		}
+		limit = l.limit(who.Tenant)
 	}
 	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, *record, error) {
 		digest, list := fieldsDigest(fields)
-		code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
-			req.Tool, string(fp[:]), req.PermitID, holder, int(effect), req.RunID, req.Step,
-			retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
-			encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
-			encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, shardLimit)
-		return code, aux, rec, err
+		return l.reserveWithin(ctx, who.Tenant, k, limit, func(room any) (int64, string, *record, error) {
+			code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
+				req.Tool, string(fp[:]), req.PermitID, holder, int(effect), req.RunID, req.Step,
+				retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
+				encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
+				encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, room)
+			return code, aux, rec, err
+		})
 	}
 	code, aux, rec, err := run(fp, pol.ConsequentialFields)
 	if err == nil && code == codeFields {

@@ -712,62 +712,125 @@ func inLeaseIndex(e *env, id string) bool {
 	return err == nil
 }
 
+// TestUnresolvedLimit: a tenant holds at most its limit of unresolved
+// operations over all shards, small or large, also when 64 Reserves race;
+// retries of held operations still work, a resolved one makes room, other
+// tenants are not limited by it, and two Ledgers on one store keep it when
+// each reads the counts again before it decides (as it does near the limit
+// once nearAge has passed).
 func TestUnresolvedLimit(t *testing.T) {
+	cases := []struct {
+		name    string
+		limit   int
+		ledgers int // sharing the store, called in turn
+		racing  int // concurrent Reserves first
+	}{
+		{"one", 1, 1, 0},
+		{"ten", 10, 1, 0},
+		{"one per shard", NumShards, 1, 0},
+		{"a thousand", 1000, 1, 0},
+		{"ten, 64 racing", 10, 1, 64},
+		{"ten, two ledgers", 10, 2, 0},
+	}
 	eachBackend(t, func(t *testing.T, e *env) {
-		// A limit of NumShards allows one unresolved operation per shard.
-		l, err := New(e.lrdb, Options{Policies: e.l.policies, UnresolvedLimit: func(tenant string) int {
-			if tenant == e.who.Tenant {
-				return NumShards
-			}
-			return 0
-		}})
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				who := e.who
+				who.Tenant += "-" + randomHex(4)
+				var ls []*Ledger
+				for range c.ledgers {
+					l, err := New(e.lrdb, Options{Policies: e.l.policies, UnresolvedLimit: func(tenant string) int {
+						if tenant == who.Tenant {
+							return c.limit
+						}
+						return 0
+					}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					ls = append(ls, l)
+				}
+				reserve := func(l *Ledger, who Principal, id string) (*ReserveResult, error) {
+					return l.Reserve(e.ctx, who, ReserveRequest{OperationID: id, Tool: "payments.refund", PermitID: "p", Holder: "h"})
+				}
+				var held []string
+				n := 0
+				next := func() string { n++; return "op-" + itoa(int64(n)) }
+				if c.racing > 0 {
+					var mu sync.Mutex
+					var wg sync.WaitGroup
+					for range c.racing {
+						id := next()
+						wg.Go(func() {
+							_, err := reserve(ls[0], who, id)
+							mu.Lock()
+							defer mu.Unlock()
+							switch {
+							case err == nil:
+								held = append(held, id)
+							case KindOf(err) != KindQuotaExceeded:
+								t.Error(err)
+							}
+						})
+					}
+					wg.Wait()
+					if len(held) > c.limit {
+						t.Fatalf("%d racing Reserves created %d operations, limit %d", c.racing, len(held), c.limit)
+					}
+				}
+				for i := 0; len(held) < c.limit; i++ {
+					l := ls[i%len(ls)]
+					if len(ls) > 1 {
+						time.Sleep(nearAge + 5*time.Millisecond) // the other's counts are stale
+					}
+					id := next()
+					if _, err := reserve(l, who, id); err != nil {
+						t.Fatalf("%s, holding %d of %d: %v", id, len(held), c.limit, err)
+					}
+					held = append(held, id)
+				}
+				refused := next()
+				for _, l := range ls {
+					time.Sleep(nearAge + 5*time.Millisecond)
+					if _, err := reserve(l, who, refused); KindOf(err) != KindQuotaExceeded {
+						t.Fatalf("a new operation beyond the limit: %v, want KindQuotaExceeded", err)
+					}
+				}
+				if got := unresolvedOf(t, e, who.Tenant); got != c.limit {
+					t.Fatalf("%d unresolved operations, limit %d", got, c.limit)
+				}
+				res, err := reserve(ls[0], who, held[0])
+				if err != nil || res.Decision != DecisionExecute {
+					t.Fatalf("retry under the limit = %v, %v", res, err)
+				}
+				if _, err := ls[0].Complete(e.ctx, who, CompleteRequest{OperationID: held[0], FencingToken: res.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := reserve(ls[len(ls)-1], who, refused); err != nil {
+					t.Fatalf("after resolving one: %v", err)
+				}
+				other := who
+				other.Tenant += "-other"
+				if _, err := reserve(ls[0], other, next()); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	})
+}
+
+// unresolvedOf counts a tenant's unresolved operations in every shard.
+func unresolvedOf(t *testing.T, e *env, tenant string) int {
+	t.Helper()
+	n := 0
+	for s := range NumShards {
+		c, err := e.rdb.ZCard(e.ctx, e.l.keys.unresolved(s, encodeComponent(tenant))).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		held := map[int]string{} // shard -> the operation holding it
-		var refused string
-		for i := 0; refused == "" && i < 10*NumShards; i++ {
-			id := "op-" + itoa(int64(i))
-			_, err := l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: id, Tool: "payments.refund", PermitID: "p", Holder: "h"})
-			s := shardOf(e.who.Tenant, id)
-			switch {
-			case err == nil:
-				if _, dup := held[s]; dup {
-					t.Fatalf("a second unresolved operation in shard %d", s)
-				}
-				held[s] = id
-			case KindOf(err) == KindQuotaExceeded:
-				if _, ok := held[s]; !ok {
-					t.Fatalf("refused %s in an empty shard", id)
-				}
-				refused = id
-			default:
-				t.Fatal(err)
-			}
-		}
-		if refused == "" {
-			t.Fatal("the limit never applied")
-		}
-		holder := held[shardOf(e.who.Tenant, refused)]
-		// Retries of a held operation still work; once it is resolved, the
-		// refused one may start.
-		res, err := l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: holder, Tool: "payments.refund", PermitID: "p", Holder: "h"})
-		if err != nil || res.Decision != DecisionExecute {
-			t.Fatalf("retry under the limit = %v, %v", res, err)
-		}
-		if _, err := l.Complete(e.ctx, e.who, CompleteRequest{OperationID: holder, FencingToken: res.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: refused, Tool: "payments.refund", PermitID: "p", Holder: "h"}); err != nil {
-			t.Fatalf("after resolving: %v", err)
-		}
-		// Other tenants are not limited by this one.
-		other := e.who
-		other.Tenant += "-other"
-		if _, err := l.Reserve(e.ctx, other, ReserveRequest{OperationID: refused, Tool: "payments.refund", PermitID: "p", Holder: "h"}); err != nil {
-			t.Fatal(err)
-		}
-	})
+		n += int(c)
+	}
+	return n
 }
 
 // liveFor returns the live counts of one tenant by state.

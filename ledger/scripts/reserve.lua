@@ -23,8 +23,8 @@
 -- ARGV[17] -> operation id (raw), for the unresolved index member
 -- ARGV[18] -> digest of the policy's consequential fields ('' for all fields)
 -- ARGV[19] -> the consequential fields, a JSON list ('' for all fields)
--- ARGV[20] -> the most unresolved operations the tenant may hold in this
---             shard (0 for no limit)
+-- ARGV[20] -> '' when the call may create the operation, '0' when the
+--             tenant's unresolved limit leaves no room (Ledger.reserveWithin)
 --
 -- Output: {code, aux, record, moved}, record in its stored form (common.lua,
 -- reply), or {code, aux, ''}:
@@ -38,8 +38,8 @@
 --                                 is compared (its tombstone keeps no more)
 --   {C_EXPIRED, state, ''}        the record expired, and the fingerprint
 --                                 is its own (a late replay); its final state
---   {C_QUOTA, '', ''}             a new operation would exceed the tenant's
---                                 unresolved limit in this shard
+--   {C_QUOTA, '', ''}             a new operation, and no room under the
+--                                 tenant's unresolved limit
 --   {C_FIELDS, fields, ''}        the record was fingerprinted over other
 --                                 consequential fields (the policy changed):
 --                                 call again with a fingerprint over these
@@ -86,8 +86,7 @@ if not load() then
     end
     return missing()
   end
-  local limit = tonumber(ARGV[20])
-  if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
+  if ARGV[20] ~= '' then
     return {C_QUOTA, '', ''}
   end
   set('tool', tool)
