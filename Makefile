@@ -36,6 +36,14 @@ PROTO_V1_BASELINE := 81f0528db3e89469d27041f72b0e5c9a3b244dcf
 NODE_EXAMPLE_DEPS := examples/node/node_modules/.installed
 # The MCP example's Node client's packages (the official MCP SDK), likewise.
 MCP_NODE_DEPS := examples/mcp/node/node_modules/.installed
+# Every fuzz target, as package:Target.
+FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint \
+  internal/jsonvalue:FuzzParams ledger:FuzzKeyEncoding ledger:FuzzValidateID \
+  ledger:FuzzCompactScript ledger:FuzzParsePolicies ledger:FuzzPolicyValue ledger:FuzzGlobMatch \
+  ledger:FuzzDecodePageToken server:FuzzStructParams server:FuzzParseJSONStruct server:FuzzHandlers \
+  server:FuzzParseCredentials server:FuzzAuthenticate internal/bench:FuzzParseCPUList \
+  cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
+  mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments
 # The configuration `make mcp` runs the gateway with.
 MCP_CONFIG ?= examples/mcp/gateway.yaml
 
@@ -65,6 +73,15 @@ test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPL
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	LEDGER_TEST_POLYGLOT=require LEDGER_TEST_GRPCURL=$(BIN)/grpcurl $(GO) test -race -count=1 -timeout 20m ./...
+	cd alertrules && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+.PHONY: check
+check: $(BIN)/.staticcheck-$(STATICCHECK_VERSION) ## the inner loop: gofmt, go vet, staticcheck, and the short tests of ledger, server and client (about two minutes)
+	./scripts/ensure-redis-server.sh
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'); exit 1; }
+	$(GO) vet ./...
+	$(BIN)/staticcheck ./...
+	$(GO) test -short -count=1 ./ledger/ ./server/ ./client/
 
 .PHONY: test-faults
 test-faults: ## the fault suite alone in its long form (more kills, longer schedules; also part of make test in its short form; docs/failure-model.md)
@@ -79,29 +96,11 @@ bench: ## measure ledgerd on fresh redis-servers: throughput and latency against
 	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp $(BENCH_ARGS)
 
 .PHONY: fuzz
-fuzz: ## run every fuzz target for FUZZTIME each (default 30s)
-	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./fingerprint/
-	$(GO) test -run '^$$' -fuzz '^FuzzComputeFingerprint$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./fingerprint/
-	$(GO) test -run '^$$' -fuzz '^FuzzParams$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/jsonvalue/
-	$(GO) test -run '^$$' -fuzz '^FuzzKeyEncoding$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzValidateID$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzCompactScript$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzParsePolicies$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzPolicyValue$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzGlobMatch$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodePageToken$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./ledger/
-	$(GO) test -run '^$$' -fuzz '^FuzzStructParams$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseJSONStruct$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzHandlers$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseCredentials$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzAuthenticate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./server/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseCPUList$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/bench/
-	$(GO) test -run '^$$' -fuzz '^FuzzRedisURLRedaction$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerd/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseData$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerctl/
-	$(GO) test -run '^$$' -fuzz '^FuzzFencingToken$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./cmd/ledgerctl/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./mcpgateway/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadMeta$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./mcpgateway/
-	$(GO) test -run '^$$' -fuzz '^FuzzArguments$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./mcpgateway/
+fuzz: ## run every fuzz target (FUZZ_TARGETS) for FUZZTIME each (default 30s)
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz $$t"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) "./$${t%%:*}/"; \
+	done
 
 .PHONY: tools
 tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) ## install the pinned code generators into ./bin
@@ -135,6 +134,7 @@ lint: lint-proto $(BIN)/.staticcheck-$(STATICCHECK_VERSION) ## buf lint, format 
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^gen/'); exit 1; }
 	$(GO) vet ./...
 	$(BIN)/staticcheck ./...
+	cd alertrules && $(GO) vet ./... && $(BIN)/staticcheck ./...
 
 .PHONY: lint-proto
 lint-proto: tools ## buf lint, buf format and buf breaking against ledger.v1 as published and against the main branch (BREAKING_AGAINST)

@@ -28,8 +28,8 @@ const DefaultPrefix = "ledger"
 //	                                      end (zset, all tenants, for the sweeper)
 //	<prefix>:{sNN}:stats                  live counts of the shard's non-terminal
 //	                                      operations by tool, state and tenant (hash)
-//	<prefix>:{sNN}:overdue                the shard's UNKNOWN operations by recovery
-//	                                      deadline (zset, for the metrics)
+//	<prefix>:{sNN}:overdue                the shard's operations by when they are
+//	                                      overdue (zset, for the metrics)
 //	<prefix>:{sNN}:wait                   written before every WAIT of a call on the
 //	                                      shard, with Options.WaitReplicas (string)
 //
@@ -82,7 +82,7 @@ func (k keyspace) stats(shard int) string {
 	return k.tag(shard) + ":stats"
 }
 
-// overdue is the key of a shard's UNKNOWN operations by recovery deadline.
+// overdue is the key of a shard's operations by when they are overdue.
 func (k keyspace) overdue(shard int) string {
 	return k.tag(shard) + ":overdue"
 }

@@ -23,11 +23,14 @@ type LiveCount struct {
 	Negative int64
 }
 
-// OverdueCount is how many UNKNOWN operations of one tenant, tool and effect
-// are past their recovery deadline (unknown since + the recovery window).
+// OverdueCount is how many operations of one tenant, tool, effect and state
+// nothing has moved within the recovery window: UNKNOWN past unknown since +
+// window, PENDING past pending since + window, and idempotent or read-only
+// RUNNING past lease end + window (listed by the sweeper).
 type OverdueCount struct {
 	Tenant, Tool string
 	Effect       Effect
+	State        State
 	N            int64
 }
 
@@ -82,7 +85,7 @@ func (l *Ledger) LiveCounts(ctx context.Context) ([]LiveCount, error) {
 	return out, nil
 }
 
-// Overdue counts the UNKNOWN operations past their recovery deadline, by the
+// Overdue counts the operations past their recovery window (OverdueCount), by the
 // store's clock (one round trip over all shards, after reading the time).
 func (l *Ledger) Overdue(ctx context.Context) ([]OverdueCount, error) {
 	const op = "ledger.Overdue"
@@ -102,16 +105,16 @@ func (l *Ledger) Overdue(ctx context.Context) ([]OverdueCount, error) {
 	sum := map[OverdueCount]int64{}
 	for _, c := range cmds {
 		for _, m := range c.Val() {
-			parts := strings.SplitN(m, "|", 3)
-			if len(parts) != 3 {
+			parts := strings.SplitN(m, "|", 4)
+			if len(parts) != 4 {
 				continue
 			}
-			t, _, _ := strings.Cut(parts[2], ":")
+			t, _, _ := strings.Cut(parts[3], ":")
 			tenant, err := decodeComponent(t)
 			if err != nil {
 				continue
 			}
-			sum[OverdueCount{Tenant: tenant, Tool: parts[1], Effect: Effect(parseUint(parts[0]))}]++
+			sum[OverdueCount{Tenant: tenant, Tool: parts[2], Effect: Effect(parseUint(parts[1])), State: parseState(parts[0])}]++
 		}
 	}
 	out := make([]OverdueCount, 0, len(sum))

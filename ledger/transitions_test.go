@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -849,9 +850,18 @@ func liveFor(t *testing.T, e *env) map[State]int64 {
 	return out
 }
 
+// TestLiveCountsAndOverdue: the live counts follow every state, and an
+// operation nothing moves within its recovery window is overdue: UNKNOWN,
+// PENDING that nobody retries, and an idempotent claim past its lease (once
+// swept); an irreversible claim past its lease becomes UNKNOWN instead.
+// Moving it (a finding, a retry, a reclaim, a Complete) ends that.
 func TestLiveCountsAndOverdue(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		pol, _ := ParsePolicies([]byte("tools:\n  - match: \"tiny.*\"\n    recovery_window: 50ms\n"))
+		pol, err := ParsePolicies([]byte("tools:\n  - match: \"tiny.lookup\"\n    effect: IDEMPOTENT\n    lease: 20ms\n    recovery_window: 1s\n" +
+			"  - match: \"tiny.*\"\n    recovery_window: 50ms\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
 		l, err := New(e.lrdb, Options{Policies: pol})
 		if err != nil {
 			t.Fatal(err)
@@ -870,36 +880,59 @@ func TestLiveCountsAndOverdue(t *testing.T) {
 		if _, err := e.complete(t, "done", d.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
 			t.Fatal(err)
 		}
+		e.execute(t, "abandoned", "tiny.lookup")
 		got := liveFor(t, e)
-		if got[StateRunning] != 1 || got[StatePending] != 1 || got[StateUnknown] != 1 || len(got) != 3 {
+		if got[StateRunning] != 2 || got[StatePending] != 1 || got[StateUnknown] != 1 || len(got) != 3 {
 			t.Fatalf("live counts = %v", got)
 		}
-		overdueFor := func() int64 {
+		overdue := func() map[string]int64 {
 			t.Helper()
 			ov, err := e.l.Overdue(e.ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var n int64
+			out := map[string]int64{}
 			for _, o := range ov {
-				if o.Tenant == e.who.Tenant && o.Tool == "tiny.refund" && o.Effect == EffectIrreversible {
-					n += o.N
+				if o.Tenant == e.who.Tenant {
+					out[o.Tool+" "+o.Effect.String()+" "+o.State.String()] += o.N
 				}
 			}
-			return n
+			return out
 		}
 		time.Sleep(100 * time.Millisecond)
-		if n := overdueFor(); n != 1 {
-			t.Fatalf("overdue = %d, want 1", n)
+		if _, err := e.l.Sweep(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int64{
+			"tiny.refund IRREVERSIBLE UNKNOWN": 1,
+			"tiny.refund IRREVERSIBLE PENDING": 1,
+		}
+		if got := overdue(); !maps.Equal(got, want) {
+			t.Fatalf("overdue = %v, want %v", got, want)
+		}
+		time.Sleep(time.Second) // the idempotent claim: lease end + window
+		want["tiny.lookup IDEMPOTENT RUNNING"] = 1
+		if got := overdue(); !maps.Equal(got, want) {
+			t.Fatalf("overdue = %v, want %v", got, want)
 		}
 		if _, err := e.reconcile(t, "unknown", FindingApplied, nil); err != nil {
 			t.Fatal(err)
 		}
-		if n := overdueFor(); n != 0 {
-			t.Fatalf("overdue after reconciliation = %d, want 0", n)
+		if r := e.reserve(t, "abandoned", "tiny.lookup", map[string]any{"amount": 10.0}, "h2"); r.Decision != DecisionExecute || r.Operation.Attempt != 2 {
+			t.Fatalf("reclaim = %v, attempt %d", r.Decision, r.Operation.Attempt)
 		}
-		if got := liveFor(t, e); got[StateUnknown] != 0 || got[StateRunning] != 1 || got[StatePending] != 1 {
-			t.Fatalf("live counts after reconciliation = %v", got)
+		want = map[string]int64{"tiny.refund IRREVERSIBLE PENDING": 1}
+		if got := overdue(); !maps.Equal(got, want) {
+			t.Fatalf("overdue after moving them = %v, want %v", got, want)
+		}
+		if r := e.reserve(t, "pending", "tiny.refund", map[string]any{"amount": 10.0}, "h2"); r.Decision != DecisionExecute {
+			t.Fatalf("retry of the pending one = %v", r.Decision)
+		}
+		if got := overdue(); len(got) != 0 {
+			t.Fatalf("overdue after the retry = %v, want none", got)
+		}
+		if got := liveFor(t, e); got[StateUnknown] != 0 || got[StateRunning] != 3 || got[StatePending] != 0 {
+			t.Fatalf("live counts after moving them = %v", got)
 		}
 	})
 }

@@ -310,8 +310,8 @@ func (m *Metrics) WatchStore(l *ledger.Ledger, ttl time.Duration) {
 			"Non-terminal operations (PENDING, RUNNING, UNKNOWN) in the store, read from the live counts.",
 			m.labels("tenant", "tool", "state"), nil),
 		overdue: prometheus.NewDesc("ledger_unresolved_overdue",
-			"UNKNOWN operations past their recovery window (unknown since + recovery_window), by effect: the alert.",
-			m.labels("tenant", "tool", "effect"), nil),
+			"Operations nothing moved within their recovery window (UNKNOWN, PENDING, or an idempotent claim past its lease), by effect and state: the alert.",
+			m.labels("tenant", "tool", "effect", "state"), nil),
 		negative: prometheus.NewDesc("ledger_live_counts_negative",
 			"The live counts below zero behind ledger_unresolved_operations, summed over the shards: 0 unless the counts drifted from the records.",
 			m.labels("tenant", "tool", "state"), nil),
@@ -333,7 +333,8 @@ type storeCollector struct {
 	haveAny bool
 	// seen are the label sets reported before: they read 0 once their
 	// operations are gone, instead of vanishing.
-	seenUnresolved, seenOverdue map[[3]string]bool
+	seenUnresolved map[[3]string]bool
+	seenOverdue    map[[4]string]bool
 }
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -361,7 +362,7 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if c.seenUnresolved == nil {
-		c.seenUnresolved, c.seenOverdue = map[[3]string]bool{}, map[[3]string]bool{}
+		c.seenUnresolved, c.seenOverdue = map[[3]string]bool{}, map[[4]string]bool{}
 	}
 	// A label set of ledger_unresolved_operations has one of
 	// ledger_live_counts_negative too (0 unless its counts drifted).
@@ -379,15 +380,15 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.unresolved, prometheus.GaugeValue, n, c.m.labels(k[0], k[1], k[2])...)
 		ch <- prometheus.MustNewConstMetric(c.negative, prometheus.GaugeValue, negative[k], c.m.labels(k[0], k[1], k[2])...)
 	}
-	overdue := map[[3]string]float64{}
+	overdue := map[[4]string]float64{}
 	for k := range c.seenOverdue {
 		overdue[k] = 0
 	}
 	for _, oc := range c.late {
-		overdue[[3]string{c.m.tenant(oc.Tenant), c.m.tool(oc.Tool), oc.Effect.String()}] += float64(oc.N)
+		overdue[[4]string{c.m.tenant(oc.Tenant), c.m.tool(oc.Tool), oc.Effect.String(), oc.State.String()}] += float64(oc.N)
 	}
 	for k, n := range overdue {
 		c.seenOverdue[k] = true
-		ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, n, c.m.labels(k[0], k[1], k[2])...)
+		ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, n, c.m.labels(k[0], k[1], k[2], k[3])...)
 	}
 }

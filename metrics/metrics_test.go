@@ -239,10 +239,10 @@ func TestOverdueAlertRisesAndFalls(t *testing.T) {
 			}
 			return id
 		}
-		within := map[string]string{"tool": "patient.refund", "effect": "IRREVERSIBLE"}
+		within := map[string]string{"tool": "patient.refund", "effect": "IRREVERSIBLE", "state": "UNKNOWN"}
 		unknown("patient.refund")
 		id := unknown("slow.refund")
-		labels := map[string]string{"tool": "slow.refund", "effect": "IRREVERSIBLE"}
+		labels := map[string]string{"tool": "slow.refund", "effect": "IRREVERSIBLE", "state": "UNKNOWN"}
 		_, v := s.scrape(t)
 		for _, tool := range []string{"slow.refund", "patient.refund"} {
 			if got := v("ledger_unresolved_operations", map[string]string{"tool": tool, "state": "UNKNOWN"}); got < 1 {

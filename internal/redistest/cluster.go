@@ -35,6 +35,7 @@ type Cluster struct {
 // args go to every node.
 func StartCluster(tb testing.TB, masters, replicas int, args ...string) *Cluster {
 	tb.Helper()
+	skipShort(tb, "a Redis Cluster")
 	c, err := startCluster(tb.TempDir(), masters, replicas, args)
 	if err != nil {
 		tb.Fatal(err)
@@ -442,6 +443,15 @@ var (
 // answer the cluster bus) is marked failing, the others fail it over to its
 // replica, and it answers CLUSTERDOWN meanwhile: tests that share the
 // cluster would fail for a failover they never asked for.
+// skipShort skips a test that needs what under -short (make check, the
+// inner loop); make test runs it.
+func skipShort(tb testing.TB, what string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skipf("-short: no %s", what)
+	}
+}
+
 var sharedClusterArgs = []string{"--cluster-node-timeout", "600000"}
 
 // SharedCluster returns a 3-master Redis Cluster (one replica each) shared
@@ -450,6 +460,7 @@ var sharedClusterArgs = []string{"--cluster-node-timeout", "600000"}
 // its own (StartCluster).
 func SharedCluster(tb testing.TB) *Cluster {
 	tb.Helper()
+	skipShort(tb, "a Redis Cluster")
 	sharedClusterOnce.Do(func() {
 		sharedClusterDir, sharedClusterErr = os.MkdirTemp("", "redistest-cluster-")
 		if sharedClusterErr == nil {

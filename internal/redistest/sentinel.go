@@ -19,6 +19,7 @@ import (
 // (quorum 1, 1s down-after), and stops it at the test's end.
 func StartSentinel(tb testing.TB, master *Server, name string) *Server {
 	tb.Helper()
+	skipShort(tb, "Redis Sentinel")
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
 		tb.Fatal(MissingMessage)

@@ -16,9 +16,12 @@
 -- The stats hash counts the shard's non-terminal operations by
 -- "<tool>|<state>|<tenant>" (fields at 0 are deleted; one below 0 is a
 -- drift from the records and stays, see bump); the overdue zset holds
--- "<effect>|<tool>|<tenant>:<id>" scored by the recovery deadline while an
--- operation is UNKNOWN. Both are maintained by transition() and finish(), so
--- the metrics read them instead of scanning records.
+-- "<state>|<effect>|<tool>|<tenant>:<id>" scored by when the operation is
+-- overdue if nothing moves it: UNKNOWN since + recovery window, PENDING
+-- since + recovery window, and (added by expire.lua) an idempotent or
+-- read-only claim's lease end + recovery window. Both are maintained by
+-- transition() and finish(), so the metrics read them instead of scanning
+-- records.
 --
 -- All five keys share one hash tag, so a script runs unchanged on Redis
 -- Cluster. Every script validates everything before its first write and
@@ -377,27 +380,41 @@ F = {
     end
   end,
 
+  -- overdue_member is the operation's member in the overdue index while
+  -- it is in state st.
+  overdue_member = function(st)
+    return st .. '|' .. R.eff .. '|' .. R.tool .. '|' .. S.member
+  end,
+
   -- indexes moves the live count and the overdue entry with a transition
-  -- (from nil: a new record).
-  indexes = function(from, to)
+  -- (from nil: a new record); lapsed: the claim left had outlived its
+  -- lease, so the sweeper may have listed it as overdue.
+  indexes = function(from, to, lapsed)
     if from == to then
       return
     end
     if from then F.bump(from, -1) end
     F.bump(to, 1)
-    local member = R.eff .. '|' .. R.tool .. '|' .. S.member
-    if to == '5' then
-      redis.call('ZADD', KEYS[5], tonumber(R.uks) + F.ms(R.rwin), member)
-    elseif from == '5' then
-      redis.call('ZREM', KEYS[5], member)
+    if from == '1' or from == '5' or (lapsed and R.eff ~= '3') then
+      redis.call('ZREM', KEYS[5], F.overdue_member(from))
     end
+    if to == '5' then
+      redis.call('ZADD', KEYS[5], tonumber(R.uks) + F.ms(R.rwin), F.overdue_member(to))
+    elseif to == '1' then
+      redis.call('ZADD', KEYS[5], NOW + F.ms(R.rwin), F.overdue_member(to))
+    end
+  end,
+
+  -- lapsed reports whether the record is a claim past its lease.
+  lapsed = function()
+    return R.st == '2' and tonumber(R.lse or '0') <= NOW
   end,
 
   -- transition moves a live record to a non-terminal state (or records a
   -- change within one, like an escalation), with the common bookkeeping,
   -- and writes it with its history entry.
   transition = function(to, reason, detail)
-    local from = R.st
+    local from, lapsed = R.st, F.lapsed()
     R.st, R.rsn, R.ut = to, reason, F.tostr(NOW)
     if to ~= '2' then
       R.lse, R.hld = nil, nil
@@ -411,7 +428,7 @@ F = {
     end
     F.history(from, to, reason, detail)
     F.flush()
-    F.indexes(from, to)
+    F.indexes(from, to, lapsed)
     if to ~= '2' then
       redis.call('ZREM', KEYS[3], S.member)
     end
@@ -430,7 +447,7 @@ F = {
   -- expires after max(retention, retain_until + grace), and stays as its
   -- own tombstone for the tombstone retention after that.
   finish = function(to, reason, detail)
-    local from = R.st
+    local from, lapsed = R.st, F.lapsed()
     local ttl = F.ms(R.ret)
     local rue = tonumber(R.rue or '0')
     if rue - NOW > ttl then
@@ -440,7 +457,7 @@ F = {
     R.lse, R.hld, R.uks, R.rev = nil, nil, nil, nil
     F.history(from, to, reason, detail)
     F.flush()
-    F.indexes(from, to)
+    F.indexes(from, to, lapsed)
     redis.call('ZREM', KEYS[2], F.unresolved_member())
     redis.call('ZREM', KEYS[3], S.member)
   end,
@@ -467,6 +484,7 @@ F = {
 -- What the scripts use.
 local tostr, ms, load, flush, reply, missing = F.tostr, F.ms, F.load, F.flush, F.reply, F.missing
 local transition, finish, set_outcome, did = F.transition, F.finish, F.set_outcome, F.did
+local lapsed, overdue_member = F.lapsed, F.overdue_member
 local LEASE_MEMBER = S.member
 
 local function set(field, value)

@@ -11,8 +11,9 @@
 --                               it is UNKNOWN now (LEASE_EXPIRED)
 --   {C_OK, 'dropped', ''}       nothing to expire (gone, not RUNNING, or an
 --                               idempotent operation, which stays RUNNING
---                               past its lease until reclaimed): the index
---                               entry is removed
+--                               past its lease until reclaimed, and is
+--                               listed as overdue from lease end + recovery
+--                               window): the lease index entry is removed
 --   {C_OK, 'live', ''}          the lease was renewed; nothing changes
 --
 -- Idempotent: a second run finds UNKNOWN and only drops the index entry.
@@ -26,6 +27,7 @@ if tonumber(R.lse) > NOW then
 end
 if R.eff ~= EFF_IRREVERSIBLE then
   redis.call('ZREM', KEYS[3], LEASE_MEMBER)
+  redis.call('ZADD', KEYS[5], tonumber(R.lse) + ms(R.rwin), overdue_member(ST_RUNNING))
   return {C_OK, 'dropped', ''}
 end
 transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')

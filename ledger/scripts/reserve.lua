@@ -56,6 +56,9 @@ local function claim(reason)
     tok = NOW
   end
   local lease_end = NOW + ms(R.lms)
+  if lapsed() and R.eff ~= EFF_IRREVERSIBLE then
+    redis.call('ZREM', KEYS[5], overdue_member(ST_RUNNING))
+  end
   set('att', tostr(tonumber(R.att or '0') + 1))
   set('tok', tostr(tok))
   set('hld', holder)
