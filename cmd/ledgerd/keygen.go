@@ -1,0 +1,56 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/opledger/ledger/server"
+)
+
+// keygenOptions are the flags of "ledgerd keygen".
+type keygenOptions struct {
+	id, tenant, scopes string
+}
+
+// newKeygenFlagSet returns the flag set of "ledgerd keygen", which parses
+// into o and writes its messages to stderr.
+func newKeygenFlagSet(o *keygenOptions, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("ledgerd keygen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.id, "id", "", "key id: letters, digits, '-' and '_' (required)")
+	fs.StringVar(&o.tenant, "tenant", "", "tenant the key acts for (required)")
+	fs.StringVar(&o.scopes, "scopes", "agent", "comma-separated scopes: agent, reconciler, viewer")
+	return fs
+}
+
+// keygen prints a new API key and its credentials file entry.
+func keygen(args []string, stdout, stderr io.Writer) error {
+	var o keygenOptions
+	fs := newKeygenFlagSet(&o, stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // the usage is printed: -h succeeds, as ledgerd -h does
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("keygen: unexpected arguments %v: keygen takes flags only (--id, --tenant, --scopes)", fs.Args())
+	}
+	if o.id == "" || o.tenant == "" {
+		return errors.New("keygen: --id and --tenant are required")
+	}
+	entry := fmt.Sprintf("keys:\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, strings.Repeat("0", 64))
+	if _, err := server.ParseCredentials([]byte(entry)); err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	key, hash, err := server.NewAPIKey(o.id)
+	if err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	fmt.Fprintf(stdout, "# API key for the client (shown once, stored nowhere):\n#   %s\n", key)
+	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, hash)
+	return nil
+}
