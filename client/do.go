@@ -84,165 +84,214 @@ func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	if op.Effect == EffectUnspecified {
 		op.Effect = pol.Effect
 	}
-	holder := NewHolder() // one per call of the operation, reused only by its retries
 	// Waits end at the wait deadline too; fn, ledger calls and reports
 	// never get wctx.
 	until, bounded := WaitDeadline(ctx)
 	wctx, stopWaits := waitContext(ctx, until, bounded)
 	defer stopWaits()
-	var (
-		failures, waits, reconciles int
-		lastErr                     error      // the last attempt's error
-		last                        *Operation // the record as last seen
-		waited                      Wait       // what Do waited for last
-	)
-	deadline := func(w Wait, o *Operation, err error) error {
-		return &WaitDeadlineError{Deadline: until, Waiting: w, Operation: o, Err: err}
-	}
+	d := &doCall{c: c, ctx: ctx, wctx: wctx, op: op, pol: pol, fn: fn, until: until,
+		holder: NewHolder()} // one per call of the operation, reused only by its retries
 	for {
 		if pastWaitDeadline(ctx) {
-			if last != nil && (last.State == StateSucceeded || last.State == StateFailedFinal) {
+			if d.last != nil && (d.last.State == StateSucceeded || d.last.State == StateFailedFinal) {
 				// Settled while Do waited (a reconciler's finding): the
 				// outcome is known, and a Reserve would only replay it.
-				return replay(last)
+				return replay(d.last)
 			}
-			return Result{}, deadline(waited, last, lastErr)
+			return Result{}, d.deadline(d.waited, d.last, d.lastErr)
 		}
-		var res *Reservation
-		asked := time.Now() // no claim this Reserve brings began earlier
-		sent := false       // a Reserve went out while the caller still waited
-		lost := false       // one of them got no answer (the last, or an earlier one)
-		err := c.callWaiting(ctx, wctx, func(ctx context.Context) (err error) {
-			sent = sent || ctx.Err() == nil
-			res, err = c.Reserve(ctx, op, holder)
-			lost = lost || err != nil && unanswered(err)
-			return err
-		})
+		res, asked, err := d.reserve()
 		if err != nil {
-			var cut *waitCutError
-			if errors.As(err, &cut) {
-				if sent && lost {
-					c.returnLostClaim(ctx, op, holder)
-				}
-				return Result{}, deadline(cut.wait, last, cut.err)
-			}
-			if sent && (ctx.Err() != nil || lost) {
-				// The ledger may have granted a claim whose answer never
-				// arrived (even when the repeats were refused, for the
-				// tenant's rate say): fn does not run on it, so it is
-				// returned.
-				c.returnLostClaim(ctx, op, holder)
-			}
 			return Result{}, err
 		}
-		o := res.Operation
-		last = o
+		d.last = res.Operation
+		var out Result
+		done := true
 		switch res.Decision {
 		case DecisionReplay:
-			return replay(o)
-
+			out, err = replay(res.Operation)
 		case DecisionInProgress:
-			waits++
-			waited = WaitInProgress
-			if err := pause(ctx, wctx, max(res.RetryAfter, c.backoff.Delay(waits))); err != nil {
-				if err == errWaitDeadline {
-					// Someone else holds the claim: its outcome is unknown
-					// here, and the record stays theirs.
-					return Result{}, deadline(WaitInProgress, o, lastErr)
-				}
-				return Result{}, err
-			}
-
+			done, err = d.inProgress(res)
 		case DecisionReconcile:
-			if reconciles++; reconciles > pol.MaxRetries+2 {
-				return Result{}, &ReconcileError{Operation: o, Err: lastErr}
-			}
-			now, err := c.reconcile(ctx, wctx, op.Tool, pol, o, lastErr)
-			if w, ok := waitCut(err); ok {
-				return Result{}, deadline(w, o, lastErr)
-			}
-			if err != nil {
-				return Result{}, err
-			}
-			if now != nil {
-				last = now
-			}
-			waited = WaitReconciliation
-
+			done, err = d.reconcile(res.Operation)
 		case DecisionExecute:
-			if ctx.Err() != nil || pastWaitDeadline(ctx) {
-				// The caller gave up, or its wait deadline passed, while
-				// the claim was on its way: fn never runs, so the attempt
-				// is proven not applied. Return the claim, rather than
-				// leave it to expire into UNKNOWN.
-				now, rerr := c.reportFailure(ctx, o, Retryable, codeCallerGaveUp)
-				var err error = ctx.Err()
-				if err == nil {
-					err = deadline(waited, cmp.Or(now, o), lastErr)
-				}
-				if rerr != nil {
-					return Result{}, fmt.Errorf("%w (returning the claim: %w)", err, rerr)
-				}
-				return Result{}, err
-			}
-			var ferr error
-			if stop, ok := stopBy(o, asked); ok && !time.Now().Before(stop) {
-				// The answer took longer than the lease (less its margin):
-				// the claim may be someone else's already, or fn would be
-				// stopped at once. fn does not run on it; the claim is
-				// returned as a retryable attempt, proven not applied.
-				ferr = MarkRetryable(errLeaseEndedOnTheWay)
-			} else {
-				var out Result
-				if out, ferr = c.execute(ctx, op, pol, o, asked, fn); ferr == nil {
-					return c.succeed(ctx, o, out)
-				}
-			}
-			lastErr = ferr
-			class := ClassOf(ferr)
-			if class == Final {
-				err := c.failFinal(ctx, o, ferr)
-				if !errors.Is(err, errClaimGone) {
-					return Result{}, err
-				}
-				// The claim was gone when its final failure came (its lease
-				// ended, and another attempt may have settled the operation
-				// since): the ledger's record says how it ended. Reserve
-				// again: it replays that outcome, waits for the other
-				// attempt, or claims the operation anew.
-				continue
-			}
-			now, err := c.reportFailure(ctx, o, class, "retryable")
-			if err != nil {
-				return Result{}, fmt.Errorf("recording the failed attempt (%v): %w", ferr, err)
-			}
-			if now != nil {
-				last = now
-			}
-			if failures++; failures > pol.MaxRetries {
-				if class == Ambiguous && now != nil && now.State == StateUnknown && now.Effect == EffectIrreversible && c.reconciler(op.Tool) != nil {
-					// No attempts are left, but the effect may exist: asking
-					// the destination runs nothing again.
-					res, err := c.settleLast(ctx, wctx, op.Tool, pol, now, failures, ferr)
-					if w, ok := waitCut(err); ok {
-						return Result{}, deadline(w, now, ferr)
-					}
-					return res, err
-				}
-				return Result{}, &ExhaustedError{Attempts: failures, Ambiguous: class == Ambiguous, Err: ferr}
-			}
-			waited = WaitBackoff
-			if err := pause(ctx, wctx, c.backoff.Delay(failures)); err != nil {
-				if err == errWaitDeadline {
-					return Result{}, deadline(WaitBackoff, last, ferr)
-				}
-				return Result{}, err
-			}
-
+			out, done, err = d.execute(res.Operation, asked)
 		default:
-			return Result{}, fmt.Errorf("client: unexpected decision %v", res.Decision)
+			err = fmt.Errorf("client: unexpected decision %v", res.Decision)
+		}
+		if done {
+			return out, err
 		}
 	}
+}
+
+// doCall is one call of Do: what it was given and what it has seen.
+type doCall struct {
+	c         *Client
+	ctx, wctx context.Context
+	op        Op
+	pol       ToolPolicy
+	fn        Func
+	holder    string
+	until     time.Time // the wait deadline
+
+	failures, waits, reconciles int
+	lastErr                     error      // the last attempt's error
+	last                        *Operation // the record as last seen
+	waited                      Wait       // what Do waited for last
+}
+
+func (d *doCall) deadline(w Wait, o *Operation, err error) error {
+	return &WaitDeadlineError{Deadline: d.until, Waiting: w, Operation: o, Err: err}
+}
+
+// reserve sends the Reserve (repeated while the caller waits), and returns
+// when it was asked: no claim it brings began earlier. A claim whose answer
+// was lost is returned before reserve fails.
+func (d *doCall) reserve() (*Reservation, time.Time, error) {
+	var res *Reservation
+	asked := time.Now()
+	sent := false // a Reserve went out while the caller still waited
+	lost := false // one of them got no answer (the last, or an earlier one)
+	err := d.c.callWaiting(d.ctx, d.wctx, func(ctx context.Context) (err error) {
+		sent = sent || ctx.Err() == nil
+		res, err = d.c.Reserve(ctx, d.op, d.holder)
+		lost = lost || err != nil && unanswered(err)
+		return err
+	})
+	if err == nil {
+		return res, asked, nil
+	}
+	var cut *waitCutError
+	if errors.As(err, &cut) {
+		if sent && lost {
+			d.c.returnLostClaim(d.ctx, d.op, d.holder)
+		}
+		return nil, asked, d.deadline(cut.wait, d.last, cut.err)
+	}
+	if sent && (d.ctx.Err() != nil || lost) {
+		// The ledger may have granted a claim whose answer never arrived
+		// (even when the repeats were refused, for the tenant's rate say):
+		// fn does not run on it, so it is returned.
+		d.c.returnLostClaim(d.ctx, d.op, d.holder)
+	}
+	return nil, asked, err
+}
+
+// inProgress waits out another holder's claim; done when Do returns err.
+func (d *doCall) inProgress(res *Reservation) (done bool, err error) {
+	d.waits++
+	d.waited = WaitInProgress
+	if err := pause(d.ctx, d.wctx, max(res.RetryAfter, d.c.backoff.Delay(d.waits))); err != nil {
+		if err == errWaitDeadline {
+			// Someone else holds the claim: its outcome is unknown here,
+			// and the record stays theirs.
+			return true, d.deadline(WaitInProgress, res.Operation, d.lastErr)
+		}
+		return true, err
+	}
+	return false, nil
+}
+
+// reconcile asks the tool's reconciler about an UNKNOWN operation; done
+// when Do returns err.
+func (d *doCall) reconcile(o *Operation) (done bool, err error) {
+	if d.reconciles++; d.reconciles > d.pol.MaxRetries+2 {
+		return true, &ReconcileError{Operation: o, Err: d.lastErr}
+	}
+	now, err := d.c.reconcile(d.ctx, d.wctx, d.op.Tool, d.pol, o, d.lastErr)
+	if w, ok := waitCut(err); ok {
+		return true, d.deadline(w, o, d.lastErr)
+	}
+	if err != nil {
+		return true, err
+	}
+	if now != nil {
+		d.last = now
+	}
+	d.waited = WaitReconciliation
+	return false, nil
+}
+
+// execute runs fn on the claim o and records how it ended; done when Do
+// returns out and err, else Do reserves again.
+func (d *doCall) execute(o *Operation, asked time.Time) (out Result, done bool, err error) {
+	if d.ctx.Err() != nil || pastWaitDeadline(d.ctx) {
+		// The caller gave up, or its wait deadline passed, while the claim
+		// was on its way: fn never runs, so the attempt is proven not
+		// applied. Return the claim, rather than leave it to expire into
+		// UNKNOWN.
+		now, rerr := d.c.reportFailure(d.ctx, o, Retryable, codeCallerGaveUp)
+		err := d.ctx.Err()
+		if err == nil {
+			err = d.deadline(d.waited, cmp.Or(now, o), d.lastErr)
+		}
+		if rerr != nil {
+			return Result{}, true, fmt.Errorf("%w (returning the claim: %w)", err, rerr)
+		}
+		return Result{}, true, err
+	}
+	var ferr error
+	if stop, ok := stopBy(o, asked); ok && !time.Now().Before(stop) {
+		// The answer took longer than the lease (less its margin): the
+		// claim may be someone else's already, or fn would be stopped at
+		// once. fn does not run on it; the claim is returned as a
+		// retryable attempt, proven not applied.
+		ferr = MarkRetryable(errLeaseEndedOnTheWay)
+	} else {
+		if out, ferr = d.c.execute(d.ctx, d.op, d.pol, o, asked, d.fn); ferr == nil {
+			out, err = d.c.succeed(d.ctx, o, out)
+			return out, true, err
+		}
+	}
+	d.lastErr = ferr
+	return d.failed(o, ferr)
+}
+
+// failed records the failed attempt o and decides what follows: a final
+// failure ends Do, a retryable or ambiguous one waits a backoff and
+// reserves again while attempts are left.
+func (d *doCall) failed(o *Operation, ferr error) (out Result, done bool, err error) {
+	class := ClassOf(ferr)
+	if class == Final {
+		err := d.c.failFinal(d.ctx, o, ferr)
+		if !errors.Is(err, errClaimGone) {
+			return Result{}, true, err
+		}
+		// The claim was gone when its final failure came (its lease ended,
+		// and another attempt may have settled the operation since): the
+		// ledger's record says how it ended. Reserve again: it replays that
+		// outcome, waits for the other attempt, or claims the operation
+		// anew.
+		return Result{}, false, nil
+	}
+	now, err := d.c.reportFailure(d.ctx, o, class, "retryable")
+	if err != nil {
+		return Result{}, true, fmt.Errorf("recording the failed attempt (%v): %w", ferr, err)
+	}
+	if now != nil {
+		d.last = now
+	}
+	if d.failures++; d.failures > d.pol.MaxRetries {
+		if class == Ambiguous && now != nil && now.State == StateUnknown && now.Effect == EffectIrreversible && d.c.reconciler(d.op.Tool) != nil {
+			// No attempts are left, but the effect may exist: asking the
+			// destination runs nothing again.
+			res, err := d.c.settleLast(d.ctx, d.wctx, d.op.Tool, d.pol, now, d.failures, ferr)
+			if w, ok := waitCut(err); ok {
+				return Result{}, true, d.deadline(w, now, ferr)
+			}
+			return res, true, err
+		}
+		return Result{}, true, &ExhaustedError{Attempts: d.failures, Ambiguous: class == Ambiguous, Err: ferr}
+	}
+	d.waited = WaitBackoff
+	if err := pause(d.ctx, d.wctx, d.c.backoff.Delay(d.failures)); err != nil {
+		if err == errWaitDeadline {
+			return Result{}, true, d.deadline(WaitBackoff, d.last, ferr)
+		}
+		return Result{}, true, err
+	}
+	return Result{}, false, nil
 }
 
 // execute runs fn once under the claim in o, asked for at asked (this
