@@ -1,7 +1,7 @@
 // Package client is what Go agent runtimes import to make side-effecting tool
 // calls safe to retry through the operation ledger.
 //
-// Do is the one call that does the whole dance right:
+// Do is the one call that does the whole protocol:
 //
 //	res, err := c.Do(ctx, client.Op{
 //		ID: runID + ":" + callID, Tool: "payments.refund",
@@ -14,29 +14,10 @@
 //		return client.Result{ResourceID: r.ID}, nil
 //	})
 //
-// It reserves the operation under a fresh holder, runs fn only on an EXECUTE
-// decision (with a fresh timeout per attempt, renewing the lease while fn
-// runs), and reports how fn ended: success → Complete; a final failure →
-// FAILED_FINAL; a failure proven not applied → FAILED_RETRYABLE and a retry
-// under the same operation id; anything ambiguous → MarkUnknown. A REPLAY
-// returns the recorded result (or failure) without running fn; IN_PROGRESS
-// waits, honouring retry_after; RECONCILE runs the Reconciler registered for
-// the tool (it asks the destination whether the effect exists) or returns
-// ErrNeedsReconciliation. A conflict (ErrKeyReused) is a stop signal: the SDK
-// never mints a new key. When the ledger is unreachable fn is never called:
-// there is no execution without a reservation, and a claim the ledger
-// granted to a Reserve whose answer was lost is returned unused (when the
-// ledger can be reached to look). A success the ledger refuses because it
-// records another outcome is returned with a *ConflictingOutcomeError:
-// escalate, never retry. A wait deadline in ctx (WithWaitDeadline) bounds
-// Do's waits without cutting a running fn.
-//
 // The typed wrappers (Reserve, Complete, Fail, MarkUnknown, Lookup,
 // Reconcile, Renew, ListUnresolved) expose every RPC; their errors are
-// *Error values that match the sentinels (ErrKeyReused, ErrStaleToken, ...)
-// with errors.Is. A RESOURCE_EXHAUSTED without the ledger's reason is gRPC's
-// size limit (ErrMessageTooLarge), not a rate limit. docs/client.md has the
-// decision flow and the retry rules.
+// *Error values that match the sentinels with errors.Is. docs/client.md has
+// the decision flow and the retry rules.
 package client
 
 import (

@@ -19,60 +19,17 @@ type Func func(ctx context.Context, a Attempt) (Result, error)
 const defaultReportTimeout = 10 * time.Second
 
 // Do performs op through the ledger: it runs fn at most as often as the
-// ledger allows (see the package doc), and returns fn's result, or the
-// recorded result of an earlier call (Result.Replayed).
+// ledger allows, and returns fn's result, or the recorded result of an
+// earlier call (Result.Replayed). fn never runs without a claim: when the
+// ledger cannot be reached, or ctx or its wait deadline ends first, Do
+// returns without running it, and returns a claim it could not use.
 //
-// Errors, all usable with errors.Is:
-//   - *FailedError (ErrOperationFailed): a final failure, this call's or a
-//     recorded one; the ledger's RETRIES_EXHAUSTED also matches
-//     ErrRetriesExhausted. A final failure that the ledger refuses because
-//     the attempt's claim was gone by then (its lease ended) is not
-//     returned: Do reserves again and returns what the ledger says
-//     (another attempt's result, replayed, or a wait, or a new attempt).
-//   - *ExhaustedError (ErrRetriesExhausted): the tool policy's retries are
-//     used up; after an ambiguous last attempt it also matches
-//     ErrNeedsReconciliation.
-//   - *ReconcileError (ErrNeedsReconciliation): no reconciler settled an
-//     UNKNOWN operation.
-//   - ErrKeyReused, ErrKeyExpired, ErrInvalidArgument (an *Error): stop;
-//     never retry under a new key on your own.
-//   - ErrQuotaExceeded (UNRESOLVED_LIMIT, returned at once), ErrRateLimited
-//     (after its repeats), ErrUnauthenticated, ErrPermissionDenied (an
-//     *Error): the ledger refused the Reserve, and fn did not run. A claim
-//     granted to an earlier try whose answer was lost is returned unused,
-//     as for ErrUnavailable.
-//   - ErrMessageTooLarge (an *Error): a Reserve, or its answer, exceeded a
-//     size limit of the gRPC transport; it is not repeated, and fn did not
-//     run.
-//   - ErrUnavailable: the ledger could not be reached, or gave no answer.
-//     Before an EXECUTE decision fn was not run; a claim the ledger granted
-//     to a Reserve whose answers were all lost is returned unused
-//     (FAILED_RETRYABLE), as after ctx ends (see below). While recording
-//     how fn ended (the error says so), the outcome is not recorded: the
-//     operation stays claimed until its lease ends, then an irreversible
-//     one is UNKNOWN until reconciled. Never retry it under a new id.
-//   - *NotRecordedError (ErrCompletionNotRecorded), together with fn's
-//     result: the effect happened but the ledger did not record it; it
-//     holds no other outcome, and the operation reconciles as applied.
-//   - *ConflictingOutcomeError (ErrConflictingOutcome, and
-//     ErrNeedsReconciliation), together with fn's result: the effect
-//     happened but the ledger records another outcome (the claim was gone
-//     by then); the error shows the record that stands. Escalate: never
-//     retry, the effect may already exist twice.
-//   - ctx's error, when it ends while Do waits. A claim that arrives after
-//     ctx ended is returned unused (FAILED_RETRYABLE): fn does not run. So
-//     is one granted to a Reserve whose answer ctx's end cut off (Do looks,
-//     within the call timeout, and recovers it under the same holder).
-//     So is one that arrives after its lease ended (it may be someone
-//     else's by then), and Do goes on as after a retryable attempt.
-//   - *WaitDeadlineError (ErrWaitDeadline): the wait deadline ctx carries
-//     (WithWaitDeadline) came while Do waited (on another holder's claim, a
-//     backoff, a reconciler), or before its next Reserve. The operation is
-//     left as the ledger has it, and its effect may exist: retry only under
-//     the same id. A claim that arrives after the deadline is returned
-//     unused, as after ctx ends. The deadline cuts no fn that is running.
-//     An operation that Do saw settle by then (a reconciler's finding)
-//     returns its outcome instead, as a replay.
+// Its errors match the sentinels with errors.Is: ErrOperationFailed,
+// ErrRetriesExhausted, ErrNeedsReconciliation, ErrKeyReused and the other
+// refusals (stop: never retry under a new id), ErrUnavailable,
+// ErrCompletionNotRecorded and ErrConflictingOutcome (both with fn's
+// result), ErrWaitDeadline and ctx's error. docs/client.md ("What Do
+// returns") says what each means and what the caller does.
 func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
 	if op.ID == "" || op.Tool == "" {
 		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID and Op.Tool are required", sentinel: ErrInvalidArgument}

@@ -10,27 +10,11 @@ import (
 type waitDeadlineKey struct{}
 
 // WithWaitDeadline returns a copy of ctx carrying a wait deadline for Do: a
-// bound on how long Do waits, that cancels nothing. Do honours it only where
-// it waits between ledger calls: on another holder's claim (IN_PROGRESS and
-// its retry_after), in the backoff before a new attempt, in the backoff
-// before repeating a ledger call that got no answer, and for a reconciler's
-// answer (the reconciler's context ends at the deadline; it applies nothing)
-// or a reconciliation another caller holds up. At the deadline Do stops
-// waiting and returns a *WaitDeadlineError (or the outcome, as a replay,
-// when a reconciler's finding settled the operation); after it, Do sends no new
-// Reserve and runs fn on no new claim (a claim that arrives late is returned
-// unused, FAILED_RETRYABLE, as after ctx ends).
-//
-// The wait deadline never cuts anything already running: fn keeps its own
-// context (ctx, bounded by the tool's timeout and canceled when the claim is
-// lost), a ledger call in flight keeps its call timeout, and the calls that
-// record how fn ended run as they do after ctx ends. So Do may return after
-// the deadline by the time fn or those calls take: an effect under way
-// finishes and is recorded, never turned into an UNKNOWN by the deadline.
-//
-// Contexts derived from the returned one carry the deadline too, fn's
-// included, so a Do that fn calls waits no longer either. With several, the
-// earliest counts. A zero d is no wait deadline.
+// bound on how long Do waits (on another holder's claim, a backoff, a
+// reconciler) that cancels nothing already running. After it, Do sends no
+// new Reserve and runs fn on no new claim; it returns a *WaitDeadlineError.
+// Contexts derived from the result carry it too; the earliest counts. A
+// zero d is none. docs/client.md ("Bounding the waits") has the details.
 func WithWaitDeadline(ctx context.Context, d time.Time) context.Context {
 	if d.IsZero() {
 		return ctx

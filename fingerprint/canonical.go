@@ -27,26 +27,15 @@ const MaxDepth = 64
 var ErrNotCanonical = errors.New("fingerprint: value has no canonical JSON form")
 
 // Canonical returns the RFC 8785 (JSON Canonicalization Scheme) encoding
-// of v.
+// of v, built from what decoding JSON into an any gives (map[string]any,
+// []any, string, float64, bool, nil; also int, int64 and json.Number when
+// exact as a double). A nil map encodes as {} and a nil slice as [].
+// Members are sorted by UTF-16 code units; strings and numbers are written
+// as ECMAScript's JSON.stringify writes them.
 //
-// v must be built from the Go values produced by decoding JSON into an any
-// (for example by encoding/json, or by structpb's Struct.AsMap):
-// map[string]any, []any, string, float64, bool and nil. int, int64 and
-// json.Number are accepted too and are converted to an IEEE 754 double first;
-// they are refused if the conversion would not be exact (int, int64) or if the
-// json.Number is not a valid finite JSON number. A nil map[string]any encodes
-// as {} and a nil []any as [].
-//
-// The output has no insignificant whitespace; object members are sorted by
-// the UTF-16 code units of their names; strings are escaped exactly as
-// ECMAScript's JSON.stringify escapes them (only '"', '\\' and control
-// characters below U+0020 are escaped, everything else is written literally
-// as UTF-8); numbers are written as ECMAScript's Number.prototype.toString
-// writes them (shortest round-trip digits, -0 written as 0).
-//
-// A value that cannot be canonicalized yields an error wrapping
-// ErrNotCanonical; its message names the JSON pointer of the offending element
-// but not the element's value.
+// A value without a canonical form yields an error wrapping
+// ErrNotCanonical; its message names the value's JSON pointer, never the
+// value.
 func Canonical(v any) ([]byte, error) {
 	e := encoder{buf: make([]byte, 0, 256)}
 	if err := e.value(v, 0); err != nil {

@@ -67,46 +67,15 @@ func ValidatePointer(p string) error {
 }
 
 // Compute returns the fingerprint of an operation's consequential
-// parameters. params is the request's parameter object as decoded JSON (for
-// example structpb's Struct.AsMap); a nil map is the empty object {}.
+// parameters: SHA-256 of the RFC 8785 canonical JSON of params (decoded
+// JSON; nil is {}), or, when fields lists RFC 6901 pointers, of the object
+// with one member per pointer that selects a value, named by the pointer as
+// written ({"/amount":12.5,"/currency":"EUR"}). docs/design.md
+// ("Fingerprint") gives the rule in full, for other languages.
 //
-// If fields is empty, every parameter is consequential and the fingerprint
-// is
-//
-//	SHA-256( JCS(params) )
-//
-// where JCS is the RFC 8785 JSON Canonicalization Scheme encoding (see
-// Canonical) and the digest is taken over its UTF-8 bytes.
-//
-// Otherwise fields lists RFC 6901 JSON pointers (for example "/amount",
-// "/items/0/sku", "/a~1b" for member "a/b", "/m~0n" for member "m~n") naming
-// the consequential parts of params, and the fingerprint is
-//
-//	SHA-256( JCS(selection) )
-//
-// where selection is a JSON object with one member per distinct pointer in
-// fields that selects a value in params: the member's name is the pointer
-// string exactly as written in fields, and its value is the selected value.
-// Pointers that select nothing (a missing member, an array index out of
-// range or not written as a decimal without leading zeros, "-", a token
-// applied to a string, number, boolean or null) are omitted, so a missing
-// parameter and an explicit null give different fingerprints. The order and
-// duplicates of fields do not matter. The pointer "" selects the whole params
-// object (giving {"": params}, which differs from the empty-fields case).
-//
-// To compute the same fingerprint in another language: decode the parameters
-// as JSON, build the object described above if the policy names fields,
-// serialize it with an RFC 8785 implementation (members sorted by UTF-16 code
-// units, ECMAScript number and string formatting, no whitespace), hash the
-// bytes with SHA-256 and compare the 32-byte digests (or their lowercase hex).
-// For example, with fields ["/amount", "/currency", "/memo"] and params
-// {"currency":"EUR","amount":12.5,"note":"x"} the canonical bytes are
-// {"/amount":12.5,"/currency":"EUR"}.
-//
-// An error wrapping ErrInvalidPointer is returned if a pointer in fields is
-// not valid (see ValidatePointer); an error wrapping ErrNotCanonical is
-// returned if the (selected) parameters cannot be canonicalized. Error
-// messages name JSON pointers into params but never parameter values.
+// It returns an error wrapping ErrInvalidPointer for a bad pointer
+// (ValidatePointer) and ErrNotCanonical for parameters without a canonical
+// form; messages name pointers, never values.
 func Compute(params map[string]any, fields []string) (Fingerprint, error) {
 	if len(fields) == 0 {
 		b, err := Canonical(params)

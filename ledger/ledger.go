@@ -303,23 +303,12 @@ func (l *Ledger) Renew(ctx context.Context, who Principal, req RenewRequest) (*O
 // Reconcile resolves an operation from what the destination says:
 // FindingApplied → SUCCEEDED with req.Result; FindingNotApplied → PENDING;
 // FindingAbandon → FAILED_FINAL; FindingEscalate → UNKNOWN flagged for
-// review. Accepted from UNKNOWN, RUNNING past its lease, and PENDING; on a
-// terminal record the same finding succeeds again: the same kind with the
-// outcome that stands (FindingApplied on SUCCEEDED with the same result
-// data and resource id, FindingAbandon on FAILED_FINAL with the same
-// failure code, ABANDONED when none is given, and message), however the
-// record got there, and a repeat of a FindingNotApplied or FindingEscalate
-// that took effect before the record went terminal (as below); any other
-// is KindAlreadyResolved. With req.FencingToken,
-// a finding about an attempt that is no longer the current one is refused
-// (KindStaleToken). A repeat of a call that took effect (the same finding
-// and note from the same principal, about the same attempt, or about the
-// current attempt without req.FencingToken) returns the record and changes
-// nothing, whatever happened since; a second finding about one attempt
-// needs a new note. Without req.FencingToken, the same finding the history
-// holds about an earlier attempt only is refused (KindStaleToken): the
-// call cannot say which attempt it is about. The record returned carries
-// its history, as Lookup's does.
+// review. It is accepted from UNKNOWN, RUNNING past its lease and PENDING.
+// With req.FencingToken, a finding about an attempt that is no longer
+// current is refused. A repeat of a call that took effect returns the
+// record and changes nothing; on a terminal record only the finding that
+// matches the outcome that stands is such a repeat (docs/design.md §3.3,
+// reconcile.lua). The record returned carries its history.
 //
 // May return an *Error of KindInvalid, KindInProgress (a live lease; see
 // RetryAfter), KindAlreadyResolved, KindStaleToken, KindNotFound,
@@ -489,27 +478,11 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker st
 }
 
 // evalWait runs a script, a write of marker and WAIT in one pipeline on c's
-// connection, with EVAL instead of EVALSHA when the node does not know the
-// script.
-//
-// WAIT waits for the replication offset of the connection's last write
-// (from Redis 7.2 on; before, of its last command): a script that wrote
-// nothing (a repeated Reserve answering EXECUTE again, a REPLAY, a repeated
-// Complete, a Lookup) would leave it behind the state the script read,
-// which another connection may have written a moment before and no
-// replica may have yet. The marker's write, after the script, moves the
-// offset past everything the primary held when the script ran (one
-// replication stream: its writes come in order), so an answer is given
-// only once that state is on the replicas, whether the script wrote or
-// not. The marker has the operation's hash tag: on Cluster it is on the
-// same master.
-//
-// ran reports whether the script ran (its reply is in), whatever became of
-// the commands after it: Redis may serve other clients between the
-// commands of a pipeline (one read in several parts), so a resharding can
-// close the slot between the script and the marker's SET, which is then
-// answered MOVED or ASK although the script ran. res is the script's reply
-// whenever it ran, also with the error of the marker or WAIT after it.
+// connection (EVAL when the node does not know the script). The marker's
+// write makes WAIT cover the state the script read, also when the script
+// wrote nothing (failure-model.md §7). ran reports whether the script ran:
+// res is then its reply, also with an error of the marker or WAIT after it
+// (a resharding may close the slot between them).
 func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, marker string, keys []string, args []any) (res []any, ran bool, err error) {
 	once := func(full bool) ([]any, int64, error) {
 		pipe := c.Pipeline() // one connection: WAIT covers the marker's write

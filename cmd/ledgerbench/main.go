@@ -1,34 +1,11 @@
 // Command ledgerbench measures the operation ledger: it starts ledgerd on a
-// fresh redis-server and drives it over gRPC with the generated client, at
-// 50 concurrent calls by default:
-//
-//   - health Check, the transport baseline every other number is compared
-//     with (same run, same machine: absolute numbers drift, ratios hold);
-//   - Reserve of new keys, full Reserve+Complete cycles (100-byte result),
-//     Reserve replays of completed operations, and Lookup;
-//   - health Check and Reserve at concurrency 1, for the latency ratio;
-//   - the bare server (this binary's serve-bare command, its own process): a
-//     health Check that sends one EVALSHA of a trivial script per call,
-//     through the same go-redis client: the floor of one Redis round trip
-//     per call, at both concurrencies; and its ledger variant, whose Check
-//     calls ledger.Reserve of a new operation instead: the ledger's work
-//     without the service's messages and interceptors;
-//   - the Redis memory per SUCCEEDED record (100k records, default policy),
-//     on another fresh redis-server;
-//   - with --growth, Reserve throughput and memory with that many records
-//     stored (e.g. --growth 1000,1000000);
-//   - with --ledgermcp, a tool called directly over MCP and the same tool
-//     through a ledgermcp process (new operations, session mode, replays,
-//     read-only calls left unrecorded), at both concurrencies.
-//
-// Every throughput and latency run repeats --rounds times (3); the report
-// shows medians of calls/s, p50 and p99, of each as a ratio to health Check
-// in the same round, and of the CPU time the load generator, ledgerd and
-// redis-server each spent per call. It fails (exit status 1) when any call
-// failed, or a server would not start; a usage error (an unknown flag, a
-// value or a combination of flags it refuses, a stray argument) exits 2. It
-// asserts no timing. `make bench` builds ledgerd and runs it;
-// docs/benchmarks.md explains the numbers.
+// fresh redis-server and drives it over gRPC at 50 concurrent calls by
+// default, against a health Check in the same run (absolute numbers drift,
+// ratios hold): Reserve, Reserve+Complete, replays and Lookup; the bare
+// server's floor of one Redis round trip; memory per record; with --growth,
+// throughput with many records stored; with --ledgermcp, the MCP gateway's
+// cost. It asserts no timing; it fails when a call failed. `make bench`
+// builds ledgerd and runs it; docs/benchmarks.md explains the numbers.
 //
 //	ledgerbench --ledgerd bin/ledgerd [--duration 10s] [--concurrency 50]
 //	ledgerbench --addr 127.0.0.1:50051 --redis-addr 127.0.0.1:6379   # a running service

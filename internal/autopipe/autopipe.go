@@ -1,56 +1,11 @@
 // Package autopipe batches the scripts that concurrent callers send through
 // one go-redis client into pipelines: one write and one read per batch
-// instead of one of each per script, for Redis and for the client. It is a
-// go-redis hook, so the client keeps its type (*redis.Client,
-// *redis.ClusterClient) and everything else it sends (single commands,
-// explicit pipelines such as the ledger's EVALSHA+SET+WAIT) goes out as before.
-//
-// There is no flusher goroutine: a caller that finds a free lane sends the
-// batch itself (its own command and whatever is queued) and, once its own
-// command is answered, hands the lane to the oldest queued caller. A lone
-// caller therefore pays one round trip and no goroutine hand-off, as with a
-// plain client; under load, callers queue while the lanes are busy and go
-// out together.
-//
-// Contexts: a call whose context ends while it is queued is never sent (the
-// caller that forms a batch leaves out, and wakes, every queued call whose
-// context has ended or whose deadline has passed; a lane being handed on
-// passes such calls over the same way). A caller whose context
-// ends while its batch is in flight returns at once with its context's
-// error (the script may have run, as when a plain call's deadline cuts its
-// reply). That holds for the caller sending the batch too: when its context
-// can end (or on Redis Cluster, below) and the batch holds other callers'
-// commands, the batch goes out from a goroutine of its own, which answers
-// the others and hands the lane on when its replies are in. A caller sending its own command alone does
-// so through the client's own path under its own context, as a plain call:
-// its deadline bounds the call when the client has ContextTimeoutEnabled (as
-// ledgerd's clients have). Any other batch runs until the latest deadline
-// among its callers (none if one has none), within the client's read and
-// write timeouts. A batch that fails on a network error is retried whole by
-// go-redis (MaxRetries), so only commands that are safe to run twice may be
-// batched: the ledger's scripts are (docs/design.md §4).
-//
-// On Redis Cluster each master has a queue and lanes of its own: a caller
-// joins the queue of the master its script's first key maps to (in the
-// client's slot map), and batches hold the scripts of one master, sent in a
-// pipeline on that master's own client. A master that is down, or hangs,
-// then holds only the callers whose keys live on it: its batches wait (for
-// go-redis's dial retries, or up to their callers' deadlines) on its own
-// lanes, while the other masters' batches come and go on theirs. (With one
-// queue for all masters, a batch would answer its callers only once every
-// master's share had returned, and the lanes, taken by batches waiting on
-// the stuck master, would hold every later call too.) A script with no key,
-// or whose master the client cannot tell, joins a queue of its own, whose
-// batches go to each master at once. A command a node refuses without
-// running it (its slot is elsewhere or being moved) goes out again alone
-// through the cluster client, which follows the redirection for it alone
-// (see execCluster). A batch's callers are answered as its replies come
-// in, not all at its end: those of a master's share once that master has
-// answered, that of a command sent again alone once it returns. So the
-// batch of a master whose slot map has changed since its callers queued,
-// or one of whose commands is redirected to a master that hangs, holds only
-// the callers of the stuck commands (the lane stays with it until its last
-// reply is in).
+// instead of one of each per script. It is a go-redis hook, so the client
+// keeps its type and everything else goes out as before. A caller that
+// finds a free lane sends the batch itself; a call whose context ends while
+// queued is never sent; on Redis Cluster each master has its own queue and
+// lanes. Only commands safe to run twice may be batched. docs/design.md
+// ("The autopipeline") has the whole behaviour and why.
 package autopipe
 
 import (

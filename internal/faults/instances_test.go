@@ -24,37 +24,14 @@ import (
 	"github.com/opledger/ledger/ledger"
 )
 
-// TestSeveralInstances runs three ledgerd processes on one redis-server
-// (appendonly yes, appendfsync always), each with its own lease sweeper
-// (every 25 ms, so that their passes overlap) and compaction pass, as a
-// platform team runs them behind a load balancer, and kills them with
-// SIGKILL one at a time under load, restarting each on its port while the
-// other two go on serving.
-//
-//   - Agents are spread over the instances: two pinned clients per instance
-//     (they retry the instance they know while it is down) and one client
-//     that balances over all three (round robin; it fails over). The load
-//     performs every operation twice, often at once, by workers of
-//     different clients, and a burst of operations is performed by three
-//     callers at the same moment, one per instance (S1, S9 across
-//     instances).
-//   - Agents that crash at once after EXECUTE (through the first two
-//     instances) leave claims whose leases end together, for three
-//     sweepers to race to expire; a reconciler on the third instance lists
-//     the UNKNOWN operations and reconciles them from the destination,
-//     while the agents' own Do reconciles too. The crashed agents then come
-//     back through the third instance.
-//   - Receipts, kept 1 s once settled, are cut to their tombstones by the
-//     compaction passes meanwhile, and refused as expired (S6) when
-//     performed again through another instance.
-//
-// Then: no operation's effect was applied twice; every acknowledged write
-// is in the store; every crashed irreversible claim became UNKNOWN with
-// exactly one LEASE_EXPIRED entry for its attempt, by the sweeper (no
-// attempt of any operation has two); every operation settles; the live
-// counts the scripts keep (the unresolved gauges) equal the records, once
-// while some operations are PENDING and once when none is left; the
-// history is linearizable.
+// TestSeveralInstances runs three ledgerd processes on one redis-server and
+// kills them one at a time under load, with agents pinned to instances and
+// one balancing over all three, operations performed at once through
+// different instances (S1, S9), crashed agents' claims for three sweepers
+// to race to expire, and receipts compacted meanwhile. Then: nothing
+// applied twice, every acknowledged write kept, one LEASE_EXPIRED per
+// crashed attempt, every operation settled, the live counts equal to the
+// records, and the history linearizable (failure-model.md §4).
 func TestSeveralInstances(t *testing.T) {
 	srv := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	url := "redis://" + srv.Addr

@@ -9,46 +9,11 @@ import (
 )
 
 // This file is a sequential model of one operation's record, written from
-// contract.md §4 and the transition tables of docs/design.md §3.3, for porcupine.
-// A history is partitioned by operation id; each partition is checked on its
-// own against this model.
-//
-// What the model cannot see is nondeterministic:
-//   - time: a RUNNING claim's lease may end at any moment (and stays ended
-//     until the next claim), and the sweeper may then turn an irreversible
-//     one into UNKNOWN (LEASE_EXPIRED) without any call;
-//   - tokens: a claim issues some token larger than the previous one (the
-//     store's clock decides which); the first answer that shows it pins it;
-//   - calls whose outcome the client could not learn (a timeout, a reset, an
-//     UNAVAILABLE store): they may have taken effect, once, at any time after
-//     they were sent, or not at all. Their return time is the end of the
-//     history and their output is not compared.
-//
-// A call with an earlier attempt's token is answered from the history: OK
-// when that attempt's history shows the call's own effect (a repeat after
-// the record moved on), STALE_FENCING_TOKEN otherwise. The model keeps each
-// earlier attempt's token and which of those transitions it made (up to
-// maxModelAttempts attempts; the ledger keeps the latest 50 history
-// entries, far more than the fault tests' operations produce).
-//
-// A Reconcile is a repeat by reconcile.lua's rule: the history holds its
-// finding, made by the same principal with the same note, about the
-// attempt its token names, or about the current attempt when it has none.
-// A repeat answers OK and changes nothing, before the token is checked and
-// whatever the record did since (its attempt's worker reported UNKNOWN,
-// the next attempt claimed it); a finding with another note or from
-// another principal is a new one, refused STALE_FENCING_TOKEN when its
-// token is an earlier attempt's. A finding without a token that the
-// history holds about an earlier attempt only is refused
-// STALE_FENCING_TOKEN too: it cannot say which attempt it is about. The model keeps the findings that stay in a record's
-// history while it is not terminal (NOT_APPLIED and ESCALATE) with their
-// attempt, principal and note.
-//
-// On a terminal record the same finding is the same kind with the outcome
-// that stands: APPLIED on SUCCEEDED with the same result (resource id and
-// data), ABANDON on FAILED_FINAL with the same failure (code, ABANDONED
-// when none is given, and message), however the record got there; anything
-// else is ALREADY_RESOLVED. So the record keeps the whole outcome.
+// contract.md §4 and the transition tables of docs/design.md §3.3, for
+// porcupine; a history is checked one operation id at a time. It is
+// nondeterministic where the clients cannot see (a lease ending, the
+// sweeper, a claim's token, a call whose outcome was lost), and recognises
+// a repeated call as the scripts do (failure-model.md §2).
 
 // kind is which RPC a call is.
 type kind uint8

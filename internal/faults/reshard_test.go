@@ -17,54 +17,14 @@ import (
 	"github.com/opledger/ledger/ledger"
 )
 
-// TestClusterReshard runs the ledger on a Redis Cluster (3 masters) under
-// load, with a go-redis client set up as ledgerd sets it up in cluster mode
-// (autopipelining on, the slot map reloaded every second, the scripts
-// loaded at start), and moves slots while it serves, key by key, the way
-// redis-cli --cluster reshard does: CLUSTER SETSLOT IMPORTING on the
-// target, MIGRATING on the source, CLUSTER GETKEYSINSLOT and MIGRATE a
-// couple of keys at a time with a pause between, then CLUSTER SETSLOT NODE
-// on every master.
-//
-//  1. The slots of 16 shards ({s00}…{s15}; 32 with LEDGER_TEST_FAULTS=long)
-//     each move from its master to another one.
-//  2. A fourth master joins the cluster (CLUSTER MEET: the scaling-out
-//     path), without the scripts in its cache, and the slots of the next
-//     16 shards (32) move to it.
-//
-// (Half as many shards with WAIT, below.)
-//
-// While a shard's slot is open, its scripts are answered TRYAGAIN or ASK
-// (every script names keys that do not exist, and Redis runs a multi-key
-// command on a slot in migration only on a node holding all its keys, so
-// on neither node until the slot is closed), then MOVED by the old master
-// until the client's slot map has the new one; calls that go-redis cannot
-// finish are answered UNAVAILABLE and the SDK repeats them. Agents that
-// crash after EXECUTE leave claims for the sweeper to expire and a
-// reconciler to resolve while the slots move. The compaction pass runs as
-// ledgerd runs it (RunCompactor, here every 100 ms), on receipts kept 1 s
-// once settled that are performed all along: it walks every master's keys
-// while slots leave and reach them.
-//
-// Then: nothing was applied twice; every call whose outcome the caller
-// could not tell was answered UNAVAILABLE (STORE_UNAVAILABLE, or with WAIT
-// NOT_REPLICATED), never another error, and Do failed with nothing else
-// than retryable errors; every acknowledged write is in the store; every
-// operation settles; no script the ledger sent once ran twice; the live
-// counts in the stats hashes, summed over the masters, equal the records,
-// and the lease and overdue indexes hold nothing the records do not; the
-// compaction passes cut records while the slots moved, and every receipt
-// ends cut to its tombstone on one master, ran once, and is refused as
-// expired when performed again; the history is linearizable. The figures
-// (replies redirected or refused, what became of those commands, calls
-// answered UNAVAILABLE, records compacted) are logged in the MEASURED
-// line.
-//
-// The same runs with WAIT 1 (ledger.Options.WaitReplicas, ledgerd's
-// --wait-replicas) on a cluster whose masters, the added one too, have a
-// replica each: every call then sends its script, the WAIT marker and WAIT
-// in a pipeline of its own straight to the slot's master, and follows MOVED
-// and ASK itself. There every acknowledged answer, a read's too, must hold.
+// TestClusterReshard moves slots between the masters of a Redis Cluster
+// under load, key by key as redis-cli --cluster reshard does, and to a
+// fourth master added mid-run, with the compaction pass and the sweeper
+// running; once without WAIT and once with WAIT 1. Then: nothing applied
+// twice, every call Redis refused answered UNAVAILABLE, every acknowledged
+// write kept, every operation settled, no script run twice, the live counts
+// equal to the records, every receipt compacted on one master, and the
+// history linearizable (failure-model.md, "Resharding").
 func TestClusterReshard(t *testing.T) {
 	for _, wait := range []int{0, 1} {
 		t.Run(fmt.Sprintf("WAIT %d", wait), func(t *testing.T) { clusterReshard(t, wait) })
