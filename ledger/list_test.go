@@ -1,10 +1,16 @@
 package ledger
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestListUnresolved(t *testing.T) {
@@ -244,4 +250,142 @@ func TestListUnresolvedFilters(t *testing.T) {
 			}
 		}
 	})
+}
+
+// recordReads counts the records a client reads with GET: ListUnresolved
+// reads one per index entry it examines.
+type recordReads struct{ n atomic.Int64 }
+
+func (h *recordReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *recordReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *recordReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *recordReads) count(cmd redis.Cmder) {
+	if cmd.Name() == "get" {
+		h.n.Add(1)
+	}
+}
+
+// TestListUnresolvedScanBound: one call examines at most the scan bound of
+// index entries, also when the bound is not a multiple of the page size
+// (the last batch is cut to what remains of it), and paging on from its
+// token examines each entry once.
+func TestListUnresolvedScanBound(t *testing.T) {
+	pol, err := ParsePolicies([]byte(testPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redistest.Shared(t).Client(t)
+	reads := &recordReads{}
+	rdb.AddHook(reads)
+	e := newEnv(t, rdb, pol)
+	// Live leases: in the unresolved index, examined, never listed.
+	const n = 23
+	for i := range n {
+		e.execute(t, fmt.Sprintf("live-%02d", i), "payments.refund")
+	}
+	for _, c := range []struct{ scan, size int }{{5, 3}, {7, 2}, {10, 4}, {5, 5}, {3, 4}} {
+		e.l.listScan = c.scan
+		reads.n.Store(0)
+		page, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{PageSize: c.size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := reads.n.Load(); got != int64(c.scan) || len(page.Operations) != 0 || page.NextPageToken == "" {
+			t.Errorf("scan %d, page size %d: examined %d entries (page of %d, token %q), want %d and a token",
+				c.scan, c.size, got, len(page.Operations), page.NextPageToken, c.scan)
+		}
+		// Paging to the end examines every entry once.
+		reads.n.Store(0)
+		calls := 0
+		for req := (ListRequest{PageSize: c.size}); ; calls++ {
+			page, err := e.l.ListUnresolved(e.ctx, e.who, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if req.PageToken = page.NextPageToken; req.PageToken == "" {
+				break
+			}
+		}
+		if got := reads.n.Load(); got != n {
+			t.Errorf("scan %d, page size %d: paging examined %d entries in %d calls, want %d", c.scan, c.size, got, calls+1, n)
+		}
+	}
+}
+
+// FuzzDecodePageToken: a ListUnresolved page token is untrusted input. It
+// decodes only to an index member ("<13-digit creation time>:<operation
+// id>", the id one the ledger accepts), and only when it is exactly the
+// token ListUnresolved would have written for that member; every member
+// the index can hold survives the round trip.
+func FuzzDecodePageToken(f *testing.F) {
+	for _, s := range []string{
+		"", "MTcwMDAwMDAwMDAwMDphLTE", "MTcwMDAwMDAwMDAwMDphLTE=", "MTcwMDAwMDAwMDAwMDo", "not a token", "////", "-_-_",
+	} {
+		f.Add(s, int64(1700000000000), "wf-8472:create-ticket")
+	}
+	f.Fuzz(func(t *testing.T, tok string, createdMs int64, id string) {
+		cursor, ok := decodePageToken(tok)
+		if ok {
+			if (tok == "") != (cursor == "") {
+				t.Fatalf("token %q decodes to %q", tok, cursor)
+			}
+			if tok != "" {
+				if again := encodePageToken(cursor); again != tok {
+					t.Fatalf("token %q decodes to %q, whose token is %q", tok, cursor, again)
+				}
+				if len(cursor) < 15 || cursor[13] != ':' {
+					t.Fatalf("token %q decodes to %q, not an index member", tok, cursor)
+				}
+				if err := ValidateOperationID(cursor[14:]); err != nil {
+					t.Fatalf("token %q decodes to %q, whose id is refused: %v", tok, cursor, err)
+				}
+			}
+		} else if cursor != "" {
+			t.Fatalf("refused token %q decodes to %q", tok, cursor)
+		}
+		if createdMs < 0 || createdMs > 9999999999999 || ValidateOperationID(id) != nil {
+			return
+		}
+		member := fmt.Sprintf("%013d:%s", createdMs, id)
+		if got, ok := decodePageToken(encodePageToken(member)); !ok || got != member {
+			t.Fatalf("member %q comes back as %q, %v", member, got, ok)
+		}
+	})
+}
+
+// TestDecodePageTokenRefusesOtherSpellings: the base64 decoder ignores line
+// breaks and the low bits of the last character; a token spelled so, or
+// naming no valid operation id, is not one the ledger wrote.
+func TestDecodePageTokenRefusesOtherSpellings(t *testing.T) {
+	good := encodePageToken("1700000000000:a-1")
+	if c, ok := decodePageToken(good); !ok || c != "1700000000000:a-1" {
+		t.Fatalf("%q: %q, %v", good, c, ok)
+	}
+	for _, tok := range []string{
+		"MTcwMDAwMDAwMDAwMDphLTF",             // low bits set
+		"MTcwMDAwMDAwMDAwMDph\nLTE",           // a line break
+		"MTcwMDAwMDAwMDAwMDphLTE\r\n",         // a trailing CRLF
+		encodePageToken("1700000000000:\n"),   // a control character
+		encodePageToken("1700000000000:\xff"), // not UTF-8
+		encodePageToken("1700000000000:" + strings.Repeat("a", MaxOperationIDLen+1)),
+	} {
+		if c, ok := decodePageToken(tok); ok {
+			t.Errorf("%q decodes to %q", tok, c)
+		}
+	}
 }

@@ -1,9 +1,16 @@
 package ledger
 
 import (
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/yamlnull/yamlnulltest"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestGlobMatch(t *testing.T) {
@@ -140,4 +147,281 @@ func TestParsePoliciesRefusesNullKeys(t *testing.T) {
 	if err != nil || p.For("t", "a").MaxAttempts != 3 || p.For("t", "a").Lease != DefaultPolicy.Lease {
 		t.Errorf("null values: %v", err)
 	}
+}
+
+// policyExample is the complete example policy of docs/configuration.md
+// (section 7).
+const policyExample = `# ledgerd policy file (YAML; JSON is accepted too).
+defaults:
+  effect: irreversible
+  lease: 30s
+  max_attempts: 5
+  retention: 168h
+  retain_grace: 24h
+  recovery_window: 15m
+  tombstone_retention: 720h
+tools:
+  - match: "payments.refund"
+    tenant: "acme-*"
+    lease: 60s
+    max_attempts: 3
+    retention: 2160h
+    consequential_fields: ["/amount", "/currency", "/charge_id"]
+  - match: "payments.*"
+    lease: 45s
+    consequential_fields: ["/amount", "/currency", "/account_id"]
+  - match: "calendar.create_appointment"
+    lease: 20s
+    retain_grace: 168h
+    consequential_fields: ["/patient_id", "/slot/start", "/slot/provider_id"]
+`
+
+// FuzzParsePolicies: a policy file either parses into policies whose every
+// value lies within the documented bounds, or is refused with a message;
+// For resolves to the first rule both patterns match (by an independent
+// matcher), else to the defaults; and the parsed policies, written back as
+// a file, parse to the same policies. An accepted file has no mapping key
+// that YAML reads as null (whose entry decoding would drop).
+func FuzzParsePolicies(f *testing.F) {
+	for _, doc := range []string{
+		policyExample,
+		testPolicy,
+		"",
+		"# only a comment\n",
+		`{"defaults": {"lease": "1.5s", "effect": "EFFECT_IDEMPOTENT"}, "tools": [{"match": "crm*", "tenant": "acme-?"}]}`,
+		"defaults:\n  lease: 7d\n",
+		"defaults:\n  lease: 30\n",
+		"defaults:\n  lease: 5ms\n",
+		"defaults:\n  retain_grace: 0s\n  recovery_window: 1ms\n  tombstone_retention: 87600h\n",
+		"defaults:\n  max_attempts: 1000\n",
+		"defaults:\n  max_attempts: 1001\n",
+		"defaults:\n  effect: Read_Only\n",
+		"defaults:\n  consequential_fields: [\"\", \"/a~1b/m~0n/0\"]\n",
+		"tools:\n  - match: x\n    consequential_fields: []\n",
+		"tools:\n  - match: x\n    consequential_fields: [\"/a~2\"]\n",
+		"defaults: {}\n---\ndefaults: {lease: 1s}\n",
+		"tools:\n  - lease: 1s\n",
+		"defaults: &d {lease: 1s}\ntools: [{match: a, <<: *d}]\n",
+		"defaults: {lease: 30s, ~: 5}\n",
+		"defaults:\n  lease: 30s\n  NULL: 5\n",
+		"tools: [{match: a, null: 1}]\n",
+		"tools:\n  - match: a\n    Null: 1\n",
+		"defaults: {}\n~: 2\n",
+		"tools:\n  - {match: a, <<: [{lease: 1s}, {? : 1}]}\n",
+		"defaults: {effect: &n ~}\ntools: [{match: a, *n : 1, !!null '': 2}]\n",
+		"defaults: {lease: ~, max_attempts: null}\ntools: [{match: a, tenant: ~}]\n",
+	} {
+		f.Add([]byte(doc), "acme-eu", "payments.refund")
+	}
+	f.Fuzz(func(t *testing.T, data []byte, tenant, tool string) {
+		p, err := ParsePolicies(data)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatalf("refused with an empty message")
+			}
+			return
+		}
+		if line, ok := yamlnulltest.NullMappingKey(data); ok {
+			t.Fatalf("accepted a file whose key on line %d reads as YAML's null (its entry dropped)", line)
+		}
+		checkPolicy(t, "defaults", p.defaults)
+		for i, r := range p.rules {
+			if r.tool == "" || r.tenant == "" {
+				t.Fatalf("rule %d: empty pattern (%q, %q)", i, r.tool, r.tenant)
+			}
+			checkPolicy(t, r.tool, r.policy)
+		}
+		want := p.defaults
+		for _, r := range p.rules {
+			if globMatch(r.tool, tool) && globMatch(r.tenant, tenant) {
+				want = r.policy
+				break
+			}
+		}
+		if got := p.For(tenant, tool); !reflect.DeepEqual(got, want) {
+			t.Fatalf("For(%q, %q) = %+v, want %+v", tenant, tool, got, want)
+		}
+		again, err := ParsePolicies(writePolicies(t, p))
+		if err != nil {
+			t.Fatalf("the parsed policies written back do not parse: %v", err)
+		}
+		if !reflect.DeepEqual(again, p) {
+			t.Fatalf("written back and parsed again: %+v, want %+v", again, p)
+		}
+	})
+}
+
+// checkPolicy fails t unless every value of pol is within the bounds
+// docs/configuration.md (section 6.2) gives.
+func checkPolicy(t *testing.T, where string, pol Policy) {
+	t.Helper()
+	if pol.Effect != EffectReadOnly && pol.Effect != EffectIdempotent && pol.Effect != EffectIrreversible {
+		t.Fatalf("%s: effect %v", where, pol.Effect)
+	}
+	for _, d := range []struct {
+		name     string
+		v        time.Duration
+		min, max time.Duration
+	}{
+		{"lease", pol.Lease, 10 * time.Millisecond, 24 * time.Hour},
+		{"retention", pol.Retention, time.Second, 87600 * time.Hour},
+		{"retain_grace", pol.RetainGrace, 0, 87600 * time.Hour},
+		{"recovery_window", pol.RecoveryWindow, time.Millisecond, 87600 * time.Hour},
+		{"tombstone_retention", pol.TombstoneRetention, time.Second, 87600 * time.Hour},
+	} {
+		if d.v < d.min || d.v > d.max {
+			t.Fatalf("%s: %s %s, want %s to %s", where, d.name, d.v, d.min, d.max)
+		}
+	}
+	if pol.MaxAttempts < 1 || pol.MaxAttempts > 1000 {
+		t.Fatalf("%s: max_attempts %d", where, pol.MaxAttempts)
+	}
+	for _, ptr := range pol.ConsequentialFields {
+		if err := fingerprint.ValidatePointer(ptr); err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+	}
+}
+
+// writePolicies writes p as a policy file (in JSON), every field explicit.
+func writePolicies(t *testing.T, p *Policies) []byte {
+	t.Helper()
+	fields := func(pol Policy) map[string]any {
+		cf := pol.ConsequentialFields
+		if cf == nil {
+			cf = []string{}
+		}
+		return map[string]any{
+			"effect":               strings.ToLower(pol.Effect.String()),
+			"lease":                pol.Lease.String(),
+			"max_attempts":         pol.MaxAttempts,
+			"retention":            pol.Retention.String(),
+			"retain_grace":         pol.RetainGrace.String(),
+			"recovery_window":      pol.RecoveryWindow.String(),
+			"tombstone_retention":  pol.TombstoneRetention.String(),
+			"consequential_fields": cf,
+		}
+	}
+	tools := []map[string]any{}
+	for _, r := range p.rules {
+		m := fields(r.policy)
+		m["match"], m["tenant"] = r.tool, r.tenant
+		tools = append(tools, m)
+	}
+	b, err := json.Marshal(map[string]any{"defaults": fields(p.defaults), "tools": tools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// globMatch is match written another way: by recursion over the runes.
+func globMatch(pattern, s string) bool {
+	p, n := []rune(pattern), []rune(s)
+	memo := map[[2]int]bool{}
+	var m func(i, j int) bool
+	m = func(i, j int) bool {
+		if v, ok := memo[[2]int{i, j}]; ok {
+			return v
+		}
+		var v bool
+		switch {
+		case i == len(p):
+			v = j == len(n)
+		case p[i] == '*':
+			v = m(i+1, j) || j < len(n) && m(i, j+1)
+		default:
+			v = j < len(n) && (p[i] == '?' || p[i] == n[j]) && m(i+1, j+1)
+		}
+		memo[[2]int{i, j}] = v
+		return v
+	}
+	return m(0, 0)
+}
+
+// FuzzGlobMatch: match agrees with an independent matcher, a pattern
+// without '*' and '?' matches exactly itself, and "*" matches everything.
+func FuzzGlobMatch(f *testing.F) {
+	for _, c := range [][2]string{
+		{"payments.*", "payments.refund"}, {"payments.*", "payments/refund"}, {"crm*", "crm/contacts"},
+		{"acme-*", "acme-eu"}, {"a?c", "abc"}, {"a*b*c", "axxbyy"}, {"*.refund", "payments.refund"},
+		{"[x]", "[x]"}, {"é*", "ééé"}, {"?", "é"}, {"**", ""}, {"*?*", ""}, {"\xff", "\xfe"},
+	} {
+		f.Add(c[0], c[1])
+	}
+	f.Fuzz(func(t *testing.T, pattern, s string) {
+		if len(pattern) > 64 || len(s) > 256 {
+			return // the reference is quadratic
+		}
+		got := match(pattern, s)
+		if want := globMatch(pattern, s); got != want {
+			t.Fatalf("match(%q, %q) = %v, want %v", pattern, s, got, want)
+		}
+		if !strings.ContainsAny(pattern, "*?") && utf8.ValidString(pattern) && utf8.ValidString(s) && got != (pattern == s) {
+			t.Fatalf("match(%q, %q) = %v without wildcards", pattern, s, got)
+		}
+		if !match("*", s) {
+			t.Fatalf("\"*\" does not match %q", s)
+		}
+	})
+}
+
+// FuzzPolicyValue: any string given to any field of a policy is either
+// refused with an error that names the field, or accepted only in the
+// documented syntax: an effect by its name (ASCII letters in any case, with
+// or without "EFFECT_"), a duration in Go syntax within the field's bounds,
+// max_attempts as a YAML number whose value is a whole number from 1 to
+// 1000.
+func FuzzPolicyValue(f *testing.F) {
+	for _, s := range []string{"30s", "1.5s", "1h30m", "168h", "7d", "30", "0s", "-1s", "10ms", "9ms", "24h", "24h0m0.001s",
+		"87600h", "87601h", "irreversible", "EFFECT_IDEMPOTENT", "Read_Only", "effect_read_only", "sometimes", "5", "0", "1e3", "0x10", "1_000", "~", "\t", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, value string) {
+		quoted, err := json.Marshal(value)
+		if err != nil || !utf8.ValidString(value) {
+			return // a YAML file is text
+		}
+		for _, field := range []string{"effect", "lease", "retention", "retain_grace", "recovery_window", "tombstone_retention", "max_attempts"} {
+			raw := string(quoted)
+			if field == "max_attempts" {
+				raw = value // a number, unquoted
+				if strings.ContainsAny(value, "\n\r#:{}[],&*!|>'\"%@`") {
+					continue
+				}
+			}
+			p, err := ParsePolicies([]byte("defaults:\n  " + field + ": " + raw + "\n"))
+			if err != nil {
+				if !strings.Contains(err.Error(), field) && !strings.HasPrefix(err.Error(), "yaml: ") {
+					t.Fatalf("%s %q refused with %q, which does not name the field", field, value, err)
+				}
+				continue
+			}
+			if value == "" {
+				continue // unset: the built-in default
+			}
+			checkPolicy(t, field, p.defaults)
+			switch field {
+			case "effect":
+				name := asciiLower(strings.TrimPrefix(asciiLower(value), "effect_"))
+				if name != "read_only" && name != "idempotent" && name != "irreversible" {
+					t.Fatalf("effect %q accepted as %v", value, p.defaults.Effect)
+				}
+			case "max_attempts":
+				// Any YAML spelling of the number (1000, 1e3, 0x3e8).
+				// Read in the same place; a null (~, or only blanks) leaves
+				// it unset.
+				var doc struct{ N *float64 }
+				err := yaml.Unmarshal([]byte("n: "+raw+"\n"), &doc)
+				n := doc.N
+				if err != nil || n == nil && p.defaults.MaxAttempts != DefaultPolicy.MaxAttempts || n != nil && *n != float64(p.defaults.MaxAttempts) {
+					t.Fatalf("max_attempts %q accepted as %d", value, p.defaults.MaxAttempts)
+				}
+			default:
+				if _, err := time.ParseDuration(value); err != nil {
+					t.Fatalf("%s %q accepted", field, value)
+				}
+			}
+		}
+	})
 }

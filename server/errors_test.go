@@ -9,15 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection/grpc_reflection_v1"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/server"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // TestErrorsCarryTheContractsDetails checks every reason of contract.md §5 on the
@@ -188,4 +188,205 @@ func TestHealthReflectionAndShutdown(t *testing.T) {
 		t.Fatalf("reflection lists %v", names)
 	}
 	_ = stream.CloseSend()
+}
+
+// everyRPC calls each RPC of the service about id, with token where one is
+// needed, Reserve last, and returns the errors by method.
+func (e *env) everyRPC(t *testing.T, id string, token uint64) map[string]error {
+	t.Helper()
+	errs := map[string]error{}
+	_, errs["Complete"] = e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: token, Outcome: outSucceeded})
+	_, errs["MarkUnknown"] = e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: token})
+	_, errs["Renew"] = e.c.Renew(e.ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: token})
+	_, errs["Reconcile"] = e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: notApplied})
+	_, errs["Lookup"] = e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+	// Last: on an id that does not exist, Reserve creates it.
+	_, errs["Reserve"] = e.c.Reserve(e.ctx, reserveReq(id, "tiny.refund", mustStruct(t, map[string]any{"amount": 42}), newHolder()))
+	return errs
+}
+
+// TestEveryRPCErrors: NOT_FOUND, IDEMPOTENCY_KEY_EXPIRED and
+// STORE_UNAVAILABLE are answered by every RPC about an operation with the
+// code, ErrorInfo and details of contract.md §5, not only by Reserve and Lookup.
+func TestEveryRPCErrors(t *testing.T) {
+	t.Run("NOT_FOUND", func(t *testing.T) {
+		eachBackend(t, func(t *testing.T, e *env) {
+			id := e.id("never")
+			for method, err := range e.everyRPC(t, id, 1) {
+				if method == "Reserve" {
+					continue
+				}
+				if c, ei, _ := errorInfo(t, err); c != codes.NotFound || ei.Reason != "NOT_FOUND" {
+					t.Errorf("%s of an unknown id = %v", method, err)
+				}
+			}
+			// The refused calls left nothing: Reserve (called last) made
+			// the record, as the first call about the id.
+			if op := e.lookup(t, id); op.State != running || op.Attempt != 1 || len(op.History) != 1 || op.History[0].Reason != "RESERVED" {
+				t.Errorf("the record after the refused calls and a Reserve = %v", op)
+			}
+		})
+	})
+
+	t.Run("IDEMPOTENCY_KEY_EXPIRED", func(t *testing.T) {
+		eachBackend(t, func(t *testing.T, e *env) {
+			id := e.id("tiny")
+			op := e.claim(t, id, "tiny.refund", 0)
+			e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
+			// tiny.* records live 1 s, then their tombstone 1 h.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+				if err != nil || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			for method, err := range e.everyRPC(t, id, op.FencingToken) {
+				c, ei, _ := errorInfo(t, err)
+				if c != codes.FailedPrecondition || ei.Reason != "IDEMPOTENCY_KEY_EXPIRED" || ei.Metadata["final_state"] != "STATE_SUCCEEDED" {
+					t.Errorf("%s of an expired operation = %v, %v", method, err, ei.Metadata)
+				}
+			}
+			// Nothing brought the record back.
+			_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+			wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED")
+		})
+	})
+
+	t.Run("STORE_UNAVAILABLE", func(t *testing.T) {
+		srv := redistest.Start(t)
+		e := startEnv(t, srv.Client(t))
+		id := e.id("op")
+		op := e.claim(t, id, "tiny.refund", 0)
+		srv.Stop()
+		errs := e.everyRPC(t, id, op.FencingToken)
+		_, errs["ListUnresolved"] = e.c.ListUnresolved(e.ctx, &ledgerv1.ListUnresolvedRequest{})
+		for method, err := range errs {
+			if c, ei, _ := errorInfo(t, err); c != codes.Unavailable || ei.Reason != "STORE_UNAVAILABLE" || !hasRetryInfo(err) {
+				t.Errorf("%s with the store down = %v", method, err)
+			}
+		}
+	})
+}
+
+// TestFieldViolationsNameTheWireField: a bad field of any RPC is refused
+// with INVALID_ARGUMENT and a BadRequest whose field violation names the
+// request field as the proto spells it (a path into nested messages), so a
+// client in any language can point at it. The record is left as it was.
+func TestFieldViolationsNameTheWireField(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		id := e.id("op")
+		res, err := e.c.Reserve(e.ctx, reserveReq(id, "payments.refund", mustStruct(t, map[string]any{"amount": 1}), newHolder()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := res.Operation.FencingToken
+		before := e.lookup(t, id)
+		long := strings.Repeat("n", 300)
+		succeeded := ledgerv1.Outcome_OUTCOME_SUCCEEDED
+
+		cases := []struct {
+			name  string
+			call  func() error
+			field string
+		}{
+			{"Reserve permit_id", func() error {
+				r := reserveReq(id, "payments.refund", nil, newHolder())
+				r.PermitId = strings.Repeat("p", 300)
+				_, err := e.c.Reserve(e.ctx, r)
+				return err
+			}, "permit_id"},
+			{"Reserve holder", func() error {
+				_, err := e.c.Reserve(e.ctx, reserveReq(id, "payments.refund", nil, "a\nb"))
+				return err
+			}, "holder"},
+			{"Reserve run_id", func() error {
+				r := reserveReq(id, "payments.refund", nil, newHolder())
+				r.RunId = strings.Repeat("r", 300)
+				_, err := e.c.Reserve(e.ctx, r)
+				return err
+			}, "run_id"},
+			{"Complete fencing_token", func() error {
+				_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, Outcome: succeeded})
+				return err
+			}, "fencing_token"},
+			{"Complete outcome", func() error {
+				_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: tok})
+				return err
+			}, "outcome"},
+			{"Complete result.resource_id", func() error {
+				_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: tok, Outcome: succeeded,
+					Result: &ledgerv1.Result{ResourceId: strings.Repeat("x", 300)}})
+				return err
+			}, "result.resource_id"},
+			{"Complete result.data", func() error {
+				_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: tok, Outcome: succeeded,
+					Result: &ledgerv1.Result{Data: mustStruct(t, map[string]any{"blob": strings.Repeat("x", 70<<10)})}})
+				return err
+			}, "result.data"},
+			{"Complete failure.message", func() error {
+				_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: tok, Outcome: ledgerv1.Outcome_OUTCOME_FAILED_FINAL,
+					Failure: &ledgerv1.Failure{Message: strings.Repeat("m", 2000)}})
+				return err
+			}, "failure.message"},
+			{"MarkUnknown reason", func() error {
+				_, err := e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: tok, Reason: long})
+				return err
+			}, "reason"},
+			{"Renew operation_id", func() error {
+				_, err := e.c.Renew(e.ctx, &ledgerv1.RenewRequest{FencingToken: tok})
+				return err
+			}, "operation_id"},
+			{"Lookup operation_id", func() error {
+				_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: "a\x00b"})
+				return err
+			}, "operation_id"},
+			{"Reconcile finding", func() error {
+				_, err := e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id})
+				return err
+			}, "finding"},
+			{"Reconcile note", func() error {
+				_, err := e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_ESCALATE, Note: long})
+				return err
+			}, "note"},
+			{"Reconcile failure.code", func() error {
+				_, err := e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: ledgerv1.Finding_FINDING_ABANDON,
+					Failure: &ledgerv1.Failure{Code: strings.Repeat("c", 200)}})
+				return err
+			}, "failure.code"},
+			{"ListUnresolved states", func() error {
+				_, err := e.c.ListUnresolved(e.ctx, &ledgerv1.ListUnresolvedRequest{States: []ledgerv1.State{ledgerv1.State_STATE_SUCCEEDED}})
+				return err
+			}, "states"},
+			{"ListUnresolved page_token", func() error {
+				_, err := e.c.ListUnresolved(e.ctx, &ledgerv1.ListUnresolvedRequest{PageToken: "not a token"})
+				return err
+			}, "page_token"},
+			{"ListUnresolved tool", func() error {
+				_, err := e.c.ListUnresolved(e.ctx, &ledgerv1.ListUnresolvedRequest{Tool: "no spaces"})
+				return err
+			}, "tool"},
+		}
+		for _, c := range cases {
+			err := c.call()
+			if err == nil {
+				t.Fatalf("%s: accepted", c.name)
+			}
+			code, ei, br := errorInfo(t, err)
+			if code != codes.InvalidArgument || ei.Reason != "INVALID_ARGUMENT" || br == nil || len(br.FieldViolations) == 0 {
+				t.Fatalf("%s: %v, want INVALID_ARGUMENT with a BadRequest", c.name, err)
+			}
+			var fields []string
+			for _, v := range br.FieldViolations {
+				fields = append(fields, v.Field)
+			}
+			if len(fields) != 1 || fields[0] != c.field {
+				t.Errorf("%s: violations on %q, want only %q", c.name, fields, c.field)
+			}
+		}
+		if after := e.lookup(t, id); !proto.Equal(before, after) {
+			t.Fatalf("a refused request changed the record:\n%v\n%v", before, after)
+		}
+	})
 }

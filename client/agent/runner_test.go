@@ -8,18 +8,145 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
 	"github.com/opledger/ledger/fingerprint"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
+
+// Arguments built in Go with typed slices and maps ([]string,
+// map[string]string, []int) are converted to JSON values, as results are:
+// the mutating tool runs once and its operation is fingerprinted as the
+// same arguments in JSON form, so a resumed run whose transcript came back
+// from JSON storage replays the call instead of being refused as another
+// request under the same key. Integers a double cannot carry exactly are
+// still refused.
+func TestTypedArgumentsAreConvertedToJSONValues(t *testing.T) {
+	env := startLedger(t, redistest.Shared(t).Client(t))
+	var runs, reads atomic.Int32
+	tools := []agent.Tool{
+		{Name: "tag", Mutating: true, Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+			runs.Add(1)
+			return client.Result{ResourceID: "t-1"}, nil
+		}},
+		{Name: "find", Func: func(ctx context.Context, c agent.Call) (client.Result, error) {
+			reads.Add(1)
+			return client.Result{ResourceID: "f-1"}, nil
+		}},
+	}
+	typed := map[string]any{"ids": []string{"a", "b"}, "labels": map[string]string{"k": "v"}, "counts": []int{1, 2}}
+	asJSON := map[string]any{"ids": []any{"a", "b"}, "labels": map[string]any{"k": "v"}, "counts": []any{1.0, 2.0}}
+	run := func(runID string, args map[string]any) agent.Outcome {
+		calls := []agent.ToolCall{{ID: "call-1", Name: "tag", Args: args}, {ID: "call-2", Name: "find", Args: args}}
+		model := agent.ModelFunc(func(ctx context.Context, tr []agent.Message) (agent.Turn, error) {
+			if len(results(tr)) == len(calls) {
+				return agent.Turn{Text: "done"}, nil
+			}
+			return agent.Turn{Calls: calls}, nil
+		})
+		return mustNew(t, agent.Config{Client: env.client, Model: model, Tools: tools}).
+			Run(context.Background(), agent.Input{RunID: runID, PermitID: "p", Transcript: user("tag them")})
+	}
+	runID := newRunID(t)
+	out := run(runID, typed)
+	if res := results(out.Transcript); out.Status != agent.StatusDone || len(res) != 2 || res[0].Error != "" || res[1].Error != "" {
+		t.Fatalf("status %q (%v), results %+v; want both calls run", out.Status, out.Err, res)
+	}
+	if runs.Load() != 1 || reads.Load() != 1 {
+		t.Fatalf("tag ran %d times, find %d; want 1 and 1", runs.Load(), reads.Load())
+	}
+	op, err := env.client.Lookup(context.Background(), runID+":call-1")
+	if err != nil || op.State != client.StateSucceeded {
+		t.Fatalf("operation = %+v, %v; want SUCCEEDED", op, err)
+	}
+	want, err := fingerprint.Compute(asJSON, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := op.ParamsSHA256; string(got) != string(want[:]) {
+		t.Fatalf("params_sha256 = %x, want the JSON form's %x", got, want[:])
+	}
+	// The same run again, its arguments as JSON storage gives them back:
+	// replayed, not run again.
+	out = run(runID, asJSON)
+	if res := results(out.Transcript); out.Status != agent.StatusDone || len(res) != 2 || !res[0].Replayed || res[0].Error != "" {
+		t.Fatalf("again: status %q (%v), results %+v; want the call replayed", out.Status, out.Err, res)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("tag ran %d times, want 1", runs.Load())
+	}
+	// An integer the wire's doubles would round is still refused.
+	out = run(newRunID(t), map[string]any{"ids": []int64{1<<53 + 1}})
+	if res := results(out.Transcript); len(res) != 2 || res[0].Error == "" || res[1].Error == "" || runs.Load() != 1 {
+		t.Fatalf("status %q, results %+v, tag ran %d times; want both refused", out.Status, res, runs.Load())
+	}
+}
+
+// ctxStore is a durable store of transcripts that honours its context, as
+// a database client does: nothing is saved on a context that has ended.
+type ctxStore struct {
+	mu    sync.Mutex
+	saved []agent.Message
+}
+
+func (s *ctxStore) save(ctx context.Context, runID string, transcript []agent.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.saved = transcript
+	return nil
+}
+
+func (s *ctxStore) load() []agent.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.saved
+}
+
+// The caller's context ends right after a mutating tool applied its
+// effect: the ledger records it (Do reports past the caller's end), and so
+// must the checkpoint, or a runtime resuming from the saved transcript
+// would not know the effect happened. The run then ends for the ended
+// context, and resuming from what was saved runs nothing again.
+func TestCheckpointRecordsAnEffectAfterTheCallerGaveUp(t *testing.T) {
+	env := startLedger(t, redistest.Shared(t).Client(t))
+	dest := newDestination()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	book := bookTool(dest)
+	apply := book.Func
+	book.Func = func(c context.Context, call agent.Call) (res client.Result, err error) {
+		res, err = apply(c, call)
+		cancel() // the caller gives up as the effect lands
+		return res, err
+	}
+	call := agent.ToolCall{ID: "call-1", Name: "book", Args: map[string]any{"slot": "09:30"}}
+	store := &ctxStore{}
+	runID := newRunID(t)
+	r := mustNew(t, agent.Config{Client: env.client, Model: callOnceThenAnswer(call), Tools: []agent.Tool{book}, Checkpoint: store.save})
+	out := r.Run(ctx, agent.Input{RunID: runID, PermitID: "p", Transcript: user("book 9:30")})
+	if dest.total() != 1 {
+		t.Fatalf("booked %d times, want 1", dest.total())
+	}
+	saved := results(store.load())
+	if len(saved) != 1 || saved[0].ResourceID != "res-1" {
+		t.Fatalf("saved results %+v (run: %q, %s, %v); want the booking's", saved, out.Status, out.Reason, out.Err)
+	}
+	// Resumed from what was saved: the model gets its answer, nothing runs.
+	out = r.Run(context.Background(), agent.Input{RunID: runID, PermitID: "p", Transcript: store.load()})
+	if out.Status != agent.StatusDone || dest.total() != 1 {
+		t.Fatalf("resumed: %q (%v), booked %d times; want done, 1", out.Status, out.Err, dest.total())
+	}
+}
 
 // Secret-looking values that must never reach the logs.
 var secrets = []string{
