@@ -175,12 +175,21 @@ func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, c config, auth *s
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
+	return runTuned(ctx, args, stderr, nil)
+}
+
+// runTuned is run with tune applied to the configuration the flags give
+// (the tests shorten what no flag sets).
+func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*config)) error {
 	c, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
+	}
+	if tune != nil {
+		tune(&c)
 	}
 	log, err := newLogger(c.logLevel, stderr)
 	if err != nil {
@@ -227,7 +236,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if err := checkDurability(ctx, c, rdb, log); err != nil {
+	durability, err := checkDurability(ctx, c, rdb, log)
+	if err != nil {
 		return err
 	}
 	met := metrics.New(metrics.Options{TenantLabel: c.tenantLabel})
@@ -285,7 +295,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	met.WatchStore(l, 0)
 	met.WatchConnections(func() (int, uint64) { s := svc.Connections(); return s.Open, s.Refused })
 	met.WatchHealthWatches(func() (int, uint64) { s := svc.HealthWatches(); return s.Open, s.Refused })
-	for _, d := range durabilityChecks {
+	for _, d := range durability {
 		met.SetDurability(d.Name, d.OK)
 	}
 	if auth != nil {
@@ -332,8 +342,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	g.Go(func() error { reloadOnHangup(gctx, hup, c, auth, tlsr, met, log); return nil })
 	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
 	if c.redisURL != "" {
-		checks, every := durabilityChecks, durabilityInterval
-		g.Go(func() error { watchDurability(gctx, l, met, log, checks, every); return nil })
+		g.Go(func() error { watchDurability(gctx, l, met, log, durability, c.durabilityEvery); return nil })
 	}
 	if c.compactBatch > 0 {
 		g.Go(func() error { l.RunCompactor(gctx, ledger.DefaultCompactInterval, c.compactBatch); return nil })

@@ -54,13 +54,19 @@ func serve(t *testing.T, args ...string) (ledgerv1.LedgerServiceClient, *ledgert
 // client's connection, the address ledgerd bound and its log.
 func start(t *testing.T, creds credentials.TransportCredentials, args ...string) (*grpc.ClientConn, string, *ledgertest.Buffer) {
 	t.Helper()
+	return startTuned(t, creds, nil, args...)
+}
+
+// startTuned is start with tune applied to ledgerd's configuration.
+func startTuned(t *testing.T, creds credentials.TransportCredentials, tune func(*config), args ...string) (*grpc.ClientConn, string, *ledgertest.Buffer) {
+	t.Helper()
 	out := &ledgertest.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	var runErr error
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
-		runErr = run(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), out)
+		runErr = runTuned(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), out, tune)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -714,11 +720,9 @@ func TestStopRequestedAsServingStarts(t *testing.T) {
 // (CONFIG SET appendonly no, then yes) moves ledger_store_durability_ok
 // (LedgerStoreNotDurable) and is logged, without restarting ledgerd.
 func TestDurabilityFollowsARunningRedis(t *testing.T) {
-	prev := durabilityInterval
-	durabilityInterval = 20 * time.Millisecond
-	t.Cleanup(func() { durabilityInterval = prev })
 	safe := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction")
-	_, out := serve(t, "--redis-url", "redis://"+safe.Addr, "--metrics-listen", "127.0.0.1:0")
+	_, _, out := startTuned(t, insecure.NewCredentials(), func(c *config) { c.durabilityEvery = 20 * time.Millisecond },
+		"--redis-url", "redis://"+safe.Addr, "--metrics-listen", "127.0.0.1:0")
 	metricsAddr := metricsAddrOf(t, out)
 	waitFor := func(sample, logged string) {
 		t.Helper()

@@ -119,43 +119,36 @@ func openStore(c config, log *slog.Logger, stderr io.Writer) (redis.UniversalCli
 	return rdb, func() { _ = rdb.Close() }, nil
 }
 
-// durabilityChecks are the results of the start-up check, for the metric.
-var durabilityChecks []ledger.DurabilityCheck
-
 // checkDurability reads the Redis settings that decide whether records can
 // be lost or evicted, warns about each unsafe one, and refuses to start with
-// --require-durable. The embedded engine is not durable by design.
-func checkDurability(ctx context.Context, c config, rdb redis.UniversalClient, log *slog.Logger) error {
-	durabilityChecks = nil
+// --require-durable. It returns the checks, for the metric. The embedded
+// engine is not durable by design.
+func checkDurability(ctx context.Context, c config, rdb redis.UniversalClient, log *slog.Logger) ([]ledger.DurabilityCheck, error) {
 	if c.redisURL == "" {
 		if c.requireDurable {
-			return errors.New("--require-durable: the embedded engine keeps nothing across a restart; set --redis-url")
+			return nil, errors.New("--require-durable: the embedded engine keeps nothing across a restart; set --redis-url")
 		}
-		return nil
+		return nil, nil
 	}
 	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	durabilityChecks = l.CheckDurability(cctx)
+	checks := l.CheckDurability(cctx)
 	var unsafe []string
-	for _, d := range durabilityChecks {
+	for _, d := range checks {
 		if !d.OK {
 			unsafe = append(unsafe, d.Name)
 			log.Warn("Redis durability: "+d.Name+" is unsafe", "setting", d.Name, "value", d.Value, "risk", d.Why)
 		}
 	}
 	if len(unsafe) > 0 && c.requireDurable {
-		return fmt.Errorf("--require-durable: Redis settings that can lose acknowledged records: %s (want appendonly yes, appendfsync always, maxmemory-policy noeviction)", strings.Join(unsafe, ", "))
+		return checks, fmt.Errorf("--require-durable: Redis settings that can lose acknowledged records: %s (want appendonly yes, appendfsync always, maxmemory-policy noeviction)", strings.Join(unsafe, ", "))
 	}
-	return nil
+	return checks, nil
 }
-
-// durabilityInterval is how often a running ledgerd reads the durability
-// settings again.
-var durabilityInterval = time.Minute
 
 // watchDurability reads the durability settings every interval, so that
 // ledger_store_durability_ok follows a setting changed on a running Redis
