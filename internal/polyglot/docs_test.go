@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -17,14 +18,19 @@ import (
 // `ExampleX` or `BenchmarkX`.
 var testName = regexp.MustCompile(`^(Test|Fuzz|Example|Benchmark)[A-Z_][A-Za-z0-9_]*$`)
 
-// TestDocsNameExistingTests: every test the documentation names as its
-// evidence (a code span such as `TestOverdueAlertRisesAndFalls` in
-// README.md, docs/*.md or an example's README) is a function of a _test.go
-// file, so that renaming or removing a test cannot leave the docs pointing
-// at nothing.
+// testFile is a code span that names a test file: `ledger/ledger_test.go`.
+var testFile = regexp.MustCompile(`^[a-z0-9_./-]+_test\.go$`)
+
+// TestDocsNameExistingTests: the documentation (README.md, docs/*.md, the
+// examples' READMEs) cites its evidence by test file (a code span such as
+// `metrics/metrics_test.go`) or scenario id, never by test function, so a
+// test can be renamed freely; every file cited exists. Fuzz targets and
+// benchmarks are named, since they are what -fuzz and -bench take: each
+// is a function of a _test.go file.
 func TestDocsNameExistingTests(t *testing.T) {
 	root := repoRoot(t)
 	defined := map[string]bool{}
+	testFiles := map[string]bool{} // base names, for a doc that cites one as "next to" its code
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
 		if err != nil {
@@ -36,6 +42,7 @@ func TestDocsNameExistingTests(t *testing.T) {
 		if e.IsDir() || !strings.HasSuffix(e.Name(), "_test.go") {
 			return nil
 		}
+		testFiles[e.Name()] = true
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 		if err != nil {
 			return err
@@ -69,12 +76,23 @@ func TestDocsNameExistingTests(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range d.All().Spans() {
-			if !testName.MatchString(c.Text) {
-				continue
-			}
-			named++
-			if !defined[c.Text] {
-				t.Errorf("%s: names %s, which no _test.go file defines", c.Where, c.Text)
+			switch {
+			case testFile.MatchString(c.Text):
+				named++
+				at := filepath.Join(root, filepath.FromSlash(c.Text))
+				if !strings.Contains(c.Text, "/") {
+					at = filepath.Join(filepath.Dir(p), c.Text) // beside the doc
+				}
+				if _, err := os.Stat(at); err != nil && !(!strings.Contains(c.Text, "/") && testFiles[c.Text]) {
+					t.Errorf("%s: cites %s, which is not a file of the repository", c.Where, c.Text)
+				}
+			case strings.HasPrefix(c.Text, "Test") && testName.MatchString(c.Text):
+				t.Errorf("%s: names the test %s: cite its file instead", c.Where, c.Text)
+			case testName.MatchString(c.Text):
+				named++
+				if !defined[c.Text] {
+					t.Errorf("%s: names %s, which no _test.go file defines", c.Where, c.Text)
+				}
 			}
 		}
 	}
