@@ -21,34 +21,18 @@ import (
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 	"github.com/opledger/ledger/server"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-// testPolicy: short leases where a scenario needs a lease to end, and a
-// longer one ("renewed.*", renewedLease) where a scenario needs a renewed
-// lease to go on, however late the renewals are scheduled.
-const testPolicy = `
-defaults:
-  max_attempts: 5
-tools:
-  - match: "short.*"
-    lease: 200ms
-  - match: "leased.*"
-    lease: 1s
-  - match: "renewed.*"
-    lease: 4s
-  - match: "idem.*"
-    effect: idempotent
-`
 
 // fast keeps the tests' retries short.
 var fast = client.WithBackoff(client.Backoff{Base: 5 * time.Millisecond, Max: 50 * time.Millisecond})
 
 type env struct {
 	c     *client.Client
-	stack *ledgertest.Stack
+	stack *servicetest.Stack
 	rdb   redis.UniversalClient
 	ctx   context.Context
 	name  string
@@ -58,7 +42,7 @@ func (e *env) id(s string) string { return e.name + ":" + s }
 
 func newEnv(t *testing.T, rdb redis.UniversalClient, opts ...client.Option) *env {
 	t.Helper()
-	st := ledgertest.Start(t, rdb, ledgertest.Options{Policy: testPolicy})
+	st := servicetest.Start(t, rdb, servicetest.Options{Policy: ledgertest.Policy})
 	c, err := client.Dial(st.Addr, append([]client.Option{fast}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +209,7 @@ func TestS10DoRecoversLostResponses(t *testing.T) { // S10, and S2's lost Comple
 func TestS3DoWorkerDiedAfterEffect(t *testing.T) { // S3
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination()
-		op := e.op("refund", "short.refund", map[string]any{"amount": 1})
+		op := e.op("refund", "expiring.refund", map[string]any{"amount": 1})
 		// A worker reserves, applies the effect, and dies before Complete.
 		res, err := e.c.Reserve(e.ctx, op, client.NewHolder())
 		if err != nil || res.Decision != client.DecisionExecute {
@@ -241,7 +225,7 @@ func TestS3DoWorkerDiedAfterEffect(t *testing.T) { // S3
 			t.Fatalf("Do without a reconciler = %v, want ErrNeedsReconciliation", err)
 		}
 		// With one, the effect is found and replayed.
-		e.c.RegisterReconciler("short.refund", d.reconciler)
+		e.c.RegisterReconciler("expiring.refund", d.reconciler)
 		got, err := e.c.Do(e.ctx, op, d.fn)
 		if err != nil || got.ResourceID != "R-1" || !got.Replayed {
 			t.Fatalf("Do with a reconciler = %+v, %v", got, err)
@@ -290,7 +274,7 @@ func TestS5DoTimeoutThenReconciliation(t *testing.T) { // S5
 // finding releases the operation.
 func TestDoLeavesEscalatedOperationsToAHuman(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		for _, tool := range []string{"payments.refund", "idem.refund"} {
+		for _, tool := range []string{"payments.refund", "idempotent.refund"} {
 			d := newDestination()
 			var asked atomic.Int32
 			e.c.RegisterReconciler(tool, func(ctx context.Context, op *client.Operation) (client.Finding, error) {
@@ -482,7 +466,7 @@ func TestDoFinalFailure(t *testing.T) {
 func TestDoRetriesAmbiguousIdempotentTools(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		d := newDestination("timeout-after-write")
-		op := e.op("sync", "idem.sync", map[string]any{"profile": "p"})
+		op := e.op("sync", "idempotent.sync", map[string]any{"profile": "p"})
 		res, err := e.c.Do(e.ctx, op, d.fn)
 		if err != nil || res.Attempt != 2 {
 			t.Fatalf("Do = %+v, %v", res, err)
@@ -538,7 +522,7 @@ func TestDoWaitsForAnotherHolder(t *testing.T) {
 	})
 }
 
-// renewedLease is the lease of the "renewed.*" tools in testPolicy.
+// renewedLease is the lease of the "renewed.*" tools in ledgertest.Policy.
 const renewedLease = 4 * time.Second
 
 // A tool that runs for several leases keeps its claim: Do renews the lease
@@ -726,7 +710,7 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Credentials: creds})
+	st := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Credentials: creds})
 	d := newDestination()
 	op := client.Op{ID: "keys-" + client.NewHolder(), Tool: "payments.refund", PermitID: "p"}
 	anon, err := client.Dial(st.Addr, fast)
@@ -768,7 +752,7 @@ func TestAPIKeysOnASharedConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Credentials: creds})
+	st := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Credentials: creds})
 	conn, err := grpc.NewClient(st.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -804,7 +788,7 @@ func TestAPIKeyOverAUnixSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Credentials: creds})
+	st := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Credentials: creds})
 	path := filepath.Join(t.TempDir(), "ledger.sock")
 	abstract := "ledger-client-test-" + client.NewHolder()
 	for _, l := range []struct{ network, addr string }{{"unix", path}, {"unix", "@" + abstract}} {

@@ -19,6 +19,7 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,7 +46,7 @@ func TestDoSaysWhenTheLedgerRecordsAnotherOutcomeThanTheEffect(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = other.Close() })
 	d := newDestination()
-	op := e.op("refund", "short.refund", map[string]any{"amount": 1})
+	op := e.op("refund", "expiring.refund", map[string]any{"amount": 1})
 	op.Effect = client.EffectIrreversible
 	bg := context.Background()
 
@@ -96,7 +97,7 @@ func TestDoSaysWhenTheLedgerRecordsAnotherOutcomeThanTheEffect(t *testing.T) {
 // outcome is recorded, the tool runs once, and the second Do replays it
 // (fn does not run again).
 func TestDoBacksOffWhenTheTenantIsOverItsRate(t *testing.T) {
-	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Policy: testPolicy, Rate: 4, Burst: 1})
+	st := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: ledgertest.Policy, Rate: 4, Burst: 1})
 	var limited atomic.Int32
 	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
@@ -838,8 +839,8 @@ func TestDoDoesNotRunTheToolOnAClaimWhoseLeaseEndedOnTheWay(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = other.Close() })
 	d := newDestination()
-	other.RegisterReconciler("short.pay", d.reconciler)
-	op := e.op("pay", "short.pay", map[string]any{"amount": 5}) // irreversible, 200ms lease
+	other.RegisterReconciler("expiring.pay", d.reconciler)
+	op := e.op("pay", "expiring.pay", map[string]any{"amount": 5}) // irreversible, 200ms lease
 
 	worker := make(chan error, 1)
 	var res client.Result

@@ -176,7 +176,7 @@ func TestDoWaitDeadlineEndsTheBackoff(t *testing.T) {
 	}
 
 	amb := newDestination("timeout-after-write")
-	op = e.op("ambiguous", "idem.sync", map[string]any{"profile": "p"})
+	op = e.op("ambiguous", "idempotent.sync", map[string]any{"profile": "p"})
 	ctx = client.WithWaitDeadline(e.ctx, time.Now().Add(room))
 	wd = waitDeadlineError(t, returned(t, doAsync(ctx, e.c, op, amb.fn), "in the backoff"), client.WaitBackoff)
 	if wd.Operation == nil || wd.Operation.State != client.StateUnknown || amb.count(op.ID) != 1 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redisconf"
 	"github.com/opledger/ledger/internal/redistest"
 )
@@ -22,7 +23,7 @@ import (
 // apart from every other test's, so the pass and the sweep see only them.
 func aclCycle(t *testing.T, rdb redis.UniversalClient, prefix string, opts Options) {
 	t.Helper()
-	pol, err := ParsePolicies([]byte(testPolicy))
+	pol, err := ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,48 +6,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-// testPolicy gives the tests short leases, retentions and recovery windows
-// where they need them; everything else has the defaults (max_attempts lowered to 3).
-const testPolicy = `
-defaults:
-  max_attempts: 3
-tools:
-  - match: "expiring.idempotent"
-    effect: idempotent
-    lease: 150ms
-  - match: "expiring.*"
-    lease: 150ms
-  - match: "idempotent.*"
-    effect: idempotent
-  - match: "short.*"
-    retention: 1s
-    retain_grace: 0s
-    tombstone_retention: 2s
-  - match: "compact.fields"
-    retention: 1s
-    retain_grace: 0s
-    tombstone_retention: 1h
-    consequential_fields: ["/amount"]
-  - match: "compact.*"
-    retention: 1s
-    retain_grace: 0s
-    tombstone_retention: 1h
-  - match: "fields.*"
-    consequential_fields: ["/amount", "/currency"]
-  - match: "overdue.*"
-    recovery_window: 1ms
-`
 
 // env is one ledger on one backend, with a tenant of its own.
 type env struct {
@@ -62,7 +32,7 @@ type env struct {
 // kept apart by a fresh tenant) and against the embedded engine.
 func eachBackend(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
-	pol, err := ParsePolicies([]byte(testPolicy))
+	pol, err := ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +143,7 @@ func wantKind(t *testing.T, err error, k Kind) *Error {
 	return e
 }
 
-// waitLeaseExpiry sleeps past a lease of the test policy's 150ms.
+// waitLeaseExpiry sleeps past an expiring.* lease (200ms).
 func waitLeaseExpiry() { time.Sleep(300 * time.Millisecond) }
 
 // sweeps keeps one test's Sweep from moving another test's expired claim
@@ -201,3 +171,106 @@ func (e *env) sweep(t *testing.T) {
 }
 
 func nan() float64 { return math.NaN() }
+
+// reserveAs reserves id for tool with effect (the policy's when
+// unspecified) and fixed parameters, and fails the test on an error.
+func (e *env) reserveAs(t *testing.T, id, tool string, effect Effect, holder string) *ReserveResult {
+	t.Helper()
+	res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: id, Tool: tool, Params: map[string]any{"amount": 42.0},
+		Effect: effect, PermitID: "permit-1", Holder: holder})
+	if err != nil {
+		t.Fatalf("Reserve(%s): %v", id, err)
+	}
+	return res
+}
+
+// claim reserves a new operation and checks it is EXECUTE.
+func (e *env) claim(t *testing.T, id, tool string, effect Effect) *Operation {
+	t.Helper()
+	res := e.reserveAs(t, id, tool, effect, "h-"+randomHex(6))
+	if res.Decision != DecisionExecute {
+		t.Fatalf("Reserve(%s) = %v, want EXECUTE", id, res.Decision)
+	}
+	return res.Operation
+}
+
+// outcome returns what Complete reports with out: a result with resource
+// id and receipt arg, or a failure of code arg.
+func outcome(out Outcome, arg string) (*Result, *Failure) {
+	if out == OutcomeSucceeded {
+		return &Result{ResourceID: arg, Data: []byte(`{"receipt":"` + arg + `"}`)}, nil
+	}
+	return nil, &Failure{Code: arg, Message: "refused by the destination"}
+}
+
+// settle completes id with out (see outcome) and fails the test on an error.
+func (e *env) settle(t *testing.T, id string, tok uint64, out Outcome, arg string) *Operation {
+	t.Helper()
+	r, f := outcome(out, arg)
+	o, err := e.complete(t, id, tok, out, r, f)
+	if err != nil {
+		t.Fatalf("Complete(%s, %v): %v", id, out, err)
+	}
+	return o
+}
+
+// unknown marks id UNKNOWN and fails the test on an error.
+func (e *env) unknown(t *testing.T, id string, tok uint64) *Operation {
+	t.Helper()
+	o, err := e.markUnknown(t, id, tok)
+	if err != nil {
+		t.Fatalf("MarkUnknown(%s): %v", id, err)
+	}
+	return o
+}
+
+// reconcileAs records finding f about id with a note, a result (APPLIED)
+// or a failure (ABANDON).
+func (e *env) reconcileAs(t *testing.T, id string, f Finding) (*Operation, error) {
+	t.Helper()
+	req := ReconcileRequest{OperationID: id, Finding: f, Note: "checked the destination"}
+	switch f {
+	case FindingApplied:
+		req.Result, _ = outcome(OutcomeSucceeded, "R-found")
+	case FindingAbandon:
+		req.Failure = &Failure{Code: "gave_up", Message: "nothing at the destination"}
+	}
+	return e.l.Reconcile(e.ctx, e.who, req)
+}
+
+// lastEntry returns the latest history entry of id, by Lookup.
+func (e *env) lastEntry(t *testing.T, id string) HistoryEntry {
+	t.Helper()
+	h := e.lookup(t, id).History
+	return h[len(h)-1]
+}
+
+// wantUnchanged fails unless id's record is as before.
+func (e *env) wantUnchanged(t *testing.T, id string, before *Operation) {
+	t.Helper()
+	if after := e.lookup(t, id); !reflect.DeepEqual(before, after) {
+		t.Fatalf("the record changed:\nbefore %+v\nafter  %+v", before, after)
+	}
+}
+
+// waitLeaseEnd waits until the store's clock is past the lease of o.
+func (e *env) waitLeaseEnd(t *testing.T, o *Operation) {
+	t.Helper()
+	for {
+		now, err := e.rdb.Time(e.ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.After(o.LeaseExpiresAt) {
+			return
+		}
+		time.Sleep(o.LeaseExpiresAt.Sub(now) + 5*time.Millisecond)
+	}
+}
+
+// expire waits past the lease of o and sweeps, as the sweeper would.
+func (e *env) expire(t *testing.T, o *Operation) {
+	t.Helper()
+	e.waitLeaseEnd(t, o)
+	e.sweep(t)
+}

@@ -47,23 +47,6 @@ func TestReserveCreatesRunningClaim(t *testing.T) {
 	})
 }
 
-func TestReserveSameHolderRecoversClaim(t *testing.T) { // S10 at the script level
-	eachBackend(t, func(t *testing.T, e *env) {
-		first := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h1")
-		again := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h1")
-		if again.Decision != DecisionExecute || again.Operation.Attempt != 1 || again.Operation.FencingToken != first.Operation.FencingToken {
-			t.Fatalf("again = %v %+v, want EXECUTE with the same attempt and token", again.Decision, again.Operation)
-		}
-		other := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h2")
-		if other.Decision != DecisionInProgress || other.RetryAfter < minRetryAfter || other.RetryAfter > maxRetryAfter {
-			t.Fatalf("other holder = %v retry_after %v, want IN_PROGRESS", other.Decision, other.RetryAfter)
-		}
-		if n := len(e.lookup(t, "op").History); n != 1 {
-			t.Fatalf("history has %d entries, want 1", n)
-		}
-	})
-}
-
 func TestReserveConflictLeavesRecordUntouched(t *testing.T) { // S4
 	eachBackend(t, func(t *testing.T, e *env) {
 		e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0, "memo": "a"}, "h1")
@@ -165,306 +148,6 @@ func TestCompleteSucceeded(t *testing.T) {
 	})
 }
 
-func TestCompleteFailedFinalReplaysFailure(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "payments.refund")
-		if _, err := e.complete(t, "op", o.FencingToken, OutcomeFailedFinal, nil, &Failure{Code: "card_declined", Message: "declined"}); err != nil {
-			t.Fatal(err)
-		}
-		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h2")
-		if res.Decision != DecisionReplay || res.Operation.State != StateFailedFinal || res.Operation.Failure.Code != "card_declined" {
-			t.Fatalf("Reserve after final failure = %v %+v", res.Decision, res.Operation)
-		}
-	})
-}
-
-func TestCompleteRetryableThenClaimAgain(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "payments.refund")
-		p, err := e.complete(t, "op", o.FencingToken, OutcomeFailedRetryable, nil, &Failure{Code: "429"})
-		if err != nil || p.State != StatePending || p.Failure.Code != "429" {
-			t.Fatalf("retryable = %+v, %v", p, err)
-		}
-		if _, err := e.complete(t, "op", o.FencingToken, OutcomeFailedRetryable, nil, &Failure{Code: "429"}); err != nil {
-			t.Fatalf("repeat of the retryable report: %v", err)
-		}
-		// The attempt already reported: it cannot also be unknown.
-		_, err = e.markUnknown(t, "op", o.FencingToken)
-		wantKind(t, err, KindCompletionConflict)
-		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h2")
-		if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || res.Operation.FencingToken <= o.FencingToken || res.Operation.Failure != nil {
-			t.Fatalf("claim after retryable = %v %+v", res.Decision, res.Operation)
-		}
-		if got := reasons(e.lookup(t, "op")); !slices.Equal(got, []string{"RESERVED", "FAILED_RETRYABLE", "CLAIMED"}) {
-			t.Fatalf("history = %v", got)
-		}
-	})
-}
-
-func TestRetriesExhausted(t *testing.T) { // S13 at the script level
-	eachBackend(t, func(t *testing.T, e *env) {
-		for attempt := uint32(1); attempt <= 3; attempt++ {
-			res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h")
-			if res.Decision != DecisionExecute || res.Operation.Attempt != attempt {
-				t.Fatalf("attempt %d: %v %+v", attempt, res.Decision, res.Operation)
-			}
-			if _, err := e.complete(t, "op", res.Operation.FencingToken, OutcomeFailedRetryable, nil, &Failure{Code: "503"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		res := e.reserve(t, "op", "payments.refund", map[string]any{"amount": 10.0}, "h")
-		if res.Decision != DecisionReplay || res.Operation.State != StateFailedFinal || res.Operation.Reason != "RETRIES_EXHAUSTED" || res.Operation.Failure.Code != "RETRIES_EXHAUSTED" {
-			t.Fatalf("after 3 attempts = %v %+v", res.Decision, res.Operation)
-		}
-	})
-}
-
-func TestStaleTokenRefused(t *testing.T) { // S11 at the script level
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "idempotent.sync")
-		if _, err := e.complete(t, "op", o.FencingToken, OutcomeFailedRetryable, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		second := e.reserve(t, "op", "idempotent.sync", map[string]any{"amount": 10.0}, "h2").Operation
-		good := &Result{ResourceID: "second"}
-		if _, err := e.complete(t, "op", second.FencingToken, OutcomeSucceeded, good, nil); err != nil {
-			t.Fatal(err)
-		}
-		for _, call := range []func() error{
-			func() error {
-				_, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "first"}, nil)
-				return err
-			},
-			func() error { _, err := e.markUnknown(t, "op", o.FencingToken); return err },
-			func() error {
-				_, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "op", FencingToken: o.FencingToken})
-				return err
-			},
-		} {
-			if se := wantKind(t, call(), KindStaleToken); se.State != StateSucceeded {
-				t.Errorf("stale error state = %v", se.State)
-			}
-		}
-		if got := e.lookup(t, "op"); got.Result.ResourceID != "second" {
-			t.Fatalf("a stale worker overwrote the result: %+v", got.Result)
-		}
-	})
-}
-
-func TestLeaseExpiryIrreversibleNeedsReconcile(t *testing.T) { // S3 at the script level
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "expiring.refund")
-		waitLeaseExpiry()
-		res := e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h2")
-		if res.Decision != DecisionReconcile || res.Operation.State != StateUnknown || res.Operation.Reason != "LEASE_EXPIRED" {
-			t.Fatalf("after lease expiry = %v %+v", res.Decision, res.Operation)
-		}
-		if res.Operation.RecoveryDeadline.Sub(res.Operation.UnknownSince) != DefaultPolicy.RecoveryWindow {
-			t.Fatalf("recovery deadline %v since %v", res.Operation.RecoveryDeadline, res.Operation.UnknownSince)
-		}
-		res = e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h3")
-		if res.Decision != DecisionReconcile {
-			t.Fatalf("UNKNOWN irreversible = %v, want RECONCILE", res.Decision)
-		}
-		// The late but authoritative report of the original worker wins.
-		done, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "late"}, nil)
-		if err != nil || done.State != StateSucceeded {
-			t.Fatalf("late Complete from UNKNOWN = %+v, %v", done, err)
-		}
-		if got := reasons(e.lookup(t, "op")); !slices.Equal(got, []string{"RESERVED", "LEASE_EXPIRED", "SUCCEEDED"}) {
-			t.Fatalf("history = %v", got)
-		}
-	})
-}
-
-func TestLeaseExpiryIdempotentReclaims(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "expiring.idempotent")
-		waitLeaseExpiry()
-		res := e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h2")
-		if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || res.Operation.FencingToken <= o.FencingToken {
-			t.Fatalf("reclaim = %v %+v", res.Decision, res.Operation)
-		}
-		waitLeaseExpiry()
-		e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h3")
-		waitLeaseExpiry()
-		// Out of attempts: not FAILED_FINAL (the effect may exist), but UNKNOWN.
-		res = e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h4")
-		if res.Decision != DecisionReconcile || res.Operation.State != StateUnknown || res.Operation.Reason != "RETRIES_EXHAUSTED" {
-			t.Fatalf("exhausted reclaim = %v %+v", res.Decision, res.Operation)
-		}
-		if res := e.reserve(t, "op", "expiring.idempotent", map[string]any{"amount": 10.0}, "h5"); res.Decision != DecisionReconcile {
-			t.Fatalf("exhausted UNKNOWN = %v", res.Decision)
-		}
-	})
-}
-
-func TestUnknownIdempotentReclaims(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "idempotent.sync")
-		if _, err := e.markUnknown(t, "op", o.FencingToken); err != nil {
-			t.Fatal(err)
-		}
-		res := e.reserve(t, "op", "idempotent.sync", map[string]any{"amount": 10.0}, "h2")
-		if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || !res.Operation.UnknownSince.IsZero() {
-			t.Fatalf("UNKNOWN idempotent = %v %+v", res.Decision, res.Operation)
-		}
-	})
-}
-
-func TestMarkUnknown(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "payments.refund")
-		u, err := e.markUnknown(t, "op", o.FencingToken)
-		if err != nil || u.State != StateUnknown || u.UnknownSince.IsZero() || !u.LeaseExpiresAt.IsZero() {
-			t.Fatalf("MarkUnknown = %+v, %v", u, err)
-		}
-		if _, err := e.markUnknown(t, "op", o.FencingToken); err != nil {
-			t.Fatalf("repeat: %v", err)
-		}
-		got := e.lookup(t, "op")
-		if !slices.Equal(reasons(got), []string{"RESERVED", "MARKED_UNKNOWN"}) || got.History[1].Detail != "timeout" {
-			t.Fatalf("history = %+v", got.History)
-		}
-		if inLeaseIndex(e, "op") {
-			t.Fatalf("UNKNOWN operation still in the lease index")
-		}
-		// Never downgrades a terminal state.
-		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil); err != nil {
-			t.Fatal(err)
-		}
-		after, err := e.markUnknown(t, "op", o.FencingToken)
-		if err != nil || after.State != StateSucceeded {
-			t.Fatalf("MarkUnknown on SUCCEEDED = %+v, %v", after, err)
-		}
-	})
-}
-
-func TestRenew(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "payments.refund")
-		time.Sleep(20 * time.Millisecond)
-		r, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "op", FencingToken: o.FencingToken})
-		if err != nil || !r.LeaseExpiresAt.After(o.LeaseExpiresAt) {
-			t.Fatalf("Renew = %+v, %v", r, err)
-		}
-		k := e.opKeys("op")
-		if s, _ := e.rdb.ZScore(e.ctx, k.all[2], k.member).Result(); int64(s) != r.LeaseExpiresAt.UnixMilli() {
-			t.Fatalf("lease index not moved: %v", s)
-		}
-		_, err = e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "op", FencingToken: o.FencingToken + 1})
-		wantKind(t, err, KindStaleToken)
-
-		x := e.execute(t, "x", "expiring.refund")
-		waitLeaseExpiry()
-		_, err = e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "x", FencingToken: x.FencingToken})
-		if se := wantKind(t, err, KindStaleToken); se.State != StateUnknown {
-			t.Fatalf("Renew past the lease: state %v, want UNKNOWN", se.State)
-		}
-	})
-}
-
-func TestReconcile(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		unknown := func(id string) *Operation {
-			o := e.execute(t, id, "payments.refund")
-			if _, err := e.markUnknown(t, id, o.FencingToken); err != nil {
-				t.Fatal(err)
-			}
-			return o
-		}
-
-		unknown("applied")
-		r := &Result{Data: []byte(`{"found":true}`), ResourceID: "r-9"}
-		done, err := e.reconcile(t, "applied", FindingApplied, r)
-		if err != nil || done.State != StateSucceeded || done.Result.ResourceID != "r-9" || done.Reason != "RECONCILED_APPLIED" {
-			t.Fatalf("applied = %+v, %v", done, err)
-		}
-		if _, err := e.reconcile(t, "applied", FindingApplied, r); err != nil {
-			t.Fatalf("repeat applied: %v", err)
-		}
-		_, err = e.reconcile(t, "applied", FindingNotApplied, nil)
-		wantKind(t, err, KindAlreadyResolved)
-		if n := len(e.lookup(t, "applied").History); n != 3 {
-			t.Fatalf("history has %d entries, want 3", n)
-		}
-
-		unknown("not-applied")
-		p, err := e.reconcile(t, "not-applied", FindingNotApplied, nil)
-		if err != nil || p.State != StatePending {
-			t.Fatalf("not applied = %+v, %v", p, err)
-		}
-		if _, err := e.reconcile(t, "not-applied", FindingNotApplied, nil); err != nil {
-			t.Fatalf("repeat not applied: %v", err)
-		}
-		if res := e.reserve(t, "not-applied", "payments.refund", map[string]any{"amount": 10.0}, "h"); res.Decision != DecisionExecute || res.Operation.Attempt != 2 {
-			t.Fatalf("after not applied = %v %+v", res.Decision, res.Operation)
-		}
-
-		unknown("abandon")
-		a, err := e.reconcile(t, "abandon", FindingAbandon, nil)
-		if err != nil || a.State != StateFailedFinal || a.Failure.Code != "ABANDONED" {
-			t.Fatalf("abandon = %+v, %v", a, err)
-		}
-
-		unknown("escalate")
-		esc, err := e.reconcile(t, "escalate", FindingEscalate, nil)
-		if err != nil || esc.State != StateUnknown || !esc.NeedsReview {
-			t.Fatalf("escalate = %+v, %v", esc, err)
-		}
-		if _, err := e.reconcile(t, "escalate", FindingEscalate, nil); err != nil {
-			t.Fatal(err)
-		}
-		if got := reasons(e.lookup(t, "escalate")); !slices.Equal(got, []string{"RESERVED", "MARKED_UNKNOWN", "ESCALATED"}) {
-			t.Fatalf("history = %v", got)
-		}
-		done, err = e.reconcile(t, "escalate", FindingApplied, nil)
-		if err != nil || done.State != StateSucceeded || done.NeedsReview {
-			t.Fatalf("applied after escalation = %+v, %v", done, err)
-		}
-
-		live := e.execute(t, "live", "payments.refund")
-		_, err = e.reconcile(t, "live", FindingApplied, nil)
-		if ie := wantKind(t, err, KindInProgress); ie.RetryAfter <= 0 || ie.Operation.FencingToken != live.FencingToken {
-			t.Fatalf("in progress error = %+v", ie)
-		}
-
-		_, err = e.reconcile(t, "never", FindingApplied, nil)
-		wantKind(t, err, KindNotFound)
-	})
-}
-
-func TestReconcileExpiredLease(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		e.execute(t, "op", "expiring.refund")
-		waitLeaseExpiry()
-		done, err := e.reconcile(t, "op", FindingApplied, &Result{ResourceID: "r"})
-		if err != nil || done.State != StateSucceeded {
-			t.Fatalf("Reconcile past the lease = %+v, %v", done, err)
-		}
-	})
-}
-
-func TestCompleteAfterNotAppliedFinding(t *testing.T) {
-	// The sweeper made the claim UNKNOWN, a reconciler found nothing, then the
-	// worker finishes: its report wins, so the next claim cannot repeat it.
-	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "expiring.refund")
-		waitLeaseExpiry()
-		e.sweep(t)
-		if _, err := e.reconcile(t, "op", FindingNotApplied, nil); err != nil {
-			t.Fatal(err)
-		}
-		done, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil)
-		if err != nil || done.State != StateSucceeded {
-			t.Fatalf("Complete from PENDING = %+v, %v", done, err)
-		}
-		if res := e.reserve(t, "op", "expiring.refund", map[string]any{"amount": 10.0}, "h2"); res.Decision != DecisionReplay {
-			t.Fatalf("decision = %v, want REPLAY", res.Decision)
-		}
-	})
-}
-
 func TestSweeper(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		e.execute(t, "irrev", "expiring.refund")
@@ -496,7 +179,7 @@ func TestSweeper(t *testing.T) {
 
 func TestTombstone(t *testing.T) { // S6 at the script level
 	eachBackend(t, func(t *testing.T, e *env) {
-		o := e.execute(t, "op", "short.refund")
+		o := e.execute(t, "op", "brief.refund")
 		if _, err := e.complete(t, "op", o.FencingToken, OutcomeSucceeded, &Result{ResourceID: "r"}, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -516,7 +199,7 @@ func TestTombstone(t *testing.T) { // S6 at the script level
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		_, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "short.refund", Params: map[string]any{"amount": 10.0}, PermitID: "permit-1", Holder: "late"})
+		_, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "brief.refund", Params: map[string]any{"amount": 10.0}, PermitID: "permit-1", Holder: "late"})
 		wantKind(t, err, KindKeyExpired)
 		if now, _ := e.rdb.Get(e.ctx, e.opKeys("op").all[0]).Result(); now != stored {
 			t.Fatal("a late Reserve re-created the record")
@@ -527,7 +210,7 @@ func TestTombstone(t *testing.T) { // S6 at the script level
 func TestRetainUntilExtendsRetention(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		until := time.Now().Add(48 * time.Hour)
-		res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "short.book", PermitID: "p", Holder: "h", RetainUntil: until})
+		res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: "op", Tool: "brief.book", PermitID: "p", Holder: "h", RetainUntil: until})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -535,7 +218,7 @@ func TestRetainUntilExtendsRetention(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// short.* has retention 1s and no grace: retain_until decides.
+		// brief.* has retention 1s and no grace: retain_until decides.
 		if d := done.ExpiresAt.Sub(until); d < -time.Second || d > time.Second {
 			t.Fatalf("expires at %v, want about %v", done.ExpiresAt, until)
 		}
@@ -1020,4 +703,713 @@ func observe(t *testing.T, e *env) func() []Event {
 		defer mu.Unlock()
 		return slices.Clone(events)
 	}
+}
+
+// TestReserveTable: every row of contract.md §4's Reserve table, with the
+// decision, the record it leaves and the history entry it writes.
+func TestReserveTable(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		t.Run("none", func(t *testing.T) {
+			res := e.reserveAs(t, "none", "payments.refund", 0, "h-none")
+			o := res.Operation
+			if res.Decision != DecisionExecute || o.State != StateRunning || o.Attempt != 1 || o.FencingToken == 0 ||
+				res.Holder != "h-none" || !o.LeaseExpiresAt.After(o.CreatedAt) || o.Effect != EffectIrreversible || o.MaxAttempts != 3 {
+				t.Fatalf("Reserve of a new id = %+v", res)
+			}
+			h := e.lastEntry(t, "none")
+			if h.Reason != "RESERVED" || h.From != StateUnspecified || h.To != StateRunning || h.Principal != "agent-1" {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+
+		t.Run("PENDING", func(t *testing.T) {
+			first := e.claim(t, "pending", "payments.refund", 0)
+			e.settle(t, "pending", first.FencingToken, OutcomeFailedRetryable, "503")
+			res := e.reserveAs(t, "pending", "payments.refund", 0, "h-2")
+			if o := res.Operation; res.Decision != DecisionExecute || o.State != StateRunning || o.Attempt != 2 ||
+				o.FencingToken <= first.FencingToken || o.Failure != nil {
+				t.Fatalf("Reserve of a PENDING operation = %+v", res)
+			}
+			if h := e.lastEntry(t, "pending"); h.Reason != "CLAIMED" || h.From != StatePending || h.To != StateRunning || h.Attempt != 2 {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+
+		t.Run("PENDING, attempts exhausted", func(t *testing.T) {
+			for attempt := range 3 {
+				o := e.claim(t, "exhausted", "payments.refund", 0)
+				if o.Attempt != uint32(attempt+1) {
+					t.Fatalf("attempt %d, want %d", o.Attempt, attempt+1)
+				}
+				e.settle(t, "exhausted", o.FencingToken, OutcomeFailedRetryable, "503")
+			}
+			res := e.reserveAs(t, "exhausted", "payments.refund", 0, "h-4")
+			if o := res.Operation; res.Decision != DecisionReplay || o.State != StateFailedFinal || o.Reason != "RETRIES_EXHAUSTED" ||
+				o.Failure.Code != "RETRIES_EXHAUSTED" || o.Attempt != 3 {
+				t.Fatalf("Reserve with no attempts left = %+v", res)
+			}
+			if h := e.lastEntry(t, "exhausted"); h.Reason != "RETRIES_EXHAUSTED" || h.From != StatePending || h.To != StateFailedFinal || h.Attempt != 3 {
+				t.Fatalf("history = %+v", h)
+			}
+			before := e.lookup(t, "exhausted")
+			if again := e.reserveAs(t, "exhausted", "payments.refund", 0, "h-5"); again.Decision != DecisionReplay || again.Operation.State != StateFailedFinal {
+				t.Fatalf("Reserve again = %+v, want REPLAY of the failure", again)
+			}
+			e.wantUnchanged(t, "exhausted", before)
+		})
+
+		t.Run("RUNNING, lease valid, same holder", func(t *testing.T) { // S10
+			first := e.reserveAs(t, "same-holder", "payments.refund", 0, "h-1")
+			before := e.lookup(t, "same-holder")
+			again := e.reserveAs(t, "same-holder", "payments.refund", 0, "h-1")
+			if again.Decision != DecisionExecute || again.Operation.Attempt != 1 || again.Operation.FencingToken != first.Operation.FencingToken {
+				t.Fatalf("Reserve by the same holder = %+v, want EXECUTE with attempt 1, token %d", again, first.Operation.FencingToken)
+			}
+			e.wantUnchanged(t, "same-holder", before)
+		})
+
+		t.Run("RUNNING, lease valid, other holder", func(t *testing.T) {
+			e.claim(t, "other-holder", "payments.refund", 0)
+			before := e.lookup(t, "other-holder")
+			res := e.reserveAs(t, "other-holder", "payments.refund", 0, "h-other")
+			if res.Decision != DecisionInProgress || res.RetryAfter < minRetryAfter || res.RetryAfter > maxRetryAfter {
+				t.Fatalf("Reserve by another holder = %+v, want IN_PROGRESS with retry_after", res)
+			}
+			e.wantUnchanged(t, "other-holder", before)
+		})
+
+		for _, effect := range []Effect{EffectIdempotent, EffectReadOnly} {
+			t.Run("RUNNING, lease expired, "+effect.String(), func(t *testing.T) {
+				id := "reclaim-" + effect.String()
+				first := e.reserveAs(t, id, "expiring.refund", effect, "h-1").Operation
+				e.waitLeaseEnd(t, first)
+				// The same holder too: after the lease it is anyone.
+				res := e.reserveAs(t, id, "expiring.refund", effect, "h-1")
+				if res.Decision != DecisionExecute || res.Operation.Attempt != 2 || res.Operation.FencingToken <= first.FencingToken {
+					t.Fatalf("Reserve after the lease = %+v, want EXECUTE attempt 2 with a new token", res)
+				}
+				if h := e.lastEntry(t, id); h.Reason != "RECLAIMED" || h.From != StateRunning || h.To != StateRunning {
+					t.Fatalf("history = %+v", h)
+				}
+			})
+		}
+
+		t.Run("RUNNING, lease expired, irreversible", func(t *testing.T) { // S3
+			first := e.claim(t, "lapsed", "expiring.refund", 0)
+			e.waitLeaseEnd(t, first)
+			res := e.reserveAs(t, "lapsed", "expiring.refund", 0, "h-2")
+			if o := res.Operation; res.Decision != DecisionReconcile || o.State != StateUnknown || o.Reason != "LEASE_EXPIRED" ||
+				o.RecoveryDeadline.Sub(o.UnknownSince) != DefaultPolicy.RecoveryWindow {
+				t.Fatalf("Reserve after the lease = %+v, want RECONCILE, UNKNOWN (LEASE_EXPIRED)", res)
+			}
+			if h := e.lastEntry(t, "lapsed"); h.From != StateRunning || h.To != StateUnknown || h.FencingToken != first.FencingToken {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+
+		for _, tc := range []struct {
+			effect Effect
+			want   Decision
+		}{{EffectIdempotent, DecisionExecute}, {EffectReadOnly, DecisionExecute}, {EffectIrreversible, DecisionReconcile}} {
+			t.Run("UNKNOWN, "+tc.effect.String(), func(t *testing.T) {
+				id := "unknown-" + tc.effect.String()
+				first := e.reserveAs(t, id, "payments.refund", tc.effect, "h-1").Operation
+				e.unknown(t, id, first.FencingToken)
+				before := e.lookup(t, id)
+				res := e.reserveAs(t, id, "payments.refund", tc.effect, "h-1")
+				if res.Decision != tc.want {
+					t.Fatalf("Reserve of an UNKNOWN %v operation = %v, want %v", tc.effect, res.Decision, tc.want)
+				}
+				if tc.want == DecisionReconcile {
+					e.wantUnchanged(t, id, before)
+					return
+				}
+				if o := res.Operation; o.State != StateRunning || o.Attempt != 2 || o.FencingToken <= first.FencingToken || !o.UnknownSince.IsZero() {
+					t.Fatalf("reclaim = %+v", o)
+				}
+				if h := e.lastEntry(t, id); h.Reason != "RECLAIMED" || h.From != StateUnknown || h.To != StateRunning {
+					t.Fatalf("history = %+v", h)
+				}
+			})
+		}
+
+		// Out of attempts, an idempotent operation whose outcome is unknown
+		// is not reclaimed, nor failed for good: it may have applied the
+		// effect (design.md, 3.4 rule 6).
+		t.Run("UNKNOWN, idempotent, attempts exhausted", func(t *testing.T) {
+			for attempt := range 3 {
+				res := e.reserveAs(t, "unknown-exhausted", "payments.refund", EffectIdempotent, "h-"+itoa(int64(attempt)))
+				if res.Decision != DecisionExecute || res.Operation.Attempt != uint32(attempt+1) {
+					t.Fatalf("Reserve = %+v, want EXECUTE attempt %d", res, attempt+1)
+				}
+				e.unknown(t, "unknown-exhausted", res.Operation.FencingToken)
+			}
+			before := e.lookup(t, "unknown-exhausted")
+			res := e.reserveAs(t, "unknown-exhausted", "payments.refund", EffectIdempotent, "h-4")
+			if res.Decision != DecisionReconcile || res.Operation.State != StateUnknown || res.Operation.Attempt != 3 {
+				t.Fatalf("Reserve with no attempts left = %+v, want RECONCILE", res)
+			}
+			e.wantUnchanged(t, "unknown-exhausted", before)
+		})
+
+		t.Run("RUNNING, lease expired, idempotent, attempts exhausted", func(t *testing.T) {
+			var o *Operation
+			for attempt := range 3 {
+				res := e.reserveAs(t, "running-exhausted", "expiring.idempotent", 0, "h-"+itoa(int64(attempt)))
+				if res.Decision != DecisionExecute || res.Operation.Attempt != uint32(attempt+1) {
+					t.Fatalf("Reserve = %+v, want EXECUTE attempt %d", res, attempt+1)
+				}
+				o = res.Operation
+				e.waitLeaseEnd(t, o)
+			}
+			res := e.reserveAs(t, "running-exhausted", "expiring.idempotent", 0, "h-4")
+			if res.Decision != DecisionReconcile || res.Operation.State != StateUnknown || res.Operation.Reason != "RETRIES_EXHAUSTED" ||
+				res.Operation.FencingToken != o.FencingToken {
+				t.Fatalf("Reserve with no attempts left = %+v, want RECONCILE, UNKNOWN (RETRIES_EXHAUSTED)", res)
+			}
+			if h := e.lastEntry(t, "running-exhausted"); h.From != StateRunning || h.To != StateUnknown || h.Attempt != 3 {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+
+		t.Run("SUCCEEDED", func(t *testing.T) {
+			o := e.claim(t, "succeeded", "payments.refund", 0)
+			e.settle(t, "succeeded", o.FencingToken, OutcomeSucceeded, "R-7")
+			before := e.lookup(t, "succeeded")
+			res := e.reserveAs(t, "succeeded", "payments.refund", 0, "h-2")
+			if res.Decision != DecisionReplay || res.Operation.State != StateSucceeded || res.Operation.Result.ResourceID != "R-7" ||
+				string(res.Operation.Result.Data) != `{"receipt":"R-7"}` {
+				t.Fatalf("Reserve of a SUCCEEDED operation = %+v, want REPLAY of R-7", res)
+			}
+			e.wantUnchanged(t, "succeeded", before)
+		})
+
+		t.Run("FAILED_FINAL", func(t *testing.T) {
+			o := e.claim(t, "failed", "payments.refund", 0)
+			e.settle(t, "failed", o.FencingToken, OutcomeFailedFinal, "card_declined")
+			before := e.lookup(t, "failed")
+			res := e.reserveAs(t, "failed", "payments.refund", 0, "h-2")
+			if res.Decision != DecisionReplay || res.Operation.State != StateFailedFinal ||
+				*res.Operation.Failure != (Failure{Code: "card_declined", Message: "refused by the destination"}) {
+				t.Fatalf("Reserve of a FAILED_FINAL operation = %+v, want REPLAY of the failure", res)
+			}
+			e.wantUnchanged(t, "failed", before)
+		})
+	})
+}
+
+// TestCompleteRules: contract.md §4's rules for Complete: only the current
+// token, from RUNNING and from UNKNOWN with the latest token, a retryable
+// failure back to PENDING, a repeat of the same outcome succeeds, another
+// outcome is a completion conflict.
+func TestCompleteRules(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		t.Run("from RUNNING", func(t *testing.T) {
+			o := e.claim(t, "running", "payments.refund", 0)
+			done := e.settle(t, "running", o.FencingToken, OutcomeSucceeded, "R-1")
+			if done.State != StateSucceeded || done.Result.ResourceID != "R-1" || !done.LeaseExpiresAt.IsZero() {
+				t.Fatalf("Complete = %+v", done)
+			}
+			if h := e.lastEntry(t, "running"); h.Reason != "SUCCEEDED" || h.From != StateRunning || h.To != StateSucceeded {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+
+		t.Run("from UNKNOWN by MarkUnknown, latest token", func(t *testing.T) {
+			for _, out := range []Outcome{OutcomeSucceeded, OutcomeFailedFinal} {
+				id := "marked-" + outcomeNames[out]
+				o := e.claim(t, id, "payments.refund", 0)
+				e.unknown(t, id, o.FencingToken)
+				done := e.settle(t, id, o.FencingToken, out, "late")
+				want := map[Outcome]State{OutcomeSucceeded: StateSucceeded, OutcomeFailedFinal: StateFailedFinal}[out]
+				if done.State != want || done.NeedsReview || !done.UnknownSince.IsZero() {
+					t.Fatalf("Complete(%v) from UNKNOWN = %+v", out, done)
+				}
+				if h := e.lastEntry(t, id); h.From != StateUnknown || h.To != want {
+					t.Fatalf("history = %+v", h)
+				}
+			}
+		})
+
+		t.Run("from UNKNOWN by lease expiry, latest token", func(t *testing.T) {
+			o := e.claim(t, "expired", "expiring.refund", 0)
+			e.expire(t, o)
+			done := e.settle(t, "expired", o.FencingToken, OutcomeSucceeded, "R-late")
+			if done.State != StateSucceeded || done.Result.ResourceID != "R-late" {
+				t.Fatalf("a late but authoritative Complete = %+v", done)
+			}
+			if got := reasons(e.lookup(t, "expired")); !slices.Equal(got, []string{"RESERVED", "LEASE_EXPIRED", "SUCCEEDED"}) {
+				t.Fatalf("history = %v", got)
+			}
+			res := e.reserveAs(t, "expired", "expiring.refund", 0, "h-2")
+			if res.Decision != DecisionReplay || res.Operation.Result.ResourceID != "R-late" {
+				t.Fatalf("Reserve after = %+v", res)
+			}
+		})
+
+		// The sweeper made the claim UNKNOWN, a reconciler found nothing,
+		// then the worker finishes: its report wins, so the next claim
+		// cannot repeat it.
+		t.Run("from PENDING by a finding, latest token", func(t *testing.T) {
+			o := e.claim(t, "found-nothing", "expiring.refund", 0)
+			e.expire(t, o)
+			if _, err := e.reconcileAs(t, "found-nothing", FindingNotApplied); err != nil {
+				t.Fatal(err)
+			}
+			if done := e.settle(t, "found-nothing", o.FencingToken, OutcomeSucceeded, "R-1"); done.State != StateSucceeded {
+				t.Fatalf("Complete from PENDING = %+v", done)
+			}
+			if res := e.reserveAs(t, "found-nothing", "expiring.refund", 0, "h-2"); res.Decision != DecisionReplay {
+				t.Fatalf("decision = %v, want REPLAY", res.Decision)
+			}
+		})
+
+		t.Run("from UNKNOWN, an earlier attempt's token", func(t *testing.T) {
+			first := e.claim(t, "unknown-stale", "payments.refund", 0)
+			e.settle(t, "unknown-stale", first.FencingToken, OutcomeFailedRetryable, "503")
+			second := e.claim(t, "unknown-stale", "payments.refund", 0)
+			e.unknown(t, "unknown-stale", second.FencingToken)
+			before := e.lookup(t, "unknown-stale")
+			_, err := e.complete(t, "unknown-stale", first.FencingToken, OutcomeSucceeded, &Result{ResourceID: "R-stale"}, nil)
+			if le := wantKind(t, err, KindStaleToken); le.State != StateUnknown {
+				t.Fatalf("state %v", le.State)
+			}
+			e.wantUnchanged(t, "unknown-stale", before)
+		})
+
+		t.Run("stale token on RUNNING", func(t *testing.T) {
+			o := e.claim(t, "running-stale", "payments.refund", 0)
+			before := e.lookup(t, "running-stale")
+			for _, tok := range []uint64{o.FencingToken - 1, o.FencingToken + 1} {
+				_, err := e.complete(t, "running-stale", tok, OutcomeSucceeded, nil, nil)
+				if le := wantKind(t, err, KindStaleToken); le.State != StateRunning {
+					t.Fatalf("state %v", le.State)
+				}
+			}
+			e.wantUnchanged(t, "running-stale", before)
+		})
+
+		t.Run("stale token on a terminal record", func(t *testing.T) { // S11
+			first := e.claim(t, "terminal-stale", "idempotent.sync", 0)
+			e.settle(t, "terminal-stale", first.FencingToken, OutcomeFailedRetryable, "503")
+			second := e.claim(t, "terminal-stale", "idempotent.sync", 0)
+			e.settle(t, "terminal-stale", second.FencingToken, OutcomeSucceeded, "second")
+			before := e.lookup(t, "terminal-stale")
+			_, err := e.complete(t, "terminal-stale", first.FencingToken, OutcomeSucceeded, &Result{ResourceID: "first"}, nil)
+			if le := wantKind(t, err, KindStaleToken); le.State != StateSucceeded {
+				t.Fatalf("state %v", le.State)
+			}
+			e.wantUnchanged(t, "terminal-stale", before)
+		})
+
+		for _, from := range []State{StateRunning, StateUnknown} {
+			t.Run("retryable failure from "+from.String(), func(t *testing.T) {
+				id := "retryable-" + from.String()
+				o := e.claim(t, id, "payments.refund", 0)
+				if from == StateUnknown {
+					e.unknown(t, id, o.FencingToken)
+				}
+				done := e.settle(t, id, o.FencingToken, OutcomeFailedRetryable, "503")
+				if done.State != StatePending || done.Failure.Code != "503" || !done.LeaseExpiresAt.IsZero() || !done.UnknownSince.IsZero() {
+					t.Fatalf("Complete(FAILED_RETRYABLE) = %+v, want PENDING", done)
+				}
+				if h := e.lastEntry(t, id); h.Reason != "FAILED_RETRYABLE" || h.From != from || h.To != StatePending {
+					t.Fatalf("history = %+v", h)
+				}
+				res := e.reserveAs(t, id, "payments.refund", 0, "h-2")
+				if res.Decision != DecisionExecute || res.Operation.Attempt != 2 {
+					t.Fatalf("Reserve after the retryable failure = %+v", res)
+				}
+			})
+		}
+
+		// The same token and outcome again succeeds and changes nothing;
+		// another outcome, or the same kind with another result or
+		// failure, is a completion conflict.
+		for _, tc := range []struct {
+			first     Outcome
+			firstArg  string
+			other     Outcome
+			otherArg  string
+			wantState State
+		}{
+			{OutcomeSucceeded, "R-1", OutcomeFailedFinal, "declined", StateSucceeded},
+			{OutcomeSucceeded, "R-1", OutcomeFailedRetryable, "503", StateSucceeded},
+			{OutcomeSucceeded, "R-1", OutcomeSucceeded, "R-2", StateSucceeded},
+			{OutcomeFailedFinal, "declined", OutcomeSucceeded, "R-1", StateFailedFinal},
+			{OutcomeFailedFinal, "declined", OutcomeFailedFinal, "other_code", StateFailedFinal},
+			{OutcomeFailedRetryable, "503", OutcomeSucceeded, "R-1", StatePending},
+			{OutcomeFailedRetryable, "503", OutcomeFailedFinal, "declined", StatePending},
+		} {
+			id := outcomeNames[tc.first] + " then " + outcomeNames[tc.other] + " " + tc.otherArg
+			t.Run(id, func(t *testing.T) {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, o.FencingToken, tc.first, tc.firstArg)
+				before := e.lookup(t, id)
+				if again := e.settle(t, id, o.FencingToken, tc.first, tc.firstArg); again.State != tc.wantState {
+					t.Fatalf("the repeat = %+v", again)
+				}
+				e.wantUnchanged(t, id, before)
+				r, f := outcome(tc.other, tc.otherArg)
+				_, err := e.complete(t, id, o.FencingToken, tc.other, r, f)
+				if le := wantKind(t, err, KindCompletionConflict); le.State != tc.wantState {
+					t.Fatalf("state %v", le.State)
+				}
+				e.wantUnchanged(t, id, before)
+			})
+		}
+	})
+}
+
+// TestMarkUnknownRules: only the current token; RUNNING becomes UNKNOWN
+// with the caller's reason; a terminal state is never downgraded.
+func TestMarkUnknownRules(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		t.Run("from RUNNING", func(t *testing.T) {
+			o := e.claim(t, "running", "payments.refund", 0)
+			u := e.unknown(t, "running", o.FencingToken)
+			if u.State != StateUnknown || u.UnknownSince.IsZero() || !u.LeaseExpiresAt.IsZero() || u.Attempt != 1 {
+				t.Fatalf("MarkUnknown = %+v", u)
+			}
+			if h := e.lastEntry(t, "running"); h.Reason != "MARKED_UNKNOWN" || h.Detail != "timeout" || h.From != StateRunning || h.To != StateUnknown {
+				t.Fatalf("history = %+v", h)
+			}
+			if inLeaseIndex(e, "running") {
+				t.Fatal("UNKNOWN operation still in the lease index")
+			}
+			before := e.lookup(t, "running")
+			if again := e.unknown(t, "running", o.FencingToken); again.State != StateUnknown {
+				t.Fatalf("the repeat = %+v", again)
+			}
+			e.wantUnchanged(t, "running", before)
+		})
+
+		refused := []struct {
+			name  string
+			setup func(id string) uint64
+			kind  Kind
+			state State
+		}{
+			{"stale token", func(id string) uint64 {
+				first := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, first.FencingToken, OutcomeFailedRetryable, "503")
+				e.claim(t, id, "payments.refund", 0)
+				return first.FencingToken
+			}, KindStaleToken, StateRunning},
+			{"stale token on a terminal record", func(id string) uint64 {
+				first := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, first.FencingToken, OutcomeFailedRetryable, "503")
+				e.settle(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, OutcomeSucceeded, "R-2")
+				return first.FencingToken
+			}, KindStaleToken, StateSucceeded},
+			// The attempt already reported a retryable failure: it cannot
+			// also not know.
+			{"PENDING by this attempt's retryable failure", func(id string) uint64 {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, o.FencingToken, OutcomeFailedRetryable, "503")
+				return o.FencingToken
+			}, KindCompletionConflict, StatePending},
+		}
+		for _, tc := range refused {
+			t.Run(tc.name, func(t *testing.T) {
+				tok := tc.setup(tc.name)
+				before := e.lookup(t, tc.name)
+				_, err := e.markUnknown(t, tc.name, tok)
+				if le := wantKind(t, err, tc.kind); le.State != tc.state {
+					t.Fatalf("state %v, want %v", le.State, tc.state)
+				}
+				e.wantUnchanged(t, tc.name, before)
+			})
+		}
+
+		// The lease ran out, a reconciler found nothing, then the worker,
+		// whose token is still the latest, says it cannot tell: its
+		// request may have reached the destination after the check.
+		t.Run("PENDING by a finding, then the latest attempt's report", func(t *testing.T) {
+			o := e.claim(t, "pending-found", "expiring.refund", 0)
+			e.expire(t, o)
+			if _, err := e.reconcileAs(t, "pending-found", FindingNotApplied); err != nil {
+				t.Fatal(err)
+			}
+			u := e.unknown(t, "pending-found", o.FencingToken)
+			if u.State != StateUnknown || u.Attempt != 1 || u.UnknownSince.IsZero() {
+				t.Fatalf("MarkUnknown = %+v", u)
+			}
+			if h := e.lastEntry(t, "pending-found"); h.Reason != "MARKED_UNKNOWN" || h.From != StatePending || h.To != StateUnknown {
+				t.Fatalf("history = %+v", h)
+			}
+			if res := e.reserveAs(t, "pending-found", "expiring.refund", 0, "h-2"); res.Decision != DecisionReconcile {
+				t.Fatalf("Reserve after = %v, want RECONCILE", res.Decision)
+			}
+		})
+
+		// Terminal by the worker's own Complete, and by a reconciler's
+		// finding after the lease ran out: the worker's late MarkUnknown
+		// leaves the outcome as recorded.
+		terminal := []struct {
+			name  string
+			setup func(id string) uint64
+			want  State
+		}{
+			{"SUCCEEDED by Complete", func(id string) uint64 {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, o.FencingToken, OutcomeSucceeded, "R-1")
+				return o.FencingToken
+			}, StateSucceeded},
+			{"FAILED_FINAL by Complete", func(id string) uint64 {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, o.FencingToken, OutcomeFailedFinal, "declined")
+				return o.FencingToken
+			}, StateFailedFinal},
+			{"SUCCEEDED by Reconcile", func(id string) uint64 {
+				o := e.claim(t, id, "expiring.refund", 0)
+				e.expire(t, o)
+				if _, err := e.reconcileAs(t, id, FindingApplied); err != nil {
+					t.Fatal(err)
+				}
+				return o.FencingToken
+			}, StateSucceeded},
+			{"FAILED_FINAL by Reconcile", func(id string) uint64 {
+				o := e.claim(t, id, "expiring.refund", 0)
+				e.expire(t, o)
+				if _, err := e.reconcileAs(t, id, FindingAbandon); err != nil {
+					t.Fatal(err)
+				}
+				return o.FencingToken
+			}, StateFailedFinal},
+		}
+		for _, tc := range terminal {
+			t.Run(tc.name, func(t *testing.T) {
+				tok := tc.setup(tc.name)
+				before := e.lookup(t, tc.name)
+				if u := e.unknown(t, tc.name, tok); u.State != tc.want {
+					t.Fatalf("MarkUnknown on %v = %+v", tc.want, u)
+				}
+				e.wantUnchanged(t, tc.name, before)
+			})
+		}
+	})
+}
+
+// TestRenewRules: Renew extends a live claim with the current token only.
+func TestRenewRules(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		t.Run("current token", func(t *testing.T) {
+			o := e.claim(t, "live", "payments.refund", 0)
+			time.Sleep(10 * time.Millisecond) // the store's clock moves on
+			r, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "live", FencingToken: o.FencingToken})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.State != StateRunning || !r.LeaseExpiresAt.After(o.LeaseExpiresAt) || r.FencingToken != o.FencingToken || r.Attempt != 1 {
+				t.Fatalf("Renew = %+v, want the lease moved past %v", r, o.LeaseExpiresAt)
+			}
+			if got := e.lookup(t, "live"); !got.LeaseExpiresAt.Equal(r.LeaseExpiresAt) || len(got.History) != 1 {
+				t.Fatalf("record after Renew = %+v", got)
+			}
+			k := e.opKeys("live")
+			if s, _ := e.rdb.ZScore(e.ctx, k.all[2], k.member).Result(); int64(s) != r.LeaseExpiresAt.UnixMilli() {
+				t.Fatalf("lease index at %v, want %d", s, r.LeaseExpiresAt.UnixMilli())
+			}
+		})
+
+		refused := []struct {
+			name  string
+			setup func(id string) uint64
+			state State
+		}{
+			{"earlier token", func(id string) uint64 {
+				first := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, first.FencingToken, OutcomeFailedRetryable, "503")
+				e.claim(t, id, "payments.refund", 0)
+				return first.FencingToken
+			}, StateRunning},
+			{"later token", func(id string) uint64 {
+				return e.claim(t, id, "payments.refund", 0).FencingToken + 1
+			}, StateRunning},
+			{"after Complete", func(id string) uint64 {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, o.FencingToken, OutcomeSucceeded, "R-1")
+				return o.FencingToken
+			}, StateSucceeded},
+			{"after MarkUnknown", func(id string) uint64 {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.unknown(t, id, o.FencingToken)
+				return o.FencingToken
+			}, StateUnknown},
+			{"after a retryable failure", func(id string) uint64 {
+				o := e.claim(t, id, "payments.refund", 0)
+				e.settle(t, id, o.FencingToken, OutcomeFailedRetryable, "503")
+				return o.FencingToken
+			}, StatePending},
+		}
+		for _, tc := range refused {
+			t.Run(tc.name, func(t *testing.T) {
+				tok := tc.setup(tc.name)
+				before := e.lookup(t, tc.name)
+				_, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: tc.name, FencingToken: tok})
+				if le := wantKind(t, err, KindStaleToken); le.State != tc.state {
+					t.Fatalf("state %v, want %v", le.State, tc.state)
+				}
+				e.wantUnchanged(t, tc.name, before)
+			})
+		}
+
+		// Past the lease Renew is too late: it records the expiry itself.
+		t.Run("past the lease", func(t *testing.T) {
+			o := e.claim(t, "lapsed", "expiring.refund", 0)
+			e.waitLeaseEnd(t, o)
+			_, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: "lapsed", FencingToken: o.FencingToken})
+			if le := wantKind(t, err, KindStaleToken); le.State != StateUnknown {
+				t.Fatalf("state %v, want UNKNOWN", le.State)
+			}
+			if h := e.lastEntry(t, "lapsed"); h.Reason != "LEASE_EXPIRED" || h.From != StateRunning || h.To != StateUnknown {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+	})
+}
+
+// TestHistoryOfEveryTransition: every transition is in Lookup's history
+// with its time, from and to states, attempt, token, principal and reason,
+// oldest first.
+func TestHistoryOfEveryTransition(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		first := e.claim(t, "refund", "payments.refund", 0)
+		e.settle(t, "refund", first.FencingToken, OutcomeFailedRetryable, "503")
+		second := e.claim(t, "refund", "payments.refund", 0)
+		e.unknown(t, "refund", second.FencingToken)
+		for _, f := range []Finding{FindingEscalate, FindingApplied} {
+			if _, err := e.reconcileAs(t, "refund", f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := e.lookup(t, "refund")
+		want := []HistoryEntry{
+			{From: StateUnspecified, To: StateRunning, Attempt: 1, FencingToken: first.FencingToken, Reason: "RESERVED"},
+			{From: StateRunning, To: StatePending, Attempt: 1, FencingToken: first.FencingToken, Reason: "FAILED_RETRYABLE"},
+			{From: StatePending, To: StateRunning, Attempt: 2, FencingToken: second.FencingToken, Reason: "CLAIMED"},
+			{From: StateRunning, To: StateUnknown, Attempt: 2, FencingToken: second.FencingToken, Reason: "MARKED_UNKNOWN", Detail: "timeout"},
+			{From: StateUnknown, To: StateUnknown, Attempt: 2, FencingToken: second.FencingToken, Reason: "ESCALATED", Detail: "checked the destination"},
+			{From: StateUnknown, To: StateSucceeded, Attempt: 2, FencingToken: second.FencingToken, Reason: "RECONCILED_APPLIED", Detail: "checked the destination"},
+		}
+		if len(o.History) != len(want) {
+			t.Fatalf("history has %d entries, want %d: %+v", len(o.History), len(want), o.History)
+		}
+		prev := o.CreatedAt
+		for i, w := range want {
+			h := o.History[i]
+			if h.Time.Before(prev) {
+				t.Errorf("entry %d at %v, before the previous entry or the creation (%v)", i, h.Time, prev)
+			}
+			prev, w.Time, w.Principal = h.Time, h.Time, "agent-1"
+			if h != w {
+				t.Errorf("entry %d = %+v, want %+v", i, h, w)
+			}
+		}
+		if !o.UpdatedAt.Equal(prev) {
+			t.Errorf("updated_at %v, the latest entry at %v", o.UpdatedAt, prev)
+		}
+	})
+}
+
+var outcomeNames = map[Outcome]string{OutcomeSucceeded: "SUCCEEDED", OutcomeFailedFinal: "FAILED_FINAL", OutcomeFailedRetryable: "FAILED_RETRYABLE"}
+
+// TestIrreversiblePastLease: an irreversible claim past its lease that no
+// sweep has moved is still RUNNING. Reserve makes it UNKNOWN
+// (LEASE_EXPIRED) and answers RECONCILE, to the same holder too; Complete
+// and MarkUnknown with its token are accepted, Renew is refused; Reconcile
+// accepts every finding on it.
+func TestIrreversiblePastLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		// pastLease claims id for tool and waits past its lease, with no
+		// sweep meanwhile; then runs f.
+		pastLease := func(t *testing.T, id, tool string, f func(o *Operation)) {
+			t.Helper()
+			o := e.reserveAs(t, id, tool, 0, "h-1").Operation
+			unswept(func() {
+				e.waitLeaseEnd(t, o)
+				if got := e.lookup(t, id); got.State != StateRunning {
+					t.Fatalf("state %v past the lease, want RUNNING (nothing sweeps)", got.State)
+				}
+				f(o)
+			})
+		}
+		t.Run("Reserve", func(t *testing.T) {
+			pastLease(t, "reserve", "expiring.refund", func(first *Operation) {
+				res := e.reserveAs(t, "reserve", "expiring.refund", 0, "h-1")
+				if o := res.Operation; res.Decision != DecisionReconcile || o.State != StateUnknown || o.Reason != "LEASE_EXPIRED" ||
+					o.Attempt != 1 || o.FencingToken != first.FencingToken {
+					t.Fatalf("Reserve after the lease = %+v, want RECONCILE, UNKNOWN (LEASE_EXPIRED)", res)
+				}
+			})
+			if h := e.lastEntry(t, "reserve"); h.Reason != "LEASE_EXPIRED" || h.From != StateRunning || h.To != StateUnknown {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+
+		// The lease is not checked by Complete and MarkUnknown: the worker
+		// whose token is still the current one reports what happened.
+		t.Run("Complete", func(t *testing.T) {
+			pastLease(t, "complete", "expiring.refund", func(o *Operation) {
+				if done := e.settle(t, "complete", o.FencingToken, OutcomeSucceeded, "R-1"); done.State != StateSucceeded {
+					t.Fatalf("Complete past the lease = %+v", done)
+				}
+			})
+			if h := e.lastEntry(t, "complete"); h.From != StateRunning {
+				t.Fatalf("history = %+v", h)
+			}
+		})
+		t.Run("MarkUnknown", func(t *testing.T) {
+			pastLease(t, "mark", "expiring.refund", func(o *Operation) {
+				if u := e.unknown(t, "mark", o.FencingToken); u.State != StateUnknown || u.Reason != "MARKED_UNKNOWN" {
+					t.Fatalf("MarkUnknown past the lease = %+v", u)
+				}
+			})
+		})
+
+		// Renew cannot bring an ended lease back (design.md, 3.4 rule 7):
+		// an irreversible operation becomes UNKNOWN, as the sweeper would
+		// make it; an idempotent one is left for a Reserve to reclaim.
+		for _, tc := range []struct {
+			tool   string
+			state  State
+			reason string
+		}{{"expiring.refund", StateUnknown, "LEASE_EXPIRED"}, {"expiring.idempotent", StateRunning, "RESERVED"}} {
+			t.Run("Renew "+tc.tool, func(t *testing.T) {
+				id := "renew-" + tc.tool
+				pastLease(t, id, tc.tool, func(o *Operation) {
+					_, err := e.l.Renew(e.ctx, e.who, RenewRequest{OperationID: id, FencingToken: o.FencingToken})
+					if le := wantKind(t, err, KindStaleToken); le.State != tc.state {
+						t.Fatalf("state %v, want %v", le.State, tc.state)
+					}
+					got := e.lookup(t, id)
+					if got.State != tc.state || got.Reason != tc.reason {
+						t.Fatalf("after Renew past the lease: %+v", got)
+					}
+					if tc.state == StateRunning && !got.LeaseExpiresAt.Equal(o.LeaseExpiresAt) {
+						t.Fatalf("Renew past the lease moved it to %v", got.LeaseExpiresAt)
+					}
+				})
+			})
+		}
+
+		want := map[Finding]State{FindingApplied: StateSucceeded, FindingNotApplied: StatePending,
+			FindingAbandon: StateFailedFinal, FindingEscalate: StateUnknown}
+		for f, st := range want {
+			id := "reconcile-" + st.String()
+			t.Run("Reconcile to "+st.String(), func(t *testing.T) {
+				pastLease(t, id, "expiring.refund", func(*Operation) {
+					o, err := e.reconcileAs(t, id, f)
+					if err != nil {
+						t.Fatalf("Reconcile(%v) of a RUNNING operation past its lease: %v", f, err)
+					}
+					if h := o.History[len(o.History)-1]; o.State != st || h.From != StateRunning || h.To != st || !o.LeaseExpiresAt.IsZero() ||
+						o.NeedsReview != (f == FindingEscalate) {
+						t.Fatalf("Reconcile(%v) = %+v, want %v from RUNNING", f, o, st)
+					}
+				})
+			})
+		}
+	})
 }

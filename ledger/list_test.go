@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -285,7 +286,7 @@ func (h *recordReads) count(cmd redis.Cmder) {
 // (the last batch is cut to what remains of it), and paging on from its
 // token examines each entry once.
 func TestListUnresolvedScanBound(t *testing.T) {
-	pol, err := ParsePolicies([]byte(testPolicy))
+	pol, err := ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}

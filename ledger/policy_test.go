@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/yamlnull/yamlnulltest"
 	"go.yaml.in/yaml/v3"
 )
@@ -185,7 +186,7 @@ tools:
 func FuzzParsePolicies(f *testing.F) {
 	for _, doc := range []string{
 		policyExample,
-		testPolicy,
+		ledgertest.Policy,
 		"",
 		"# only a comment\n",
 		`{"defaults": {"lease": "1.5s", "effect": "EFFECT_IDEMPOTENT"}, "tools": [{"match": "crm*", "tenant": "acme-?"}]}`,

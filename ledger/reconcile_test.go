@@ -331,3 +331,131 @@ func sameFailure(a, b *Failure) bool {
 	}
 	return *a == *b
 }
+
+// TestReconcileRules: contract.md §4's rules for Reconcile: accepted from
+// UNKNOWN and from RUNNING past its lease, refused while a lease is live;
+// APPLIED → SUCCEEDED with the result, NOT_APPLIED → PENDING, ABANDON →
+// FAILED_FINAL, ESCALATE → UNKNOWN for review. Terminal records:
+// TestReconcileTerminalSameFinding.
+func TestReconcileRules(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		froms := []struct {
+			name  string
+			tool  string
+			from  State
+			setup func(id, tool string)
+		}{
+			{"UNKNOWN by MarkUnknown", "payments.refund", StateUnknown, func(id, tool string) {
+				e.unknown(t, id, e.claim(t, id, tool, 0).FencingToken)
+			}},
+			{"UNKNOWN by lease expiry", "expiring.refund", StateUnknown, func(id, tool string) {
+				e.expire(t, e.claim(t, id, tool, 0))
+			}},
+			{"RUNNING past lease, idempotent", "expiring.idempotent", StateRunning, func(id, tool string) {
+				e.waitLeaseEnd(t, e.claim(t, id, tool, 0))
+			}},
+		}
+		want := map[Finding]struct {
+			state  State
+			reason string
+		}{
+			FindingApplied:    {StateSucceeded, "RECONCILED_APPLIED"},
+			FindingNotApplied: {StatePending, "RECONCILED_NOT_APPLIED"},
+			FindingAbandon:    {StateFailedFinal, "ABANDONED"},
+			FindingEscalate:   {StateUnknown, "ESCALATED"},
+		}
+		for _, from := range froms {
+			for _, f := range []Finding{FindingApplied, FindingNotApplied, FindingAbandon, FindingEscalate} {
+				id := from.name + " " + want[f].reason
+				t.Run(id, func(t *testing.T) {
+					from.setup(id, from.tool)
+					if st := e.lookup(t, id).State; st != from.from {
+						t.Fatalf("state %v before the finding, want %v", st, from.from)
+					}
+					o, err := e.reconcileAs(t, id, f)
+					if err != nil {
+						t.Fatalf("Reconcile(%v) from %s: %v", f, from.name, err)
+					}
+					h := o.History[len(o.History)-1]
+					if o.State != want[f].state || o.Reason != want[f].reason || h.Reason != want[f].reason || h.From != from.from ||
+						h.To != want[f].state || h.Detail != "checked the destination" || h.Principal != "agent-1" || !o.LeaseExpiresAt.IsZero() {
+						t.Fatalf("Reconcile(%v) = %+v", f, o)
+					}
+					// What the next Reserve decides is the business outcome.
+					res := e.reserveAs(t, id, from.tool, 0, "h-next")
+					switch f {
+					case FindingApplied:
+						if o.Result.ResourceID != "R-found" || string(o.Result.Data) != `{"receipt":"R-found"}` ||
+							res.Decision != DecisionReplay || res.Operation.Result.ResourceID != "R-found" {
+							t.Fatalf("APPLIED: %+v, then Reserve = %+v", o, res)
+						}
+					case FindingNotApplied:
+						if res.Decision != DecisionExecute || res.Operation.Attempt != 2 {
+							t.Fatalf("NOT_APPLIED, then Reserve = %+v, want EXECUTE attempt 2", res)
+						}
+					case FindingAbandon:
+						if o.Failure.Code != "gave_up" || res.Decision != DecisionReplay || res.Operation.Failure.Code != "gave_up" {
+							t.Fatalf("ABANDON: %+v, then Reserve = %+v", o, res)
+						}
+					case FindingEscalate:
+						if !o.NeedsReview || o.UnknownSince.IsZero() {
+							t.Fatalf("ESCALATE: %+v", o)
+						}
+						// Flagged for a human: whatever its effect, the
+						// operation waits for a finding (design.md, 3.3).
+						if res.Decision != DecisionReconcile || !e.lookup(t, id).NeedsReview {
+							t.Fatalf("ESCALATE, then Reserve = %+v, want RECONCILE, still flagged", res)
+						}
+						if o, err := e.reconcileAs(t, id, FindingNotApplied); err != nil || o.State != StatePending || o.NeedsReview {
+							t.Fatalf("NOT_APPLIED after ESCALATE = %+v, %v", o, err)
+						}
+						if res := e.reserveAs(t, id, from.tool, 0, "h-last"); res.Decision != DecisionExecute {
+							t.Fatalf("ESCALATE, NOT_APPLIED, then Reserve = %+v, want EXECUTE", res)
+						}
+					}
+				})
+			}
+		}
+
+		t.Run("ESCALATE, then a finding clears the review flag", func(t *testing.T) {
+			e.unknown(t, "escalated", e.claim(t, "escalated", "payments.refund", 0).FencingToken)
+			if _, err := e.reconcileAs(t, "escalated", FindingEscalate); err != nil {
+				t.Fatal(err)
+			}
+			o, err := e.reconcileAs(t, "escalated", FindingApplied)
+			if err != nil || o.State != StateSucceeded || o.NeedsReview {
+				t.Fatalf("APPLIED after ESCALATE = %+v, %v", o, err)
+			}
+		})
+
+		t.Run("live lease", func(t *testing.T) {
+			live := e.claim(t, "live", "payments.refund", 0)
+			before := e.lookup(t, "live")
+			for _, f := range []Finding{FindingApplied, FindingNotApplied, FindingAbandon, FindingEscalate} {
+				_, err := e.reconcileAs(t, "live", f)
+				if le := wantKind(t, err, KindInProgress); le.RetryAfter <= 0 || le.Operation.FencingToken != live.FencingToken {
+					t.Fatalf("Reconcile(%v) on a live lease: %+v", f, le)
+				}
+			}
+			e.wantUnchanged(t, "live", before)
+		})
+
+		t.Run("no such operation", func(t *testing.T) {
+			_, err := e.reconcileAs(t, "never", FindingApplied)
+			wantKind(t, err, KindNotFound)
+		})
+	})
+}
+
+// TestReconcileExpiredLease: a finding about an irreversible claim past its
+// lease is taken before any sweep has marked it UNKNOWN.
+func TestReconcileExpiredLease(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.execute(t, "op", "expiring.refund")
+		waitLeaseExpiry()
+		done, err := e.reconcile(t, "op", FindingApplied, &Result{ResourceID: "r"})
+		if err != nil || done.State != StateSucceeded {
+			t.Fatalf("Reconcile past the lease = %+v, %v", done, err)
+		}
+	})
+}

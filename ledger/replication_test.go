@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -21,7 +22,7 @@ func TestWaitReplicas(t *testing.T) {
 	primary := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", portOf(primary.Addr))
 	waitReplicated(t, primary)
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	// Room for a replica slow to acknowledge on a busy machine; the write
 	// made with the replica down waits this long once.
 	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
@@ -105,7 +106,7 @@ func asError(err error, e **Error) bool {
 // the operation's slot, with the script, on one connection.
 func TestWaitReplicasOnCluster(t *testing.T) {
 	cl := redistest.SharedCluster(t)
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	l, err := New(cl.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +133,7 @@ func TestWaitReplicasOnCluster(t *testing.T) {
 func TestWaitReplicasOnClusterAfterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 1)
 	cl.WaitReplicas(t, 3, 1)
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	l, err := New(cl.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ func TestWaitCoversTheStateRead(t *testing.T) {
 	primary := redistest.Start(t)
 	redistest.Start(t, "--replicaof", "127.0.0.1", portOf(primary.Addr))
 	waitReplicated(t, primary)
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	l, err := New(primary.Client(t), Options{Policies: pol, WaitReplicas: 1, WaitTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +266,7 @@ func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
 	var armed atomic.Bool
 	var moveSlot func()
 	cc.OnNewNode(func(n *redis.Client) { n.AddHook(splitHook{armed: &armed, between: func() { moveSlot() }}) })
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	// No replica: every call waits its 10 ms and reports KindNotReplicated;
 	// what matters here is what runs.
 	var tl transitionLog
@@ -437,7 +438,7 @@ func (tl *transitionLog) list() string {
 func unreplicated(t *testing.T, observe Observer) (l, plain *Ledger) {
 	t.Helper()
 	primary := redistest.Start(t)
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	l, err := New(primary.Client(t), Options{Policies: pol, Observer: observe, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -515,7 +516,7 @@ func TestTransitionsReportedWhenTheMarkerIsRefused(t *testing.T) {
 		patterns = append(patterns, "~"+DefaultPrefix+":{s??}"+k)
 	}
 	srv.CreateUser(t, "nomarker", "nomarker-password", strings.Replace(rules, all, strings.Join(patterns, " "), 1))
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	var tl transitionLog
 	l, err := New(srv.UserClient(t, "nomarker", "nomarker-password"), Options{Policies: pol, Observer: tl.observe, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
 	if err != nil {

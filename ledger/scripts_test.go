@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -493,7 +494,7 @@ func TestScriptsSafeWhenResent(t *testing.T) {
 	proxy := newLossyProxy(t, srv.Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr(), DisableIdentity: true, MaxRetries: 3})
 	t.Cleanup(func() { _ = rdb.Close() })
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	e := newEnv(t, rdb, pol)
 	if err := e.l.LoadScripts(e.ctx); err != nil { // so every call is one EVALSHA
 		t.Fatal(err)
@@ -582,7 +583,7 @@ func dump(t *testing.T, e *env) map[string]string {
 func TestOutOfMemoryRefusesBeforeFirstWrite(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 	rdb := srv.Client(t)
-	pol, _ := ParsePolicies([]byte(testPolicy))
+	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	e := newEnv(t, rdb, pol)
 	if err := e.l.LoadScripts(e.ctx); err != nil {
 		t.Fatal(err)

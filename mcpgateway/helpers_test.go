@@ -19,6 +19,7 @@ import (
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 	"github.com/opledger/ledger/mcpgateway"
 	"github.com/opledger/ledger/mcpgateway/mcptest"
 	"github.com/opledger/ledger/server"
@@ -41,7 +42,7 @@ tools:
 type rig struct {
 	t      *testing.T
 	up     *mcptest.Upstream
-	ledger *ledgertest.Stack
+	ledger *servicetest.Stack
 	gw     *mcpgateway.Gateway
 	cfg    *mcpgateway.Config
 	url    string // the gateway's Streamable HTTP endpoint
@@ -76,7 +77,7 @@ type rigOptions struct {
 func newRig(t *testing.T, o rigOptions) *rig {
 	t.Helper()
 	r := &rig{t: t, up: mcptest.New(t.TempDir()), log: &ledgertest.Buffer{}}
-	r.ledger = ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{Policy: ledgerPolicy, Credentials: o.creds,
+	r.ledger = servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: ledgerPolicy, Credentials: o.creds,
 		Prefix: "mcp-" + client.NewHolder()[2:14]}) // a ledger of its own: the gateways of other tests reconcile theirs
 	var up string
 	switch o.upstream {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/opledger/ledger/client"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
@@ -33,16 +34,6 @@ import (
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-const policy = `
-tools:
-  - match: "slow.*"
-    recovery_window: 300ms
-  - match: "patient.*"
-    recovery_window: 1h
-  - match: "sync.*"
-    effect: idempotent
-`
 
 type stack struct {
 	m   *metrics.Metrics
@@ -53,7 +44,7 @@ type stack struct {
 func start(t *testing.T, rdb redis.UniversalClient, o metrics.Options, extra ...grpc.ServerOption) *stack {
 	t.Helper()
 	m := metrics.New(o)
-	pol, err := ledger.ParsePolicies([]byte(policy))
+	pol, err := ledger.ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}

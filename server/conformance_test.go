@@ -276,7 +276,7 @@ func TestS3WorkerDiesAfterEffect(t *testing.T) {
 		d := newDestination()
 		id := e.id("refund")
 		params := mustStruct(t, map[string]any{"amount": 42})
-		res, err := e.c.Reserve(e.ctx, reserveReq(id, "short.refund", params, newHolder()))
+		res, err := e.c.Reserve(e.ctx, reserveReq(id, "expiring.refund", params, newHolder()))
 		if err != nil || res.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 			t.Fatalf("Reserve = %v, %v", res, err)
 		}
@@ -294,7 +294,7 @@ func TestS3WorkerDiesAfterEffect(t *testing.T) {
 			t.Fatalf("UNKNOWN record = %v", op)
 		}
 		// A new caller is told to reconcile, not to execute.
-		res, err = e.c.Reserve(e.ctx, reserveReq(id, "short.refund", params, newHolder()))
+		res, err = e.c.Reserve(e.ctx, reserveReq(id, "expiring.refund", params, newHolder()))
 		if err != nil || res.Decision != ledgerv1.Decision_DECISION_RECONCILE {
 			t.Fatalf("Reserve after expiry = %v, %v", res, err)
 		}
@@ -307,7 +307,7 @@ func TestS3WorkerDiesAfterEffect(t *testing.T) {
 		if err != nil || rec.Operation.State != ledgerv1.State_STATE_SUCCEEDED {
 			t.Fatalf("Reconcile = %v, %v", rec, err)
 		}
-		got, err := e.perform(t, d, id, "short.refund", map[string]any{"amount": 42})
+		got, err := e.perform(t, d, id, "expiring.refund", map[string]any{"amount": 42})
 		if err != nil || got != rid {
 			t.Fatalf("after reconciliation = %q, %v", got, err)
 		}
@@ -405,11 +405,11 @@ func TestS6ExpiredOrUnreachableNeverExecutes(t *testing.T) {
 			d := newDestination()
 			id := e.id("refund")
 			params := map[string]any{"amount": 42}
-			rid, err := e.perform(t, d, id, "tiny.refund", params)
+			rid, err := e.perform(t, d, id, "compact.refund", params)
 			if err != nil {
 				t.Fatal(err)
 			}
-			// tiny.* records live 1 s, then their tombstone 1 h.
+			// compact.* records live 1 s, then their tombstone 1 h.
 			deadline := time.Now().Add(10 * time.Second)
 			for {
 				_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
@@ -423,14 +423,14 @@ func TestS6ExpiredOrUnreachableNeverExecutes(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 			for range 2 {
-				got, err := e.perform(t, d, id, "tiny.refund", params)
+				got, err := e.perform(t, d, id, "compact.refund", params)
 				if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED"); ei.Metadata["final_state"] != "STATE_SUCCEEDED" || got != "" {
 					t.Fatalf("late replay = %q, %v", got, ei.Metadata)
 				}
 				// Other parameters under the expired key are no late replay:
 				// the tombstone keeps the fingerprint, and the old outcome
 				// is not theirs (S4).
-				got, err = e.perform(t, d, id, "tiny.refund", map[string]any{"amount": 4200})
+				got, err = e.perform(t, d, id, "compact.refund", map[string]any{"amount": 4200})
 				if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"); ei.Metadata["differs"] != "params" || got != "" {
 					t.Fatalf("other parameters under the expired key = %q, %v", got, ei.Metadata)
 				}
@@ -659,13 +659,13 @@ func TestS11FencedWorkerCannotOverwrite(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
 		id := e.id("sync-profile")
 		params := mustStruct(t, map[string]any{"profile": "p-1"})
-		a, err := e.c.Reserve(e.ctx, reserveReq(id, "short.idempotent", params, newHolder()))
+		a, err := e.c.Reserve(e.ctx, reserveReq(id, "expiring.idempotent", params, newHolder()))
 		if err != nil || a.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 			t.Fatalf("worker A = %v, %v", a, err)
 		}
 		// Worker A stalls past its lease; worker B takes over.
 		e.waitLeaseEnd(t, a.Operation)
-		b, err := e.c.Reserve(e.ctx, reserveReq(id, "short.idempotent", params, newHolder()))
+		b, err := e.c.Reserve(e.ctx, reserveReq(id, "expiring.idempotent", params, newHolder()))
 		if err != nil || b.Decision != ledgerv1.Decision_DECISION_EXECUTE || b.Operation.FencingToken <= a.Operation.FencingToken {
 			t.Fatalf("worker B = %v, %v", b, err)
 		}
@@ -874,7 +874,7 @@ func TestS12ReconcileOfAPendingOperationRepeated(t *testing.T) {
 				params := map[string]any{"amount": 42}
 
 				// Attempt 1 is refused before the write: PENDING.
-				first, err := e.c.Reserve(e.ctx, reserveReq(id, "short.refund", mustStruct(t, params), newHolder()))
+				first, err := e.c.Reserve(e.ctx, reserveReq(id, "expiring.refund", mustStruct(t, params), newHolder()))
 				if err != nil || first.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 					t.Fatalf("Reserve = %v, %v", first, err)
 				}
@@ -898,7 +898,7 @@ func TestS12ReconcileOfAPendingOperationRepeated(t *testing.T) {
 				}
 
 				// Attempt 2 refunds; its worker dies before Complete.
-				second, err := e.c.Reserve(e.ctx, reserveReq(id, "short.refund", mustStruct(t, params), newHolder()))
+				second, err := e.c.Reserve(e.ctx, reserveReq(id, "expiring.refund", mustStruct(t, params), newHolder()))
 				if err != nil || second.Decision != ledgerv1.Decision_DECISION_EXECUTE || second.Operation.Attempt != 2 {
 					t.Fatalf("Reserve = %v, %v; want EXECUTE attempt 2", second, err)
 				}
@@ -931,7 +931,7 @@ func TestS12ReconcileOfAPendingOperationRepeated(t *testing.T) {
 
 				// The agent retries the call: it reconciles, finds the
 				// refund, and replays it.
-				got, err := e.perform(t, d, id, "short.refund", params)
+				got, err := e.perform(t, d, id, "expiring.refund", params)
 				if err != nil || got == "" {
 					t.Fatalf("retry = %q, %v", got, err)
 				}
@@ -1072,116 +1072,6 @@ func TestReconcileCarriesHistory(t *testing.T) {
 	})
 }
 
-// eachUnsweptBackend runs f on a redis-server and an embedded engine of its
-// own, with no sweeper: the shared servers are swept by the other tests'
-// ledgers, which would move an irreversible claim past its lease to UNKNOWN
-// before the call under test finds it.
-func eachUnsweptBackend(t *testing.T, f func(t *testing.T, e *env)) {
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		f(t, startEnvUnswept(t, redistest.Start(t).Client(t)))
-	})
-	t.Run("embedded", func(t *testing.T) {
-		t.Parallel()
-		f(t, startEnvUnswept(t, redistest.Embedded(t)))
-	})
-}
-
-// TestIrreversiblePastLease: an irreversible claim past its lease that no
-// sweeper has moved is still RUNNING. Reserve makes it UNKNOWN
-// (LEASE_EXPIRED) and answers RECONCILE, to the same holder too; Complete
-// and MarkUnknown with its token are accepted, Renew is refused; Reconcile
-// accepts every finding on it.
-func TestIrreversiblePastLease(t *testing.T) {
-	eachUnsweptBackend(t, func(t *testing.T, e *env) {
-		t.Run("Reserve", func(t *testing.T) {
-			id := e.id("reserve")
-			holder := newHolder()
-			first := e.reserveAs(t, id, "short.refund", 0, holder).Operation
-			e.waitLeaseEnd(t, first)
-			if op := e.lookup(t, id); op.State != running {
-				t.Fatalf("state %v before the Reserve, want RUNNING (nothing sweeps)", op.State)
-			}
-			res := e.reserveAs(t, id, "short.refund", 0, holder)
-			if res.Decision != reconcile || res.Operation.State != unknown || res.Operation.Reason != "LEASE_EXPIRED" ||
-				res.Operation.Attempt != 1 || res.Operation.FencingToken != first.FencingToken {
-				t.Fatalf("Reserve after the lease = %v, want RECONCILE, UNKNOWN (LEASE_EXPIRED)", res)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "LEASE_EXPIRED" || h.FromState != running || h.ToState != unknown {
-				t.Fatalf("history = %v", h)
-			}
-		})
-
-		// The lease is not checked by Complete and MarkUnknown: the worker
-		// whose token is still the current one reports what happened.
-		t.Run("Complete", func(t *testing.T) {
-			id := e.id("complete")
-			op := e.claim(t, id, "short.refund", 0)
-			e.waitLeaseEnd(t, op)
-			done := e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
-			if done.State != succeeded || e.lastEntry(t, id).FromState != running {
-				t.Fatalf("Complete past the lease = %v", done)
-			}
-		})
-		t.Run("MarkUnknown", func(t *testing.T) {
-			id := e.id("mark")
-			op := e.claim(t, id, "short.refund", 0)
-			e.waitLeaseEnd(t, op)
-			if u := e.markUnknown(t, id, op.FencingToken); u.State != unknown || u.Reason != "MARKED_UNKNOWN" {
-				t.Fatalf("MarkUnknown past the lease = %v", u)
-			}
-		})
-		// Renew cannot bring an ended lease back (design.md, 3.4 rule 7):
-		// an irreversible operation becomes UNKNOWN, as the sweeper would
-		// make it; an idempotent one is left for a Reserve to reclaim.
-		for _, tc := range []struct {
-			tool   string
-			state  ledgerv1.State
-			reason string
-		}{{"short.refund", unknown, "LEASE_EXPIRED"}, {"short.idempotent", running, "RESERVED"}} {
-			t.Run("Renew "+tc.tool, func(t *testing.T) {
-				id := e.id("renew-" + tc.tool)
-				op := e.claim(t, id, tc.tool, 0)
-				e.waitLeaseEnd(t, op)
-				_, err := e.c.Renew(e.ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: op.FencingToken})
-				if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != tc.state.String() {
-					t.Fatalf("metadata %v, want state %v", ei.Metadata, tc.state)
-				}
-				got := e.lookup(t, id)
-				if got.State != tc.state || got.Reason != tc.reason {
-					t.Fatalf("after Renew past the lease: %v", got)
-				}
-				if tc.state == running && !proto.Equal(got.LeaseExpiresAt, op.LeaseExpiresAt) {
-					t.Fatalf("Renew past the lease moved it to %v", got.LeaseExpiresAt.AsTime())
-				}
-			})
-		}
-
-		for _, f := range []ledgerv1.Finding{applied, notApplied, abandon, escalate} {
-			t.Run("Reconcile "+f.String(), func(t *testing.T) {
-				id := e.id(f.String())
-				e.waitLeaseEnd(t, e.claim(t, id, "short.refund", 0))
-				if op := e.lookup(t, id); op.State != running {
-					t.Fatalf("state %v before the finding, want RUNNING (nothing sweeps)", op.State)
-				}
-				op, err := e.reconcileAs(t, id, f)
-				if err != nil {
-					t.Fatalf("Reconcile(%v) of a RUNNING operation past its lease: %v", f, err)
-				}
-				want := map[ledgerv1.Finding]ledgerv1.State{applied: succeeded, notApplied: pending, abandon: failed, escalate: unknown}[f]
-				if h := op.History[len(op.History)-1]; op.State != want || h.FromState != running || h.ToState != want || op.LeaseExpiresAt != nil {
-					t.Fatalf("Reconcile(%v) = %v, want %v from RUNNING", f, op, want)
-				}
-				if f == escalate && !op.NeedsReview {
-					t.Fatalf("ESCALATE without the review flag: %v", op)
-				}
-			})
-		}
-	})
-}
-
-// everyRPC calls each RPC of the service about id, with token where one is
-
 const (
 	applied    = ledgerv1.Finding_FINDING_APPLIED
 	notApplied = ledgerv1.Finding_FINDING_NOT_APPLIED
@@ -1204,290 +1094,6 @@ func (e *env) reconcileAs(t *testing.T, id string, f ledgerv1.Finding) (*ledgerv
 	return res.GetOperation(), err
 }
 
-// TestReconcileRules: contract.md §4's rules for Reconcile: accepted from UNKNOWN
-// and from RUNNING past its lease, OPERATION_IN_PROGRESS on a live lease;
-// APPLIED → SUCCEEDED with the result, NOT_APPLIED → PENDING, ABANDON →
-// FAILED_FINAL, ESCALATE → UNKNOWN for review; on a terminal record the same
-// finding (the same kind with the outcome that stands) succeeds again and
-// another, of the same kind with another outcome too, is ALREADY_RESOLVED.
-func TestReconcileRules(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		froms := []struct {
-			name  string
-			tool  string
-			from  ledgerv1.State
-			setup func(id, tool string)
-		}{
-			{"UNKNOWN by MarkUnknown", "payments.refund", unknown, func(id, tool string) {
-				e.markUnknown(t, id, e.claim(t, id, tool, 0).FencingToken)
-			}},
-			{"UNKNOWN by lease expiry", "short.refund", unknown, func(id, tool string) {
-				op := e.claim(t, id, tool, 0)
-				e.waitLeaseEnd(t, op)
-				if res := e.reserveAs(t, id, tool, 0, newHolder()); res.Decision != reconcile {
-					t.Fatalf("Reserve after the lease = %v", res.Decision)
-				}
-			}},
-			{"RUNNING past lease, idempotent", "short.idempotent", running, func(id, tool string) {
-				e.waitLeaseEnd(t, e.claim(t, id, tool, 0))
-			}},
-		}
-		for _, from := range froms {
-			for _, f := range []ledgerv1.Finding{applied, notApplied, abandon, escalate} {
-				name := from.name + " " + f.String()
-				t.Run(name, func(t *testing.T) {
-					id := e.id(name)
-					from.setup(id, from.tool)
-					if st := e.lookup(t, id).State; st != from.from {
-						t.Fatalf("state %v before the finding, want %v", st, from.from)
-					}
-					op, err := e.reconcileAs(t, id, f)
-					if err != nil {
-						t.Fatalf("Reconcile(%v) from %s: %v", f, from.name, err)
-					}
-					want := map[ledgerv1.Finding]struct {
-						state  ledgerv1.State
-						reason string
-					}{
-						applied:    {succeeded, "RECONCILED_APPLIED"},
-						notApplied: {pending, "RECONCILED_NOT_APPLIED"},
-						abandon:    {failed, "ABANDONED"},
-						escalate:   {unknown, "ESCALATED"},
-					}[f]
-					h := op.History[len(op.History)-1]
-					if op.State != want.state || op.Reason != want.reason || h.Reason != want.reason || h.FromState != from.from ||
-						h.ToState != want.state || h.Detail != "checked the destination" || h.Principal != "anonymous" {
-						t.Fatalf("Reconcile(%v) = %v", f, op)
-					}
-					if op.LeaseExpiresAt != nil {
-						t.Fatalf("a lease is left: %v", op.LeaseExpiresAt)
-					}
-					// What the next Reserve decides is the business outcome.
-					res := e.reserveAs(t, id, from.tool, 0, newHolder())
-					switch f {
-					case applied:
-						if op.Result.GetResourceId() != "R-found" || op.Result.GetData().GetFields()["receipt"].GetStringValue() != "R-found" ||
-							res.Decision != replay || res.Operation.Result.GetResourceId() != "R-found" {
-							t.Fatalf("APPLIED: %v, then Reserve = %v", op, res)
-						}
-					case notApplied:
-						if res.Decision != execute || res.Operation.Attempt != 2 {
-							t.Fatalf("NOT_APPLIED, then Reserve = %v, want EXECUTE attempt 2", res)
-						}
-					case abandon:
-						if op.Failure.GetCode() != "gave_up" || res.Decision != replay || res.Operation.Failure.GetCode() != "gave_up" {
-							t.Fatalf("ABANDON: %v, then Reserve = %v", op, res)
-						}
-					case escalate:
-						if !op.NeedsReview || op.UnknownSince == nil {
-							t.Fatalf("ESCALATE: %v", op)
-						}
-						// Flagged for a human: whatever its effect, the
-						// operation waits for a finding (design.md, 3.3).
-						if res.Decision != reconcile || !e.lookup(t, id).NeedsReview {
-							t.Fatalf("ESCALATE, then Reserve = %v, want RECONCILE, still flagged", res)
-						}
-						if op, err := e.reconcileAs(t, id, notApplied); err != nil || op.State != pending || op.NeedsReview {
-							t.Fatalf("NOT_APPLIED after ESCALATE = %v, %v", op, err)
-						}
-						if res := e.reserveAs(t, id, from.tool, 0, newHolder()); res.Decision != execute {
-							t.Fatalf("ESCALATE, NOT_APPLIED, then Reserve = %v, want EXECUTE", res)
-						}
-					}
-				})
-			}
-		}
-
-		t.Run("ESCALATE, then a finding clears the review flag", func(t *testing.T) {
-			id := e.id("escalated")
-			e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
-			if _, err := e.reconcileAs(t, id, escalate); err != nil {
-				t.Fatal(err)
-			}
-			op, err := e.reconcileAs(t, id, applied)
-			if err != nil || op.State != succeeded || op.NeedsReview {
-				t.Fatalf("APPLIED after ESCALATE = %v, %v", op, err)
-			}
-		})
-
-		t.Run("live lease", func(t *testing.T) {
-			id := e.id("live")
-			e.claim(t, id, "payments.refund", 0)
-			before := e.lookup(t, id)
-			for _, f := range []ledgerv1.Finding{applied, notApplied, abandon, escalate} {
-				_, err := e.reconcileAs(t, id, f)
-				wantReason(t, err, codes.FailedPrecondition, "OPERATION_IN_PROGRESS")
-				if !hasRetryInfo(err) {
-					t.Fatalf("OPERATION_IN_PROGRESS (%v) without RetryInfo", f)
-				}
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		// On a terminal record the same finding is the same kind with the
-		// outcome that stands (the result data and resource id, or the
-		// failure code and message), however the record got there; a
-		// finding of that kind with another outcome is ALREADY_RESOLVED.
-		result := func(rid, receipt string) *ledgerv1.Result {
-			return &ledgerv1.Result{ResourceId: rid, Data: mustStruct(t, map[string]any{"receipt": receipt})}
-		}
-		appliedWith := func(r *ledgerv1.Result) *ledgerv1.ReconcileRequest {
-			return &ledgerv1.ReconcileRequest{Finding: applied, Result: r, Note: "checked again"}
-		}
-		abandonWith := func(code, msg string) *ledgerv1.ReconcileRequest {
-			return &ledgerv1.ReconcileRequest{Finding: abandon, Failure: &ledgerv1.Failure{Code: code, Message: msg}, Note: "checked again"}
-		}
-		succeededOthers := []*ledgerv1.ReconcileRequest{
-			appliedWith(result("R-found", "R-other")), appliedWith(result("R-other", "R-found")),
-			appliedWith(&ledgerv1.Result{ResourceId: "R-found"}), appliedWith(nil),
-		}
-		terminals := []struct {
-			name   string
-			state  ledgerv1.State
-			kind   ledgerv1.Finding
-			same   *ledgerv1.ReconcileRequest   // answered OK
-			others []*ledgerv1.ReconcileRequest // of the same kind, ALREADY_RESOLVED
-			setup  func(id string)
-		}{
-			{"SUCCEEDED by APPLIED", succeeded, applied, appliedWith(result("R-found", "R-found")), succeededOthers, func(id string) {
-				e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
-				if _, err := e.reconcileAs(t, id, applied); err != nil {
-					t.Fatal(err)
-				}
-			}},
-			{"SUCCEEDED by Complete", succeeded, applied, appliedWith(result("R-1", "R-1")),
-				[]*ledgerv1.ReconcileRequest{appliedWith(result("R-found", "R-found")), appliedWith(result("R-1", "R-2")),
-					appliedWith(result("R-2", "R-1")), appliedWith(nil)},
-				func(id string) {
-					e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outSucceeded, "R-1")
-				}},
-			{"FAILED_FINAL by ABANDON", failed, abandon, abandonWith("gave_up", "nothing at the destination"),
-				[]*ledgerv1.ReconcileRequest{abandonWith("other", "nothing at the destination"), abandonWith("gave_up", "another message"),
-					abandonWith("gave_up", ""), {Finding: abandon}},
-				func(id string) {
-					e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
-					if _, err := e.reconcileAs(t, id, abandon); err != nil {
-						t.Fatal(err)
-					}
-				}},
-			{"FAILED_FINAL by ABANDON without a failure", failed, abandon, abandonWith("ABANDONED", ""),
-				[]*ledgerv1.ReconcileRequest{abandonWith("gave_up", ""), abandonWith("ABANDONED", "nothing at the destination")},
-				func(id string) {
-					e.markUnknown(t, id, e.claim(t, id, "payments.refund", 0).FencingToken)
-					if _, err := e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: abandon}); err != nil {
-						t.Fatal(err)
-					}
-				}},
-			// The worker's final failure and the ledger's own conclusion
-			// stand as well: an ABANDON agrees only when it reports them.
-			{"FAILED_FINAL by Complete", failed, abandon, abandonWith("declined", "refused by the destination"),
-				[]*ledgerv1.ReconcileRequest{{Finding: abandon}, abandonWith("gave_up", "nothing at the destination"),
-					abandonWith("declined", "")},
-				func(id string) {
-					e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outFailed, "declined")
-				}},
-			{"FAILED_FINAL by RETRIES_EXHAUSTED", failed, abandon, abandonWith("RETRIES_EXHAUSTED", "the policy allows 3 attempts"),
-				[]*ledgerv1.ReconcileRequest{{Finding: abandon}, abandonWith("gave_up", "nothing at the destination")},
-				func(id string) {
-					for range 3 {
-						e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outRetryable, "503")
-					}
-					if res := e.reserveAs(t, id, "payments.refund", 0, newHolder()); res.Operation.Reason != "RETRIES_EXHAUSTED" {
-						t.Fatalf("Reserve with no attempts left = %v", res)
-					}
-				}},
-		}
-		for _, tc := range terminals {
-			t.Run("terminal: "+tc.name, func(t *testing.T) {
-				id := e.id(tc.name)
-				tc.setup(id)
-				before := e.lookup(t, id)
-				tc.same.OperationId = id
-				res, err := e.c.Reconcile(e.ctx, tc.same)
-				if err != nil || res.Operation.State != tc.state || !proto.Equal(res.Operation.Result, before.Result) ||
-					!proto.Equal(res.Operation.Failure, before.Failure) {
-					t.Fatalf("the same finding (%v) again = %v, %v; the record holds %v", tc.same, res.GetOperation(), err, before)
-				}
-				alreadyResolved := func(what string, err error) {
-					t.Helper()
-					if ei := wantReason(t, err, codes.FailedPrecondition, "ALREADY_RESOLVED"); ei.Metadata["state"] != tc.state.String() {
-						t.Fatalf("%s: metadata %v", what, ei.Metadata)
-					}
-					if msg := status.Convert(err).Message(); !strings.Contains(msg, "another finding or outcome") {
-						t.Fatalf("%s: message %q", what, msg)
-					}
-				}
-				for _, f := range []ledgerv1.Finding{applied, notApplied, abandon, escalate} {
-					if f != tc.kind {
-						_, err := e.reconcileAs(t, id, f)
-						alreadyResolved(f.String(), err)
-					}
-				}
-				for _, req := range tc.others {
-					req.OperationId = id
-					_, err := e.c.Reconcile(e.ctx, req)
-					alreadyResolved(req.String(), err)
-				}
-				e.wantUnchanged(t, id, before)
-			})
-		}
-	})
-}
-
-// TestHistoryOfEveryTransition: every transition is in Lookup's history
-// with its time, from and to states, attempt, token, principal and reason,
-// oldest first.
-func TestHistoryOfEveryTransition(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		id := e.id("refund")
-		first := e.claim(t, id, "payments.refund", 0)
-		e.complete(t, id, first.FencingToken, outRetryable, "503")
-		second := e.claim(t, id, "payments.refund", 0)
-		e.markUnknown(t, id, second.FencingToken)
-		if _, err := e.reconcileAs(t, id, escalate); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.reconcileAs(t, id, applied); err != nil {
-			t.Fatal(err)
-		}
-		op := e.lookup(t, id)
-		want := []struct {
-			from, to ledgerv1.State
-			attempt  uint32
-			token    uint64
-			reason   string
-			detail   string
-		}{
-			{ledgerv1.State_STATE_UNSPECIFIED, running, 1, first.FencingToken, "RESERVED", ""},
-			{running, pending, 1, first.FencingToken, "FAILED_RETRYABLE", ""},
-			{pending, running, 2, second.FencingToken, "CLAIMED", ""},
-			{running, unknown, 2, second.FencingToken, "MARKED_UNKNOWN", "timeout"},
-			{unknown, unknown, 2, second.FencingToken, "ESCALATED", "checked the destination"},
-			{unknown, succeeded, 2, second.FencingToken, "RECONCILED_APPLIED", "checked the destination"},
-		}
-		if len(op.History) != len(want) {
-			t.Fatalf("history has %d entries, want %d: %v", len(op.History), len(want), op.History)
-		}
-		prev := op.CreatedAt.AsTime()
-		for i, w := range want {
-			h := op.History[i]
-			if h.FromState != w.from || h.ToState != w.to || h.Attempt != w.attempt || h.FencingToken != w.token ||
-				h.Reason != w.reason || h.Detail != w.detail || h.Principal != "anonymous" {
-				t.Errorf("entry %d = %v, want %+v", i, h, w)
-			}
-			if h.Time == nil || h.Time.AsTime().Before(prev) {
-				t.Errorf("entry %d at %v, before the previous entry or the creation (%v)", i, h.Time.AsTime(), prev)
-			}
-			prev = h.Time.AsTime()
-		}
-		if !op.UpdatedAt.AsTime().Equal(prev) {
-			t.Errorf("updated_at %v, the latest entry at %v", op.UpdatedAt.AsTime(), prev)
-		}
-	})
-}
-
-// eachUnsweptBackend runs f on a redis-server and an embedded engine of its
-
 // waitState waits until Lookup shows id in state st.
 func (e *env) waitState(t *testing.T, id string, st ledgerv1.State) *ledgerv1.Operation {
 	t.Helper()
@@ -1504,347 +1110,9 @@ func (e *env) waitState(t *testing.T, id string, st ledgerv1.State) *ledgerv1.Op
 	}
 }
 
-// TestCompleteRules: contract.md §4's rules for Complete: only the current token,
-// from RUNNING and from UNKNOWN with the latest token, a retryable failure
-// back to PENDING, a repeat of the same outcome succeeds, another outcome is
-// COMPLETION_CONFLICT.
-func TestCompleteRules(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		t.Run("from RUNNING", func(t *testing.T) {
-			id := e.id("running")
-			op := e.claim(t, id, "payments.refund", 0)
-			done := e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
-			if done.State != succeeded || done.Result.GetResourceId() != "R-1" || done.LeaseExpiresAt != nil {
-				t.Fatalf("Complete = %v", done)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "SUCCEEDED" || h.FromState != running || h.ToState != succeeded {
-				t.Fatalf("history = %v", h)
-			}
-		})
-
-		t.Run("from UNKNOWN by MarkUnknown, latest token", func(t *testing.T) {
-			for _, outcome := range []ledgerv1.Outcome{outSucceeded, outFailed} {
-				id := e.id("marked-" + outcome.String())
-				op := e.claim(t, id, "payments.refund", 0)
-				e.markUnknown(t, id, op.FencingToken)
-				done := e.complete(t, id, op.FencingToken, outcome, "late")
-				want := map[ledgerv1.Outcome]ledgerv1.State{outSucceeded: succeeded, outFailed: failed}[outcome]
-				if done.State != want || done.NeedsReview || done.UnknownSince != nil {
-					t.Fatalf("Complete(%v) from UNKNOWN = %v", outcome, done)
-				}
-				if h := e.lastEntry(t, id); h.FromState != unknown || h.ToState != want {
-					t.Fatalf("history = %v", h)
-				}
-			}
-		})
-
-		t.Run("from UNKNOWN by lease expiry, latest token", func(t *testing.T) {
-			id := e.id("expired")
-			op := e.claim(t, id, "short.refund", 0)
-			e.waitState(t, id, unknown) // the sweeper
-			done := e.complete(t, id, op.FencingToken, outSucceeded, "R-late")
-			if done.State != succeeded || done.Result.GetResourceId() != "R-late" {
-				t.Fatalf("a late but authoritative Complete = %v", done)
-			}
-			res := e.reserveAs(t, id, "short.refund", 0, newHolder())
-			if res.Decision != replay || res.Operation.Result.GetResourceId() != "R-late" {
-				t.Fatalf("Reserve after = %v", res)
-			}
-		})
-
-		t.Run("from UNKNOWN, an earlier attempt's token", func(t *testing.T) {
-			id := e.id("unknown-stale")
-			first := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, first.FencingToken, outRetryable, "503")
-			second := e.claim(t, id, "payments.refund", 0)
-			e.markUnknown(t, id, second.FencingToken)
-			before := e.lookup(t, id)
-			_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: first.FencingToken,
-				Outcome: outSucceeded, Result: &ledgerv1.Result{ResourceId: "R-stale"}})
-			if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != "STATE_UNKNOWN" {
-				t.Fatalf("metadata %v", ei.Metadata)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		t.Run("stale token on RUNNING", func(t *testing.T) {
-			id := e.id("running-stale")
-			op := e.claim(t, id, "payments.refund", 0)
-			before := e.lookup(t, id)
-			for _, tok := range []uint64{op.FencingToken - 1, op.FencingToken + 1} {
-				_, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: tok, Outcome: outSucceeded})
-				if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != "STATE_RUNNING" {
-					t.Fatalf("metadata %v", ei.Metadata)
-				}
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		for _, from := range []ledgerv1.State{running, unknown} {
-			t.Run("retryable failure from "+from.String(), func(t *testing.T) {
-				id := e.id("retryable-" + from.String())
-				op := e.claim(t, id, "payments.refund", 0)
-				if from == unknown {
-					e.markUnknown(t, id, op.FencingToken)
-				}
-				done := e.complete(t, id, op.FencingToken, outRetryable, "503")
-				if done.State != pending || done.Failure.GetCode() != "503" || done.LeaseExpiresAt != nil || done.UnknownSince != nil {
-					t.Fatalf("Complete(FAILED_RETRYABLE) = %v, want PENDING", done)
-				}
-				if h := e.lastEntry(t, id); h.Reason != "FAILED_RETRYABLE" || h.FromState != from || h.ToState != pending {
-					t.Fatalf("history = %v", h)
-				}
-				res := e.reserveAs(t, id, "payments.refund", 0, newHolder())
-				if res.Decision != execute || res.Operation.Attempt != 2 {
-					t.Fatalf("Reserve after the retryable failure = %v", res)
-				}
-			})
-		}
-
-		// The same token and outcome again succeeds and changes nothing;
-		// another outcome, or the same kind with another result or
-		// failure, is COMPLETION_CONFLICT.
-		for _, tc := range []struct {
-			first     ledgerv1.Outcome
-			firstArg  string
-			other     ledgerv1.Outcome
-			otherArg  string
-			wantState ledgerv1.State
-		}{
-			{outSucceeded, "R-1", outFailed, "declined", succeeded},
-			{outSucceeded, "R-1", outRetryable, "503", succeeded},
-			{outSucceeded, "R-1", outSucceeded, "R-2", succeeded},
-			{outFailed, "declined", outSucceeded, "R-1", failed},
-			{outFailed, "declined", outFailed, "other_code", failed},
-			{outRetryable, "503", outSucceeded, "R-1", pending},
-			{outRetryable, "503", outFailed, "declined", pending},
-		} {
-			name := tc.first.String() + " then " + tc.other.String() + " " + tc.otherArg
-			t.Run(name, func(t *testing.T) {
-				id := e.id(name)
-				op := e.claim(t, id, "payments.refund", 0)
-				e.complete(t, id, op.FencingToken, tc.first, tc.firstArg)
-				before := e.lookup(t, id)
-				again := e.complete(t, id, op.FencingToken, tc.first, tc.firstArg)
-				if again.State != tc.wantState {
-					t.Fatalf("the repeat = %v", again)
-				}
-				e.wantUnchanged(t, id, before)
-				req := &ledgerv1.CompleteRequest{OperationId: id, FencingToken: op.FencingToken, Outcome: tc.other}
-				if tc.other == outSucceeded {
-					req.Result = &ledgerv1.Result{ResourceId: tc.otherArg, Data: mustStruct(t, map[string]any{"receipt": tc.otherArg})}
-				} else {
-					req.Failure = &ledgerv1.Failure{Code: tc.otherArg, Message: "refused by the destination"}
-				}
-				_, err := e.c.Complete(e.ctx, req)
-				if ei := wantReason(t, err, codes.FailedPrecondition, "COMPLETION_CONFLICT"); ei.Metadata["state"] != tc.wantState.String() {
-					t.Fatalf("metadata %v", ei.Metadata)
-				}
-				e.wantUnchanged(t, id, before)
-			})
-		}
-	})
-}
-
-// TestMarkUnknownRules: only the current token; RUNNING becomes UNKNOWN
-// with the caller's reason; a terminal state is never downgraded.
-func TestMarkUnknownRules(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		t.Run("from RUNNING", func(t *testing.T) {
-			id := e.id("running")
-			op := e.claim(t, id, "payments.refund", 0)
-			u := e.markUnknown(t, id, op.FencingToken)
-			if u.State != unknown || u.UnknownSince == nil || u.LeaseExpiresAt != nil || u.Attempt != 1 {
-				t.Fatalf("MarkUnknown = %v", u)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "MARKED_UNKNOWN" || h.Detail != "timeout" || h.FromState != running || h.ToState != unknown {
-				t.Fatalf("history = %v", h)
-			}
-		})
-
-		t.Run("stale token", func(t *testing.T) {
-			id := e.id("stale")
-			first := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, first.FencingToken, outRetryable, "503")
-			e.claim(t, id, "payments.refund", 0)
-			before := e.lookup(t, id)
-			_, err := e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: first.FencingToken})
-			if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != "STATE_RUNNING" {
-				t.Fatalf("metadata %v", ei.Metadata)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		t.Run("stale token on a terminal record", func(t *testing.T) {
-			id := e.id("stale-terminal")
-			first := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, first.FencingToken, outRetryable, "503")
-			e.complete(t, id, e.claim(t, id, "payments.refund", 0).FencingToken, outSucceeded, "R-2")
-			before := e.lookup(t, id)
-			_, err := e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: first.FencingToken})
-			if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != "STATE_SUCCEEDED" {
-				t.Fatalf("metadata %v", ei.Metadata)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		// The attempt already reported a retryable failure: it cannot
-		// also not know.
-		t.Run("PENDING by this attempt's retryable failure", func(t *testing.T) {
-			id := e.id("pending-own")
-			op := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, op.FencingToken, outRetryable, "503")
-			before := e.lookup(t, id)
-			_, err := e.c.MarkUnknown(e.ctx, &ledgerv1.MarkUnknownRequest{OperationId: id, FencingToken: op.FencingToken})
-			if ei := wantReason(t, err, codes.FailedPrecondition, "COMPLETION_CONFLICT"); ei.Metadata["state"] != "STATE_PENDING" {
-				t.Fatalf("metadata %v", ei.Metadata)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		// The lease ran out, a reconciler found nothing, then the worker,
-		// whose token is still the latest, says it cannot tell: its
-		// request may have reached the destination after the check.
-		t.Run("PENDING by a finding, then the latest attempt's report", func(t *testing.T) {
-			id := e.id("pending-found")
-			op := e.claim(t, id, "short.refund", 0)
-			e.waitState(t, id, unknown) // the sweeper
-			if _, err := e.reconcileAs(t, id, notApplied); err != nil {
-				t.Fatal(err)
-			}
-			u := e.markUnknown(t, id, op.FencingToken)
-			if u.State != unknown || u.Attempt != 1 || u.UnknownSince == nil {
-				t.Fatalf("MarkUnknown = %v", u)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "MARKED_UNKNOWN" || h.FromState != pending || h.ToState != unknown {
-				t.Fatalf("history = %v", h)
-			}
-			if res := e.reserveAs(t, id, "short.refund", 0, newHolder()); res.Decision != reconcile {
-				t.Fatalf("Reserve after = %v, want RECONCILE", res.Decision)
-			}
-		})
-
-		// Terminal by the worker's own Complete, and by a reconciler's
-		// finding after the lease ran out: the worker's late MarkUnknown
-		// leaves the outcome as recorded.
-		terminal := []struct {
-			name  string
-			setup func(id string) uint64
-			want  ledgerv1.State
-		}{
-			{"SUCCEEDED by Complete", func(id string) uint64 {
-				op := e.claim(t, id, "payments.refund", 0)
-				e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
-				return op.FencingToken
-			}, succeeded},
-			{"FAILED_FINAL by Complete", func(id string) uint64 {
-				op := e.claim(t, id, "payments.refund", 0)
-				e.complete(t, id, op.FencingToken, outFailed, "declined")
-				return op.FencingToken
-			}, failed},
-			{"SUCCEEDED by Reconcile", func(id string) uint64 {
-				op := e.claim(t, id, "short.refund", 0)
-				e.waitState(t, id, unknown)
-				if _, err := e.reconcileAs(t, id, applied); err != nil {
-					t.Fatal(err)
-				}
-				return op.FencingToken
-			}, succeeded},
-			{"FAILED_FINAL by Reconcile", func(id string) uint64 {
-				op := e.claim(t, id, "short.refund", 0)
-				e.waitState(t, id, unknown)
-				if _, err := e.reconcileAs(t, id, abandon); err != nil {
-					t.Fatal(err)
-				}
-				return op.FencingToken
-			}, failed},
-		}
-		for _, tc := range terminal {
-			t.Run(tc.name, func(t *testing.T) {
-				id := e.id(tc.name)
-				tok := tc.setup(id)
-				before := e.lookup(t, id)
-				u := e.markUnknown(t, id, tok)
-				if u.State != tc.want {
-					t.Fatalf("MarkUnknown on %v = %v", tc.want, u)
-				}
-				e.wantUnchanged(t, id, before)
-			})
-		}
-	})
-}
-
-// TestRenewRules: Renew extends a live claim with the current token only.
-func TestRenewRules(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		t.Run("current token", func(t *testing.T) {
-			id := e.id("live")
-			op := e.claim(t, id, "payments.refund", 0)
-			time.Sleep(10 * time.Millisecond) // the store's clock moves on
-			r, err := e.c.Renew(e.ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: op.FencingToken})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Operation.State != running || !r.Operation.LeaseExpiresAt.AsTime().After(op.LeaseExpiresAt.AsTime()) ||
-				r.Operation.FencingToken != op.FencingToken || r.Operation.Attempt != 1 {
-				t.Fatalf("Renew = %v, want the lease moved past %v", r.Operation, op.LeaseExpiresAt.AsTime())
-			}
-			if got := e.lookup(t, id); !proto.Equal(got.LeaseExpiresAt, r.Operation.LeaseExpiresAt) || len(got.History) != 1 {
-				t.Fatalf("record after Renew = %v", got)
-			}
-		})
-
-		refused := []struct {
-			name  string
-			setup func(id string) uint64
-			state ledgerv1.State
-		}{
-			{"earlier token", func(id string) uint64 {
-				first := e.claim(t, id, "payments.refund", 0)
-				e.complete(t, id, first.FencingToken, outRetryable, "503")
-				e.claim(t, id, "payments.refund", 0)
-				return first.FencingToken
-			}, running},
-			{"later token", func(id string) uint64 {
-				return e.claim(t, id, "payments.refund", 0).FencingToken + 1
-			}, running},
-			{"after Complete", func(id string) uint64 {
-				op := e.claim(t, id, "payments.refund", 0)
-				e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
-				return op.FencingToken
-			}, succeeded},
-			{"after MarkUnknown", func(id string) uint64 {
-				op := e.claim(t, id, "payments.refund", 0)
-				e.markUnknown(t, id, op.FencingToken)
-				return op.FencingToken
-			}, unknown},
-			{"after a retryable failure", func(id string) uint64 {
-				op := e.claim(t, id, "payments.refund", 0)
-				e.complete(t, id, op.FencingToken, outRetryable, "503")
-				return op.FencingToken
-			}, pending},
-		}
-		for _, tc := range refused {
-			t.Run(tc.name, func(t *testing.T) {
-				id := e.id(tc.name)
-				tok := tc.setup(id)
-				before := e.lookup(t, id)
-				_, err := e.c.Renew(e.ctx, &ledgerv1.RenewRequest{OperationId: id, FencingToken: tok})
-				if ei := wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN"); ei.Metadata["state"] != tc.state.String() {
-					t.Fatalf("metadata %v, want state %v", ei.Metadata, tc.state)
-				}
-				e.wantUnchanged(t, id, before)
-			})
-		}
-	})
-}
-
-// The state machine of contract.md §4, row by row and rule by rule, through the
-// gRPC API against a real redis-server, a cluster and the embedded engine.
-// The scenarios of §9 (above) cover the paths an agent takes;
-// these tests, and those of the *_rules_test.go files, pin each rule on its
-// own: the decision or error, the record after the call, and its history.
-
+// The names of the wire's enums in these tests. The state machine, row by
+// row and rule by rule, is tested in ledger/; the scenarios above cover the
+// paths an agent takes over the wire.
 const (
 	execute   = ledgerv1.Decision_DECISION_EXECUTE
 	replay    = ledgerv1.Decision_DECISION_REPLAY
@@ -1929,217 +1197,12 @@ func (e *env) waitLeaseEnd(t *testing.T, op *ledgerv1.Operation) {
 	}
 }
 
-// waitState waits until Lookup shows id in state st.
-
-// lastEntry returns the latest history entry of id, by Lookup.
-func (e *env) lastEntry(t *testing.T, id string) *ledgerv1.HistoryEntry {
-	t.Helper()
-	h := e.lookup(t, id).History
-	return h[len(h)-1]
-}
-
 // wantUnchanged fails unless id's record is as before.
 func (e *env) wantUnchanged(t *testing.T, id string, before *ledgerv1.Operation) {
 	t.Helper()
 	if after := e.lookup(t, id); !proto.Equal(before, after) {
 		t.Fatalf("the record changed:\nbefore %v\nafter  %v", before, after)
 	}
-}
-
-// TestReserveTable: every row of contract.md §4's Reserve table, with the decision,
-// the record it leaves and the history entry it writes.
-func TestReserveTable(t *testing.T) {
-	eachBackend(t, func(t *testing.T, e *env) {
-		t.Run("none", func(t *testing.T) {
-			id := e.id("none")
-			holder := newHolder()
-			res := e.reserveAs(t, id, "payments.refund", 0, holder)
-			op := res.Operation
-			if res.Decision != execute || op.State != running || op.Attempt != 1 || op.FencingToken == 0 || res.Holder != holder ||
-				op.LeaseExpiresAt == nil || op.Effect != irreversible {
-				t.Fatalf("Reserve of a new id = %v", res)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "RESERVED" || h.FromState != ledgerv1.State_STATE_UNSPECIFIED || h.ToState != running {
-				t.Fatalf("history = %v", h)
-			}
-		})
-
-		t.Run("PENDING", func(t *testing.T) {
-			id := e.id("pending")
-			first := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, first.FencingToken, outRetryable, "503")
-			res := e.reserveAs(t, id, "payments.refund", 0, newHolder())
-			if res.Decision != execute || res.Operation.State != running || res.Operation.Attempt != 2 ||
-				res.Operation.FencingToken <= first.FencingToken {
-				t.Fatalf("Reserve of a PENDING operation = %v", res)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "CLAIMED" || h.FromState != pending || h.ToState != running || h.Attempt != 2 {
-				t.Fatalf("history = %v", h)
-			}
-		})
-
-		t.Run("PENDING, attempts exhausted", func(t *testing.T) {
-			id := e.id("exhausted")
-			for attempt := range 3 {
-				op := e.claim(t, id, "payments.refund", 0)
-				if op.Attempt != uint32(attempt+1) {
-					t.Fatalf("attempt %d, want %d", op.Attempt, attempt+1)
-				}
-				e.complete(t, id, op.FencingToken, outRetryable, "503")
-			}
-			res := e.reserveAs(t, id, "payments.refund", 0, newHolder())
-			if res.Decision != replay || res.Operation.State != failed || res.Operation.Reason != "RETRIES_EXHAUSTED" ||
-				res.Operation.Failure.GetCode() != "RETRIES_EXHAUSTED" || res.Operation.Attempt != 3 {
-				t.Fatalf("Reserve with no attempts left = %v", res)
-			}
-			if h := e.lastEntry(t, id); h.Reason != "RETRIES_EXHAUSTED" || h.FromState != pending || h.ToState != failed || h.Attempt != 3 {
-				t.Fatalf("history = %v", h)
-			}
-			before := e.lookup(t, id)
-			if again := e.reserveAs(t, id, "payments.refund", 0, newHolder()); again.Decision != replay || again.Operation.State != failed {
-				t.Fatalf("Reserve again = %v, want REPLAY of the failure", again)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		t.Run("RUNNING, lease valid, same holder", func(t *testing.T) {
-			id := e.id("same-holder")
-			holder := newHolder()
-			first := e.reserveAs(t, id, "payments.refund", 0, holder)
-			before := e.lookup(t, id)
-			again := e.reserveAs(t, id, "payments.refund", 0, holder)
-			if again.Decision != execute || again.Operation.Attempt != 1 || again.Operation.FencingToken != first.Operation.FencingToken {
-				t.Fatalf("Reserve by the same holder = %v, want EXECUTE with attempt 1, token %d", again, first.Operation.FencingToken)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		t.Run("RUNNING, lease valid, other holder", func(t *testing.T) {
-			id := e.id("other-holder")
-			e.claim(t, id, "payments.refund", 0)
-			before := e.lookup(t, id)
-			res := e.reserveAs(t, id, "payments.refund", 0, newHolder())
-			if res.Decision != inProg || res.RetryAfter == nil || res.RetryAfter.AsDuration() <= 0 {
-				t.Fatalf("Reserve by another holder = %v, want IN_PROGRESS with retry_after", res)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		for _, tc := range []struct {
-			name   string
-			effect ledgerv1.Effect
-		}{{"idempotent", idempotent}, {"read-only", readOnly}} {
-			t.Run("RUNNING, lease expired, "+tc.name, func(t *testing.T) {
-				id := e.id("reclaim-" + tc.name)
-				holder := newHolder()
-				first := e.reserveAs(t, id, "short.refund", tc.effect, holder).Operation
-				e.waitLeaseEnd(t, first)
-				// The same holder too: after the lease it is anyone.
-				res := e.reserveAs(t, id, "short.refund", tc.effect, holder)
-				if res.Decision != execute || res.Operation.Attempt != 2 || res.Operation.FencingToken <= first.FencingToken {
-					t.Fatalf("Reserve after the lease = %v, want EXECUTE attempt 2 with a new token", res)
-				}
-				if h := e.lastEntry(t, id); h.Reason != "RECLAIMED" || h.FromState != running || h.ToState != running {
-					t.Fatalf("history = %v", h)
-				}
-			})
-		}
-
-		for _, tc := range []struct {
-			name   string
-			effect ledgerv1.Effect
-			want   ledgerv1.Decision
-		}{{"idempotent", idempotent, execute}, {"read-only", readOnly, execute}, {"irreversible", irreversible, reconcile}} {
-			t.Run("UNKNOWN, "+tc.name, func(t *testing.T) {
-				id := e.id("unknown-" + tc.name)
-				holder := newHolder()
-				first := e.reserveAs(t, id, "payments.refund", tc.effect, holder).Operation
-				e.markUnknown(t, id, first.FencingToken)
-				before := e.lookup(t, id)
-				res := e.reserveAs(t, id, "payments.refund", tc.effect, holder)
-				if res.Decision != tc.want {
-					t.Fatalf("Reserve of an UNKNOWN %s operation = %v, want %v", tc.name, res.Decision, tc.want)
-				}
-				if tc.want == reconcile {
-					e.wantUnchanged(t, id, before)
-					return
-				}
-				if res.Operation.State != running || res.Operation.Attempt != 2 || res.Operation.FencingToken <= first.FencingToken {
-					t.Fatalf("reclaim = %v", res.Operation)
-				}
-				if h := e.lastEntry(t, id); h.Reason != "RECLAIMED" || h.FromState != unknown || h.ToState != running {
-					t.Fatalf("history = %v", h)
-				}
-			})
-		}
-
-		// Out of attempts, an idempotent operation whose outcome is unknown
-		// is not reclaimed, nor failed for good: it may have applied the
-		// effect (design.md, 3.4 rule 6).
-		t.Run("UNKNOWN, idempotent, attempts exhausted", func(t *testing.T) {
-			id := e.id("unknown-exhausted")
-			for attempt := range 3 {
-				op := e.reserveAs(t, id, "payments.refund", idempotent, newHolder())
-				if op.Decision != execute || op.Operation.Attempt != uint32(attempt+1) {
-					t.Fatalf("Reserve = %v, want EXECUTE attempt %d", op, attempt+1)
-				}
-				e.markUnknown(t, id, op.Operation.FencingToken)
-			}
-			before := e.lookup(t, id)
-			res := e.reserveAs(t, id, "payments.refund", idempotent, newHolder())
-			if res.Decision != reconcile || res.Operation.State != unknown || res.Operation.Attempt != 3 {
-				t.Fatalf("Reserve with no attempts left = %v, want RECONCILE", res)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		t.Run("RUNNING, lease expired, idempotent, attempts exhausted", func(t *testing.T) {
-			id := e.id("running-exhausted")
-			var op *ledgerv1.Operation
-			for attempt := range 3 {
-				res := e.reserveAs(t, id, "short.idempotent", 0, newHolder())
-				if res.Decision != execute || res.Operation.Attempt != uint32(attempt+1) {
-					t.Fatalf("Reserve = %v, want EXECUTE attempt %d", res, attempt+1)
-				}
-				op = res.Operation
-				e.waitLeaseEnd(t, op)
-			}
-			res := e.reserveAs(t, id, "short.idempotent", 0, newHolder())
-			if res.Decision != reconcile || res.Operation.State != unknown || res.Operation.Reason != "RETRIES_EXHAUSTED" ||
-				res.Operation.FencingToken != op.FencingToken {
-				t.Fatalf("Reserve with no attempts left = %v, want RECONCILE, UNKNOWN (RETRIES_EXHAUSTED)", res)
-			}
-			if h := e.lastEntry(t, id); h.FromState != running || h.ToState != unknown || h.Attempt != 3 {
-				t.Fatalf("history = %v", h)
-			}
-		})
-
-		t.Run("SUCCEEDED", func(t *testing.T) {
-			id := e.id("succeeded")
-			op := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, op.FencingToken, outSucceeded, "R-7")
-			before := e.lookup(t, id)
-			res := e.reserveAs(t, id, "payments.refund", 0, newHolder())
-			if res.Decision != replay || res.Operation.State != succeeded || res.Operation.Result.GetResourceId() != "R-7" ||
-				res.Operation.Result.GetData().GetFields()["receipt"].GetStringValue() != "R-7" {
-				t.Fatalf("Reserve of a SUCCEEDED operation = %v, want REPLAY of R-7", res)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-
-		t.Run("FAILED_FINAL", func(t *testing.T) {
-			id := e.id("failed")
-			op := e.claim(t, id, "payments.refund", 0)
-			e.complete(t, id, op.FencingToken, outFailed, "card_declined")
-			before := e.lookup(t, id)
-			res := e.reserveAs(t, id, "payments.refund", 0, newHolder())
-			if res.Decision != replay || res.Operation.State != failed || res.Operation.Failure.GetCode() != "card_declined" ||
-				res.Operation.Failure.GetMessage() != "refused by the destination" {
-				t.Fatalf("Reserve of a FAILED_FINAL operation = %v, want REPLAY of the failure", res)
-			}
-			e.wantUnchanged(t, id, before)
-		})
-	})
 }
 
 // TestKeyReusedNamesWhatDiffers: IDEMPOTENCY_KEY_REUSED names every one of
@@ -2243,7 +1306,7 @@ func TestIDsWithAnyCharacterKeepToTheirTenant(t *testing.T) {
 		key := func(tenant, id string) string { return tenant + "\x00" + id }
 		reserve := func(tenant, id string) *ledgerv1.ReserveResponse {
 			t.Helper()
-			res, err := c.Reserve(as(secrets[tenant]), reserveReq(id, "short.refund", mustStruct(t, map[string]any{"amount": 5}), newHolder()))
+			res, err := c.Reserve(as(secrets[tenant]), reserveReq(id, "expiring.refund", mustStruct(t, map[string]any{"amount": 5}), newHolder()))
 			if err != nil {
 				t.Fatalf("Reserve(%q, %q): %v", tenant, id, err)
 			}
@@ -2329,7 +1392,7 @@ func TestIDsWithAnyCharacterKeepToTheirTenant(t *testing.T) {
 // and returns a client of it.
 func startSweeping(t *testing.T, rdb redis.UniversalClient, creds *server.Credentials) ledgerv1.LedgerServiceClient {
 	t.Helper()
-	pol, err := ledger.ParsePolicies([]byte(testPolicy))
+	pol, err := ledger.ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,10 +6,15 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opledger/ledger/fingerprint"
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+	"github.com/opledger/ledger/ledger"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // TestStructMapRefusals pins what structMap refuses and how it names the
@@ -80,4 +85,66 @@ func FuzzStructParams(f *testing.F) {
 			t.Fatalf("canonical forms differ: %s / %s (%v, %v)", a, b, errA, errB)
 		}
 	})
+}
+
+// TestToProto: every field of a snapshot reaches the wire under its own
+// name, the enums keep their numbers, and the holder never leaves.
+func TestToProto(t *testing.T) {
+	at := func(ms int64) time.Time { return time.UnixMilli(1_790_000_000_000 + ms).UTC() }
+	ts := func(ms int64) *timestamppb.Timestamp { return timestamppb.New(at(ms)) }
+	var fp fingerprint.Fingerprint
+	fp[0], fp[31] = 0xab, 0xcd
+	data, err := structpb.NewStruct(map[string]any{"receipt": "R-1", "n": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		in   *ledger.Operation
+		want *ledgerv1.Operation
+	}{
+		{"nil", nil, nil},
+		{"RUNNING", &ledger.Operation{ID: "op-1", Tool: "payments.refund", Effect: ledger.EffectIrreversible, State: ledger.StateRunning,
+			Attempt: 1, FencingToken: 7, Fingerprint: fp, PermitID: "permit-1", RunID: "run-1", Step: 3, Holder: "h-secret",
+			Reason: "RESERVED", CreatedAt: at(0), UpdatedAt: at(0), LeaseExpiresAt: at(30_000), RetainUntil: at(90_000), MaxAttempts: 3},
+			&ledgerv1.Operation{OperationId: "op-1", Tool: "payments.refund", Effect: ledgerv1.Effect_EFFECT_IRREVERSIBLE,
+				State: ledgerv1.State_STATE_RUNNING, Attempt: 1, FencingToken: 7, ParamsSha256: fp[:], PermitId: "permit-1", RunId: "run-1",
+				Step: 3, Reason: "RESERVED", CreatedAt: ts(0), UpdatedAt: ts(0), LeaseExpiresAt: ts(30_000), RetainUntil: ts(90_000), MaxAttempts: 3}},
+		{"UNKNOWN, escalated, with history", &ledger.Operation{ID: "op-2", Tool: "t", Effect: ledger.EffectIdempotent, State: ledger.StateUnknown,
+			Attempt: 2, FencingToken: 9, Fingerprint: fp, Reason: "ESCALATED", NeedsReview: true, Failure: &ledger.Failure{Code: "503"},
+			CreatedAt: at(0), UpdatedAt: at(20), UnknownSince: at(10), RecoveryDeadline: at(900_010), MaxAttempts: 3,
+			History: []ledger.HistoryEntry{
+				{Time: at(0), From: ledger.StateUnspecified, To: ledger.StateRunning, Attempt: 1, FencingToken: 8, Principal: "agent-1", Reason: "RESERVED"},
+				{Time: at(10), From: ledger.StatePending, To: ledger.StateUnknown, Attempt: 2, FencingToken: 9, Principal: "agent-1", Reason: "MARKED_UNKNOWN", Detail: "timeout"},
+				{Time: at(20), From: ledger.StateUnknown, To: ledger.StateUnknown, Attempt: 2, FencingToken: 9, Principal: "ops", Reason: "ESCALATED", Detail: "INC-1"},
+			}},
+			&ledgerv1.Operation{OperationId: "op-2", Tool: "t", Effect: ledgerv1.Effect_EFFECT_IDEMPOTENT, State: ledgerv1.State_STATE_UNKNOWN,
+				Attempt: 2, FencingToken: 9, ParamsSha256: fp[:], Reason: "ESCALATED", NeedsReview: true, Failure: &ledgerv1.Failure{Code: "503"},
+				CreatedAt: ts(0), UpdatedAt: ts(20), UnknownSince: ts(10), RecoveryDeadline: ts(900_010), MaxAttempts: 3,
+				History: []*ledgerv1.HistoryEntry{
+					{Time: ts(0), FromState: ledgerv1.State_STATE_UNSPECIFIED, ToState: ledgerv1.State_STATE_RUNNING, Attempt: 1, FencingToken: 8, Principal: "agent-1", Reason: "RESERVED"},
+					{Time: ts(10), FromState: ledgerv1.State_STATE_PENDING, ToState: ledgerv1.State_STATE_UNKNOWN, Attempt: 2, FencingToken: 9, Principal: "agent-1", Reason: "MARKED_UNKNOWN", Detail: "timeout"},
+					{Time: ts(20), FromState: ledgerv1.State_STATE_UNKNOWN, ToState: ledgerv1.State_STATE_UNKNOWN, Attempt: 2, FencingToken: 9, Principal: "ops", Reason: "ESCALATED", Detail: "INC-1"},
+				}}},
+		{"SUCCEEDED", &ledger.Operation{ID: "op-3", Tool: "t", Effect: ledger.EffectReadOnly, State: ledger.StateSucceeded, Attempt: 1,
+			FencingToken: 5, Fingerprint: fp, Reason: "SUCCEEDED", Result: &ledger.Result{ResourceID: "R-1", Data: []byte(`{"n":2,"receipt":"R-1"}`)},
+			CreatedAt: at(0), UpdatedAt: at(5), ExpiresAt: at(86_400_005), MaxAttempts: 3},
+			&ledgerv1.Operation{OperationId: "op-3", Tool: "t", Effect: ledgerv1.Effect_EFFECT_READ_ONLY, State: ledgerv1.State_STATE_SUCCEEDED,
+				Attempt: 1, FencingToken: 5, ParamsSha256: fp[:], Reason: "SUCCEEDED", Result: &ledgerv1.Result{ResourceId: "R-1", Data: data},
+				CreatedAt: ts(0), UpdatedAt: ts(5), ExpiresAt: ts(86_400_005), MaxAttempts: 3}},
+		{"FAILED_FINAL", &ledger.Operation{ID: "op-4", Tool: "t", Effect: ledger.EffectIrreversible, State: ledger.StateFailedFinal, Attempt: 3,
+			FencingToken: 6, Fingerprint: fp, Reason: "RETRIES_EXHAUSTED", Failure: &ledger.Failure{Code: "RETRIES_EXHAUSTED", Message: "3 attempts"},
+			CreatedAt: at(0), UpdatedAt: at(5), ExpiresAt: at(6), MaxAttempts: 3},
+			&ledgerv1.Operation{OperationId: "op-4", Tool: "t", Effect: ledgerv1.Effect_EFFECT_IRREVERSIBLE, State: ledgerv1.State_STATE_FAILED_FINAL,
+				Attempt: 3, FencingToken: 6, ParamsSha256: fp[:], Reason: "RETRIES_EXHAUSTED",
+				Failure:   &ledgerv1.Failure{Code: "RETRIES_EXHAUSTED", Message: "3 attempts"},
+				CreatedAt: ts(0), UpdatedAt: ts(5), ExpiresAt: ts(6), MaxAttempts: 3}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := toProto(c.in); !proto.Equal(got, c.want) {
+				t.Fatalf("toProto =\n%v\nwant\n%v", got, c.want)
+			}
+		})
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -38,16 +39,19 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 			t.Fatal("OPERATION_IN_PROGRESS without RetryInfo")
 		}
 		_, err = e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: e.id("live"), FencingToken: live.Operation.FencingToken - 1, Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED})
-		wantReason(t, err, codes.FailedPrecondition, "STALE_FENCING_TOKEN")
+		wantState(t, err, "STALE_FENCING_TOKEN", "STATE_RUNNING")
 		if _, err := e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: e.id("live"), FencingToken: live.Operation.FencingToken, Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED}); err != nil {
 			t.Fatal(err)
 		}
 		_, err = e.c.Complete(e.ctx, &ledgerv1.CompleteRequest{OperationId: e.id("live"), FencingToken: live.Operation.FencingToken, Outcome: ledgerv1.Outcome_OUTCOME_FAILED_FINAL})
-		wantReason(t, err, codes.FailedPrecondition, "COMPLETION_CONFLICT")
+		wantState(t, err, "COMPLETION_CONFLICT", "STATE_SUCCEEDED")
 		_, err = e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: e.id("live"), Finding: ledgerv1.Finding_FINDING_ABANDON})
-		wantReason(t, err, codes.FailedPrecondition, "ALREADY_RESOLVED")
+		wantState(t, err, "ALREADY_RESOLVED", "STATE_SUCCEEDED")
+		if msg := status.Convert(err).Message(); !strings.Contains(msg, "another finding or outcome") {
+			t.Fatalf("ALREADY_RESOLVED message %q", msg)
+		}
 
-		tiny, err := e.c.Reserve(e.ctx, reserveReq(e.id("tiny"), "tiny.refund", params, newHolder()))
+		tiny, err := e.c.Reserve(e.ctx, reserveReq(e.id("tiny"), "compact.refund", params, newHolder()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +60,7 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			_, err = e.c.Reserve(e.ctx, reserveReq(e.id("tiny"), "tiny.refund", params, newHolder()))
+			_, err = e.c.Reserve(e.ctx, reserveReq(e.id("tiny"), "compact.refund", params, newHolder()))
 			if err != nil || time.Now().After(deadline) {
 				break
 			}
@@ -67,6 +71,15 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 			t.Fatalf("final_state = %q", ei.Metadata["final_state"])
 		}
 	})
+}
+
+// wantState fails unless err is FAILED_PRECONDITION with reason and the
+// record's state in the ErrorInfo's metadata.
+func wantState(t *testing.T, err error, reason, state string) {
+	t.Helper()
+	if ei := wantReason(t, err, codes.FailedPrecondition, reason); ei.Metadata["state"] != state {
+		t.Fatalf("%s: metadata %v, want state %s", reason, ei.Metadata, state)
+	}
 }
 
 // TestPanicIsInternalWithTheContractsDetails: contract.md §5 gives every error an
@@ -201,7 +214,7 @@ func (e *env) everyRPC(t *testing.T, id string, token uint64) map[string]error {
 	_, errs["Reconcile"] = e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: id, Finding: notApplied})
 	_, errs["Lookup"] = e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
 	// Last: on an id that does not exist, Reserve creates it.
-	_, errs["Reserve"] = e.c.Reserve(e.ctx, reserveReq(id, "tiny.refund", mustStruct(t, map[string]any{"amount": 42}), newHolder()))
+	_, errs["Reserve"] = e.c.Reserve(e.ctx, reserveReq(id, "compact.refund", mustStruct(t, map[string]any{"amount": 42}), newHolder()))
 	return errs
 }
 
@@ -231,9 +244,9 @@ func TestEveryRPCErrors(t *testing.T) {
 	t.Run("IDEMPOTENCY_KEY_EXPIRED", func(t *testing.T) {
 		eachBackend(t, func(t *testing.T, e *env) {
 			id := e.id("tiny")
-			op := e.claim(t, id, "tiny.refund", 0)
+			op := e.claim(t, id, "compact.refund", 0)
 			e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
-			// tiny.* records live 1 s, then their tombstone 1 h.
+			// compact.* records live 1 s, then their tombstone 1 h.
 			deadline := time.Now().Add(10 * time.Second)
 			for {
 				_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
@@ -258,7 +271,7 @@ func TestEveryRPCErrors(t *testing.T) {
 		srv := redistest.Start(t)
 		e := startEnv(t, srv.Client(t))
 		id := e.id("op")
-		op := e.claim(t, id, "tiny.refund", 0)
+		op := e.claim(t, id, "compact.refund", 0)
 		srv.Stop()
 		errs := e.everyRPC(t, id, op.FencingToken)
 		_, errs["ListUnresolved"] = e.c.ListUnresolved(e.ctx, &ledgerv1.ListUnresolvedRequest{})

@@ -27,28 +27,6 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// testPolicy: short leases where a scenario needs a lease to run out, a
-// short recovery window where one needs an overdue operation, and the
-// consequential fields of docs/configuration.md's worked example.
-const testPolicy = `
-defaults:
-  max_attempts: 3
-tools:
-  - match: "short.idempotent"
-    effect: idempotent
-    lease: 200ms
-  - match: "short.*"
-    lease: 200ms
-  - match: "tiny.*"
-    retention: 1s
-    retain_grace: 0s
-    tombstone_retention: 1h
-  - match: "late.*"
-    recovery_window: 1ms
-  - match: "picky.*"
-    consequential_fields: ["/amount", "/currency", "/charge_id"]
-`
-
 // env is one ledgerd-like stack: a ledger on a backend, its sweeper, the gRPC
 // service on a loopback port, and a client.
 type env struct {
@@ -80,22 +58,7 @@ func startEnv(t *testing.T, rdb redis.UniversalClient, dialOpts ...grpc.DialOpti
 // startEnvLogging is startEnv with the service's log at level.
 func startEnvLogging(t *testing.T, rdb redis.UniversalClient, level slog.Level, dialOpts ...grpc.DialOption) *env {
 	t.Helper()
-	return startEnvSweeping(t, rdb, level, true, dialOpts...)
-}
-
-// startEnvUnswept is startEnv without the sweeper, for a scenario that needs
-// an irreversible claim to stay RUNNING past its lease until a call touches
-// it (as when no ledgerd instance sweeps).
-func startEnvUnswept(t *testing.T, rdb redis.UniversalClient) *env {
-	t.Helper()
-	return startEnvSweeping(t, rdb, slog.LevelDebug, false)
-}
-
-// startEnvSweeping is startEnv with the service's log at level, and the
-// sweeper running only when sweep is set.
-func startEnvSweeping(t *testing.T, rdb redis.UniversalClient, level slog.Level, sweep bool, dialOpts ...grpc.DialOption) *env {
-	t.Helper()
-	pol, err := ledger.ParsePolicies([]byte(testPolicy))
+	pol, err := ledger.ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,12 +76,7 @@ func startEnvSweeping(t *testing.T, rdb redis.UniversalClient, level slog.Level,
 	}
 	go func() { _ = svc.Serve(lis) }()
 	done := make(chan struct{})
-	go func() {
-		if sweep {
-			l.RunSweeper(ctx, 50*time.Millisecond)
-		}
-		close(done)
-	}()
+	go func() { l.RunSweeper(ctx, 50*time.Millisecond); close(done) }()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {

@@ -21,7 +21,7 @@ func TestListUnresolvedFilters(t *testing.T) {
 	creds := kr.creds(t, "")
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c, ctx := startSweeping(t, rdb, creds), as(key)
-		var last time.Time // the latest recovery deadline of a late.* tool
+		var last time.Time // the latest recovery deadline of a overdue.* tool
 		unknown := func(id, tool string) string {
 			time.Sleep(2 * time.Millisecond) // distinct creation times
 			res, err := c.Reserve(ctx, reserveReq(id, tool, nil, newHolder()))
@@ -43,13 +43,13 @@ func TestListUnresolvedFilters(t *testing.T) {
 			}
 			return id
 		}
-		// late.* tools have a recovery window of 1ms; payments.* the default
+		// overdue.* tools have a recovery window of 1ms; payments.* the default
 		// 15 minutes.
-		late := unknown("late", "late.refund")
+		late := unknown("late", "overdue.refund")
 		fresh := unknown("fresh", "payments.refund")
-		lateEscalated := escalate(unknown("late-escalated", "late.charge"))
+		lateEscalated := escalate(unknown("late-escalated", "overdue.charge"))
 		freshEscalated := escalate(unknown("fresh-escalated", "payments.refund"))
-		found := unknown("found", "late.refund")
+		found := unknown("found", "overdue.refund")
 		if _, err := c.Reconcile(ctx, &ledgerv1.ReconcileRequest{OperationId: found, Finding: ledgerv1.Finding_FINDING_NOT_APPLIED}); err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestListUnresolvedFilters(t *testing.T) {
 			{"overdue", &ledgerv1.ListUnresolvedRequest{Overdue: true}, []string{late, lateEscalated}},
 			{"needs_review", &ledgerv1.ListUnresolvedRequest{NeedsReview: true}, []string{lateEscalated, freshEscalated}},
 			{"both", &ledgerv1.ListUnresolvedRequest{Overdue: true, NeedsReview: true}, []string{lateEscalated}},
-			{"overdue of a tool", &ledgerv1.ListUnresolvedRequest{Overdue: true, Tool: "late.refund"}, []string{late}},
+			{"overdue of a tool", &ledgerv1.ListUnresolvedRequest{Overdue: true, Tool: "overdue.refund"}, []string{late}},
 			{"needs_review in UNKNOWN", &ledgerv1.ListUnresolvedRequest{NeedsReview: true, States: unknownOnly}, []string{lateEscalated, freshEscalated}},
 			{"overdue in PENDING", &ledgerv1.ListUnresolvedRequest{Overdue: true, States: pendingOnly}, nil},
 		} {
@@ -114,14 +114,14 @@ func TestListUnresolvedListsWhatIsUnresolved(t *testing.T) {
 	creds := kr.creds(t, "")
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c, ctx := startSweeping(t, rdb, creds), as(key)
-		var leaseEnd time.Time // the latest lease of a short.* claim
+		var leaseEnd time.Time // the latest lease of a expiring.* claim
 		claim := func(id, tool string) uint64 {
 			time.Sleep(2 * time.Millisecond) // distinct creation times
 			res, err := c.Reserve(ctx, reserveReq(id, tool, nil, newHolder()))
 			if err != nil || res.GetDecision() != ledgerv1.Decision_DECISION_EXECUTE {
 				t.Fatalf("Reserve(%s) = %v, %v", id, res, err)
 			}
-			if end := res.GetOperation().GetLeaseExpiresAt().AsTime(); strings.HasPrefix(tool, "short.") && end.After(leaseEnd) {
+			if end := res.GetOperation().GetLeaseExpiresAt().AsTime(); strings.HasPrefix(tool, "expiring.") && end.After(leaseEnd) {
 				leaseEnd = end
 			}
 			return res.GetOperation().GetFencingToken()
@@ -150,8 +150,8 @@ func TestListUnresolvedListsWhatIsUnresolved(t *testing.T) {
 		if _, err := c.MarkUnknown(ctx, &ledgerv1.MarkUnknownRequest{OperationId: "unknown", FencingToken: claim("unknown", "payments.refund")}); err != nil {
 			t.Fatal(err)
 		}
-		claim("past-lease", "short.idempotent") // stays RUNNING past its lease
-		claim("swept", "short.refund")          // the sweeper makes it UNKNOWN
+		claim("past-lease", "expiring.idempotent") // stays RUNNING past its lease
+		claim("swept", "expiring.refund")          // the sweeper makes it UNKNOWN
 		if _, err := c.MarkUnknown(ctx, &ledgerv1.MarkUnknownRequest{OperationId: "escalated", FencingToken: claim("escalated", "payments.refund")}); err != nil {
 			t.Fatal(err)
 		}

@@ -186,9 +186,9 @@ func TestRetentionOverTheWire(t *testing.T) {
 			// time it ended.
 			want func(ended time.Time) time.Time
 		}{
-			// tiny.*: retention 1 s, no grace.
-			{"tiny", "tiny.refund", time.Time{}, func(ended time.Time) time.Time { return ended.Add(time.Second) }},
-			{"tiny until in an hour", "tiny.refund", hour, func(time.Time) time.Time { return hour }},
+			// compact.*: retention 1 s, no grace.
+			{"tiny", "compact.refund", time.Time{}, func(ended time.Time) time.Time { return ended.Add(time.Second) }},
+			{"tiny until in an hour", "compact.refund", hour, func(time.Time) time.Time { return hour }},
 			// The defaults: retention 7 days, grace 1 day.
 			{"default until in an hour", "payments.refund", hour, func(ended time.Time) time.Time { return ended.Add(7 * 24 * time.Hour) }},
 			{"default until in a month", "payments.refund", month, func(time.Time) time.Time { return month.Add(24 * time.Hour) }},
@@ -204,10 +204,10 @@ func TestRetentionOverTheWire(t *testing.T) {
 			}
 		}
 
-		// Records of tiny.* that are not terminal.
+		// Records of compact.* that are not terminal.
 		nonTerminal := map[string]ledgerv1.State{e.id("running"): running, e.id("pending"): pending, e.id("unknown"): unknown}
 		for id, st := range nonTerminal {
-			op := reserve(id, "tiny.refund", time.Time{})
+			op := reserve(id, "compact.refund", time.Time{})
 			switch st {
 			case pending:
 				e.complete(t, id, op.FencingToken, outRetryable, "503")
@@ -235,7 +235,7 @@ func TestRetentionOverTheWire(t *testing.T) {
 		}
 		// ... while the one held by its retain_until still replays, and
 		// the records that are not terminal are all there, as they were.
-		if res := e.reserveAs(t, e.id("tiny until in an hour"), "tiny.refund", 0, newHolder()); res.Decision != replay || res.Operation.Result.GetResourceId() != "R-1" {
+		if res := e.reserveAs(t, e.id("tiny until in an hour"), "compact.refund", 0, newHolder()); res.Decision != replay || res.Operation.Result.GetResourceId() != "R-1" {
 			t.Fatalf("Reserve of the record held by retain_until = %v, want REPLAY", res)
 		}
 		for id, st := range nonTerminal {
@@ -265,18 +265,18 @@ func TestOneClockTheStores(t *testing.T) {
 		return c
 	}
 	a, b := startEnv(t, client()), startEnv(t, client()) // two instances, each with its sweeper
-	const lease = 200 * time.Millisecond                 // short.* in testPolicy
+	const lease = 200 * time.Millisecond                 // expiring.* in ledgertest.Policy
 
 	idem, irrev := a.id("sync"), a.id("refund")
-	first := a.reserveAs(t, idem, "short.idempotent", 0, newHolder()).Operation
-	a.reserveAs(t, irrev, "short.refund", 0, newHolder())
+	first := a.reserveAs(t, idem, "expiring.idempotent", 0, newHolder()).Operation
+	a.reserveAs(t, irrev, "expiring.refund", 0, newHolder())
 	if !first.CreatedAt.AsTime().Equal(storeNow) || !first.LeaseExpiresAt.AsTime().Equal(storeNow.Add(lease)) {
 		t.Fatalf("created_at %v, lease_expires_at %v; want the store's %v and %v",
 			first.CreatedAt.AsTime(), first.LeaseExpiresAt.AsTime(), storeNow, storeNow.Add(lease))
 	}
 
 	// The other instance, asked by another holder, finds the lease live.
-	res := b.reserveAs(t, idem, "short.idempotent", 0, newHolder())
+	res := b.reserveAs(t, idem, "expiring.idempotent", 0, newHolder())
 	if res.Decision != inProg || res.RetryAfter.AsDuration() <= 0 || res.RetryAfter.AsDuration() > lease {
 		t.Fatalf("Reserve by another holder through the other instance = %v, want IN_PROGRESS within the lease", res)
 	}
@@ -284,7 +284,7 @@ func TestOneClockTheStores(t *testing.T) {
 	if op := b.lookup(t, irrev); op.State != running {
 		t.Fatalf("the irreversible claim is %v before the store's clock passed its lease, want RUNNING", op.State)
 	}
-	if res := b.reserveAs(t, idem, "short.idempotent", 0, newHolder()); res.Decision != inProg {
+	if res := b.reserveAs(t, idem, "expiring.idempotent", 0, newHolder()); res.Decision != inProg {
 		t.Fatalf("Reserve before the store's clock passed the lease = %v, want IN_PROGRESS", res.Decision)
 	}
 	if r, err := b.c.Renew(b.ctx, &ledgerv1.RenewRequest{OperationId: idem, FencingToken: first.FencingToken}); err != nil ||
@@ -296,7 +296,7 @@ func TestOneClockTheStores(t *testing.T) {
 	// over, the irreversible one is swept to UNKNOWN by the store's time.
 	later := storeNow.Add(lease + time.Millisecond)
 	m.SetTime(later)
-	res = b.reserveAs(t, idem, "short.idempotent", 0, newHolder())
+	res = b.reserveAs(t, idem, "expiring.idempotent", 0, newHolder())
 	if res.Decision != execute || res.Operation.Attempt != 2 || !res.Operation.UpdatedAt.AsTime().Equal(later) {
 		t.Fatalf("Reserve after the store's clock passed the lease = %v, want EXECUTE attempt 2 at %v", res, later)
 	}

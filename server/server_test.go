@@ -24,6 +24,7 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/autopipe"
 	"github.com/opledger/ledger/internal/h2test"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
@@ -39,15 +40,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
-
-// churnPolicy: leases short enough for Renew and the sweeper to matter
-// while a burst runs.
-const churnPolicy = `
-tools:
-  - match: "churn.*"
-    effect: irreversible
-    lease: 300ms
-`
 
 // The Redis client's pools in the churn test: commands, and pipelines (the
 // autopipelined batches among them). Together they bound ledgerd's Redis
@@ -89,7 +81,7 @@ func startChurnStack(t *testing.T) *churnStack {
 		PipelineReadBufferSize: 32 << 10, PipelineWriteBufferSize: 32 << 10,
 	})
 	pipe := autopipe.Enable(rdb, autopipe.Options{})
-	pol, err := ledger.ParsePolicies([]byte(churnPolicy))
+	pol, err := ledger.ParsePolicies([]byte(ledgertest.Policy))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,22 +14,22 @@ import (
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/client/agent"
-	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 // ledgerEnv is a ledger service and a client of it.
 type ledgerEnv struct {
-	stack  *ledgertest.Stack
+	stack  *servicetest.Stack
 	client *client.Client
 }
 
 // startLedger runs a ledger on rdb and dials it with fast backoff.
 func startLedger(t *testing.T, rdb redis.UniversalClient, opts ...client.Option) *ledgerEnv {
 	t.Helper()
-	stack := ledgertest.Start(t, rdb, ledgertest.Options{})
+	stack := servicetest.Start(t, rdb, servicetest.Options{})
 	return &ledgerEnv{stack: stack, client: dial(t, stack.Addr, opts...)}
 }
 

@@ -31,25 +31,12 @@ import (
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/server"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-// testPolicy gives the overdue.* tools a recovery window short enough to
-// pass within the test.
-const testPolicy = `
-defaults:
-  max_attempts: 5
-tools:
-  - match: "overdue.*"
-    recovery_window: 10ms
-  - match: "churn.*"
-    max_attempts: 100
-  - match: "short.*"
-    lease: 100ms
-`
 
 // out is what one run of ledgerctl printed.
 type out struct {
@@ -180,7 +167,7 @@ type ledgerEnv struct {
 func newLedgerEnv(t *testing.T, rdb redis.UniversalClient) *ledgerEnv {
 	t.Helper()
 	keys := newKeyring(t, "agent", "reconciler", "viewer")
-	st := ledgertest.Start(t, rdb, ledgertest.Options{Policy: testPolicy, Credentials: keys.creds(t, "")})
+	st := servicetest.Start(t, rdb, servicetest.Options{Policy: ledgertest.Policy, Credentials: keys.creds(t, "")})
 	sdk, err := client.Dial(st.Addr, client.WithAPIKey(keys.keys["agent"]))
 	if err != nil {
 		t.Fatal(err)
@@ -265,13 +252,13 @@ func TestOperatorWorkflow(t *testing.T) {
 		if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "TCK-1", Data: map[string]any{"url": "https://t/1"}}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond) // past the 10ms recovery window of late
+		time.Sleep(20 * time.Millisecond) // past the 1ms recovery window of overdue.*
 
 		// lookup: the block and the history table.
 		o := must(t, env, "lookup", unknown)
 		for _, want := range []string{
 			"operation          wf-1:refund", "state              UNKNOWN", "reason             MARKED_UNKNOWN",
-			"effect             IRREVERSIBLE", "attempt            1 of 5", "permit             approval-1",
+			"effect             IRREVERSIBLE", "attempt            1 of 3", "permit             approval-1",
 			"run                run-1 (step 2)", "needs review       no", "lease expires      -",
 			"history (oldest first):", "TIME", "FROM → TO",
 			"- → RUNNING", "RESERVED", "RUNNING → UNKNOWN", "MARKED_UNKNOWN", "gateway timeout",
@@ -297,7 +284,7 @@ func TestOperatorWorkflow(t *testing.T) {
 		// lookup --json: the documented fields.
 		op := lookupJSON(t, env, done)
 		if op.State != "STATE_SUCCEEDED" || op.Result == nil || op.Result.ResourceID != "TCK-1" || op.Result.Data["url"] != "https://t/1" ||
-			op.Tool != "tickets.create" || op.Effect != "EFFECT_IRREVERSIBLE" || op.Attempt != 1 || op.MaxAttempts != 5 ||
+			op.Tool != "tickets.create" || op.Effect != "EFFECT_IRREVERSIBLE" || op.Attempt != 1 || op.MaxAttempts != 3 ||
 			len(op.ParamsSHA256) != 64 || op.ExpiresAt == nil || op.CreatedAt == nil || op.LeaseExpiresAt != nil || len(op.History) != 2 ||
 			op.History[1].FromState != "STATE_RUNNING" || op.History[1].ToState != "STATE_SUCCEEDED" || op.History[1].Reason != "SUCCEEDED" {
 			t.Errorf("lookup --json of the succeeded one: %+v", op)
@@ -350,11 +337,11 @@ func TestOperatorWorkflow(t *testing.T) {
 		if !l.Operations[2].Overdue {
 			t.Errorf("list --json: %s is not overdue: %+v", late, l.Operations[2])
 		}
-		// Times are RFC 3339 with milliseconds: the deadline is the 10ms
+		// Times are RFC 3339 with milliseconds: the deadline is the 1ms
 		// window after unknown_since.
 		since, err1 := time.Parse(time.RFC3339, *l.Operations[2].UnknownSince)
 		deadline, err2 := time.Parse(time.RFC3339, *l.Operations[2].RecoveryDeadline)
-		if err1 != nil || err2 != nil || deadline.Sub(since) != 10*time.Millisecond || len(*l.Operations[2].UnknownSince) != len("2006-01-02T15:04:05.000Z") {
+		if err1 != nil || err2 != nil || deadline.Sub(since) != time.Millisecond || len(*l.Operations[2].UnknownSince) != len("2006-01-02T15:04:05.000Z") {
 			t.Errorf("times: %q, %q: %v, %v", *l.Operations[2].UnknownSince, *l.Operations[2].RecoveryDeadline, err1, err2)
 		}
 
@@ -668,7 +655,7 @@ func TestWithoutAuth(t *testing.T) {
 	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		// This is the only test of the binary in the shared server's
 		// "default" tenant; it leaves nothing unresolved there.
-		st := ledgertest.Start(t, rdb, ledgertest.Options{})
+		st := servicetest.Start(t, rdb, servicetest.Options{})
 		sdk, err := client.Dial(st.Addr)
 		if err != nil {
 			t.Fatal(err)
@@ -1115,8 +1102,8 @@ func TestJSONNotices(t *testing.T) {
 
 	// A new finding: recorded, nothing to say.
 	repeat := "wf-20:refund"
-	tok1 := e.reserve(t, repeat, "short.refund")
-	time.Sleep(150 * time.Millisecond) // the lease ends without a report
+	tok1 := e.reserve(t, repeat, "expiring.refund")
+	time.Sleep(250 * time.Millisecond) // the lease (200ms) ends without a report
 	if d := jsonRun(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9"); d.Recorded == nil || !*d.Recorded || len(d.Notices) != 0 {
 		t.Errorf("a new finding: recorded %v, notices %+v", d.Recorded, d.Notices)
 	}
@@ -1193,12 +1180,12 @@ func TestHistoryCut(t *testing.T) {
 	// cycles retryable failures, each followed by a claim: 2 transitions
 	// each after the creation.
 	churn := func(id string, cycles int) uint64 {
-		tok := e.reserve(t, id, "churn.sync")
+		tok := e.reserve(t, id, "retried.sync")
 		for range cycles {
 			if _, err := e.sdk.Fail(ctx, id, tok, false, client.Failure{Code: "BUSY"}); err != nil {
 				t.Fatal(err)
 			}
-			r, err := e.sdk.Reserve(ctx, client.Op{ID: id, Tool: "churn.sync", PermitID: "approval-1", RunID: "run-1", Step: 2,
+			r, err := e.sdk.Reserve(ctx, client.Op{ID: id, Tool: "retried.sync", PermitID: "approval-1", RunID: "run-1", Step: 2,
 				Params: map[string]any{"amount": 1250}}, client.NewHolder())
 			if err != nil || r.Decision != client.DecisionExecute {
 				t.Fatalf("Reserve %s = %+v, %v", id, r, err)
@@ -1547,7 +1534,7 @@ func TestBadAddressSaysWhatIsWanted(t *testing.T) {
 // and are not BAD_ADDRESS. The ledger answers a lookup of an operation it
 // does not hold: NOT_FOUND.
 func TestGRPCTargetsWithASchemeReachTheLedger(t *testing.T) {
-	st := ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{})
+	st := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{})
 	t.Chdir(t.TempDir())
 	abstract := "ledgerctl-test-" + client.NewHolder()
 	for _, path := range []string{"ledger.sock", "@" + abstract} {

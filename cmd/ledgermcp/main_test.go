@@ -19,6 +19,7 @@ import (
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 	"github.com/opledger/ledger/mcpgateway"
 	"github.com/opledger/ledger/mcpgateway/mcptest"
 )
@@ -73,8 +74,8 @@ func writeConfig(t *testing.T, doc string) string {
 }
 
 // ledger starts a ledger service for the test, with a 1s lease.
-func ledger(t *testing.T) *ledgertest.Stack {
-	return ledgertest.Start(t, redistest.Shared(t).Client(t), ledgertest.Options{
+func ledger(t *testing.T) *servicetest.Stack {
+	return servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{
 		Policy: "tools:\n  - match: \"*\"\n    lease: 1s\n", Prefix: "mcp-" + client.NewHolder()[2:14]})
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 )
 
 // TestBenchmarkSmoke runs the benchmark briefly against a service in this
@@ -20,7 +21,7 @@ import (
 // succeeded and what the numbers describe, never how fast anything was.
 func TestBenchmarkSmoke(t *testing.T) {
 	srv := redistest.Start(t)
-	stack := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	stack := servicetest.Start(t, srv.Client(t), servicetest.Options{SweepInterval: time.Hour})
 	var out, log bytes.Buffer
 	rep, err := Run(context.Background(), Config{
 		Addr: stack.Addr, RedisAddr: srv.Addr,
@@ -50,7 +51,7 @@ func TestBenchmarkSmoke(t *testing.T) {
 // the in-process tool server, every call answered without an error.
 func TestMCPSmoke(t *testing.T) {
 	srv := redistest.Start(t)
-	stack := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	stack := servicetest.Start(t, srv.Client(t), servicetest.Options{SweepInterval: time.Hour})
 	var out, log bytes.Buffer
 	rep, err := Run(context.Background(), Config{
 		Addr: stack.Addr, RedisAddr: srv.Addr, Only: []string{"mcp"}, Ledgermcp: ledgertest.LedgermcpBinary(t, t.TempDir()),
@@ -80,7 +81,7 @@ func TestMCPSmoke(t *testing.T) {
 // Check; the fingerprint scenario runs at concurrency 1 only when named.
 func TestOnlyChoosesScenarios(t *testing.T) {
 	srv := redistest.Start(t)
-	stack := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	stack := servicetest.Start(t, srv.Client(t), servicetest.Options{SweepInterval: time.Hour})
 	for _, c := range []struct {
 		only           []string
 		throughput, c1 []string
@@ -119,7 +120,7 @@ func TestOnlyChoosesScenarios(t *testing.T) {
 // its history and, after its retention, its tombstone.
 func TestMemorySmoke(t *testing.T) {
 	srv := redistest.Start(t)
-	svc := ledgertest.Start(t, srv.Client(t), ledgertest.Options{SweepInterval: time.Hour})
+	svc := servicetest.Start(t, srv.Client(t), servicetest.Options{SweepInterval: time.Hour})
 	c := Config{Concurrency: 8, Log: &bytes.Buffer{}}
 	c.defaults()
 	m, err := c.fill(context.Background(), &stack{addr: svc.Addr, rdbAddr: srv.Addr}, 200, "m")

@@ -18,8 +18,8 @@ import (
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/autopipe"
-	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
 )
 
 // countingProxy forwards a client's connections to Redis and records the
@@ -163,7 +163,7 @@ func TestOneRoundTripPerRPC(t *testing.T) {
 				t.Cleanup(h.Close)
 			}
 			// A sweep once an hour: nothing else talks to Redis meanwhile.
-			stack := ledgertest.Start(t, rdb, ledgertest.Options{SweepInterval: time.Hour})
+			stack := servicetest.Start(t, rdb, servicetest.Options{SweepInterval: time.Hour})
 			ctx := context.Background()
 			if err := stack.Ledger.LoadScripts(ctx); err != nil {
 				t.Fatal(err)

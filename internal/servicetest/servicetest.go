@@ -1,8 +1,7 @@
-// Package ledgertest runs a whole ledger service for tests of its clients:
+// Package servicetest runs a whole ledger service for tests of its clients:
 // the ledger on a given store, its sweeper, and the gRPC service on a free
-// loopback port, all stopped when the test ends. FreeAddr and WaitServing
-// serve the tests that run ledgerd as a process.
-package ledgertest
+// loopback port, all stopped when the test ends.
+package servicetest
 
 import (
 	"context"
