@@ -40,7 +40,7 @@ MCP_NODE_DEPS := examples/mcp/node/node_modules/.installed
 FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint \
   internal/jsonvalue:FuzzParams ledger:FuzzKeyEncoding ledger:FuzzValidateID \
   ledger:FuzzCompactScript ledger:FuzzParsePolicies ledger:FuzzPolicyValue ledger:FuzzGlobMatch \
-  ledger:FuzzDecodePageToken server:FuzzStructParams server:FuzzParseJSONStruct server:FuzzHandlers \
+  ledger:FuzzDecodePageToken ledger:FuzzRunPageToken server:FuzzStructParams server:FuzzParseJSONStruct server:FuzzHandlers \
   server:FuzzParseCredentials server:FuzzAuthenticate internal/bench:FuzzParseCPUList \
   cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
   mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments

@@ -106,6 +106,10 @@ var reasons = map[string]error{
 	"PERMISSION_DENIED":       ErrPermissionDenied,
 	"RATE_LIMITED":            ErrRateLimited,
 	"UNRESOLVED_LIMIT":        ErrQuotaExceeded,
+	"RUN_STEP_LIMIT":          ErrRunEnded,
+	"RUN_DEADLINE":            ErrRunEnded,
+	"RUN_REPETITION":          ErrRunEnded,
+	"RUN_ENDED":               ErrRunEnded,
 }
 
 var byCode = map[codes.Code]error{

@@ -96,3 +96,22 @@ func ExampleWithWaitDeadline() {
 	}
 	_ = res
 }
+
+// ExampleClient_StartRun is docs/client.md's "Runs": a run whose new
+// operations the ledger counts and caps.
+func ExampleClient_StartRun() {
+	ctx := context.Background()
+	var c *client.Client
+	p := map[string]any{"charge": "ch_1", "amount": 1250}
+	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) { return client.Result{}, nil }
+
+	run, err := c.StartRun(ctx, "run-42", client.RunLimits{MaxSteps: 20, Deadline: 10 * time.Minute, MaxRepeats: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := c.Do(ctx, client.Op{ID: "run-42:call-7", Tool: "payments.refund", Params: p, RunID: run.ID}, fn)
+	if rr, ok := client.RunOf(err); ok { // errors.Is(err, client.ErrRunEnded)
+		log.Println("the run ended:", rr.State, rr.Limit) // RunStepLimit "max_steps", RunDeadline, RunRepetition, RunDone, RunCancelled
+	}
+	_ = res
+}

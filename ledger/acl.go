@@ -14,8 +14,10 @@ var ACLCommands = []string{
 	// compaction pass's walk over the record keys, the unresolved limit's
 	// counts) and the clock
 	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem", "scan", "zcard",
-	// inside the scripts; pttl only in the compaction's
+	// inside the scripts; pttl only in the compaction's; the hash
+	// commands, exists, persist and pexpireat only in the run scripts'
 	"set", "pttl", "hdel", "hincrby", "zadd",
+	"exists", "hget", "hmget", "hset", "persist", "pexpireat",
 }
 
 // ACLClusterCommands are the commands a Redis Cluster user needs besides

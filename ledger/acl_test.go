@@ -114,6 +114,37 @@ func aclCycle(t *testing.T, rdb redis.UniversalClient, prefix string, opts Optio
 	if applied != 3 {
 		t.Fatalf("the effects were applied %d times, want 3 (one per operation)", applied)
 	}
+
+	// A run: its steps counted, the next one past its cap refused, its
+	// operation settled, the run ended and listed.
+	if _, err := l.StartRun(ctx, who, "run-1", RunLimits{MaxSteps: 1, Deadline: time.Minute}); err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	step := func(id string) (*ReserveResult, error) {
+		return l.Reserve(ctx, who, ReserveRequest{OperationID: id, Tool: "payments.refund", Holder: "h-" + id, RunID: "run-1"})
+	}
+	s1, err := step("run-1-a")
+	if err != nil {
+		t.Fatalf("Reserve in the run: %v", err)
+	}
+	if _, err := step("run-1-b"); KindOf(err) != KindRunEnded {
+		t.Fatalf("a step past the cap: %v, want KindRunEnded", err)
+	}
+	if _, err := l.Complete(ctx, who, CompleteRequest{OperationID: "run-1-a", FencingToken: s1.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
+		t.Fatalf("Complete in the run: %v", err)
+	}
+	if r, err := l.GetRun(ctx, who, "run-1"); err != nil || r.State != RunStateStepLimit || r.Open != 0 {
+		t.Fatalf("GetRun = %+v, %v", r, err)
+	}
+	if _, err := l.StartRun(ctx, who, "run-2", RunLimits{}); err != nil {
+		t.Fatalf("StartRun: %v", err)
+	}
+	if _, err := l.EndRun(ctx, who, "run-2", RunStateDone, "done"); err != nil {
+		t.Fatalf("EndRun: %v", err)
+	}
+	if page, err := l.ListRuns(ctx, who, 0, ""); err != nil || len(page.Runs) != 2 {
+		t.Fatalf("ListRuns = %+v, %v", page, err)
+	}
 }
 
 // TestACLRulesCluster: the documented Redis Cluster user (ClusterACLRules,

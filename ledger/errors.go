@@ -24,13 +24,14 @@ const (
 	KindUnavailable                    // the store is unreachable or refused the write
 	KindQuotaExceeded                  // the tenant holds too many unresolved operations
 	KindNotReplicated                  // fewer replicas than required acknowledged the write
+	KindRunEnded                       // the run has ended, or a new step would pass its limit
 )
 
 var kindNames = [...]string{
 	"other error", "invalid argument", "not found", "idempotency key reused",
 	"idempotency key expired", "stale fencing token", "completion conflict",
 	"already resolved", "operation in progress", "store unavailable",
-	"unresolved operations limit reached", "write not replicated",
+	"unresolved operations limit reached", "write not replicated", "run ended",
 }
 
 // String describes the kind.
@@ -55,6 +56,7 @@ var (
 	ErrUnavailable        = &Error{Kind: KindUnavailable}
 	ErrQuotaExceeded      = &Error{Kind: KindQuotaExceeded}
 	ErrNotReplicated      = &Error{Kind: KindNotReplicated}
+	ErrRunEnded           = &Error{Kind: KindRunEnded}
 )
 
 // Violation is one problem with one input field, named as on the wire
@@ -84,6 +86,12 @@ type Error struct {
 	// Replicas is how many replicas acknowledged a write
 	// (KindNotReplicated).
 	Replicas int
+	// Run is the run as it is now (KindRunEnded; KindKeyReused from
+	// StartRun), and Limit the limit this call reached and so ended the
+	// run with ("max_steps", "max_irreversible", "max_repeats",
+	// "deadline"; empty when it had ended before).
+	Run   *Run
+	Limit string
 	// Operation is the record where the caller can use it
 	// (KindCompletionConflict, KindAlreadyResolved, KindInProgress).
 	Operation *Operation

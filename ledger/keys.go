@@ -32,6 +32,10 @@ const DefaultPrefix = "ledger"
 //	                                      overdue (zset, for the metrics)
 //	<prefix>:{sNN}:wait                   written before every WAIT of a call on the
 //	                                      shard, with Options.WaitReplicas (string)
+//	<prefix>:{sNN}:run:<tenant>:<run>     a run, its counts and admitted operations
+//	                                      (hash; the shard of the tenant and run id)
+//	<prefix>:{sNN}:runs:<tenant>          the tenant's runs in this shard (zset,
+//	                                      running first; see scripts/runs.lua)
 //
 // Tenants and ids are percent-encoded (see encodeComponent), so no byte of
 // theirs can open a hash tag, add a separator, or reach another tenant's key.
@@ -109,6 +113,30 @@ func (k keyspace) op(tenant, id string) opKeys {
 		},
 		member: t + ":" + i,
 	}
+}
+
+// runKeys are the keys of one run, in the order the run scripts take them.
+type runKeys struct {
+	shard  int
+	all    []string // record, index
+	member string   // the run's member in the index: its encoded id
+}
+
+// run returns the keys of one run.
+func (k keyspace) run(tenant, id string) runKeys {
+	s := shardOf(tenant, id)
+	t, i := encodeComponent(tenant), encodeComponent(id)
+	return runKeys{shard: s, all: []string{k.runRecord(s, t, i), k.runIndex(s, t)}, member: i}
+}
+
+// runRecord is the key of a run's record.
+func (k keyspace) runRecord(shard int, t, id string) string {
+	return k.tag(shard) + ":run:" + t + ":" + id
+}
+
+// runIndex is the key of a tenant's runs in one shard.
+func (k keyspace) runIndex(shard int, t string) string {
+	return k.tag(shard) + ":runs:" + t
 }
 
 // opFromLeaseMember returns the keys of the operation a lease index member

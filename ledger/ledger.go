@@ -169,10 +169,10 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	if effect == EffectUnspecified {
 		effect = pol.Effect
 	}
-	holder := req.Holder
-	if holder == "" {
-		holder = newHolder()
+	if req.Holder == "" {
+		req.Holder = newHolder()
 	}
+	holder := req.Holder
 	k := l.keys.op(who.Tenant, req.OperationID)
 	limit := 0
 	if l.limit != nil {
@@ -189,6 +189,20 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 			return code, aux, rec, err
 		})
 	}
+	adm, err := l.admitStep(ctx, op, who, req, fp, effect, pol)
+	if err != nil {
+		return nil, err
+	}
+	res, err := l.reserveDecide(op, who, req, run, fp, pol)
+	l.afterStep(ctx, adm, req.OperationID, res, err)
+	return res, err
+}
+
+// reserveDecide runs reserve.lua (again under the operation's bound
+// consequential fields, when they differ from the policy's) and turns its
+// answer into a result or an error.
+func (l *Ledger) reserveDecide(op string, who Principal, req ReserveRequest,
+	run func(fingerprint.Fingerprint, []string) (int64, string, *record, error), fp fingerprint.Fingerprint, pol Policy) (*ReserveResult, error) {
 	code, aux, rec, err := run(fp, pol.ConsequentialFields)
 	if err == nil && code == codeFields {
 		// The operation was created under other consequential fields: compare
@@ -211,7 +225,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	}
 	switch code {
 	case codeExecute, codeReplay, codeInProgress, codeReconcile:
-		res := &ReserveResult{Decision: Decision(code), Operation: toOperation(req.OperationID, rec), Holder: holder}
+		res := &ReserveResult{Decision: Decision(code), Operation: toOperation(req.OperationID, rec), Holder: req.Holder}
 		l.emit(Event{Type: EventDecision, Op: "Reserve", Tenant: who.Tenant, Tool: req.Tool, Decision: res.Decision})
 		if code == codeInProgress {
 			ms, _ := strconv.ParseInt(aux, 10, 64)
@@ -263,9 +277,13 @@ func (l *Ledger) Complete(ctx context.Context, who Principal, req CompleteReques
 		return nil, invalid(op, vs...)
 	}
 	r, f := derefResult(req.Result), derefFailure(req.Failure)
-	return l.update(ctx, op, completeScript, who, req.OperationID,
+	o, err := l.update(ctx, op, completeScript, who, req.OperationID,
 		req.FencingToken, int(req.Outcome), outcomeDigest(req.Outcome, r, f),
 		r.Data, r.ResourceID, f.Code, f.Message)
+	if err == nil {
+		l.settleOperation(ctx, who.Tenant, o)
+	}
+	return o, err
 }
 
 // MarkUnknown records that the claimed attempt with req.FencingToken cannot
@@ -360,6 +378,7 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	}
 	o := toOperation(req.OperationID, rec)
 	o.History = parseHistory(rec.history, o.CreatedAt)
+	l.settleOperation(ctx, who.Tenant, o)
 	return o, nil
 }
 

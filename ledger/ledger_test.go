@@ -483,11 +483,14 @@ func TestUnresolvedLimit(t *testing.T) {
 				if got := unresolvedOf(t, e, who.Tenant); got != c.limit {
 					t.Fatalf("%d unresolved operations, limit %d", got, c.limit)
 				}
-				res, err := reserve(ls[0], who, held[0])
+				// The latest held claim: an early one's lease may have ended
+				// while a thousand were reserved.
+				last := held[len(held)-1]
+				res, err := reserve(ls[0], who, last)
 				if err != nil || res.Decision != DecisionExecute {
 					t.Fatalf("retry under the limit = %v, %v", res, err)
 				}
-				if _, err := ls[0].Complete(e.ctx, who, CompleteRequest{OperationID: held[0], FencingToken: res.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
+				if _, err := ls[0].Complete(e.ctx, who, CompleteRequest{OperationID: last, FencingToken: res.Operation.FencingToken, Outcome: OutcomeSucceeded}); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := reserve(ls[len(ls)-1], who, refused); err != nil {
@@ -540,7 +543,7 @@ func liveFor(t *testing.T, e *env) map[State]int64 {
 // Moving it (a finding, a retry, a reclaim, a Complete) ends that.
 func TestLiveCountsAndOverdue(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		pol, err := ParsePolicies([]byte("tools:\n  - match: \"tiny.lookup\"\n    effect: IDEMPOTENT\n    lease: 20ms\n    recovery_window: 1s\n" +
+		pol, err := ParsePolicies([]byte("tools:\n  - match: \"tiny.lookup\"\n    effect: IDEMPOTENT\n    lease: 20ms\n    recovery_window: 3s\n" +
 			"  - match: \"tiny.*\"\n    recovery_window: 50ms\n"))
 		if err != nil {
 			t.Fatal(err)
@@ -563,7 +566,7 @@ func TestLiveCountsAndOverdue(t *testing.T) {
 		if _, err := e.complete(t, "done", d.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
 			t.Fatal(err)
 		}
-		e.execute(t, "abandoned", "tiny.lookup")
+		abandoned := e.execute(t, "abandoned", "tiny.lookup")
 		got := liveFor(t, e)
 		if got[StateRunning] != 2 || got[StatePending] != 1 || got[StateUnknown] != 1 || len(got) != 3 {
 			t.Fatalf("live counts = %v", got)
@@ -593,7 +596,7 @@ func TestLiveCountsAndOverdue(t *testing.T) {
 		if got := overdue(); !maps.Equal(got, want) {
 			t.Fatalf("overdue = %v, want %v", got, want)
 		}
-		time.Sleep(time.Second) // the idempotent claim: lease end + window
+		time.Sleep(time.Until(abandoned.LeaseExpiresAt.Add(3*time.Second + 50*time.Millisecond))) // lease end + window
 		want["tiny.lookup IDEMPOTENT RUNNING"] = 1
 		if got := overdue(); !maps.Equal(got, want) {
 			t.Fatalf("overdue = %v, want %v", got, want)

@@ -33,6 +33,8 @@ const (
 	// keys reached the end of the keyspace: every record key there was
 	// looked at once (Op "Compact").
 	EventCompactionPass
+	// EventRunEnded: a run ended (Op, Tenant, RunState, Count: its steps).
+	EventRunEnded
 )
 
 // Event is one thing the ledger did, for metrics and traces. It carries ids,
@@ -51,9 +53,10 @@ type Event struct {
 	Differs  []string
 	Finding  Finding
 	ErrKind  Kind
+	RunState RunState // EventRunEnded; EventRefused with KindRunEnded
 	Failed   bool
 	Duration time.Duration
-	Count    int // EventCompacted: how many records
+	Count    int // EventCompacted: how many records; EventRunEnded: steps
 }
 
 // Observer receives the ledger's events. It is called synchronously on the

@@ -39,6 +39,9 @@ type Policy struct {
 	// ConsequentialFields are the JSON pointers (RFC 6901) of the parameters
 	// that are fingerprinted; empty means all of them.
 	ConsequentialFields []string
+	// RunMaxRepeats bounds the steps of one run calling this tool with one
+	// fingerprint (0: the run's limit alone).
+	RunMaxRepeats int
 }
 
 // DefaultPolicy is the policy of every tool no rule matches, unless the
@@ -67,6 +70,12 @@ const (
 type Policies struct {
 	defaults Policy
 	rules    []policyRule
+	runs     []runRule
+}
+
+type runRule struct {
+	tenant string // glob pattern
+	policy RunPolicy
 }
 
 type policyRule struct {
@@ -85,6 +94,17 @@ func (p *Policies) For(tenant, tool string) Policy {
 		}
 	}
 	return p.defaults
+}
+
+// RunFor returns the run policy of tenant: the first runs rule whose
+// tenant pattern matches, or DefaultRunPolicy.
+func (p *Policies) RunFor(tenant string) RunPolicy {
+	for _, r := range p.runs {
+		if match(r.tenant, tenant) {
+			return r.policy
+		}
+	}
+	return DefaultRunPolicy
 }
 
 // MatchGlob reports whether s matches the glob pattern as a policy rule's
@@ -125,6 +145,17 @@ func match(pattern, s string) bool {
 type policyFile struct {
 	Defaults policyFields  `yaml:"defaults"`
 	Tools    []policyRuleY `yaml:"tools"`
+	Runs     []runRuleY    `yaml:"runs"`
+}
+
+type runRuleY struct {
+	Tenant          string       `yaml:"tenant"`
+	MaxSteps        *wholeNumber `yaml:"max_steps"`
+	Deadline        string       `yaml:"deadline"`
+	MaxRepeats      *wholeNumber `yaml:"max_repeats"`
+	MaxIrreversible *wholeNumber `yaml:"max_irreversible"`
+	Retention       string       `yaml:"retention"`
+	Implicit        bool         `yaml:"implicit"`
 }
 
 type policyRuleY struct {
@@ -142,6 +173,7 @@ type policyFields struct {
 	RecoveryWindow      string       `yaml:"recovery_window"`
 	TombstoneRetention  string       `yaml:"tombstone_retention"`
 	ConsequentialFields []string     `yaml:"consequential_fields"`
+	RunMaxRepeats       *wholeNumber `yaml:"run_max_repeats"`
 }
 
 // LoadPolicies reads a policy file.
@@ -172,6 +204,15 @@ func LoadPolicies(file string) (*Policies, error) {
 //	    tenant: "*"              # optional glob on the tenant
 //	    lease: 60s               # unset fields inherit the defaults
 //	    consequential_fields: ["/amount", "/currency", "/account_id"]
+//	    run_max_repeats: 1       # steps of one run with the same parameters
+//	runs:                        # first match on the tenant wins
+//	  - tenant: "*"              # optional glob
+//	    max_steps: 50            # defaults, and the most a StartRun may ask
+//	    deadline: 15m
+//	    max_repeats: 2
+//	    max_irreversible: 10
+//	    retention: 168h          # kept after the end (RunRetention)
+//	    implicit: true           # govern run ids never started (needs a deadline)
 //
 // Unknown fields, out-of-range values, a mapping key YAML reads as null
 // (null, Null, NULL, ~, a key left empty; its entry decoding would drop) and
@@ -210,7 +251,76 @@ func ParsePolicies(data []byte) (*Policies, error) {
 		}
 		p.rules = append(p.rules, policyRule{tool: r.Match, tenant: r.Tenant, policy: pol})
 	}
+	for i, r := range f.Runs {
+		if r.Tenant == "" {
+			r.Tenant = "*"
+		}
+		pol, err := r.apply()
+		if err != nil {
+			return nil, fmt.Errorf("runs[%d] (%s): %w", i, r.Tenant, err)
+		}
+		p.runs = append(p.runs, runRule{tenant: r.Tenant, policy: pol})
+	}
 	return p, nil
+}
+
+// apply returns the run policy the rule describes.
+func (r runRuleY) apply() (RunPolicy, error) {
+	p := DefaultRunPolicy
+	counts := []struct {
+		name string
+		val  *wholeNumber
+		dst  *int
+	}{
+		{"max_steps", r.MaxSteps, &p.Limits.MaxSteps},
+		{"max_repeats", r.MaxRepeats, &p.Limits.MaxRepeats},
+		{"max_irreversible", r.MaxIrreversible, &p.Limits.MaxIrreversible},
+	}
+	for _, c := range counts {
+		if c.val == nil {
+			continue
+		}
+		n, err := runCount(c.name, float64(*c.val))
+		if err != nil {
+			return p, err
+		}
+		*c.dst = n
+	}
+	for _, d := range []struct {
+		name     string
+		val      string
+		dst      *time.Duration
+		min, max time.Duration
+	}{
+		{"deadline", r.Deadline, &p.Limits.Deadline, time.Millisecond, MaxRunDeadline},
+		{"retention", r.Retention, &p.Retention, minRetention, maxRetention},
+	} {
+		if d.val == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.val)
+		if err != nil {
+			return p, fmt.Errorf("%s: %w", d.name, err)
+		}
+		if v < d.min || v > d.max {
+			return p, fmt.Errorf("%s %s: want between %s and %s", d.name, v, d.min, d.max)
+		}
+		*d.dst = v
+	}
+	if r.Implicit && p.Limits.Deadline == 0 {
+		return p, errors.New("implicit: a run nobody starts is never ended either, so it needs a deadline")
+	}
+	p.Implicit = r.Implicit
+	return p, nil
+}
+
+// runCount checks a run limit from the policy file: a whole number from 1
+// to MaxRunCount.
+func runCount(name string, n float64) (int, error) {
+	if n != math.Trunc(n) || n < 1 || n > MaxRunCount {
+		return 0, fmt.Errorf("%s %v: want a whole number from 1 to %d", name, n, MaxRunCount)
+	}
+	return int(n), nil
 }
 
 // refuseNullKeys returns an error naming the first mapping key in the
@@ -317,6 +427,13 @@ func (f policyFields) apply(base Policy) (Policy, error) {
 			}
 		}
 		p.ConsequentialFields = append([]string(nil), f.ConsequentialFields...)
+	}
+	if f.RunMaxRepeats != nil {
+		n, err := runCount("run_max_repeats", float64(*f.RunMaxRepeats))
+		if err != nil {
+			return p, err
+		}
+		p.RunMaxRepeats = n
 	}
 	return p, nil
 }

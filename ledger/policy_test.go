@@ -211,6 +211,10 @@ func FuzzParsePolicies(f *testing.F) {
 		"tools:\n  - {match: a, <<: [{lease: 1s}, {? : 1}]}\n",
 		"defaults: {effect: &n ~}\ntools: [{match: a, *n : 1, !!null '': 2}]\n",
 		"defaults: {lease: ~, max_attempts: null}\ntools: [{match: a, tenant: ~}]\n",
+		"runs:\n  - {max_steps: 1.5}\n",
+		"runs:\n  - {implicit: true, max_steps: 3}\n",
+		"runs:\n  - {tenant: a*, deadline: 721h}\n",
+		"tools:\n  - {match: a, run_max_repeats: 0}\n",
 	} {
 		f.Add([]byte(doc), "acme-eu", "payments.refund")
 	}
@@ -231,6 +235,14 @@ func FuzzParsePolicies(f *testing.F) {
 				t.Fatalf("rule %d: empty pattern (%q, %q)", i, r.tool, r.tenant)
 			}
 			checkPolicy(t, r.tool, r.policy)
+		}
+		for i, r := range p.runs {
+			l := r.policy.Limits
+			if r.tenant == "" || l.MaxSteps < 0 || l.MaxSteps > MaxRunCount || l.MaxRepeats < 0 || l.MaxRepeats > MaxRunCount ||
+				l.MaxIrreversible < 0 || l.MaxIrreversible > MaxRunCount || l.Deadline < 0 || l.Deadline > MaxRunDeadline ||
+				(r.policy.Implicit && l.Deadline == 0) || r.policy.Retention < time.Second {
+				t.Fatalf("runs[%d]: %+v", i, r)
+			}
 		}
 		want := p.defaults
 		for _, r := range p.rules {
@@ -277,6 +289,9 @@ func checkPolicy(t *testing.T, where string, pol Policy) {
 	if pol.MaxAttempts < 1 || pol.MaxAttempts > 1000 {
 		t.Fatalf("%s: max_attempts %d", where, pol.MaxAttempts)
 	}
+	if pol.RunMaxRepeats < 0 || pol.RunMaxRepeats > MaxRunCount {
+		t.Fatalf("%s: run_max_repeats %d", where, pol.RunMaxRepeats)
+	}
 	for _, ptr := range pol.ConsequentialFields {
 		if err := fingerprint.ValidatePointer(ptr); err != nil {
 			t.Fatalf("%s: %v", where, err)
@@ -292,7 +307,7 @@ func writePolicies(t *testing.T, p *Policies) []byte {
 		if cf == nil {
 			cf = []string{}
 		}
-		return map[string]any{
+		m := map[string]any{
 			"effect":               strings.ToLower(pol.Effect.String()),
 			"lease":                pol.Lease.String(),
 			"max_attempts":         pol.MaxAttempts,
@@ -302,6 +317,10 @@ func writePolicies(t *testing.T, p *Policies) []byte {
 			"tombstone_retention":  pol.TombstoneRetention.String(),
 			"consequential_fields": cf,
 		}
+		if pol.RunMaxRepeats > 0 {
+			m["run_max_repeats"] = pol.RunMaxRepeats
+		}
+		return m
 	}
 	tools := []map[string]any{}
 	for _, r := range p.rules {
@@ -309,7 +328,21 @@ func writePolicies(t *testing.T, p *Policies) []byte {
 		m["match"], m["tenant"] = r.tool, r.tenant
 		tools = append(tools, m)
 	}
-	b, err := json.Marshal(map[string]any{"defaults": fields(p.defaults), "tools": tools})
+	runs := []map[string]any{}
+	for _, r := range p.runs {
+		m := map[string]any{"tenant": r.tenant, "retention": r.policy.Retention.String(), "implicit": r.policy.Implicit}
+		for name, n := range map[string]int{"max_steps": r.policy.Limits.MaxSteps, "max_repeats": r.policy.Limits.MaxRepeats,
+			"max_irreversible": r.policy.Limits.MaxIrreversible} {
+			if n > 0 {
+				m[name] = n
+			}
+		}
+		if r.policy.Limits.Deadline > 0 {
+			m["deadline"] = r.policy.Limits.Deadline.String()
+		}
+		runs = append(runs, m)
+	}
+	b, err := json.Marshal(map[string]any{"defaults": fields(p.defaults), "tools": tools, "runs": runs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,18 @@ var (
 	lookupLua string
 	//go:embed scripts/compact.lua
 	compactLua string
+	//go:embed scripts/runs.lua
+	runsLua string
+	//go:embed scripts/run_start.lua
+	runStartLua string
+	//go:embed scripts/run_admit.lua
+	runAdmitLua string
+	//go:embed scripts/run_get.lua
+	runGetLua string
+	//go:embed scripts/run_end.lua
+	runEndLua string
+	//go:embed scripts/run_settle.lua
+	runSettleLua string
 
 	reserveScript     = newScript(reserveLua)
 	completeScript    = newScript(completeLua)
@@ -38,11 +50,17 @@ var (
 	expireScript      = newScript(expireLua)
 	lookupScript      = newScript(lookupLua)
 	compactScript     = newScript(compactLua)
+	runStartScript    = newRunScript(runStartLua)
+	runAdmitScript    = newRunScript(runAdmitLua)
+	runGetScript      = newRunScript(runGetLua)
+	runEndScript      = newRunScript(runEndLua)
+	runSettleScript   = newRunScript(runSettleLua)
 )
 
 var allScripts = []*redis.Script{
 	reserveScript, completeScript, markUnknownScript, renewScript,
 	reconcileScript, expireScript, lookupScript, compactScript,
+	runStartScript, runAdmitScript, runGetScript, runEndScript, runSettleScript,
 }
 
 // LoadScripts loads every script into the store's script cache, so the first
@@ -62,6 +80,10 @@ func newScript(body string) *redis.Script {
 	return redis.NewScript(commonLua + "\n" + body)
 }
 
+func newRunScript(body string) *redis.Script {
+	return redis.NewScript(runsLua + "\n" + body)
+}
+
 // Script return codes (C_* in common.lua).
 const (
 	codeOK                 = 0
@@ -78,4 +100,6 @@ const (
 	codeBusy               = 16
 	codeFields             = 17
 	codeQuota              = 18
+	codeRunEnded           = 19
+	codeUngoverned         = 20
 )

@@ -81,6 +81,8 @@ func exportedMetrics(t *testing.T) map[string]metricDef {
 		{Type: ledger.EventTransition, Tool: "t", From: ledger.StateRunning, To: ledger.StateUnknown, Reason: "ESCALATED", Attempt: 1},
 		{Type: ledger.EventCompacted, Op: "Compact", Count: 1},
 		{Type: ledger.EventCompactionPass, Op: "Compact"},
+		{Type: ledger.EventRunEnded, Op: "Reserve", RunState: ledger.RunStateStepLimit, Count: 10},
+		{Type: ledger.EventRefused, Op: "Reserve", ErrKind: ledger.KindRunEnded, RunState: ledger.RunStateStepLimit},
 	} {
 		m.Observe(e)
 	}

@@ -67,6 +67,8 @@ type Metrics struct {
 	certOnce     sync.Once
 	compacted    prometheus.Counter
 	passes       prometheus.Counter
+	runsEnded    *prometheus.CounterVec
+	runSteps     *prometheus.HistogramVec
 }
 
 // New builds the metrics in a registry of their own (with the Go and
@@ -117,6 +119,9 @@ func New(o Options) *Metrics {
 	m.passes = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "ledger", Name: "compaction_passes_total",
 		Help: "Compaction passes that reached the end of a Redis master's keys (one per master and pass)."})
 	m.reg.MustRegister(m.compacted, m.passes)
+	m.runsEnded = counter("runs_ended_total", "Agent runs that ended, by their final state (DONE, CANCELLED, STEP_LIMIT, DEADLINE, REPETITION).", l("state")...)
+	m.runSteps = histogram("run_steps", "Steps (new operations) a run took, observed when it ends.",
+		[]float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}, l("state")...)
 	m.rpc = newRPCMetrics()
 	m.reg.MustRegister(m.rpc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -242,6 +247,16 @@ var refusalReasons = map[ledger.Kind]string{
 	ledger.KindQuotaExceeded:      "UNRESOLVED_LIMIT",
 }
 
+// runRefusals are the reasons of a step refused by a run in each final
+// state.
+var runRefusals = map[ledger.RunState]string{
+	ledger.RunStateStepLimit:  "RUN_STEP_LIMIT",
+	ledger.RunStateDeadline:   "RUN_DEADLINE",
+	ledger.RunStateRepetition: "RUN_REPETITION",
+	ledger.RunStateDone:       "RUN_ENDED",
+	ledger.RunStateCancelled:  "RUN_ENDED",
+}
+
 var findings = map[ledger.Finding]string{
 	ledger.FindingApplied: "applied", ledger.FindingNotApplied: "not_applied",
 	ledger.FindingAbandon: "abandon", ledger.FindingEscalate: "escalate",
@@ -264,9 +279,16 @@ func (m *Metrics) Observe(e ledger.Event) {
 	case ledger.EventConflict:
 		m.conflicts.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), strings.Join(e.Differs, ","))...).Inc()
 	case ledger.EventRefused:
-		if r, ok := refusalReasons[e.ErrKind]; ok {
+		r, ok := refusalReasons[e.ErrKind]
+		if e.ErrKind == ledger.KindRunEnded {
+			r, ok = runRefusals[e.RunState]
+		}
+		if ok {
 			m.refusals.WithLabelValues(m.labels(e.Tenant, e.Op, r)...).Inc()
 		}
+	case ledger.EventRunEnded:
+		m.runsEnded.WithLabelValues(m.labels(e.Tenant, e.RunState.String())...).Inc()
+		m.runSteps.WithLabelValues(m.labels(e.Tenant, e.RunState.String())...).Observe(float64(e.Count))
 	case ledger.EventCompacted:
 		m.compacted.Add(float64(e.Count))
 	case ledger.EventCompactionPass:

@@ -33,11 +33,13 @@ type Scope string
 
 // The scopes (contract.md §8).
 const (
-	// ScopeAgent: Reserve, Complete, MarkUnknown, Renew, Lookup.
+	// ScopeAgent: Reserve, Complete, MarkUnknown, Renew, Lookup, StartRun,
+	// GetRun, EndRun.
 	ScopeAgent Scope = "agent"
-	// ScopeReconciler: the agent's methods, Reconcile and ListUnresolved.
+	// ScopeReconciler: the agent's methods, Reconcile, ListUnresolved and
+	// ListRuns.
 	ScopeReconciler Scope = "reconciler"
-	// ScopeViewer: Lookup and ListUnresolved.
+	// ScopeViewer: Lookup, ListUnresolved, GetRun and ListRuns.
 	ScopeViewer Scope = "viewer"
 )
 
@@ -50,6 +52,10 @@ var methodScopes = map[string][]Scope{
 	"Lookup":         {ScopeAgent, ScopeReconciler, ScopeViewer},
 	"Reconcile":      {ScopeReconciler},
 	"ListUnresolved": {ScopeReconciler, ScopeViewer},
+	"StartRun":       {ScopeAgent, ScopeReconciler},
+	"GetRun":         {ScopeAgent, ScopeReconciler, ScopeViewer},
+	"EndRun":         {ScopeAgent, ScopeReconciler},
+	"ListRuns":       {ScopeReconciler, ScopeViewer},
 }
 
 // Credentials are what callers authenticate with, loaded from the

@@ -36,6 +36,10 @@ const (
 	ReasonRateLimited        = "RATE_LIMITED"
 	ReasonUnresolvedLimit    = "UNRESOLVED_LIMIT"
 	ReasonNotReplicated      = "NOT_REPLICATED"
+	ReasonRunStepLimit       = "RUN_STEP_LIMIT"
+	ReasonRunDeadline        = "RUN_DEADLINE"
+	ReasonRunRepetition      = "RUN_REPETITION"
+	ReasonRunEnded           = "RUN_ENDED"
 	ReasonInternal           = "INTERNAL"
 	ReasonCanceled           = "CANCELED"
 	ReasonDeadlineExceeded   = "DEADLINE_EXCEEDED"
@@ -69,8 +73,16 @@ func toStatus(err error) *status.Status {
 		}
 		return withDetails(codes.InvalidArgument, "invalid request: "+strings.Join(fields, "; "), info(ReasonInvalidArgument, nil), br)
 	case ledger.KindNotFound:
+		if e.Op == "ledger.GetRun" || e.Op == "ledger.EndRun" {
+			return withDetails(codes.NotFound, "no such run", info(ReasonNotFound, nil))
+		}
 		return withDetails(codes.NotFound, "no such operation", info(ReasonNotFound, nil))
 	case ledger.KindKeyReused:
+		if e.Run != nil {
+			return withDetails(codes.FailedPrecondition,
+				"the run exists with other limits; GetRun shows them",
+				info(ReasonKeyReused, map[string]string{"differs": "limits"}))
+		}
 		differs := strings.Join(e.Differs, ",")
 		return withDetails(codes.FailedPrecondition,
 			"the operation_id is bound to another request ("+differs+" differ); stop: a retry must repeat the request exactly, and only a new intent gets a new operation_id",
@@ -104,6 +116,8 @@ func toStatus(err error) *status.Status {
 			"the call ran on the primary (what it wrote stands there) but fewer replicas than required acknowledged it; retry the same call",
 			info(ReasonNotReplicated, map[string]string{"acknowledged": strconv.Itoa(e.Replicas)}),
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(storeRetryDelay)})
+	case ledger.KindRunEnded:
+		return runEndedStatus(e)
 	case ledger.KindUnavailable:
 		return withDetails(codes.Unavailable,
 			"the store is unavailable or refused the write; retry the same call, and never execute without a reservation",

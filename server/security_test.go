@@ -826,9 +826,9 @@ func TestScopesOfEveryMethod(t *testing.T) {
 	}
 	admin := as(keys["reconciler"]) // may call every method: sets up and looks
 	allowed := map[string][]string{
-		"agent":      {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup"},
-		"reconciler": {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "Reconcile", "ListUnresolved"},
-		"viewer":     {"Lookup", "ListUnresolved"},
+		"agent":      {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "StartRun", "GetRun", "EndRun"},
+		"reconciler": {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "Reconcile", "ListUnresolved", "StartRun", "GetRun", "EndRun", "ListRuns"},
+		"viewer":     {"Lookup", "ListUnresolved", "GetRun", "ListRuns"},
 	}
 	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{}, ledger.Options{}, nil)
 	params := mustStruct(t, map[string]any{"amount": 5})
@@ -838,7 +838,13 @@ func TestScopesOfEveryMethod(t *testing.T) {
 	// Reserve. The setup returns the claim's fencing token.
 	setup := func(method, id string) uint64 {
 		t.Helper()
-		if method == "Reserve" {
+		switch method {
+		case "Reserve", "StartRun":
+			return 0
+		case "GetRun", "EndRun":
+			if _, err := e.c.StartRun(admin, &ledgerv1.StartRunRequest{RunId: id}); err != nil {
+				t.Fatal(err)
+			}
 			return 0
 		}
 		r, err := e.c.Reserve(admin, reserveReq(id, "payments.refund", params, newHolder()))
@@ -884,12 +890,42 @@ func TestScopesOfEveryMethod(t *testing.T) {
 			_, err := e.c.ListUnresolved(ctx, &ledgerv1.ListUnresolvedRequest{})
 			return err
 		},
+		"StartRun": func(ctx context.Context, id string, _ uint64) error {
+			_, err := e.c.StartRun(ctx, &ledgerv1.StartRunRequest{RunId: id})
+			return err
+		},
+		"GetRun": func(ctx context.Context, id string, _ uint64) error {
+			_, err := e.c.GetRun(ctx, &ledgerv1.GetRunRequest{RunId: id})
+			return err
+		},
+		"ListRuns": func(ctx context.Context, _ string, _ uint64) error {
+			_, err := e.c.ListRuns(ctx, &ledgerv1.ListRunsRequest{})
+			return err
+		},
+		"EndRun": func(ctx context.Context, id string, _ uint64) error {
+			_, err := e.c.EndRun(ctx, &ledgerv1.EndRunRequest{RunId: id, State: ledgerv1.RunState_RUN_STATE_DONE})
+			return err
+		},
+	}
+	for _, m := range ledgerv1.LedgerService_ServiceDesc.Methods {
+		if methods[m.MethodName] == nil {
+			t.Errorf("the test calls no %s", m.MethodName)
+		}
+	}
+	// read returns what the method could change: the operation, or the run.
+	read := func(method, id string) (proto.Message, error) {
+		if strings.HasSuffix(method, "Run") {
+			r, err := e.c.GetRun(admin, &ledgerv1.GetRunRequest{RunId: id})
+			return r.GetRun(), err
+		}
+		o, err := e.c.Lookup(admin, &ledgerv1.LookupRequest{OperationId: id})
+		return o.GetOperation(), err
 	}
 	for scope, key := range keys {
 		for method, call := range methods {
 			id := "scopes-" + randomHex(4) + ":" + scope + "-" + method
 			tok := setup(method, id)
-			before, _ := e.c.Lookup(admin, &ledgerv1.LookupRequest{OperationId: id})
+			before, _ := read(method, id)
 			err := call(as(key), id, tok)
 			if slices.Contains(allowed[scope], method) {
 				if err != nil {
@@ -898,14 +934,14 @@ func TestScopesOfEveryMethod(t *testing.T) {
 				continue
 			}
 			wantReason(t, err, codes.PermissionDenied, "PERMISSION_DENIED")
-			after, lerr := e.c.Lookup(admin, &ledgerv1.LookupRequest{OperationId: id})
-			if method == "Reserve" {
+			after, lerr := read(method, id)
+			if method == "Reserve" || method == "StartRun" {
 				if codeOf(lerr) != codes.NotFound {
-					t.Errorf("%s calling Reserve was refused but left a record: %v, %v", scope, after, lerr)
+					t.Errorf("%s calling %s was refused but left a record: %v, %v", scope, method, after, lerr)
 				}
 				continue
 			}
-			if lerr != nil || !proto.Equal(before.GetOperation(), after.GetOperation()) {
+			if lerr != nil || !proto.Equal(before, after) {
 				t.Errorf("%s calling %s was refused but changed the record:\nbefore %v\nafter  %v (%v)", scope, method, before, after, lerr)
 			}
 		}

@@ -93,9 +93,10 @@ func BenchmarkHandleReserve(b *testing.B) {
 // fuzzStack is one embedded store and handler shared by a fuzzing process,
 // with a victim tenant's operation the fuzzed calls must never touch.
 type fuzzStack struct {
-	m      *miniredis.Miniredis
-	h      *handler
-	victim *ledgerv1.Operation
+	m         *miniredis.Miniredis
+	h         *handler
+	victim    *ledgerv1.Operation
+	victimRun *ledgerv1.Run
 }
 
 var (
@@ -127,7 +128,11 @@ func fuzzSetup(tb testing.TB) *fuzzStack {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		fuzzEnv = &fuzzStack{m: m, h: h, victim: look.Operation}
+		run, err := h.StartRun(ctx, &ledgerv1.StartRunRequest{RunId: "run", Limits: &ledgerv1.RunLimits{MaxSteps: 3}})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		fuzzEnv = &fuzzStack{m: m, h: h, victim: look.Operation, victimRun: run.Run}
 	})
 	return fuzzEnv
 }
@@ -145,12 +150,17 @@ func FuzzHandlers(f *testing.F) {
 	f.Add(byte(4), seed(&ledgerv1.ReconcileRequest{OperationId: "op", Finding: ledgerv1.Finding_FINDING_ABANDON}))
 	f.Add(byte(5), seed(&ledgerv1.RenewRequest{OperationId: "op", FencingToken: 1}))
 	f.Add(byte(6), seed(&ledgerv1.ListUnresolvedRequest{PageSize: 3, PageToken: "MDAwMDAwMDAwMDAwMDpvcA"}))
+	f.Add(byte(7), seed(&ledgerv1.StartRunRequest{RunId: "run", Limits: &ledgerv1.RunLimits{MaxSteps: 1}}))
+	f.Add(byte(8), seed(&ledgerv1.GetRunRequest{RunId: "run"}))
+	f.Add(byte(9), seed(&ledgerv1.EndRunRequest{RunId: "run", State: ledgerv1.RunState_RUN_STATE_CANCELLED}))
+	f.Add(byte(10), seed(&ledgerv1.ListRunsRequest{PageSize: 2}))
+	f.Add(byte(0), seed(&ledgerv1.ReserveRequest{OperationId: "op-2", Tool: "t", RunId: "run"}))
 	f.Fuzz(func(t *testing.T, method byte, data []byte) {
 		s := fuzzSetup(t)
 		ctx := WithPrincipal(context.Background(), attacker)
 		before := s.m.Dump()
 		var err error
-		switch method % 7 {
+		switch method % 11 {
 		case 0:
 			req := &ledgerv1.ReserveRequest{}
 			if proto.Unmarshal(data, req) != nil {
@@ -199,6 +209,36 @@ func FuzzHandlers(f *testing.F) {
 					t.Fatalf("the victim's operation was listed to another tenant")
 				}
 			}
+		case 7:
+			req := &ledgerv1.StartRunRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			_, err = s.h.StartRun(ctx, req)
+		case 8:
+			req := &ledgerv1.GetRunRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			_, err = s.h.GetRun(ctx, req)
+		case 9:
+			req := &ledgerv1.EndRunRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			_, err = s.h.EndRun(ctx, req)
+		case 10:
+			req := &ledgerv1.ListRunsRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			var page *ledgerv1.ListRunsResponse
+			page, err = s.h.ListRuns(ctx, req)
+			for _, r := range page.GetRuns() {
+				if r.GetRunId() == "run" && proto.Equal(r.GetStartedAt(), s.victimRun.GetStartedAt()) {
+					t.Fatalf("the victim's run was listed to another tenant")
+				}
+			}
 		}
 		if status.Code(err) == codes.InvalidArgument && s.m.Dump() != before {
 			t.Fatalf("a refused request (%v) wrote to the store", err)
@@ -209,6 +249,10 @@ func FuzzHandlers(f *testing.F) {
 		look, lerr := s.h.Lookup(WithPrincipal(context.Background(), victim), &ledgerv1.LookupRequest{OperationId: "op"})
 		if lerr != nil || !proto.Equal(look.Operation, s.victim) {
 			t.Fatalf("the victim's operation changed: %v (%v)", look.GetOperation(), lerr)
+		}
+		run, rerr := s.h.GetRun(WithPrincipal(context.Background(), victim), &ledgerv1.GetRunRequest{RunId: "run"})
+		if rerr != nil || !proto.Equal(run.Run, s.victimRun) {
+			t.Fatalf("the victim's run changed: %v (%v)", run.GetRun(), rerr)
 		}
 	})
 }

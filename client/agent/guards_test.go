@@ -122,6 +122,53 @@ func TestS14StepLimit(t *testing.T) {
 	})
 }
 
+// S14 through the ledger's run guard: two Runners of one run (two workers)
+// share the ledger's count of its mutating calls. A step cap of 3 lets
+// three bookings through in all, the refused call is not run, and each
+// worker's run ends with step_limit; a repetition limit ends a loop that
+// mints new call ids for the same booking with repetition.
+func TestS14RunGuardInTheLedger(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		env := startLedger(t, rdb)
+		dest := newDestination()
+		run := newRunID(t)
+		booking := func(prefix string) agent.ModelFunc {
+			return func(ctx context.Context, transcript []agent.Message) (agent.Turn, error) {
+				step := turns(transcript) + 1
+				return agent.Turn{Calls: []agent.ToolCall{{ID: fmt.Sprintf("%s-%d", prefix, step), Name: "book",
+					Args: map[string]any{"slot": prefix + fmt.Sprint(step)}}}}, nil
+			}
+		}
+		limits := &client.RunLimits{MaxSteps: 3}
+		first := mustNew(t, agent.Config{Client: env.client, Model: booking("a"), Tools: []agent.Tool{bookTool(dest)}, MaxSteps: 2, RunLimits: limits})
+		if out := first.Run(context.Background(), agent.Input{RunID: run, Transcript: user("book")}); out.Status != agent.StatusStepLimit || out.Err != nil {
+			t.Fatalf("the first worker: %q (%s, %v), want the Runner's step_limit", out.Status, out.Reason, out.Err)
+		}
+		second := mustNew(t, agent.Config{Client: env.client, Model: booking("b"), Tools: []agent.Tool{bookTool(dest)}, MaxSteps: 10, RunLimits: limits})
+		out := second.Run(context.Background(), agent.Input{RunID: run, Transcript: user("book")})
+		if rr, ok := client.RunOf(out.Err); out.Status != agent.StatusStepLimit || !ok || rr.State != client.RunStepLimit {
+			t.Fatalf("the second worker: %q (%s, %v), want the ledger's step_limit", out.Status, out.Reason, out.Err)
+		}
+		if got := dest.total(); got != 3 {
+			t.Fatalf("the destination applied %d effects, want 3 (the run's cap)", got)
+		}
+
+		loop := agent.ModelFunc(func(ctx context.Context, transcript []agent.Message) (agent.Turn, error) {
+			return agent.Turn{Calls: []agent.ToolCall{{ID: fmt.Sprintf("c-%d", turns(transcript)+1), Name: "book",
+				Args: map[string]any{"slot": "09:30"}}}}, nil
+		})
+		r := mustNew(t, agent.Config{Client: env.client, Model: loop, Tools: []agent.Tool{bookTool(dest)}, MaxSteps: 10, RepeatLimit: 10,
+			RunLimits: &client.RunLimits{MaxRepeats: 2}})
+		out = r.Run(context.Background(), agent.Input{RunID: newRunID(t), Transcript: user("book 09:30")})
+		if out.Status != agent.StatusRepetition || out.Steps != 3 {
+			t.Fatalf("the loop: %q after %d steps (%s, %v), want repetition after 3", out.Status, out.Steps, out.Reason, out.Err)
+		}
+		if got := dest.total(); got != 5 {
+			t.Fatalf("the destination applied %d effects, want 5 (3, then the loop's 2)", got)
+		}
+	})
+}
+
 // slowModel answers after d (honouring ctx), with new arguments every time.
 func slowModel(d time.Duration) agent.ModelFunc {
 	return func(ctx context.Context, transcript []agent.Message) (agent.Turn, error) {
@@ -254,13 +301,14 @@ func TestNewValidates(t *testing.T) {
 	}
 	defer c.Close()
 	for name, cfg := range map[string]agent.Config{
-		"no model":                {},
-		"unnamed tool":            {Model: m, Tools: []agent.Tool{{Func: noop.Func}}},
-		"tool without func":       {Model: m, Tools: []agent.Tool{{Name: "x"}}},
-		"duplicate tool":          {Model: m, Tools: []agent.Tool{noop, noop}},
-		"mutating without client": {Model: m, Tools: []agent.Tool{{Name: "pay", Mutating: true, Func: noop.Func}}},
-		"repeat limit 1":          {Model: m, RepeatLimit: 1},
-		"negative steps":          {Model: m, MaxSteps: -1},
+		"no model":                  {},
+		"unnamed tool":              {Model: m, Tools: []agent.Tool{{Func: noop.Func}}},
+		"tool without func":         {Model: m, Tools: []agent.Tool{{Name: "x"}}},
+		"duplicate tool":            {Model: m, Tools: []agent.Tool{noop, noop}},
+		"mutating without client":   {Model: m, Tools: []agent.Tool{{Name: "pay", Mutating: true, Func: noop.Func}}},
+		"repeat limit 1":            {Model: m, RepeatLimit: 1},
+		"negative steps":            {Model: m, MaxSteps: -1},
+		"run limits without client": {Model: m, RunLimits: &client.RunLimits{MaxSteps: 3}},
 	} {
 		if _, err := agent.New(cfg); err == nil {
 			t.Errorf("%s: New accepted it", name)

@@ -25,6 +25,7 @@ type Runner struct {
 	deadline     time.Duration
 	modelTimeout time.Duration
 	repeatLimit  int
+	runLimits    *client.RunLimits
 	log          *slog.Logger
 	checkpoint   func(context.Context, string, []Message) error
 }
@@ -41,6 +42,9 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.RepeatLimit == 1 {
 		return nil, errors.New("agent: RepeatLimit 1 would refuse every call; use 2 or more")
 	}
+	if cfg.RunLimits != nil && cfg.Client == nil {
+		return nil, errors.New("agent: Config.RunLimits needs Config.Client")
+	}
 	r := &Runner{
 		client:       cfg.Client,
 		model:        cfg.Model,
@@ -49,6 +53,7 @@ func New(cfg Config) (*Runner, error) {
 		deadline:     orDefault(cfg.Deadline, DefaultDeadline),
 		modelTimeout: orDefault(cfg.ModelTimeout, DefaultModelTimeout),
 		repeatLimit:  orDefault(cfg.RepeatLimit, DefaultRepeatLimit),
+		runLimits:    cfg.RunLimits,
 		log:          cfg.Logger,
 		checkpoint:   cfg.Checkpoint,
 	}
@@ -128,6 +133,11 @@ func (r *Runner) Run(ctx context.Context, in Input) (out Outcome) {
 		// "a" with call "b:c" would share one, and the second would replay
 		// the first's result instead of running.
 		return s.end(StatusError, "a run id with ':'", errors.New("agent: Input.RunID must not contain ':'"))
+	}
+	if r.runLimits != nil && r.client != nil {
+		if _, err := r.client.StartRun(ctx, in.RunID, *r.runLimits); err != nil {
+			return s.end(StatusError, "the ledger did not start the run", fmt.Errorf("agent: StartRun: %w", err))
+		}
 	}
 	pending, at := s.replayTranscript()
 	if n := len(s.transcript); n > 0 && s.transcript[n-1].Role == RoleAssistant && len(s.transcript[n-1].Calls) == 0 {
@@ -307,6 +317,10 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall, at int) (Outcome, 
 			if ctx.Err() != nil {
 				return s.ctxEnded(ctx), true
 			}
+			if rr, ok := client.RunOf(stop); ok {
+				return s.end(runStatus(rr.State), fmt.Sprintf("the ledger's run guard refused call %s of tool %q: the run ended (%s)",
+					c.ID, c.Name, rr.State), stop), true
+			}
 			if errors.Is(stop, client.ErrWaitDeadline) {
 				return s.end(StatusDeadline, fmt.Sprintf("the run's deadline (%s) passed while call %s of tool %q waited on the ledger (it stays pending)",
 					s.deadline, c.ID, c.Name), stop), true
@@ -320,6 +334,19 @@ func (s *run) runCalls(ctx context.Context, calls []ToolCall, at int) (Outcome, 
 		at++
 	}
 	return Outcome{}, false
+}
+
+// runStatus is the Runner's status for a run the ledger ended in state.
+func runStatus(state client.RunState) Status {
+	switch state {
+	case client.RunStepLimit:
+		return StatusStepLimit
+	case client.RunDeadline:
+		return StatusDeadline
+	case client.RunRepetition:
+		return StatusRepetition
+	}
+	return StatusError
 }
 
 // completed counts a call that has its result.

@@ -17,7 +17,9 @@ type Status string
 const (
 	// StatusDone: the model gave a final answer.
 	StatusDone Status = "done"
-	// StatusStepLimit: the model used up Config.MaxSteps turns.
+	// StatusStepLimit: the model used up Config.MaxSteps turns, or the
+	// ledger's run guard refused a call past the run's max_steps or
+	// max_irreversible (Config.RunLimits, or the tenant's policy).
 	StatusStepLimit Status = "step_limit"
 	// StatusDeadline: the run's wall-clock deadline (or the caller's context
 	// deadline) passed: at the start of a step, before a tool call (the
@@ -26,7 +28,8 @@ const (
 	// client's *client.WaitDeadlineError, and the call stays pending).
 	StatusDeadline Status = "deadline"
 	// StatusRepetition: the model asked for the same tool with the same
-	// canonical arguments Config.RepeatLimit times.
+	// canonical arguments Config.RepeatLimit times, or the ledger's run
+	// guard refused a call past the run's max_repeats.
 	StatusRepetition Status = "repetition"
 	// StatusError: the run ended early for another reason; Outcome.Err says
 	// why.
@@ -213,6 +216,14 @@ type Config struct {
 	// RepeatLimit is how many times the same tool with the same canonical
 	// arguments ends the run (DefaultRepeatLimit when zero; at least 2).
 	RepeatLimit int
+	// RunLimits, when set, start the run in the ledger (StartRun, with
+	// Input.RunID) before its first step, so the ledger counts its mutating
+	// calls for every worker of the run: a call it refuses ends the run
+	// with StatusStepLimit, StatusDeadline or StatusRepetition (the call
+	// stays pending). The ledger counts tool calls (new operations); the
+	// Runner's MaxSteps counts model turns. Without it the tenant's policy
+	// may still govern the run.
+	RunLimits *client.RunLimits
 	// Logger receives the records of the logging contract (slog.Default
 	// when nil).
 	Logger *slog.Logger

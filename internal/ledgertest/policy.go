@@ -16,7 +16,13 @@ package ledgertest
 //     consequential /amount);
 //   - fields.*, picky.*: consequential fields /amount and /currency, and
 //     /charge_id too (docs/configuration.md's worked example);
-//   - overdue.*, slow.*, patient.*: recovery windows of 1ms, 300ms, 1h.
+//   - overdue.*, slow.*, patient.*: recovery windows of 1ms, 300ms, 1h;
+//   - once.*: a run may call it once with the same parameters.
+//
+// Runs: a tenant named implicit-* has its runs governed without StartRun
+// (5 steps, a 1m deadline, 2 repeats); capped-* may start runs of at most
+// 20 steps and a 1h deadline; other tenants' runs have no limits but
+// their own.
 const Policy = `
 defaults:
   max_attempts: 3
@@ -59,4 +65,15 @@ tools:
     recovery_window: 300ms
   - match: "patient.*"
     recovery_window: 1h
+  - match: "once.*"
+    run_max_repeats: 1
+runs:
+  - tenant: "implicit-*"
+    max_steps: 5
+    deadline: 1m
+    max_repeats: 2
+    implicit: true
+  - tenant: "capped-*"
+    max_steps: 20
+    deadline: 1h
 `

@@ -67,7 +67,7 @@ func (exitError) Error() string { return "exit status 73" }
 var errExit error = exitError{}
 
 func TestWalkthroughParser(t *testing.T) {
-	steps, err := parseWalkthrough(fakeReadme)
+	steps, err := parseWalkthrough("README.md", fakeReadme, walkthroughSection)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestWalkthroughParser(t *testing.T) {
 }
 
 func TestWalkthroughCheckerAcceptsTheTruth(t *testing.T) {
-	steps, err := parseWalkthrough(fakeReadme)
+	steps, err := parseWalkthrough("README.md", fakeReadme, walkthroughSection)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestWalkthroughCheckerAcceptsTheTruth(t *testing.T) {
 }
 
 func TestWalkthroughCheckerCatchesLies(t *testing.T) {
-	steps, err := parseWalkthrough(fakeReadme)
+	steps, err := parseWalkthrough("README.md", fakeReadme, walkthroughSection)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestWalkthroughCheckerCatchesLies(t *testing.T) {
 // fencing token the README showed in an earlier answer fails for every
 // reader, whose run has another token: the checker says so.
 func TestWalkthroughCheckerCatchesCopiedTokens(t *testing.T) {
-	steps, err := parseWalkthrough(fakeReadme)
+	steps, err := parseWalkthrough("README.md", fakeReadme, walkthroughSection)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ const walkthroughSection = "## Quick start with grpcurl"
 var volatileTimes = map[string]bool{
 	"createdAt": true, "updatedAt": true, "leaseExpiresAt": true, "expiresAt": true, "time": true,
 	"unknownSince": true, "recoveryDeadline": true, "retainUntil": true,
+	"startedAt": true, "deadlineAt": true, "endedAt": true,
 }
 
 // boundValues are the JSON fields whose values differ on every run but must
@@ -43,7 +44,8 @@ var boundValues = map[string]bool{"fencingToken": true}
 
 // step is one command of the walkthrough and the output the README shows.
 type step struct {
-	line     int    // in README.md
+	doc      string // the file it is in
+	line     int    // in doc
 	command  string // after "$ ", with its continuation lines
 	expected string // "" when the README shows none
 	hasOut   bool
@@ -72,20 +74,40 @@ func TestREADMEWalkthrough(t *testing.T) {
 // walkREADME runs the README's walkthrough against a fresh ledgerd started
 // with flags.
 func walkREADME(t *testing.T, flags ...string) {
+	walkDoc(t, "README.md", walkthroughSection, flags...)
+}
+
+// TestRunsWalkthrough runs docs/runs.md's grpcurl walkthrough as
+// TestREADMEWalkthrough runs the README's, on both engines.
+func TestRunsWalkthrough(t *testing.T) {
+	t.Parallel()
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		walkDoc(t, "docs/runs.md", "## A run in grpcurl")
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		walkDoc(t, "docs/runs.md", "## A run in grpcurl", "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	})
+}
+
+// walkDoc runs the grpcurl commands of section of doc against a fresh
+// ledgerd started with flags.
+func walkDoc(t *testing.T, doc, section string, flags ...string) {
 	root := repoRoot(t)
 	grpcurl := findGrpcurl(t, root)
 	_, err := exec.LookPath("jq")
 	need(t, err == nil, "jq is not installed")
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	text, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(doc)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps, err := parseWalkthrough(string(readme))
+	steps, err := parseWalkthrough(doc, string(text), section)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(steps) < 5 {
-		t.Fatalf("found only %d grpcurl commands in %q: the parser or the README changed", len(steps), walkthroughSection)
+		t.Fatalf("found only %d grpcurl commands in %s %q: the parser or the doc changed", len(steps), doc, section)
 	}
 
 	w := &walk{t: t, addr: startLedgerd(t, flags...), grpcurl: grpcurl, dir: t.TempDir(), bound: map[string]string{}}
@@ -219,11 +241,11 @@ func fileExists(p string) bool {
 // "$ grpcurl ..." in a console block, with the output lines that follow it,
 // and every inline `grpcurl ...` span of the prose, with the output that a
 // following "answers `...`" gives.
-func parseWalkthrough(readme string) ([]step, error) {
-	lines := strings.Split(readme, "\n")
+func parseWalkthrough(doc, text, section string) ([]step, error) {
+	lines := strings.Split(text, "\n")
 	start, end := -1, len(lines)
 	for i, l := range lines {
-		if start < 0 && strings.TrimSpace(l) == walkthroughSection {
+		if start < 0 && strings.TrimSpace(l) == section {
 			start = i + 1
 		} else if start >= 0 && strings.HasPrefix(l, "## ") {
 			end = i
@@ -231,7 +253,7 @@ func parseWalkthrough(readme string) ([]step, error) {
 		}
 	}
 	if start < 0 {
-		return nil, fmt.Errorf("README.md has no %q section", walkthroughSection)
+		return nil, fmt.Errorf("%s has no %q section", doc, section)
 	}
 
 	// Inline commands are taken from whole paragraphs (a code span may wrap),
@@ -242,7 +264,7 @@ func parseWalkthrough(readme string) ([]step, error) {
 	var paraLine int
 	flush := func() {
 		for _, m := range inline.FindAllStringSubmatch(strings.Join(para, " "), -1) {
-			steps = append(steps, step{line: paraLine, command: m[1], expected: m[2], hasOut: m[2] != ""})
+			steps = append(steps, step{doc: doc, line: paraLine, command: m[1], expected: m[2], hasOut: m[2] != ""})
 		}
 		para = nil
 	}
@@ -255,10 +277,10 @@ func parseWalkthrough(readme string) ([]step, error) {
 				j++
 			}
 			if j == end {
-				return nil, fmt.Errorf("README.md:%d: code block never closed", i+1)
+				return nil, fmt.Errorf("%s:%d: code block never closed", doc, i+1)
 			}
 			if strings.TrimSpace(strings.TrimPrefix(l, "```")) == "console" {
-				s, err := parseConsole(lines[i+1:j], i+2)
+				s, err := parseConsole(doc, lines[i+1:j], i+2)
 				if err != nil {
 					return nil, err
 				}
@@ -282,14 +304,14 @@ func parseWalkthrough(readme string) ([]step, error) {
 
 // parseConsole splits a console block into commands ("$ " lines, continued
 // while a quote is open or a line ends in a backslash) and their outputs.
-func parseConsole(block []string, firstLine int) ([]step, error) {
+func parseConsole(doc string, block []string, firstLine int) ([]step, error) {
 	var steps []step
 	for i := 0; i < len(block); {
 		l := block[i]
 		if !strings.HasPrefix(l, "$ ") {
-			return nil, fmt.Errorf("README.md:%d: console block line is neither a command nor output of one: %q", firstLine+i, l)
+			return nil, fmt.Errorf("%s:%d: console block line is neither a command nor output of one: %q", doc, firstLine+i, l)
 		}
-		s := step{line: firstLine + i}
+		s := step{doc: doc, line: firstLine + i}
 		cmd := strings.TrimPrefix(l, "$ ")
 		i++
 		for (strings.Count(cmd, "'")%2 == 1 || strings.HasSuffix(cmd, "\\")) && i < len(block) {
@@ -333,7 +355,7 @@ type answer struct {
 func (w *walk) run(s step) answer {
 	t := w.t
 	if !strings.HasPrefix(s.command, "grpcurl ") {
-		w.errorf("README.md:%d: not a grpcurl command: %q", s.line, s.command)
+		w.errorf("%s:%d: not a grpcurl command: %q", s.doc, s.line, s.command)
 		return answer{}
 	}
 	cmd := w.command(s)
@@ -348,9 +370,9 @@ func (w *walk) run(s step) answer {
 	err := c.Run()
 	var exitErr *exec.ExitError
 	if err != nil && !errors.As(err, &exitErr) {
-		t.Fatalf("README.md:%d: %v", s.line, err)
+		t.Fatalf("%s:%d: %v", s.doc, s.line, err)
 	}
-	t.Logf("README.md:%d: $ %s\n%s%s", s.line, cmd, stdout.String(), stderr.String())
+	t.Logf("%s:%d: $ %s\n%s%s", s.doc, s.line, cmd, stdout.String(), stderr.String())
 	a := answer{stdout: stdout.String(), stderr: stderr.String(), err: err}
 	w.check(s, a)
 	return a
@@ -363,7 +385,7 @@ func (w *walk) run(s step) answer {
 func (w *walk) command(s step) string {
 	for readme := range w.bound {
 		if strings.Contains(s.command, `"`+readme+`"`) {
-			w.errorf("README.md:%d: the command carries %s, a value of the README's run: a reader's differs, so take it from the earlier answer", s.line, readme)
+			w.errorf("%s:%d: the command carries %s, a value of the README's run: a reader's differs, so take it from the earlier answer", s.doc, s.line, readme)
 		}
 	}
 	return strings.ReplaceAll(s.command, readmeAddr, w.addr)
@@ -375,15 +397,15 @@ func (w *walk) check(s step, a answer) {
 	wantError := strings.HasPrefix(expected, "ERROR:")
 	switch {
 	case wantError && a.err == nil:
-		w.errorf("README.md:%d: the README shows an error, grpcurl succeeded:\n%s", s.line, a.stdout)
+		w.errorf("%s:%d: the README shows an error, grpcurl succeeded:\n%s", s.doc, s.line, a.stdout)
 		return
 	case !wantError && a.err != nil:
-		w.errorf("README.md:%d: grpcurl failed (%v):\n%s%s", s.line, a.err, a.stdout, a.stderr)
+		w.errorf("%s:%d: grpcurl failed (%v):\n%s%s", s.doc, s.line, a.err, a.stdout, a.stderr)
 		return
 	}
 	if !s.hasOut {
 		if !json.Valid([]byte(a.stdout)) {
-			w.errorf("README.md:%d: output is not JSON:\n%s", s.line, a.stdout)
+			w.errorf("%s:%d: output is not JSON:\n%s", s.doc, s.line, a.stdout)
 		}
 		return
 	}
@@ -397,8 +419,8 @@ func (w *walk) check(s step, a answer) {
 		problem = compareLines(expected, a.stdout)
 	}
 	if problem != nil {
-		w.errorf("README.md:%d: the README's output does not match the service's:\n%v\n--- README shows:\n%s\n--- the service answered:\n%s%s",
-			s.line, problem, expected, a.stdout, a.stderr)
+		w.errorf("%s:%d: the README's output does not match the service's:\n%v\n--- README shows:\n%s\n--- the service answered:\n%s%s",
+			s.doc, s.line, problem, expected, a.stdout, a.stderr)
 	}
 }
 

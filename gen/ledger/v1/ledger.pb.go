@@ -27,6 +27,10 @@
 //   PERMISSION_DENIED        PERMISSION_DENIED    the credentials lack the scope for the method
 //   RATE_LIMITED             RESOURCE_EXHAUSTED   the tenant is over its rate; RetryInfo says when
 //   UNRESOLVED_LIMIT         RESOURCE_EXHAUSTED   the tenant holds as many unresolved operations as it may
+//   RUN_STEP_LIMIT           FAILED_PRECONDITION  a new step would pass the run's max_steps or max_irreversible
+//   RUN_DEADLINE             FAILED_PRECONDITION  the run's deadline has passed
+//   RUN_REPETITION           FAILED_PRECONDITION  a new step would call one tool with one fingerprint more than max_repeats times
+//   RUN_ENDED                FAILED_PRECONDITION  the run was ended by EndRun
 //   DEADLINE_EXCEEDED        DEADLINE_EXCEEDED    the caller's deadline passed first; retry the same call
 //   CANCELED                 CANCELLED            the caller canceled the call
 //   INTERNAL                 INTERNAL             an unexpected failure (logged by the service)
@@ -364,6 +368,76 @@ func (x Finding) Number() protoreflect.EnumNumber {
 // Deprecated: Use Finding.Descriptor instead.
 func (Finding) EnumDescriptor() ([]byte, []int) {
 	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{4}
+}
+
+// RunState is where a run is. Every state but RUN_STATE_RUNNING is final.
+type RunState int32
+
+const (
+	// Not a state; never stored.
+	RunState_RUN_STATE_UNSPECIFIED RunState = 0
+	// New steps are admitted within the limits.
+	RunState_RUN_STATE_RUNNING RunState = 1
+	// Ended by EndRun: the work is done.
+	RunState_RUN_STATE_DONE RunState = 2
+	// A new step would have passed max_steps or max_irreversible.
+	RunState_RUN_STATE_STEP_LIMIT RunState = 3
+	// The deadline passed.
+	RunState_RUN_STATE_DEADLINE RunState = 4
+	// A new step would have called one tool with one fingerprint more than
+	// max_repeats times.
+	RunState_RUN_STATE_REPETITION RunState = 5
+	// Ended by EndRun: given up.
+	RunState_RUN_STATE_CANCELLED RunState = 6
+)
+
+// Enum value maps for RunState.
+var (
+	RunState_name = map[int32]string{
+		0: "RUN_STATE_UNSPECIFIED",
+		1: "RUN_STATE_RUNNING",
+		2: "RUN_STATE_DONE",
+		3: "RUN_STATE_STEP_LIMIT",
+		4: "RUN_STATE_DEADLINE",
+		5: "RUN_STATE_REPETITION",
+		6: "RUN_STATE_CANCELLED",
+	}
+	RunState_value = map[string]int32{
+		"RUN_STATE_UNSPECIFIED": 0,
+		"RUN_STATE_RUNNING":     1,
+		"RUN_STATE_DONE":        2,
+		"RUN_STATE_STEP_LIMIT":  3,
+		"RUN_STATE_DEADLINE":    4,
+		"RUN_STATE_REPETITION":  5,
+		"RUN_STATE_CANCELLED":   6,
+	}
+)
+
+func (x RunState) Enum() *RunState {
+	p := new(RunState)
+	*p = x
+	return p
+}
+
+func (x RunState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunState) Descriptor() protoreflect.EnumDescriptor {
+	return file_ledger_v1_ledger_proto_enumTypes[5].Descriptor()
+}
+
+func (RunState) Type() protoreflect.EnumType {
+	return &file_ledger_v1_ledger_proto_enumTypes[5]
+}
+
+func (x RunState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunState.Descriptor instead.
+func (RunState) EnumDescriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{5}
 }
 
 // Result is the recorded outcome of a successful operation, replayed to every
@@ -872,7 +946,11 @@ type ReserveRequest struct {
 	// ledger generates one (and a lost response cannot be recovered). At most
 	// 128 bytes.
 	Holder string `protobuf:"bytes,7,opt,name=holder,proto3" json:"holder,omitempty"`
-	// The agent run the call belongs to, for operators. At most 256 bytes.
+	// The agent run the call belongs to. At most 256 bytes. A run started
+	// with StartRun, or governed by the tenant's policy, counts a new
+	// operation id as a step and refuses it past a limit (RUN_STEP_LIMIT,
+	// RUN_DEADLINE, RUN_REPETITION, RUN_ENDED); a retry of an operation it
+	// admitted is never a step.
 	RunId string `protobuf:"bytes,8,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// The step of that run, for operators.
 	Step uint32 `protobuf:"varint,9,opt,name=step,proto3" json:"step,omitempty"`
@@ -1798,6 +1876,649 @@ func (x *ListUnresolvedResponse) GetNextPageToken() string {
 	return ""
 }
 
+// RunLimits bound the steps of a run. Zero means the policy's (and no limit
+// where the policy has none).
+type RunLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most new operations the run may reserve.
+	MaxSteps uint32 `protobuf:"varint,1,opt,name=max_steps,json=maxSteps,proto3" json:"max_steps,omitempty"`
+	// How long after its start the run may reserve new operations.
+	Deadline *durationpb.Duration `protobuf:"bytes,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// The most new operations of one tool with one fingerprint (the same
+	// consequential parameters). 2 refuses the third identical call.
+	MaxRepeats uint32 `protobuf:"varint,3,opt,name=max_repeats,json=maxRepeats,proto3" json:"max_repeats,omitempty"`
+	// The most new irreversible operations.
+	MaxIrreversible uint32 `protobuf:"varint,4,opt,name=max_irreversible,json=maxIrreversible,proto3" json:"max_irreversible,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RunLimits) Reset() {
+	*x = RunLimits{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunLimits) ProtoMessage() {}
+
+func (x *RunLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
+func (*RunLimits) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RunLimits) GetMaxSteps() uint32 {
+	if x != nil {
+		return x.MaxSteps
+	}
+	return 0
+}
+
+func (x *RunLimits) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *RunLimits) GetMaxRepeats() uint32 {
+	if x != nil {
+		return x.MaxRepeats
+	}
+	return 0
+}
+
+func (x *RunLimits) GetMaxIrreversible() uint32 {
+	if x != nil {
+		return x.MaxIrreversible
+	}
+	return 0
+}
+
+// Run is the snapshot of one run.
+type Run struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's id of the run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The current state.
+	State RunState `protobuf:"varint,2,opt,name=state,proto3,enum=ledger.v1.RunState" json:"state,omitempty"`
+	// The limits in force.
+	Limits *RunLimits `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	// New operations admitted.
+	Steps uint32 `protobuf:"varint,4,opt,name=steps,proto3" json:"steps,omitempty"`
+	// Of them, irreversible ones.
+	IrreversibleSteps uint32 `protobuf:"varint,5,opt,name=irreversible_steps,json=irreversibleSteps,proto3" json:"irreversible_steps,omitempty"`
+	// The most steps of one tool with one fingerprint.
+	MostRepeats uint32 `protobuf:"varint,6,opt,name=most_repeats,json=mostRepeats,proto3" json:"most_repeats,omitempty"`
+	// Admitted operations not yet known to be terminal.
+	OpenOperations uint32 `protobuf:"varint,7,opt,name=open_operations,json=openOperations,proto3" json:"open_operations,omitempty"`
+	// When the run started, by the store's clock.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// When new steps stop being admitted, if the run has a deadline.
+	DeadlineAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=deadline_at,json=deadlineAt,proto3" json:"deadline_at,omitempty"`
+	// When the run ended, once it has.
+	EndedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// Why it ended: EndRun's reason, or the limit reached.
+	EndReason string `protobuf:"bytes,11,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	// True when the run was started by its first Reserve under the policy.
+	Implicit bool `protobuf:"varint,12,opt,name=implicit,proto3" json:"implicit,omitempty"`
+	// Who started it.
+	StartedBy     string `protobuf:"bytes,13,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Run) Reset() {
+	*x = Run{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Run) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Run) ProtoMessage() {}
+
+func (x *Run) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Run.ProtoReflect.Descriptor instead.
+func (*Run) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Run) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *Run) GetState() RunState {
+	if x != nil {
+		return x.State
+	}
+	return RunState_RUN_STATE_UNSPECIFIED
+}
+
+func (x *Run) GetLimits() *RunLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Run) GetSteps() uint32 {
+	if x != nil {
+		return x.Steps
+	}
+	return 0
+}
+
+func (x *Run) GetIrreversibleSteps() uint32 {
+	if x != nil {
+		return x.IrreversibleSteps
+	}
+	return 0
+}
+
+func (x *Run) GetMostRepeats() uint32 {
+	if x != nil {
+		return x.MostRepeats
+	}
+	return 0
+}
+
+func (x *Run) GetOpenOperations() uint32 {
+	if x != nil {
+		return x.OpenOperations
+	}
+	return 0
+}
+
+func (x *Run) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Run) GetDeadlineAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeadlineAt
+	}
+	return nil
+}
+
+func (x *Run) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *Run) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
+}
+
+func (x *Run) GetImplicit() bool {
+	if x != nil {
+		return x.Implicit
+	}
+	return false
+}
+
+func (x *Run) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
+// StartRunRequest starts a run.
+type StartRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id, as Reserve's run_id. 1 to 256 bytes.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The limits; unset ones are the policy's.
+	Limits        *RunLimits `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRunRequest) Reset() {
+	*x = StartRunRequest{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRunRequest) ProtoMessage() {}
+
+func (x *StartRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRunRequest.ProtoReflect.Descriptor instead.
+func (*StartRunRequest) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *StartRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *StartRunRequest) GetLimits() *RunLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// StartRunResponse carries the run.
+type StartRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run as started (or as it was, for a repeat).
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartRunResponse) Reset() {
+	*x = StartRunResponse{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartRunResponse) ProtoMessage() {}
+
+func (x *StartRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartRunResponse.ProtoReflect.Descriptor instead.
+func (*StartRunResponse) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *StartRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// GetRunRequest names a run.
+type GetRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id.
+	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRunRequest) Reset() {
+	*x = GetRunRequest{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRunRequest) ProtoMessage() {}
+
+func (x *GetRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRunRequest.ProtoReflect.Descriptor instead.
+func (*GetRunRequest) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// GetRunResponse carries the run.
+type GetRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRunResponse) Reset() {
+	*x = GetRunResponse{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRunResponse) ProtoMessage() {}
+
+func (x *GetRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRunResponse.ProtoReflect.Descriptor instead.
+func (*GetRunResponse) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// EndRunRequest ends a run.
+type EndRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// RUN_STATE_DONE or RUN_STATE_CANCELLED.
+	State RunState `protobuf:"varint,2,opt,name=state,proto3,enum=ledger.v1.RunState" json:"state,omitempty"`
+	// A note for operators; never parameters or secrets. At most 256 bytes.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndRunRequest) Reset() {
+	*x = EndRunRequest{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndRunRequest) ProtoMessage() {}
+
+func (x *EndRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndRunRequest.ProtoReflect.Descriptor instead.
+func (*EndRunRequest) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *EndRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *EndRunRequest) GetState() RunState {
+	if x != nil {
+		return x.State
+	}
+	return RunState_RUN_STATE_UNSPECIFIED
+}
+
+func (x *EndRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// EndRunResponse carries the run.
+type EndRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run as ended.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndRunResponse) Reset() {
+	*x = EndRunResponse{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndRunResponse) ProtoMessage() {}
+
+func (x *EndRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndRunResponse.ProtoReflect.Descriptor instead.
+func (*EndRunResponse) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *EndRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// ListRunsRequest asks for one page of the caller's runs.
+type ListRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many runs (default 50, at most 500).
+	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunsRequest) Reset() {
+	*x = ListRunsRequest{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunsRequest) ProtoMessage() {}
+
+func (x *ListRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunsRequest.ProtoReflect.Descriptor instead.
+func (*ListRunsRequest) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListRunsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRunsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListRunsResponse is one page of runs.
+type ListRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs, in the order ListRuns describes. A page may be short while
+	// next_page_token is set.
+	Runs []*Run `protobuf:"bytes,1,rep,name=runs,proto3" json:"runs,omitempty"`
+	// Set when more runs follow.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunsResponse) Reset() {
+	*x = ListRunsResponse{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunsResponse) ProtoMessage() {}
+
+func (x *ListRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunsResponse.ProtoReflect.Descriptor instead.
+func (*ListRunsResponse) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListRunsResponse) GetRuns() []*Run {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *ListRunsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_ledger_v1_ledger_proto protoreflect.FileDescriptor
 
 const file_ledger_v1_ledger_proto_rawDesc = "" +
@@ -1910,6 +2631,53 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\n" +
 	"operations\x18\x01 \x03(\v2\x14.ledger.v1.OperationR\n" +
 	"operations\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xab\x01\n" +
+	"\tRunLimits\x12\x1b\n" +
+	"\tmax_steps\x18\x01 \x01(\rR\bmaxSteps\x125\n" +
+	"\bdeadline\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12\x1f\n" +
+	"\vmax_repeats\x18\x03 \x01(\rR\n" +
+	"maxRepeats\x12)\n" +
+	"\x10max_irreversible\x18\x04 \x01(\rR\x0fmaxIrreversible\"\x8f\x04\n" +
+	"\x03Run\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x13.ledger.v1.RunStateR\x05state\x12,\n" +
+	"\x06limits\x18\x03 \x01(\v2\x14.ledger.v1.RunLimitsR\x06limits\x12\x14\n" +
+	"\x05steps\x18\x04 \x01(\rR\x05steps\x12-\n" +
+	"\x12irreversible_steps\x18\x05 \x01(\rR\x11irreversibleSteps\x12!\n" +
+	"\fmost_repeats\x18\x06 \x01(\rR\vmostRepeats\x12'\n" +
+	"\x0fopen_operations\x18\a \x01(\rR\x0eopenOperations\x129\n" +
+	"\n" +
+	"started_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
+	"\vdeadline_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"deadlineAt\x125\n" +
+	"\bended_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\v \x01(\tR\tendReason\x12\x1a\n" +
+	"\bimplicit\x18\f \x01(\bR\bimplicit\x12\x1d\n" +
+	"\n" +
+	"started_by\x18\r \x01(\tR\tstartedBy\"V\n" +
+	"\x0fStartRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12,\n" +
+	"\x06limits\x18\x02 \x01(\v2\x14.ledger.v1.RunLimitsR\x06limits\"4\n" +
+	"\x10StartRunResponse\x12 \n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.ledger.v1.RunR\x03run\"&\n" +
+	"\rGetRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"2\n" +
+	"\x0eGetRunResponse\x12 \n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.ledger.v1.RunR\x03run\"i\n" +
+	"\rEndRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x13.ledger.v1.RunStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"2\n" +
+	"\x0eEndRunResponse\x12 \n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.ledger.v1.RunR\x03run\"M\n" +
+	"\x0fListRunsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"^\n" +
+	"\x10ListRunsResponse\x12\"\n" +
+	"\x04runs\x18\x01 \x03(\v2\x0e.ledger.v1.RunR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\x84\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
@@ -1939,7 +2707,15 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x0fFINDING_APPLIED\x10\x01\x12\x17\n" +
 	"\x13FINDING_NOT_APPLIED\x10\x02\x12\x13\n" +
 	"\x0fFINDING_ABANDON\x10\x03\x12\x14\n" +
-	"\x10FINDING_ESCALATE\x10\x042\xfe\x03\n" +
+	"\x10FINDING_ESCALATE\x10\x04*\xb5\x01\n" +
+	"\bRunState\x12\x19\n" +
+	"\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11RUN_STATE_RUNNING\x10\x01\x12\x12\n" +
+	"\x0eRUN_STATE_DONE\x10\x02\x12\x18\n" +
+	"\x14RUN_STATE_STEP_LIMIT\x10\x03\x12\x16\n" +
+	"\x12RUN_STATE_DEADLINE\x10\x04\x12\x18\n" +
+	"\x14RUN_STATE_REPETITION\x10\x05\x12\x17\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x062\x86\x06\n" +
 	"\rLedgerService\x12@\n" +
 	"\aReserve\x12\x19.ledger.v1.ReserveRequest\x1a\x1a.ledger.v1.ReserveResponse\x12C\n" +
 	"\bComplete\x12\x1a.ledger.v1.CompleteRequest\x1a\x1b.ledger.v1.CompleteResponse\x12L\n" +
@@ -1947,7 +2723,11 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x06Lookup\x12\x18.ledger.v1.LookupRequest\x1a\x19.ledger.v1.LookupResponse\x12F\n" +
 	"\tReconcile\x12\x1b.ledger.v1.ReconcileRequest\x1a\x1c.ledger.v1.ReconcileResponse\x12:\n" +
 	"\x05Renew\x12\x17.ledger.v1.RenewRequest\x1a\x18.ledger.v1.RenewResponse\x12U\n" +
-	"\x0eListUnresolved\x12 .ledger.v1.ListUnresolvedRequest\x1a!.ledger.v1.ListUnresolvedResponseB3Z1github.com/opledger/ledger/gen/ledger/v1;ledgerv1b\x06proto3"
+	"\x0eListUnresolved\x12 .ledger.v1.ListUnresolvedRequest\x1a!.ledger.v1.ListUnresolvedResponse\x12C\n" +
+	"\bStartRun\x12\x1a.ledger.v1.StartRunRequest\x1a\x1b.ledger.v1.StartRunResponse\x12=\n" +
+	"\x06GetRun\x12\x18.ledger.v1.GetRunRequest\x1a\x19.ledger.v1.GetRunResponse\x12=\n" +
+	"\x06EndRun\x12\x18.ledger.v1.EndRunRequest\x1a\x19.ledger.v1.EndRunResponse\x12C\n" +
+	"\bListRuns\x12\x1a.ledger.v1.ListRunsRequest\x1a\x1b.ledger.v1.ListRunsResponseB3Z1github.com/opledger/ledger/gen/ledger/v1;ledgerv1b\x06proto3"
 
 var (
 	file_ledger_v1_ledger_proto_rawDescOnce sync.Once
@@ -1961,91 +2741,122 @@ func file_ledger_v1_ledger_proto_rawDescGZIP() []byte {
 	return file_ledger_v1_ledger_proto_rawDescData
 }
 
-var file_ledger_v1_ledger_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_ledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_ledger_v1_ledger_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_ledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_ledger_v1_ledger_proto_goTypes = []any{
 	(State)(0),                     // 0: ledger.v1.State
 	(Decision)(0),                  // 1: ledger.v1.Decision
 	(Effect)(0),                    // 2: ledger.v1.Effect
 	(Outcome)(0),                   // 3: ledger.v1.Outcome
 	(Finding)(0),                   // 4: ledger.v1.Finding
-	(*Result)(nil),                 // 5: ledger.v1.Result
-	(*Failure)(nil),                // 6: ledger.v1.Failure
-	(*HistoryEntry)(nil),           // 7: ledger.v1.HistoryEntry
-	(*Operation)(nil),              // 8: ledger.v1.Operation
-	(*ReserveRequest)(nil),         // 9: ledger.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 10: ledger.v1.ReserveResponse
-	(*CompleteRequest)(nil),        // 11: ledger.v1.CompleteRequest
-	(*CompleteResponse)(nil),       // 12: ledger.v1.CompleteResponse
-	(*MarkUnknownRequest)(nil),     // 13: ledger.v1.MarkUnknownRequest
-	(*MarkUnknownResponse)(nil),    // 14: ledger.v1.MarkUnknownResponse
-	(*LookupRequest)(nil),          // 15: ledger.v1.LookupRequest
-	(*LookupResponse)(nil),         // 16: ledger.v1.LookupResponse
-	(*ReconcileRequest)(nil),       // 17: ledger.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 18: ledger.v1.ReconcileResponse
-	(*RenewRequest)(nil),           // 19: ledger.v1.RenewRequest
-	(*RenewResponse)(nil),          // 20: ledger.v1.RenewResponse
-	(*ListUnresolvedRequest)(nil),  // 21: ledger.v1.ListUnresolvedRequest
-	(*ListUnresolvedResponse)(nil), // 22: ledger.v1.ListUnresolvedResponse
-	(*structpb.Struct)(nil),        // 23: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),  // 24: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
+	(RunState)(0),                  // 5: ledger.v1.RunState
+	(*Result)(nil),                 // 6: ledger.v1.Result
+	(*Failure)(nil),                // 7: ledger.v1.Failure
+	(*HistoryEntry)(nil),           // 8: ledger.v1.HistoryEntry
+	(*Operation)(nil),              // 9: ledger.v1.Operation
+	(*ReserveRequest)(nil),         // 10: ledger.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 11: ledger.v1.ReserveResponse
+	(*CompleteRequest)(nil),        // 12: ledger.v1.CompleteRequest
+	(*CompleteResponse)(nil),       // 13: ledger.v1.CompleteResponse
+	(*MarkUnknownRequest)(nil),     // 14: ledger.v1.MarkUnknownRequest
+	(*MarkUnknownResponse)(nil),    // 15: ledger.v1.MarkUnknownResponse
+	(*LookupRequest)(nil),          // 16: ledger.v1.LookupRequest
+	(*LookupResponse)(nil),         // 17: ledger.v1.LookupResponse
+	(*ReconcileRequest)(nil),       // 18: ledger.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 19: ledger.v1.ReconcileResponse
+	(*RenewRequest)(nil),           // 20: ledger.v1.RenewRequest
+	(*RenewResponse)(nil),          // 21: ledger.v1.RenewResponse
+	(*ListUnresolvedRequest)(nil),  // 22: ledger.v1.ListUnresolvedRequest
+	(*ListUnresolvedResponse)(nil), // 23: ledger.v1.ListUnresolvedResponse
+	(*RunLimits)(nil),              // 24: ledger.v1.RunLimits
+	(*Run)(nil),                    // 25: ledger.v1.Run
+	(*StartRunRequest)(nil),        // 26: ledger.v1.StartRunRequest
+	(*StartRunResponse)(nil),       // 27: ledger.v1.StartRunResponse
+	(*GetRunRequest)(nil),          // 28: ledger.v1.GetRunRequest
+	(*GetRunResponse)(nil),         // 29: ledger.v1.GetRunResponse
+	(*EndRunRequest)(nil),          // 30: ledger.v1.EndRunRequest
+	(*EndRunResponse)(nil),         // 31: ledger.v1.EndRunResponse
+	(*ListRunsRequest)(nil),        // 32: ledger.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),       // 33: ledger.v1.ListRunsResponse
+	(*structpb.Struct)(nil),        // 34: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
 }
 var file_ledger_v1_ledger_proto_depIdxs = []int32{
-	23, // 0: ledger.v1.Result.data:type_name -> google.protobuf.Struct
-	24, // 1: ledger.v1.HistoryEntry.time:type_name -> google.protobuf.Timestamp
+	34, // 0: ledger.v1.Result.data:type_name -> google.protobuf.Struct
+	35, // 1: ledger.v1.HistoryEntry.time:type_name -> google.protobuf.Timestamp
 	0,  // 2: ledger.v1.HistoryEntry.from_state:type_name -> ledger.v1.State
 	0,  // 3: ledger.v1.HistoryEntry.to_state:type_name -> ledger.v1.State
 	2,  // 4: ledger.v1.Operation.effect:type_name -> ledger.v1.Effect
 	0,  // 5: ledger.v1.Operation.state:type_name -> ledger.v1.State
-	5,  // 6: ledger.v1.Operation.result:type_name -> ledger.v1.Result
-	6,  // 7: ledger.v1.Operation.failure:type_name -> ledger.v1.Failure
-	24, // 8: ledger.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
-	24, // 9: ledger.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
-	24, // 10: ledger.v1.Operation.lease_expires_at:type_name -> google.protobuf.Timestamp
-	24, // 11: ledger.v1.Operation.unknown_since:type_name -> google.protobuf.Timestamp
-	24, // 12: ledger.v1.Operation.recovery_deadline:type_name -> google.protobuf.Timestamp
-	24, // 13: ledger.v1.Operation.retain_until:type_name -> google.protobuf.Timestamp
-	24, // 14: ledger.v1.Operation.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 15: ledger.v1.Operation.history:type_name -> ledger.v1.HistoryEntry
-	23, // 16: ledger.v1.ReserveRequest.params:type_name -> google.protobuf.Struct
+	6,  // 6: ledger.v1.Operation.result:type_name -> ledger.v1.Result
+	7,  // 7: ledger.v1.Operation.failure:type_name -> ledger.v1.Failure
+	35, // 8: ledger.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	35, // 9: ledger.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
+	35, // 10: ledger.v1.Operation.lease_expires_at:type_name -> google.protobuf.Timestamp
+	35, // 11: ledger.v1.Operation.unknown_since:type_name -> google.protobuf.Timestamp
+	35, // 12: ledger.v1.Operation.recovery_deadline:type_name -> google.protobuf.Timestamp
+	35, // 13: ledger.v1.Operation.retain_until:type_name -> google.protobuf.Timestamp
+	35, // 14: ledger.v1.Operation.expires_at:type_name -> google.protobuf.Timestamp
+	8,  // 15: ledger.v1.Operation.history:type_name -> ledger.v1.HistoryEntry
+	34, // 16: ledger.v1.ReserveRequest.params:type_name -> google.protobuf.Struct
 	2,  // 17: ledger.v1.ReserveRequest.effect:type_name -> ledger.v1.Effect
-	24, // 18: ledger.v1.ReserveRequest.retain_until:type_name -> google.protobuf.Timestamp
+	35, // 18: ledger.v1.ReserveRequest.retain_until:type_name -> google.protobuf.Timestamp
 	1,  // 19: ledger.v1.ReserveResponse.decision:type_name -> ledger.v1.Decision
-	8,  // 20: ledger.v1.ReserveResponse.operation:type_name -> ledger.v1.Operation
-	25, // 21: ledger.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	9,  // 20: ledger.v1.ReserveResponse.operation:type_name -> ledger.v1.Operation
+	36, // 21: ledger.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
 	3,  // 22: ledger.v1.CompleteRequest.outcome:type_name -> ledger.v1.Outcome
-	5,  // 23: ledger.v1.CompleteRequest.result:type_name -> ledger.v1.Result
-	6,  // 24: ledger.v1.CompleteRequest.failure:type_name -> ledger.v1.Failure
-	8,  // 25: ledger.v1.CompleteResponse.operation:type_name -> ledger.v1.Operation
-	8,  // 26: ledger.v1.MarkUnknownResponse.operation:type_name -> ledger.v1.Operation
-	8,  // 27: ledger.v1.LookupResponse.operation:type_name -> ledger.v1.Operation
+	6,  // 23: ledger.v1.CompleteRequest.result:type_name -> ledger.v1.Result
+	7,  // 24: ledger.v1.CompleteRequest.failure:type_name -> ledger.v1.Failure
+	9,  // 25: ledger.v1.CompleteResponse.operation:type_name -> ledger.v1.Operation
+	9,  // 26: ledger.v1.MarkUnknownResponse.operation:type_name -> ledger.v1.Operation
+	9,  // 27: ledger.v1.LookupResponse.operation:type_name -> ledger.v1.Operation
 	4,  // 28: ledger.v1.ReconcileRequest.finding:type_name -> ledger.v1.Finding
-	5,  // 29: ledger.v1.ReconcileRequest.result:type_name -> ledger.v1.Result
-	6,  // 30: ledger.v1.ReconcileRequest.failure:type_name -> ledger.v1.Failure
-	8,  // 31: ledger.v1.ReconcileResponse.operation:type_name -> ledger.v1.Operation
-	8,  // 32: ledger.v1.RenewResponse.operation:type_name -> ledger.v1.Operation
+	6,  // 29: ledger.v1.ReconcileRequest.result:type_name -> ledger.v1.Result
+	7,  // 30: ledger.v1.ReconcileRequest.failure:type_name -> ledger.v1.Failure
+	9,  // 31: ledger.v1.ReconcileResponse.operation:type_name -> ledger.v1.Operation
+	9,  // 32: ledger.v1.RenewResponse.operation:type_name -> ledger.v1.Operation
 	0,  // 33: ledger.v1.ListUnresolvedRequest.states:type_name -> ledger.v1.State
-	8,  // 34: ledger.v1.ListUnresolvedResponse.operations:type_name -> ledger.v1.Operation
-	9,  // 35: ledger.v1.LedgerService.Reserve:input_type -> ledger.v1.ReserveRequest
-	11, // 36: ledger.v1.LedgerService.Complete:input_type -> ledger.v1.CompleteRequest
-	13, // 37: ledger.v1.LedgerService.MarkUnknown:input_type -> ledger.v1.MarkUnknownRequest
-	15, // 38: ledger.v1.LedgerService.Lookup:input_type -> ledger.v1.LookupRequest
-	17, // 39: ledger.v1.LedgerService.Reconcile:input_type -> ledger.v1.ReconcileRequest
-	19, // 40: ledger.v1.LedgerService.Renew:input_type -> ledger.v1.RenewRequest
-	21, // 41: ledger.v1.LedgerService.ListUnresolved:input_type -> ledger.v1.ListUnresolvedRequest
-	10, // 42: ledger.v1.LedgerService.Reserve:output_type -> ledger.v1.ReserveResponse
-	12, // 43: ledger.v1.LedgerService.Complete:output_type -> ledger.v1.CompleteResponse
-	14, // 44: ledger.v1.LedgerService.MarkUnknown:output_type -> ledger.v1.MarkUnknownResponse
-	16, // 45: ledger.v1.LedgerService.Lookup:output_type -> ledger.v1.LookupResponse
-	18, // 46: ledger.v1.LedgerService.Reconcile:output_type -> ledger.v1.ReconcileResponse
-	20, // 47: ledger.v1.LedgerService.Renew:output_type -> ledger.v1.RenewResponse
-	22, // 48: ledger.v1.LedgerService.ListUnresolved:output_type -> ledger.v1.ListUnresolvedResponse
-	42, // [42:49] is the sub-list for method output_type
-	35, // [35:42] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	9,  // 34: ledger.v1.ListUnresolvedResponse.operations:type_name -> ledger.v1.Operation
+	36, // 35: ledger.v1.RunLimits.deadline:type_name -> google.protobuf.Duration
+	5,  // 36: ledger.v1.Run.state:type_name -> ledger.v1.RunState
+	24, // 37: ledger.v1.Run.limits:type_name -> ledger.v1.RunLimits
+	35, // 38: ledger.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	35, // 39: ledger.v1.Run.deadline_at:type_name -> google.protobuf.Timestamp
+	35, // 40: ledger.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	24, // 41: ledger.v1.StartRunRequest.limits:type_name -> ledger.v1.RunLimits
+	25, // 42: ledger.v1.StartRunResponse.run:type_name -> ledger.v1.Run
+	25, // 43: ledger.v1.GetRunResponse.run:type_name -> ledger.v1.Run
+	5,  // 44: ledger.v1.EndRunRequest.state:type_name -> ledger.v1.RunState
+	25, // 45: ledger.v1.EndRunResponse.run:type_name -> ledger.v1.Run
+	25, // 46: ledger.v1.ListRunsResponse.runs:type_name -> ledger.v1.Run
+	10, // 47: ledger.v1.LedgerService.Reserve:input_type -> ledger.v1.ReserveRequest
+	12, // 48: ledger.v1.LedgerService.Complete:input_type -> ledger.v1.CompleteRequest
+	14, // 49: ledger.v1.LedgerService.MarkUnknown:input_type -> ledger.v1.MarkUnknownRequest
+	16, // 50: ledger.v1.LedgerService.Lookup:input_type -> ledger.v1.LookupRequest
+	18, // 51: ledger.v1.LedgerService.Reconcile:input_type -> ledger.v1.ReconcileRequest
+	20, // 52: ledger.v1.LedgerService.Renew:input_type -> ledger.v1.RenewRequest
+	22, // 53: ledger.v1.LedgerService.ListUnresolved:input_type -> ledger.v1.ListUnresolvedRequest
+	26, // 54: ledger.v1.LedgerService.StartRun:input_type -> ledger.v1.StartRunRequest
+	28, // 55: ledger.v1.LedgerService.GetRun:input_type -> ledger.v1.GetRunRequest
+	30, // 56: ledger.v1.LedgerService.EndRun:input_type -> ledger.v1.EndRunRequest
+	32, // 57: ledger.v1.LedgerService.ListRuns:input_type -> ledger.v1.ListRunsRequest
+	11, // 58: ledger.v1.LedgerService.Reserve:output_type -> ledger.v1.ReserveResponse
+	13, // 59: ledger.v1.LedgerService.Complete:output_type -> ledger.v1.CompleteResponse
+	15, // 60: ledger.v1.LedgerService.MarkUnknown:output_type -> ledger.v1.MarkUnknownResponse
+	17, // 61: ledger.v1.LedgerService.Lookup:output_type -> ledger.v1.LookupResponse
+	19, // 62: ledger.v1.LedgerService.Reconcile:output_type -> ledger.v1.ReconcileResponse
+	21, // 63: ledger.v1.LedgerService.Renew:output_type -> ledger.v1.RenewResponse
+	23, // 64: ledger.v1.LedgerService.ListUnresolved:output_type -> ledger.v1.ListUnresolvedResponse
+	27, // 65: ledger.v1.LedgerService.StartRun:output_type -> ledger.v1.StartRunResponse
+	29, // 66: ledger.v1.LedgerService.GetRun:output_type -> ledger.v1.GetRunResponse
+	31, // 67: ledger.v1.LedgerService.EndRun:output_type -> ledger.v1.EndRunResponse
+	33, // 68: ledger.v1.LedgerService.ListRuns:output_type -> ledger.v1.ListRunsResponse
+	58, // [58:69] is the sub-list for method output_type
+	47, // [47:58] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_ledger_v1_ledger_proto_init() }
@@ -2058,8 +2869,8 @@ func file_ledger_v1_ledger_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ledger_v1_ledger_proto_rawDesc), len(file_ledger_v1_ledger_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   18,
+			NumEnums:      6,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,10 @@
 //   PERMISSION_DENIED        PERMISSION_DENIED    the credentials lack the scope for the method
 //   RATE_LIMITED             RESOURCE_EXHAUSTED   the tenant is over its rate; RetryInfo says when
 //   UNRESOLVED_LIMIT         RESOURCE_EXHAUSTED   the tenant holds as many unresolved operations as it may
+//   RUN_STEP_LIMIT           FAILED_PRECONDITION  a new step would pass the run's max_steps or max_irreversible
+//   RUN_DEADLINE             FAILED_PRECONDITION  the run's deadline has passed
+//   RUN_REPETITION           FAILED_PRECONDITION  a new step would call one tool with one fingerprint more than max_repeats times
+//   RUN_ENDED                FAILED_PRECONDITION  the run was ended by EndRun
 //   DEADLINE_EXCEEDED        DEADLINE_EXCEEDED    the caller's deadline passed first; retry the same call
 //   CANCELED                 CANCELLED            the caller canceled the call
 //   INTERNAL                 INTERNAL             an unexpected failure (logged by the service)
@@ -56,6 +60,10 @@ const (
 	LedgerService_Reconcile_FullMethodName      = "/ledger.v1.LedgerService/Reconcile"
 	LedgerService_Renew_FullMethodName          = "/ledger.v1.LedgerService/Renew"
 	LedgerService_ListUnresolved_FullMethodName = "/ledger.v1.LedgerService/ListUnresolved"
+	LedgerService_StartRun_FullMethodName       = "/ledger.v1.LedgerService/StartRun"
+	LedgerService_GetRun_FullMethodName         = "/ledger.v1.LedgerService/GetRun"
+	LedgerService_EndRun_FullMethodName         = "/ledger.v1.LedgerService/EndRun"
+	LedgerService_ListRuns_FullMethodName       = "/ledger.v1.LedgerService/ListRuns"
 )
 
 // LedgerServiceClient is the client API for LedgerService service.
@@ -112,6 +120,24 @@ type LedgerServiceClient interface {
 	// them down on the ledger's side; an operation is listed when it matches
 	// every filter set.
 	ListUnresolved(ctx context.Context, in *ListUnresolvedRequest, opts ...grpc.CallOption) (*ListUnresolvedResponse, error)
+	// StartRun starts an agent run: the ledger counts its steps (the new
+	// operations its Reserves create) and refuses the step that would pass a
+	// limit, ending the run. Limits left at zero are the tenant's policy's;
+	// higher ones than the policy allows are INVALID_ARGUMENT. A repeat with
+	// the same limits answers the run as it is; other limits are
+	// IDEMPOTENCY_KEY_REUSED.
+	StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error)
+	// GetRun reads a run: its state, limits and counts. A run past its
+	// deadline is ended (RUN_STATE_DEADLINE) first.
+	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
+	// EndRun ends a run as done or cancelled: no new step is admitted; what
+	// its operations report is still accepted. The same end again answers the
+	// run as it is; another is RUN_ENDED.
+	EndRun(ctx context.Context, in *EndRunRequest, opts ...grpc.CallOption) (*EndRunResponse, error)
+	// ListRuns pages through the caller's runs: running ones first, the
+	// newest first, then ended ones, the latest ended first. A run past its
+	// deadline is listed as RUN_STATE_DEADLINE.
+	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
 }
 
 type ledgerServiceClient struct {
@@ -192,6 +218,46 @@ func (c *ledgerServiceClient) ListUnresolved(ctx context.Context, in *ListUnreso
 	return out, nil
 }
 
+func (c *ledgerServiceClient) StartRun(ctx context.Context, in *StartRunRequest, opts ...grpc.CallOption) (*StartRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartRunResponse)
+	err := c.cc.Invoke(ctx, LedgerService_StartRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *ledgerServiceClient) GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetRunResponse)
+	err := c.cc.Invoke(ctx, LedgerService_GetRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *ledgerServiceClient) EndRun(ctx context.Context, in *EndRunRequest, opts ...grpc.CallOption) (*EndRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndRunResponse)
+	err := c.cc.Invoke(ctx, LedgerService_EndRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *ledgerServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRunsResponse)
+	err := c.cc.Invoke(ctx, LedgerService_ListRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LedgerServiceServer is the server API for LedgerService service.
 // All implementations must embed UnimplementedLedgerServiceServer
 // for forward compatibility.
@@ -246,6 +312,24 @@ type LedgerServiceServer interface {
 	// them down on the ledger's side; an operation is listed when it matches
 	// every filter set.
 	ListUnresolved(context.Context, *ListUnresolvedRequest) (*ListUnresolvedResponse, error)
+	// StartRun starts an agent run: the ledger counts its steps (the new
+	// operations its Reserves create) and refuses the step that would pass a
+	// limit, ending the run. Limits left at zero are the tenant's policy's;
+	// higher ones than the policy allows are INVALID_ARGUMENT. A repeat with
+	// the same limits answers the run as it is; other limits are
+	// IDEMPOTENCY_KEY_REUSED.
+	StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error)
+	// GetRun reads a run: its state, limits and counts. A run past its
+	// deadline is ended (RUN_STATE_DEADLINE) first.
+	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
+	// EndRun ends a run as done or cancelled: no new step is admitted; what
+	// its operations report is still accepted. The same end again answers the
+	// run as it is; another is RUN_ENDED.
+	EndRun(context.Context, *EndRunRequest) (*EndRunResponse, error)
+	// ListRuns pages through the caller's runs: running ones first, the
+	// newest first, then ended ones, the latest ended first. A run past its
+	// deadline is listed as RUN_STATE_DEADLINE.
+	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
 	mustEmbedUnimplementedLedgerServiceServer()
 }
 
@@ -276,6 +360,18 @@ func (UnimplementedLedgerServiceServer) Renew(context.Context, *RenewRequest) (*
 }
 func (UnimplementedLedgerServiceServer) ListUnresolved(context.Context, *ListUnresolvedRequest) (*ListUnresolvedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListUnresolved not implemented")
+}
+func (UnimplementedLedgerServiceServer) StartRun(context.Context, *StartRunRequest) (*StartRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartRun not implemented")
+}
+func (UnimplementedLedgerServiceServer) GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRun not implemented")
+}
+func (UnimplementedLedgerServiceServer) EndRun(context.Context, *EndRunRequest) (*EndRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndRun not implemented")
+}
+func (UnimplementedLedgerServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
 }
 func (UnimplementedLedgerServiceServer) mustEmbedUnimplementedLedgerServiceServer() {}
 func (UnimplementedLedgerServiceServer) testEmbeddedByValue()                       {}
@@ -424,6 +520,78 @@ func _LedgerService_ListUnresolved_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LedgerService_StartRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LedgerServiceServer).StartRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LedgerService_StartRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LedgerServiceServer).StartRun(ctx, req.(*StartRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LedgerService_GetRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LedgerServiceServer).GetRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LedgerService_GetRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LedgerServiceServer).GetRun(ctx, req.(*GetRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LedgerService_EndRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LedgerServiceServer).EndRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LedgerService_EndRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LedgerServiceServer).EndRun(ctx, req.(*EndRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LedgerService_ListRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LedgerServiceServer).ListRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LedgerService_ListRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LedgerServiceServer).ListRuns(ctx, req.(*ListRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LedgerService_ServiceDesc is the grpc.ServiceDesc for LedgerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -458,6 +626,22 @@ var LedgerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListUnresolved",
 			Handler:    _LedgerService_ListUnresolved_Handler,
+		},
+		{
+			MethodName: "StartRun",
+			Handler:    _LedgerService_StartRun_Handler,
+		},
+		{
+			MethodName: "GetRun",
+			Handler:    _LedgerService_GetRun_Handler,
+		},
+		{
+			MethodName: "EndRun",
+			Handler:    _LedgerService_EndRun_Handler,
+		},
+		{
+			MethodName: "ListRuns",
+			Handler:    _LedgerService_ListRuns_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -52,6 +52,26 @@ class LedgerServiceStub(object):
                 request_serializer=ledger_dot_v1_dot_ledger__pb2.ListUnresolvedRequest.SerializeToString,
                 response_deserializer=ledger_dot_v1_dot_ledger__pb2.ListUnresolvedResponse.FromString,
                 )
+        self.StartRun = channel.unary_unary(
+                '/ledger.v1.LedgerService/StartRun',
+                request_serializer=ledger_dot_v1_dot_ledger__pb2.StartRunRequest.SerializeToString,
+                response_deserializer=ledger_dot_v1_dot_ledger__pb2.StartRunResponse.FromString,
+                )
+        self.GetRun = channel.unary_unary(
+                '/ledger.v1.LedgerService/GetRun',
+                request_serializer=ledger_dot_v1_dot_ledger__pb2.GetRunRequest.SerializeToString,
+                response_deserializer=ledger_dot_v1_dot_ledger__pb2.GetRunResponse.FromString,
+                )
+        self.EndRun = channel.unary_unary(
+                '/ledger.v1.LedgerService/EndRun',
+                request_serializer=ledger_dot_v1_dot_ledger__pb2.EndRunRequest.SerializeToString,
+                response_deserializer=ledger_dot_v1_dot_ledger__pb2.EndRunResponse.FromString,
+                )
+        self.ListRuns = channel.unary_unary(
+                '/ledger.v1.LedgerService/ListRuns',
+                request_serializer=ledger_dot_v1_dot_ledger__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=ledger_dot_v1_dot_ledger__pb2.ListRunsResponse.FromString,
+                )
 
 
 class LedgerServiceServicer(object):
@@ -141,6 +161,44 @@ class LedgerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartRun(self, request, context):
+        """StartRun starts an agent run: the ledger counts its steps (the new
+        operations its Reserves create) and refuses the step that would pass a
+        limit, ending the run. Limits left at zero are the tenant's policy's;
+        higher ones than the policy allows are INVALID_ARGUMENT. A repeat with
+        the same limits answers the run as it is; other limits are
+        IDEMPOTENCY_KEY_REUSED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRun(self, request, context):
+        """GetRun reads a run: its state, limits and counts. A run past its
+        deadline is ended (RUN_STATE_DEADLINE) first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndRun(self, request, context):
+        """EndRun ends a run as done or cancelled: no new step is admitted; what
+        its operations report is still accepted. The same end again answers the
+        run as it is; another is RUN_ENDED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRuns(self, request, context):
+        """ListRuns pages through the caller's runs: running ones first, the
+        newest first, then ended ones, the latest ended first. A run past its
+        deadline is listed as RUN_STATE_DEADLINE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LedgerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +236,26 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.ListUnresolved,
                     request_deserializer=ledger_dot_v1_dot_ledger__pb2.ListUnresolvedRequest.FromString,
                     response_serializer=ledger_dot_v1_dot_ledger__pb2.ListUnresolvedResponse.SerializeToString,
+            ),
+            'StartRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRun,
+                    request_deserializer=ledger_dot_v1_dot_ledger__pb2.StartRunRequest.FromString,
+                    response_serializer=ledger_dot_v1_dot_ledger__pb2.StartRunResponse.SerializeToString,
+            ),
+            'GetRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRun,
+                    request_deserializer=ledger_dot_v1_dot_ledger__pb2.GetRunRequest.FromString,
+                    response_serializer=ledger_dot_v1_dot_ledger__pb2.GetRunResponse.SerializeToString,
+            ),
+            'EndRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndRun,
+                    request_deserializer=ledger_dot_v1_dot_ledger__pb2.EndRunRequest.FromString,
+                    response_serializer=ledger_dot_v1_dot_ledger__pb2.EndRunResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=ledger_dot_v1_dot_ledger__pb2.ListRunsRequest.FromString,
+                    response_serializer=ledger_dot_v1_dot_ledger__pb2.ListRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,5 +386,73 @@ class LedgerService(object):
         return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/ListUnresolved',
             ledger_dot_v1_dot_ledger__pb2.ListUnresolvedRequest.SerializeToString,
             ledger_dot_v1_dot_ledger__pb2.ListUnresolvedResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StartRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/StartRun',
+            ledger_dot_v1_dot_ledger__pb2.StartRunRequest.SerializeToString,
+            ledger_dot_v1_dot_ledger__pb2.StartRunResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/GetRun',
+            ledger_dot_v1_dot_ledger__pb2.GetRunRequest.SerializeToString,
+            ledger_dot_v1_dot_ledger__pb2.GetRunResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def EndRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/EndRun',
+            ledger_dot_v1_dot_ledger__pb2.EndRunRequest.SerializeToString,
+            ledger_dot_v1_dot_ledger__pb2.EndRunResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/ListRuns',
+            ledger_dot_v1_dot_ledger__pb2.ListRunsRequest.SerializeToString,
+            ledger_dot_v1_dot_ledger__pb2.ListRunsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

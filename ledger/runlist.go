@@ -1,0 +1,199 @@
+package ledger
+
+import (
+	"context"
+	"encoding/base64"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Page sizes of ListRuns.
+const (
+	DefaultRunPageSize = 50
+	MaxRunPageSize     = 500
+)
+
+// RunPage is one page of ListRuns.
+type RunPage struct {
+	Runs          []*Run
+	NextPageToken string // empty when there are no more
+}
+
+// runEntry is a run in its shard's index.
+type runEntry struct {
+	score  float64
+	member string
+}
+
+func (a runEntry) before(b runEntry) bool {
+	return a.score < b.score || a.score == b.score && a.member < b.member
+}
+
+// ListRuns pages through the tenant's runs: running ones first, the newest
+// first, then ended ones, the latest ended first. A running run whose
+// deadline has passed is listed as RunStateDeadline, as GetRun would end
+// it. A page may hold fewer than pageSize runs while NextPageToken is set
+// (runs whose retention ended meanwhile are left out).
+//
+// May return an *Error of KindInvalid or KindUnavailable.
+func (l *Ledger) ListRuns(ctx context.Context, who Principal, pageSize int, pageToken string) (*RunPage, error) {
+	const op = "ledger.ListRuns"
+	vs := checkPrincipal(who)
+	if pageSize == 0 {
+		pageSize = DefaultRunPageSize
+	}
+	if pageSize < 0 || pageSize > MaxRunPageSize {
+		vs = append(vs, Violation{"page_size", "at most " + itoa(MaxRunPageSize)})
+	}
+	cursor, after, ok := decodeRunToken(pageToken)
+	if !ok {
+		vs = append(vs, Violation{"page_token", "not a token from a previous page"})
+	}
+	if len(vs) > 0 {
+		return nil, invalid(op, vs...)
+	}
+	tenant := encodeComponent(who.Tenant)
+	entries, more, err := l.runsAfter(ctx, tenant, cursor, after, pageSize)
+	if err != nil {
+		return nil, storeError(op, err)
+	}
+	page := &RunPage{}
+	if len(entries) > 0 {
+		if page.Runs, err = l.readRuns(ctx, tenant, entries); err != nil {
+			return nil, storeError(op, err)
+		}
+	}
+	if more {
+		page.NextPageToken = encodeRunToken(entries[len(entries)-1])
+	}
+	return page, nil
+}
+
+// runsAfter returns the first n index entries of the tenant's runs after
+// cursor (all of them when after is false), and whether more follow.
+func (l *Ledger) runsAfter(ctx context.Context, tenant string, cursor runEntry, after bool, n int) ([]runEntry, bool, error) {
+	pipe := l.rdb.Pipeline()
+	ties := make([]*redis.ZSliceCmd, NumShards)
+	rest := make([]*redis.ZSliceCmd, NumShards)
+	from := "-inf"
+	if after {
+		from = "(" + formatScore(cursor.score)
+	}
+	for s := range NumShards {
+		key := l.keys.runIndex(s, tenant)
+		if after {
+			ties[s] = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: formatScore(cursor.score), Max: formatScore(cursor.score)})
+		}
+		rest[s] = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(n)})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, false, err
+	}
+	var all []runEntry
+	more := false
+	for s := range NumShards {
+		if ties[s] != nil {
+			for _, z := range ties[s].Val() {
+				if m, _ := z.Member.(string); m > cursor.member {
+					all = append(all, runEntry{z.Score, m})
+				}
+			}
+		}
+		zs := rest[s].Val()
+		more = more || len(zs) == n
+		for _, z := range zs {
+			m, _ := z.Member.(string)
+			all = append(all, runEntry{z.Score, m})
+		}
+	}
+	slices.SortFunc(all, func(a, b runEntry) int {
+		if a.before(b) {
+			return -1
+		}
+		return 1
+	})
+	if len(all) > n {
+		all, more = all[:n], true
+	}
+	return all, more, nil
+}
+
+// readRuns reads the runs of entries, leaving out (and unlisting) those
+// whose record is gone.
+func (l *Ledger) readRuns(ctx context.Context, tenant string, entries []runEntry) ([]*Run, error) {
+	pipe := l.rdb.Pipeline()
+	now := pipe.Time(ctx)
+	cmds := make([]*redis.SliceCmd, len(entries))
+	for i, en := range entries {
+		cmds[i] = pipe.HMGet(ctx, l.keys.runRecord(shardOfEncoded(tenant, en.member), tenant, en.member), runFields[:]...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var runs []*Run
+	for i, c := range cmds {
+		id, err := decodeComponent(entries[i].member)
+		if err != nil {
+			continue
+		}
+		f := c.Val()
+		if len(f) != len(runFields) || f[0] == nil {
+			// Expired: its index entry goes too.
+			s := shardOfEncoded(tenant, entries[i].member)
+			_ = l.rdb.ZRem(ctx, l.keys.runIndex(s, tenant), entries[i].member).Err()
+			continue
+		}
+		r := decodeRun(id, f)
+		if r.State == RunStateRunning && !r.DeadlineAt.IsZero() && !now.Val().Before(r.DeadlineAt) {
+			r.State, r.EndedAt, r.EndReason = RunStateDeadline, r.DeadlineAt, "the deadline passed"
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+// shardOfEncoded is shardOf for an encoded tenant and id.
+func shardOfEncoded(tenant, id string) int {
+	t, err1 := decodeComponent(tenant)
+	i, err2 := decodeComponent(id)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return shardOf(t, i)
+}
+
+func formatScore(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// encodeRunToken writes the cursor after entry as a page token.
+func encodeRunToken(e runEntry) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(formatScore(e.score) + " " + e.member))
+}
+
+// decodeRunToken reads a page token of encodeRunToken; the empty token is
+// the start (after false). It takes only what encodeRunToken writes.
+func decodeRunToken(tok string) (runEntry, bool, bool) {
+	if tok == "" {
+		return runEntry{}, false, true
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(tok)
+	if err != nil {
+		return runEntry{}, false, false
+	}
+	score, member, found := strings.Cut(string(b), " ")
+	f, err := strconv.ParseFloat(score, 64)
+	if !found || err != nil || formatScore(f) != score || member == "" {
+		return runEntry{}, false, false
+	}
+	id, err := decodeComponent(member)
+	if err != nil || checkID("page_token", id, MaxRunIDLen, true) != nil {
+		return runEntry{}, false, false
+	}
+	e := runEntry{f, member}
+	if encodeRunToken(e) != tok {
+		return runEntry{}, false, false
+	}
+	return e, true, true
+}

@@ -1,0 +1,94 @@
+-- runs.lua: the helpers every run script starts with (scripts.go prepends
+-- it to run_*.lua, as common.lua to the operation scripts).
+--
+--   KEYS[1] -> the run record (hash)               <prefix>:{sNN}:run:<tenant>:<run>
+--   KEYS[2] -> the tenant's runs in the shard (zset) <prefix>:{sNN}:runs:<tenant>
+--   ARGV[1] -> the run's member in KEYS[2] (the encoded run id)
+--
+-- The record's fields (all strings): st state (1 RUNNING, 2 DONE,
+-- 3 STEP_LIMIT, 4 DEADLINE, 5 REPETITION, 6 CANCELLED), the limits ms (max
+-- steps), dd (deadline, ms after the start), mr (max repeats), mi (max
+-- irreversible steps), 0 for none; the counts n (steps), ni (irreversible
+-- steps), top (the most steps of one tool with one fingerprint); ct (started,
+-- ms), dl (deadline, ms; 0: none), et (ended, ms), rsn (why it ended), imp
+-- ("1": started by its first Reserve under the policy), by (who started it),
+-- open (admitted operations not known to be terminal), ret (retention after
+-- the end, ms). Besides them: o:<operation id> for each admitted operation
+-- ("1" open, "0" settled) and r:<tool>\n<fingerprint> its steps.
+--
+-- The index scores a running run -ct and an ended one 2^50 - et, so the
+-- index in ascending order lists running runs first, newest first, then
+-- ended ones, the latest ended first.
+--
+-- Each script replies {code, aux, <the fields of FIELDS, in order>}.
+
+local C_OK, C_NOT_FOUND, C_KEY_REUSED, C_RUN_ENDED, C_UNGOVERNED = 0, 10, 12, 19, 20
+local RUNNING = 1
+local ENDED_BASE = 1125899906842624 -- 2^50
+
+local FIELDS = {'st', 'ms', 'dd', 'mr', 'mi', 'n', 'ni', 'top', 'ct', 'dl', 'et', 'rsn', 'imp', 'by', 'open', 'ret'}
+
+local NOW
+do
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function num(v)
+  return tonumber(v) or 0
+end
+
+local function reply(code, aux)
+  local out = {code, aux}
+  local m = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+  for i = 1, #FIELDS do
+    out[i + 2] = m[i] or ''
+  end
+  return out
+end
+
+-- settle_ttl gives the record the expiry the rules call for: none while an
+-- admitted operation may be unresolved, or while the run has no end in
+-- sight; else its retention after the end, or after the deadline.
+local function settle_ttl()
+  local m = redis.call('HMGET', KEYS[1], 'st', 'open', 'dl', 'et', 'ret')
+  local st, open, dl, et, ret = num(m[1]), num(m[2]), num(m[3]), num(m[4]), num(m[5])
+  if open > 0 or (st == RUNNING and dl == 0) then
+    redis.call('PERSIST', KEYS[1])
+  elseif st == RUNNING then
+    redis.call('PEXPIREAT', KEYS[1], dl + ret)
+  else
+    redis.call('PEXPIREAT', KEYS[1], et + ret)
+  end
+end
+
+-- end_run ends a running run in state st for reason.
+local function end_run(st, reason)
+  redis.call('HSET', KEYS[1], 'st', st, 'et', NOW, 'rsn', reason)
+  redis.call('ZADD', KEYS[2], ENDED_BASE - NOW, ARGV[1])
+  settle_ttl()
+end
+
+-- past_deadline ends a running run whose deadline has passed; it returns
+-- whether it did.
+local function past_deadline()
+  local m = redis.call('HMGET', KEYS[1], 'st', 'dl')
+  if num(m[1]) == RUNNING and num(m[2]) > 0 and NOW >= num(m[2]) then
+    end_run(4, 'the deadline passed')
+    return true
+  end
+  return false
+end
+
+-- create records a new running run with limits ms, dd, mr, mi, retention
+-- ret, started by principal (implicit: by its first Reserve).
+local function create(ms, dd, mr, mi, ret, principal, implicit)
+  local dl = 0
+  if num(dd) > 0 then
+    dl = NOW + num(dd)
+  end
+  redis.call('HSET', KEYS[1], 'st', RUNNING, 'ms', ms, 'dd', dd, 'mr', mr, 'mi', mi, 'n', 0, 'ni', 0, 'top', 0,
+    'ct', NOW, 'dl', dl, 'et', 0, 'rsn', '', 'imp', implicit, 'by', principal, 'open', 0, 'ret', ret)
+  redis.call('ZADD', KEYS[2], -NOW, ARGV[1])
+  settle_ttl()
+end
