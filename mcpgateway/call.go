@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,6 +34,7 @@ const (
 	outcomeRefused      = "refused"
 	outcomeInvalid      = "invalid_request"
 	outcomeMisconfigure = "misconfigured"
+	outcomeRunEnded     = "run_ended"
 )
 
 // handler serves calls of the tool served as name.
@@ -75,7 +77,13 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 			return ledgerFailure("", err)
 		}
 	}
-	op := client.Op{ID: id, Tool: t.name, Params: params, PermitID: meta.permitID, RunID: meta.runID, Effect: p.effect}
+	// The run is the caller's (_meta), else its session's: the ledger's
+	// run guard counts the calls of either.
+	run := meta.runID
+	if run == "" {
+		run = g.sessionScope(req)
+	}
+	op := client.Op{ID: id, Tool: t.name, Params: params, PermitID: meta.permitID, RunID: run, Effect: p.effect}
 	// The tool list, and so a tool's policy, may change while the
 	// gateway runs: the client gets them with each call.
 	lc.SetToolPolicy(t.name, p.clientPolicy())
@@ -99,6 +107,9 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 		}
 		return client.Result{}, client.MarkFinalMessage("tool_error", errorText(out), &toolError{out})
 	})
+	if errors.Is(err, client.ErrRunEnded) {
+		return runEnded(id, run, err)
+	}
 	return g.answer(ctx, id, res, err, executed)
 }
 
@@ -236,6 +247,30 @@ func ledgerFailure(id string, err error) *mcp.CallToolResult {
 		return refusal(id, outcomeInvalid, "Not executed: the ledger refused the request: "+le.Violations[0].Field+" "+le.Violations[0].Description+".")
 	}
 	return refusal(id, outcomeRefused, "Not executed: "+err.Error()+".")
+}
+
+// runEnded is the answer to a call the ledger's run guard refused: the
+// run has ended (its state and, when this call reached it, the limit are
+// in the answer's ledger object as runState and limit).
+func runEnded(id, run string, err error) *mcp.CallToolResult {
+	rr, _ := client.RunOf(err)
+	state := strings.ToLower(strings.TrimPrefix(rr.State.String(), "RUN_STATE_"))
+	why := "it was ended"
+	switch rr.State {
+	case client.RunStepLimit:
+		why = "it used up its tool calls"
+	case client.RunDeadline:
+		why = "its deadline passed"
+	case client.RunRepetition:
+		why = "it called one tool with the same arguments too often"
+	}
+	res := refusal(id, outcomeRunEnded, fmt.Sprintf("Not executed: the agent run %q has ended (%s: %s), and the ledger admits no new tool call in it. Stop the run and report what was done; do not send this call again, under this key or a new one.", run, state, why))
+	m := res.Meta[MetaLedger].(map[string]any)
+	m["runState"] = state
+	if rr.Limit != "" {
+		m["limit"] = rr.Limit
+	}
+	return res
 }
 
 // unknown is the answer to a call whose effect may or may not exist.

@@ -279,3 +279,44 @@ func (r *rig) waitLog(t *testing.T, s string) {
 		}
 	}
 }
+
+// TestRunGuard: calls under one run id (from _meta, or the session's)
+// are counted by the ledger's run guard: past the run's cap a call is
+// refused, never forwarded, with run_ended and what to do; a retry of an
+// admitted call still replays.
+func TestRunGuard(t *testing.T) {
+	r := newRig(t, rigOptions{rules: createRules})
+	lc := r.ledgerClient("")
+	run := key(t, "run")
+	if _, err := lc.StartRun(context.Background(), run, client.RunLimits{MaxSteps: 2}); err != nil {
+		t.Fatal(err)
+	}
+	cs := r.stdio(clientOptions{})
+	meta := func(k string) mcp.Meta {
+		return mcp.Meta{mcpgateway.MetaRunID: run, mcpgateway.MetaIdempotencyKey: key(t, k)}
+	}
+	title := func(s string) map[string]any { return map[string]any{"title": s, "priority": 2} }
+	ma := meta("a")
+	first := call(t, cs, "tickets_create_ticket", title("a"), ma)
+	call(t, cs, "tickets_create_ticket", title("b"), meta("b"))
+	third := call(t, cs, "tickets_create_ticket", title("c"), meta("c"))
+	if !third.isError || third.outcome() != "run_ended" || third.ledger["runState"] != "step_limit" || third.ledger["limit"] != "max_steps" ||
+		!strings.Contains(third.text, "Stop the run") {
+		t.Fatalf("a call past the run's cap = %v, want run_ended (step_limit, max_steps)", third)
+	}
+	if again := call(t, cs, "tickets_create_ticket", title("a"), ma); again.outcome() != "replayed" || again.ticket != first.ticket {
+		t.Fatalf("a retry of an admitted call = %v, want the replay of %v", again, first)
+	}
+	if n := r.up.Calls("create_ticket"); n != 2 {
+		t.Fatalf("the upstream got %d calls, want 2", n)
+	}
+	got, err := lc.GetRun(context.Background(), run)
+	if err != nil || got.State != client.RunStepLimit || got.Steps != 2 {
+		t.Fatalf("the run = %+v, %v", got, err)
+	}
+	// Without a run id in _meta the session is the run.
+	own := call(t, cs, "tickets_create_ticket", title("d"), mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "d")})
+	if op, err := lc.Lookup(context.Background(), own.id()); err != nil || !strings.HasPrefix(op.RunID, "stdio-") {
+		t.Fatalf("a call without a run id: %+v, %v; want the stdio session's run", op, err)
+	}
+}

@@ -14,8 +14,8 @@ const crypto = require('node:crypto');
 const path = require('node:path');
 const protobuf = require('protobufjs');
 const {
-  DOMAIN, FinalToolError, LeaseEndedOnTheWayError, Ledger, LedgerError, RetryableToolError, ToolFailedError, WaitBudgetSpentError,
-  grpc, inProgressDelay,
+  DOMAIN, FinalToolError, LeaseEndedOnTheWayError, Ledger, LedgerError, RetryableToolError, RunEndedError, ToolFailedError,
+  WaitBudgetSpentError, grpc, inProgressDelay,
 } = require('./ledger');
 
 const rpcTypes = new protobuf.Root();
@@ -145,6 +145,22 @@ async function main() {
   const op = (step, extra = {}) => ({
     operationId: `${runId}:${step}`, tool: 'tickets.create', params: { title: 'Printer on fire' }, permitId: 'approval-77', ...extra,
   });
+
+  // A fake agent runtime that calls tools until the ledger's run guard ends
+  // its run; params(i) is the i-th call's.
+  const agentLoop = async (ledger, run, params, fn) => {
+    for (let i = 0; ; i += 1) {
+      try {
+        await ledger.callTool({
+          operationId: `${run}:call-${i}`, tool: 'tickets.create', params: params(i), permitId: 'approval-77', runId: run,
+        }, fn);
+      } catch (err) {
+        if (err instanceof RunEndedError) return err;
+        throw err;
+      }
+    }
+  };
+  const effects = (dest, run) => dest.tickets.filter((k) => k.startsWith(`${run}:`)).length;
 
   await scenario(async () => {
     console.log('1. the tool ran, then the ledger is unreachable for its Complete');
@@ -773,6 +789,41 @@ async function main() {
     const record = await ledger.lookup(hung.operationId);
     check(record.state === 'STATE_PENDING' && record.failure && record.failure.code === 'retryable',
       `recorded as a retryable failure, as the Go SDK records it (${record.state}, ${record.failure ? record.failure.code : 'no failure'})`);
+    ledger.close();
+  });
+
+  await scenario(async () => {
+    console.log('S14. the ledger\'s run guard ends a looping agent\'s run: step cap, repetition, deadline');
+    const ledger = new Ledger(address);
+    const dest = destination();
+    const steps = `${runId}-steps`;
+    await ledger.startRun(steps, { maxSteps: 3 });
+    let end = await agentLoop(ledger, steps, (i) => ({ title: `ticket ${i}` }), dest.create);
+    check(end.status === 'step_limit' && end.limit === 'max_steps' && end.reason === 'RUN_STEP_LIMIT',
+      `new tickets forever end the run with step_limit (${end.status}, ${end.message})`);
+    check(effects(dest, steps) === 3, `the destination applied 3 effects, the cap (${effects(dest, steps)})`);
+    const again = await ledger.callTool({
+      operationId: `${steps}:call-0`, tool: 'tickets.create', params: { title: 'ticket 0' }, permitId: 'approval-77', runId: steps,
+    }, dest.create);
+    check(again.replayed && effects(dest, steps) === 3, 'a retry of an admitted call replays, and is not refused');
+
+    const loop = `${runId}-loop`;
+    await ledger.startRun(loop, { maxRepeats: 2 });
+    end = await agentLoop(ledger, loop, () => ({ title: 'Printer on fire' }), dest.create);
+    check(end.status === 'repetition' && end.limit === 'max_repeats',
+      `the same ticket under new call ids ends the run with repetition (${end.status}, ${end.message})`);
+    check(effects(dest, loop) === 2, `the destination applied 2 effects (${effects(dest, loop)})`);
+
+    const timed = `${runId}-timed`;
+    await ledger.startRun(timed, { deadlineMs: 1000 });
+    const slowCreate = async (attempt) => { await sleep(1200); return dest.create(attempt); }; // across the deadline
+    end = await agentLoop(ledger, timed, (i) => ({ title: `slow ${i}` }), slowCreate);
+    check(end.status === 'deadline' && end.limit === 'deadline',
+      `the call after the deadline ends the run with deadline (${end.status}, ${end.message})`);
+    const record = await ledger.getRun(timed);
+    check(effects(dest, timed) === 1 && record.steps === 1 && record.open_operations === 0,
+      `the call in flight across the deadline completed and was recorded (${effects(dest, timed)} effects, ${record.steps} steps, ${record.open_operations} open)`);
+    check(record.state === 'RUN_STATE_DEADLINE', `the run ended DEADLINE (${record.state})`);
     ledger.close();
   });
 

@@ -69,6 +69,28 @@ class LedgerError extends Error {
   }
 }
 
+// The ErrorInfo reasons of a Reserve the ledger's run guard refused.
+const RUN_REASONS = new Set(['RUN_STEP_LIMIT', 'RUN_DEADLINE', 'RUN_REPETITION', 'RUN_ENDED']);
+
+// The ledger's run guard refused a new tool call: the run has ended.
+// runState is the run's state (RUN_STATE_STEP_LIMIT, ...), limit the limit
+// this call reached (empty when the run had ended before), status the end as
+// an agent runtime names it (step_limit, deadline, repetition, done,
+// cancelled). fn did not run. Stop the run: it is no failure of the tool.
+class RunEndedError extends LedgerError {
+  constructor(err) {
+    super({ code: err.code, details: '' }, null, err.retryAfterMs, err.answerLost);
+    this.name = 'RunEndedError';
+    this.message = err.message;
+    this.reason = err.reason;
+    this.domain = err.domain;
+    this.metadata = err.metadata;
+    this.runState = err.metadata.run_state || '';
+    this.limit = err.metadata.limit || '';
+    this.status = this.runState.replace(/^RUN_STATE_/, '').toLowerCase();
+  }
+}
+
 // The operation failed for good (this call, or an earlier one replayed).
 class ToolFailedError extends Error {
   constructor(failure, replayed) {
@@ -403,6 +425,29 @@ class Ledger {
     return (await this.rpc('Lookup', { operation_id: operationId })).operation;
   }
 
+  // Starts runId in the ledger, whose run guard then counts the run's tool
+  // calls. Limits left at 0 are the tenant policy's; maxRepeats bounds the
+  // calls of one tool with the same parameters (2 refuses the third). A
+  // repeat with the same limits returns the run. callTool({ runId }) throws
+  // RunEndedError for the call past a limit.
+  async startRun(runId, { maxSteps = 0, deadlineMs = 0, maxRepeats = 0, maxIrreversible = 0 } = {}) {
+    const limits = { max_steps: maxSteps, max_repeats: maxRepeats, max_irreversible: maxIrreversible };
+    if (deadlineMs) {
+      limits.deadline = { seconds: String(Math.floor(deadlineMs / 1000)), nanos: (deadlineMs % 1000) * 1e6 };
+    }
+    return (await this.rpc('StartRun', { run_id: runId, limits })).run;
+  }
+
+  async getRun(runId) {
+    return (await this.rpc('GetRun', { run_id: runId })).run;
+  }
+
+  // Ends runId as RUN_STATE_DONE or RUN_STATE_CANCELLED: the ledger admits no
+  // new call in it.
+  async endRun(runId, state = 'RUN_STATE_DONE', reason = '') {
+    return (await this.rpc('EndRun', { run_id: runId, state, reason })).run;
+  }
+
   // Runs fn at most once for op.operationId, whoever retries it and however
   // often. fn gets { operationId, idempotencyKey, attempt, fencingToken,
   // signal } and returns { resource_id, data }. It throws RetryableToolError
@@ -444,15 +489,20 @@ class Ledger {
   // waits for fn (at most toolTimeoutMs) and records how it ended, as
   // without a cancellation: what fn returns is returned, what it throws is
   // thrown.
+  // With runId, the call is a step of that run: when the ledger's run guard
+  // refuses it (the run started with startRun, or governed by the tenant's
+  // policy, has ended or this call would pass its limit), callTool throws
+  // RunEndedError and fn does not run. A retry of a call the run admitted is
+  // never refused.
   async callTool({
     operationId, tool, params, permitId, effect = 'EFFECT_UNSPECIFIED', waitMs = 30000, toolTimeoutMs = 10000,
-    signal,
+    signal, runId = '',
   }, fn) {
     const holder = crypto.randomBytes(16).toString('hex'); // one per call, never a hostname or pid
     const deadline = this.now() + waitMs;
     let waits = 0;
     const request = {
-      operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect,
+      operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect, run_id: runId,
     };
     for (;;) {
       signal?.throwIfAborted();
@@ -461,6 +511,7 @@ class Ledger {
       try {
         resp = await this.rpc('Reserve', request, signal);
       } catch (err) {
+        if (err instanceof LedgerError && RUN_REASONS.has(err.reason)) throw new RunEndedError(err);
         // The caller gives up on a Reserve that got no answer (the last
         // try, or one before repeats refused for the rate), or cancels while
         // it is repeated: the ledger may have granted the claim all the same.
@@ -741,6 +792,7 @@ module.exports = {
   Ledger,
   LedgerError,
   LeaseEndedOnTheWayError,
+  RunEndedError,
   ToolFailedError,
   NeedsReconciliationError,
   NotRecordedError,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import itertools
 import os
 import signal
 import sys
@@ -27,8 +28,8 @@ sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/py
 import grpc  # noqa: E402
 
 from ledger_guard import (  # noqa: E402
-    DOMAIN, Attempt, Cancelled, FinalToolError, LeaseEndedOnTheWay, Ledger, LedgerError, RetryableToolError, ToolFailed,
-    WaitBudgetSpent, in_progress_delay, pb, to_struct)
+    DOMAIN, Attempt, Cancelled, FinalToolError, LeaseEndedOnTheWay, Ledger, LedgerError, RetryableToolError, RunEnded,
+    ToolFailed, WaitBudgetSpent, in_progress_delay, pb, to_struct)
 
 # After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
 from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
@@ -767,11 +768,62 @@ def main() -> None:
               f"({pb.State.Name(record.state)}, {record.failure.code!r})")
         ledger.close()
 
+    def agent_loop(ledger: Ledger, dest: Destination, run: str, calls, fn=None) -> tuple[str, RunEnded | None]:
+        """A fake agent runtime that calls tools until the ledger's run guard ends its run."""
+        for i, params in enumerate(calls):
+            try:
+                ledger.call_tool(operation_id=f"{run}:call-{i}", tool="tickets.create", params=params,
+                                 permit_id="approval-77", fn=fn or dest.create, run_id=run)
+            except RunEnded as end:
+                return end.status, end
+        return "done", None
+
+    def effects(dest: Destination, run: str) -> int:
+        with dest.lock:
+            return sum(1 for k in dest.tickets if k.startswith(run + ":"))
+
+    def run_guard():
+        print("S14. the ledger's run guard ends a looping agent's run: step cap, repetition, deadline")
+        ledger, dest = Ledger(address), Destination()
+        steps = f"{run_id}-steps"
+        ledger.start_run(steps, max_steps=3)
+        status, end = agent_loop(ledger, dest, steps, ({"title": f"ticket {i}"} for i in itertools.count()))
+        check(status == "step_limit" and end.limit == "max_steps" and end.reason == "RUN_STEP_LIMIT",
+              f"new tickets forever end the run with step_limit ({status}, {end!r})")
+        check(effects(dest, steps) == 3, f"the destination applied 3 effects, the cap ({effects(dest, steps)})")
+        again = ledger.call_tool(operation_id=f"{steps}:call-0", tool="tickets.create", params={"title": "ticket 0"},
+                                 permit_id="approval-77", fn=dest.create, run_id=steps)
+        check(again.replayed and effects(dest, steps) == 3, "a retry of an admitted call replays, and is not refused")
+
+        loop = f"{run_id}-loop"
+        ledger.start_run(loop, max_repeats=2)
+        status, end = agent_loop(ledger, dest, loop, ({"title": "Printer on fire"} for _ in itertools.count()))
+        check(status == "repetition" and end.limit == "max_repeats",
+              f"the same ticket under new call ids ends the run with repetition ({status}, {end!r})")
+        check(effects(dest, loop) == 2, f"the destination applied 2 effects ({effects(dest, loop)})")
+
+        timed = f"{run_id}-timed"
+        ledger.start_run(timed, deadline=1.0)
+
+        def slow_create(attempt: Attempt) -> dict:
+            time.sleep(1.2)  # runs across the run's deadline
+            return dest.create(attempt)
+
+        status, end = agent_loop(ledger, dest, timed, ({"title": f"slow {i}"} for i in itertools.count()), fn=slow_create)
+        check(status == "deadline" and end.limit == "deadline",
+              f"the call after the deadline ends the run with deadline ({status}, {end!r})")
+        record = ledger.get_run(timed)
+        check(effects(dest, timed) == 1 and record.steps == 1 and record.open_operations == 0,
+              f"the call in flight across the deadline completed and was recorded "
+              f"({effects(dest, timed)} effects, {record.steps} steps, {record.open_operations} open)")
+        check(record.state == pb.RUN_STATE_DEADLINE, f"the run ended DEADLINE ({pb.RunState.Name(record.state)})")
+        ledger.close()
+
     for scenario in (unrecorded, unknown_unrecorded, rate_limited, unresolved_limit, oversized, bad_result,
                      refused_result, refused_failure_code, missing_failure_code, slow, settled_meanwhile, big_integer,
                      exhausted, hung, hung_unrecorded, lost_reserve, waits_back_off, in_progress_delays, late_claim,
                      cancel_waiting, cancel_reserving, cancel_running, lost_then_limited, claim_within_margin,
-                     renewal_hung):
+                     renewal_hung, run_guard):
         try:
             scenario()
         except CheckFailed as err:

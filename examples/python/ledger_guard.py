@@ -13,6 +13,10 @@ changes the world through Ledger.call_tool:
         fn=lambda attempt: tickets.create(..., idempotency_key=attempt.idempotency_key),
     )
 
+With run_id=..., each call is a step of an agent run the ledger guards
+(start_run): the call past the run's limit raises RunEnded, and fn does
+not run.
+
 call_tool reserves the operation, runs fn only when the ledger says
 DECISION_EXECUTE, records the outcome with the attempt's fencing token, and
 otherwise replays the recorded result, waits for another caller's live claim,
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import math
 import random
 import secrets
@@ -114,6 +119,32 @@ class LedgerError(Exception):
         self.metadata = dict(info.metadata) if info else {}
         self.retry_after = retry_after
         super().__init__(f"{code.name} {self.reason or '(no ErrorInfo)'}: {message}")
+
+
+# The ErrorInfo reasons of a Reserve the ledger's run guard refused.
+RUN_REASONS = ("RUN_STEP_LIMIT", "RUN_DEADLINE", "RUN_REPETITION", "RUN_ENDED")
+
+
+class RunEnded(LedgerError):
+    """The ledger's run guard refused a new tool call: the run has ended.
+
+    run_state is the run's state (RUN_STATE_STEP_LIMIT, RUN_STATE_DEADLINE,
+    RUN_STATE_REPETITION, RUN_STATE_DONE, RUN_STATE_CANCELLED) and limit the
+    limit this call reached ("max_steps", ...; empty when the run had ended
+    before). fn did not run. Stop the run: it is no failure of the tool.
+    """
+
+    def __init__(self, err: LedgerError):
+        super().__init__(err.code, err.message, None, err.retry_after, err.answer_lost)
+        self.reason, self.domain, self.metadata = err.reason, err.domain, err.metadata
+        self.args = err.args
+        self.run_state = err.metadata.get("run_state", "")
+        self.limit = err.metadata.get("limit", "")
+
+    @property
+    def status(self) -> str:
+        """The run's end as an agent runtime names it: step_limit, deadline, repetition, done or cancelled."""
+        return self.run_state.removeprefix("RUN_STATE_").lower()
 
 
 class ToolFailed(Exception):
@@ -429,9 +460,31 @@ class Ledger:
     def lookup(self, operation_id: str) -> pb.Operation:
         return self.rpc("Lookup", pb.LookupRequest(operation_id=operation_id)).operation
 
+    def start_run(self, run_id: str, *, max_steps: int = 0, deadline: float = 0.0, max_repeats: int = 0,
+                  max_irreversible: int = 0) -> pb.Run:
+        """Starts run_id in the ledger, whose run guard then counts the run's tool calls.
+
+        Limits left at 0 are the tenant policy's. max_repeats bounds the calls
+        of one tool with the same parameters (2 refuses the third); deadline
+        is in seconds from now. A repeat with the same limits returns the run.
+        call_tool(run_id=...) raises RunEnded for the call past a limit.
+        """
+        limits = pb.RunLimits(max_steps=max_steps, max_repeats=max_repeats, max_irreversible=max_irreversible)
+        if deadline:
+            limits.deadline.FromTimedelta(datetime.timedelta(seconds=deadline))
+        return self.rpc("StartRun", pb.StartRunRequest(run_id=run_id, limits=limits)).run
+
+    def get_run(self, run_id: str) -> pb.Run:
+        return self.rpc("GetRun", pb.GetRunRequest(run_id=run_id)).run
+
+    def end_run(self, run_id: str, state: int = pb.RUN_STATE_DONE, reason: str = "") -> pb.Run:
+        """Ends run_id as RUN_STATE_DONE or RUN_STATE_CANCELLED: the ledger admits no new call in it."""
+        return self.rpc("EndRun", pb.EndRunRequest(run_id=run_id, state=state, reason=reason)).run
+
     def call_tool(self, *, operation_id: str, tool: str, params: dict[str, Any], permit_id: str,
                   fn: Callable[[Attempt], dict[str, Any]], effect: int = pb.EFFECT_UNSPECIFIED,
-                  wait: float = 30.0, tool_timeout: float = 10.0, cancel: threading.Event | None = None) -> Outcome:
+                  wait: float = 30.0, tool_timeout: float = 10.0, cancel: threading.Event | None = None,
+                  run_id: str = "") -> Outcome:
         """Runs fn at most once for operation_id, whoever retries it and however often.
 
         fn returns {"resource_id": str, "data": dict}. It raises
@@ -478,12 +531,17 @@ class Ledger:
         cancellation: what fn returns is returned, what it raises is raised.
         Parameters the wire would round (an integer beyond 2^53) raise
         ValueError before the ledger is asked.
+        With run_id, the call is a step of that run: when the ledger's run
+        guard refuses it (the run started with start_run, or governed by the
+        tenant's policy, has ended or this call would pass its limit),
+        call_tool raises RunEnded and fn does not run. A retry of a call the
+        run admitted is never refused.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = self.clock() + wait
         waits = 0
         request = pb.ReserveRequest(operation_id=operation_id, tool=tool, params=params_struct(params),
-                                    permit_id=permit_id, holder=holder, effect=effect)
+                                    permit_id=permit_id, holder=holder, effect=effect, run_id=run_id)
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(operation_id)
@@ -491,6 +549,8 @@ class Ledger:
             try:
                 resp = self.rpc("Reserve", request, cancel)
             except LedgerError as err:
+                if err.reason in RUN_REASONS:
+                    raise RunEnded(err) from None
                 # The caller gives up on a Reserve that got no answer (the
                 # last try, or one before repeats refused for the rate): the
                 # ledger may have granted the claim all the same.
