@@ -178,20 +178,21 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	if l.limit != nil {
 		limit = l.limit(who.Tenant)
 	}
+	adm, err := l.admitStep(ctx, op, who, req, fp, effect, pol)
+	if err != nil {
+		return nil, err
+	}
+	runID := adm.recordedRun(req.RunID)
 	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, *record, error) {
 		digest, list := fieldsDigest(fields)
 		return l.reserveWithin(ctx, who.Tenant, k, limit, func(room any) (int64, string, *record, error) {
 			code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
-				req.Tool, string(fp[:]), req.PermitID, holder, int(effect), req.RunID, req.Step,
+				req.Tool, string(fp[:]), req.PermitID, holder, int(effect), runID, req.Step,
 				retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
 				encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
 				encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, room)
 			return code, aux, rec, err
 		})
-	}
-	adm, err := l.admitStep(ctx, op, who, req, fp, effect, pol)
-	if err != nil {
-		return nil, err
 	}
 	res, err := l.reserveDecide(op, who, req, run, fp, pol)
 	l.afterStep(ctx, adm, req.OperationID, res, err)

@@ -286,32 +286,44 @@ func (r runRuleY) apply() (RunPolicy, error) {
 		}
 		*c.dst = n
 	}
-	for _, d := range []struct {
-		name     string
-		val      string
-		dst      *time.Duration
-		min, max time.Duration
-	}{
+	if err := setDurations([]durationField{
 		{"deadline", r.Deadline, &p.Limits.Deadline, time.Millisecond, MaxRunDeadline},
 		{"retention", r.Retention, &p.Retention, minRetention, maxRetention},
-	} {
-		if d.val == "" {
-			continue
-		}
-		v, err := time.ParseDuration(d.val)
-		if err != nil {
-			return p, fmt.Errorf("%s: %w", d.name, err)
-		}
-		if v < d.min || v > d.max {
-			return p, fmt.Errorf("%s %s: want between %s and %s", d.name, v, d.min, d.max)
-		}
-		*d.dst = v
+	}); err != nil {
+		return p, err
 	}
 	if r.Implicit && p.Limits.Deadline == 0 {
 		return p, errors.New("implicit: a run nobody starts is never ended either, so it needs a deadline")
 	}
 	p.Implicit = r.Implicit
 	return p, nil
+}
+
+// durationField is a duration of the policy file, with its bounds.
+type durationField struct {
+	name     string
+	val      string
+	dst      *time.Duration
+	min, max time.Duration
+}
+
+// setDurations parses each field that is set into its dst, and refuses one
+// that does not parse or is out of its bounds.
+func setDurations(fields []durationField) error {
+	for _, d := range fields {
+		if d.val == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.val)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.name, err)
+		}
+		if v < d.min || v > d.max {
+			return fmt.Errorf("%s %s: want between %s and %s", d.name, v, d.min, d.max)
+		}
+		*d.dst = v
+	}
+	return nil
 }
 
 // runCount checks a run limit from the policy file: a whole number from 1
@@ -388,30 +400,14 @@ func (f policyFields) apply(base Policy) (Policy, error) {
 			return p, fmt.Errorf("effect %q: want read_only, idempotent or irreversible", f.Effect)
 		}
 	}
-	durations := []struct {
-		name     string
-		val      string
-		dst      *time.Duration
-		min, max time.Duration
-	}{
+	if err := setDurations([]durationField{
 		{"lease", f.Lease, &p.Lease, minLease, maxLease},
 		{"retention", f.Retention, &p.Retention, minRetention, maxRetention},
 		{"retain_grace", f.RetainGrace, &p.RetainGrace, 0, maxRetention},
 		{"recovery_window", f.RecoveryWindow, &p.RecoveryWindow, time.Millisecond, maxRetention},
 		{"tombstone_retention", f.TombstoneRetention, &p.TombstoneRetention, minRetention, maxRetention},
-	}
-	for _, d := range durations {
-		if d.val == "" {
-			continue
-		}
-		v, err := time.ParseDuration(d.val)
-		if err != nil {
-			return p, fmt.Errorf("%s: %w", d.name, err)
-		}
-		if v < d.min || v > d.max {
-			return p, fmt.Errorf("%s %s: want between %s and %s", d.name, v, d.min, d.max)
-		}
-		*d.dst = v
+	}); err != nil {
+		return p, err
 	}
 	if f.MaxAttempts != nil {
 		n := float64(*f.MaxAttempts)

@@ -150,7 +150,7 @@ func decodeRecord(s string) (*Operation, string, error) {
 	o.Attempt = uint32(parseUint(f[fAtt]))
 	o.FencingToken = uint64(ct + millis(f[fTok]))
 	o.PermitID = f[fPmt]
-	o.RunID = f[fRun]
+	o.RunID, o.runGuarded = strings.CutPrefix(f[fRun], guardedRun)
 	o.Step = uint32(parseUint(f[fStp]))
 	o.Holder = f[fHld]
 	o.Reason = reasonName(f[fRsn])

@@ -215,6 +215,20 @@ type admission struct {
 	fresh    bool // a new step
 }
 
+// guardedRun leads the run id of a record whose run guard admitted it (a
+// run id never holds a control character).
+const guardedRun = "\x01"
+
+// recordedRun is the run id a Reserve records with a new operation: marked
+// when the run guard tracks it, so its terminal transition settles it in
+// the run (and an untracked one costs no round trip then).
+func (a admission) recordedRun(runID string) string {
+	if a.governed {
+		return guardedRun + runID
+	}
+	return runID
+}
+
 // admitStep asks the run guard of req.RunID whether the Reserve may go on
 // (design.md §3.5). Without a run id, or for a run nobody started and no
 // policy governs, it admits without a round trip or a count.
@@ -251,7 +265,8 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 }
 
 // afterStep settles an admitted operation that no longer holds its run: it
-// ended, it belongs to another run, or this Reserve created nothing.
+// ended, it was created outside the run's guard (another run's, or before
+// the run started), or this Reserve created nothing.
 func (l *Ledger) afterStep(ctx context.Context, a admission, opID string, res *ReserveResult, err error) {
 	if !a.governed {
 		return
@@ -264,14 +279,14 @@ func (l *Ledger) afterStep(ctx context.Context, a admission, opID string, res *R
 				l.settle(ctx, a.keys, a.runID, opID)
 			}
 		}
-	case res.Operation.State.Terminal() || res.Operation.RunID != a.runID:
+	case res.Operation.State.Terminal() || !res.Operation.runGuarded || res.Operation.RunID != a.runID:
 		l.settle(ctx, a.keys, a.runID, opID)
 	}
 }
 
 // settleOperation tells o's run that o is terminal, when it is.
 func (l *Ledger) settleOperation(ctx context.Context, tenant string, o *Operation) {
-	if o != nil && o.RunID != "" && o.State.Terminal() {
+	if o != nil && o.runGuarded && o.State.Terminal() {
 		l.settle(ctx, l.keys.run(tenant, o.RunID), o.RunID, o.ID)
 	}
 }

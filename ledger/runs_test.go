@@ -406,3 +406,55 @@ func TestRunEvents(t *testing.T) {
 		}
 	})
 }
+
+// TestSettleCostsOnlyGuardedOperations: an operation whose run nobody
+// started is not settled when it ends (no round trip); a guarded one is,
+// once; one created before its run started is not held by the run.
+func TestSettleCostsOnlyGuardedOperations(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		seen := observe(t, e)
+		settles := func() int {
+			n := 0
+			for _, ev := range seen() {
+				if ev.Type == EventScript && ev.Op == "settle" {
+					n++
+				}
+			}
+			return n
+		}
+		res, err := e.step(t, "free", "free-1", "payments.refund", map[string]any{"amount": 1.0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.settle(t, "free-1", res.Operation.FencingToken, OutcomeSucceeded, "R-1")
+		if got := e.lookup(t, "free-1"); got.RunID != "free" || settles() != 0 {
+			t.Fatalf("an ungoverned run's operation: run id %q, %d settles; want free, 0", got.RunID, settles())
+		}
+		e.startRun(t, "guarded", RunLimits{})
+		res, err = e.step(t, "guarded", "g-1", "payments.refund", map[string]any{"amount": 1.0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Operation.RunID != "guarded" {
+			t.Fatalf("run id %q on the wire, want guarded", res.Operation.RunID)
+		}
+		e.settle(t, "g-1", res.Operation.FencingToken, OutcomeSucceeded, "R-1")
+		if r := e.getRun(t, "guarded"); settles() != 1 || r.Open != 0 {
+			t.Fatalf("a guarded operation: %d settles, run %+v; want 1, nothing open", settles(), r)
+		}
+		// Created before its run started: admitted as a step when retried
+		// in the run, but not held open by it.
+		early, err := e.step(t, "late", "early-1", "payments.refund", map[string]any{"amount": 1.0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.startRun(t, "late", RunLimits{})
+		if _, err := e.step(t, "late", "early-1", "payments.refund", map[string]any{"amount": 1.0}); err != nil {
+			t.Fatal(err)
+		}
+		if r := e.getRun(t, "late"); r.Steps != 1 || r.Open != 0 {
+			t.Fatalf("a run's retry of an operation created before it: %+v, want 1 step, nothing open", r)
+		}
+		e.settle(t, "early-1", early.Operation.FencingToken, OutcomeSucceeded, "R-1")
+	})
+}

@@ -152,6 +152,9 @@ type Operation struct {
 	PermitID     string
 	RunID        string
 	Step         uint32
+	// runGuarded: RunID's run guard admitted the operation when it was
+	// created, and holds it until it is terminal.
+	runGuarded bool
 	// Holder is the holder of the live claim, while RUNNING. It lets its
 	// owner recover the claim, so the server never shows it to others.
 	Holder      string

@@ -33,7 +33,8 @@
 --   st state (1 PENDING, 2 RUNNING, 3 SUCCEEDED, 4 FAILED_FINAL, 5 UNKNOWN)
 --   tool, fp (fingerprint, 32 bytes), pmt (permit), eff (1 READ_ONLY,
 --   2 IDEMPOTENT, 3 IRREVERSIBLE), att (attempt), tok (fencing token), hld
---   (holder of the live claim), lse (lease end, ms), run, stp (run id, step),
+--   (holder of the live claim), lse (lease end, ms), run, stp (run id, with
+--   a leading \1 when the run guard admitted it; step),
 --   ct / ut (created / updated, ms), ru (retain_until, ms), rue (retain_until
 --   plus grace, ms), rsn (reason of the latest transition), rev ("1" when
 --   escalated to a human), uks (UNKNOWN since, ms), rd / rid (result data
