@@ -12,6 +12,7 @@ MAKEFLAGS += --no-builtin-rules
 BUF_VERSION                := v1.75.0
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+GRPC_GATEWAY_VERSION := v2.33.0
 STATICCHECK_VERSION        := v0.8.2
 GRPCURL_VERSION            := v1.9.4
 
@@ -27,7 +28,7 @@ ARGS      ?=
 BENCH_ARGS ?= --growth 1000,1000000
 # What `buf breaking` compares the protos with: the main branch (a buf git
 # input; BREAKING_AGAINST=... for another).
-BREAKING_AGAINST ?= .git\#branch=main
+BREAKING_AGAINST ?= .git\#branch=main,subdir=proto
 # The commit that published ledger.v1: every later proto must stay
 # compatible with it (checked besides BREAKING_AGAINST, which on main itself
 # compares main with main).
@@ -69,6 +70,7 @@ test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPL
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
 	./scripts/ensure-jq.sh
+	./scripts/ensure-curl.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '^gen/' || true); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -103,7 +105,7 @@ fuzz: ## run every fuzz target (FUZZ_TARGETS) for FUZZTIME each (default 30s)
 	done
 
 .PHONY: tools
-tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) ## install the pinned code generators into ./bin
+tools: $(BIN)/.buf-$(BUF_VERSION) $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION) $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION) $(BIN)/.grpc-gateway-$(GRPC_GATEWAY_VERSION) ## install the pinned code generators into ./bin
 
 $(BIN)/.buf-$(BUF_VERSION):
 	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -113,6 +115,10 @@ $(BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION):
 	@touch $@
 $(BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION):
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	@touch $@
+$(BIN)/.grpc-gateway-$(GRPC_GATEWAY_VERSION):
+	GOBIN=$(BIN) $(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION) \
+	  github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
 	@touch $@
 $(BIN)/.staticcheck-$(STATICCHECK_VERSION):
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -141,12 +147,12 @@ lint-proto: tools ## buf lint, buf format and buf breaking against ledger.v1 as 
 	$(BIN)/buf lint
 	$(BIN)/buf format -d --exit-code
 	@if git cat-file -e '$(PROTO_V1_BASELINE)^{commit}' 2>/dev/null; then \
-	  echo "buf breaking --against '.git#ref=$(PROTO_V1_BASELINE)'"; $(BIN)/buf breaking --against '.git#ref=$(PROTO_V1_BASELINE)'; \
+	  echo "buf breaking proto --against '.git#ref=$(PROTO_V1_BASELINE),subdir=proto'"; $(BIN)/buf breaking proto --against '.git#ref=$(PROTO_V1_BASELINE),subdir=proto'; \
 	else echo "buf breaking against ledger.v1 as published skipped: commit $(PROTO_V1_BASELINE) is not in this clone (a shallow one?)"; fi
-	@if [ "$(BREAKING_AGAINST)" != '.git#branch=main' ] || git rev-parse -q --verify refs/heads/main >/dev/null; then \
-	  echo "buf breaking --against '$(BREAKING_AGAINST)'"; $(BIN)/buf breaking --against '$(BREAKING_AGAINST)'; \
+	@if [ "$(BREAKING_AGAINST)" != '.git#branch=main,subdir=proto' ] || git rev-parse -q --verify refs/heads/main >/dev/null; then \
+	  echo "buf breaking proto --against '$(BREAKING_AGAINST)'"; $(BIN)/buf breaking proto --against '$(BREAKING_AGAINST)'; \
 	elif git rev-parse -q --verify refs/remotes/origin/main >/dev/null; then \
-	  echo "buf breaking --against '.git#ref=origin/main'"; $(BIN)/buf breaking --against '.git#ref=origin/main'; \
+	  echo "buf breaking proto --against '.git#ref=origin/main,subdir=proto'"; $(BIN)/buf breaking proto --against '.git#ref=origin/main,subdir=proto'; \
 	else echo "buf breaking skipped: no main branch here to compare with (BREAKING_AGAINST=... to choose one)"; fi
 
 $(NODE_EXAMPLE_DEPS): examples/node/package.json examples/node/package-lock.json

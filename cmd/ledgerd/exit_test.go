@@ -83,6 +83,8 @@ func TestExitStatus(t *testing.T) {
 		{nil, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "nope"}, 2, `ledgerd: --metrics-listen "nope": want HOST:PORT, e.g. 127.0.0.1:9464`},
 		{nil, []string{"--listen", "127.0.0.1:0", "--otlp-endpoint", "http://collector:4317"}, 2, `ledgerd: --otlp-endpoint "http://collector:4317": want HOST:PORT`},
 		{nil, []string{"--listen", "0.0.0.0:0"}, 2, "ledgerd: --listen"},
+		{nil, []string{"--listen", "127.0.0.1:0", "--http-listen", "nope"}, 2, `ledgerd: --http-listen "nope": want HOST:PORT, e.g. 127.0.0.1:8080`},
+		{nil, []string{"--listen", "127.0.0.1:0", "--http-listen", "0.0.0.0:0"}, 2, `ledgerd: --http-listen "0.0.0.0:0": without authentication`},
 		{nil, []string{"--key-prefix", "a:b"}, 2, "ledgerd: --key-prefix"},
 		{nil, []string{"--redis-mode", "ring"}, 2, "ledgerd: --redis-mode"},
 		{nil, []string{"--redis-mode", "ring", "--redis-url", redisURL}, 2, "ledgerd: --redis-mode"},

@@ -42,6 +42,7 @@ type config struct {
 	autopipeline bool
 
 	metricsListen  string
+	httpListen     string
 	tenantLabel    bool
 	otlpEndpoint   string
 	otlpInsecure   bool
@@ -99,6 +100,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	f.parsed("rate-burst", "LEDGER_RATE_BURST", "0", "calls at once per tenant; 0: the rate, rounded up", count(&c.burst, math.MaxInt, "want a count, 0 for the rate"))
 	f.parsed("max-unresolved", "LEDGER_MAX_UNRESOLVED", "100000", "unresolved operations a tenant may hold; 0: no limit", count(&c.maxUnresolved, math.MaxInt, "want a count, 0 for no limit"))
 	f.boolean(&c.allowPlaintext, "allow-plaintext", "LEDGER_ALLOW_PLAINTEXT", false, "serve a non-loopback address without TLS, e.g. behind a TLS-terminating proxy")
+	f.text(&c.httpListen, "http-listen", "LEDGER_HTTP_LISTEN", "", "host:port of the HTTP/JSON API (the same rules as --listen); empty: off")
 	f.text(&c.metricsListen, "metrics-listen", "LEDGER_METRICS_LISTEN", "", "address of the Prometheus /metrics listener, e.g. 127.0.0.1:9464; empty: off")
 	f.boolean(&c.tenantLabel, "metrics-tenant-label", "LEDGER_METRICS_TENANT_LABEL", false, "add a tenant label to the ledger metrics")
 	f.text(&c.otlpEndpoint, "otlp-endpoint", "LEDGER_OTLP_ENDPOINT", "", "OTLP/gRPC trace collector, host:port; empty: no tracing")
@@ -178,15 +180,26 @@ func (c *config) check() error {
 // the address as given, before anything starts; the name localhost passes
 // here, and checkBound judges where it went.
 func checkListen(c config) error {
-	host, _, err := net.SplitHostPort(c.listen)
+	if err := checkListenAs(c, "--listen", c.listen, "127.0.0.1:50051"); err != nil {
+		return err
+	}
+	if c.httpListen != "" {
+		return checkListenAs(c, "--http-listen", c.httpListen, "127.0.0.1:8080")
+	}
+	return nil
+}
+
+// checkListenAs is checkListen for the address addr of flag.
+func checkListenAs(c config, flag, addr, example string) error {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("--listen %q: want HOST:PORT, e.g. 127.0.0.1:50051 (%w)", c.listen, err)
+		return fmt.Errorf("%s %q: want HOST:PORT, e.g. %s (%w)", flag, addr, example, err)
 	}
 	if host == "localhost" {
 		return nil
 	}
 	if err := listenRule(c, host); err != nil {
-		return fmt.Errorf("--listen %q: %w", c.listen, err)
+		return fmt.Errorf("%s %q: %w", flag, addr, err)
 	}
 	return nil
 }
@@ -195,12 +208,17 @@ func checkListen(c config) error {
 // a name is where the hosts file or the resolver says it is, and localhost
 // need not be loopback there.
 func checkBound(c config, bound net.Addr) error {
+	return checkBoundAs(c, "--listen", c.listen, bound)
+}
+
+// checkBoundAs is checkBound for the listener of flag, asked for addr.
+func checkBoundAs(c config, flag, addr string, bound net.Addr) error {
 	host, _, err := net.SplitHostPort(bound.String())
 	if err != nil {
 		host = bound.String()
 	}
 	if err := listenRule(c, host); err != nil {
-		return fmt.Errorf("--listen %q bound %s, which is not loopback: %w", c.listen, bound, err)
+		return fmt.Errorf("%s %q bound %s, which is not loopback: %w", flag, addr, bound, err)
 	}
 	return nil
 }

@@ -27,6 +27,7 @@
 //	--rate-burst        LEDGER_RATE_BURST        calls at once per tenant (the rate, rounded up)
 //	--max-unresolved    LEDGER_MAX_UNRESOLVED    unresolved operations a tenant may hold (100000; 0: no limit)
 //	--allow-plaintext   LEDGER_ALLOW_PLAINTEXT   serve a non-loopback address without TLS (false)
+//	--http-listen       LEDGER_HTTP_LISTEN       host:port of the HTTP/JSON API, rules as --listen (off when empty)
 //	--metrics-listen    LEDGER_METRICS_LISTEN    address of the Prometheus /metrics listener (off when empty)
 //	--metrics-tenant-label LEDGER_METRICS_TENANT_LABEL  add a tenant label to the ledger metrics (false)
 //	--otlp-endpoint     LEDGER_OTLP_ENDPOINT     OTLP/gRPC collector for traces, host:port (off when empty)
@@ -67,6 +68,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -317,6 +319,17 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 		}
 		return nil
 	})
+	var tlsCfg *tls.Config
+	if tlsr != nil {
+		tlsCfg = tlsr.Config()
+	}
+	api, err := startHTTP(c, svc, tlsCfg, log)
+	if err != nil {
+		return err
+	}
+	if api != nil {
+		g.Go(func() error { return api.serve(gctx, svc, c.shutdownTimeout, log) })
+	}
 	if c.metricsListen != "" {
 		mlis, err := net.Listen("tcp", c.metricsListen)
 		if err != nil {

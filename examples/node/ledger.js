@@ -30,7 +30,9 @@ const protobuf = require('protobufjs');
 const REPO = path.resolve(__dirname, '..', '..');
 
 const ledgerProto = grpc.loadPackageDefinition(protoLoader.loadSync('ledger/v1/ledger.proto', {
-  includeDirs: [path.join(REPO, 'proto')], // google/protobuf/*.proto come with proto-loader
+  // google/protobuf/*.proto come with proto-loader; google/api (the HTTP
+  // mapping's options) is in third_party.
+  includeDirs: [path.join(REPO, 'proto'), path.join(REPO, 'third_party', 'googleapis')],
   keepCase: true, // fields keep their wire names: operation_id, fencing_token, ...
   longs: String, // uint64 fencing tokens as decimal strings: no precision lost
   enums: String,

@@ -77,6 +77,24 @@ func cleanEnv(extra ...string) []string {
 // ends, waits until it reports SERVING, and returns its address.
 func startLedgerd(t *testing.T, flags ...string) string {
 	t.Helper()
+	return startProcess(t, flags...).addr
+}
+
+// startLedgerdHTTP is startLedgerd with the HTTP/JSON API on a loopback
+// port too; it returns both addresses.
+func startLedgerdHTTP(t *testing.T, flags ...string) (string, string) {
+	t.Helper()
+	d := startProcess(t, append(flags, "--http-listen", "127.0.0.1:0")...)
+	httpAddr, err := ledgertest.ListenAddr(d.log.String, "HTTP API serving", d.exited, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.addr, httpAddr
+}
+
+// startProcess launches ledgerd with flags until the test ends.
+func startProcess(t *testing.T, flags ...string) *ledgerdProcess {
+	t.Helper()
 	d, err := launchLedgerd(ledgertest.LedgerdBinary(t, tmpDir), "127.0.0.1:0", flags...)
 	if err != nil {
 		t.Fatalf("ledgerd never served: %v", err)
@@ -89,7 +107,7 @@ func startLedgerd(t *testing.T, flags ...string) string {
 			t.Logf("ledgerd log:\n%s", d.log.String())
 		}
 	})
-	return d.addr
+	return d
 }
 
 // ledgerdProcess is a ledgerd started by launchLedgerd.

@@ -20,9 +20,13 @@ import (
 	"github.com/opledger/ledger/internal/redistest"
 )
 
-// readmeAddr is the address the README's commands use; the test rewrites it
+// readmeAddr and readmeHTTPAddr are the addresses the README's commands
+// use (gRPC, and the HTTP/JSON API of --http-listen); the test rewrites them
 // to its own ledgerd's.
-const readmeAddr = "127.0.0.1:50051"
+const (
+	readmeAddr     = "127.0.0.1:50051"
+	readmeHTTPAddr = "127.0.0.1:8080"
+)
 
 // walkthroughSection is the README section whose commands the test runs.
 const walkthroughSection = "## Quick start with grpcurl"
@@ -77,6 +81,22 @@ func walkREADME(t *testing.T, flags ...string) {
 	walkDoc(t, "README.md", walkthroughSection, flags...)
 }
 
+// TestREADMECurlWalkthrough runs the README's curl quick start against the
+// HTTP/JSON API as TestREADMEWalkthrough runs the grpcurl one.
+func TestREADMECurlWalkthrough(t *testing.T) {
+	t.Parallel()
+	_, err := exec.LookPath("curl")
+	need(t, err == nil, "curl is not installed")
+	t.Run("embedded", func(t *testing.T) {
+		t.Parallel()
+		walkDoc(t, "README.md", "## Quick start with curl")
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		walkDoc(t, "README.md", "## Quick start with curl", "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	})
+}
+
 // TestRunsWalkthrough runs docs/runs.md's grpcurl walkthrough as
 // TestREADMEWalkthrough runs the README's, on both engines.
 func TestRunsWalkthrough(t *testing.T) {
@@ -110,7 +130,8 @@ func walkDoc(t *testing.T, doc, section string, flags ...string) {
 		t.Fatalf("found only %d grpcurl commands in %s %q: the parser or the doc changed", len(steps), doc, section)
 	}
 
-	w := &walk{t: t, addr: startLedgerd(t, flags...), grpcurl: grpcurl, dir: t.TempDir(), bound: map[string]string{}}
+	w := &walk{t: t, grpcurl: grpcurl, dir: t.TempDir(), bound: map[string]string{}}
+	w.addr, w.httpAddr = startLedgerdHTTP(t, flags...)
 	answers := make([]answer, len(steps))
 	for i, s := range steps {
 		answers[i] = w.run(s)
@@ -335,6 +356,7 @@ func parseConsole(doc string, block []string, firstLine int) ([]step, error) {
 type walk struct {
 	t        *testing.T
 	addr     string
+	httpAddr string
 	grpcurl  string
 	dir      string            // where the commands run (the files they write)
 	bound    map[string]string // README value -> this run's value (fencing tokens)
@@ -354,8 +376,8 @@ type answer struct {
 // run runs one step and checks its answer.
 func (w *walk) run(s step) answer {
 	t := w.t
-	if !strings.HasPrefix(s.command, "grpcurl ") {
-		w.errorf("%s:%d: not a grpcurl command: %q", s.doc, s.line, s.command)
+	if !strings.HasPrefix(s.command, "grpcurl ") && !strings.HasPrefix(s.command, "curl ") {
+		w.errorf("%s:%d: not a grpcurl or curl command: %q", s.doc, s.line, s.command)
 		return answer{}
 	}
 	cmd := w.command(s)
@@ -388,7 +410,7 @@ func (w *walk) command(s step) string {
 			w.errorf("%s:%d: the command carries %s, a value of the README's run: a reader's differs, so take it from the earlier answer", s.doc, s.line, readme)
 		}
 	}
-	return strings.ReplaceAll(s.command, readmeAddr, w.addr)
+	return strings.NewReplacer(readmeAddr, w.addr, readmeHTTPAddr, w.httpAddr).Replace(s.command)
 }
 
 // check compares the output the README shows for s with the service's answer.

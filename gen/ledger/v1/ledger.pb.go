@@ -41,6 +41,7 @@
 package ledgerv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -2523,7 +2524,7 @@ var File_ledger_v1_ledger_proto protoreflect.FileDescriptor
 
 const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\n" +
-	"\x16ledger/v1/ledger.proto\x12\tledger.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n" +
+	"\x16ledger/v1/ledger.proto\x12\tledger.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"V\n" +
 	"\x06Result\x12+\n" +
 	"\x04data\x18\x01 \x01(\v2\x17.google.protobuf.StructR\x04data\x12\x1f\n" +
 	"\vresource_id\x18\x02 \x01(\tR\n" +
@@ -2715,19 +2716,20 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x14RUN_STATE_STEP_LIMIT\x10\x03\x12\x16\n" +
 	"\x12RUN_STATE_DEADLINE\x10\x04\x12\x18\n" +
 	"\x14RUN_STATE_REPETITION\x10\x05\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x062\x86\x06\n" +
-	"\rLedgerService\x12@\n" +
-	"\aReserve\x12\x19.ledger.v1.ReserveRequest\x1a\x1a.ledger.v1.ReserveResponse\x12C\n" +
-	"\bComplete\x12\x1a.ledger.v1.CompleteRequest\x1a\x1b.ledger.v1.CompleteResponse\x12L\n" +
-	"\vMarkUnknown\x12\x1d.ledger.v1.MarkUnknownRequest\x1a\x1e.ledger.v1.MarkUnknownResponse\x12=\n" +
-	"\x06Lookup\x12\x18.ledger.v1.LookupRequest\x1a\x19.ledger.v1.LookupResponse\x12F\n" +
-	"\tReconcile\x12\x1b.ledger.v1.ReconcileRequest\x1a\x1c.ledger.v1.ReconcileResponse\x12:\n" +
-	"\x05Renew\x12\x17.ledger.v1.RenewRequest\x1a\x18.ledger.v1.RenewResponse\x12U\n" +
-	"\x0eListUnresolved\x12 .ledger.v1.ListUnresolvedRequest\x1a!.ledger.v1.ListUnresolvedResponse\x12C\n" +
-	"\bStartRun\x12\x1a.ledger.v1.StartRunRequest\x1a\x1b.ledger.v1.StartRunResponse\x12=\n" +
-	"\x06GetRun\x12\x18.ledger.v1.GetRunRequest\x1a\x19.ledger.v1.GetRunResponse\x12=\n" +
-	"\x06EndRun\x12\x18.ledger.v1.EndRunRequest\x1a\x19.ledger.v1.EndRunResponse\x12C\n" +
-	"\bListRuns\x12\x1a.ledger.v1.ListRunsRequest\x1a\x1b.ledger.v1.ListRunsResponseB3Z1github.com/opledger/ledger/gen/ledger/v1;ledgerv1b\x06proto3"
+	"\x13RUN_STATE_CANCELLED\x10\x062\xae\v\n" +
+	"\rLedgerService\x12\x8f\x01\n" +
+	"\aReserve\x12\x19.ledger.v1.ReserveRequest\x1a\x1a.ledger.v1.ReserveResponse\"M\x82\xd3\xe4\x93\x02G:\x01*Z\x1b:\x01*\"\x16/v1/operations:reserve\"%/v1/operations/{operation_id}:reserve\x12\x94\x01\n" +
+	"\bComplete\x12\x1a.ledger.v1.CompleteRequest\x1a\x1b.ledger.v1.CompleteResponse\"O\x82\xd3\xe4\x93\x02I:\x01*Z\x1c:\x01*\"\x17/v1/operations:complete\"&/v1/operations/{operation_id}:complete\x12\xa3\x01\n" +
+	"\vMarkUnknown\x12\x1d.ledger.v1.MarkUnknownRequest\x1a\x1e.ledger.v1.MarkUnknownResponse\"U\x82\xd3\xe4\x93\x02O:\x01*Z\x1f:\x01*\"\x1a/v1/operations:markUnknown\")/v1/operations/{operation_id}:markUnknown\x12}\n" +
+	"\x06Lookup\x12\x18.ledger.v1.LookupRequest\x1a\x19.ledger.v1.LookupResponse\">\x82\xd3\xe4\x93\x028Z\x17\x12\x15/v1/operations:lookup\x12\x1d/v1/operations/{operation_id}\x12\x99\x01\n" +
+	"\tReconcile\x12\x1b.ledger.v1.ReconcileRequest\x1a\x1c.ledger.v1.ReconcileResponse\"Q\x82\xd3\xe4\x93\x02K:\x01*Z\x1d:\x01*\"\x18/v1/operations:reconcile\"'/v1/operations/{operation_id}:reconcile\x12\x85\x01\n" +
+	"\x05Renew\x12\x17.ledger.v1.RenewRequest\x1a\x18.ledger.v1.RenewResponse\"I\x82\xd3\xe4\x93\x02C:\x01*Z\x19:\x01*\"\x14/v1/operations:renew\"#/v1/operations/{operation_id}:renew\x12x\n" +
+	"\x0eListUnresolved\x12 .ledger.v1.ListUnresolvedRequest\x1a!.ledger.v1.ListUnresolvedResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/v1/operations:unresolved\x12|\n" +
+	"\bStartRun\x12\x1a.ledger.v1.StartRunRequest\x1a\x1b.ledger.v1.StartRunResponse\"7\x82\xd3\xe4\x93\x021:\x01*Z\x13:\x01*\"\x0e/v1/runs:start\"\x17/v1/runs/{run_id}:start\x12h\n" +
+	"\x06GetRun\x12\x18.ledger.v1.GetRunRequest\x1a\x19.ledger.v1.GetRunResponse\")\x82\xd3\xe4\x93\x02#Z\x0e\x12\f/v1/runs:get\x12\x11/v1/runs/{run_id}\x12r\n" +
+	"\x06EndRun\x12\x18.ledger.v1.EndRunRequest\x1a\x19.ledger.v1.EndRunResponse\"3\x82\xd3\xe4\x93\x02-:\x01*Z\x11:\x01*\"\f/v1/runs:end\"\x15/v1/runs/{run_id}:end\x12U\n" +
+	"\bListRuns\x12\x1a.ledger.v1.ListRunsRequest\x1a\x1b.ledger.v1.ListRunsResponse\"\x10\x82\xd3\xe4\x93\x02\n" +
+	"\x12\b/v1/runsB3Z1github.com/opledger/ledger/gen/ledger/v1;ledgerv1b\x06proto3"
 
 var (
 	file_ledger_v1_ledger_proto_rawDescOnce sync.Once

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/opledger/ledger/httpapi"
+	"github.com/opledger/ledger/server"
+)
+
+// maxHTTPBody bounds an HTTP request body: the largest request message,
+// as JSON, with room for its encoding.
+const maxHTTPBody = 4 * server.DefaultMaxRequestBytes
+
+// httpAPI is the HTTP/JSON listener: grpc-gateway in front of the service,
+// which it reaches over an in-process connection served like any other.
+type httpAPI struct {
+	lis  net.Listener
+	srv  *http.Server
+	pipe *bufconn.Listener
+	conn *grpc.ClientConn
+}
+
+// startHTTP listens on c.httpListen and builds the API over svc; nil when
+// it is off. Serve and stop it with serve.
+func startHTTP(c config, svc *server.Service, tlsCfg *tls.Config, log *slog.Logger) (*httpAPI, error) {
+	if c.httpListen == "" {
+		return nil, nil
+	}
+	lis, err := net.Listen("tcp", c.httpListen)
+	if err != nil {
+		return nil, fmt.Errorf("--http-listen: %w", err)
+	}
+	if err := checkBoundAs(c, "--http-listen", c.httpListen, lis.Addr()); err != nil {
+		_ = lis.Close()
+		return nil, err
+	}
+	a := &httpAPI{lis: lis, pipe: bufconn.Listen(1 << 20)}
+	// The in-process connection carries TLS when the service does (its
+	// credentials are the server's, for every listener); nothing can sit
+	// between its ends, so the certificate needs no verification there.
+	creds := insecure.NewCredentials()
+	if tlsCfg != nil {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
+	}
+	a.conn, err = grpc.NewClient("passthrough:///ledgerd",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return a.pipe.DialContext(ctx) }),
+		grpc.WithTransportCredentials(creds))
+	if err != nil {
+		_ = lis.Close()
+		return nil, err
+	}
+	h, err := httpapi.Handler(a.conn)
+	if err != nil {
+		_ = lis.Close()
+		return nil, err
+	}
+	limited := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxHTTPBody)
+		h.ServeHTTP(w, r)
+	})
+	a.srv = &http.Server{Handler: limited, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: tlsCfg,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	return a, nil
+}
+
+// serve serves the API until ctx ends, then shuts it down within timeout.
+func (a *httpAPI) serve(ctx context.Context, svc *server.Service, timeout time.Duration, log *slog.Logger) error {
+	go func() { _ = svc.Serve(a.pipe) }()
+	log.Info("HTTP API serving", "listen", a.lis.Addr().String(), "tls", a.srv.TLSConfig != nil)
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		if a.srv.TLSConfig != nil {
+			err = a.srv.ServeTLS(a.lis, "", "")
+		} else {
+			err = a.srv.Serve(a.lis)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := a.srv.Shutdown(sctx)
+	_ = a.conn.Close()
+	return err
+}

@@ -1,0 +1,226 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/opledger/ledger/httpapi"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
+	"github.com/opledger/ledger/server"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// api is the HTTP/JSON API in front of a ledger service with API keys.
+type api struct {
+	url  string
+	keys map[string]string // scope -> key
+}
+
+func start(t *testing.T, rdb redis.UniversalClient) *api {
+	t.Helper()
+	keys, lines := map[string]string{}, []string{}
+	tenant := "http-" + strings.ToLower(t.Name())
+	for _, scope := range []string{"agent", "reconciler", "viewer"} {
+		key, hash, err := server.NewAPIKey("k-" + scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[scope] = key
+		lines = append(lines, fmt.Sprintf("  - {id: k-%s, tenant: %s, scopes: [%s], secret_sha256: %s}", scope, tenant, scope, hash))
+	}
+	creds, err := server.ParseCredentials([]byte("keys:\n" + strings.Join(lines, "\n") + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := servicetest.Start(t, rdb, servicetest.Options{Policy: ledgertest.Policy, Credentials: creds})
+	conn, err := grpc.NewClient(st.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	h, err := httpapi.Handler(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &api{url: srv.URL, keys: keys}
+}
+
+// reply is an answer: its status and JSON body.
+type reply struct {
+	status int
+	body   map[string]any
+}
+
+// reason is the ErrorInfo reason of an error body.
+func (r reply) reason() string {
+	details, _ := r.body["details"].([]any)
+	for _, d := range details {
+		if m, _ := d.(map[string]any); m["@type"] == "type.googleapis.com/google.rpc.ErrorInfo" {
+			s, _ := m["reason"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+func (r reply) get(path ...string) any {
+	var v any = r.body
+	for _, p := range path {
+		m, _ := v.(map[string]any)
+		v = m[p]
+	}
+	return v
+}
+
+func (a *api) call(t *testing.T, scope, method, path, body string) reply {
+	t.Helper()
+	req, err := http.NewRequest(method, a.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scope != "" {
+		req.Header.Set("Authorization", "Bearer "+a.keys[scope])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reply{status: resp.StatusCode}
+	if err := json.Unmarshal(b, &r.body); err != nil {
+		t.Fatalf("%s %s: %d, not a JSON object: %q", method, path, resp.StatusCode, b)
+	}
+	return r
+}
+
+// TestEveryRPCOverHTTP: each RPC at its path, with the caller's API key;
+// errors with the gRPC status as JSON, the ErrorInfo among its details,
+// and the HTTP status of the code (409 for the conflicts); ids with ':'
+// in the path, and with '/' through the body and query bindings.
+func TestEveryRPCOverHTTP(t *testing.T) {
+	redistest.EachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		a := start(t, rdb)
+		reserve := `{"tool":"payments.refund","params":{"amount":5},"permit_id":"p-1","holder":"h-1"}`
+		r := a.call(t, "agent", "POST", "/v1/operations/wf-1:refund:reserve", reserve)
+		token, _ := r.get("operation", "fencingToken").(string)
+		if r.status != 200 || r.get("decision") != "DECISION_EXECUTE" || r.get("operation", "operationId") != "wf-1:refund" || token == "" {
+			t.Fatalf("Reserve = %+v", r)
+		}
+		if again := a.call(t, "agent", "POST", "/v1/operations/wf-1:refund:reserve", reserve); again.get("decision") != "DECISION_EXECUTE" ||
+			again.get("operation", "fencingToken") != token {
+			t.Fatalf("Reserve again (same holder) = %+v", again)
+		}
+		changed := a.call(t, "agent", "POST", "/v1/operations/wf-1:refund:reserve", strings.Replace(reserve, `"amount":5`, `"amount":6`, 1))
+		if changed.status != http.StatusConflict || changed.reason() != "IDEMPOTENCY_KEY_REUSED" {
+			t.Fatalf("a changed request = %+v, want 409 IDEMPOTENCY_KEY_REUSED", changed)
+		}
+		done := a.call(t, "agent", "POST", "/v1/operations/wf-1:refund:complete",
+			`{"fencing_token":"`+token+`","outcome":"OUTCOME_SUCCEEDED","result":{"resource_id":"re_1","data":{"refund":"re_1"}}}`)
+		if done.status != 200 || done.get("operation", "state") != "STATE_SUCCEEDED" {
+			t.Fatalf("Complete = %+v", done)
+		}
+		look := a.call(t, "viewer", "GET", "/v1/operations/wf-1:refund", "")
+		if look.status != 200 || look.get("operation", "result", "resourceId") != "re_1" {
+			t.Fatalf("Lookup = %+v", look)
+		}
+
+		for _, c := range []struct {
+			name, scope, method, path, body string
+			status                          int
+			reason                          string
+		}{
+			{"no credentials", "", "GET", "/v1/operations/wf-1:refund", "", 401, "UNAUTHENTICATED"},
+			{"a viewer's Reserve", "viewer", "POST", "/v1/operations/x:reserve", reserve, 403, "PERMISSION_DENIED"},
+			{"no such operation", "viewer", "GET", "/v1/operations/never", "", 404, "NOT_FOUND"},
+			{"bad input", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"bad tool"}`, 400, "INVALID_ARGUMENT"},
+			{"a stale token", "agent", "POST", "/v1/operations/wf-1:refund:complete", `{"fencing_token":"1","outcome":"OUTCOME_SUCCEEDED"}`, 409, "STALE_FENCING_TOKEN"},
+			{"not JSON", "agent", "POST", "/v1/operations/x:reserve", `{"tool":`, 400, ""},
+			{"an unknown field", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","amount":5}`, 400, ""},
+			{"no such run", "viewer", "GET", "/v1/runs/never", "", 404, "NOT_FOUND"},
+		} {
+			r := a.call(t, c.scope, c.method, c.path, c.body)
+			if r.status != c.status || r.reason() != c.reason {
+				t.Errorf("%s: %d %q (%v), want %d %q", c.name, r.status, r.reason(), r.body, c.status, c.reason)
+			}
+		}
+
+		// An id with '/' cannot be a path segment: the body and query
+		// bindings name it.
+		slash := a.call(t, "agent", "POST", "/v1/operations:reserve", `{"operation_id":"acme/eu:1","tool":"t.x","holder":"h-2"}`)
+		if slash.status != 200 || slash.get("operation", "operationId") != "acme/eu:1" {
+			t.Fatalf("Reserve by body = %+v", slash)
+		}
+		if got := a.call(t, "viewer", "GET", "/v1/operations:lookup?operation_id=acme%2Feu%3A1", ""); got.get("operation", "operationId") != "acme/eu:1" {
+			t.Fatalf("Lookup by query = %+v", got)
+		}
+
+		list := a.call(t, "reconciler", "GET", "/v1/operations:unresolved?states=STATE_RUNNING&page_size=10", "")
+		if list.status != 200 {
+			t.Fatalf("ListUnresolved = %+v", list)
+		}
+		run := a.call(t, "agent", "POST", "/v1/runs/r-1:start", `{"limits":{"max_steps":1,"deadline":"60s"}}`)
+		if run.status != 200 || run.get("run", "state") != "RUN_STATE_RUNNING" || run.get("run", "limits", "deadline") != "60s" {
+			t.Fatalf("StartRun = %+v", run)
+		}
+		step := func(id string) reply {
+			return a.call(t, "agent", "POST", "/v1/operations/"+id+":reserve", `{"tool":"t.x","holder":"h-`+id+`","run_id":"r-1"}`)
+		}
+		if s := step("s-1"); s.status != 200 {
+			t.Fatalf("a step = %+v", s)
+		}
+		if s := step("s-2"); s.status != http.StatusConflict || s.reason() != "RUN_STEP_LIMIT" {
+			t.Fatalf("a step past the cap = %+v, want 409 RUN_STEP_LIMIT", s)
+		}
+		if got := a.call(t, "viewer", "GET", "/v1/runs/r-1", ""); got.get("run", "state") != "RUN_STATE_STEP_LIMIT" {
+			t.Fatalf("GetRun = %+v", got)
+		}
+		if got := a.call(t, "viewer", "GET", "/v1/runs", ""); got.status != 200 || len(got.body["runs"].([]any)) != 1 {
+			t.Fatalf("ListRuns = %+v", got)
+		}
+	})
+}
+
+// TestOpenAPI: the description is served, and names every path the
+// gateway serves.
+func TestOpenAPI(t *testing.T) {
+	a := start(t, redistest.Embedded(t))
+	resp, err := http.Get(a.url + httpapi.OpenAPIPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var doc struct {
+		Swagger string                    `json:"swagger"`
+		Paths   map[string]map[string]any `json:"paths"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("%s: %d %q, %v", httpapi.OpenAPIPath, resp.StatusCode, resp.Header.Get("Content-Type"), err)
+	}
+	for _, p := range []string{"/v1/operations/{operationId}:reserve", "/v1/operations/{operationId}", "/v1/operations:unresolved",
+		"/v1/operations:reserve", "/v1/runs/{runId}:start", "/v1/runs"} {
+		if doc.Paths[p] == nil {
+			t.Errorf("the OpenAPI description has no path %s (it has %d)", p, len(doc.Paths))
+		}
+	}
+	if doc.Swagger != "2.0" {
+		t.Errorf("swagger %q, want 2.0", doc.Swagger)
+	}
+}
