@@ -164,11 +164,12 @@ func TestRunStepCapUnderRace(t *testing.T) {
 }
 
 // TestRunDeadline: past the deadline a new step is refused and the run
-// ends; the operation running across it still completes.
+// ends; the operation running across it still completes. The deadline is
+// 1s, so that a stalled machine does not pass it before the first step.
 func TestRunDeadline(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		r := e.startRun(t, "timed", RunLimits{Deadline: 300 * time.Millisecond})
-		if !r.DeadlineAt.Equal(r.StartedAt.Add(300*time.Millisecond)) || r.State != RunStateRunning {
+		r := e.startRun(t, "timed", RunLimits{Deadline: time.Second})
+		if !r.DeadlineAt.Equal(r.StartedAt.Add(time.Second)) || r.State != RunStateRunning {
 			t.Fatalf("run = %+v", r)
 		}
 		res, err := e.step(t, "timed", "long", "payments.refund", map[string]any{"amount": 1.0})
