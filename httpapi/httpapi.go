@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/gen/openapi"
@@ -26,12 +25,12 @@ const OpenAPIPath = "/v1/openapi.json"
 // conn. Requests carry the caller's credentials in the Authorization header
 // ("Bearer <key>"), as gRPC calls do.
 func Handler(conn *grpc.ClientConn) (http.Handler, error) {
+	// protojson's defaults, not grpc-gateway's: answers without zero fields
+	// (as grpcurl prints them), and a request field the message does not
+	// have refused, not dropped.
 	gw := runtime.NewServeMux(
 		runtime.WithErrorHandler(errorHandler),
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
-			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: false, EmitUnpopulated: false},
-			UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false},
-		}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{}),
 	)
 	if err := ledgerv1.RegisterLedgerServiceHandler(context.Background(), gw, conn); err != nil {
 		return nil, err

@@ -172,7 +172,6 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	if req.Holder == "" {
 		req.Holder = newHolder()
 	}
-	holder := req.Holder
 	k := l.keys.op(who.Tenant, req.OperationID)
 	limit := 0
 	if l.limit != nil {
@@ -187,7 +186,7 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		digest, list := fieldsDigest(fields)
 		return l.reserveWithin(ctx, who.Tenant, k, limit, func(room any) (int64, string, *record, error) {
 			code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
-				req.Tool, string(fp[:]), req.PermitID, holder, int(effect), runID, req.Step,
+				req.Tool, string(fp[:]), req.PermitID, req.Holder, int(effect), runID, req.Step,
 				retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
 				encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
 				encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, room)
@@ -558,22 +557,17 @@ func movedError(err error) bool {
 // report what the script did; the record is nil whenever the script did
 // not run.
 func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker string, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
-	start := time.Now()
 	// ARGV is principal, member, args: built once (go-redis copies it once
 	// more into the command).
 	argv := make([]any, 0, 2+len(args))
 	argv = append(argv, principal, member)
-	raw, err := l.eval(ctx, op, s, marker, keys, append(argv, args...))
+	raw, err := l.evalReported(ctx, op, s, marker, keys, append(argv, args...))
 	var failed error // the store's error, also after a script that ran
 	if err != nil && KindOf(err) != KindNotReplicated {
-		failed = storeError(op, err)
-		err = failed
-		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
+		failed = err
 		if raw == nil { // the script did not run
 			return 0, "", nil, nil, err
 		}
-	} else {
-		l.emit(Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)})
 	}
 	// A reply that cannot be read is KindOther, unless the store failed
 	// the call anyway: its error stands.
@@ -593,6 +587,22 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker
 		return 0, "", nil, nil, unreadable(rerr)
 	}
 	return code, aux, rec, raw[3:], err
+}
+
+// evalReported runs a script as eval does and reports it to the observer
+// (EventScript). A store error is returned as a ledger error, with the
+// reply when the script ran.
+func (l *Ledger) evalReported(ctx context.Context, op string, s *redis.Script, marker string, keys []string, argv []any) ([]any, error) {
+	start := time.Now()
+	raw, err := l.eval(ctx, op, s, marker, keys, argv)
+	ev := Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger.")}
+	if err != nil && KindOf(err) != KindNotReplicated {
+		err = storeError(op, err)
+		ev.Failed, ev.ErrKind = true, KindOf(err)
+	}
+	ev.Duration = time.Since(start)
+	l.emit(ev)
+	return raw, err
 }
 
 // codeError turns a script's error code into an *Error.

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"slices"
@@ -26,10 +27,7 @@ type RunPage struct {
 type runEntry struct {
 	score  float64
 	member string
-}
-
-func (a runEntry) before(b runEntry) bool {
-	return a.score < b.score || a.score == b.score && a.member < b.member
+	shard  int
 }
 
 // ListRuns pages through the tenant's runs: running ones first, the newest
@@ -98,7 +96,7 @@ func (l *Ledger) runsAfter(ctx context.Context, tenant string, cursor runEntry, 
 		if ties[s] != nil {
 			for _, z := range ties[s].Val() {
 				if m, _ := z.Member.(string); m > cursor.member {
-					all = append(all, runEntry{z.Score, m})
+					all = append(all, runEntry{z.Score, m, s})
 				}
 			}
 		}
@@ -106,14 +104,11 @@ func (l *Ledger) runsAfter(ctx context.Context, tenant string, cursor runEntry, 
 		more = more || len(zs) == n
 		for _, z := range zs {
 			m, _ := z.Member.(string)
-			all = append(all, runEntry{z.Score, m})
+			all = append(all, runEntry{z.Score, m, s})
 		}
 	}
 	slices.SortFunc(all, func(a, b runEntry) int {
-		if a.before(b) {
-			return -1
-		}
-		return 1
+		return cmp.Or(cmp.Compare(a.score, b.score), strings.Compare(a.member, b.member))
 	})
 	if len(all) > n {
 		all, more = all[:n], true
@@ -128,12 +123,13 @@ func (l *Ledger) readRuns(ctx context.Context, tenant string, entries []runEntry
 	now := pipe.Time(ctx)
 	cmds := make([]*redis.SliceCmd, len(entries))
 	for i, en := range entries {
-		cmds[i] = pipe.HMGet(ctx, l.keys.runRecord(shardOfEncoded(tenant, en.member), tenant, en.member), runFields[:]...)
+		cmds[i] = pipe.HMGet(ctx, l.keys.runRecord(en.shard, tenant, en.member), runFields[:]...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	var runs []*Run
+	gone := l.rdb.Pipeline() // the index entries of expired runs
 	for i, c := range cmds {
 		id, err := decodeComponent(entries[i].member)
 		if err != nil {
@@ -141,9 +137,7 @@ func (l *Ledger) readRuns(ctx context.Context, tenant string, entries []runEntry
 		}
 		f := c.Val()
 		if len(f) != len(runFields) || f[0] == nil {
-			// Expired: its index entry goes too.
-			s := shardOfEncoded(tenant, entries[i].member)
-			_ = l.rdb.ZRem(ctx, l.keys.runIndex(s, tenant), entries[i].member).Err()
+			gone.ZRem(ctx, l.keys.runIndex(entries[i].shard, tenant), entries[i].member)
 			continue
 		}
 		r := decodeRun(id, f)
@@ -152,17 +146,10 @@ func (l *Ledger) readRuns(ctx context.Context, tenant string, entries []runEntry
 		}
 		runs = append(runs, r)
 	}
-	return runs, nil
-}
-
-// shardOfEncoded is shardOf for an encoded tenant and id.
-func shardOfEncoded(tenant, id string) int {
-	t, err1 := decodeComponent(tenant)
-	i, err2 := decodeComponent(id)
-	if err1 != nil || err2 != nil {
-		return 0
+	if gone.Len() > 0 {
+		_, _ = gone.Exec(ctx) // what is left is removed by a later listing
 	}
-	return shardOf(t, i)
+	return runs, nil
 }
 
 func formatScore(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
@@ -191,7 +178,7 @@ func decodeRunToken(tok string) (runEntry, bool, bool) {
 	if err != nil || checkID("page_token", id, MaxRunIDLen, true) != nil {
 		return runEntry{}, false, false
 	}
-	e := runEntry{f, member}
+	e := runEntry{score: f, member: member}
 	if encodeRunToken(e) != tok {
 		return runEntry{}, false, false
 	}

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestListRuns: running runs first, newest first, then ended ones, latest
@@ -53,6 +55,17 @@ func TestListRuns(t *testing.T) {
 		if err != nil || len(page.Runs) != 1 || page.Runs[0].ID != "lapsed" || page.Runs[0].State != RunStateDeadline {
 			t.Fatalf("the run past its deadline: %+v, %v", page, err)
 		}
+		// A run whose record expired is left out, and its index entry goes.
+		k := e.l.keys.run(e.who.Tenant, "lapsed")
+		if err := e.rdb.Del(e.ctx, k.all[0]).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if page, err := e.l.ListRuns(e.ctx, e.who, 1, ""); err != nil || len(page.Runs) != 0 || page.NextPageToken == "" {
+			t.Fatalf("a page of only an expired run: %+v, %v; want it empty, with more to come", page, err)
+		}
+		if n, err := e.rdb.ZScore(e.ctx, k.all[1], k.member).Result(); err != redis.Nil {
+			t.Fatalf("the expired run's index entry: %v, %v; want it removed", n, err)
+		}
 		other := *e
 		other.who.Tenant += "-other"
 		if page, err := other.l.ListRuns(e.ctx, other.who, 0, ""); err != nil || len(page.Runs) != 0 {
@@ -61,7 +74,7 @@ func TestListRuns(t *testing.T) {
 		for _, c := range []struct {
 			size int
 			tok  string
-		}{{-1, ""}, {MaxRunPageSize + 1, ""}, {0, "x"}, {0, encodeRunToken(runEntry{1.5, "a%"})}, {0, "LTEgYQ=="}} {
+		}{{-1, ""}, {MaxRunPageSize + 1, ""}, {0, "x"}, {0, encodeRunToken(runEntry{score: 1.5, member: "a%"})}, {0, "LTEgYQ=="}} {
 			_, err := e.l.ListRuns(e.ctx, e.who, c.size, c.tok)
 			wantKind(t, err, KindInvalid)
 		}
@@ -71,8 +84,8 @@ func TestListRuns(t *testing.T) {
 // FuzzRunPageToken: decodeRunToken takes back exactly what encodeRunToken
 // writes.
 func FuzzRunPageToken(f *testing.F) {
-	f.Add(encodeRunToken(runEntry{-1796173039360, "run-1"}))
-	f.Add(encodeRunToken(runEntry{1125899906842624 - 1796173039360, "r%3A1"}))
+	f.Add(encodeRunToken(runEntry{score: -1796173039360, member: "run-1"}))
+	f.Add(encodeRunToken(runEntry{score: 1125899906842624 - 1796173039360, member: "r%3A1"}))
 	f.Add("")
 	f.Add("LTEgYQ")
 	f.Fuzz(func(t *testing.T, tok string) {

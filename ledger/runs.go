@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -305,19 +304,14 @@ func (l *Ledger) runEnded(op, tenant string, run *Run) {
 // runScript runs a run script on k with the run's member and args, and
 // returns its code, aux and the run it read (nil when there is none).
 func (l *Ledger) runScript(ctx context.Context, op string, s *redis.Script, k runKeys, id string, args ...any) (int64, string, *Run, error) {
-	start := time.Now()
 	marker := ""
 	if l.waitN > 0 {
 		marker = l.keys.wait(k.shard)
 	}
-	raw, err := l.eval(ctx, op, s, marker, k.all, append([]any{k.member}, args...))
-	name := strings.TrimPrefix(op, "ledger.")
+	raw, err := l.evalReported(ctx, op, s, marker, k.all, append([]any{k.member}, args...))
 	if err != nil && KindOf(err) != KindNotReplicated {
-		err = storeError(op, err)
-		l.emit(Event{Type: EventScript, Op: name, Duration: time.Since(start), Failed: true, ErrKind: KindOf(err)})
 		return 0, "", nil, err
 	}
-	l.emit(Event{Type: EventScript, Op: name, Duration: time.Since(start)})
 	if len(raw) < 2 {
 		return 0, "", nil, &Error{Op: op, Kind: KindOther, Err: fmt.Errorf("script returned %d values", len(raw))}
 	}

@@ -63,6 +63,8 @@ class LedgerError extends Error {
     this.name = 'LedgerError';
     this.code = err.code;
     this.codeName = codeName;
+    this.info = info;
+    this.details = err.details;
     this.reason = info ? info.reason : '';
     this.domain = info ? info.domain : '';
     this.metadata = info ? { ...info.metadata } : {};
@@ -81,12 +83,8 @@ const RUN_REASONS = new Set(['RUN_STEP_LIMIT', 'RUN_DEADLINE', 'RUN_REPETITION',
 // cancelled). fn did not run. Stop the run: it is no failure of the tool.
 class RunEndedError extends LedgerError {
   constructor(err) {
-    super({ code: err.code, details: '' }, null, err.retryAfterMs, err.answerLost);
+    super({ code: err.code, details: err.details }, err.info, err.retryAfterMs, err.answerLost);
     this.name = 'RunEndedError';
-    this.message = err.message;
-    this.reason = err.reason;
-    this.domain = err.domain;
-    this.metadata = err.metadata;
     this.runState = err.metadata.run_state || '';
     this.limit = err.metadata.limit || '';
     this.status = this.runState.replace(/^RUN_STATE_/, '').toLowerCase();

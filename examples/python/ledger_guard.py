@@ -114,6 +114,7 @@ class LedgerError(Exception):
         self.code = code
         self.answer_lost = answer_lost or code in _UNANSWERED_CODES
         self.message = message
+        self.info = info
         self.reason = info.reason if info else ""
         self.domain = info.domain if info else ""
         self.metadata = dict(info.metadata) if info else {}
@@ -135,9 +136,7 @@ class RunEnded(LedgerError):
     """
 
     def __init__(self, err: LedgerError):
-        super().__init__(err.code, err.message, None, err.retry_after, err.answer_lost)
-        self.reason, self.domain, self.metadata = err.reason, err.domain, err.metadata
-        self.args = err.args
+        super().__init__(err.code, err.message, err.info, err.retry_after, err.answer_lost)
         self.run_state = err.metadata.get("run_state", "")
         self.limit = err.metadata.get("limit", "")
 
