@@ -66,11 +66,12 @@ build: ## build bin/ledgerd and bin/ledgermcp
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 
 .PHONY: test
-test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples, the MCP gateway with a Node MCP client
+test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
 	./scripts/ensure-jq.sh
 	./scripts/ensure-curl.sh
+	./scripts/ensure-chromium.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '^gen/' || true); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -96,6 +97,12 @@ bench: ## measure ledgerd on fresh redis-servers: throughput and latency against
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp $(BENCH_ARGS)
+
+.PHONY: screenshots
+screenshots: ## retake docs/img's console screenshots in headless Chromium (the console's browser test)
+	./scripts/ensure-redis-server.sh
+	./scripts/ensure-chromium.sh
+	LEDGER_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/img LEDGER_TEST_POLYGLOT=require $(GO) test -count=1 -run TestConsoleInABrowser ./console
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target (FUZZ_TARGETS) for FUZZTIME each (default 30s)

@@ -113,6 +113,7 @@ func TestErrorsMatchTheirSentinels(t *testing.T) {
 		"STORE_UNAVAILABLE":       ErrUnavailable,
 		"RATE_LIMITED":            ErrRateLimited,
 		"UNRESOLVED_LIMIT":        ErrQuotaExceeded,
+		"NOT_COMPENSABLE":         ErrNotCompensable,
 	} {
 		err := fromStatus(withInfo(codes.FailedPrecondition, reason))
 		var e *Error

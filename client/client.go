@@ -355,6 +355,7 @@ func (c *Client) Reserve(ctx context.Context, op Op, holder string) (*Reservatio
 	if !op.RetainUntil.IsZero() {
 		req.RetainUntil = timestamppb.New(op.RetainUntil)
 	}
+	req.Compensates = op.Compensates
 	r, err := c.rpc.Reserve(ctx, req)
 	if err != nil {
 		return nil, fromStatus(err)

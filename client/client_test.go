@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -823,4 +824,49 @@ func TestAPIKeyOverAUnixSocket(t *testing.T) {
 		}
 		_ = c.Close()
 	}
+}
+
+// TestDoCompensation: a refund that compensates a charge runs once however
+// often Do is called, both records name each other, and a refund of a
+// charge that failed is refused before the tool runs.
+func TestDoCompensation(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		charges, refunds := newDestination(), newDestination()
+		charge := e.op("charge", "payments.charge", map[string]any{"amount": 5})
+		if _, err := e.c.Do(e.ctx, charge, charges.fn); err != nil {
+			t.Fatal(err)
+		}
+		refund := e.op("refund", "payments.refund", map[string]any{"amount": 5})
+		refund.Compensates = charge.ID
+		for range 3 {
+			if _, err := e.c.Do(e.ctx, refund, refunds.fn); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := refunds.totalApplied(); n != 1 {
+			t.Fatalf("the refund applied %d times, want 1", n)
+		}
+		c, err := e.c.Lookup(e.ctx, charge.ID)
+		if err != nil || !slices.Equal(c.CompensatedBy, []string{refund.ID}) {
+			t.Fatalf("the charge: compensated by %v, %v", c.CompensatedBy, err)
+		}
+		if r, err := e.c.Lookup(e.ctx, refund.ID); err != nil || r.Compensates != charge.ID {
+			t.Fatalf("the refund: compensates %q, %v", r.Compensates, err)
+		}
+
+		declined := e.op("declined", "payments.charge", map[string]any{"amount": 6})
+		if _, err := e.c.Do(e.ctx, declined, newDestination("declined").fn); !errors.Is(err, client.ErrOperationFailed) {
+			t.Fatalf("the declined charge: %v", err)
+		}
+		undo := e.op("undo-declined", "payments.refund", map[string]any{"amount": 6})
+		undo.Compensates = declined.ID
+		_, err = e.c.Do(e.ctx, undo, refunds.fn)
+		var ce *client.Error
+		if !errors.Is(err, client.ErrNotCompensable) || !errors.As(err, &ce) || ce.Metadata["cause"] != "not_succeeded" {
+			t.Fatalf("a refund of a declined charge: %v", err)
+		}
+		if n := refunds.totalApplied(); n != 1 {
+			t.Fatalf("the refunds applied %d times, want 1", n)
+		}
+	})
 }

@@ -51,6 +51,10 @@ var (
 	// ErrQuotaExceeded: the tenant holds as many unresolved operations as it
 	// may; new ones are refused until some are resolved.
 	ErrQuotaExceeded = errors.New("unresolved operations limit reached")
+	// ErrNotCompensable: the operation named by Compensates did not succeed
+	// (or does not exist, or has all the compensations it may take); the
+	// compensation was not reserved. Error.Metadata["cause"] says which.
+	ErrNotCompensable = errors.New("not compensable")
 
 	// ErrNeedsReconciliation: nobody knows whether the effect happened, and
 	// no reconciler settled it (none registered, or it escalated to a
@@ -110,6 +114,7 @@ var reasons = map[string]error{
 	"RUN_DEADLINE":            ErrRunEnded,
 	"RUN_REPETITION":          ErrRunEnded,
 	"RUN_ENDED":               ErrRunEnded,
+	"NOT_COMPENSABLE":         ErrNotCompensable,
 }
 
 var byCode = map[codes.Code]error{

@@ -115,3 +115,20 @@ func ExampleClient_StartRun() {
 	}
 	_ = res
 }
+
+// ExampleClient_Do_compensation is docs/client.md's "Compensations": a
+// refund that reverses a charge.
+func ExampleClient_Do_compensation() {
+	ctx := context.Background()
+	var c *client.Client
+	p := map[string]any{"charge": "ch_1", "amount": 1250}
+	fn := func(ctx context.Context, a client.Attempt) (client.Result, error) { return client.Result{}, nil }
+
+	refund := client.Op{ID: "wf-8472:refund", Tool: "payments.refund", Params: p, Compensates: "wf-8472:charge"}
+	res, err := c.Do(ctx, refund, fn)
+	var ce *client.Error
+	if errors.Is(err, client.ErrNotCompensable) && errors.As(err, &ce) {
+		log.Println("nothing to reverse:", ce.Metadata["cause"]) // not_succeeded (reconcile the charge first), not_found, expired, limit
+	}
+	_ = res
+}

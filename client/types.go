@@ -74,6 +74,10 @@ type Op struct {
 	Step  uint32
 	// RetainUntil is the business end of life (e.g. the appointment date).
 	RetainUntil time.Time
+	// Compensates names the SUCCEEDED operation this one reverses (e.g. the
+	// charge a refund undoes); the ledger links both records. Empty for
+	// none. A target that did not succeed is refused (ErrNotCompensable).
+	Compensates string
 	// Effect overrides the tool policy's effect (EffectUnspecified: the
 	// tool policy's, then the ledger's policy).
 	Effect Effect
@@ -131,20 +135,24 @@ type HistoryEntry struct {
 
 // Operation is a snapshot of an operation's record.
 type Operation struct {
-	ID               string
-	Tool             string
-	Effect           Effect
-	State            State
-	Attempt          uint32
-	FencingToken     uint64
-	ParamsSHA256     []byte
-	PermitID         string
-	RunID            string
-	Step             uint32
-	Result           *Result
-	Failure          *Failure
-	Reason           string
-	NeedsReview      bool
+	ID           string
+	Tool         string
+	Effect       Effect
+	State        State
+	Attempt      uint32
+	FencingToken uint64
+	ParamsSHA256 []byte
+	PermitID     string
+	RunID        string
+	Step         uint32
+	Result       *Result
+	Failure      *Failure
+	Reason       string
+	NeedsReview  bool
+	// Compensates is the operation this one compensates; CompensatedBy the
+	// operations reserved as its compensations.
+	Compensates      string
+	CompensatedBy    []string
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
 	LeaseExpiresAt   time.Time
@@ -288,20 +296,22 @@ func operationFromProto(p *ledgerv1.Operation) *Operation {
 		return nil
 	}
 	o := &Operation{
-		ID:           p.GetOperationId(),
-		Tool:         p.GetTool(),
-		Effect:       p.GetEffect(),
-		State:        p.GetState(),
-		Attempt:      p.GetAttempt(),
-		FencingToken: p.GetFencingToken(),
-		ParamsSHA256: p.GetParamsSha256(),
-		PermitID:     p.GetPermitId(),
-		RunID:        p.GetRunId(),
-		Step:         p.GetStep(),
-		Result:       resultFromProto(p.GetResult()),
-		Reason:       p.GetReason(),
-		NeedsReview:  p.GetNeedsReview(),
-		MaxAttempts:  p.GetMaxAttempts(),
+		ID:            p.GetOperationId(),
+		Tool:          p.GetTool(),
+		Effect:        p.GetEffect(),
+		State:         p.GetState(),
+		Attempt:       p.GetAttempt(),
+		FencingToken:  p.GetFencingToken(),
+		ParamsSHA256:  p.GetParamsSha256(),
+		PermitID:      p.GetPermitId(),
+		RunID:         p.GetRunId(),
+		Step:          p.GetStep(),
+		Result:        resultFromProto(p.GetResult()),
+		Reason:        p.GetReason(),
+		NeedsReview:   p.GetNeedsReview(),
+		MaxAttempts:   p.GetMaxAttempts(),
+		Compensates:   p.GetCompensates(),
+		CompensatedBy: p.GetCompensatedBy(),
 	}
 	if o.Result != nil {
 		o.Result.Attempt = o.Attempt

@@ -5,19 +5,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/opledger/ledger/httpapi"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/internal/servicetest"
-	"github.com/opledger/ledger/server"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -30,33 +26,8 @@ type api struct {
 
 func start(t *testing.T, rdb redis.UniversalClient) *api {
 	t.Helper()
-	keys, lines := map[string]string{}, []string{}
-	tenant := "http-" + strings.ToLower(t.Name())
-	for _, scope := range []string{"agent", "reconciler", "viewer"} {
-		key, hash, err := server.NewAPIKey("k-" + scope)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys[scope] = key
-		lines = append(lines, fmt.Sprintf("  - {id: k-%s, tenant: %s, scopes: [%s], secret_sha256: %s}", scope, tenant, scope, hash))
-	}
-	creds, err := server.ParseCredentials([]byte("keys:\n" + strings.Join(lines, "\n") + "\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := servicetest.Start(t, rdb, servicetest.Options{Policy: ledgertest.Policy, Credentials: creds})
-	conn, err := grpc.NewClient(st.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	h, err := httpapi.Handler(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return &api{url: srv.URL, keys: keys}
+	st := servicetest.StartHTTP(t, rdb, servicetest.Options{Policy: ledgertest.Policy}, "http-"+strings.ToLower(t.Name()), "k", nil)
+	return &api{url: st.URL, keys: st.Keys}
 }
 
 // reply is an answer: its status and JSON body.
@@ -141,6 +112,18 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 		if look.status != 200 || look.get("operation", "result", "resourceId") != "re_1" {
 			t.Fatalf("Lookup = %+v", look)
 		}
+		// A compensation names what it reverses; the Lookup of either shows
+		// the link.
+		undo := a.call(t, "agent", "POST", "/v1/operations/wf-1:undo:reserve", `{"tool":"payments.charge","holder":"h-3","compensates":"wf-1:refund"}`)
+		if undo.status != 200 || undo.get("operation", "compensates") != "wf-1:refund" {
+			t.Fatalf("Reserve of a compensation = %+v", undo)
+		}
+		if by, _ := a.call(t, "viewer", "GET", "/v1/operations/wf-1:refund", "").get("operation", "compensatedBy").([]any); len(by) != 1 || by[0] != "wf-1:undo" {
+			t.Fatalf("compensatedBy = %v", by)
+		}
+		if me := a.call(t, "viewer", "GET", "/v1/caller", ""); me.get("principal") != "k-viewer" || fmt.Sprint(me.get("scopes")) != "[viewer]" {
+			t.Fatalf("GetCaller = %+v", me)
+		}
 
 		for _, c := range []struct {
 			name, scope, method, path, body string
@@ -155,6 +138,7 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			{"not JSON", "agent", "POST", "/v1/operations/x:reserve", `{"tool":`, 400, ""},
 			{"an unknown field", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","amount":5}`, 400, ""},
 			{"no such run", "viewer", "GET", "/v1/runs/never", "", 404, "NOT_FOUND"},
+			{"a compensation of what did not succeed", "agent", "POST", "/v1/operations/y:reserve", `{"tool":"t.x","compensates":"never"}`, 409, "NOT_COMPENSABLE"},
 		} {
 			r := a.call(t, c.scope, c.method, c.path, c.body)
 			if r.status != c.status || r.reason() != c.reason {

@@ -25,6 +25,7 @@ const (
 	KindQuotaExceeded                  // the tenant holds too many unresolved operations
 	KindNotReplicated                  // fewer replicas than required acknowledged the write
 	KindRunEnded                       // the run has ended, or a new step would pass its limit
+	KindNotCompensable                 // the operation named by compensates cannot take a compensation
 )
 
 var kindNames = [...]string{
@@ -32,6 +33,7 @@ var kindNames = [...]string{
 	"idempotency key expired", "stale fencing token", "completion conflict",
 	"already resolved", "operation in progress", "store unavailable",
 	"unresolved operations limit reached", "write not replicated", "run ended",
+	"not compensable",
 }
 
 // String describes the kind.
@@ -57,6 +59,7 @@ var (
 	ErrQuotaExceeded      = &Error{Kind: KindQuotaExceeded}
 	ErrNotReplicated      = &Error{Kind: KindNotReplicated}
 	ErrRunEnded           = &Error{Kind: KindRunEnded}
+	ErrNotCompensable     = &Error{Kind: KindNotCompensable}
 )
 
 // Violation is one problem with one input field, named as on the wire
@@ -75,7 +78,7 @@ type Error struct {
 	// Violations lists the bad fields (KindInvalid).
 	Violations []Violation
 	// Differs names what differs from the record: "tool", "params",
-	// "permit" (KindKeyReused).
+	// "permit", "compensates" (KindKeyReused).
 	Differs []string
 	// State is the record's state where it explains the error: the final
 	// state of an expired record (KindKeyExpired), the current state
@@ -92,6 +95,10 @@ type Error struct {
 	// "deadline"; empty when it had ended before).
 	Run   *Run
 	Limit string
+	// Cause is why the operation named by compensates refused the link
+	// (KindNotCompensable): "not_found", "expired", "not_succeeded" (State
+	// is its state) or "limit" (it has MaxCompensations).
+	Cause string
 	// Operation is the record where the caller can use it
 	// (KindCompletionConflict, KindAlreadyResolved, KindInProgress).
 	Operation *Operation

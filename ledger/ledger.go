@@ -123,8 +123,10 @@ const (
 // params and/or permit; for an expired operation only params, the tombstone
 // keeping the fingerprint but not the tool or permit), KindKeyExpired (a late replay of an expired
 // operation: State is the final state),
-// KindQuotaExceeded (a new operation beyond the tenant's unresolved limit) or
-// KindUnavailable.
+// KindQuotaExceeded (a new operation beyond the tenant's unresolved limit),
+// KindNotCompensable (req.Compensates names an operation that is not
+// SUCCEEDED; see Error.Cause) or KindUnavailable. With Compensates, the
+// compensated record is linked first (one more round trip, compensate.go).
 func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest) (*ReserveResult, error) {
 	const op = "ledger.Reserve"
 	vs := checkPrincipal(who)
@@ -134,7 +136,11 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 		checkID("permit_id", req.PermitID, MaxPermitIDLen, false),
 		checkID("holder", req.Holder, MaxHolderLen, false),
 		checkID("run_id", req.RunID, MaxRunIDLen, false),
+		checkID("compensates", req.Compensates, MaxOperationIDLen, false),
 	)...)
+	if req.Compensates != "" && req.Compensates == req.OperationID {
+		vs = append(vs, Violation{"compensates", "an operation cannot compensate itself"})
+	}
 	if req.Effect > EffectIrreversible {
 		vs = append(vs, Violation{"effect", "unknown effect"})
 	}
@@ -177,8 +183,13 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	if l.limit != nil {
 		limit = l.limit(who.Tenant)
 	}
+	comp, err := l.linkCompensation(ctx, op, who, req)
+	if err != nil {
+		return nil, err
+	}
 	adm, err := l.admitStep(ctx, op, who, req, fp, effect, pol)
 	if err != nil {
+		l.unlinkCompensation(ctx, comp, err)
 		return nil, err
 	}
 	runID := adm.recordedRun(req.RunID)
@@ -189,12 +200,13 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 				req.Tool, string(fp[:]), req.PermitID, req.Holder, int(effect), runID, req.Step,
 				retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
 				encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
-				encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, room)
+				encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, room, req.Compensates)
 			return code, aux, rec, err
 		})
 	}
 	res, err := l.reserveDecide(op, who, req, run, fp, pol)
 	l.afterStep(ctx, adm, req.OperationID, res, err)
+	l.unlinkCompensation(ctx, comp, err)
 	return res, err
 }
 
@@ -235,7 +247,7 @@ func (l *Ledger) reserveDecide(op string, who Principal, req ReserveRequest,
 	case codeKeyReused:
 		mask, _ := strconv.Atoi(aux)
 		var differs []string
-		for i, name := range []string{"tool", "params", "permit"} {
+		for i, name := range []string{"tool", "params", "permit", "compensates"} {
 			if mask&(1<<i) != 0 {
 				differs = append(differs, name)
 			}

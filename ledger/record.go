@@ -28,6 +28,8 @@ const (
 	historySep    = 0xFE
 	entrySep      = 0xFD
 	samePrincipal = "\xFC" // the principal of the previous entry
+	// compensationSep joins the ids of a record's compensations.
+	compensationSep = "\xFC"
 )
 
 // The fields of the stored form, in order.
@@ -62,6 +64,8 @@ const (
 	fRue
 	fCfh
 	fCf
+	fCmp
+	fCby
 	numFields
 )
 
@@ -155,6 +159,10 @@ func decodeRecord(s string) (*Operation, string, error) {
 	o.Holder = f[fHld]
 	o.Reason = reasonName(f[fRsn])
 	o.NeedsReview = f[fRev] == "1"
+	o.Compensates = f[fCmp]
+	if f[fCby] != "" {
+		o.CompensatedBy = strings.Split(f[fCby], compensationSep)
+	}
 	o.CreatedAt = msTime(ct)
 	o.UpdatedAt = msTime(ut)
 	o.MaxAttempts = uint32(parseUint(f[fMax]))

@@ -41,6 +41,8 @@ var (
 	runEndLua string
 	//go:embed scripts/run_settle.lua
 	runSettleLua string
+	//go:embed scripts/compensate.lua
+	compensateLua string
 
 	reserveScript     = newScript(reserveLua)
 	completeScript    = newScript(completeLua)
@@ -50,6 +52,7 @@ var (
 	expireScript      = newScript(expireLua)
 	lookupScript      = newScript(lookupLua)
 	compactScript     = newScript(compactLua)
+	compensateScript  = newScript(compensateLua)
 	runStartScript    = newRunScript(runStartLua)
 	runAdmitScript    = newRunScript(runAdmitLua)
 	runGetScript      = newRunScript(runGetLua)
@@ -59,7 +62,7 @@ var (
 
 var allScripts = []*redis.Script{
 	reserveScript, completeScript, markUnknownScript, renewScript,
-	reconcileScript, expireScript, lookupScript, compactScript,
+	reconcileScript, expireScript, lookupScript, compactScript, compensateScript,
 	runStartScript, runAdmitScript, runGetScript, runEndScript, runSettleScript,
 }
 
@@ -102,4 +105,5 @@ const (
 	codeQuota              = 18
 	codeRunEnded           = 19
 	codeUngoverned         = 20
+	codeNotCompensable     = 21
 )

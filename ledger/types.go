@@ -162,6 +162,11 @@ type Operation struct {
 	Failure     *Failure // when FAILED_FINAL, or after a retryable failure
 	Reason      string   // reason of the latest transition
 	NeedsReview bool     // escalated to a human
+	// Compensates is the operation this one compensates, if any.
+	Compensates string
+	// CompensatedBy are the operations reserved as its compensations, in
+	// the order they were reserved (at most MaxCompensations).
+	CompensatedBy []string
 
 	CreatedAt        time.Time
 	UpdatedAt        time.Time
@@ -197,7 +202,13 @@ type ReserveRequest struct {
 	RunID        string
 	Step         uint32
 	RetainUntil  time.Time // zero: none
+	// Compensates names the SUCCEEDED operation of the same tenant this one
+	// compensates (e.g. the charge a refund reverses); empty for none.
+	Compensates string
 }
+
+// MaxCompensations is how many compensations one operation may have.
+const MaxCompensations = 16
 
 // ReserveResult is the decision of Reserve.
 type ReserveResult struct {

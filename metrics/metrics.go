@@ -245,6 +245,7 @@ var refusalReasons = map[ledger.Kind]string{
 	ledger.KindInProgress:         "OPERATION_IN_PROGRESS",
 	ledger.KindKeyExpired:         "IDEMPOTENCY_KEY_EXPIRED",
 	ledger.KindQuotaExceeded:      "UNRESOLVED_LIMIT",
+	ledger.KindNotCompensable:     "NOT_COMPENSABLE",
 }
 
 // runRefusals are the reasons of a step refused by a run in each final

@@ -56,6 +56,7 @@ var methodScopes = map[string][]Scope{
 	"GetRun":         {ScopeAgent, ScopeReconciler, ScopeViewer},
 	"EndRun":         {ScopeAgent, ScopeReconciler},
 	"ListRuns":       {ScopeReconciler, ScopeViewer},
+	"GetCaller":      {ScopeAgent, ScopeReconciler, ScopeViewer},
 }
 
 // Credentials are what callers authenticate with, loaded from the

@@ -188,6 +188,8 @@ func toProto(o *ledger.Operation) *ledgerv1.Operation {
 		Step:             o.Step,
 		Reason:           o.Reason,
 		NeedsReview:      o.NeedsReview,
+		Compensates:      o.Compensates,
+		CompensatedBy:    o.CompensatedBy,
 		CreatedAt:        timestamp(o.CreatedAt),
 		UpdatedAt:        timestamp(o.UpdatedAt),
 		LeaseExpiresAt:   timestamp(o.LeaseExpiresAt),

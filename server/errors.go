@@ -40,6 +40,7 @@ const (
 	ReasonRunDeadline        = "RUN_DEADLINE"
 	ReasonRunRepetition      = "RUN_REPETITION"
 	ReasonRunEnded           = "RUN_ENDED"
+	ReasonNotCompensable     = "NOT_COMPENSABLE"
 	ReasonInternal           = "INTERNAL"
 	ReasonCanceled           = "CANCELED"
 	ReasonDeadlineExceeded   = "DEADLINE_EXCEEDED"
@@ -118,6 +119,8 @@ func toStatus(err error) *status.Status {
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(storeRetryDelay)})
 	case ledger.KindRunEnded:
 		return runEndedStatus(e)
+	case ledger.KindNotCompensable:
+		return notCompensableStatus(e)
 	case ledger.KindUnavailable:
 		return withDetails(codes.Unavailable,
 			"the store is unavailable or refused the write; retry the same call, and never execute without a reservation",
@@ -140,3 +143,21 @@ func withDetails(c codes.Code, msg string, details ...protoadapt.MessageV1) *sta
 }
 
 func stateName(s ledger.State) string { return ledgerv1.State(s).String() }
+
+// notCompensableMessages explain each cause of NOT_COMPENSABLE.
+var notCompensableMessages = map[string]string{
+	"not_found":     "the operation named by compensates does not exist",
+	"expired":       "the operation named by compensates has expired; only its tombstone is left",
+	"not_succeeded": "the operation named by compensates has not succeeded; only a SUCCEEDED operation can be compensated (reconcile it first)",
+	"limit":         "the operation named by compensates has as many compensations as it may (" + strconv.Itoa(ledger.MaxCompensations) + ")",
+}
+
+// notCompensableStatus is NOT_COMPENSABLE, with the cause and, where the
+// compensated operation has a record, its state.
+func notCompensableStatus(e *ledger.Error) *status.Status {
+	md := map[string]string{"cause": e.Cause}
+	if e.State != ledger.StateUnspecified {
+		md["state"] = stateName(e.State)
+	}
+	return withDetails(codes.FailedPrecondition, notCompensableMessages[e.Cause], info(ReasonNotCompensable, md))
+}

@@ -12,6 +12,7 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/server"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -32,6 +33,17 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 		live, err := e.c.Reserve(e.ctx, reserveReq(e.id("live"), "payments.refund", params, newHolder()))
 		if err != nil {
 			t.Fatal(err)
+		}
+		comp := reserveReq(e.id("comp"), "payments.refund", params, newHolder())
+		comp.Compensates = e.id("live")
+		_, err = e.c.Reserve(e.ctx, comp)
+		if ei := wantState(t, err, "NOT_COMPENSABLE", "STATE_RUNNING"); ei.Metadata["cause"] != "not_succeeded" {
+			t.Fatalf("NOT_COMPENSABLE metadata %v", ei.Metadata)
+		}
+		comp.Compensates = e.id("never")
+		_, err = e.c.Reserve(e.ctx, comp)
+		if ei := wantReason(t, err, codes.FailedPrecondition, "NOT_COMPENSABLE"); ei.Metadata["cause"] != "not_found" {
+			t.Fatalf("NOT_COMPENSABLE metadata %v", ei.Metadata)
 		}
 		_, err = e.c.Reconcile(e.ctx, &ledgerv1.ReconcileRequest{OperationId: e.id("live"), Finding: ledgerv1.Finding_FINDING_APPLIED})
 		wantReason(t, err, codes.FailedPrecondition, "OPERATION_IN_PROGRESS")
@@ -75,11 +87,13 @@ func TestErrorsCarryTheContractsDetails(t *testing.T) {
 
 // wantState fails unless err is FAILED_PRECONDITION with reason and the
 // record's state in the ErrorInfo's metadata.
-func wantState(t *testing.T, err error, reason, state string) {
+func wantState(t *testing.T, err error, reason, state string) *errdetails.ErrorInfo {
 	t.Helper()
-	if ei := wantReason(t, err, codes.FailedPrecondition, reason); ei.Metadata["state"] != state {
+	ei := wantReason(t, err, codes.FailedPrecondition, reason)
+	if ei.Metadata["state"] != state {
 		t.Fatalf("%s: metadata %v, want state %s", reason, ei.Metadata, state)
 	}
+	return ei
 }
 
 // TestPanicIsInternalWithTheContractsDetails: contract.md §5 gives every error an

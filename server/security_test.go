@@ -826,9 +826,9 @@ func TestScopesOfEveryMethod(t *testing.T) {
 	}
 	admin := as(keys["reconciler"]) // may call every method: sets up and looks
 	allowed := map[string][]string{
-		"agent":      {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "StartRun", "GetRun", "EndRun"},
-		"reconciler": {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "Reconcile", "ListUnresolved", "StartRun", "GetRun", "EndRun", "ListRuns"},
-		"viewer":     {"Lookup", "ListUnresolved", "GetRun", "ListRuns"},
+		"agent":      {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "StartRun", "GetRun", "EndRun", "GetCaller"},
+		"reconciler": {"Reserve", "Complete", "MarkUnknown", "Renew", "Lookup", "Reconcile", "ListUnresolved", "StartRun", "GetRun", "EndRun", "ListRuns", "GetCaller"},
+		"viewer":     {"Lookup", "ListUnresolved", "GetRun", "ListRuns", "GetCaller"},
 	}
 	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{}, ledger.Options{}, nil)
 	params := mustStruct(t, map[string]any{"amount": 5})
@@ -839,7 +839,7 @@ func TestScopesOfEveryMethod(t *testing.T) {
 	setup := func(method, id string) uint64 {
 		t.Helper()
 		switch method {
-		case "Reserve", "StartRun":
+		case "Reserve", "StartRun", "GetCaller":
 			return 0
 		case "GetRun", "EndRun":
 			if _, err := e.c.StartRun(admin, &ledgerv1.StartRunRequest{RunId: id}); err != nil {
@@ -904,6 +904,15 @@ func TestScopesOfEveryMethod(t *testing.T) {
 		},
 		"EndRun": func(ctx context.Context, id string, _ uint64) error {
 			_, err := e.c.EndRun(ctx, &ledgerv1.EndRunRequest{RunId: id, State: ledgerv1.RunState_RUN_STATE_DONE})
+			return err
+		},
+		// GetCaller answers with the key's own tenant, id and scope.
+		"GetCaller": func(ctx context.Context, id string, _ uint64) error {
+			r, err := e.c.GetCaller(ctx, &ledgerv1.GetCallerRequest{})
+			scope := id[strings.LastIndexByte(id, ':')+1 : strings.LastIndexByte(id, '-')]
+			if err == nil && (r.Tenant != tenant || r.Principal != "scope-"+scope || !slices.Equal(r.Scopes, []string{scope})) {
+				return fmt.Errorf("GetCaller = %v", r)
+			}
 			return err
 		},
 	}

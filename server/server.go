@@ -358,6 +358,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 		RunID:        req.GetRunId(),
 		Step:         req.GetStep(),
 		RetainUntil:  retain,
+		Compensates:  req.GetCompensates(),
 	})
 	if err != nil {
 		return nil, h.fail(ctx, err)

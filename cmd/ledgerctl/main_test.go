@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -1695,5 +1696,32 @@ func TestHelpCommandHelpFlag(t *testing.T) {
 		if o := ctl(t, env, args...); o.code != 2 || o != want {
 			t.Errorf("ledgerctl %q: %s\nwant:\n%s", args, o, want)
 		}
+	}
+}
+
+// TestLookupShowsCompensations: lookup names a compensation's target and a
+// target's compensations, in the readable block and in --json.
+func TestLookupShowsCompensations(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	ctx := context.Background()
+	tok := e.reserve(t, "wf-60:charge", "payments.charge")
+	if _, err := e.sdk.Complete(ctx, "wf-60:charge", tok, client.Result{ResourceID: "ch_1"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"wf-60:refund-1", "wf-60:refund-2"} {
+		if _, err := e.sdk.Reserve(ctx, client.Op{ID: id, Tool: "payments.refund", Compensates: "wf-60:charge"}, client.NewHolder()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if op := lookupJSON(t, e.env, "wf-60:charge"); op.Compensates != "" || !slices.Equal(op.CompensatedBy, []string{"wf-60:refund-1", "wf-60:refund-2"}) {
+		t.Fatalf("the charge: %+v", op)
+	}
+	if op := lookupJSON(t, e.env, "wf-60:refund-1"); op.Compensates != "wf-60:charge" || op.CompensatedBy == nil || len(op.CompensatedBy) != 0 {
+		t.Fatalf("the refund: compensates %q, compensated_by %v", op.Compensates, op.CompensatedBy)
+	}
+	block := must(t, e.env, "lookup", "wf-60:charge").stdout
+	if !regexp.MustCompile(`compensated by\s+wf-60:refund-1, wf-60:refund-2\n`).MatchString(block) ||
+		!regexp.MustCompile(`compensates\s+-\n`).MatchString(block) {
+		t.Fatalf("lookup:\n%s", block)
 	}
 }

@@ -41,6 +41,8 @@ type jsonOperation struct {
 	Result           *jsonResult   `json:"result"`
 	Failure          *jsonFailure  `json:"failure"`
 	NeedsReview      bool          `json:"needs_review"`
+	Compensates      string        `json:"compensates"`
+	CompensatedBy    []string      `json:"compensated_by"`
 	Overdue          bool          `json:"overdue"`
 	CreatedAt        *string       `json:"created_at"`
 	UpdatedAt        *string       `json:"updated_at"`
@@ -159,6 +161,7 @@ func toJSON(op *client.Operation, ref timeRef) jsonOperation {
 		Attempt: op.Attempt, MaxAttempts: op.MaxAttempts, FencingToken: op.FencingToken,
 		ParamsSHA256: hex.EncodeToString(op.ParamsSHA256), PermitID: op.PermitID, RunID: op.RunID, Step: op.Step,
 		NeedsReview: op.NeedsReview, Overdue: overdue(op, ref.now),
+		Compensates: op.Compensates, CompensatedBy: append([]string{}, op.CompensatedBy...),
 		CreatedAt: jsonTime(op.CreatedAt), UpdatedAt: jsonTime(op.UpdatedAt), LeaseExpiresAt: jsonTime(op.LeaseExpiresAt),
 		UnknownSince: jsonTime(op.UnknownSince), RecoveryDeadline: jsonTime(op.RecoveryDeadline),
 		RetainUntil: jsonTime(op.RetainUntil), ExpiresAt: jsonTime(op.ExpiresAt),
@@ -214,6 +217,12 @@ func printOperation(w io.Writer, o *options, op *client.Operation, ref timeRef, 
 	row("result", resultText(op.Result))
 	row("failure", failureText(op.Failure))
 	row("needs review", yesNo(op.NeedsReview))
+	row("compensates", orDash(clean(op.Compensates)))
+	by := make([]string, len(op.CompensatedBy))
+	for i, id := range op.CompensatedBy {
+		by[i] = clean(id)
+	}
+	row("compensated by", orDash(strings.Join(by, ", ")))
 	row("created", ref.when(op.CreatedAt))
 	row("updated", ref.when(op.UpdatedAt))
 	lease := ref.when(op.LeaseExpiresAt)

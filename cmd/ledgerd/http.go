@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/opledger/ledger/console"
 	"github.com/opledger/ledger/httpapi"
 	"github.com/opledger/ledger/server"
 )
@@ -24,7 +25,8 @@ import (
 const maxHTTPBody = 4 * server.DefaultMaxRequestBytes
 
 // httpAPI is the HTTP/JSON listener: grpc-gateway in front of the service,
-// which it reaches over an in-process connection served like any other.
+// which it reaches over an in-process connection served like any other,
+// and the operator console under /console/.
 type httpAPI struct {
 	lis  net.Listener
 	srv  *http.Server
@@ -66,9 +68,12 @@ func startHTTP(c config, svc *server.Service, tlsCfg *tls.Config, log *slog.Logg
 		_ = lis.Close()
 		return nil, err
 	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Path, console.Handler())
+	mux.Handle("/", h)
 	limited := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxHTTPBody)
-		h.ServeHTTP(w, r)
+		mux.ServeHTTP(w, r)
 	})
 	a.srv = &http.Server{Handler: limited, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: tlsCfg,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}

@@ -44,7 +44,8 @@
 --   max (max attempts), ret (retention), tret (tombstone retention),
 --   rwin (recovery window), cf / cfh (the consequential fields the
 --   fingerprint covers, a JSON list, and its digest; absent when it covers
---   all parameters). S.hist holds the history, at most 50 entries
+--   all parameters), cmp (the operation this one compensates), cby (the
+--   compensations of this one, ids joined by \252). S.hist holds the history, at most 50 entries
 --   (HISTORY_LIMIT, HistoryLimit in types.go).
 --
 -- Stored form: one string per operation, with the history in it, and the
@@ -61,7 +62,7 @@
 -- ut), ct (base 36), ut (ms after ct), att, tok (after ct), eff, rsn (one
 -- letter, REASONS below), tool, pmt, lms, max, ret, tret, rwin, cdg (only
 -- while ctk = tok), hld, lse (after ut), uks (after ut), rev, rd, rid, fc,
--- fm, run, stp, ru (after ct), rue (after ct), cfh, cf. Durations and time
+-- fm, run, stp, ru (after ct), rue (after ct), cfh, cf, cmp, cby. Durations and time
 -- differences are decimal milliseconds, or whole s/m/h/d with that suffix
 -- ("7d"); a difference of 0 in ut, tok and the history is left empty. The
 -- policy durations (lms, ret, tret, rwin) arrive from Go in that form and
@@ -87,6 +88,7 @@ local EFF_IRREVERSIBLE = '3'
 local C_OK, C_EXECUTE, C_REPLAY, C_IN_PROGRESS, C_RECONCILE = 0, 1, 2, 3, 4
 local C_NOT_FOUND, C_EXPIRED, C_KEY_REUSED, C_STALE = 10, 11, 12, 13
 local C_COMPLETION_CONFLICT, C_ALREADY_RESOLVED, C_BUSY, C_FIELDS, C_QUOTA = 14, 15, 16, 17, 18
+local C_NOT_COMPENSABLE = 21
 
 local NOW
 do
@@ -287,7 +289,7 @@ F = {
         -- A compacted tombstone: st, exp, ct, ut, no attempt, cf.
         S.tcf, v[6] = v[6], ''
       end
-      for i = n + 1, 30 do v[i] = '' end
+      for i = n + 1, 32 do v[i] = '' end
       local ms, tostr = F.ms, F.tostr
       S.ct36 = v[3]
       local ct = tonumber(v[3], 36)
@@ -310,6 +312,8 @@ F = {
       if v[27] ~= '' then R.ru = tostr(ct + ms(v[27])) end
       if v[28] ~= '' then R.rue = tostr(ct + ms(v[28])) end
       if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
+      if v[31] ~= '' then R.cmp = v[31] end
+      if v[32] ~= '' then R.cby = v[32] end
       S.encoded = s
     end
     if F.gone(R.st, tonumber(R.exp), R.att) then
@@ -335,9 +339,9 @@ F = {
       R.st, exp, S.ct36 or F.base36(ct), enc0(ut - ct), R.att, enc0(tonumber(R.tok) - ct),
       R.eff, F.reason_code(R.rsn), R.tool, R.pmt, R.lms, R.max, R.ret, R.tret, R.rwin,
       cdg, R.hld or '', lse, uks, R.rev or '', R.rd or '', R.rid or '', R.fc or '', R.fm or '',
-      R.run or '', R.stp or '', ru, rue, R.cfh or '', R.cf or '',
+      R.run or '', R.stp or '', ru, rue, R.cfh or '', R.cf or '', R.cmp or '', R.cby or '',
     }
-    local n = 30
+    local n = 32
     while v[n] == '' do n = n - 1 end
     return 'L' .. R.fp .. table.concat(v, '\255', 1, n) .. S.hist
   end,

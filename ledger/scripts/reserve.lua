@@ -25,6 +25,7 @@
 -- ARGV[19] -> the consequential fields, a JSON list ('' for all fields)
 -- ARGV[20] -> '' when the call may create the operation, '0' when the
 --             tenant's unresolved limit leaves no room (Ledger.reserveWithin)
+-- ARGV[21] -> the operation this one compensates (raw id, '' for none)
 --
 -- Output: {code, aux, record, moved}, record in its stored form (common.lua,
 -- reply), or {code, aux, ''}:
@@ -33,7 +34,8 @@
 --   {C_REPLAY, '', record}        terminal: replay the recorded outcome
 --   {C_IN_PROGRESS, ms, record}   another holder's live claim ends in ms
 --   {C_RECONCILE, '', record}     UNKNOWN (now or just now): reconcile first
---   {C_KEY_REUSED, mask, ''}      tool (1), fingerprint (2), permit (4) differ;
+--   {C_KEY_REUSED, mask, ''}      tool (1), fingerprint (2), permit (4),
+--                                 compensated operation (8) differ;
 --                                 of an expired record only the fingerprint
 --                                 is compared (its tombstone keeps no more)
 --   {C_EXPIRED, state, ''}        the record expired, and the fingerprint
@@ -100,6 +102,7 @@ if not load() then
   if ARGV[9] ~= '0' then set('stp', ARGV[9]) end
   if ARGV[10] ~= '0' then set('ru', ARGV[10]) end
   if ARGV[11] ~= '0' then set('rue', ARGV[11]) end
+  if ARGV[21] ~= '' then set('cmp', ARGV[21]) end
   set('lms', ARGV[12])
   set('max', ARGV[13])
   set('ret', ARGV[14])
@@ -125,6 +128,7 @@ local mask = 0
 if R.tool ~= tool then mask = mask + 1 end
 if R.fp ~= fp then mask = mask + 2 end
 if R.pmt ~= permit then mask = mask + 4 end
+if (R.cmp or '') ~= ARGV[21] then mask = mask + 8 end
 if mask ~= 0 then
   return {C_KEY_REUSED, tostr(mask), ''}
 end

@@ -721,7 +721,13 @@ type Operation struct {
 	MaxAttempts uint32 `protobuf:"varint,22,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
 	// The transitions, oldest first (the latest 50 are kept). Filled by Lookup
 	// and Reconcile.
-	History       []*HistoryEntry `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	History []*HistoryEntry `protobuf:"bytes,23,rep,name=history,proto3" json:"history,omitempty"`
+	// The operation this one compensates, as its Reserve named it.
+	Compensates string `protobuf:"bytes,24,opt,name=compensates,proto3" json:"compensates,omitempty"`
+	// The operations reserved as compensations of this one, in the order
+	// they were reserved (at most 16). Each names this one in compensates;
+	// one whose Reserve failed after the link was made may have no record.
+	CompensatedBy []string `protobuf:"bytes,25,rep,name=compensated_by,json=compensatedBy,proto3" json:"compensated_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -917,6 +923,20 @@ func (x *Operation) GetHistory() []*HistoryEntry {
 	return nil
 }
 
+func (x *Operation) GetCompensates() string {
+	if x != nil {
+		return x.Compensates
+	}
+	return ""
+}
+
+func (x *Operation) GetCompensatedBy() []string {
+	if x != nil {
+		return x.CompensatedBy
+	}
+	return nil
+}
+
 // ReserveRequest records the intent of an operation and asks for a decision.
 type ReserveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -957,7 +977,12 @@ type ReserveRequest struct {
 	Step uint32 `protobuf:"varint,9,opt,name=step,proto3" json:"step,omitempty"`
 	// The business end of life of the operation (e.g. the appointment date):
 	// the terminal record is kept at least until then plus the policy's grace.
-	RetainUntil   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retain_until,json=retainUntil,proto3" json:"retain_until,omitempty"`
+	RetainUntil *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retain_until,json=retainUntil,proto3" json:"retain_until,omitempty"`
+	// The operation of the same tenant this one compensates (e.g. the charge
+	// a refund reverses); empty for none. It must be SUCCEEDED, else the
+	// call is refused with NOT_COMPENSABLE and changes nothing. Bound at
+	// creation: a retry naming another is IDEMPOTENCY_KEY_REUSED.
+	Compensates   string `protobuf:"bytes,11,opt,name=compensates,proto3" json:"compensates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1060,6 +1085,13 @@ func (x *ReserveRequest) GetRetainUntil() *timestamppb.Timestamp {
 		return x.RetainUntil
 	}
 	return nil
+}
+
+func (x *ReserveRequest) GetCompensates() string {
+	if x != nil {
+		return x.Compensates
+	}
+	return ""
 }
 
 // ReserveResponse carries the decision and the record snapshot.
@@ -2520,6 +2552,108 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// GetCallerRequest asks who the caller is.
+type GetCallerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCallerRequest) Reset() {
+	*x = GetCallerRequest{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCallerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCallerRequest) ProtoMessage() {}
+
+func (x *GetCallerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCallerRequest.ProtoReflect.Descriptor instead.
+func (*GetCallerRequest) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{28}
+}
+
+// GetCallerResponse describes the caller's credentials.
+type GetCallerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tenant the credentials belong to.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The principal recorded in the history: the API key's id, or
+	// "cert:<name>" for a client certificate.
+	Principal string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The scopes: agent, reconciler and/or viewer.
+	Scopes        []string `protobuf:"bytes,3,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCallerResponse) Reset() {
+	*x = GetCallerResponse{}
+	mi := &file_ledger_v1_ledger_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCallerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCallerResponse) ProtoMessage() {}
+
+func (x *GetCallerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ledger_v1_ledger_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCallerResponse.ProtoReflect.Descriptor instead.
+func (*GetCallerResponse) Descriptor() ([]byte, []int) {
+	return file_ledger_v1_ledger_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetCallerResponse) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetCallerResponse) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *GetCallerResponse) GetScopes() []string {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
 var File_ledger_v1_ledger_proto protoreflect.FileDescriptor
 
 const file_ledger_v1_ledger_proto_rawDesc = "" +
@@ -2541,7 +2675,7 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\tprincipal\x18\x05 \x01(\tR\tprincipal\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12#\n" +
 	"\rfencing_token\x18\a \x01(\x04R\ffencingToken\x12\x16\n" +
-	"\x06detail\x18\b \x01(\tR\x06detail\"\xeb\a\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\"\xb4\b\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12)\n" +
@@ -2569,7 +2703,9 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12!\n" +
 	"\fmax_attempts\x18\x16 \x01(\rR\vmaxAttempts\x121\n" +
-	"\ahistory\x18\x17 \x03(\v2\x17.ledger.v1.HistoryEntryR\ahistory\"\xe7\x02\n" +
+	"\ahistory\x18\x17 \x03(\v2\x17.ledger.v1.HistoryEntryR\ahistory\x12 \n" +
+	"\vcompensates\x18\x18 \x01(\tR\vcompensates\x12%\n" +
+	"\x0ecompensated_by\x18\x19 \x03(\tR\rcompensatedBy\"\x89\x03\n" +
 	"\x0eReserveRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12/\n" +
@@ -2581,7 +2717,8 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x06run_id\x18\b \x01(\tR\x05runId\x12\x12\n" +
 	"\x04step\x18\t \x01(\rR\x04step\x12=\n" +
 	"\fretain_until\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\vretainUntil\"\xca\x01\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\vretainUntil\x12 \n" +
+	"\vcompensates\x18\v \x01(\tR\vcompensates\"\xca\x01\n" +
 	"\x0fReserveResponse\x12/\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x13.ledger.v1.DecisionR\bdecision\x122\n" +
 	"\toperation\x18\x02 \x01(\v2\x14.ledger.v1.OperationR\toperation\x12:\n" +
@@ -2679,7 +2816,12 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"^\n" +
 	"\x10ListRunsResponse\x12\"\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0e.ledger.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*\x84\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x12\n" +
+	"\x10GetCallerRequest\"a\n" +
+	"\x11GetCallerResponse\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12\x16\n" +
+	"\x06scopes\x18\x03 \x03(\tR\x06scopes*\x84\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTATE_PENDING\x10\x01\x12\x11\n" +
@@ -2716,7 +2858,7 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x14RUN_STATE_STEP_LIMIT\x10\x03\x12\x16\n" +
 	"\x12RUN_STATE_DEADLINE\x10\x04\x12\x18\n" +
 	"\x14RUN_STATE_REPETITION\x10\x05\x12\x17\n" +
-	"\x13RUN_STATE_CANCELLED\x10\x062\xae\v\n" +
+	"\x13RUN_STATE_CANCELLED\x10\x062\x8a\f\n" +
 	"\rLedgerService\x12\x8f\x01\n" +
 	"\aReserve\x12\x19.ledger.v1.ReserveRequest\x1a\x1a.ledger.v1.ReserveResponse\"M\x82\xd3\xe4\x93\x02G:\x01*Z\x1b:\x01*\"\x16/v1/operations:reserve\"%/v1/operations/{operation_id}:reserve\x12\x94\x01\n" +
 	"\bComplete\x12\x1a.ledger.v1.CompleteRequest\x1a\x1b.ledger.v1.CompleteResponse\"O\x82\xd3\xe4\x93\x02I:\x01*Z\x1c:\x01*\"\x17/v1/operations:complete\"&/v1/operations/{operation_id}:complete\x12\xa3\x01\n" +
@@ -2729,7 +2871,9 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x06GetRun\x12\x18.ledger.v1.GetRunRequest\x1a\x19.ledger.v1.GetRunResponse\")\x82\xd3\xe4\x93\x02#Z\x0e\x12\f/v1/runs:get\x12\x11/v1/runs/{run_id}\x12r\n" +
 	"\x06EndRun\x12\x18.ledger.v1.EndRunRequest\x1a\x19.ledger.v1.EndRunResponse\"3\x82\xd3\xe4\x93\x02-:\x01*Z\x11:\x01*\"\f/v1/runs:end\"\x15/v1/runs/{run_id}:end\x12U\n" +
 	"\bListRuns\x12\x1a.ledger.v1.ListRunsRequest\x1a\x1b.ledger.v1.ListRunsResponse\"\x10\x82\xd3\xe4\x93\x02\n" +
-	"\x12\b/v1/runsB3Z1github.com/opledger/ledger/gen/ledger/v1;ledgerv1b\x06proto3"
+	"\x12\b/v1/runs\x12Z\n" +
+	"\tGetCaller\x12\x1b.ledger.v1.GetCallerRequest\x1a\x1c.ledger.v1.GetCallerResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
+	"/v1/callerB3Z1github.com/opledger/ledger/gen/ledger/v1;ledgerv1b\x06proto3"
 
 var (
 	file_ledger_v1_ledger_proto_rawDescOnce sync.Once
@@ -2744,7 +2888,7 @@ func file_ledger_v1_ledger_proto_rawDescGZIP() []byte {
 }
 
 var file_ledger_v1_ledger_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_ledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_ledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_ledger_v1_ledger_proto_goTypes = []any{
 	(State)(0),                     // 0: ledger.v1.State
 	(Decision)(0),                  // 1: ledger.v1.Decision
@@ -2780,33 +2924,35 @@ var file_ledger_v1_ledger_proto_goTypes = []any{
 	(*EndRunResponse)(nil),         // 31: ledger.v1.EndRunResponse
 	(*ListRunsRequest)(nil),        // 32: ledger.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),       // 33: ledger.v1.ListRunsResponse
-	(*structpb.Struct)(nil),        // 34: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
+	(*GetCallerRequest)(nil),       // 34: ledger.v1.GetCallerRequest
+	(*GetCallerResponse)(nil),      // 35: ledger.v1.GetCallerResponse
+	(*structpb.Struct)(nil),        // 36: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 38: google.protobuf.Duration
 }
 var file_ledger_v1_ledger_proto_depIdxs = []int32{
-	34, // 0: ledger.v1.Result.data:type_name -> google.protobuf.Struct
-	35, // 1: ledger.v1.HistoryEntry.time:type_name -> google.protobuf.Timestamp
+	36, // 0: ledger.v1.Result.data:type_name -> google.protobuf.Struct
+	37, // 1: ledger.v1.HistoryEntry.time:type_name -> google.protobuf.Timestamp
 	0,  // 2: ledger.v1.HistoryEntry.from_state:type_name -> ledger.v1.State
 	0,  // 3: ledger.v1.HistoryEntry.to_state:type_name -> ledger.v1.State
 	2,  // 4: ledger.v1.Operation.effect:type_name -> ledger.v1.Effect
 	0,  // 5: ledger.v1.Operation.state:type_name -> ledger.v1.State
 	6,  // 6: ledger.v1.Operation.result:type_name -> ledger.v1.Result
 	7,  // 7: ledger.v1.Operation.failure:type_name -> ledger.v1.Failure
-	35, // 8: ledger.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
-	35, // 9: ledger.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
-	35, // 10: ledger.v1.Operation.lease_expires_at:type_name -> google.protobuf.Timestamp
-	35, // 11: ledger.v1.Operation.unknown_since:type_name -> google.protobuf.Timestamp
-	35, // 12: ledger.v1.Operation.recovery_deadline:type_name -> google.protobuf.Timestamp
-	35, // 13: ledger.v1.Operation.retain_until:type_name -> google.protobuf.Timestamp
-	35, // 14: ledger.v1.Operation.expires_at:type_name -> google.protobuf.Timestamp
+	37, // 8: ledger.v1.Operation.created_at:type_name -> google.protobuf.Timestamp
+	37, // 9: ledger.v1.Operation.updated_at:type_name -> google.protobuf.Timestamp
+	37, // 10: ledger.v1.Operation.lease_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 11: ledger.v1.Operation.unknown_since:type_name -> google.protobuf.Timestamp
+	37, // 12: ledger.v1.Operation.recovery_deadline:type_name -> google.protobuf.Timestamp
+	37, // 13: ledger.v1.Operation.retain_until:type_name -> google.protobuf.Timestamp
+	37, // 14: ledger.v1.Operation.expires_at:type_name -> google.protobuf.Timestamp
 	8,  // 15: ledger.v1.Operation.history:type_name -> ledger.v1.HistoryEntry
-	34, // 16: ledger.v1.ReserveRequest.params:type_name -> google.protobuf.Struct
+	36, // 16: ledger.v1.ReserveRequest.params:type_name -> google.protobuf.Struct
 	2,  // 17: ledger.v1.ReserveRequest.effect:type_name -> ledger.v1.Effect
-	35, // 18: ledger.v1.ReserveRequest.retain_until:type_name -> google.protobuf.Timestamp
+	37, // 18: ledger.v1.ReserveRequest.retain_until:type_name -> google.protobuf.Timestamp
 	1,  // 19: ledger.v1.ReserveResponse.decision:type_name -> ledger.v1.Decision
 	9,  // 20: ledger.v1.ReserveResponse.operation:type_name -> ledger.v1.Operation
-	36, // 21: ledger.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	38, // 21: ledger.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
 	3,  // 22: ledger.v1.CompleteRequest.outcome:type_name -> ledger.v1.Outcome
 	6,  // 23: ledger.v1.CompleteRequest.result:type_name -> ledger.v1.Result
 	7,  // 24: ledger.v1.CompleteRequest.failure:type_name -> ledger.v1.Failure
@@ -2820,12 +2966,12 @@ var file_ledger_v1_ledger_proto_depIdxs = []int32{
 	9,  // 32: ledger.v1.RenewResponse.operation:type_name -> ledger.v1.Operation
 	0,  // 33: ledger.v1.ListUnresolvedRequest.states:type_name -> ledger.v1.State
 	9,  // 34: ledger.v1.ListUnresolvedResponse.operations:type_name -> ledger.v1.Operation
-	36, // 35: ledger.v1.RunLimits.deadline:type_name -> google.protobuf.Duration
+	38, // 35: ledger.v1.RunLimits.deadline:type_name -> google.protobuf.Duration
 	5,  // 36: ledger.v1.Run.state:type_name -> ledger.v1.RunState
 	24, // 37: ledger.v1.Run.limits:type_name -> ledger.v1.RunLimits
-	35, // 38: ledger.v1.Run.started_at:type_name -> google.protobuf.Timestamp
-	35, // 39: ledger.v1.Run.deadline_at:type_name -> google.protobuf.Timestamp
-	35, // 40: ledger.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
+	37, // 38: ledger.v1.Run.started_at:type_name -> google.protobuf.Timestamp
+	37, // 39: ledger.v1.Run.deadline_at:type_name -> google.protobuf.Timestamp
+	37, // 40: ledger.v1.Run.ended_at:type_name -> google.protobuf.Timestamp
 	24, // 41: ledger.v1.StartRunRequest.limits:type_name -> ledger.v1.RunLimits
 	25, // 42: ledger.v1.StartRunResponse.run:type_name -> ledger.v1.Run
 	25, // 43: ledger.v1.GetRunResponse.run:type_name -> ledger.v1.Run
@@ -2843,19 +2989,21 @@ var file_ledger_v1_ledger_proto_depIdxs = []int32{
 	28, // 55: ledger.v1.LedgerService.GetRun:input_type -> ledger.v1.GetRunRequest
 	30, // 56: ledger.v1.LedgerService.EndRun:input_type -> ledger.v1.EndRunRequest
 	32, // 57: ledger.v1.LedgerService.ListRuns:input_type -> ledger.v1.ListRunsRequest
-	11, // 58: ledger.v1.LedgerService.Reserve:output_type -> ledger.v1.ReserveResponse
-	13, // 59: ledger.v1.LedgerService.Complete:output_type -> ledger.v1.CompleteResponse
-	15, // 60: ledger.v1.LedgerService.MarkUnknown:output_type -> ledger.v1.MarkUnknownResponse
-	17, // 61: ledger.v1.LedgerService.Lookup:output_type -> ledger.v1.LookupResponse
-	19, // 62: ledger.v1.LedgerService.Reconcile:output_type -> ledger.v1.ReconcileResponse
-	21, // 63: ledger.v1.LedgerService.Renew:output_type -> ledger.v1.RenewResponse
-	23, // 64: ledger.v1.LedgerService.ListUnresolved:output_type -> ledger.v1.ListUnresolvedResponse
-	27, // 65: ledger.v1.LedgerService.StartRun:output_type -> ledger.v1.StartRunResponse
-	29, // 66: ledger.v1.LedgerService.GetRun:output_type -> ledger.v1.GetRunResponse
-	31, // 67: ledger.v1.LedgerService.EndRun:output_type -> ledger.v1.EndRunResponse
-	33, // 68: ledger.v1.LedgerService.ListRuns:output_type -> ledger.v1.ListRunsResponse
-	58, // [58:69] is the sub-list for method output_type
-	47, // [47:58] is the sub-list for method input_type
+	34, // 58: ledger.v1.LedgerService.GetCaller:input_type -> ledger.v1.GetCallerRequest
+	11, // 59: ledger.v1.LedgerService.Reserve:output_type -> ledger.v1.ReserveResponse
+	13, // 60: ledger.v1.LedgerService.Complete:output_type -> ledger.v1.CompleteResponse
+	15, // 61: ledger.v1.LedgerService.MarkUnknown:output_type -> ledger.v1.MarkUnknownResponse
+	17, // 62: ledger.v1.LedgerService.Lookup:output_type -> ledger.v1.LookupResponse
+	19, // 63: ledger.v1.LedgerService.Reconcile:output_type -> ledger.v1.ReconcileResponse
+	21, // 64: ledger.v1.LedgerService.Renew:output_type -> ledger.v1.RenewResponse
+	23, // 65: ledger.v1.LedgerService.ListUnresolved:output_type -> ledger.v1.ListUnresolvedResponse
+	27, // 66: ledger.v1.LedgerService.StartRun:output_type -> ledger.v1.StartRunResponse
+	29, // 67: ledger.v1.LedgerService.GetRun:output_type -> ledger.v1.GetRunResponse
+	31, // 68: ledger.v1.LedgerService.EndRun:output_type -> ledger.v1.EndRunResponse
+	33, // 69: ledger.v1.LedgerService.ListRuns:output_type -> ledger.v1.ListRunsResponse
+	35, // 70: ledger.v1.LedgerService.GetCaller:output_type -> ledger.v1.GetCallerResponse
+	59, // [59:71] is the sub-list for method output_type
+	47, // [47:59] is the sub-list for method input_type
 	47, // [47:47] is the sub-list for extension type_name
 	47, // [47:47] is the sub-list for extension extendee
 	0,  // [0:47] is the sub-list for field type_name
@@ -2872,7 +3020,7 @@ func file_ledger_v1_ledger_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ledger_v1_ledger_proto_rawDesc), len(file_ledger_v1_ledger_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

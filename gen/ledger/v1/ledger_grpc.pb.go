@@ -64,6 +64,7 @@ const (
 	LedgerService_GetRun_FullMethodName         = "/ledger.v1.LedgerService/GetRun"
 	LedgerService_EndRun_FullMethodName         = "/ledger.v1.LedgerService/EndRun"
 	LedgerService_ListRuns_FullMethodName       = "/ledger.v1.LedgerService/ListRuns"
+	LedgerService_GetCaller_FullMethodName      = "/ledger.v1.LedgerService/GetCaller"
 )
 
 // LedgerServiceClient is the client API for LedgerService service.
@@ -138,6 +139,9 @@ type LedgerServiceClient interface {
 	// newest first, then ended ones, the latest ended first. A run past its
 	// deadline is listed as RUN_STATE_DEADLINE.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
+	// GetCaller says who the credentials of the call are: tenant, principal
+	// and scopes. Every scope may call it; it reads nothing from the store.
+	GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*GetCallerResponse, error)
 }
 
 type ledgerServiceClient struct {
@@ -258,6 +262,16 @@ func (c *ledgerServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest,
 	return out, nil
 }
 
+func (c *ledgerServiceClient) GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*GetCallerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetCallerResponse)
+	err := c.cc.Invoke(ctx, LedgerService_GetCaller_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LedgerServiceServer is the server API for LedgerService service.
 // All implementations must embed UnimplementedLedgerServiceServer
 // for forward compatibility.
@@ -330,6 +344,9 @@ type LedgerServiceServer interface {
 	// newest first, then ended ones, the latest ended first. A run past its
 	// deadline is listed as RUN_STATE_DEADLINE.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
+	// GetCaller says who the credentials of the call are: tenant, principal
+	// and scopes. Every scope may call it; it reads nothing from the store.
+	GetCaller(context.Context, *GetCallerRequest) (*GetCallerResponse, error)
 	mustEmbedUnimplementedLedgerServiceServer()
 }
 
@@ -372,6 +389,9 @@ func (UnimplementedLedgerServiceServer) EndRun(context.Context, *EndRunRequest) 
 }
 func (UnimplementedLedgerServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
+}
+func (UnimplementedLedgerServiceServer) GetCaller(context.Context, *GetCallerRequest) (*GetCallerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCaller not implemented")
 }
 func (UnimplementedLedgerServiceServer) mustEmbedUnimplementedLedgerServiceServer() {}
 func (UnimplementedLedgerServiceServer) testEmbeddedByValue()                       {}
@@ -592,6 +612,24 @@ func _LedgerService_ListRuns_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LedgerService_GetCaller_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCallerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LedgerServiceServer).GetCaller(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LedgerService_GetCaller_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LedgerServiceServer).GetCaller(ctx, req.(*GetCallerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // LedgerService_ServiceDesc is the grpc.ServiceDesc for LedgerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -642,6 +680,10 @@ var LedgerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRuns",
 			Handler:    _LedgerService_ListRuns_Handler,
+		},
+		{
+			MethodName: "GetCaller",
+			Handler:    _LedgerService_GetCaller_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -72,6 +72,11 @@ class LedgerServiceStub(object):
                 request_serializer=ledger_dot_v1_dot_ledger__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=ledger_dot_v1_dot_ledger__pb2.ListRunsResponse.FromString,
                 )
+        self.GetCaller = channel.unary_unary(
+                '/ledger.v1.LedgerService/GetCaller',
+                request_serializer=ledger_dot_v1_dot_ledger__pb2.GetCallerRequest.SerializeToString,
+                response_deserializer=ledger_dot_v1_dot_ledger__pb2.GetCallerResponse.FromString,
+                )
 
 
 class LedgerServiceServicer(object):
@@ -199,6 +204,14 @@ class LedgerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCaller(self, request, context):
+        """GetCaller says who the credentials of the call are: tenant, principal
+        and scopes. Every scope may call it; it reads nothing from the store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LedgerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -256,6 +269,11 @@ def add_LedgerServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=ledger_dot_v1_dot_ledger__pb2.ListRunsRequest.FromString,
                     response_serializer=ledger_dot_v1_dot_ledger__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'GetCaller': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCaller,
+                    request_deserializer=ledger_dot_v1_dot_ledger__pb2.GetCallerRequest.FromString,
+                    response_serializer=ledger_dot_v1_dot_ledger__pb2.GetCallerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -454,5 +472,22 @@ class LedgerService(object):
         return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/ListRuns',
             ledger_dot_v1_dot_ledger__pb2.ListRunsRequest.SerializeToString,
             ledger_dot_v1_dot_ledger__pb2.ListRunsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetCaller(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ledger.v1.LedgerService/GetCaller',
+            ledger_dot_v1_dot_ledger__pb2.GetCallerRequest.SerializeToString,
+            ledger_dot_v1_dot_ledger__pb2.GetCallerResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

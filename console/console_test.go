@@ -1,0 +1,417 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/opledger/ledger/console"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/internal/servicetest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// ledger is ledgerd's HTTP listener in front of a ledger service on a real
+// redis-server: the console and the JSON API, with one key per scope.
+type ledger struct {
+	url  string
+	keys map[string]string // scope -> key
+}
+
+func start(t *testing.T) *ledger {
+	t.Helper()
+	st := servicetest.StartHTTP(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: ledgertest.Policy},
+		fmt.Sprintf("console-%d", time.Now().UnixNano()), "ops", map[string]http.Handler{console.Path: console.Handler()})
+	return &ledger{url: st.URL, keys: st.Keys}
+}
+
+// call sends a JSON API call with scope's key; it returns the status and
+// the body.
+func (l *ledger) call(t *testing.T, scope, method, path string, body any) (int, map[string]any) {
+	t.Helper()
+	var in io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in = strings.NewReader(string(b))
+	}
+	req, err := http.NewRequest(method, l.url+path, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+l.keys[scope])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return resp.StatusCode, out
+}
+
+// operation reads id's record through the JSON API.
+func (l *ledger) operation(t *testing.T, id string) map[string]any {
+	t.Helper()
+	code, body := l.call(t, "reconciler", "GET", "/v1/operations:lookup?operation_id="+id, nil)
+	if code != 200 {
+		t.Fatalf("Lookup(%s): %d %v", id, code, body)
+	}
+	return body["operation"].(map[string]any)
+}
+
+// claim reserves id as an agent; it returns the fencing token (EXECUTE) or
+// fails the test.
+func (l *ledger) claim(t *testing.T, id, tool, holder string, extra map[string]any) string {
+	t.Helper()
+	req := map[string]any{"operationId": id, "tool": tool, "params": map[string]any{"amount": 25}, "holder": holder}
+	for k, v := range extra {
+		req[k] = v
+	}
+	code, body := l.call(t, "agent", "POST", "/v1/operations:reserve", req)
+	if code != 200 || body["decision"] != "DECISION_EXECUTE" {
+		t.Fatalf("Reserve(%s): %d %v", id, code, body)
+	}
+	return body["operation"].(map[string]any)["fencingToken"].(string)
+}
+
+// unknown claims id (with the extra Reserve fields) and reports its outcome
+// unknown (a timeout).
+func (l *ledger) unknown(t *testing.T, id, tool string, extra map[string]any) string {
+	t.Helper()
+	tok := l.claim(t, id, tool, "h-"+id, extra)
+	if code, body := l.call(t, "agent", "POST", "/v1/operations:markUnknown", map[string]any{
+		"operationId": id, "fencingToken": tok, "reason": "deadline exceeded"}); code != 200 {
+		t.Fatalf("MarkUnknown(%s): %d %v", id, code, body)
+	}
+	return tok
+}
+
+// browser is one headless Chromium for the test, with a tab per call of
+// tab. Without Chromium the test is skipped, or fails when make test runs
+// it (LEDGER_TEST_POLYGLOT=require, and make test installs it).
+func browser(t *testing.T) func(t *testing.T) context.Context {
+	t.Helper()
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		msg := "no Chromium on PATH (Debian: apt-get install chromium)"
+		if os.Getenv("LEDGER_TEST_POLYGLOT") == "require" {
+			t.Fatalf("%s (LEDGER_TEST_POLYGLOT=require: make test installs it)", msg)
+		}
+		t.Skip(msg)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.WindowSize(1280, 860), chromedp.Flag("disable-dev-shm-usage", true))
+	alloc, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	root, cancelRoot := chromedp.NewContext(alloc)
+	t.Cleanup(cancelRoot)
+	if err := chromedp.Do(root); err != nil { // starts the browser
+		t.Fatalf("starting %s: %v", path, err)
+	}
+	return func(t *testing.T) context.Context {
+		tab, cancelTab := chromedp.NewContext(root)
+		ctx, cancelTime := context.WithTimeout(tab, 90*time.Second)
+		t.Cleanup(func() { cancelTime(); cancelTab() })
+		return ctx
+	}
+}
+
+// run runs browser actions, failing the test on an error.
+func run(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// into is a, storing its value in dst.
+func into[T any](dst *T, a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
+	return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		v, err := a(ctx, tg)
+		*dst = v
+		return chromedp.Void{}, err
+	}
+}
+
+// signIn opens the console and signs in with key; the queue shows.
+func signIn(url, key string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		chromedp.Navigate(url+console.Path),
+		chromedp.WaitVisible(chromedp.CSS("#key")),
+		chromedp.SendKeys(chromedp.CSS("#key"), key),
+		chromedp.Click(chromedp.CSS(`#login-form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS("#queue")),
+		chromedp.WaitNotPresent(chromedp.CSS(`#queue-status:not(:empty)`)),
+	)
+}
+
+// row selects the queue's row of id.
+func row(id string) string { return `#queue-table tr[data-id="` + id + `"]` }
+
+// open clicks id in the queue and waits for its page.
+func open(id string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		chromedp.Click(chromedp.CSS(row(id)+` button`)),
+		chromedp.WaitVisible(chromedp.CSS("#operation")),
+		chromedp.WaitVisible(chromedp.CSS("#op-token")),
+	)
+}
+
+// decide chooses a finding on the operation's page, fills fields, sends it
+// and confirms; the answer shows.
+func decide(finding string, fields map[string]string) chromedp.Action[chromedp.Void] {
+	tasks := []chromedp.Action[chromedp.Void]{chromedp.Click(chromedp.CSS(`input[name=finding][value=` + finding + `]`))}
+	for sel, v := range fields {
+		tasks = append(tasks, chromedp.SendKeys(chromedp.CSS(sel), v))
+	}
+	return chromedp.Steps(append(tasks,
+		chromedp.Click(chromedp.CSS(`#act-form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-send")),
+		chromedp.Click(chromedp.CSS("#confirm-send")),
+		chromedp.WaitVisible(chromedp.CSS("#answer")))...)
+}
+
+// screenshot writes the page to name in LEDGER_CONSOLE_SCREENSHOTS (the
+// docs' images, by make screenshots), when it is set.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("LEDGER_CONSOLE_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	var png []byte
+	run(t, ctx, "screenshot", into(&png, chromedp.FullScreenshot(100)))
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConsoleInABrowser: in headless Chromium, an operator finds an UNKNOWN
+// operation in the queue, opens it and resolves it as applied; it leaves the
+// queue and the agent's retry replays instead of applying the effect again.
+// A viewer sees no actions and a forged one is refused by the API; a stale
+// page's action is refused with the reason shown; the key is kept nowhere
+// but the tab's memory.
+func TestConsoleInABrowser(t *testing.T) {
+	tab := browser(t)
+
+	t.Run("resolve an UNKNOWN operation as applied", func(t *testing.T) {
+		l := start(t)
+		charge := l.claim(t, "wf-8470:charge", "payments.charge", "h-charge", nil)
+		if code, body := l.call(t, "agent", "POST", "/v1/operations:complete", map[string]any{"operationId": "wf-8470:charge",
+			"fencingToken": charge, "outcome": "OUTCOME_SUCCEEDED", "result": map[string]any{"resourceId": "ch_1"}}); code != 200 {
+			t.Fatalf("Complete: %d %v", code, body)
+		}
+		if code, body := l.call(t, "agent", "POST", "/v1/runs/wf-8472:start", map[string]any{"limits": map[string]any{"maxSteps": 20}}); code != 200 {
+			t.Fatalf("StartRun: %d %v", code, body)
+		}
+		l.unknown(t, "wf-8472:refund", "payments.refund", map[string]any{"compensates": "wf-8470:charge", "runId": "wf-8472", "step": 4})
+		l.unknown(t, "wf-8473:ticket", "overdue.ticket", nil)
+		l.claim(t, "wf-8474:charge", "payments.charge", "h-live", nil) // a live claim: not listed
+		esc := l.unknown(t, "wf-8475:booking", "payments.booking", nil)
+		if code, body := l.call(t, "reconciler", "POST", "/v1/operations:reconcile", map[string]any{
+			"operationId": "wf-8475:booking", "finding": "FINDING_ESCALATE", "note": "the API times out", "fencingToken": esc}); code != 200 {
+			t.Fatalf("escalate: %d %v", code, body)
+		}
+		effects := 1 // the first attempt applied the refund at the destination, then timed out
+		ctx := tab(t)
+		run(t, ctx, "sign in", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-8472:refund"))))
+		var listed, unknown, flagged string
+		run(t, ctx, "counts",
+			into(&listed, chromedp.Text(chromedp.CSS(`[data-count=Listed] dd`))),
+			into(&unknown, chromedp.Text(chromedp.CSS(`[data-count=UNKNOWN] dd`))),
+			into(&flagged, chromedp.Text(chromedp.CSS(`[data-count=Flagged] dd`))))
+		if listed != "3" || unknown != "3" || flagged != "1" {
+			t.Fatalf("counts: listed %q, UNKNOWN %q, flagged %q; want 3, 3 and 1", listed, unknown, flagged)
+		}
+		screenshot(t, ctx, "console-queue.png")
+
+		var token, state, runText, compensates string
+		run(t, ctx, "open", open("wf-8472:refund"),
+			into(&token, chromedp.Text(chromedp.CSS("#op-token"))),
+			into(&state, chromedp.Text(chromedp.CSS("#op-fields .state"))),
+			into(&runText, chromedp.Text(chromedp.CSS("#op-run"))),
+			into(&compensates, chromedp.Text(chromedp.CSS("#op-compensates"))))
+		if want := l.operation(t, "wf-8472:refund")["fencingToken"]; token != want || state != "UNKNOWN" {
+			t.Fatalf("the page shows token %q, state %q; want %v, UNKNOWN", token, state, want)
+		}
+		if runText != "wf-8472 step 4 — RUNNING, 1 step" || compensates != "wf-8470:charge" {
+			t.Fatalf("the links: run %q, compensates %q", runText, compensates)
+		}
+		run(t, ctx, "fill", chromedp.Click(chromedp.CSS(`input[name=finding][value=FINDING_APPLIED]`)),
+			chromedp.SendKeys(chromedp.CSS("#act-resource"), "re_3141"),
+			chromedp.SendKeys(chromedp.CSS("#act-note"), "INC-88: the refund exists in the refunds API"))
+		screenshot(t, ctx, "console-operation.png")
+
+		var answer string
+		run(t, ctx, "resolve", decide("FINDING_APPLIED", map[string]string{"#act-data": `{"refund":"re_3141"}`}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		if !strings.Contains(answer, "Recorded. The operation is SUCCEEDED") {
+			t.Fatalf("the answer: %q", answer)
+		}
+		op := l.operation(t, "wf-8472:refund")
+		hist := op["history"].([]any)
+		last := hist[len(hist)-1].(map[string]any)
+		if op["state"] != "STATE_SUCCEEDED" || op["result"].(map[string]any)["resourceId"] != "re_3141" ||
+			last["principal"] != "ops-reconciler" || last["fencingToken"] != token {
+			t.Fatalf("the record after the console's finding: %v", op)
+		}
+		// The agent's retry replays the recorded refund.
+		code, body := l.call(t, "agent", "POST", "/v1/operations:reserve", map[string]any{
+			"operationId": "wf-8472:refund", "tool": "payments.refund", "params": map[string]any{"amount": 25}, "holder": "h-retry",
+			"compensates": "wf-8470:charge", "runId": "wf-8472"})
+		if body["decision"] == "DECISION_EXECUTE" {
+			effects++ // the agent would refund again
+		}
+		if code != 200 || body["decision"] != "DECISION_REPLAY" || effects != 1 {
+			t.Fatalf("the retry: %d %v; the refund applied %d times", code, body, effects)
+		}
+		var by string
+		var hiddenActions bool
+		run(t, ctx, "the compensated charge", chromedp.Click(chromedp.CSS("#op-compensates button")),
+			chromedp.WaitVisible(chromedp.CSS("#op-compensated-by")),
+			into(&by, chromedp.Text(chromedp.CSS("#op-compensated-by"))),
+			into(&hiddenActions, chromedp.Evaluate[bool](`document.getElementById("actions").hidden`)))
+		if by != "wf-8472:refund" || !hiddenActions {
+			t.Fatalf("the charge's page: compensated by %q, actions hidden %v (it is SUCCEEDED)", by, hiddenActions)
+		}
+		run(t, ctx, "back", chromedp.Click(chromedp.CSS("#back")), chromedp.WaitVisible(chromedp.CSS("#queue")),
+			chromedp.WaitNotPresent(chromedp.CSS(row("wf-8472:refund"))),
+			chromedp.WaitVisible(chromedp.CSS(row("wf-8473:ticket"))))
+
+		// The filters: past the recovery window, then flagged.
+		run(t, ctx, "filter overdue", chromedp.Click(chromedp.CSS("#f-overdue")), chromedp.Click(chromedp.CSS(`#filters button`)),
+			chromedp.WaitNotPresent(chromedp.CSS(row("wf-8475:booking"))), chromedp.WaitVisible(chromedp.CSS(row("wf-8473:ticket"))))
+		run(t, ctx, "filter flagged", chromedp.Click(chromedp.CSS("#f-overdue")), chromedp.Click(chromedp.CSS("#f-review")),
+			chromedp.Click(chromedp.CSS(`#filters button`)),
+			chromedp.WaitNotPresent(chromedp.CSS(row("wf-8473:ticket"))), chromedp.WaitVisible(chromedp.CSS(row("wf-8475:booking"))))
+
+		// Nothing of the key is kept where it outlives the tab.
+		var kept string
+		run(t, ctx, "storage", into(&kept, chromedp.Evaluate[string](`JSON.stringify(localStorage) + JSON.stringify(sessionStorage) + document.cookie + location.href + document.documentElement.outerHTML`)))
+		secret := l.keys["reconciler"][strings.IndexByte(l.keys["reconciler"], '.')+1:]
+		if strings.Contains(kept, secret) {
+			t.Fatal("the key is in the page, its URL or the browser's storage")
+		}
+	})
+
+	t.Run("a viewer sees no actions, and a forged one is refused", func(t *testing.T) {
+		l := start(t)
+		l.unknown(t, "wf-9:refund", "payments.refund", nil)
+		before := l.operation(t, "wf-9:refund")
+		ctx := tab(t)
+		var hidden bool
+		var who string
+		run(t, ctx, "viewer", signIn(l.url, l.keys["viewer"]), chromedp.WaitVisible(chromedp.CSS(row("wf-9:refund"))),
+			open("wf-9:refund"),
+			into(&hidden, chromedp.Evaluate[bool](`document.getElementById("actions").hidden`)),
+			into(&who, chromedp.Text(chromedp.CSS("#who"))))
+		if !hidden || !strings.Contains(who, "read only") {
+			t.Fatalf("a viewer's page: actions hidden %v, %q", hidden, who)
+		}
+		type answer struct {
+			Status int    `json:"status"`
+			Body   string `json:"body"`
+		}
+		var forged answer
+		js := `fetch("/v1/operations:reconcile", {method: "POST", headers: {"Authorization": "Bearer ` + l.keys["viewer"] + `",
+			"Content-Type": "application/json"}, body: JSON.stringify({operationId: "wf-9:refund", finding: "FINDING_ABANDON"})})
+			.then(async (r) => ({status: r.status, body: await r.text()}))`
+		run(t, ctx, "forge", into(&forged, chromedp.Evaluate[answer](js, chromedp.EvalAwaitPromise)))
+		if forged.Status != http.StatusForbidden || !strings.Contains(forged.Body, "PERMISSION_DENIED") {
+			t.Fatalf("a viewer's forged Reconcile: %d %s", forged.Status, forged.Body)
+		}
+		if after := l.operation(t, "wf-9:refund"); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Fatalf("the forged call changed the record:\n%v\n%v", before, after)
+		}
+	})
+
+	t.Run("a stale page's action is refused with the reason", func(t *testing.T) {
+		l := start(t)
+		first := l.unknown(t, "wf-10:refund", "payments.refund", nil)
+		ctx := tab(t)
+		run(t, ctx, "open", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-10:refund"))),
+			open("wf-10:refund"))
+		// Behind the page: another operator finds it not applied, and the
+		// agent's next attempt times out too.
+		if code, body := l.call(t, "reconciler", "POST", "/v1/operations:reconcile", map[string]any{
+			"operationId": "wf-10:refund", "finding": "FINDING_NOT_APPLIED", "fencingToken": first, "note": "no refund found"}); code != 200 {
+			t.Fatalf("not applied: %d %v", code, body)
+		}
+		second := l.unknown(t, "wf-10:refund", "payments.refund", nil)
+		var answer, class string
+		run(t, ctx, "stale action", decide("FINDING_APPLIED", map[string]string{"#act-resource": "re_1"}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
+			into(&class, chromedp.Evaluate[string](`document.getElementById("answer").className`)))
+		if class != "refused" || !strings.Contains(answer, "another attempt holds the operation now (the operation is UNKNOWN now)") {
+			t.Fatalf("the stale page's answer: %q (%s)", answer, class)
+		}
+		op := l.operation(t, "wf-10:refund")
+		if op["state"] != "STATE_UNKNOWN" || op["fencingToken"] != second || op["result"] != nil {
+			t.Fatalf("the stale action changed the record: %v", op)
+		}
+	})
+}
+
+// TestHandler: the console's files, with headers that keep the page to
+// itself; anything but GET and HEAD is refused.
+func TestHandler(t *testing.T) {
+	srv := httptest.NewServer(console.Handler())
+	t.Cleanup(srv.Close)
+	cases := []struct {
+		method, path string
+		status       int
+		contentType  string
+	}{
+		{"GET", "/console/", 200, "text/html; charset=utf-8"},
+		{"GET", "/console/console.js", 200, "text/javascript; charset=utf-8"},
+		{"GET", "/console/console.css", 200, "text/css; charset=utf-8"},
+		{"HEAD", "/console/", 200, "text/html; charset=utf-8"},
+		{"GET", "/console/nothing", 404, ""},
+		{"POST", "/console/", 405, ""},
+	}
+	for _, c := range cases {
+		req, err := http.NewRequest(c.method, srv.URL+c.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.status || c.contentType != "" && resp.Header.Get("Content-Type") != c.contentType {
+			t.Errorf("%s %s: %d %q, want %d %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Content-Type"), c.status, c.contentType)
+		}
+		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Errorf("%s %s: Content-Security-Policy %q", c.method, c.path, csp)
+		}
+		if resp.Header.Get("Referrer-Policy") != "no-referrer" || resp.StatusCode == 200 && resp.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s %s: headers %v", c.method, c.path, resp.Header)
+		}
+	}
+}

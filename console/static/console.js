@@ -1,0 +1,346 @@
+// The operator console: the queue of unresolved operations, one
+// operation's record, and the findings a reconciler may record, all through
+// the ledger's HTTP/JSON API with the key typed in. The key lives in this
+// closure only: never in storage, the URL or the page.
+"use strict";
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const MAX_LISTED = 2000; // the queue reads at most this many operations
+  let key = "";
+  let caller = null; // GET /v1/caller
+  let shown = null; // the operation on the page, as last read
+
+  // api calls the JSON API; it resolves to {ok, status, body}.
+  async function api(method, path, body) {
+    const init = { method, headers: { Authorization: "Bearer " + key }, cache: "no-store" };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    let resp;
+    try {
+      resp = await fetch(path, init);
+    } catch (e) {
+      return { ok: false, status: 0, body: { message: "the ledger cannot be reached: " + e.message } };
+    }
+    let parsed = {};
+    try {
+      parsed = await resp.json();
+    } catch (e) {
+      parsed = { message: "the answer was not JSON (HTTP " + resp.status + ")" };
+    }
+    return { ok: resp.ok, status: resp.status, body: parsed };
+  }
+
+  // errorInfo returns the ErrorInfo of an error body (reason, metadata).
+  function errorInfo(body) {
+    for (const d of body.details || []) {
+      if (d["@type"] === "type.googleapis.com/google.rpc.ErrorInfo") return d;
+    }
+    return { reason: "", metadata: {} };
+  }
+
+  // explain turns a refusal into a sentence for the operator.
+  function explain(body) {
+    const info = errorInfo(body);
+    const md = info.metadata || {};
+    const state = md.state ? " (the operation is " + md.state.replace("STATE_", "") + " now)" : "";
+    switch (info.reason) {
+      case "STALE_FENCING_TOKEN":
+        return "Refused: another attempt holds the operation now" + state +
+          ". This page showed an older attempt. Nothing was changed; reload the operation and decide again.";
+      case "ALREADY_RESOLVED":
+        return "Refused: the operation was already resolved with another finding" + state + ". Nothing was changed.";
+      case "OPERATION_IN_PROGRESS":
+        return "Refused: a worker holds a live lease on the operation. Wait for the lease to end, then decide.";
+      case "PERMISSION_DENIED":
+        return "Refused: this key may not resolve operations (it needs the reconciler scope).";
+      case "UNAUTHENTICATED":
+        return "Refused: the key is not valid any more. Sign in again.";
+      case "NOT_FOUND":
+        return "Refused: there is no such operation.";
+      case "INVALID_ARGUMENT":
+        return "Refused: " + (body.message || "invalid input") + ".";
+      case "RATE_LIMITED":
+        return "Refused: too many calls for this tenant; try again in a moment.";
+      default:
+        return "Refused: " + (info.reason || "HTTP error") + ": " + (body.message || "");
+    }
+  }
+
+  // el builds an element with text (never HTML) and children.
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "class") e.className = v;
+      else if (k === "onclick") e.addEventListener("click", v);
+      else e.setAttribute(k, v);
+    }
+    for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+    return e;
+  }
+
+  const short = (s) => (s || "").replace(/^(STATE|EFFECT|RUN_STATE)_/, "");
+  function when(ts) {
+    if (!ts) return "–";
+    const d = new Date(ts);
+    const ago = Math.round((Date.now() - d.getTime()) / 1000);
+    const rel = Math.abs(ago) < 90 ? Math.abs(ago) + " s" : Math.abs(ago) < 5400 ? Math.round(Math.abs(ago) / 60) + " min" :
+      Math.abs(ago) < 172800 ? Math.round(Math.abs(ago) / 3600) + " h" : Math.round(Math.abs(ago) / 86400) + " d";
+    return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") + (ago >= 0 ? " (" + rel + " ago)" : " (in " + rel + ")");
+  }
+  const overdue = (op) => op.recoveryDeadline && new Date(op.recoveryDeadline).getTime() <= Date.now();
+  const stateCell = (s) => el("span", { class: "state state-" + short(s) }, short(s));
+
+  function show(section) {
+    for (const id of ["login", "queue", "operation"]) $(id).hidden = id !== section;
+    window.scrollTo(0, 0);
+  }
+
+  // Signing in: the key is checked (and its scopes read) by GET /v1/caller.
+  $("login-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    key = $("key").value.trim();
+    $("key").value = "";
+    const r = await api("GET", "/v1/caller");
+    if (!r.ok) {
+      key = "";
+      $("login-error").textContent = r.status === 401 ? "That key is not valid." : explain(r.body);
+      $("login-error").hidden = false;
+      return;
+    }
+    caller = r.body;
+    $("login-error").hidden = true;
+    $("who").textContent = "tenant " + caller.tenant + " · key " + caller.principal + " · " + (caller.scopes || []).join(", ") +
+      (canAct() ? "" : " (read only)");
+    $("who").hidden = $("signout").hidden = false;
+    show("queue");
+    loadQueue();
+  });
+
+  $("signout").addEventListener("click", () => {
+    key = "";
+    caller = shown = null;
+    $("who").hidden = $("signout").hidden = true;
+    $("queue-table").tBodies[0].replaceChildren();
+    show("login");
+  });
+
+  const canAct = () => !!caller && (caller.scopes || []).includes("reconciler");
+
+  // The queue: every page of ListUnresolved under the filters, oldest first.
+  $("filters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    loadQueue();
+  });
+
+  async function loadQueue() {
+    const q = new URLSearchParams({ page_size: "500" });
+    if ($("f-state").value) q.set("states", $("f-state").value);
+    if ($("f-tool").value.trim()) q.set("tool", $("f-tool").value.trim());
+    if ($("f-overdue").checked) q.set("overdue", "true");
+    if ($("f-review").checked) q.set("needs_review", "true");
+    $("queue-status").textContent = "Loading…";
+    const ops = [];
+    let token = "";
+    do {
+      if (token) q.set("page_token", token);
+      const r = await api("GET", "/v1/operations:unresolved?" + q.toString());
+      if (!r.ok) {
+        $("queue-status").textContent = explain(r.body);
+        return;
+      }
+      ops.push(...(r.body.operations || []));
+      token = r.body.nextPageToken || "";
+    } while (token && ops.length < MAX_LISTED);
+    renderCounts(ops, token !== "");
+    const rows = ops.map((op) => el("tr", { "data-id": op.operationId },
+      el("td", { class: "mono" }, el("button", { class: "link", type: "button", onclick: () => openOperation(op.operationId) }, op.operationId)),
+      el("td", { class: "mono" }, op.tool),
+      el("td", {}, stateCell(op.state)),
+      el("td", {}, (op.attempt || 0) + " of " + (op.maxAttempts || 0)),
+      el("td", {}, when(op.createdAt)),
+      el("td", {}, when(op.unknownSince)),
+      el("td", {}, when(op.recoveryDeadline), overdue(op) ? el("span", { class: "badge" }, " overdue") : ""),
+      el("td", {}, op.needsReview ? el("span", { class: "badge" }, "flagged") : "")));
+    $("queue-table").tBodies[0].replaceChildren(...rows);
+    $("queue-status").textContent = ops.length ? "" : "Nothing is waiting for a decision.";
+  }
+
+  function renderCounts(ops, more) {
+    const n = (f) => ops.filter(f).length + (more ? "+" : "");
+    const items = [
+      ["Listed", ops.length + (more ? "+" : "")],
+      ["UNKNOWN", n((o) => o.state === "STATE_UNKNOWN")],
+      ["RUNNING", n((o) => o.state === "STATE_RUNNING")],
+      ["PENDING", n((o) => o.state === "STATE_PENDING")],
+      ["Overdue", n(overdue)],
+      ["Flagged", n((o) => o.needsReview)],
+    ];
+    $("counts").replaceChildren(...items.map(([k, v]) => el("div", { "data-count": k }, el("dt", {}, k), el("dd", {}, v))));
+  }
+
+  // One operation: its record, links and timeline, and the actions.
+  async function openOperation(id) {
+    $("answer").hidden = true;
+    const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: id }).toString());
+    if (!r.ok) {
+      $("queue-status").textContent = explain(r.body);
+      return;
+    }
+    await renderOperation(r.body.operation);
+    show("operation");
+  }
+
+  async function renderOperation(op) {
+    shown = op;
+    $("op-title").replaceChildren("Operation ", el("code", {}, op.operationId));
+    const rows = [
+      ["State", stateCell(op.state)],
+      ["Reason", op.reason || "–"],
+      ["Tool", op.tool],
+      ["Effect", short(op.effect)],
+      ["Attempt", (op.attempt || 0) + " of " + (op.maxAttempts || 0)],
+      ["Fencing token", el("code", { id: "op-token" }, op.fencingToken || "0")],
+      ["Permit", op.permitId || "–"],
+      ["Flagged for review", op.needsReview ? "yes" : "no"],
+      ["Created", when(op.createdAt)],
+      ["Updated", when(op.updatedAt)],
+      ["Lease expires", when(op.leaseExpiresAt)],
+      ["Unknown since", when(op.unknownSince)],
+      ["Recovery deadline", overdue(op) ? el("span", {}, when(op.recoveryDeadline), " ", el("span", { class: "badge" }, "overdue")) : when(op.recoveryDeadline)],
+      ["Expires", when(op.expiresAt)],
+    ];
+    $("op-fields").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+
+    const out = [];
+    if (op.result) {
+      out.push(el("h3", {}, "Result"), el("p", {}, "Resource id: ", el("code", {}, op.result.resourceId || "–")));
+      if (op.result.data) out.push(el("pre", {}, JSON.stringify(op.result.data, null, 2)));
+    }
+    if (op.failure) {
+      out.push(el("h3", {}, "Failure"), el("p", {}, el("code", {}, op.failure.code || "–"), " ", op.failure.message || ""));
+    }
+    $("op-outcome").replaceChildren(...out);
+    await renderLinks(op);
+
+    const hist = (op.history || []).map((h) => el("tr", {},
+      el("td", {}, when(h.time)),
+      el("td", {}, (h.fromState && h.fromState !== "STATE_UNSPECIFIED" ? short(h.fromState) + " → " : "") + short(h.toState)),
+      el("td", {}, h.reason),
+      el("td", { class: "mono" }, h.principal),
+      el("td", {}, h.attempt || 0),
+      el("td", { class: "mono" }, h.fencingToken || "0"),
+      el("td", {}, h.detail || "")));
+    $("op-history").tBodies[0].replaceChildren(...hist);
+
+    const terminal = op.state === "STATE_SUCCEEDED" || op.state === "STATE_FAILED_FINAL";
+    $("actions").hidden = !canAct() || terminal;
+    $("act-token").textContent = op.fencingToken || "0";
+    $("act-form").reset();
+    syncFindingFields();
+  }
+
+  async function renderLinks(op) {
+    const link = (id) => el("button", { class: "link", type: "button", onclick: () => openOperation(id) }, id);
+    const rows = [];
+    if (op.runId) {
+      const r = await api("GET", "/v1/runs:get?" + new URLSearchParams({ run_id: op.runId }).toString());
+      const run = r.ok ? r.body.run : null;
+      const steps = run ? run.steps || 0 : 0;
+      const desc = run ? " — " + short(run.state) + ", " + steps + (steps === 1 ? " step" : " steps") : "";
+      rows.push(["Run", el("span", { id: "op-run" }, el("code", {}, op.runId), (op.step ? " step " + op.step : "") + desc)]);
+    }
+    if (op.compensates) rows.push(["Compensates", el("span", { id: "op-compensates" }, link(op.compensates))]);
+    if ((op.compensatedBy || []).length) {
+      const list = el("span", { id: "op-compensated-by" });
+      op.compensatedBy.forEach((id, i) => list.append(i ? ", " : "", link(id)));
+      rows.push(["Compensated by", list]);
+    }
+    if (!rows.length) rows.push(["–", "no run or compensation"]);
+    $("op-links").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  }
+
+  $("back").addEventListener("click", () => {
+    show("queue");
+    loadQueue();
+  });
+
+  // The actions: a finding, confirmed, sent with the page's fencing token.
+  function finding() {
+    const f = document.querySelector('input[name="finding"]:checked');
+    return f ? f.value : "";
+  }
+  function syncFindingFields() {
+    $("act-applied").hidden = finding() !== "FINDING_APPLIED";
+    $("act-abandon").hidden = finding() !== "FINDING_ABANDON";
+  }
+  for (const r of document.querySelectorAll('input[name="finding"]')) r.addEventListener("change", syncFindingFields);
+
+  // request builds the Reconcile body, or returns an error sentence.
+  function request() {
+    const f = finding();
+    if (!f) return { error: "Choose what the destination says." };
+    const body = { operationId: shown.operationId, finding: f, fencingToken: shown.fencingToken || "0", note: $("act-note").value.trim() };
+    if (f === "FINDING_APPLIED") {
+      body.result = { resourceId: $("act-resource").value.trim() };
+      const data = $("act-data").value.trim();
+      if (data) {
+        try {
+          body.result.data = JSON.parse(data);
+        } catch (e) {
+          return { error: "The result data is not JSON: " + e.message };
+        }
+        if (typeof body.result.data !== "object" || body.result.data === null || Array.isArray(body.result.data)) {
+          return { error: "The result data must be a JSON object." };
+        }
+      }
+    }
+    if (f === "FINDING_ABANDON" && ($("act-fcode").value.trim() || $("act-fmsg").value.trim())) {
+      body.failure = { code: $("act-fcode").value.trim(), message: $("act-fmsg").value.trim() };
+    }
+    if (f === "FINDING_ESCALATE" && !body.note) return { error: "Say why in the note: the next person reads it." };
+    return { body };
+  }
+
+  const findingText = {
+    FINDING_APPLIED: "the effect exists: the operation becomes SUCCEEDED with this result",
+    FINDING_NOT_APPLIED: "the effect does not exist: the operation returns to PENDING and may run again",
+    FINDING_ABANDON: "the effect does not exist: the operation becomes FAILED_FINAL and never runs again",
+    FINDING_ESCALATE: "nobody can tell yet: the operation stays UNKNOWN, flagged for review",
+  };
+
+  $("act-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const req = request();
+    if (req.error) {
+      answer(false, req.error);
+      return;
+    }
+    $("confirm-text").textContent = "Operation " + shown.operationId + ", attempt " + (shown.attempt || 0) +
+      " (fencing token " + req.body.fencingToken + "): " + findingText[req.body.finding] + ".";
+    $("confirm").returnValue = "";
+    $("confirm").showModal();
+    $("confirm").onclose = () => {
+      if ($("confirm").returnValue === "send") send(req.body);
+    };
+  });
+
+  async function send(body) {
+    const r = await api("POST", "/v1/operations:reconcile", body);
+    if (!r.ok) {
+      answer(false, explain(r.body));
+      return;
+    }
+    const op = r.body.operation;
+    await renderOperation(op);
+    answer(true, "Recorded. The operation is " + short(op.state) + (op.needsReview ? ", flagged for review" : "") + ".");
+  }
+
+  function answer(ok, text) {
+    const a = $("answer");
+    a.className = ok ? "done" : "refused";
+    a.textContent = text;
+    a.hidden = false;
+  }
+})();
