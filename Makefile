@@ -66,7 +66,7 @@ build: ## build bin/ledgerd and bin/ledgermcp
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 
 .PHONY: test
-test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
+test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python package (pytest) and the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
 	./scripts/ensure-jq.sh

@@ -16,11 +16,13 @@ import os
 import sys
 import uuid
 
-sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/python is generated)
+sys.dont_write_bytecode = True  # leave no __pycache__ in the repository
+# The package from this repository, unless it is installed (pip install ./clients/python).
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
 
 import grpc  # noqa: E402
 
-from ledger_guard import Attempt, Ledger, LedgerError, pb  # noqa: E402
+from opledger import Attempt, Ledger, LedgerError, pb  # noqa: E402
 
 
 def check(ok: bool, what: str) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The failure paths of ledger_guard.py, against a running ledgerd whose policy
+"""The failure paths of the opledger package (clients/python), against a running ledgerd whose policy
 gives tickets.slow a lease of 2s and tickets.flaky two attempts (README.md
 shows it; internal/polyglot starts one so):
 
@@ -23,16 +23,16 @@ import time
 import traceback
 import uuid
 
-sys.dont_write_bytecode = True  # leave no __pycache__ in the repository (gen/python is generated)
+sys.dont_write_bytecode = True  # leave no __pycache__ in the repository
+# The package from this repository, unless it is installed (pip install ./clients/python).
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python", "src"))
 
 import grpc  # noqa: E402
 
-from ledger_guard import (  # noqa: E402
+from opledger.client import (  # noqa: E402
     DOMAIN, Attempt, Cancelled, FinalToolError, LeaseEndedOnTheWay, Ledger, LedgerError, RetryableToolError, RunEnded,
     ToolFailed, WaitBudgetSpent, in_progress_delay, pb, to_struct)
-
-# After ledger_guard, which puts gen/python (the google.rpc stubs) on sys.path.
-from google.rpc import error_details_pb2, status_pb2  # noqa: E402, I001
+from opledger._gen.google.rpc import error_details_pb2, status_pb2  # noqa: E402
 
 
 class CheckFailed(Exception):

@@ -82,8 +82,8 @@ const { Ledger } = require('./examples/node/ledger');
 `
 	idleClosePython = `
 import sys, time, uuid
-sys.path.insert(0, "examples/python")
-from ledger_guard import Ledger
+sys.path.insert(0, "clients/python/src")
+from opledger import Ledger
 ledger = Ledger(sys.argv[-1])
 applied = {}
 base = "py-idle-" + uuid.uuid4().hex[:12]
@@ -134,8 +134,8 @@ const { Ledger } = require('./examples/node/ledger');
 `
 	ageClosePython = `
 import sys, time, uuid
-sys.path.insert(0, "examples/python")
-from ledger_guard import Ledger
+sys.path.insert(0, "clients/python/src")
+from opledger import Ledger
 ledger = Ledger(sys.argv[-1])
 applied = {}
 base = "py-age-" + uuid.uuid4().hex[:12]

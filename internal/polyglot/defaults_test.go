@@ -39,7 +39,7 @@ func TestExamplesToolTimeoutDefault(t *testing.T) {
 		{"examples/node/ledger.js", `toolTimeoutMs = (\d+)\b`, time.Millisecond},
 		{"examples/node/README.md", `\(([\d.]+)\s+s\s+if\s+not\s+given\)`, time.Second},
 		{"examples/node/README.md", "`toolTimeoutMs`\\s+\\(([\\d.]+)\\s+s\\s+unless", time.Second},
-		{"examples/python/ledger_guard.py", `tool_timeout: float = ([\d.]+)`, time.Second},
+		{"clients/python/src/opledger/client.py", `tool_timeout: float = ([\d.]+)`, time.Second},
 		{"examples/python/README.md", `\(([\d.]+)\s+s\s+if\s+not\s+given\)`, time.Second},
 		{"examples/python/README.md", "`tool_timeout`\\s+seconds\\s+\\(([\\d.]+)\\s+unless", time.Second},
 	} {
@@ -121,7 +121,7 @@ func TestExamplesDefaultFailureCode(t *testing.T) {
 	}
 	for _, c := range []struct{ file, pattern string }{
 		{"examples/node/ledger.js", `const DEFAULT_FAILURE_CODE = ('[^']*');`},
-		{"examples/python/ledger_guard.py", `\nDEFAULT_FAILURE_CODE = ("[^"]*")`},
+		{"clients/python/src/opledger/client.py", `\nDEFAULT_FAILURE_CODE = ("[^"]*")`},
 	} {
 		if got := exampleConstant(t, c.file, c.pattern); len(got) != 1 || got[0] != want {
 			t.Errorf("%s: DEFAULT_FAILURE_CODE is %q; the Go SDK records %q", c.file, got, want)
@@ -161,7 +161,7 @@ func TestExamplesRetryableFailureCode(t *testing.T) {
 	want := record.Failure.Code
 	for _, c := range []struct{ file, pattern string }{
 		{"examples/node/ledger.js", `const RETRYABLE_FAILURE_CODE = ('[^']*');`},
-		{"examples/python/ledger_guard.py", `\nRETRYABLE_FAILURE_CODE = ("[^"]*")`},
+		{"clients/python/src/opledger/client.py", `\nRETRYABLE_FAILURE_CODE = ("[^"]*")`},
 	} {
 		if got := exampleConstant(t, c.file, c.pattern); len(got) != 1 || got[0] != want {
 			t.Errorf("%s: RETRYABLE_FAILURE_CODE is %q; the Go SDK records %q", c.file, got, want)
@@ -215,7 +215,7 @@ func TestExamplesBackOffReasons(t *testing.T) {
 	}
 	for _, c := range []struct{ file, pattern string }{
 		{"examples/node/ledger.js", `const BACK_OFF_REASONS = new Set\(\[([^\]]*)\]\);`},
-		{"examples/python/ledger_guard.py", `\n_BACK_OFF_REASONS = \(([^)]*)\)`},
+		{"clients/python/src/opledger/client.py", `\n_BACK_OFF_REASONS = \(([^)]*)\)`},
 	} {
 		got := exampleConstant(t, c.file, c.pattern)
 		slices.Sort(got)
@@ -243,13 +243,13 @@ func TestExamplesLeaseMargin(t *testing.T) {
 		unit time.Duration
 		cmd  func() *exec.Cmd
 	}{
-		{"examples/python/ledger_guard.py lease_margin", time.Second, func() *exec.Cmd {
+		{"clients/python/src/opledger/client.py lease_margin", time.Second, func() *exec.Cmd {
 			probe := exec.Command(systemPython, "-s", "-c", "import grpc, google.protobuf")
 			probe.Env = cleanEnv()
 			need(t, probe.Run() == nil, "%s cannot import grpc and google.protobuf (Debian: python3-grpcio, python3-protobuf)", systemPython)
 			return exec.Command(systemPython, "-s", "-c", fmt.Sprintf(
-				"import sys; sys.dont_write_bytecode = True; sys.path.insert(0, 'examples/python'); import ledger_guard\n"+
-					"for ms in [%s]: print(repr(ledger_guard.lease_margin(ms / 1000)))", list))
+				"import sys; sys.dont_write_bytecode = True; sys.path.insert(0, 'clients/python/src'); import opledger.client\n"+
+					"for ms in [%s]: print(repr(opledger.client.lease_margin(ms / 1000)))", list))
 		}},
 		{"examples/node/ledger.js leaseMarginMs", time.Millisecond, func() *exec.Cmd {
 			node, err := exec.LookPath("node")

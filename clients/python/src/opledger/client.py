@@ -1,8 +1,4 @@
-"""Wires the operation ledger into an agent runtime's side-effecting tool calls.
-
-Copy this module into a Python agent runtime (with gen/python on sys.path, or
-the stubs generated into your own package) and route every tool call that
-changes the world through Ledger.call_tool:
+"""The synchronous client: Ledger.call_tool runs a side-effecting tool at most once per operation.
 
     ledger = Ledger("127.0.0.1:50051")
     outcome = ledger.call_tool(
@@ -13,17 +9,14 @@ changes the world through Ledger.call_tool:
         fn=lambda attempt: tickets.create(..., idempotency_key=attempt.idempotency_key),
     )
 
-With run_id=..., each call is a step of an agent run the ledger guards
-(start_run): the call past the run's limit raises RunEnded, and fn does
-not run.
-
 call_tool reserves the operation, runs fn only when the ledger says
 DECISION_EXECUTE, records the outcome with the attempt's fencing token, and
 otherwise replays the recorded result, waits for another caller's live claim,
-or stops for reconciliation. Refusals arrive as LedgerError with the
-google.rpc.ErrorInfo reason the service attached (IDEMPOTENCY_KEY_REUSED, ...).
-
-Needs grpcio and protobuf (Debian: python3-grpcio, python3-protobuf).
+asks the tool's reconciler (reconcilers=...) or stops for reconciliation.
+Refusals arrive as LedgerError with the google.rpc.ErrorInfo reason the
+service attached (IDEMPOTENCY_KEY_REUSED, ...). With run_id=..., each call is
+a step of an agent run the ledger guards (start_run): the call past the run's
+limit raises RunEnded, and fn does not run.
 """
 
 from __future__ import annotations
@@ -34,24 +27,17 @@ import datetime
 import math
 import random
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
-# The generated stubs: gen/python holds ledger/v1 (ledger_pb2, ledger_pb2_grpc)
-# and google/rpc (status_pb2, error_details_pb2), produced by `make generate`.
-_GEN = Path(__file__).resolve().parents[2] / "gen" / "python"
-if str(_GEN) not in sys.path:
-    sys.path.insert(0, str(_GEN))
+import grpc
+from google.protobuf import json_format, struct_pb2
 
-import grpc  # noqa: E402
-from google.protobuf import json_format, struct_pb2  # noqa: E402
-from google.rpc import error_details_pb2, status_pb2  # noqa: E402
-from ledger.v1 import ledger_pb2 as pb  # noqa: E402
-from ledger.v1 import ledger_pb2_grpc  # noqa: E402
+from opledger._gen.google.rpc import error_details_pb2, status_pb2
+from opledger._gen.ledger.v1 import ledger_pb2 as pb
+from opledger._gen.ledger.v1 import ledger_pb2_grpc
 
 DOMAIN = "ledger.v1"
 
@@ -279,6 +265,31 @@ class Attempt:
 
 
 @dataclass
+class Finding:
+    """What a reconciler learned from the destination about an operation whose outcome is unknown.
+
+    kind is APPLIED (the effect exists: resource_id and data are its result),
+    NOT_APPLIED (it does not: the operation may run again), ABANDON (it does
+    not, and must not run again) or ESCALATE (the destination cannot tell: a
+    human decides). note goes into the operation's history.
+    """
+
+    APPLIED: ClassVar[int] = pb.FINDING_APPLIED
+    NOT_APPLIED: ClassVar[int] = pb.FINDING_NOT_APPLIED
+    ABANDON: ClassVar[int] = pb.FINDING_ABANDON
+    ESCALATE: ClassVar[int] = pb.FINDING_ESCALATE
+
+    kind: int
+    resource_id: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+# A reconciler asks the destination whether the effect of an UNKNOWN operation exists. It only reads.
+Reconciler = Callable[[pb.Operation], Finding]
+
+
+@dataclass
 class Outcome:
     """What call_tool returns: the recorded result, and whether an earlier call produced it."""
 
@@ -388,8 +399,33 @@ def in_progress_delay(n: int, retry_after: float, rand: Callable[[], float] = ra
     return delay + rand() * delay / 2
 
 
+class _BearerKey(grpc.UnaryUnaryClientInterceptor):
+    """Sends the API key with every call, as "authorization: Bearer <key>"."""
+
+    def __init__(self, key: str):
+        self._metadata = (("authorization", "Bearer " + key),)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(_CallDetails(client_call_details, self._metadata), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    """A call's details with extra metadata."""
+
+    def __init__(self, d: grpc.ClientCallDetails, extra: tuple):
+        self.method, self.timeout, self.credentials = d.method, d.timeout, d.credentials
+        self.wait_for_ready, self.compression = getattr(d, "wait_for_ready", None), getattr(d, "compression", None)
+        self.metadata = tuple(d.metadata or ()) + extra
+
+
 class Ledger:
     """A client of ledger.v1.LedgerService for one agent runtime.
+
+    reconcilers maps a tool to the function that asks its destination
+    whether an UNKNOWN operation's effect exists (see Finding): call_tool
+    asks it instead of raising NeedsReconciliation, and records its finding.
+    api_key is sent as "authorization: Bearer <key>" (use a TLS channel
+    beyond this machine).
 
     clock and sleep are the clock of the waits between ledger calls (tests
     pass their own; without one, a wait ends early when the call is
@@ -398,9 +434,17 @@ class Ledger:
 
     def __init__(self, target: str, *, channel: grpc.Channel | None = None, call_timeout: float = 5.0,
                  ledger_retries: int = 3, log: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] | None = None):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] | None = None,
+                 reconcilers: dict[str, Reconciler] | None = None, api_key: str = "",
+                 interceptors: list[grpc.UnaryUnaryClientInterceptor] | None = None):
         self.channel = channel or grpc.insecure_channel(target)
-        self.stub = ledger_pb2_grpc.LedgerServiceStub(self.channel)
+        calls = self.channel
+        if api_key:
+            calls = grpc.intercept_channel(calls, _BearerKey(api_key))
+        if interceptors:
+            calls = grpc.intercept_channel(calls, *interceptors)
+        self.stub = ledger_pb2_grpc.LedgerServiceStub(calls)
+        self.reconcilers = dict(reconcilers or {})
         self.call_timeout = call_timeout
         self.ledger_retries = ledger_retries
         self.log = log or (lambda _msg: None)
@@ -483,7 +527,7 @@ class Ledger:
     def call_tool(self, *, operation_id: str, tool: str, params: dict[str, Any], permit_id: str,
                   fn: Callable[[Attempt], dict[str, Any]], effect: int = pb.EFFECT_UNSPECIFIED,
                   wait: float = 30.0, tool_timeout: float = 10.0, cancel: threading.Event | None = None,
-                  run_id: str = "") -> Outcome:
+                  run_id: str = "", compensates: str = "") -> Outcome:
         """Runs fn at most once for operation_id, whoever retries it and however often.
 
         fn returns {"resource_id": str, "data": dict}. It raises
@@ -535,12 +579,24 @@ class Ledger:
         tenant's policy, has ended or this call would pass its limit),
         call_tool raises RunEnded and fn does not run. A retry of a call the
         run admitted is never refused.
+        With compensates, the call reverses that operation (a refund of a
+        charge): the ledger links both records, and refuses (LedgerError,
+        reason NOT_COMPENSABLE) before fn runs when that operation did not
+        succeed.
+        When the outcome of an earlier attempt is unknown (DECISION_RECONCILE),
+        the tool's reconciler (reconcilers=...) is asked: APPLIED records its
+        result and call_tool returns it (replayed: this call did not run fn);
+        NOT_APPLIED records that and reserves again, so fn may run;
+        ABANDON records it and raises ToolFailed; ESCALATE, a reconciler
+        that fails, or no reconciler, raise NeedsReconciliation.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = self.clock() + wait
         waits = 0
         request = pb.ReserveRequest(operation_id=operation_id, tool=tool, params=params_struct(params),
-                                    permit_id=permit_id, holder=holder, effect=effect, run_id=run_id)
+                                    permit_id=permit_id, holder=holder, effect=effect, run_id=run_id,
+                                    compensates=compensates)
+        reconciled = 0
         while True:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(operation_id)
@@ -586,7 +642,13 @@ class Ledger:
                             cancel, operation_id)
                 continue
             if resp.decision == pb.DECISION_RECONCILE:
-                raise NeedsReconciliation(op)
+                reconciled += 1
+                if reconciled > 3:  # each NOT_APPLIED met UNKNOWN again: leave it to a human
+                    raise NeedsReconciliation(op)
+                done = self._reconcile(tool, op)
+                if done is None:
+                    continue  # not applied: reserve again
+                return done
             if resp.decision != pb.DECISION_EXECUTE:
                 raise LedgerError(grpc.StatusCode.UNKNOWN, f"unexpected decision {resp.decision}", None)
             if deadline - self.clock() <= 0:
@@ -608,6 +670,39 @@ class Ledger:
                     self.log(f"returning the claim of {op.operation_id}: {err.code.name} {err.reason}")
                 raise LeaseEndedOnTheWay(operation_id)
             return self._execute(op, fn, tool_timeout, cancel, asked)
+
+    def _reconcile(self, tool: str, op: pb.Operation) -> Outcome | None:
+        """Asks tool's reconciler about op and records its finding.
+
+        Returns the recorded outcome (APPLIED), None (NOT_APPLIED: reserve
+        again), or raises ToolFailed (ABANDON) or NeedsReconciliation.
+        """
+        reconciler = self.reconcilers.get(tool)
+        if reconciler is None:
+            raise NeedsReconciliation(op)
+        try:
+            found = reconciler(op)
+        except Exception as err:  # noqa: BLE001 - a reconciler that fails decides nothing
+            self.log(f"reconciler of {tool} for {op.operation_id}: {err!r}")
+            raise NeedsReconciliation(op) from err
+        request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
+                                      fencing_token=op.fencing_token)
+        if found.kind == pb.FINDING_APPLIED:
+            request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=to_struct(found.data)))
+        try:
+            rec = self.rpc("Reconcile", request).operation
+        except LedgerError as err:
+            if err.reason not in ("ALREADY_RESOLVED", "STALE_FENCING_TOKEN"):
+                raise
+            rec = self.lookup(op.operation_id)  # someone else resolved it: what stands is the answer
+        self.log(f"Reconcile {op.operation_id}: {pb.Finding.Name(found.kind)} -> {pb.State.Name(rec.state)}")
+        if rec.state == pb.STATE_SUCCEEDED:
+            return self._outcome(rec, replayed=True)
+        if rec.state == pb.STATE_FAILED_FINAL:
+            raise ToolFailed(rec.failure.code, rec.failure.message, replayed=True)
+        if rec.state == pb.STATE_UNKNOWN:
+            raise NeedsReconciliation(rec)
+        return None
 
     def _return_claim(self, op: pb.Operation) -> bool:
         """Returns a claim the caller will not use.

@@ -1,0 +1,65 @@
+"""guarded: a decorator that turns a plain function into a ledger-guarded tool."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from opledger._gen.ledger.v1 import ledger_pb2 as pb
+from opledger.client import Attempt, Ledger
+
+
+def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str, Any]], str],
+            permit_id: str = "", effect: int = pb.EFFECT_UNSPECIFIED, run_id: str | Callable[[dict[str, Any]], str] = "",
+            resource_id: str | Callable[[dict[str, Any]], str] = "", **call_options: Any) -> Callable:
+    """Wraps fn(**params) so that it runs at most once per operation, however often it is called.
+
+    The wrapped function takes fn's keyword arguments. Its operation id is
+    operation_id(params), or, when operation_id is a string, the keyword
+    argument of that name (a framework's tool call id, say), which is taken
+    out of the parameters. The other keyword arguments are the parameters
+    the ledger fingerprints. run_id works the same way ("" for no run).
+    fn gets the parameters, and idempotency_key= and attempt= when it
+    declares them; it returns a dict, recorded as the result data, with
+    resource_id(result) (or result[resource_id] for a string) as the
+    resource id. Every later call of the same operation returns the
+    recorded dict without calling fn. call_options (wait, tool_timeout,
+    compensates, ...) go to Ledger.call_tool; errors are call_tool's.
+    """
+
+    def pick(spec: str | Callable[[dict[str, Any]], str], params: dict[str, Any]) -> str:
+        if callable(spec):
+            return spec(params)
+        if spec in params:
+            return str(params.pop(spec))
+        return ""
+
+    def decorate(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        accepts = inspect.signature(fn).parameters
+
+        @functools.wraps(fn)
+        def call(**kwargs: Any) -> dict[str, Any]:
+            params = dict(kwargs)
+            op_id = pick(operation_id, params)
+            run = pick(run_id, params) if run_id else ""
+            if not op_id:
+                raise ValueError(f"{tool}: no operation id (give the keyword argument {operation_id!r})")
+
+            def run_fn(a: Attempt) -> dict[str, Any]:
+                extra: dict[str, Any] = {}
+                if "idempotency_key" in accepts:
+                    extra["idempotency_key"] = a.idempotency_key
+                if "attempt" in accepts:
+                    extra["attempt"] = a
+                data = fn(**params, **extra)
+                rid = resource_id(data) if callable(resource_id) else str(data.get(resource_id, "")) if resource_id else ""
+                return {"resource_id": rid, "data": data}
+
+            out = ledger.call_tool(operation_id=op_id, tool=tool, params=params, permit_id=permit_id, fn=run_fn,
+                                   effect=effect, run_id=run, **call_options)
+            return out.data
+
+        return call
+
+    return decorate

@@ -1,0 +1,163 @@
+"""The decision flow of opledger.AsyncLedger (grpc.aio) against a real ledgerd, counting effects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc import aio
+
+import opledger
+from opledger import pb
+
+
+class AioDropper(aio.UnaryUnaryClientInterceptor):
+    """Lets a call reach the ledger, then loses its response, for the methods armed."""
+
+    def __init__(self):
+        self.armed: dict[str, int] = {}
+        self.dropped: list[str] = []
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        method = method.rsplit("/", 1)[-1]
+        call = await continuation(details, request)
+        if self.armed.get(method, 0) > 0:
+            self.armed[method] -= 1
+            await call  # the ledger did what was asked; only its answer is lost
+            self.dropped.append(method)
+            raise aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, aio.Metadata(), aio.Metadata(), "the response was lost")
+        return call
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_s2_and_s10_lost_answers(addr, dest, ids):
+    async def scenario():
+        drop = AioDropper()
+        async with opledger.AsyncLedger(addr, interceptors=[drop]) as lg:
+            op = ids("refund")
+            drop.armed = {"Reserve": 1, "Complete": 1}
+
+            async def refund(a):
+                await asyncio.sleep(0)
+                return dest.apply(a.idempotency_key)
+
+            first = await lg.call_tool(operation_id=op, tool="payments.refund", params={"amount": 3},
+                                       permit_id="p-1", fn=refund)
+            again = await lg.call_tool(operation_id=op, tool="payments.refund", params={"amount": 3},
+                                       permit_id="p-1", fn=refund)
+            rec = await lg.lookup(op)
+            return drop.dropped, first, again, rec
+
+    dropped, first, again, rec = run(scenario())
+    assert dropped == ["Reserve", "Complete"]
+    assert not first.replayed and again.replayed and again.resource_id == first.resource_id
+    assert [h.reason for h in rec.history] == ["RESERVED", "SUCCEEDED"]
+    assert dest.total() == 1
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["the effect exists", "the effect does not exist"])
+def test_s5_timeout_then_reconciliation(addr, dest, ids, applied):
+    async def reconciler(op):
+        return dest.reconciler(op)
+
+    async def scenario():
+        async with opledger.AsyncLedger(addr, reconcilers={"payments.refund": reconciler}) as lg:
+            op = ids("refund")
+
+            async def hangs(a):
+                if applied:
+                    dest.apply(a.idempotency_key)
+                await asyncio.sleep(10)
+
+            with pytest.raises(opledger.ToolTimedOut):
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p-1",
+                                   fn=hangs, tool_timeout=0.2)
+            unknown = (await lg.lookup(op)).state
+
+            async def refund(a):
+                return dest.apply(a.idempotency_key)
+
+            out = await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p-1", fn=refund)
+            return unknown, out, (await lg.lookup(op)).state
+
+    unknown, out, state = run(scenario())
+    assert unknown == pb.STATE_UNKNOWN and state == pb.STATE_SUCCEEDED
+    assert out.replayed is applied
+    assert dest.total() == 1
+
+
+def test_concurrent_calls_of_one_operation_run_it_once(addr, dest, ids):
+    async def scenario():
+        async with opledger.AsyncLedger(addr) as lg:
+            op = ids("ticket")
+
+            async def slow(a):
+                await asyncio.sleep(0.2)
+                return dest.apply(a.idempotency_key)
+
+            return await asyncio.gather(*(lg.call_tool(operation_id=op, tool="tickets.create", params={"t": 1},
+                                                       permit_id="p-1", fn=slow) for _ in range(5)))
+
+    outs = run(scenario())
+    assert {o.resource_id for o in outs} == {"R-1"} and sum(not o.replayed for o in outs) == 1
+    assert dest.total() == 1
+
+
+def test_run_guard_and_final_failure(addr, dest, ids):
+    async def scenario():
+        async with opledger.AsyncLedger(addr) as lg:
+            run_id = ids("run")
+            await lg.start_run(run_id, max_steps=1)
+
+            async def ok(a):
+                return dest.apply(a.idempotency_key)
+
+            await lg.call_tool(operation_id=ids("a"), tool="tickets.create", params={}, permit_id="p", fn=ok,
+                               run_id=run_id)
+            with pytest.raises(opledger.RunEnded) as ended:
+                await lg.call_tool(operation_id=ids("b"), tool="tickets.create", params={}, permit_id="p", fn=ok,
+                                   run_id=run_id)
+
+            async def declined(a):
+                raise opledger.FinalToolError("card_declined", "declined")
+
+            with pytest.raises(opledger.ToolFailed) as failed:
+                await lg.call_tool(operation_id=ids("c"), tool="payments.charge", params={}, permit_id="p",
+                                   fn=declined)
+            return ended.value, failed.value
+
+    ended, failed = run(scenario())
+    assert ended.reason == "RUN_STEP_LIMIT" and failed.code == "card_declined"
+    assert dest.total() == 1
+
+
+def test_a_cancelled_task_leaves_the_attempt_unknown(addr, dest, ids):
+    async def scenario():
+        async with opledger.AsyncLedger(addr) as lg:
+            op = ids("refund")
+            started, stopped = asyncio.Event(), asyncio.Event()
+
+            async def slow(a):
+                started.set()
+                try:
+                    dest.apply(a.idempotency_key)
+                    await asyncio.sleep(10)
+                finally:
+                    stopped.set()
+
+            task = asyncio.ensure_future(lg.call_tool(operation_id=op, tool="payments.refund", params={},
+                                                      permit_id="p", fn=slow))
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(stopped.wait(), 5)
+            return (await lg.lookup(op)).state
+
+    assert run(scenario()) == pb.STATE_UNKNOWN
+    assert dest.total() == 1

@@ -1,0 +1,165 @@
+"""The decision flow of opledger.Ledger against a real ledgerd, counting effects at fake destinations.
+
+Each test is named by the contract's conformance scenario it covers
+(docs/contract.md §9).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import opledger
+from opledger import pb
+
+
+def refund(dest, amount=10):
+    return lambda a: dest.apply(a.idempotency_key, amount=amount)
+
+
+def test_s2_effect_applied_response_lost_then_replay(ledger, dest, dropper, ids):
+    op = ids("refund")
+    dropper.arm("Complete")  # the ledger records the outcome; its answer is lost, and Complete is repeated
+    first = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                             fn=refund(dest))
+    again = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                             fn=refund(dest))
+    assert dropper.dropped == ["Complete"]
+    assert not first.replayed and again.replayed
+    assert again.resource_id == first.resource_id == "R-1"
+    assert dest.total() == 1
+
+
+def test_s3_worker_died_after_the_effect(ledger, dest, ids):
+    op = ids("refund")
+    # A worker reserves, applies the effect, and dies before Complete.
+    resp = ledger.rpc("Reserve", pb.ReserveRequest(operation_id=op, tool="short.refund", permit_id="p-1",
+                                                   holder="h-dead", params=opledger.client.params_struct({"amount": 7})))
+    assert resp.decision == pb.DECISION_EXECUTE
+    dest.apply(op, amount=7)
+    time.sleep(0.6)  # past the 400 ms lease: UNKNOWN
+    out = ledger.call_tool(operation_id=op, tool="short.refund", params={"amount": 7}, permit_id="p-1",
+                           fn=refund(dest, 7))
+    assert out.replayed and out.resource_id == "R-1"
+    assert ledger.lookup(op).state == pb.STATE_SUCCEEDED
+    assert dest.total() == 1
+
+
+@pytest.mark.parametrize("applied", [True, False], ids=["the effect exists", "the effect does not exist"])
+def test_s5_timeout_then_reconciliation(ledger, dest, ids, applied):
+    op = ids("refund")
+    dest.faults = ["after-write"] if applied else []
+
+    def timed_out(a):
+        if not applied:
+            raise TimeoutError("no answer, nothing written")
+        return dest.apply(a.idempotency_key)
+
+    with pytest.raises(TimeoutError):
+        ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=timed_out)
+    assert ledger.lookup(op).state == pb.STATE_UNKNOWN
+    out = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                           fn=refund(dest))
+    assert out.replayed is applied  # found by the reconciler, or run again after NOT_APPLIED
+    assert ledger.lookup(op).state == pb.STATE_SUCCEEDED
+    assert dest.total() == 1
+
+
+def test_s9_appointment_with_faults(ledger, dest, ids):
+    op = ids("appointment")
+    params = {"patient": "p-42", "slot": "2026-12-03T09:30"}
+
+    def book(a):
+        return dest.apply(a.idempotency_key, **params)
+
+    def call(p=params, op_id=op):
+        return ledger.call_tool(operation_id=op_id, tool="appointments.create", params=p, permit_id="p-1", fn=book)
+
+    dest.faults = ["before-write"]  # refused before the write: proven not applied, retried
+    with pytest.raises(opledger.RetryableToolError):
+        call()
+    dest.faults = ["after-write"]  # written, then the answer timed out: UNKNOWN
+    with pytest.raises(TimeoutError):
+        call()
+    ids_seen = [call().resource_id]  # the reconciler finds it; after this the agent "crashes" before saving
+    results: list[str] = []
+    threads = [threading.Thread(target=lambda: results.append(call().resource_id)) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    ids_seen += results + [call().resource_id, call().resource_id]
+    assert len(ids_seen) == 5 and set(ids_seen) == {"R-1"}
+    assert dest.total() == 1
+    with pytest.raises(opledger.LedgerError) as refused:
+        call({**params, "slot": "2026-12-03T10:00"})
+    assert refused.value.reason == "IDEMPOTENCY_KEY_REUSED" and refused.value.metadata["differs"] == "params"
+    assert call(op_id=ids("appointment-2")).resource_id == "R-2"
+    assert dest.total() == 2
+
+
+def test_s10_lost_reserve_response(ledger, dest, dropper, ids):
+    op = ids("refund")
+    dropper.arm("Reserve")
+    out = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                           fn=refund(dest))
+    assert dropper.dropped == ["Reserve"] and not out.replayed
+    reasons = [h.reason for h in ledger.lookup(op).history]
+    assert reasons == ["RESERVED", "SUCCEEDED"]  # the repeat recovered the same claim: one attempt
+    assert dest.total() == 1
+
+
+def test_s12_every_rpc_retried_after_a_lost_response(ledger, dropper, ids):
+    op, other, run = ids("refund"), ids("lost"), ids("run")
+    calls = [
+        ("StartRun", pb.StartRunRequest(run_id=run)),
+        ("Reserve", pb.ReserveRequest(operation_id=op, tool="payments.refund", holder="h-1", run_id=run)),
+        ("Renew", None),
+        ("Complete", None),
+        ("Lookup", pb.LookupRequest(operation_id=op)),
+        ("GetRun", pb.GetRunRequest(run_id=run)),
+        ("EndRun", pb.EndRunRequest(run_id=run, state=pb.RUN_STATE_DONE)),
+    ]
+    token = 0
+    for method, request in calls:
+        if method == "Renew":
+            request = pb.RenewRequest(operation_id=op, fencing_token=token)
+        if method == "Complete":
+            request = pb.CompleteRequest(operation_id=op, fencing_token=token, outcome=pb.OUTCOME_SUCCEEDED,
+                                         result=pb.Result(resource_id="R-9"))
+        dropper.arm(method)
+        resp = ledger.rpc(method, request)
+        if method == "Reserve":
+            assert resp.decision == pb.DECISION_EXECUTE
+            token = resp.operation.fencing_token
+    assert dropper.dropped == [m for m, _ in calls]
+    rec = ledger.lookup(op)
+    assert rec.state == pb.STATE_SUCCEEDED and rec.attempt == 1 and rec.result.resource_id == "R-9"
+    assert ledger.get_run(run).state == pb.RUN_STATE_DONE and ledger.get_run(run).steps == 1
+
+    claim = ledger.rpc("Reserve", pb.ReserveRequest(operation_id=other, tool="payments.refund", holder="h-2"))
+    dropper.arm("MarkUnknown")
+    ledger.rpc("MarkUnknown", pb.MarkUnknownRequest(operation_id=other, fencing_token=claim.operation.fencing_token))
+    dropper.arm("Reconcile")
+    done = ledger.rpc("Reconcile", pb.ReconcileRequest(operation_id=other, finding=pb.FINDING_ABANDON, note="n"))
+    assert done.operation.state == pb.STATE_FAILED_FINAL
+    assert [h.reason for h in ledger.lookup(other).history] == ["RESERVED", "MARKED_UNKNOWN", "ABANDONED"]
+
+
+def test_compensation(ledger, dest, ids):
+    charge, undo = ids("charge"), ids("refund")
+    ledger.call_tool(operation_id=charge, tool="payments.charge", params={"amount": 10}, permit_id="p-1",
+                     fn=refund(dest))
+    for _ in range(2):
+        ledger.call_tool(operation_id=undo, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                         fn=refund(dest), compensates=charge)
+    assert dest.total() == 2
+    assert list(ledger.lookup(charge).compensated_by) == [undo]
+    assert ledger.lookup(undo).compensates == charge
+    with pytest.raises(opledger.LedgerError) as refused:
+        ledger.call_tool(operation_id=ids("refund-2"), tool="payments.refund", params={}, permit_id="p-1",
+                         fn=refund(dest), compensates=ids("never"))
+    assert refused.value.reason == "NOT_COMPENSABLE" and refused.value.metadata["cause"] == "not_found"
+    assert dest.total() == 2

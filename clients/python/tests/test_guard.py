@@ -1,0 +1,67 @@
+"""guarded under a framework-shaped fake: a tool node that retries a tool call as agent frameworks do."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+import opledger
+
+
+class FakeToolNode:
+    """Runs a model's tool calls as LangGraph's ToolNode and the OpenAI Agents SDK do.
+
+    Each call carries the framework's id of the call; a call that raises is
+    retried up to retries times, and the whole step may be replayed after a
+    checkpoint restore (invoke again with the same calls).
+    """
+
+    def __init__(self, tools: dict[str, Callable[..., Any]], retries: int = 3):
+        self.tools, self.retries = tools, retries
+
+    def invoke(self, calls: list[dict[str, Any]]) -> list[Any]:
+        out = []
+        for call in calls:
+            for attempt in range(self.retries + 1):
+                try:
+                    out.append(self.tools[call["name"]](**call["args"], tool_call_id=call["id"]))
+                    break
+                except (TimeoutError, opledger.RetryableToolError):
+                    if attempt == self.retries:
+                        raise
+        return out
+
+
+def test_guarded_tool_runs_once_however_often_the_framework_calls_it(ledger, dest, ids):
+    booked: list[dict[str, Any]] = []
+    keys: list[str] = []
+
+    @opledger.guarded(ledger, tool="appointments.create", operation_id="tool_call_id", permit_id="p-1",
+                      resource_id="appointment_id")
+    def create_appointment(patient: str, slot: str, idempotency_key: str) -> dict[str, Any]:
+        """Books a slot (the docstring and signature stay the tool's, for the framework's schema)."""
+        keys.append(idempotency_key)
+        fault = dest.faults.pop(0) if dest.faults else ""
+        if fault == "before-write":
+            raise opledger.RetryableToolError("503 before the write")
+        booked.append({"patient": patient, "slot": slot})
+        return {"appointment_id": f"A-{len(booked)}", "slot": slot}
+
+    assert create_appointment.__doc__.startswith("Books a slot")
+    node = FakeToolNode({"create_appointment": create_appointment})
+    call = {"name": "create_appointment", "id": ids("call_7"), "args": {"patient": "p-42", "slot": "09:30"}}
+    dest.faults = ["before-write"]
+    first = node.invoke([call])  # refused once before the write, retried by the node
+    again = node.invoke([call, call])  # the step replayed after a restore, the call twice
+    assert first == again[:1] == again[1:] == [{"appointment_id": "A-1", "slot": "09:30"}]
+    assert len(booked) == 1 and set(keys) == {call["id"]}
+    rec = ledger.lookup(call["id"])
+    assert rec.result.resource_id == "A-1" and rec.attempt == 2
+
+    with pytest.raises(opledger.LedgerError) as changed:
+        node.invoke([{**call, "args": {"patient": "p-42", "slot": "10:00"}}])
+    assert changed.value.reason == "IDEMPOTENCY_KEY_REUSED"
+    with pytest.raises(ValueError):
+        create_appointment(patient="p-1", slot="11:00")  # no tool call id: refused before the ledger is asked
+    assert len(booked) == 1

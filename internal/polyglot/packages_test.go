@@ -1,0 +1,66 @@
+package polyglot
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/opledger/ledger/internal/redistest"
+)
+
+// packagePolicy is the ledgerd policy the Python package's tests run
+// against (clients/python/tests/conftest.py names it): a short lease for
+// short.*.
+const packagePolicy = `tools:
+  - match: "short.*"
+    effect: irreversible
+    lease: 400ms
+`
+
+// TestPythonPackage installs clients/python into a fresh virtual
+// environment offline (pip install --no-build-isolation, Debian's
+// packages only) and runs its pytest suite with the installed package
+// against a ledgerd on a real redis-server.
+func TestPythonPackage(t *testing.T) {
+	probe := exec.Command(systemPython, "-s", "-c", "import grpc, google.protobuf, pytest, setuptools, venv")
+	probe.Env = cleanEnv()
+	need(t, probe.Run() == nil, "%s cannot import grpc, google.protobuf, pytest, setuptools and venv "+
+		"(Debian: python3-grpcio, python3-protobuf, python3-pytest, python3-setuptools, python3-venv)", systemPython)
+	root := repoRoot(t)
+	dir := t.TempDir()
+	// The source is copied, so that building it leaves nothing in the repository.
+	src := filepath.Join(dir, "src")
+	if out, err := exec.Command("cp", "-r", filepath.Join(root, "clients", "python"), src).CombinedOutput(); err != nil {
+		t.Fatalf("copy: %v: %s", err, out)
+	}
+	venv := filepath.Join(dir, "venv")
+	python := filepath.Join(venv, "bin", "python")
+	for _, args := range [][]string{
+		{systemPython, "-m", "venv", "--system-site-packages", venv},
+		{python, "-m", "pip", "install", "--quiet", "--no-index", "--no-build-isolation", src},
+	} {
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Env = cleanEnv("PIP_DISABLE_PIP_VERSION_CHECK=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	policy := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policy, []byte(packagePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	// From the copy's tests directory: the package imported is the installed one.
+	cmd := exec.Command(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests")
+	cmd.Dir = src
+	cmd.Env = cleanEnv("LEDGER_ADDR="+addr, "PYTHONDONTWRITEBYTECODE=1")
+	timer := time.AfterFunc(3*time.Minute, func() { _ = cmd.Process.Kill() })
+	defer timer.Stop()
+	out, err := cmd.CombinedOutput()
+	t.Logf("pytest:\n%s", out)
+	if err != nil {
+		t.Fatalf("pytest: %v", err)
+	}
+}
