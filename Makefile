@@ -37,6 +37,9 @@ PROTO_V1_BASELINE := 81f0528db3e89469d27041f72b0e5c9a3b244dcf
 NODE_EXAMPLE_DEPS := examples/node/node_modules/.installed
 # The MCP example's Node client's packages (the official MCP SDK), likewise.
 MCP_NODE_DEPS := examples/mcp/node/node_modules/.installed
+# The TypeScript package's packages (its build and test tools and the agent
+# frameworks its adapters are tested with), likewise.
+TS_CLIENT_DEPS := clients/typescript/node_modules/.installed
 # Every fuzz target, as package:Target.
 FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint \
   internal/jsonvalue:FuzzParams ledger:FuzzKeyEncoding ledger:FuzzValidateID \
@@ -66,7 +69,7 @@ build: ## build bin/ledgerd and bin/ledgermcp
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 
 .PHONY: test
-test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python package (pytest) and the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
+test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) $(TS_CLIENT_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python package (pytest), the TypeScript package (tsc, node --test, with the Vercel AI SDK, the OpenAI Agents SDK and LangGraph), the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
 	./scripts/ensure-jq.sh
@@ -170,6 +173,11 @@ $(NODE_EXAMPLE_DEPS): examples/node/package.json examples/node/package-lock.json
 $(MCP_NODE_DEPS): examples/mcp/node/package.json examples/mcp/node/package-lock.json
 	./scripts/ensure-node.sh
 	cd examples/mcp/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(TS_CLIENT_DEPS): clients/typescript/package.json clients/typescript/package-lock.json
+	./scripts/ensure-node.sh
+	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 .PHONY: grpcurl

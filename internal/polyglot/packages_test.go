@@ -10,9 +10,8 @@ import (
 	"github.com/opledger/ledger/internal/redistest"
 )
 
-// packagePolicy is the ledgerd policy the Python package's tests run
-// against (clients/python/tests/conftest.py names it): a short lease for
-// short.*.
+// packagePolicy is the ledgerd policy the Python and TypeScript packages'
+// tests run against (their fixtures name it): a short lease for short.*.
 const packagePolicy = `tools:
   - match: "short.*"
     effect: irreversible
@@ -62,5 +61,37 @@ func TestPythonPackage(t *testing.T) {
 	t.Logf("pytest:\n%s", out)
 	if err != nil {
 		t.Fatalf("pytest: %v", err)
+	}
+}
+
+// TestTypeScriptPackage builds clients/typescript with tsc and runs its
+// node --test suite (the client, and its adapters under the Vercel AI SDK,
+// the OpenAI Agents SDK and LangGraph with fake models) against a ledgerd on
+// a real redis-server. make test installs its packages (npm ci).
+func TestTypeScriptPackage(t *testing.T) {
+	node, err := exec.LookPath("node")
+	need(t, err == nil, "node is not on PATH")
+	dir := filepath.Join(repoRoot(t), "clients", "typescript")
+	_, err = os.Stat(filepath.Join(dir, "node_modules", ".bin", "tsc"))
+	need(t, err == nil, "clients/typescript/node_modules is not installed (npm ci --prefix clients/typescript)")
+	build := exec.Command(filepath.Join(dir, "node_modules", ".bin", "tsc"), "-p", ".")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("tsc: %v\n%s", err, out)
+	}
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte(packagePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	cmd := exec.Command(node, "--test", "test/ledger.test.js", "test/frameworks.test.mjs")
+	cmd.Dir = dir
+	cmd.Env = cleanEnv("LEDGER_ADDR=" + addr)
+	timer := time.AfterFunc(3*time.Minute, func() { _ = cmd.Process.Kill() })
+	defer timer.Stop()
+	out, err := cmd.CombinedOutput()
+	t.Logf("node --test:\n%s", out)
+	if err != nil {
+		t.Fatalf("node --test: %v", err)
 	}
 }

@@ -1,0 +1,183 @@
+'use strict';
+// The decision flow of Ledger.callTool against a real ledgerd, counting
+// effects at fake destinations; each test is named by the contract's
+// conformance scenario it covers (docs/contract.md §9).
+
+const assert = require('node:assert/strict');
+const { test } = require('node:test');
+const client = require('../dist');
+const { addr, ids, Destination, dropper } = require('./helpers');
+
+function setup() {
+  const dest = new Destination();
+  const drop = dropper();
+  const ledger = new client.Ledger(addr(), {
+    interceptors: [drop.interceptor],
+    reconcilers: { 'short.refund': dest.reconciler, 'payments.refund': dest.reconciler, 'appointments.create': dest.reconciler },
+  });
+  return { dest, drop, ledger, id: ids() };
+}
+
+const refund = (dest) => async (a) => dest.apply(a.idempotencyKey);
+
+test('S2: the effect applied, its answer lost, then a replay', async (t) => {
+  const { dest, drop, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const call = { operationId: id('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
+  drop.armed.Complete = 1;
+  const first = await ledger.callTool(call, refund(dest));
+  const again = await ledger.callTool(call, refund(dest));
+  assert.deepEqual(drop.dropped, ['Complete']);
+  assert.equal(first.replayed, false);
+  assert.equal(again.replayed, true);
+  assert.equal(again.resourceId, first.resourceId);
+  assert.equal(dest.total(), 1);
+});
+
+test('S3: the worker died after the effect', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const op = id('refund');
+  const resp = await ledger.rpc('Reserve', { operation_id: op, tool: 'short.refund', holder: 'h-dead', params: client.toStruct({ amount: 7 }) });
+  assert.equal(resp.decision, 'DECISION_EXECUTE');
+  dest.apply(op); // and then the worker dies, before Complete
+  await new Promise((r) => setTimeout(r, 600)); // past the 400 ms lease
+  const out = await ledger.callTool({ operationId: op, tool: 'short.refund', params: { amount: 7 } }, refund(dest));
+  assert.equal(out.replayed, true);
+  assert.equal(out.resourceId, 'R-1');
+  assert.equal((await ledger.lookup(op)).state, 'STATE_SUCCEEDED');
+  assert.equal(dest.total(), 1);
+});
+
+for (const applied of [true, false]) {
+  test(`S5: a timeout, then reconciliation (${applied ? 'the effect exists' : 'it does not'})`, async (t) => {
+    const { dest, ledger, id } = setup();
+    t.after(() => ledger.close());
+    const call = { operationId: id('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
+    dest.faults = applied ? ['after-write'] : [];
+    await assert.rejects(ledger.callTool({ ...call, toolTimeoutMs: 300 }, async (a) => {
+      if (applied) return dest.apply(a.idempotencyKey);
+      return new Promise(() => {}); // hangs past the tool timeout, nothing written
+    }), applied ? /timed out after the write/ : client.ToolTimedOutError);
+    assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_UNKNOWN');
+    const out = await ledger.callTool(call, refund(dest));
+    assert.equal(out.replayed, applied);
+    assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_SUCCEEDED');
+    assert.equal(dest.total(), 1);
+  });
+}
+
+test('S9: an appointment with faults, sent 5 times, 2 of them at once', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const params = { patient: 'p-42', slot: '2026-12-03T09:30' };
+  const book = (p = params, operationId = id('appointment')) => ledger.callTool(
+    { operationId, tool: 'appointments.create', params: p, permitId: 'p-1' }, refund(dest));
+  dest.faults = ['before-write'];
+  await assert.rejects(book(), client.RetryableToolError);
+  dest.faults = ['after-write'];
+  await assert.rejects(book(), /timed out after the write/);
+  const seen = [(await book()).resourceId]; // reconciled; then the agent "crashes" before saving it
+  seen.push(...(await Promise.all([book(), book()])).map((o) => o.resourceId));
+  seen.push((await book()).resourceId, (await book()).resourceId);
+  assert.deepEqual(seen, ['R-1', 'R-1', 'R-1', 'R-1', 'R-1']);
+  assert.equal(dest.total(), 1);
+  await assert.rejects(book({ ...params, slot: '2026-12-03T10:00' }), (err) => err instanceof client.LedgerError
+    && err.reason === 'IDEMPOTENCY_KEY_REUSED' && err.metadata.differs === 'params');
+  assert.equal((await book(params, id('appointment-2'))).resourceId, 'R-2');
+  assert.equal(dest.total(), 2);
+});
+
+test('S10: a lost Reserve answer recovers the same claim', async (t) => {
+  const { dest, drop, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const op = id('refund');
+  drop.armed.Reserve = 1;
+  const out = await ledger.callTool({ operationId: op, tool: 'payments.refund', params: { amount: 1 } }, refund(dest));
+  assert.deepEqual(drop.dropped, ['Reserve']);
+  assert.equal(out.replayed, false);
+  assert.deepEqual((await ledger.lookup(op)).history.map((h) => h.reason), ['RESERVED', 'SUCCEEDED']);
+  assert.equal(dest.total(), 1);
+});
+
+test('S12: every RPC retried after a lost answer', async (t) => {
+  const { drop, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const op = id('refund');
+  const run = id('run');
+  const other = id('lost');
+  let token = '';
+  const calls = [
+    ['StartRun', () => ({ run_id: run })],
+    ['Reserve', () => ({ operation_id: op, tool: 'payments.refund', holder: 'h-1', run_id: run })],
+    ['Renew', () => ({ operation_id: op, fencing_token: token })],
+    ['Complete', () => ({ operation_id: op, fencing_token: token, outcome: 'OUTCOME_SUCCEEDED', result: { resource_id: 'R-9' } })],
+    ['Lookup', () => ({ operation_id: op })],
+    ['GetRun', () => ({ run_id: run })],
+    ['EndRun', () => ({ run_id: run, state: 'RUN_STATE_DONE' })],
+  ];
+  for (const [method, request] of calls) {
+    drop.armed[method] = 1;
+    const resp = await ledger.rpc(method, request());
+    if (method === 'Reserve') {
+      assert.equal(resp.decision, 'DECISION_EXECUTE');
+      token = resp.operation.fencing_token;
+    }
+  }
+  assert.deepEqual(drop.dropped, calls.map(([m]) => m));
+  const rec = await ledger.lookup(op);
+  assert.equal(rec.state, 'STATE_SUCCEEDED');
+  assert.equal(rec.attempt, 1);
+  assert.equal(rec.result.resource_id, 'R-9');
+  const r = await ledger.getRun(run);
+  assert.equal(r.state, 'RUN_STATE_DONE');
+  assert.equal(r.steps, 1);
+
+  const claim = await ledger.rpc('Reserve', { operation_id: other, tool: 'payments.refund', holder: 'h-2' });
+  drop.armed.MarkUnknown = 1;
+  await ledger.rpc('MarkUnknown', { operation_id: other, fencing_token: claim.operation.fencing_token });
+  drop.armed.Reconcile = 1;
+  const done = await ledger.rpc('Reconcile', { operation_id: other, finding: 'FINDING_ABANDON', note: 'n' });
+  assert.equal(done.operation.state, 'STATE_FAILED_FINAL');
+  assert.deepEqual((await ledger.lookup(other)).history.map((h) => h.reason), ['RESERVED', 'MARKED_UNKNOWN', 'ABANDONED']);
+});
+
+test('a compensation names what it reverses; one of nothing is refused', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const charge = id('charge');
+  const undo = id('refund');
+  await ledger.callTool({ operationId: charge, tool: 'payments.charge', params: { amount: 10 } }, refund(dest));
+  for (let i = 0; i < 2; i += 1) {
+    await ledger.callTool({ operationId: undo, tool: 'payments.refund', params: { amount: 10 }, compensates: charge }, refund(dest));
+  }
+  assert.equal(dest.total(), 2);
+  assert.deepEqual((await ledger.lookup(charge)).compensated_by, [undo]);
+  assert.equal((await ledger.lookup(undo)).compensates, charge);
+  await assert.rejects(ledger.callTool({ operationId: id('refund-2'), tool: 'payments.refund', params: {}, compensates: id('never') },
+    refund(dest)), (err) => err.reason === 'NOT_COMPENSABLE' && err.metadata.cause === 'not_found');
+  assert.equal(dest.total(), 2);
+});
+
+test('an aborted signal before the tool starts runs nothing', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const signal = AbortSignal.abort(new Error('the user stopped the run'));
+  await assert.rejects(ledger.callTool({ operationId: id('x'), tool: 'payments.refund', params: {}, signal }, refund(dest)),
+    /the user stopped the run/);
+  assert.equal(dest.total(), 0);
+});
+
+test('the run guard ends a run at its cap; a final failure is recorded', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const run = id('run');
+  await ledger.startRun(run, { maxSteps: 1 });
+  await ledger.callTool({ operationId: id('a'), tool: 'tickets.create', params: {}, runId: run }, refund(dest));
+  await assert.rejects(ledger.callTool({ operationId: id('b'), tool: 'tickets.create', params: {}, runId: run }, refund(dest)),
+    (err) => err instanceof client.RunEndedError && err.status === 'step_limit');
+  await assert.rejects(ledger.callTool({ operationId: id('c'), tool: 'payments.charge', params: {} }, async () => {
+    throw new client.FinalToolError('card_declined');
+  }), (err) => err instanceof client.ToolFailedError && err.failureCode === 'card_declined');
+  assert.equal(dest.total(), 1);
+});
