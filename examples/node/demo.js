@@ -11,7 +11,9 @@
 
 const crypto = require('node:crypto');
 const assert = require('node:assert/strict');
-const { Ledger, LedgerError, grpc } = require('./ledger');
+const grpc = require('@grpc/grpc-js');
+// The package from this repository (clients/typescript, built by make test: npm run build there).
+const { Ledger, LedgerError } = require('../../clients/typescript/dist');
 
 function check(ok, what) {
   if (!ok) {

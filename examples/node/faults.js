@@ -1,5 +1,5 @@
 'use strict';
-// The failure paths of ledger.js, against a running ledgerd whose policy
+// The failure paths of the @opledger/client package (clients/typescript), against a running ledgerd whose policy
 // gives tickets.slow a lease of 2s and tickets.flaky two attempts (README.md
 // shows it; internal/polyglot starts one so):
 //
@@ -13,10 +13,12 @@
 const crypto = require('node:crypto');
 const path = require('node:path');
 const protobuf = require('protobufjs');
+const grpc = require('@grpc/grpc-js');
+// The package from this repository (clients/typescript, built by make test: npm run build there).
 const {
   DOMAIN, FinalToolError, LeaseEndedOnTheWayError, Ledger, LedgerError, RetryableToolError, RunEndedError, ToolFailedError,
-  WaitBudgetSpentError, grpc, inProgressDelay,
-} = require('./ledger');
+  WaitBudgetSpentError, inProgressDelay,
+} = require('../../clients/typescript/dist');
 
 const rpcTypes = new protobuf.Root();
 rpcTypes.resolvePath = (origin, target) => (target.startsWith('google/protobuf/')
@@ -42,9 +44,9 @@ function inject(ledger, method, code, times = Infinity, reason = '') {
   const real = ledger.client[method].bind(ledger.client);
   const calls = { n: 0 };
   let left = times;
-  ledger.client[method] = (request, options, callback) => {
+  ledger.client[method] = (request, md, options, callback) => {
     calls.n += 1;
-    if (left <= 0) return real(request, options, callback);
+    if (left <= 0) return real(request, md, options, callback);
     left -= 1;
     const metadata = new grpc.Metadata();
     if (reason) {
@@ -65,10 +67,10 @@ function inject(ledger, method, code, times = Infinity, reason = '') {
 function lose(ledger, method, code, times) {
   const real = ledger.client[method].bind(ledger.client);
   let left = times;
-  ledger.client[method] = (request, options, callback) => {
-    if (left <= 0) return real(request, options, callback);
+  ledger.client[method] = (request, md, options, callback) => {
+    if (left <= 0) return real(request, md, options, callback);
     left -= 1;
-    return real(request, options, () => {
+    return real(request, md, options, () => {
       callback(Object.assign(new Error('answer lost'), { code, details: 'answer lost', metadata: new grpc.Metadata() }));
     });
   };
@@ -538,7 +540,7 @@ async function main() {
     let now = 0;
     const ledger = new Ledger(address, { now: () => now, sleep: async (ms) => { now += ms; } });
     const real = ledger.client.Reserve.bind(ledger.client);
-    ledger.client.Reserve = (request, options, callback) => real(request, options, (err, resp) => {
+    ledger.client.Reserve = (request, md, options, callback) => real(request, md, options, (err, resp) => {
       now += 2000; // the answer takes 2s to come back
       callback(err, resp);
     });
@@ -600,7 +602,7 @@ async function main() {
     const cancel = new AbortController();
     const real = ledger.client.Reserve.bind(ledger.client);
     let once = false;
-    ledger.client.Reserve = (request, options, callback) => real(request, options, (err, resp) => {
+    ledger.client.Reserve = (request, md, options, callback) => real(request, md, options, (err, resp) => {
       if (!once) cancel.abort();
       once = true;
       callback(err, resp);
@@ -672,9 +674,9 @@ async function main() {
     lose(ledger, 'Reserve', grpc.status.DEADLINE_EXCEEDED, 1);
     const lossy = ledger.client.Reserve;
     let calls = 0;
-    ledger.client.Reserve = (request, options, callback) => {
+    ledger.client.Reserve = (request, md, options, callback) => {
       calls += 1;
-      if (calls === 1) return lossy(request, options, callback);
+      if (calls === 1) return lossy(request, md, options, callback);
       if (calls <= ledger.ledgerRetries + 1) {
         const info = ErrorInfo.encode({ reason: 'RATE_LIMITED', domain: DOMAIN }).finish();
         const metadata = new grpc.Metadata();
@@ -687,7 +689,7 @@ async function main() {
         setImmediate(() => callback(err));
         return undefined;
       }
-      return lossy(request, options, callback); // the answer lost once: from now on, the ledger's
+      return lossy(request, md, options, callback); // the answer lost once: from now on, the ledger's
     };
     const { err } = await outcome(ledger.callTool(lost, dest.create));
     check(err instanceof LedgerError && err.reason === 'RATE_LIMITED', `the caller gets the refusal (${err ? err.message : 'a result'})`);
@@ -709,9 +711,9 @@ async function main() {
     const real = ledger.client.Reserve.bind(ledger.client);
     const ends = [];
     const stamp = (ms) => ({ seconds: String(Math.floor(ms / 1000)), nanos: Math.round((ms % 1000) * 1e6) });
-    ledger.client.Reserve = (request, options, callback) => {
+    ledger.client.Reserve = (request, md, options, callback) => {
       ledger.client.Reserve = real;
-      return real(request, options, (err, resp) => {
+      return real(request, md, options, (err, resp) => {
         if (!err) {
           const end = Date.now() + leftMs;
           resp.operation.lease_expires_at = stamp(end);
@@ -760,7 +762,7 @@ async function main() {
     const hung = op('renewal-hung', { toolTimeoutMs: 30000 });
     const ends = shortenLease(ledger, 10000, 2000);
     const renewals = [];
-    ledger.client.Renew = (request, options, callback) => {
+    ledger.client.Renew = (request, md, options, callback) => {
       renewals.push(options.deadline);
       // No answer within the call's deadline.
       setTimeout(() => callback(Object.assign(new Error('injected'), {

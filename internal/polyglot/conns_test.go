@@ -63,7 +63,7 @@ func startConnCountingProxy(t *testing.T, upstream string) *connCountingProxy {
 // when each ran exactly once.
 const (
 	idleCloseNode = `
-const { Ledger } = require('./examples/node/ledger');
+const { Ledger } = require('./clients/typescript/dist');
 (async () => {
   const ledger = new Ledger(process.argv[process.argv.length - 1]);
   const applied = {};
@@ -109,7 +109,7 @@ print("PASS: python idle close")
 // destination); the script prints PASS when each ran exactly once.
 const (
 	ageCloseNode = `
-const { Ledger } = require('./examples/node/ledger');
+const { Ledger } = require('./clients/typescript/dist');
 (async () => {
   const ledger = new Ledger(process.argv[process.argv.length - 1]);
   const applied = {};
@@ -172,6 +172,7 @@ var exampleClients = []exampleClient{
 		need(t, err == nil, "node is not on PATH")
 		_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
 		need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
+		buildTypeScript(t)
 		return node, []string{"-e", script, addr}
 	}},
 	{"python", func(t *testing.T, script, addr string) (string, []string) {

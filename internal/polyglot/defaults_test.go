@@ -36,7 +36,7 @@ func TestExamplesToolTimeoutDefault(t *testing.T) {
 		file, pattern string
 		unit          time.Duration
 	}{
-		{"examples/node/ledger.js", `toolTimeoutMs = (\d+)\b`, time.Millisecond},
+		{"clients/typescript/src/ledger.ts", `toolTimeoutMs = (\d+)\b`, time.Millisecond},
 		{"examples/node/README.md", `\(([\d.]+)\s+s\s+if\s+not\s+given\)`, time.Second},
 		{"examples/node/README.md", "`toolTimeoutMs`\\s+\\(([\\d.]+)\\s+s\\s+unless", time.Second},
 		{"clients/python/src/opledger/client.py", `tool_timeout: float = ([\d.]+)`, time.Second},
@@ -120,7 +120,7 @@ func TestExamplesDefaultFailureCode(t *testing.T) {
 		t.Fatal("the Go SDK recorded an empty failure code")
 	}
 	for _, c := range []struct{ file, pattern string }{
-		{"examples/node/ledger.js", `const DEFAULT_FAILURE_CODE = ('[^']*');`},
+		{"clients/typescript/src/ledger.ts", `const DEFAULT_FAILURE_CODE = ('[^']*');`},
 		{"clients/python/src/opledger/client.py", `\nDEFAULT_FAILURE_CODE = ("[^"]*")`},
 	} {
 		if got := exampleConstant(t, c.file, c.pattern); len(got) != 1 || got[0] != want {
@@ -160,7 +160,7 @@ func TestExamplesRetryableFailureCode(t *testing.T) {
 	}
 	want := record.Failure.Code
 	for _, c := range []struct{ file, pattern string }{
-		{"examples/node/ledger.js", `const RETRYABLE_FAILURE_CODE = ('[^']*');`},
+		{"clients/typescript/src/ledger.ts", `const RETRYABLE_FAILURE_CODE = ('[^']*');`},
 		{"clients/python/src/opledger/client.py", `\nRETRYABLE_FAILURE_CODE = ("[^"]*")`},
 	} {
 		if got := exampleConstant(t, c.file, c.pattern); len(got) != 1 || got[0] != want {
@@ -214,7 +214,7 @@ func TestExamplesBackOffReasons(t *testing.T) {
 		t.Fatalf("the Go SDK repeats a Reserve refused with %q; this test expects RATE_LIMITED only", want)
 	}
 	for _, c := range []struct{ file, pattern string }{
-		{"examples/node/ledger.js", `const BACK_OFF_REASONS = new Set\(\[([^\]]*)\]\);`},
+		{"clients/typescript/src/ledger.ts", `const BACK_OFF_REASONS = new Set\(\[([^\]]*)\]\);`},
 		{"clients/python/src/opledger/client.py", `\n_BACK_OFF_REASONS = \(([^)]*)\)`},
 	} {
 		got := exampleConstant(t, c.file, c.pattern)
@@ -251,13 +251,14 @@ func TestExamplesLeaseMargin(t *testing.T) {
 				"import sys; sys.dont_write_bytecode = True; sys.path.insert(0, 'clients/python/src'); import opledger.client\n"+
 					"for ms in [%s]: print(repr(opledger.client.lease_margin(ms / 1000)))", list))
 		}},
-		{"examples/node/ledger.js leaseMarginMs", time.Millisecond, func() *exec.Cmd {
+		{"clients/typescript leaseMarginMs", time.Millisecond, func() *exec.Cmd {
 			node, err := exec.LookPath("node")
 			need(t, err == nil, "node is not on PATH")
 			_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
 			need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
+			buildTypeScript(t)
 			return exec.Command(node, "-e", fmt.Sprintf(
-				"const { leaseMarginMs } = require('./examples/node/ledger.js'); "+
+				"const { leaseMarginMs } = require('./clients/typescript/dist'); "+
 					"for (const ms of [%s]) console.log(String(leaseMarginMs(ms)));", list))
 		}},
 	} {

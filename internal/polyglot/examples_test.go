@@ -35,6 +35,7 @@ func TestNodeExample(t *testing.T) {
 	_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
 	need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
 	addr := startLedgerd(t)
+	buildTypeScript(t)
 	runClient(t, "PASS: node example", node, "examples/node/demo.js", addr)
 }
 
@@ -101,6 +102,7 @@ func TestNodeFaults(t *testing.T) {
 	need(t, err == nil, "node is not on PATH")
 	_, err = os.Stat(filepath.Join(repoRoot(t), "examples", "node", "node_modules", "@grpc", "grpc-js"))
 	need(t, err == nil, "examples/node/node_modules is not installed (npm ci --prefix examples/node)")
+	buildTypeScript(t)
 	runClient(t, "PASS: node faults", node, "examples/node/faults.js", startFaultsLedgerd(t))
 }
 

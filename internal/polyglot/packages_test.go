@@ -1,9 +1,11 @@
 package polyglot
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,14 +73,7 @@ func TestPythonPackage(t *testing.T) {
 func TestTypeScriptPackage(t *testing.T) {
 	node, err := exec.LookPath("node")
 	need(t, err == nil, "node is not on PATH")
-	dir := filepath.Join(repoRoot(t), "clients", "typescript")
-	_, err = os.Stat(filepath.Join(dir, "node_modules", ".bin", "tsc"))
-	need(t, err == nil, "clients/typescript/node_modules is not installed (npm ci --prefix clients/typescript)")
-	build := exec.Command(filepath.Join(dir, "node_modules", ".bin", "tsc"), "-p", ".")
-	build.Dir = dir
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("tsc: %v\n%s", err, out)
-	}
+	dir := buildTypeScript(t)
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte(packagePolicy), 0o600); err != nil {
 		t.Fatal(err)
@@ -94,4 +89,32 @@ func TestTypeScriptPackage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("node --test: %v", err)
 	}
+}
+
+var (
+	tsOnce sync.Once
+	tsErr  error
+)
+
+// buildTypeScript builds clients/typescript (tsc, once per test process)
+// and returns its directory: the TypeScript tests and the Node examples run
+// the package's dist/. It skips or fails when its packages are not
+// installed (make test: npm ci there).
+func buildTypeScript(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(repoRoot(t), "clients", "typescript")
+	tsc := filepath.Join(dir, "node_modules", ".bin", "tsc")
+	_, err := os.Stat(tsc)
+	need(t, err == nil, "clients/typescript/node_modules is not installed (npm ci --prefix clients/typescript)")
+	tsOnce.Do(func() {
+		build := exec.Command(tsc, "-p", ".")
+		build.Dir = dir
+		if out, err := build.CombinedOutput(); err != nil {
+			tsErr = fmt.Errorf("tsc: %v\n%s", err, out)
+		}
+	})
+	if tsErr != nil {
+		t.Fatal(tsErr)
+	}
+	return dir
 }
