@@ -2,9 +2,12 @@ package ledger
 
 import (
 	"errors"
+
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/opledger/ledger/fingerprint"
 )
 
 // Kind classifies an error. Kinds are appended to, never reordered.
@@ -80,6 +83,12 @@ type Error struct {
 	// Differs names what differs from the record: "tool", "params",
 	// "permit", "compensates" (KindKeyReused).
 	Differs []string
+	// Fingerprint is the refused request's fingerprint, as compared with
+	// the record's (KindKeyReused from Reserve).
+	Fingerprint fingerprint.Fingerprint
+	// Receipt is a signed receipt of the refusal, set by the server when
+	// receipts are on (KindKeyReused from Reserve).
+	Receipt string
 	// State is the record's state where it explains the error: the final
 	// state of an expired record (KindKeyExpired), the current state
 	// (KindStaleToken, KindCompletionConflict, KindAlreadyResolved).

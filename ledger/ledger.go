@@ -253,7 +253,7 @@ func (l *Ledger) reserveDecide(op string, who Principal, req ReserveRequest,
 			}
 		}
 		l.emit(Event{Type: EventConflict, Op: "Reserve", Tenant: who.Tenant, Tool: req.Tool, Differs: differs})
-		return nil, &Error{Op: op, Kind: KindKeyReused, Differs: differs}
+		return nil, &Error{Op: op, Kind: KindKeyReused, Differs: differs, Fingerprint: fp}
 	}
 	return nil, l.codeError(op, who.Tenant, req.OperationID, code, aux, rec)
 }

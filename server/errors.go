@@ -85,9 +85,13 @@ func toStatus(err error) *status.Status {
 				info(ReasonKeyReused, map[string]string{"differs": "limits"}))
 		}
 		differs := strings.Join(e.Differs, ",")
+		md := map[string]string{"differs": differs}
+		if e.Receipt != "" {
+			md["receipt"] = e.Receipt
+		}
 		return withDetails(codes.FailedPrecondition,
 			"the operation_id is bound to another request ("+differs+" differ); stop: a retry must repeat the request exactly, and only a new intent gets a new operation_id",
-			info(ReasonKeyReused, map[string]string{"differs": differs}))
+			info(ReasonKeyReused, md))
 	case ledger.KindKeyExpired:
 		return withDetails(codes.FailedPrecondition,
 			"the operation expired (it ended "+e.State.String()+"); it is not executed again",

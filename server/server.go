@@ -45,6 +45,7 @@ import (
 	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/receipt"
 )
 
 // DefaultTenant is the tenant of every caller while no authentication is
@@ -83,6 +84,9 @@ type Config struct {
 	// once, and the health watches they hold together (zero fields:
 	// their defaults).
 	Connections ConnectionLimits
+	// Receipts signs a receipt of every terminal or UNKNOWN answer and of
+	// every IDEMPOTENCY_KEY_REUSED refusal (nil: receipts are off).
+	Receipts *receipt.Signer
 }
 
 // Service is the gRPC server with the ledger, health and reflection
@@ -104,9 +108,10 @@ type Service struct {
 // handler implements ledger.v1.LedgerService.
 type handler struct {
 	ledgerv1.UnimplementedLedgerServiceServer
-	l    *ledger.Ledger
-	log  *slog.Logger
-	anon ledger.Principal
+	l        *ledger.Ledger
+	log      *slog.Logger
+	anon     ledger.Principal
+	receipts *receipt.Signer
 }
 
 var _ ledgerv1.LedgerServiceServer = (*handler)(nil)
@@ -165,7 +170,7 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 	all = append(all, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	s := grpc.NewServer(all...)
 	desc := decodeErrors(ledgerv1.LedgerService_ServiceDesc)
-	s.RegisterService(&desc, &handler{l: cfg.Ledger, log: log, anon: ledger.Principal{Tenant: tenant, ID: "anonymous"}})
+	s.RegisterService(&desc, &handler{l: cfg.Ledger, log: log, anon: ledger.Principal{Tenant: tenant, ID: "anonymous"}, receipts: cfg.Receipts})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(s, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -361,6 +366,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 		Compensates:  req.GetCompensates(),
 	})
 	if err != nil {
+		h.refusalReceipt(ctx, req, err)
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, res.Operation, "ledger.decision", res.Decision.String())
@@ -371,6 +377,9 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 	}
 	if res.Decision == ledger.DecisionInProgress {
 		out.RetryAfter = durationpb.New(res.RetryAfter)
+	}
+	if res.Decision == ledger.DecisionReplay || res.Decision == ledger.DecisionReconcile {
+		out.Receipt = h.receiptOf(ctx, res.Operation)
 	}
 	return out, nil
 }
@@ -394,7 +403,7 @@ func (h *handler) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.CompleteResponse{Operation: toProto(o)}, nil
+	return &ledgerv1.CompleteResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
 }
 
 // MarkUnknown implements ledger.v1.LedgerService.
@@ -409,7 +418,7 @@ func (h *handler) MarkUnknown(ctx context.Context, req *ledgerv1.MarkUnknownRequ
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.MarkUnknownResponse{Operation: toProto(o)}, nil
+	return &ledgerv1.MarkUnknownResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
 }
 
 // Lookup implements ledger.v1.LedgerService.
@@ -420,7 +429,7 @@ func (h *handler) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*led
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.LookupResponse{Operation: toProto(o)}, nil
+	return &ledgerv1.LookupResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
 }
 
 // Reconcile implements ledger.v1.LedgerService.
@@ -443,7 +452,7 @@ func (h *handler) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest)
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.ReconcileResponse{Operation: toProto(o)}, nil
+	return &ledgerv1.ReconcileResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
 }
 
 // Renew implements ledger.v1.LedgerService.

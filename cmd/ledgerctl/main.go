@@ -84,6 +84,10 @@ commands:
         its lease), oldest first
   reconcile <operation_id> applied|not-applied|abandon|escalate [flags]
         record what the destination says about the operation
+  verify-receipt FILE --jwks FILE
+        verify a receipt offline and print what it signs (no connection)
+  jwks KEYFILE...
+        print the JWK Set of receipt key files (no connection)
   help [command]
         this text, or one command's
 `
@@ -507,6 +511,11 @@ func split(fs *flag.FlagSet, args []string) (flags, positional []string) {
 
 // run is the whole command: it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
+	if len(args) > 0 {
+		if offline, ok := offlineCommands[args[0]]; ok {
+			return offline(args[1:], os.Stdin, stdout, stderr)
+		}
+	}
 	o, err := parse(args, env)
 	if err != nil {
 		var h errHelp

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"flag"
 	"go/parser"
 	"go/token"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/opledger/ledger/internal/mdtable"
+	"github.com/opledger/ledger/receipt"
 )
 
 // ledgerdFlag is one of ledgerd's flags as the code defines it.
@@ -289,19 +292,39 @@ func TestKeygenDocsMatchFlags(t *testing.T) {
 		}
 	}
 
-	// The section's example gives every flag; without each required one
-	// it is refused, without any other accepted.
+	// --receipts makes a receipt key instead, with --id only: its example
+	// prints a key file that loads.
+	keyFlags := maps.Clone(flags)
+	delete(keyFlags, "receipts")
+	receiptExample := false
+	for _, c := range s.Spans() {
+		if args, ok := keygenArgs(c.Text); ok && slices.Contains(args, "--receipts") {
+			var out bytes.Buffer
+			if err := keygen(args, &out, io.Discard); err != nil {
+				t.Errorf("%s: %v: %v", c.Where, args, err)
+			} else if _, err := receipt.ParseJWK(out.Bytes()); err != nil {
+				t.Errorf("%s: %v prints no key file: %v", c.Where, args, err)
+			}
+			receiptExample = true
+		}
+	}
+	if !receiptExample {
+		t.Errorf("%s, section %q: no example `ledgerd keygen --receipts ...`", docName, section)
+	}
+
+	// The section's example of an API key gives every other flag; without
+	// each required one it is refused, without any other accepted.
 	var example []string
 	where := ""
 	for _, c := range s.Spans() {
-		if args, ok := keygenArgs(c.Text); ok && example == nil && len(argFlags(args)) == len(flags) {
+		if args, ok := keygenArgs(c.Text); ok && example == nil && len(argFlags(args)) == len(keyFlags) && !slices.Contains(args, "--receipts") {
 			example, where = args, c.Where
 		}
 	}
 	if example == nil {
 		t.Fatalf("%s, section %q: no example `ledgerd keygen ...` that gives every flag", docName, section)
 	}
-	for _, name := range sortedKeys(flags) {
+	for _, name := range sortedKeys(keyFlags) {
 		args := withoutFlag(example, name)
 		err := keygen(args, io.Discard, io.Discard)
 		switch {

@@ -43,6 +43,8 @@ type config struct {
 
 	metricsListen  string
 	httpListen     string
+	receiptKeys    string
+	receiptIssuer  string
 	tenantLabel    bool
 	otlpEndpoint   string
 	otlpInsecure   bool
@@ -101,6 +103,8 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	f.parsed("max-unresolved", "LEDGER_MAX_UNRESOLVED", "100000", "unresolved operations a tenant may hold; 0: no limit", count(&c.maxUnresolved, math.MaxInt, "want a count, 0 for no limit"))
 	f.boolean(&c.allowPlaintext, "allow-plaintext", "LEDGER_ALLOW_PLAINTEXT", false, "serve a non-loopback address without TLS, e.g. behind a TLS-terminating proxy")
 	f.text(&c.httpListen, "http-listen", "LEDGER_HTTP_LISTEN", "", "host:port of the HTTP/JSON API (the same rules as --listen); empty: off")
+	f.text(&c.receiptKeys, "receipt-keys", "LEDGER_RECEIPT_KEYS", "", "comma-separated JWK files of Ed25519 receipt keys: the first signs, the others only verify (rotation); empty: receipts off")
+	f.text(&c.receiptIssuer, "receipt-issuer", "LEDGER_RECEIPT_ISSUER", "ledgerd", "the issuer id receipts name (iss)")
 	f.text(&c.metricsListen, "metrics-listen", "LEDGER_METRICS_LISTEN", "", "address of the Prometheus /metrics listener, e.g. 127.0.0.1:9464; empty: off")
 	f.boolean(&c.tenantLabel, "metrics-tenant-label", "LEDGER_METRICS_TENANT_LABEL", false, "add a tenant label to the ledger metrics")
 	f.text(&c.otlpEndpoint, "otlp-endpoint", "LEDGER_OTLP_ENDPOINT", "", "OTLP/gRPC trace collector, host:port; empty: no tracing")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/opledger/ledger/console"
 	"github.com/opledger/ledger/httpapi"
+	"github.com/opledger/ledger/receipt"
 	"github.com/opledger/ledger/server"
 )
 
@@ -36,7 +37,7 @@ type httpAPI struct {
 
 // startHTTP listens on c.httpListen and builds the API over svc; nil when
 // it is off. Serve and stop it with serve.
-func startHTTP(c config, svc *server.Service, tlsCfg *tls.Config, log *slog.Logger) (*httpAPI, error) {
+func startHTTP(c config, svc *server.Service, receipts *receipt.Signer, tlsCfg *tls.Config, log *slog.Logger) (*httpAPI, error) {
 	if c.httpListen == "" {
 		return nil, nil
 	}
@@ -70,6 +71,9 @@ func startHTTP(c config, svc *server.Service, tlsCfg *tls.Config, log *slog.Logg
 	}
 	mux := http.NewServeMux()
 	mux.Handle(console.Path, console.Handler())
+	if receipts != nil {
+		mux.Handle("GET "+receipt.JWKSPath, receipts.JWKSHandler())
+	}
 	mux.Handle("/", h)
 	limited := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxHTTPBody)

@@ -7,12 +7,14 @@ import (
 	"io"
 	"strings"
 
+	"github.com/opledger/ledger/receipt"
 	"github.com/opledger/ledger/server"
 )
 
 // keygenOptions are the flags of "ledgerd keygen".
 type keygenOptions struct {
 	id, tenant, scopes string
+	receipts           bool
 }
 
 // newKeygenFlagSet returns the flag set of "ledgerd keygen", which parses
@@ -23,6 +25,7 @@ func newKeygenFlagSet(o *keygenOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.id, "id", "", "key id: letters, digits, '-' and '_' (required)")
 	fs.StringVar(&o.tenant, "tenant", "", "tenant the key acts for (required)")
 	fs.StringVar(&o.scopes, "scopes", "agent", "comma-separated scopes: agent, reconciler, viewer")
+	fs.BoolVar(&o.receipts, "receipts", false, "make an Ed25519 receipt signing key instead (a JWK on stdout; --id is its key id, random when empty)")
 	return fs
 }
 
@@ -37,7 +40,10 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("keygen: unexpected arguments %v: keygen takes flags only (--id, --tenant, --scopes)", fs.Args())
+		return fmt.Errorf("keygen: unexpected arguments %v: keygen takes flags only (--id, --tenant, --scopes, --receipts)", fs.Args())
+	}
+	if o.receipts {
+		return receiptKeygen(o.id, stdout, stderr)
 	}
 	if o.id == "" || o.tenant == "" {
 		return errors.New("keygen: --id and --tenant are required")
@@ -53,4 +59,20 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "# API key for the client (shown once, stored nowhere):\n#   %s\n", key)
 	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, hash)
 	return nil
+}
+
+// receiptKeygen prints a new receipt signing key as a JWK (kid id, random
+// when empty); the instructions go to stderr, so stdout is the key file.
+func receiptKeygen(id string, stdout, stderr io.Writer) error {
+	k, err := receipt.NewKey(id)
+	if err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	b, err := k.MarshalJWK()
+	if err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	fmt.Fprintf(stderr, "# receipt signing key %s: save stdout to a file only ledgerd can read, and pass it first in --receipt-keys\n", k.ID)
+	_, err = fmt.Fprintf(stdout, "%s\n", b)
+	return err
 }

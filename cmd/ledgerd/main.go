@@ -28,6 +28,8 @@
 //	--max-unresolved    LEDGER_MAX_UNRESOLVED    unresolved operations a tenant may hold (100000; 0: no limit)
 //	--allow-plaintext   LEDGER_ALLOW_PLAINTEXT   serve a non-loopback address without TLS (false)
 //	--http-listen       LEDGER_HTTP_LISTEN       host:port of the HTTP/JSON API, rules as --listen (off when empty)
+//	--receipt-keys      LEDGER_RECEIPT_KEYS      JWK files of the Ed25519 receipt keys, the first signs (off when empty)
+//	--receipt-issuer    LEDGER_RECEIPT_ISSUER    the issuer id receipts name (ledgerd)
 //	--metrics-listen    LEDGER_METRICS_LISTEN    address of the Prometheus /metrics listener (off when empty)
 //	--metrics-tenant-label LEDGER_METRICS_TENANT_LABEL  add a tenant label to the ledger metrics (false)
 //	--otlp-endpoint     LEDGER_OTLP_ENDPOINT     OTLP/gRPC collector for traces, host:port (off when empty)
@@ -89,6 +91,7 @@ import (
 
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
+	"github.com/opledger/ledger/receipt"
 	"github.com/opledger/ledger/server"
 )
 
@@ -289,9 +292,13 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 	if traceOpt != nil {
 		opts = append(opts, traceOpt)
 	}
+	receipts, err := startReceipts(c, log)
+	if err != nil {
+		return err
+	}
 	svc := server.New(server.Config{
 		Ledger: l, Logger: log, Auth: auth, PublicReflection: c.publicReflection,
-		Rate: c.rate, Burst: c.burst, Connections: c.conns,
+		Rate: c.rate, Burst: c.burst, Connections: c.conns, Receipts: receipts,
 	}, opts...)
 	met.InitializeRPC(svc.GRPC)
 	met.WatchStore(l, 0)
@@ -323,7 +330,7 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 	if tlsr != nil {
 		tlsCfg = tlsr.Config()
 	}
-	api, err := startHTTP(c, svc, tlsCfg, log)
+	api, err := startHTTP(c, svc, receipts, tlsCfg, log)
 	if err != nil {
 		return err
 	}
@@ -337,6 +344,9 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", met.Handler())
+		if receipts != nil {
+			mux.Handle("GET "+receipt.JWKSPath, receipts.JWKSHandler())
+		}
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		log.Info("metrics serving", "listen", mlis.Addr().String())
 		g.Go(func() error {

@@ -31,9 +31,17 @@ func LedgermcpBinary(tb testing.TB, dir string) string {
 	return ledgermcp.path(tb, dir)
 }
 
+// LedgerctlBinary builds cmd/ledgerctl into dir once per test binary, as
+// LedgerdBinary builds ledgerd, and returns its path.
+func LedgerctlBinary(tb testing.TB, dir string) string {
+	tb.Helper()
+	return ledgerctl.path(tb, dir)
+}
+
 var (
 	ledgerd   = &binary{name: "ledgerd"}
 	ledgermcp = &binary{name: "ledgermcp"}
+	ledgerctl = &binary{name: "ledgerctl"}
 )
 
 // binary is a command of the module, built once per test binary.

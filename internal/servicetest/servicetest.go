@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/receipt"
 	"github.com/opledger/ledger/server"
 )
 
@@ -43,6 +44,8 @@ type Options struct {
 	// Prefix is the first segment of the ledger's keys (ledger.Options):
 	// a ledger of its own on a shared Redis.
 	Prefix string
+	// Receipts signs receipts (server.Config; nil: off).
+	Receipts *receipt.Signer
 }
 
 // Start runs a ledger service on rdb until the test ends.
@@ -66,7 +69,7 @@ func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg := server.Config{Ledger: l, Logger: log, Rate: o.Rate, Burst: o.Burst}
+	cfg := server.Config{Ledger: l, Logger: log, Rate: o.Rate, Burst: o.Burst, Receipts: o.Receipts}
 	if o.Credentials != nil {
 		cfg.Auth = server.NewAuthenticator(o.Credentials)
 	}

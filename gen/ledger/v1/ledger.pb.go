@@ -1106,7 +1106,11 @@ type ReserveResponse struct {
 	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// The holder the claim is recorded under: the request's, or the one the
 	// ledger generated when the request had none.
-	Holder        string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// A signed receipt of what the ledger recorded (compact JWS, EdDSA, over
+	// RFC 8785 JSON; docs/receipts.md), when receipts are on and the
+	// operation is SUCCEEDED or FAILED_FINAL (DECISION_REPLAY) or UNKNOWN; empty otherwise.
+	Receipt       string `protobuf:"bytes,5,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1165,6 +1169,13 @@ func (x *ReserveResponse) GetRetryAfter() *durationpb.Duration {
 func (x *ReserveResponse) GetHolder() string {
 	if x != nil {
 		return x.Holder
+	}
+	return ""
+}
+
+func (x *ReserveResponse) GetReceipt() string {
+	if x != nil {
+		return x.Receipt
 	}
 	return ""
 }
@@ -1255,7 +1266,11 @@ func (x *CompleteRequest) GetFailure() *Failure {
 type CompleteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The record after the completion.
-	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	Operation *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// A signed receipt of what the ledger recorded (compact JWS, EdDSA, over
+	// RFC 8785 JSON; docs/receipts.md), when receipts are on and the
+	// operation is SUCCEEDED or FAILED_FINAL; empty otherwise.
+	Receipt       string `protobuf:"bytes,2,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1295,6 +1310,13 @@ func (x *CompleteResponse) GetOperation() *Operation {
 		return x.Operation
 	}
 	return nil
+}
+
+func (x *CompleteResponse) GetReceipt() string {
+	if x != nil {
+		return x.Receipt
+	}
+	return ""
 }
 
 // MarkUnknownRequest reports that an attempt's outcome cannot be told.
@@ -1366,7 +1388,11 @@ func (x *MarkUnknownRequest) GetReason() string {
 type MarkUnknownResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The record after the report (unchanged when it was already terminal).
-	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	Operation *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// A signed receipt of what the ledger recorded (compact JWS, EdDSA, over
+	// RFC 8785 JSON; docs/receipts.md), when receipts are on and the
+	// operation is UNKNOWN (or terminal); empty otherwise.
+	Receipt       string `protobuf:"bytes,2,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1406,6 +1432,13 @@ func (x *MarkUnknownResponse) GetOperation() *Operation {
 		return x.Operation
 	}
 	return nil
+}
+
+func (x *MarkUnknownResponse) GetReceipt() string {
+	if x != nil {
+		return x.Receipt
+	}
+	return ""
 }
 
 // LookupRequest reads one operation.
@@ -1458,7 +1491,11 @@ func (x *LookupRequest) GetOperationId() string {
 type LookupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The record, with its history.
-	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	Operation *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// A signed receipt of what the ledger recorded (compact JWS, EdDSA, over
+	// RFC 8785 JSON; docs/receipts.md), when receipts are on and the
+	// operation is SUCCEEDED, FAILED_FINAL or UNKNOWN; empty otherwise.
+	Receipt       string `protobuf:"bytes,2,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1498,6 +1535,13 @@ func (x *LookupResponse) GetOperation() *Operation {
 		return x.Operation
 	}
 	return nil
+}
+
+func (x *LookupResponse) GetReceipt() string {
+	if x != nil {
+		return x.Receipt
+	}
+	return ""
 }
 
 // ReconcileRequest resolves an operation from what the destination says.
@@ -1609,7 +1653,11 @@ type ReconcileResponse struct {
 	// read in the same step. The latest entry is this call's finding unless
 	// the call changed nothing (a repeat, an escalation of an operation
 	// already escalated, or the same finding on a resolved operation).
-	Operation     *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	Operation *Operation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// A signed receipt of what the ledger recorded (compact JWS, EdDSA, over
+	// RFC 8785 JSON; docs/receipts.md), when receipts are on and the
+	// operation is SUCCEEDED, FAILED_FINAL or UNKNOWN; empty otherwise.
+	Receipt       string `protobuf:"bytes,2,opt,name=receipt,proto3" json:"receipt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1649,6 +1697,13 @@ func (x *ReconcileResponse) GetOperation() *Operation {
 		return x.Operation
 	}
 	return nil
+}
+
+func (x *ReconcileResponse) GetReceipt() string {
+	if x != nil {
+		return x.Receipt
+	}
+	return ""
 }
 
 // RenewRequest extends the lease of a running claim.
@@ -2718,40 +2773,45 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x04step\x18\t \x01(\rR\x04step\x12=\n" +
 	"\fretain_until\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\vretainUntil\x12 \n" +
-	"\vcompensates\x18\v \x01(\tR\vcompensates\"\xca\x01\n" +
+	"\vcompensates\x18\v \x01(\tR\vcompensates\"\xe4\x01\n" +
 	"\x0fReserveResponse\x12/\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x13.ledger.v1.DecisionR\bdecision\x122\n" +
 	"\toperation\x18\x02 \x01(\v2\x14.ledger.v1.OperationR\toperation\x12:\n" +
 	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06holder\x18\x04 \x01(\tR\x06holder\"\xe0\x01\n" +
+	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x18\n" +
+	"\areceipt\x18\x05 \x01(\tR\areceipt\"\xe0\x01\n" +
 	"\x0fCompleteRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12,\n" +
 	"\aoutcome\x18\x03 \x01(\x0e2\x12.ledger.v1.OutcomeR\aoutcome\x12)\n" +
 	"\x06result\x18\x04 \x01(\v2\x11.ledger.v1.ResultR\x06result\x12,\n" +
-	"\afailure\x18\x05 \x01(\v2\x12.ledger.v1.FailureR\afailure\"F\n" +
+	"\afailure\x18\x05 \x01(\v2\x12.ledger.v1.FailureR\afailure\"`\n" +
 	"\x10CompleteResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"t\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\x12\x18\n" +
+	"\areceipt\x18\x02 \x01(\tR\areceipt\"t\n" +
 	"\x12MarkUnknownRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"I\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"c\n" +
 	"\x13MarkUnknownResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"2\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\x12\x18\n" +
+	"\areceipt\x18\x02 \x01(\tR\areceipt\"2\n" +
 	"\rLookupRequest\x12!\n" +
-	"\foperation_id\x18\x01 \x01(\tR\voperationId\"D\n" +
+	"\foperation_id\x18\x01 \x01(\tR\voperationId\"^\n" +
 	"\x0eLookupResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"\xf5\x01\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\x12\x18\n" +
+	"\areceipt\x18\x02 \x01(\tR\areceipt\"\xf5\x01\n" +
 	"\x10ReconcileRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12,\n" +
 	"\afinding\x18\x02 \x01(\x0e2\x12.ledger.v1.FindingR\afinding\x12)\n" +
 	"\x06result\x18\x03 \x01(\v2\x11.ledger.v1.ResultR\x06result\x12,\n" +
 	"\afailure\x18\x04 \x01(\v2\x12.ledger.v1.FailureR\afailure\x12\x12\n" +
 	"\x04note\x18\x05 \x01(\tR\x04note\x12#\n" +
-	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"G\n" +
+	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\"a\n" +
 	"\x11ReconcileResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\"V\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.ledger.v1.OperationR\toperation\x12\x18\n" +
+	"\areceipt\x18\x02 \x01(\tR\areceipt\"V\n" +
 	"\fRenewRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"C\n" +

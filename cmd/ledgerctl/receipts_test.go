@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/opledger/ledger/receipt"
+)
+
+// TestOfflineCommands: verify-receipt and jwks work on files alone, and say
+// what is wrong with bad input, with the exit status of a usage error (2)
+// or of a failure (1).
+func TestOfflineCommands(t *testing.T) {
+	dir := t.TempDir()
+	key, _ := receipt.NewKey("k-1")
+	b, _ := key.MarshalJWK()
+	keyFile := filepath.Join(dir, "k-1.jwk")
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	write("k-1.jwk", b)
+	signer, _ := receipt.NewSigner("ctl-test", []*receipt.Key{key})
+	jws, _ := signer.Sign(receipt.Claims{OperationID: "wf-1", State: "STATE_SUCCEEDED"})
+	receiptFile := write("r.jws", []byte(jws+"\n"))
+	var set bytes.Buffer
+	if code := run(context.Background(), []string{"jwks", keyFile}, &set, &bytes.Buffer{}, noEnv); code != exitOK ||
+		strings.Contains(set.String(), `"d"`) {
+		t.Fatalf("jwks: %d %s", code, set.String())
+	}
+	jwksFile := write("jwks.json", set.Bytes())
+	other, _ := receipt.NewKey("k-1")
+	ob, _ := json.Marshal(receipt.JWKS([]*receipt.Key{other}))
+	otherFile := write("other.json", ob)
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"verify-receipt", receiptFile, "--jwks", jwksFile}, exitOK, `"operation_id": "wf-1"`},
+		{[]string{"verify-receipt", receiptFile, "--jwks", otherFile}, exitError, "RECEIPT_INVALID"},
+		{[]string{"verify-receipt", write("junk.jws", []byte("junk")), "--jwks", jwksFile}, exitError, "RECEIPT_INVALID"},
+		{[]string{"verify-receipt", receiptFile, "--jwks", keyFile}, exitError, "JWKS_UNREADABLE"},
+		{[]string{"verify-receipt", filepath.Join(dir, "missing"), "--jwks", jwksFile}, exitError, "RECEIPT_UNREADABLE"},
+		{[]string{"verify-receipt", receiptFile}, exitUsage, "needs a receipt FILE and --jwks FILE"},
+		{[]string{"verify-receipt", "--jwks", jwksFile}, exitUsage, "needs a receipt FILE"},
+		{[]string{"verify-receipt", "-h"}, exitOK, "usage: ledgerctl verify-receipt"},
+		{[]string{"jwks"}, exitUsage, "jwks needs a key file"},
+		{[]string{"jwks", jwksFile}, exitError, "KEY_UNREADABLE"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), c.args, &stdout, &stderr, noEnv)
+		if code != c.code || !strings.Contains(stdout.String()+stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, %s%s; want %d with %q", c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+		}
+	}
+}
+
+func noEnv(string) string { return "" }

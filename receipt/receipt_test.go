@@ -1,0 +1,176 @@
+package receipt
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func signer(t *testing.T, kids ...string) (*Signer, []*Key) {
+	t.Helper()
+	var keys []*Key
+	for _, kid := range kids {
+		k, err := NewKey(kid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	s, err := NewSigner("ledgerd-test", keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, keys
+}
+
+var claims = Claims{Tenant: "acme", OperationID: "wf-1:refund", Tool: "payments.refund", ParamsSHA256: strings.Repeat("ab", 32),
+	PermitID: "p-1", State: "STATE_SUCCEEDED", Attempt: 1, FencingToken: "1796182678559", ResultSHA256: strings.Repeat("cd", 32),
+	ResourceID: "re_1"}
+
+// TestSignAndVerify: a receipt verifies with the issuer's key set, and
+// every change to it, or another key set, is refused.
+func TestSignAndVerify(t *testing.T) {
+	s, _ := signer(t, "k-2026")
+	jws, err := s.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Verify(jws, s.JWKS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := claims
+	want.Version, want.Issuer, want.IssuedAt = Version, "ledgerd-test", got.IssuedAt
+	if *got != want || got.IssuedAt == "" {
+		t.Fatalf("claims %+v, want %+v", got, want)
+	}
+	parts := strings.Split(jws, ".")
+	payload, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	other, _ := signer(t, "k-2026")
+	tampered := strings.Replace(string(payload), `"re_1"`, `"re_2"`, 1)
+	for name, c := range map[string]struct {
+		jws string
+		set func() any
+	}{
+		"a changed payload":       {parts[0] + "." + base64.RawURLEncoding.EncodeToString([]byte(tampered)) + "." + parts[2], nil},
+		"another key, same kid":   {jws, func() any { return other }},
+		"a cut signature":         {parts[0] + "." + parts[1] + "." + parts[2][:10], nil},
+		"not a JWS":               {"receipt", nil},
+		"a payload not canonical": {resign(t, s, `{"v":1, "tenant":"acme"}`), nil},
+	} {
+		set := s.JWKS()
+		if c.set != nil {
+			set = other.JWKS()
+		}
+		if _, err := Verify(c.jws, set); err == nil {
+			t.Errorf("%s: verified", name)
+		}
+	}
+}
+
+// resign signs raw bytes with s's key as a receipt would be.
+func resign(t *testing.T, s *Signer, payload string) string {
+	t.Helper()
+	jws, err := s.signer.Sign([]byte(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := jws.CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestRotation: after a rotation the new key signs and the previous one,
+// kept in the set, still verifies what it signed.
+func TestRotation(t *testing.T) {
+	old, oldKeys := signer(t, "k-old")
+	before, err := old.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey, err := NewKey("k-new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated, err := NewSigner("ledgerd-test", []*Key{newKey, {ID: "k-old", Public: oldKeys[0].Public}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := rotated.Sign(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, jws := range []string{before, after} {
+		if _, err := Verify(jws, rotated.JWKS()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Verify(after, old.JWKS()); err == nil {
+		t.Fatal("the new key's receipt verified with the old set")
+	}
+}
+
+// TestKeyFiles: a key written as a JWK loads back; the files LoadKeys
+// refuses say why.
+func TestKeyFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, k *Key, public bool) string {
+		if public {
+			k = &Key{ID: k.ID, Public: k.Public}
+		}
+		b, err := k.MarshalJWK()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a, _ := NewKey("a")
+	b, _ := NewKey("b")
+	keys, err := LoadKeys([]string{write("a.jwk", a, false), write("b.jwk", b, true)})
+	if err != nil || len(keys) != 2 || !keys[0].Private.Equal(a.Private) || keys[1].Private != nil {
+		t.Fatalf("LoadKeys = %v, %v", keys, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "rsa.jwk"), []byte(`{"kty":"oct","k":"c2VjcmV0","kid":"x"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noKid, _ := json.Marshal(map[string]string{"kty": "OKP", "crv": "Ed25519", "x": base64.RawURLEncoding.EncodeToString(a.Public)})
+	if err := os.WriteFile(filepath.Join(dir, "nokid.jwk"), noKid, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		paths []string
+		want  string
+	}{
+		{[]string{write("pub.jwk", a, true)}, "needs its private part"},
+		{[]string{filepath.Join(dir, "a.jwk"), filepath.Join(dir, "a.jwk")}, "appears twice"},
+		{[]string{filepath.Join(dir, "rsa.jwk")}, "not an Ed25519 key"},
+		{[]string{filepath.Join(dir, "nokid.jwk")}, "no key id"},
+		{[]string{filepath.Join(dir, "missing.jwk")}, "no such file"},
+		{nil, "no receipt keys"},
+	} {
+		if _, err := LoadKeys(c.paths); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("LoadKeys(%v) = %v, want %q", c.paths, err, c.want)
+		}
+	}
+}
+
+// TestResultSHA256: the digest covers the canonical data and the
+// resource id, whatever the order of the data's keys.
+func TestResultSHA256(t *testing.T) {
+	a, _ := ResultSHA256([]byte(`{"b":1,"a":"x"}`), "re_1")
+	b, _ := ResultSHA256([]byte(`{"a":"x","b":1}`), "re_1")
+	c, _ := ResultSHA256([]byte(`{"a":"x","b":1}`), "re_2")
+	none, _ := ResultSHA256(nil, "")
+	if a != b || a == c || len(a) != 64 || none == a {
+		t.Fatalf("digests %s %s %s %s", a, b, c, none)
+	}
+}
