@@ -47,7 +47,8 @@ FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint
   ledger:FuzzDecodePageToken ledger:FuzzRunPageToken server:FuzzStructParams server:FuzzParseJSONStruct server:FuzzHandlers \
   server:FuzzParseCredentials server:FuzzAuthenticate internal/bench:FuzzParseCPUList \
   cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
-  mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments
+  mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments \
+  receipt:FuzzVerify receipt:FuzzParseJWK
 # The configuration `make mcp` runs the gateway with.
 MCP_CONFIG ?= examples/mcp/gateway.yaml
 

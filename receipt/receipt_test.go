@@ -174,3 +174,73 @@ func TestResultSHA256(t *testing.T) {
 		t.Fatalf("digests %s %s %s %s", a, b, c, none)
 	}
 }
+
+// FuzzVerify: any input, a receipt or not, is verified or refused without
+// a panic; claims come back only for what the key signed, and a receipt
+// changed in any byte of its payload or signature never verifies.
+func FuzzVerify(f *testing.F) {
+	key, err := NewKey("k-fuzz")
+	if err != nil {
+		f.Fatal(err)
+	}
+	s, err := NewSigner("fuzz", []*Key{key})
+	if err != nil {
+		f.Fatal(err)
+	}
+	jws, err := s.Sign(claims)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(jws, 0, byte(0))
+	f.Add("e30.e30.e30", 3, byte(1))
+	f.Add("", 0, byte(0))
+	f.Fuzz(func(t *testing.T, input string, at int, flip byte) {
+		if _, err := Verify(input, s.JWKS()); err == nil && input != jws {
+			t.Fatalf("verified an input that is not the receipt: %q", input)
+		}
+		head := strings.IndexByte(jws, '.') + 1 // the header is not changed here: only payload and signature
+		if flip == 0 || at < 0 {
+			return
+		}
+		i := head + at%(len(jws)-head)
+		b := []byte(jws)
+		b[i] ^= flip
+		if sameBytes(string(b), jws) {
+			return // base64 may spell the same bytes two ways (the unused bits of its last character)
+		}
+		if c, err := Verify(string(b), s.JWKS()); err == nil {
+			t.Fatalf("a receipt changed at byte %d verified: %+v", i, c)
+		}
+	})
+}
+
+// FuzzParseJWK: a key file is parsed or refused without a panic; what
+// parses is an Ed25519 key with a key id.
+func FuzzParseJWK(f *testing.F) {
+	k, _ := NewKey("k-1")
+	b, _ := k.MarshalJWK()
+	f.Add(b)
+	f.Add([]byte(`{"kty":"OKP","crv":"Ed25519","x":"","kid":"a"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		key, err := ParseJWK(data)
+		if err == nil && (key.ID == "" || len(key.Public) != 32) {
+			t.Fatalf("parsed %q into %+v", data, key)
+		}
+	})
+}
+
+// sameBytes reports whether two compact JWS decode to the same parts.
+func sameBytes(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	if len(pa) != len(pb) {
+		return false
+	}
+	for i := range pa {
+		da, ea := base64.RawURLEncoding.DecodeString(pa[i])
+		db, eb := base64.RawURLEncoding.DecodeString(pb[i])
+		if ea != nil || eb != nil || string(da) != string(db) {
+			return false
+		}
+	}
+	return true
+}
