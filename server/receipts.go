@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"strings"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/ledger"
@@ -45,17 +46,10 @@ func (h *handler) refusalReceipt(ctx context.Context, req *ledgerv1.ReserveReque
 	if h.receipts == nil || !errors.As(err, &e) || e.Kind != ledger.KindKeyReused || e.Run != nil {
 		return
 	}
-	differs := ""
-	for i, d := range e.Differs {
-		if i > 0 {
-			differs += ","
-		}
-		differs += d
-	}
 	e.Receipt = h.sign(ctx, receipt.Claims{
 		Tenant: h.principal(ctx).Tenant, OperationID: req.GetOperationId(), Tool: req.GetTool(),
 		ParamsSHA256: hex.EncodeToString(e.Fingerprint[:]), PermitID: req.GetPermitId(),
-		Refused: ReasonKeyReused, Differs: differs,
+		Refused: ReasonKeyReused, Differs: strings.Join(e.Differs, ","),
 	})
 }
 
