@@ -362,7 +362,7 @@ func (c *Client) Reserve(ctx context.Context, op Op, holder string) (*Reservatio
 	}
 	return &Reservation{
 		Decision:   r.GetDecision(),
-		Operation:  operationFromProto(r.GetOperation()),
+		Operation:  withReceipt(operationFromProto(r.GetOperation()), r.GetReceipt()),
 		RetryAfter: r.GetRetryAfter().AsDuration(),
 		Holder:     r.GetHolder(),
 	}, nil
@@ -393,7 +393,7 @@ func (c *Client) complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*
 	if err != nil {
 		return nil, fromStatus(err)
 	}
-	return operationFromProto(r.GetOperation()), nil
+	return withReceipt(operationFromProto(r.GetOperation()), r.GetReceipt()), nil
 }
 
 // MarkUnknown reports that the attempt cannot tell whether the effect
@@ -403,7 +403,7 @@ func (c *Client) MarkUnknown(ctx context.Context, id string, token uint64, reaso
 	if err != nil {
 		return nil, fromStatus(err)
 	}
-	return operationFromProto(r.GetOperation()), nil
+	return withReceipt(operationFromProto(r.GetOperation()), r.GetReceipt()), nil
 }
 
 // Lookup reads an operation with its history.
@@ -412,7 +412,7 @@ func (c *Client) Lookup(ctx context.Context, id string) (*Operation, error) {
 	if err != nil {
 		return nil, fromStatus(err)
 	}
-	return operationFromProto(r.GetOperation()), nil
+	return withReceipt(operationFromProto(r.GetOperation()), r.GetReceipt()), nil
 }
 
 // Reconcile records what the destination says about an operation (about
@@ -436,7 +436,7 @@ func (c *Client) Reconcile(ctx context.Context, id string, f Finding) (*Operatio
 	if err != nil {
 		return nil, fromStatus(err)
 	}
-	return operationFromProto(r.GetOperation()), nil
+	return withReceipt(operationFromProto(r.GetOperation()), r.GetReceipt()), nil
 }
 
 // Renew extends the lease of the claim with token.
@@ -485,4 +485,12 @@ func (c *Client) ListUnresolved(ctx context.Context, o ListOptions) (*Page, erro
 		p.Operations = append(p.Operations, operationFromProto(op))
 	}
 	return p, nil
+}
+
+// withReceipt sets the receipt an answer carried on its operation.
+func withReceipt(o *Operation, receipt string) *Operation {
+	if o != nil {
+		o.Receipt = receipt
+	}
+	return o
 }

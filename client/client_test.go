@@ -23,6 +23,7 @@ import (
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/internal/servicetest"
+	"github.com/opledger/ledger/receipt"
 	"github.com/opledger/ledger/server"
 )
 
@@ -869,4 +870,52 @@ func TestDoCompensation(t *testing.T) {
 			t.Fatalf("the refunds applied %d times, want 1", n)
 		}
 	})
+}
+
+// TestReceipts: with a ledger that signs receipts, Do's result carries the
+// receipt of the recorded outcome, fresh or replayed, and Lookup's record
+// carries one too; each verifies with the ledger's key set and names the
+// operation.
+func TestReceipts(t *testing.T) {
+	key, err := receipt.NewKey("k-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := receipt.NewSigner("ledgerd-client-test", []*receipt.Key{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: ledgertest.Policy, Receipts: signer})
+	c, err := client.Dial(st.Addr, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, d := context.Background(), newDestination()
+	op := client.Op{ID: "receipts-" + client.NewHolder()[2:10], Tool: "payments.refund", Params: map[string]any{"amount": 3}}
+	check := func(what, jws string) {
+		t.Helper()
+		claims, err := receipt.Verify(jws, signer.JWKS())
+		if err != nil || claims.OperationID != op.ID || claims.State != "STATE_SUCCEEDED" {
+			t.Fatalf("%s: %+v, %v", what, claims, err)
+		}
+	}
+	fresh, err := c.Do(ctx, op, d.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("a fresh result", fresh.Receipt)
+	again, err := c.Do(ctx, op, d.fn)
+	if err != nil || !again.Replayed {
+		t.Fatalf("the replay: %+v, %v", again, err)
+	}
+	check("a replayed result", again.Receipt)
+	rec, err := c.Lookup(ctx, op.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("Lookup", rec.Receipt)
+	if d.totalApplied() != 1 {
+		t.Fatalf("the refund applied %d times", d.totalApplied())
+	}
 }

@@ -446,8 +446,11 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 	}
 	if done != nil && done.Result != nil && done.Attempt == o.Attempt {
 		rec := *done.Result
-		rec.Attempt = o.Attempt
+		rec.Attempt, rec.Receipt = o.Attempt, done.Receipt
 		return rec, nil
+	}
+	if done != nil && done.Attempt == o.Attempt {
+		out.Receipt = done.Receipt
 	}
 	return out, nil
 }
@@ -673,7 +676,7 @@ func (c *Client) reconcile(ctx, wctx context.Context, tool string, pol ToolPolic
 // replay returns a terminal operation's recorded outcome.
 func replay(o *Operation) (Result, error) {
 	if o.State == StateSucceeded {
-		r := Result{Replayed: true, Attempt: o.Attempt}
+		r := Result{Replayed: true, Attempt: o.Attempt, Receipt: o.Receipt}
 		if o.Result != nil {
 			r.Data, r.ResourceID = o.Result.Data, o.Result.ResourceID
 		}

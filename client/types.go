@@ -114,6 +114,9 @@ type Result struct {
 	Replayed bool
 	// Attempt is the attempt that produced the result.
 	Attempt uint32
+	// Receipt is the ledger's signed receipt of the recorded result, when
+	// it signs receipts (docs/receipts.md); empty otherwise.
+	Receipt string
 }
 
 // Failure is a recorded failure.
@@ -164,6 +167,10 @@ type Operation struct {
 	// History is the operation's transitions, oldest first (the latest 50):
 	// filled by Lookup and Reconcile, empty in every other answer.
 	History []HistoryEntry
+	// Receipt is the signed receipt the answer carried: with a ledger that
+	// signs receipts, when the operation is terminal or UNKNOWN
+	// (docs/receipts.md); empty otherwise.
+	Receipt string
 }
 
 // lease returns the length of the claim's lease (both ends are the store's
