@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure Debian's protoc and gRPC Python plugin are installed for
-# `make generate`: buf.gen.yaml generates gen/python with /usr/bin/protoc
+# `make generate`: buf.gen.yaml generates the Python stubs (clients/python/src/opledger/_gen) with /usr/bin/protoc
 # (protobuf-compiler) and /usr/bin/grpc_python_plugin (protobuf-compiler-grpc),
-# at the versions gen/python was generated with, so the output is the same on
+# at the versions the Python stubs (clients/python/src/opledger/_gen) was generated with, so the output is the same on
 # every machine. As root on Debian/Ubuntu it installs the missing packages;
 # otherwise it says, in one line, what to install.
 set -euo pipefail
@@ -19,7 +19,7 @@ missing() {
 
 pkgs=$(missing)
 if [ -n "$pkgs" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "generating gen/python needs $pkgs: installing Debian's packages" >&2
+  echo "generating the Python stubs (clients/python/src/opledger/_gen) needs $pkgs: installing Debian's packages" >&2
   export DEBIAN_FRONTEND=noninteractive
   log=$(mktemp)
   # shellcheck disable=SC2086
@@ -28,19 +28,19 @@ if [ -n "$pkgs" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; t
   pkgs=$(missing)
 fi
 if [ -n "$pkgs" ]; then
-  echo "generating gen/python needs Debian's $pkgs: install them (sudo apt-get install $pkgs) and run make again" >&2
+  echo "generating the Python stubs (clients/python/src/opledger/_gen) needs Debian's $pkgs: install them (sudo apt-get install $pkgs) and run make again" >&2
   exit 1
 fi
 
 got=$(/usr/bin/protoc --version)
 if [ "$got" != "$want_protoc" ]; then
-  echo "gen/python is generated with $want_protoc (Debian 12's protobuf-compiler); /usr/bin/protoc is $got, whose output differs" >&2
+  echo "the Python stubs (clients/python/src/opledger/_gen) is generated with $want_protoc (Debian 12's protobuf-compiler); /usr/bin/protoc is $got, whose output differs" >&2
   exit 1
 fi
 if command -v dpkg-query >/dev/null 2>&1; then
   got=$(dpkg-query -W -f='${Version}' protobuf-compiler-grpc 2>/dev/null || true)
   if [ -n "$got" ] && [[ "$got" != "$want_grpc"* ]]; then
-    echo "gen/python is generated with grpc_python_plugin ${want_grpc}x (Debian 12's protobuf-compiler-grpc); this one is $got, whose output differs" >&2
+    echo "the Python stubs (clients/python/src/opledger/_gen) is generated with grpc_python_plugin ${want_grpc}x (Debian 12's protobuf-compiler-grpc); this one is $got, whose output differs" >&2
     exit 1
   fi
 fi

@@ -14,7 +14,7 @@ import (
 // that may come first on PATH).
 const systemPython = "/usr/bin/python3"
 
-// TestPythonExample runs examples/python/demo.py (stubs from gen/python):
+// TestPythonExample runs examples/python/demo.py (over clients/python):
 // Reserve, Complete, a replayed retry, a refused conflict with its ErrorInfo,
 // Lookup.
 func TestPythonExample(t *testing.T) {
