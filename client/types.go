@@ -167,6 +167,10 @@ type Operation struct {
 	// History is the operation's transitions, oldest first (the latest 50):
 	// filled by Lookup and Reconcile, empty in every other answer.
 	History []HistoryEntry
+	// HistoryBase and HistoryHead are the history chain's values before the
+	// first entry of History and after its last (docs/receipts.md, "The history chain"):
+	// filled with History.
+	HistoryBase, HistoryHead string
 	// Receipt is the signed receipt the answer carried: with a ledger that
 	// signs receipts, when the operation is terminal or UNKNOWN
 	// (docs/receipts.md); empty otherwise.
@@ -319,6 +323,8 @@ func operationFromProto(p *ledgerv1.Operation) *Operation {
 		MaxAttempts:   p.GetMaxAttempts(),
 		Compensates:   p.GetCompensates(),
 		CompensatedBy: p.GetCompensatedBy(),
+		HistoryBase:   p.GetHistoryBase(),
+		HistoryHead:   p.GetHistoryHead(),
 	}
 	if o.Result != nil {
 		o.Result.Attempt = o.Attempt

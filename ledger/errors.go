@@ -93,6 +93,9 @@ type Error struct {
 	// state of an expired record (KindKeyExpired), the current state
 	// (KindStaleToken, KindCompletionConflict, KindAlreadyResolved).
 	State State
+	// HistoryHead is the head of the history chain the expired record's
+	// tombstone keeps (KindKeyExpired from Lookup).
+	HistoryHead string
 	// RetryAfter is when the live claim's lease ends (KindInProgress).
 	RetryAfter time.Duration
 	// Replicas is how many replicas acknowledged a write

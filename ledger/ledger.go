@@ -625,8 +625,8 @@ func (l *Ledger) codeError(op, tenant, id string, code int64, aux string, rec *r
 		e.Kind = KindNotFound
 	case codeExpired:
 		e.Kind = KindKeyExpired
-		st, _, _ := strings.Cut(aux, ":")
-		e.State = parseState(st)
+		st, head, _ := strings.Cut(aux, ":")
+		e.State, e.HistoryHead = parseState(st), head
 	case codeStale:
 		e.Kind = KindStaleToken
 		e.State = parseState(aux)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/opledger/ledger/chain"
 	"github.com/opledger/ledger/fingerprint"
 )
 
@@ -66,6 +67,7 @@ const (
 	fCf
 	fCmp
 	fCby
+	fHb
 	numFields
 )
 
@@ -188,6 +190,10 @@ func decodeRecord(s string) (*Operation, string, error) {
 	if f[fFc] != "" || f[fFm] != "" {
 		o.Failure = &Failure{Code: f[fFc], Message: f[fFm]}
 	}
+	o.hist, o.histBase = hist, f[fHb]
+	if o.histBase == "" {
+		o.histBase = chain.Genesis
+	}
 	return o, hist, nil
 }
 
@@ -197,7 +203,10 @@ func parseHistory(h string, created time.Time) []HistoryEntry {
 	if h == "" {
 		return nil
 	}
-	ct := created.UnixMilli()
+	ct := int64(0)
+	if !created.IsZero() {
+		ct = created.UnixMilli()
+	}
 	out := make([]HistoryEntry, 0, strings.Count(h, "\xfe")+1)
 	principal := ""
 	for h != "" {
@@ -237,6 +246,41 @@ func parseHistory(h string, created time.Time) []HistoryEntry {
 		})
 	}
 	return out
+}
+
+// Chain returns o's history chain (docs/receipts.md, "The history chain"): the value before
+// the oldest entry kept (chain.Genesis unless older ones were dropped) and
+// the head, the value after the latest. Both are "" for an operation that
+// came without its record's history.
+func (o *Operation) Chain() (base, head string) {
+	if o.histBase == "" && o.History == nil {
+		return "", ""
+	}
+	h := o.History
+	if h == nil {
+		h = parseHistory(o.hist, o.CreatedAt)
+	}
+	base = o.histBase
+	if base == "" {
+		base = chain.Genesis
+	}
+	entries := make([]chain.Entry, len(h))
+	for i, e := range h {
+		entries[i] = ChainEntry(e)
+	}
+	return base, chain.Head(base, entries)
+}
+
+// ChainEntry is e as the history chain hashes it.
+func ChainEntry(e HistoryEntry) chain.Entry {
+	ms := int64(0) // the zero time is Unix time 0, as stored
+	if !e.Time.IsZero() {
+		ms = e.Time.UnixMilli()
+	}
+	return chain.Entry{
+		TimeMillis: ms, From: int32(e.From), To: int32(e.To), Reason: e.Reason,
+		Attempt: e.Attempt, FencingToken: e.FencingToken, Principal: e.Principal, Detail: e.Detail,
+	}
 }
 
 // millis decodes a stored duration or time difference: decimal ms, or whole

@@ -2,12 +2,14 @@ package ledger
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/opledger/ledger/chain"
 	"github.com/opledger/ledger/internal/redistest"
 )
 
@@ -16,10 +18,14 @@ import (
 // exactly the latest 50 entries with their own principal, reason and
 // detail: the stored history drops the oldest entry and names a principal
 // only when it changes, so the entry that becomes the first must get its
-// principal back.
+// principal back. The history chain survives the drops: the heads Lookup
+// answered after each transition (as receipts would sign them) are the
+// chain's values over the kept entries, from the base the script folded
+// the dropped ones into, and the expired record and its tombstone keep
+// the last one.
 func TestHistoryKeepsTheLatest50(t *testing.T) {
 	eachBackend(t, func(t *testing.T, e *env) {
-		pol, err := ParsePolicies([]byte("defaults:\n  max_attempts: 100\n"))
+		pol, err := ParsePolicies([]byte("defaults:\n  max_attempts: 100\n  retention: 1s\n  retain_grace: 0s\n  tombstone_retention: 1h\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -29,13 +35,23 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 		}
 		type want struct{ reason, principal, detail string }
 		var model []want
+		var heads []string // the head after each entry
+		moved := func(w want) {
+			model = append(model, w)
+			o, err := l.Lookup(e.ctx, e.who, "op")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, head := o.Chain()
+			heads = append(heads, head)
+		}
 		who := func(name string) Principal { return Principal{Tenant: e.who.Tenant, ID: name} }
 		reserve := func(p Principal, reason string) uint64 {
 			res, err := l.Reserve(e.ctx, p, ReserveRequest{OperationID: "op", Tool: "payments.refund", PermitID: "p", Holder: "h-" + p.ID})
 			if err != nil || res.Decision != DecisionExecute {
 				t.Fatalf("Reserve: %v %v", res, err)
 			}
-			model = append(model, want{reason, p.ID, ""})
+			moved(want{reason, p.ID, ""})
 			return res.Operation.FencingToken
 		}
 		tok := reserve(who("agent-1"), "RESERVED")
@@ -48,7 +64,7 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 				Failure: &Failure{Code: "busy"}}); err != nil {
 				t.Fatal(err)
 			}
-			model = append(model, want{"FAILED_RETRYABLE", p.ID, ""})
+			moved(want{"FAILED_RETRYABLE", p.ID, ""})
 			if i%5 == 4 {
 				p = who("") // an empty principal is one too
 			}
@@ -58,11 +74,11 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 		if _, err := l.MarkUnknown(e.ctx, who(model[len(model)-1].principal), MarkUnknownRequest{OperationID: "op", FencingToken: tok, Reason: "timeout ÿ"}); err != nil {
 			t.Fatal(err)
 		}
-		model = append(model, want{"MARKED_UNKNOWN", model[len(model)-1].principal, "timeout ÿ"})
+		moved(want{"MARKED_UNKNOWN", model[len(model)-1].principal, "timeout ÿ"})
 		if _, err := l.Reconcile(e.ctx, who("reconciler"), ReconcileRequest{OperationID: "op", Finding: FindingEscalate, Note: "ask finance"}); err != nil {
 			t.Fatal(err)
 		}
-		model = append(model, want{"ESCALATED", "reconciler", "ask finance"})
+		moved(want{"ESCALATED", "reconciler", "ask finance"})
 
 		o, err := l.Lookup(e.ctx, e.who, "op")
 		if err != nil {
@@ -71,7 +87,8 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 		if len(o.History) != HistoryLimit {
 			t.Fatalf("%d history entries, want %d", len(o.History), HistoryLimit)
 		}
-		model = model[len(model)-HistoryLimit:]
+		dropped := len(model) - HistoryLimit
+		model = model[dropped:]
 		for i, h := range o.History {
 			if w := model[i]; h.Reason != w.reason || h.Principal != w.principal || h.Detail != w.detail {
 				t.Fatalf("entry %d = %s by %q (%q), want %s by %q (%q)", i, h.Reason, h.Principal, h.Detail, w.reason, w.principal, w.detail)
@@ -82,6 +99,102 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 		}
 		if last := o.History[len(o.History)-1]; last.To != StateUnknown || last.Attempt != 31 || o.Reason != "ESCALATED" || !o.NeedsReview {
 			t.Fatalf("last entry %+v, record %+v", last, o)
+		}
+
+		base, _ := o.Chain()
+		values := chain.Values(base, chainEntries(o.History))
+		if base != heads[dropped-1] {
+			t.Fatalf("base %s, want the head after the last dropped entry %s", base, heads[dropped-1])
+		}
+		for i, v := range values {
+			if v != heads[dropped-1+i] {
+				t.Fatalf("chain value %d = %s, want the head Lookup answered then, %s", i, v, heads[dropped-1+i])
+			}
+		}
+
+		// Applied, past its retention: the expired record, then its
+		// tombstone, answer the head.
+		done, err := l.Reconcile(e.ctx, who("reconciler"), ReconcileRequest{OperationID: "op", Finding: FindingApplied, Result: &Result{ResourceID: "re_1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, head := done.Chain()
+		if head != chain.Link(values[len(values)-1], ChainEntry(done.History[len(done.History)-1])) {
+			t.Fatalf("head after the finding %s does not continue the chain", head)
+		}
+		expiredHead := func(when string) {
+			t.Helper()
+			_, err := l.Lookup(e.ctx, e.who, "op")
+			if ee := wantKind(t, err, KindKeyExpired); ee.HistoryHead != head || ee.State != StateSucceeded {
+				t.Fatalf("%s: Lookup answers %s with head %q, want %s", when, ee.State, ee.HistoryHead, head)
+			}
+		}
+		e.waitExpired(t, "op")
+		expiredHead("expired")
+		if _, err := l.NewCompactor(0).Pass(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := e.stored(t, l.keys.op(e.who.Tenant, "op").all[0]); !strings.HasSuffix(s, "\xff\xff\xff"+head) {
+			t.Fatalf("compacted to %q, want a tombstone with the head %s", s, head)
+		}
+		expiredHead("compacted")
+	})
+}
+
+func chainEntries(h []HistoryEntry) []chain.Entry {
+	out := make([]chain.Entry, len(h))
+	for i, e := range h {
+		out[i] = ChainEntry(e)
+	}
+	return out
+}
+
+// TestHistoryChainShowsTampering rewrites a stored history the ways an
+// intruder with access to the store could, and checks the head a receipt
+// signed before is no longer one of the chain's values; an entry appended
+// by the ledger keeps it.
+func TestHistoryChainShowsTampering(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		for _, tc := range []struct {
+			name   string
+			change func(s string) string
+			kept   bool
+		}{
+			{"untouched", func(s string) string { return s }, true},
+			{"a note rewritten", func(s string) string { return strings.Replace(s, "ask finance", "ask nobody", 1) }, false},
+			{"an entry dropped", func(s string) string {
+				first := 33 + strings.IndexByte(s[33:], historySep) // past the fingerprint
+				second := first + 1 + strings.IndexByte(s[first+1:], historySep)
+				return s[:second] + s[second+1+strings.IndexByte(s[second+1:], historySep):]
+			}, false},
+			{"a principal rewritten", func(s string) string { return strings.Replace(s, "reconciler", "reconcilor", 1) }, false},
+		} {
+			id := "tamper-" + strings.ReplaceAll(tc.name, " ", "-")
+			o := e.execute(t, id, "payments.refund")
+			if _, err := e.markUnknown(t, id, o.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.l.Reconcile(e.ctx, Principal{Tenant: e.who.Tenant, ID: "reconciler"},
+				ReconcileRequest{OperationID: id, Finding: FindingEscalate, Note: "ask finance"}); err != nil {
+				t.Fatal(err)
+			}
+			_, signed := e.lookup(t, id).Chain()
+			k := e.opKeys(id).all[0]
+			s, err := e.rdb.Get(e.ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.rdb.Set(e.ctx, k, tc.change(s), 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: id, Finding: FindingApplied}); err != nil {
+				t.Fatal(err)
+			}
+			now := e.lookup(t, id)
+			base, _ := now.Chain()
+			if got := slices.Contains(chain.Values(base, chainEntries(now.History)), signed); got != tc.kept {
+				t.Errorf("%s: the signed head is in the chain: %v, want %v", tc.name, got, tc.kept)
+			}
 		}
 	})
 }

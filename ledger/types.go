@@ -180,6 +180,10 @@ type Operation struct {
 	// History is filled by Lookup and Reconcile only: the latest
 	// HistoryLimit transitions, oldest first.
 	History []HistoryEntry
+
+	// hist is the stored history the record came with, and histBase the
+	// chain value before its oldest entry ("" when no record came).
+	hist, histBase string
 }
 
 // HistoryLimit is how many history entries an operation keeps (the latest

@@ -47,6 +47,9 @@ type Claims struct {
 	ResultSHA256 string `json:"result_sha256"`
 	ResourceID   string `json:"resource_id"`
 	FailureCode  string `json:"failure_code"`
+	// HistoryHead is the head of the operation's history chain when the
+	// receipt was signed (docs/receipts.md, "The history chain"); absent on a refusal's.
+	HistoryHead string `json:"history_head,omitempty"`
 	// Refused is set on the receipt of a refusal: IDEMPOTENCY_KEY_REUSED,
 	// with Differs naming what differs; ParamsSHA256, Tool and PermitID are
 	// then the refused request's.

@@ -211,6 +211,9 @@ func toProto(o *ledger.Operation) *ledgerv1.Operation {
 	if o.Failure != nil {
 		p.Failure = &ledgerv1.Failure{Code: o.Failure.Code, Message: o.Failure.Message}
 	}
+	if o.History != nil {
+		p.HistoryBase, p.HistoryHead = o.Chain()
+	}
 	for _, h := range o.History {
 		p.History = append(p.History, &ledgerv1.HistoryEntry{
 			Time:         timestamp(h.Time),

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opledger/ledger/chain"
 	"github.com/opledger/ledger/fingerprint"
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/ledger"
@@ -98,6 +99,12 @@ func TestToProto(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The history case's chain, from the wire's fields (docs/receipts.md, "The history chain").
+	head := chain.Head("", []chain.Entry{
+		{TimeMillis: at(0).UnixMilli(), From: 0, To: 2, Reason: "RESERVED", Attempt: 1, FencingToken: 8, Principal: "agent-1"},
+		{TimeMillis: at(10).UnixMilli(), From: 1, To: 5, Reason: "MARKED_UNKNOWN", Attempt: 2, FencingToken: 9, Principal: "agent-1", Detail: "timeout"},
+		{TimeMillis: at(20).UnixMilli(), From: 5, To: 5, Reason: "ESCALATED", Attempt: 2, FencingToken: 9, Principal: "ops", Detail: "INC-1"},
+	})
 	cases := []struct {
 		name string
 		in   *ledger.Operation
@@ -121,6 +128,7 @@ func TestToProto(t *testing.T) {
 			&ledgerv1.Operation{OperationId: "op-2", Tool: "t", Effect: ledgerv1.Effect_EFFECT_IDEMPOTENT, State: ledgerv1.State_STATE_UNKNOWN,
 				Attempt: 2, FencingToken: 9, ParamsSha256: fp[:], Reason: "ESCALATED", NeedsReview: true, Failure: &ledgerv1.Failure{Code: "503"},
 				CreatedAt: ts(0), UpdatedAt: ts(20), UnknownSince: ts(10), RecoveryDeadline: ts(900_010), MaxAttempts: 3,
+				HistoryBase: chain.Genesis, HistoryHead: head,
 				History: []*ledgerv1.HistoryEntry{
 					{Time: ts(0), FromState: ledgerv1.State_STATE_UNSPECIFIED, ToState: ledgerv1.State_STATE_RUNNING, Attempt: 1, FencingToken: 8, Principal: "agent-1", Reason: "RESERVED"},
 					{Time: ts(10), FromState: ledgerv1.State_STATE_PENDING, ToState: ledgerv1.State_STATE_UNKNOWN, Attempt: 2, FencingToken: 9, Principal: "agent-1", Reason: "MARKED_UNKNOWN", Detail: "timeout"},

@@ -95,7 +95,7 @@ func toStatus(err error) *status.Status {
 	case ledger.KindKeyExpired:
 		return withDetails(codes.FailedPrecondition,
 			"the operation expired (it ended "+e.State.String()+"); it is not executed again",
-			info(ReasonKeyExpired, map[string]string{"final_state": stateName(e.State)}))
+			info(ReasonKeyExpired, expiredMetadata(e)))
 	case ledger.KindStaleToken:
 		return withDetails(codes.FailedPrecondition,
 			"the fencing token is not the current attempt's (or its lease expired); stop this attempt",
@@ -164,4 +164,14 @@ func notCompensableStatus(e *ledger.Error) *status.Status {
 		md["state"] = stateName(e.State)
 	}
 	return withDetails(codes.FailedPrecondition, notCompensableMessages[e.Cause], info(ReasonNotCompensable, md))
+}
+
+// expiredMetadata is the metadata of IDEMPOTENCY_KEY_EXPIRED: the final
+// state, and the history chain's head when Lookup read the tombstone.
+func expiredMetadata(e *ledger.Error) map[string]string {
+	md := map[string]string{"final_state": stateName(e.State)}
+	if e.HistoryHead != "" {
+		md["history_head"] = e.HistoryHead
+	}
+	return md
 }

@@ -260,6 +260,10 @@ func TestEveryRPCErrors(t *testing.T) {
 			id := e.id("tiny")
 			op := e.claim(t, id, "compact.refund", 0)
 			e.complete(t, id, op.FencingToken, outSucceeded, "R-1")
+			live, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+			if err != nil {
+				t.Fatal(err)
+			}
 			// compact.* records live 1 s, then their tombstone 1 h.
 			deadline := time.Now().Add(10 * time.Second)
 			for {
@@ -275,9 +279,12 @@ func TestEveryRPCErrors(t *testing.T) {
 					t.Errorf("%s of an expired operation = %v, %v", method, err, ei.Metadata)
 				}
 			}
-			// Nothing brought the record back.
-			_, err := e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
-			wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED")
+			// Nothing brought the record back, and Lookup answers the head
+			// of its history chain.
+			_, err = e.c.Lookup(e.ctx, &ledgerv1.LookupRequest{OperationId: id})
+			if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_EXPIRED"); ei.Metadata["history_head"] != live.Operation.HistoryHead {
+				t.Errorf("expired Lookup's history_head %q, want %q", ei.Metadata["history_head"], live.Operation.HistoryHead)
+			}
 		})
 	})
 

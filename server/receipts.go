@@ -25,6 +25,7 @@ func (h *handler) receiptOf(ctx context.Context, o *ledger.Operation) string {
 		State: ledgerv1.State(o.State).String(), Attempt: o.Attempt,
 		FencingToken: strconv.FormatUint(o.FencingToken, 10),
 	}
+	_, c.HistoryHead = o.Chain()
 	if o.Result != nil {
 		sum, err := receipt.ResultSHA256(o.Result.Data, o.Result.ResourceID)
 		if err != nil {

@@ -63,12 +63,16 @@ func TestReceipts(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := verify("Complete", done.Receipt)
+	looked, err := c.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id + ":refund"})
+	if err != nil || looked.Operation.HistoryHead == "" {
+		t.Fatalf("Lookup: %v %v", looked, err)
+	}
 	canon, _ := fingerprint.Canonical(map[string]any{"data": map[string]any{"refund": "re_1", "amount": 25.0}, "resource_id": "re_1"})
 	sum := sha256.Sum256(canon)
 	want := receipt.Claims{Version: receipt.Version, Issuer: "ledgerd-test", IssuedAt: got.IssuedAt, Tenant: "default",
 		OperationID: id + ":refund", Tool: "payments.refund", ParamsSHA256: hex.EncodeToString(done.Operation.ParamsSha256), PermitID: "permit-1",
 		State: "STATE_SUCCEEDED", Attempt: 1, FencingToken: strconv.FormatUint(res.Operation.FencingToken, 10),
-		ResultSHA256: hex.EncodeToString(sum[:]), ResourceID: "re_1"}
+		ResultSHA256: hex.EncodeToString(sum[:]), ResourceID: "re_1", HistoryHead: looked.Operation.HistoryHead}
 	if *got != want {
 		t.Fatalf("Complete's receipt signs\n%+v\nwant\n%+v", *got, want)
 	}

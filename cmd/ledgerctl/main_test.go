@@ -269,7 +269,10 @@ func TestOperatorWorkflow(t *testing.T) {
 				t.Errorf("lookup lacks %q:\n%s", want, o.stdout)
 			}
 		}
-		if lines := strings.Split(strings.TrimSpace(o.stdout[strings.Index(o.stdout, "history"):]), "\n"); len(lines) != 4 {
+		if op, err := e.sdk.Lookup(ctx, unknown); err != nil || !strings.Contains(o.stdout, "history head       "+op.HistoryHead+"\n") {
+			t.Errorf("lookup lacks the history head (%v):\n%s", err, o.stdout)
+		}
+		if lines := strings.Split(strings.TrimSpace(o.stdout[strings.Index(o.stdout, "history (oldest first)"):]), "\n"); len(lines) != 4 {
 			t.Errorf("history table: want a title, a header and 2 rows:\n%s", o.stdout)
 		}
 		o = must(t, env, "lookup", pending)

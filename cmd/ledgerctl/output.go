@@ -58,6 +58,10 @@ type jsonOperation struct {
 	// HistoryNotKept is how many transitions before the first entry were
 	// dropped, at least (0 with a whole history).
 	HistoryNotKept *int `json:"history_not_kept_at_least,omitempty"`
+	// HistoryBase and HistoryHead are the history chain's values before
+	// the first entry and after the last, set with the history.
+	HistoryBase string `json:"history_base,omitempty"`
+	HistoryHead string `json:"history_head,omitempty"`
 }
 
 type jsonResult struct {
@@ -175,6 +179,7 @@ func toJSON(op *client.Operation, ref timeRef) jsonOperation {
 	if len(op.History) > 0 {
 		n, cut := notKept(op.History)
 		j.HistoryTruncated, j.HistoryNotKept = &cut, &n
+		j.HistoryBase, j.HistoryHead = op.HistoryBase, op.HistoryHead
 	}
 	for _, h := range op.History {
 		j.History = append(j.History, jsonHistory{
@@ -238,6 +243,9 @@ func printOperation(w io.Writer, o *options, op *client.Operation, ref timeRef, 
 	row("recovery deadline", deadline)
 	row("retain until", ref.when(op.RetainUntil))
 	row("expires", ref.when(op.ExpiresAt))
+	if op.HistoryHead != "" {
+		row("history head", clean(op.HistoryHead))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -1,14 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-
-	jose "github.com/go-jose/go-jose/v4"
 
 	"github.com/opledger/ledger/receipt"
 )
@@ -16,6 +13,7 @@ import (
 // The offline commands: they read files, never the ledger.
 var offlineCommands = map[string]func(args []string, stdin io.Reader, stdout, stderr io.Writer) int{
 	"verify-receipt": verifyReceipt,
+	"verify-history": verifyHistory,
 	"jwks":           printJWKS,
 }
 
@@ -48,25 +46,14 @@ func verifyReceipt(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "ledgerctl: verify-receipt needs a receipt FILE and --jwks FILE\n\n%s", verifyUsage)
 		return exitUsage
 	}
-	var jws []byte
-	var err error
-	if file == "-" {
-		jws, err = io.ReadAll(stdin)
-	} else {
-		jws, err = os.ReadFile(file)
-	}
+	jws, err := readFileOrStdin(file, stdin)
 	if err != nil {
 		fmt.Fprintf(stderr, "ledgerctl: RECEIPT_UNREADABLE: %v\n", err)
 		return exitError
 	}
-	raw, err := os.ReadFile(*jwksFile)
+	set, err := readJWKS(*jwksFile)
 	if err != nil {
 		fmt.Fprintf(stderr, "ledgerctl: JWKS_UNREADABLE: %v\n", err)
-		return exitError
-	}
-	var set jose.JSONWebKeySet
-	if err := json.Unmarshal(raw, &set); err != nil || len(set.Keys) == 0 {
-		fmt.Fprintf(stderr, "ledgerctl: JWKS_UNREADABLE: %s is not a JWK Set with keys (%v)\n", *jwksFile, err)
 		return exitError
 	}
 	c, err := receipt.Verify(string(trimSpace(jws)), set)

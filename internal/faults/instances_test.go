@@ -422,9 +422,10 @@ func (r *receipts) check(ctx context.Context, t testing.TB, nodes []*redis.Clien
 					t.Fatalf("GET %s: %v", k, err)
 				}
 				records[k]++
-				// A tombstone: st, exp, ct, ut, then an empty attempt (and
-				// the consequential fields) or nothing; no history.
-				if f := strings.Split(v[min(len(v), 33):], "\xff"); (len(f) == 4 || len(f) == 6 && f[4] == "") && !strings.Contains(v[min(len(v), 33):], "\xfe") {
+				// A tombstone: st, exp, ct, ut, then an empty attempt, the
+				// consequential fields and the history chain's head; no
+				// history.
+				if f := strings.Split(v[min(len(v), 33):], "\xff"); len(f) == 7 && f[4] == "" && len(f[6]) == 40 && !strings.Contains(v[min(len(v), 33):], "\xfe") {
 					cut++
 				}
 			}

@@ -17,8 +17,9 @@ import (
 
 // HTTPStack is a ledger service with API keys, behind the HTTP/JSON API.
 type HTTPStack struct {
-	// URL is the HTTP server's base URL.
-	URL string
+	// URL is the HTTP server's base URL, and Addr the gRPC service's
+	// address behind it.
+	URL, Addr string
 	// Keys are the API keys by scope (agent, reconciler, viewer), all of one
 	// tenant; their ids are the prefix given to StartHTTP, "-", the scope.
 	Keys map[string]string
@@ -61,5 +62,5 @@ func StartHTTP(tb testing.TB, rdb redis.UniversalClient, o Options, tenant, pref
 	mux.Handle("/", api)
 	srv := httptest.NewServer(mux)
 	tb.Cleanup(srv.Close)
-	return &HTTPStack{URL: srv.URL, Keys: keys}
+	return &HTTPStack{URL: srv.URL, Addr: st.Addr, Keys: keys}
 }

@@ -45,15 +45,16 @@
 --   rwin (recovery window), cf / cfh (the consequential fields the
 --   fingerprint covers, a JSON list, and its digest; absent when it covers
 --   all parameters), cmp (the operation this one compensates), cby (the
---   compensations of this one, ids joined by \252). S.hist holds the history, at most 50 entries
---   (HISTORY_LIMIT, HistoryLimit in types.go).
+--   compensations of this one, ids joined by \252), hb (the history chain's value before the
+--   oldest entry kept, 40 hex digits; absent while no entry was dropped). S.hist holds the
+--   history, at most 50 entries (HISTORY_LIMIT, HistoryLimit in types.go).
 --
 -- Stored form: one string per operation, with the history in it, and the
 -- tombstone too: a terminal record lives until exp + tret, and from exp on
 -- load() reports it as expired (only its final state is ever read again).
 -- The compaction pass (compact.lua) then cuts it to its tombstone, the
--- fingerprint, the first four fields (st, exp, ct, ut), an empty attempt
--- and cf, keeping its TTL.
+-- fingerprint, the first four fields (st, exp, ct, ut), an empty attempt,
+-- cf and the history chain's head, keeping its TTL.
 -- ledger/record.go decodes the same form; docs/design.md ยง2 describes it.
 --
 --   'L' <fp: 32 bytes> <field> \255 <field> ... [\254 <entry>]...
@@ -62,7 +63,7 @@
 -- ut), ct (base 36), ut (ms after ct), att, tok (after ct), eff, rsn (one
 -- letter, REASONS below), tool, pmt, lms, max, ret, tret, rwin, cdg (only
 -- while ctk = tok), hld, lse (after ut), uks (after ut), rev, rd, rid, fc,
--- fm, run, stp, ru (after ct), rue (after ct), cfh, cf, cmp, cby. Durations and time
+-- fm, run, stp, ru (after ct), rue (after ct), cfh, cf, cmp, cby, hb. Durations and time
 -- differences are decimal milliseconds, or whole s/m/h/d with that suffix
 -- ("7d"); a difference of 0 in ut, tok and the history is left empty. The
 -- policy durations (lms, ret, tret, rwin) arrive from Go in that form and
@@ -74,6 +75,13 @@
 -- [\253 <principal> [\253 <detail>]] with t and tok after ct; the principal
 -- is left out (or \252 when a detail follows) when it equals the previous
 -- entry's.
+--
+-- The history chain (docs/receipts.md ง5, chain/chain.go): each entry's
+-- value is redis.sha1hex of the previous value and the entry's time,
+-- states, reason, attempt, token, principal and detail, joined by \255.
+-- Nothing stores the values of kept entries (ledgerd computes them from
+-- the entries); dropping the oldest entry folds it into hb, and the
+-- tombstone keeps the head.
 
 -- Redis runs this whole text on every call, so the helpers below are built
 -- in one table constructor and capture few upvalues (F, R, S, NOW): each
@@ -179,6 +187,49 @@ F = {
     return string.match(REASONS, ' ([%u_]+)=' .. code .. ' ')
   end,
 
+  -- chain folds the stored history entries h (each with its leading \254)
+  -- of a record created at ct (ms) into the chain value prev. The oldest
+  -- entry kept always names its principal. It returns nil when an entry
+  -- is not one the ledger writes (a record that is no record).
+  chain = function(prev, h, ct)
+    local tostr, ms, p = F.tostr, F.ms, ''
+    for e in string.gmatch(h, '\254([^\254]*)') do
+      local from, to, r, t, att, tok, rest = string.match(e,
+        '^([0-5])([0-5])([A-M])(%d*[smhd]?)\253(%d?%d?%d?%d?%d?%d?%d?%d?%d?)\253(%d*[smhd]?)(.*)$')
+      if not from or #t > 13 or #tok > 13 or (t ~= '' and not string.find(t, '^%d')) or (tok ~= '' and not string.find(tok, '^%d')) then
+        return nil
+      end
+      local ep, ed = string.match(rest, '^\253([^\253]*)$')
+      if not ep then ep, ed = string.match(rest, '^\253([^\253]*)\253([^\253]*)$') end
+      if not ep and rest ~= '' then return nil end
+      if ep and ep ~= '\252' then p = ep end
+      local tms, kms = ct + ms(t), ct + ms(tok)
+      if tms >= 9007199254740992 or kms >= 9007199254740992 then return nil end
+      prev = redis.sha1hex(table.concat({prev, tostr(tms), from, to, F.reason_name(r),
+        tostr(tonumber(att) or 0), tostr(kms), p, ed or ''}, '\255'))
+    end
+    return prev
+  end,
+
+  -- chain_head returns the history chain's head of a stored record s: the
+  -- one its tombstone keeps, or hb (or the genesis) folded with its
+  -- history; nil for a record that is no record.
+  chain_head = function(s)
+    local h = string.find(s, '\254', 34, true)
+    local v, n = {}, 0
+    for f in string.gmatch(string.sub(s, 34, (h or (#s + 1)) - 1) .. '\255', '([^\255]*)\255') do
+      n = n + 1
+      v[n] = f
+    end
+    if v[5] == '' and n >= 6 then
+      return v[7] or ''
+    end
+    local base, ct = v[33], tonumber(v[3] or '', 36)
+    if not base or base == '' then base = string.rep('0', 40) end
+    if not ct then return nil end
+    return F.chain(base, h and string.sub(s, h) or '', ct)
+  end,
+
   -- entry_principal returns the principal an encoded history entry names
   -- (nil when it is the previous entry's).
   entry_principal = function(e)
@@ -240,9 +291,10 @@ F = {
     local hist = S.hist .. F.entry(from or '0', to, reason, NOW, R.att, tonumber(R.tok), S.principal, detail or '', F.last_principal())
     local _, n = string.gsub(hist, '\254', '')
     if n > 50 then
-      -- Drop the oldest entry; the next one may name its principal only by
-      -- reference to it.
+      -- Drop the oldest entry, folded into hb; the next one may name its
+      -- principal only by reference to it.
       local cut = string.find(hist, '\254', 2, true)
+      R.hb = F.chain(R.hb or string.rep('0', 40), string.sub(hist, 1, cut - 1), tonumber(R.ct)) or R.hb
       local p = F.entry_principal(string.sub(hist, 2, cut - 1))
       local nxt = string.find(hist, '\254', cut + 1, true) or (#hist + 1)
       local second = string.sub(hist, cut + 1, nxt - 1)
@@ -286,10 +338,10 @@ F = {
         v[n] = f
       end
       if v[5] == '' and n >= 6 then
-        -- A compacted tombstone: st, exp, ct, ut, no attempt, cf.
-        S.tcf, v[6] = v[6], ''
+        -- A compacted tombstone: st, exp, ct, ut, no attempt, cf, chain head.
+        S.tcf, v[6], v[7] = v[6], '', ''
       end
-      for i = n + 1, 32 do v[i] = '' end
+      for i = n + 1, 33 do v[i] = '' end
       local ms, tostr = F.ms, F.tostr
       S.ct36 = v[3]
       local ct = tonumber(v[3], 36)
@@ -314,6 +366,7 @@ F = {
       if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
       if v[31] ~= '' then R.cmp = v[31] end
       if v[32] ~= '' then R.cby = v[32] end
+      if v[33] ~= '' then R.hb = v[33] end
       S.encoded = s
     end
     if F.gone(R.st, tonumber(R.exp), R.att) then
@@ -340,8 +393,9 @@ F = {
       R.eff, F.reason_code(R.rsn), R.tool, R.pmt, R.lms, R.max, R.ret, R.tret, R.rwin,
       cdg, R.hld or '', lse, uks, R.rev or '', R.rd or '', R.rid or '', R.fc or '', R.fm or '',
       R.run or '', R.stp or '', ru, rue, R.cfh or '', R.cf or '', R.cmp or '', R.cby or '',
+      R.hb or '',
     }
-    local n = 32
+    local n = 33
     while v[n] == '' do n = n - 1 end
     return 'L' .. R.fp .. table.concat(v, '\255', 1, n) .. S.hist
   end,

@@ -8,14 +8,15 @@
 -- ARGV: none
 --
 -- Output: 1 when the record was compacted now, 0 when it was left as it was:
--- no such key, not a string, not a record, not terminal, still in its retention (exp not
--- passed by the store's clock), or a tombstone already.
+-- no such key, not a string, not a record (its history included), not terminal, still in
+-- its retention (exp not passed by the store's clock), or a tombstone already.
 --
 -- The tombstone is the record cut after its fourth field, with an empty
--- fifth (the attempt) and the consequential fields the fingerprint was
--- taken over (cf, the record's 30th field; empty for all parameters):
+-- fifth (the attempt), the consequential fields the fingerprint was
+-- taken over (cf, the record's 30th field; empty for all parameters) and
+-- the head of the history chain (common.lua, chain_head):
 --
---   'L' <fp: 32 bytes> <st> \255 <exp> \255 <ct> \255 <ut> \255 \255 <cf>
+--   'L' <fp: 32 bytes> <st> \255 <exp> \255 <ct> \255 <ut> \255 \255 <cf> \255 <head>
 --
 -- which is all that any script reads of a terminal record once exp has
 -- passed: load() and lookup.lua decode st, ct, ut and exp (the expiry is
@@ -42,7 +43,8 @@ if not head then
   return 0 -- not terminal (or not a record)
 end
 local n = 33 + #head
-if #s == n or string.sub(s, n + 1, n + 1) ~= '\255' or string.sub(s, n + 2, n + 2) == '\255' then
+local att = string.sub(s, n + 2, n + 2) -- the attempt's first byte ('' or a separator: none)
+if string.sub(s, n + 1, n + 1) ~= '\255' or att == '' or att == '\255' or att == '\254' then
   return 0 -- a tombstone already (or not a record)
 end
 local exp, ct, ut = string.match(head, '^.\255([^\255]*)\255([^\255]*)\255([^\255]*)$')
@@ -66,7 +68,11 @@ do
     if i == 30 then cf = f end
   end
 end
-local tomb = string.sub(s, 1, n) .. '\255\255' .. cf
+local chain = F.chain_head(s)
+if not chain then
+  return 0 -- a history the ledger did not write: not a record
+end
+local tomb = string.sub(s, 1, n) .. '\255\255' .. cf .. '\255' .. chain
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -1 then
   redis.call('SET', KEYS[1], tomb)

@@ -7,7 +7,7 @@
 --
 -- Output:
 --   {C_OK, '', record, ''}   the record in its stored form, history included
---   {C_NOT_FOUND, '', ''} / {C_EXPIRED, state, ''}
+--   {C_NOT_FOUND, '', ''} / {C_EXPIRED, '<state>:<history chain head>', ''}
 --
 -- The record is returned as stored: only its state and, when terminal, its
 -- expiry are decoded (gone in common.lua decides).
@@ -17,7 +17,7 @@ if s then
   local st, exp, ct, ut, att = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255\254]*)\255?([^\255\254]*)', 34)
   if st then
     if F.gone(st, tonumber(ct, 36) + ms(ut) + ms(exp), att) then
-      return {C_EXPIRED, st, ''}
+      return {C_EXPIRED, st .. ':' .. (F.chain_head(s) or ''), ''}
     end
     return {C_OK, '', s, ''}
   end

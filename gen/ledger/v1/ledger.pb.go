@@ -728,6 +728,14 @@ type Operation struct {
 	// they were reserved (at most 16). Each names this one in compensates;
 	// one whose Reserve failed after the link was made may have no record.
 	CompensatedBy []string `protobuf:"bytes,25,rep,name=compensated_by,json=compensatedBy,proto3" json:"compensated_by,omitempty"`
+	// The history chain's value before the first entry of history: 40 zeros,
+	// unless older entries were dropped (docs/receipts.md, "The history
+	// chain"). Filled by Lookup and Reconcile.
+	HistoryBase string `protobuf:"bytes,26,opt,name=history_base,json=historyBase,proto3" json:"history_base,omitempty"`
+	// The history chain's head: its value after the last entry of history,
+	// 40 lowercase hex digits. Receipts sign it. Filled by Lookup and
+	// Reconcile.
+	HistoryHead   string `protobuf:"bytes,27,opt,name=history_head,json=historyHead,proto3" json:"history_head,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +943,20 @@ func (x *Operation) GetCompensatedBy() []string {
 		return x.CompensatedBy
 	}
 	return nil
+}
+
+func (x *Operation) GetHistoryBase() string {
+	if x != nil {
+		return x.HistoryBase
+	}
+	return ""
+}
+
+func (x *Operation) GetHistoryHead() string {
+	if x != nil {
+		return x.HistoryHead
+	}
+	return ""
 }
 
 // ReserveRequest records the intent of an operation and asks for a decision.
@@ -2730,7 +2752,7 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\tprincipal\x18\x05 \x01(\tR\tprincipal\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12#\n" +
 	"\rfencing_token\x18\a \x01(\x04R\ffencingToken\x12\x16\n" +
-	"\x06detail\x18\b \x01(\tR\x06detail\"\xb4\b\n" +
+	"\x06detail\x18\b \x01(\tR\x06detail\"\xfa\b\n" +
 	"\tOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12)\n" +
@@ -2760,7 +2782,9 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\fmax_attempts\x18\x16 \x01(\rR\vmaxAttempts\x121\n" +
 	"\ahistory\x18\x17 \x03(\v2\x17.ledger.v1.HistoryEntryR\ahistory\x12 \n" +
 	"\vcompensates\x18\x18 \x01(\tR\vcompensates\x12%\n" +
-	"\x0ecompensated_by\x18\x19 \x03(\tR\rcompensatedBy\"\x89\x03\n" +
+	"\x0ecompensated_by\x18\x19 \x03(\tR\rcompensatedBy\x12!\n" +
+	"\fhistory_base\x18\x1a \x01(\tR\vhistoryBase\x12!\n" +
+	"\fhistory_head\x18\x1b \x01(\tR\vhistoryHead\"\x89\x03\n" +
 	"\x0eReserveRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12/\n" +
