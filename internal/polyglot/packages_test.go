@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/opledger/ledger/receipt"
 )
 
 // packagePolicy is the ledgerd policy the Python and TypeScript packages'
@@ -52,7 +53,7 @@ func TestPythonPackage(t *testing.T) {
 	if err := os.WriteFile(policy, []byte(packagePolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0", "--receipt-keys", receiptKey(t))
 	// From the copy's tests directory: the package imported is the installed one.
 	cmd := exec.Command(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests")
 	cmd.Dir = src
@@ -78,7 +79,7 @@ func TestTypeScriptPackage(t *testing.T) {
 	if err := os.WriteFile(policy, []byte(packagePolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0", "--receipt-keys", receiptKey(t))
 	cmd := exec.Command(node, "--test", "test/ledger.test.js", "test/frameworks.test.mjs")
 	cmd.Dir = dir
 	cmd.Env = cleanEnv("LEDGER_ADDR=" + addr)
@@ -117,4 +118,23 @@ func buildTypeScript(t *testing.T) string {
 		t.Fatal(tsErr)
 	}
 	return dir
+}
+
+// receiptKey writes a receipt signing key for a ledgerd of the test, and
+// returns its file.
+func receiptKey(t *testing.T) string {
+	t.Helper()
+	k, err := receipt.NewKey("packages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := k.MarshalJWK()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "receipts.jwk")
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

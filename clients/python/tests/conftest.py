@@ -7,6 +7,8 @@ policy of internal/polyglot/packages_test.go (packagePolicy): tools matching
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import threading
 import uuid
@@ -25,6 +27,18 @@ def addr() -> str:
     if not value:
         pytest.fail("LEDGER_ADDR is not set: run these tests with make test, or against a ledgerd of your own")
     return value
+
+
+@pytest.fixture
+def claims():
+    """Reads what a receipt signs (its payload; the Go and jose tests check the signatures)."""
+
+    def read(receipt: str) -> dict[str, Any]:
+        assert receipt, "no receipt: make test runs ledgerd with --receipt-keys"
+        payload = receipt.split(".")[1]
+        return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+    return read
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def test_s2_and_s10_lost_answers(addr, dest, ids):
 
 
 @pytest.mark.parametrize("applied", [True, False], ids=["the effect exists", "the effect does not exist"])
-def test_s5_timeout_then_reconciliation(addr, dest, ids, applied):
+def test_s5_timeout_then_reconciliation(addr, dest, ids, applied, claims):
     async def reconciler(op):
         return dest.reconciler(op)
 
@@ -88,6 +88,7 @@ def test_s5_timeout_then_reconciliation(addr, dest, ids, applied):
     unknown, out, state = run(scenario())
     assert unknown == pb.STATE_UNKNOWN and state == pb.STATE_SUCCEEDED
     assert out.replayed is applied
+    assert claims(out.receipt)["state"] == "STATE_SUCCEEDED"  # the finding's, or the second attempt's
     assert dest.total() == 1
 
 

@@ -163,3 +163,28 @@ def test_compensation(ledger, dest, ids):
                          fn=refund(dest), compensates=ids("never"))
     assert refused.value.reason == "NOT_COMPENSABLE" and refused.value.metadata["cause"] == "not_found"
     assert dest.total() == 2
+
+
+def test_receipts_handed_on(ledger, dest, ids, claims):
+    # make test runs ledgerd with --receipt-keys: every settled answer carries a receipt.
+    op = ids("refund")
+    first = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                             fn=refund(dest))
+    again = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                             fn=refund(dest))
+    fresh, replayed = claims(first.receipt), claims(again.receipt)
+    assert fresh["operation_id"] == op and fresh["state"] == "STATE_SUCCEEDED" and fresh["resource_id"] == "R-1"
+    assert replayed["result_sha256"] == fresh["result_sha256"] and len(fresh["history_head"]) == 40
+    assert replayed["history_head"] == ledger.lookup(op).history_head
+    assert dest.total() == 1
+
+    def declines(a):
+        raise opledger.FinalToolError("card_declined")
+
+    declined = ids("declined")
+    for _ in range(2):  # the failure recorded, then replayed
+        with pytest.raises(opledger.ToolFailed) as failed:
+            ledger.call_tool(operation_id=declined, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                             fn=declines)
+        got = claims(failed.value.receipt)
+        assert got["state"] == "STATE_FAILED_FINAL" and got["failure_code"] == "card_declined"

@@ -82,23 +82,29 @@ export class RunEndedError extends LedgerError {
 export class ToolFailedError extends Error {
   readonly failureCode: string;
   readonly replayed: boolean;
+  /** The ledger's signed receipt of the failure ('' when it signs none). */
+  readonly receipt: string;
 
-  constructor(failure: { code?: string; message?: string }, replayed: boolean) {
+  constructor(failure: { code?: string; message?: string }, replayed: boolean, receipt = '') {
     super(`tool failed (${failure.code || ''}): ${failure.message || ''}`);
     this.name = 'ToolFailedError';
     this.failureCode = failure.code || '';
     this.replayed = replayed;
+    this.receipt = receipt || '';
   }
 }
 
 /** Nobody knows whether the effect happened: ask the destination, then Reconcile. */
 export class NeedsReconciliationError extends Error {
   readonly operation: Operation;
+  /** The ledger's signed receipt of the UNKNOWN state ('' when it signs none). */
+  readonly receipt: string;
 
-  constructor(operation: Operation) {
+  constructor(operation: Operation, receipt = '') {
     super(`operation ${operation.operation_id} needs reconciliation (${operation.reason})`);
     this.name = 'NeedsReconciliationError';
     this.operation = operation;
+    this.receipt = receipt || '';
   }
 }
 

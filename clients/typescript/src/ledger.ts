@@ -27,12 +27,16 @@ export interface ToolResult {
   data?: Record<string, unknown>;
 }
 
-/** What callTool returns. replayed: an earlier call produced it. */
+/**
+ * What callTool returns. replayed: an earlier call produced it. receipt: the
+ * ledger's signed receipt of it ('' when the ledger signs none; docs/receipts.md).
+ */
 export interface Outcome {
   resourceId: string;
   data: { [key: string]: JSONValue };
   replayed: boolean;
   operation: Operation;
+  receipt: string;
 }
 
 /** What a reconciler found at the destination about an operation whose outcome is unknown. */
@@ -280,8 +284,8 @@ export class Ledger {
       }
       switch (resp.decision) {
         case 'DECISION_REPLAY':
-          if (op.state === 'STATE_SUCCEEDED') return Ledger.outcome(op, true);
-          throw new ToolFailedError(op.failure || {}, true);
+          if (op.state === 'STATE_SUCCEEDED') return Ledger.outcome(op, true, resp.receipt);
+          throw new ToolFailedError(op.failure || {}, true, resp.receipt);
         case 'DECISION_IN_PROGRESS': {
           const left = deadline - this.now();
           if (left <= 0) throw new WaitBudgetSpentError(operationId, waitMs, { held: true });
@@ -291,8 +295,8 @@ export class Ledger {
         }
         case 'DECISION_RECONCILE': {
           reconciled += 1;
-          if (reconciled > 3) throw new NeedsReconciliationError(op);
-          const done = await this.reconcile(tool, op);
+          if (reconciled > 3) throw new NeedsReconciliationError(op, resp.receipt);
+          const done = await this.reconcile(tool, op, resp.receipt);
           if (done) return done;
           break; // not applied: reserve again
         }
@@ -313,28 +317,30 @@ export class Ledger {
   }
 
   /** Asks tool's reconciler about op and records its finding; null: not applied, reserve again. */
-  private async reconcile(tool: string, op: Operation): Promise<Outcome | null> {
+  private async reconcile(tool: string, op: Operation, receipt: string): Promise<Outcome | null> {
     const reconciler = this.reconcilers[tool];
-    if (!reconciler) throw new NeedsReconciliationError(op);
+    if (!reconciler) throw new NeedsReconciliationError(op, receipt);
     let found: Finding;
     try {
       found = await reconciler(op);
     } catch (err) {
       this.log(`reconciler of ${tool} for ${op.operation_id}: ${(err as Error).message}`);
-      throw new NeedsReconciliationError(op);
+      throw new NeedsReconciliationError(op, receipt);
     }
     const request: Request = { operation_id: op.operation_id, finding: found.kind, note: found.note || '', fencing_token: op.fencing_token };
     if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: found.resourceId || '', data: toStruct(found.data || {}) };
-    let rec: Operation;
+    let got: Response;
     try {
-      rec = (await this.rpc('Reconcile', request)).operation;
+      got = await this.rpc('Reconcile', request);
     } catch (err) {
       if (!(err instanceof LedgerError) || !['ALREADY_RESOLVED', 'STALE_FENCING_TOKEN'].includes(err.reason)) throw err;
-      rec = await this.lookup(op.operation_id); // someone else resolved it: what stands is the answer
+      // someone else resolved it: what stands is the answer
+      got = await this.rpc('Lookup', { operation_id: op.operation_id });
     }
-    if (rec.state === 'STATE_SUCCEEDED') return Ledger.outcome(rec, true);
-    if (rec.state === 'STATE_FAILED_FINAL') throw new ToolFailedError(rec.failure || {}, true);
-    if (rec.state === 'STATE_UNKNOWN') throw new NeedsReconciliationError(rec);
+    const rec: Operation = got.operation;
+    if (rec.state === 'STATE_SUCCEEDED') return Ledger.outcome(rec, true, got.receipt);
+    if (rec.state === 'STATE_FAILED_FINAL') throw new ToolFailedError(rec.failure || {}, true, got.receipt);
+    if (rec.state === 'STATE_UNKNOWN') throw new NeedsReconciliationError(rec, got.receipt);
     return null;
   }
 
@@ -402,7 +408,7 @@ export class Ledger {
           }
           done = await this.report('Complete', failed(DEFAULT_FAILURE_CODE), { toolError: err });
         }
-        throw new ToolFailedError(done.operation.failure || {}, false);
+        throw new ToolFailedError(done.operation.failure || {}, false, done.receipt);
       }
       if (err instanceof RetryableToolError) {
         await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE', failure: { code: RETRYABLE_FAILURE_CODE } },
@@ -434,7 +440,7 @@ export class Ledger {
       }
       throw err;
     }
-    return Ledger.outcome(done.operation, false);
+    return Ledger.outcome(done.operation, false, done.receipt);
   }
 
   private async report(method: string, request: Request, ran: { result?: unknown; toolError?: unknown }): Promise<Response> {
@@ -488,9 +494,9 @@ export class Ledger {
   }
 
   /** The outcome a record holds. */
-  static outcome(op: Operation, replayed: boolean): Outcome {
+  static outcome(op: Operation, replayed: boolean, receipt = ''): Outcome {
     const result = op.result || {};
-    return { resourceId: result.resource_id || '', data: fromStruct(result.data), replayed, operation: op };
+    return { resourceId: result.resource_id || '', data: fromStruct(result.data), replayed, operation: op, receipt: receipt || '' };
   }
 }
 

@@ -93,6 +93,9 @@ export interface Operation {
   history: HistoryEntry[];
   compensates: string;
   compensated_by: string[];
+  /** The history chain's values before the first entry and after the last (Lookup, Reconcile). */
+  history_base: string;
+  history_head: string;
 }
 
 /** An agent run (ledger.v1.Run). */

@@ -181,3 +181,29 @@ test('the run guard ends a run at its cap; a final failure is recorded', async (
   }), (err) => err instanceof client.ToolFailedError && err.failureCode === 'card_declined');
   assert.equal(dest.total(), 1);
 });
+
+// What a receipt signs (its payload; the Go and jose tests check the signatures).
+const claims = (receipt) => {
+  assert.ok(receipt, 'no receipt: make test runs ledgerd with --receipt-keys');
+  return JSON.parse(Buffer.from(receipt.split('.')[1], 'base64url').toString('utf8'));
+};
+
+test('receipts are handed on: a result, its replay, a final failure', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const call = { operationId: id('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
+  const first = await ledger.callTool(call, refund(dest));
+  const again = await ledger.callTool(call, refund(dest));
+  const fresh = claims(first.receipt);
+  const replayed = claims(again.receipt);
+  assert.equal(fresh.operation_id, call.operationId);
+  assert.equal(fresh.state, 'STATE_SUCCEEDED');
+  assert.equal(replayed.result_sha256, fresh.result_sha256);
+  assert.equal(replayed.history_head, (await ledger.lookup(call.operationId)).history_head);
+  assert.equal(dest.total(), 1);
+  for (let i = 0; i < 2; i++) { // the failure recorded, then replayed
+    await assert.rejects(ledger.callTool({ operationId: id('declined'), tool: 'payments.refund', params: {} }, async () => {
+      throw new client.FinalToolError('card_declined');
+    }), (err) => err instanceof client.ToolFailedError && claims(err.receipt).failure_code === 'card_declined');
+  }
+});

@@ -171,8 +171,8 @@ class AsyncLedger:
             op = resp.operation
             if resp.decision == pb.DECISION_REPLAY:
                 if op.state == pb.STATE_SUCCEEDED:
-                    return Ledger._outcome(op, replayed=True)
-                raise ToolFailed(op.failure.code, op.failure.message, replayed=True)
+                    return Ledger._outcome(op, replayed=True, receipt=resp.receipt)
+                raise ToolFailed(op.failure.code, op.failure.message, replayed=True, receipt=resp.receipt)
             if resp.decision == pb.DECISION_IN_PROGRESS:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -183,8 +183,8 @@ class AsyncLedger:
             if resp.decision == pb.DECISION_RECONCILE:
                 reconciled += 1
                 if reconciled > 3:
-                    raise NeedsReconciliation(op)
-                done = await self._reconcile(tool, op)
+                    raise NeedsReconciliation(op, resp.receipt)
+                done = await self._reconcile(tool, op, resp.receipt)
                 if done is None:
                     continue
                 return done
@@ -197,35 +197,29 @@ class AsyncLedger:
                 raise LeaseEndedOnTheWay(operation_id)
             return await self._execute(op, fn, tool_timeout, asked)
 
-    async def _reconcile(self, tool: str, op: pb.Operation) -> Outcome | None:
+    async def _reconcile(self, tool: str, op: pb.Operation, receipt: str = "") -> Outcome | None:
         """Asks tool's reconciler about op and records its finding (see Ledger._reconcile)."""
         reconciler = self.reconcilers.get(tool)
         if reconciler is None:
-            raise NeedsReconciliation(op)
+            raise NeedsReconciliation(op, receipt)
         try:
             found = reconciler(op)
             if inspect.isawaitable(found):
                 found = await found
         except Exception as err:  # noqa: BLE001 - a reconciler that fails decides nothing
             self.log(f"reconciler of {tool} for {op.operation_id}: {err!r}")
-            raise NeedsReconciliation(op) from err
+            raise NeedsReconciliation(op, receipt) from err
         request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
                                       fencing_token=op.fencing_token)
         if found.kind == pb.FINDING_APPLIED:
             request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=to_struct(found.data)))
         try:
-            rec = (await self.rpc("Reconcile", request)).operation
+            got = await self.rpc("Reconcile", request)
         except LedgerError as err:
             if err.reason not in ("ALREADY_RESOLVED", "STALE_FENCING_TOKEN"):
                 raise
-            rec = await self.lookup(op.operation_id)
-        if rec.state == pb.STATE_SUCCEEDED:
-            return Ledger._outcome(rec, replayed=True)
-        if rec.state == pb.STATE_FAILED_FINAL:
-            raise ToolFailed(rec.failure.code, rec.failure.message, replayed=True)
-        if rec.state == pb.STATE_UNKNOWN:
-            raise NeedsReconciliation(rec)
-        return None
+            got = await self.rpc("Lookup", pb.LookupRequest(operation_id=op.operation_id))
+        return Ledger._settled(got.operation, got.receipt)
 
     async def _return_claim(self, op: pb.Operation, code: str = CALLER_GAVE_UP) -> bool:
         """Completes an unused claim as a retryable failure proven not applied; whether the ledger took it."""
@@ -280,7 +274,8 @@ class AsyncLedger:
                     raise
                 done = await self._report("Complete", pb.CompleteRequest(
                     **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=DEFAULT_FAILURE_CODE)), err)
-            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False) from err
+            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False,
+                             receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash, a cancelled task: nobody knows whether it applied.
             attempt.cancelled.set()
@@ -307,7 +302,7 @@ class AsyncLedger:
                     await self._report("MarkUnknown", pb.MarkUnknownRequest(
                         **claim, reason="result data refused by the ledger"))
             raise
-        return Ledger._outcome(done.operation, replayed=False)
+        return Ledger._outcome(done.operation, replayed=False, receipt=done.receipt)
 
     @staticmethod
     async def _await_tool(tool: asyncio.Future, attempt: Attempt, timeout: float) -> dict[str, Any]:

@@ -135,16 +135,18 @@ class RunEnded(LedgerError):
 class ToolFailed(Exception):
     """The operation failed for good (this call, or an earlier one replayed)."""
 
-    def __init__(self, code: str, message: str, replayed: bool):
-        self.code, self.replayed = code, replayed
+    def __init__(self, code: str, message: str, replayed: bool, receipt: str = ""):
+        # receipt: the ledger's signed receipt of the failure, when it signs receipts (docs/receipts.md).
+        self.code, self.replayed, self.receipt = code, replayed, receipt
         super().__init__(f"tool failed ({code}): {message}")
 
 
 class NeedsReconciliation(Exception):
     """Nobody knows whether the effect happened: ask the destination, then Reconcile."""
 
-    def __init__(self, operation: pb.Operation):
-        self.operation = operation
+    def __init__(self, operation: pb.Operation, receipt: str = ""):
+        # receipt: the ledger's signed receipt of the UNKNOWN state, when it signs receipts.
+        self.operation, self.receipt = operation, receipt
         super().__init__(f"operation {operation.operation_id} needs reconciliation ({operation.reason})")
 
 
@@ -291,12 +293,14 @@ Reconciler = Callable[[pb.Operation], Finding]
 
 @dataclass
 class Outcome:
-    """What call_tool returns: the recorded result, and whether an earlier call produced it."""
+    """What call_tool returns: the recorded result, whether an earlier call produced it, and the
+    ledger's signed receipt of it ("" when the ledger signs none; docs/receipts.md)."""
 
     resource_id: str
     data: dict[str, Any]
     replayed: bool
     operation: pb.Operation = field(repr=False)
+    receipt: str = field(default="", repr=False)
 
 
 def error_info(err: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, float | None]:
@@ -629,8 +633,8 @@ class Ledger:
 
             if resp.decision == pb.DECISION_REPLAY:
                 if op.state == pb.STATE_SUCCEEDED:
-                    return self._outcome(op, replayed=True)
-                raise ToolFailed(op.failure.code, op.failure.message, replayed=True)
+                    return self._outcome(op, replayed=True, receipt=resp.receipt)
+                raise ToolFailed(op.failure.code, op.failure.message, replayed=True, receipt=resp.receipt)
             if resp.decision == pb.DECISION_IN_PROGRESS:
                 # Another caller's live claim: Reserve again after a backoff
                 # (see in_progress_delay), the last time when wait is up.
@@ -644,8 +648,8 @@ class Ledger:
             if resp.decision == pb.DECISION_RECONCILE:
                 reconciled += 1
                 if reconciled > 3:  # each NOT_APPLIED met UNKNOWN again: leave it to a human
-                    raise NeedsReconciliation(op)
-                done = self._reconcile(tool, op)
+                    raise NeedsReconciliation(op, resp.receipt)
+                done = self._reconcile(tool, op, resp.receipt)
                 if done is None:
                     continue  # not applied: reserve again
                 return done
@@ -671,7 +675,7 @@ class Ledger:
                 raise LeaseEndedOnTheWay(operation_id)
             return self._execute(op, fn, tool_timeout, cancel, asked)
 
-    def _reconcile(self, tool: str, op: pb.Operation) -> Outcome | None:
+    def _reconcile(self, tool: str, op: pb.Operation, receipt: str = "") -> Outcome | None:
         """Asks tool's reconciler about op and records its finding.
 
         Returns the recorded outcome (APPLIED), None (NOT_APPLIED: reserve
@@ -679,29 +683,36 @@ class Ledger:
         """
         reconciler = self.reconcilers.get(tool)
         if reconciler is None:
-            raise NeedsReconciliation(op)
+            raise NeedsReconciliation(op, receipt)
         try:
             found = reconciler(op)
         except Exception as err:  # noqa: BLE001 - a reconciler that fails decides nothing
             self.log(f"reconciler of {tool} for {op.operation_id}: {err!r}")
-            raise NeedsReconciliation(op) from err
+            raise NeedsReconciliation(op, receipt) from err
         request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
                                       fencing_token=op.fencing_token)
         if found.kind == pb.FINDING_APPLIED:
             request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=to_struct(found.data)))
         try:
-            rec = self.rpc("Reconcile", request).operation
+            got = self.rpc("Reconcile", request)
         except LedgerError as err:
             if err.reason not in ("ALREADY_RESOLVED", "STALE_FENCING_TOKEN"):
                 raise
-            rec = self.lookup(op.operation_id)  # someone else resolved it: what stands is the answer
+            # someone else resolved it: what stands is the answer
+            got = self.rpc("Lookup", pb.LookupRequest(operation_id=op.operation_id))
+        rec = got.operation
         self.log(f"Reconcile {op.operation_id}: {pb.Finding.Name(found.kind)} -> {pb.State.Name(rec.state)}")
+        return self._settled(rec, got.receipt)
+
+    @staticmethod
+    def _settled(rec: pb.Operation, receipt: str) -> Outcome | None:
+        """The answer of a reconciled operation: its outcome, its failure or UNKNOWN raised, None for PENDING."""
         if rec.state == pb.STATE_SUCCEEDED:
-            return self._outcome(rec, replayed=True)
+            return Ledger._outcome(rec, replayed=True, receipt=receipt)
         if rec.state == pb.STATE_FAILED_FINAL:
-            raise ToolFailed(rec.failure.code, rec.failure.message, replayed=True)
+            raise ToolFailed(rec.failure.code, rec.failure.message, replayed=True, receipt=receipt)
         if rec.state == pb.STATE_UNKNOWN:
-            raise NeedsReconciliation(rec)
+            raise NeedsReconciliation(rec, receipt)
         return None
 
     def _return_claim(self, op: pb.Operation) -> bool:
@@ -794,7 +805,8 @@ class Ledger:
                         and request.failure.code != DEFAULT_FAILURE_CODE):
                     raise
                 done = self._report("Complete", failed(DEFAULT_FAILURE_CODE), tool_error=err)
-            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False) from err
+            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False,
+                             receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
             reason = (f"no answer within the tool timeout ({tool_timeout}s)" if isinstance(err, ToolTimedOut)
@@ -827,7 +839,7 @@ class Ledger:
                     self._report("MarkUnknown", refused)
             raise
         self.log(f"Complete {op.operation_id}: {pb.State.Name(done.operation.state)}")
-        return self._outcome(done.operation, replayed=False)
+        return self._outcome(done.operation, replayed=False, receipt=done.receipt)
 
     # How often _run looks at the caller's cancel event while the tool runs, in seconds.
     _CANCEL_POLL = 0.05
@@ -930,7 +942,7 @@ class Ledger:
         return stop
 
     @staticmethod
-    def _outcome(op: pb.Operation, replayed: bool) -> Outcome:
+    def _outcome(op: pb.Operation, replayed: bool, receipt: str = "") -> Outcome:
         return Outcome(resource_id=op.result.resource_id,
                        data=json_format.MessageToDict(op.result.data),
-                       replayed=replayed, operation=op)
+                       replayed=replayed, operation=op, receipt=receipt)
