@@ -244,3 +244,25 @@ func sameBytes(a, b string) bool {
 	}
 	return true
 }
+
+// BenchmarkSign is one receipt of a SUCCEEDED operation: the canonical JSON
+// of its claims and the Ed25519 signature (docs/benchmarks.md §10).
+func BenchmarkSign(b *testing.B) {
+	k, err := NewKey("k")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := NewSigner("bench", []*Key{k})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := Claims{Tenant: "default", OperationID: "bench-00000001:op", Tool: "payments.refund",
+		ParamsSHA256: strings.Repeat("8c", 32), PermitID: "permit-1", State: "STATE_SUCCEEDED", Attempt: 1,
+		FencingToken: "1796191442214", ResultSHA256: strings.Repeat("54", 32), ResourceID: "re_1", HistoryHead: strings.Repeat("57", 20)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Sign(c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

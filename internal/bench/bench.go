@@ -65,6 +65,9 @@ type Config struct {
 	// MemoryRecords is how many SUCCEEDED records the memory part creates
 	// (100000; 0 skips it).
 	MemoryRecords int64
+	// ReceiptRecords is how many SUCCEEDED records the receipts part
+	// stores on each of its stacks (20000).
+	ReceiptRecords int64
 	// Growth lists the store sizes (SUCCEEDED records) at which Reserve
 	// throughput and memory are measured again (none: skipped).
 	Growth []int64
@@ -72,8 +75,8 @@ type Config struct {
 	// NoThroughput skips the throughput part (for a memory or growth run).
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
-	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp)
-	// it lists; health Check always runs, and at concurrency 1 so does
+	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp,
+	// receipts) it lists; health Check always runs, and at concurrency 1 so does
 	// Reserve.
 	Only []string
 
@@ -108,6 +111,9 @@ func (c *Config) defaults() {
 	if c.Preload <= 0 {
 		c.Preload = 10000
 	}
+	if c.ReceiptRecords <= 0 {
+		c.ReceiptRecords = 20000
+	}
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -131,6 +137,8 @@ type Report struct {
 	// MCP and MCPLatency are the MCP part, at Concurrency and at 1; [0]
 	// is the tool called directly.
 	MCP, MCPLatency []*Summary
+	// Receipts is the receipts part.
+	Receipts *Receipts
 }
 
 // Memory is the store's memory per SUCCEEDED record.
@@ -278,6 +286,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 			}
 			c.printMCP(rep)
 		}
+	}
+	if c.Addr == "" && !c.NoThroughput && c.selected("receipts") {
+		r, err := c.receiptsPart(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Receipts = r
+		c.printReceipts(r)
 	}
 	if c.Addr == "" && c.MemoryRecords > 0 {
 		m, err := c.memory(ctx)
