@@ -650,3 +650,74 @@ func TestOutOfMemoryRefusesBeforeFirstWrite(t *testing.T) {
 		t.Fatalf("history = %v", got)
 	}
 }
+
+// BenchmarkScriptParts measures what parts of the scripts cost Redis, by
+// Redis's own account (INFO commandstats, µs per EVALSHA): an empty script,
+// the common prelude alone, and the prelude with helpers of the write path
+// run 200 times, reported per run of the helper (redis-µs/op). A fresh
+// redis-server; run it alone: go test ./ledger -run '^$' -bench ScriptParts.
+func BenchmarkScriptParts(b *testing.B) {
+	rdb := redistest.Start(b).Client(b)
+	ctx := context.Background()
+	// A RUNNING record as a new Reserve leaves it, before it is encoded.
+	const record = `
+R.tool, R.fp, R.pmt, R.eff = 'payments.refund', string.rep('f', 32), 'approval-77', '3'
+R.lms, R.max, R.ret, R.tret, R.rwin = '30s', '5', '7d', '30d', '15m'
+R.ct = tostr(NOW); R.att = '1'; R.tok = tostr(NOW); R.hld = 'h'; R.lse = tostr(NOW + 30000)
+R.st, R.rsn, R.ut = '2', 'RESERVED', R.ct
+`
+	const loops = 200
+	for _, c := range []struct {
+		name, lua string
+		loop      bool
+	}{
+		{"empty script", "return 1", false},
+		{"prelude", commonLua + "\nreturn 1", false},
+		{"load of a missing record", "load()", true},
+		{"encode", "S.ct36 = nil; F.encode()", true},
+		{"history entry", "S.hist = ''; F.history(nil, '2', 'RESERVED', '')", true},
+		{"base36", "F.base36(NOW)", true},
+		{"redis.call EXISTS", "redis.call('EXISTS', KEYS[1])", true},
+	} {
+		src := c.lua
+		if c.loop {
+			src = commonLua + record + "\nfor i = 1, " + strconv.Itoa(loops) + " do " + c.lua + " end\nreturn 1"
+		}
+		empty := commonLua + record + "\nfor i = 1, " + strconv.Itoa(loops) + " do end\nreturn 1"
+		b.Run(c.name, func(b *testing.B) {
+			per := func(src string, n int) float64 {
+				s := redis.NewScript(src)
+				if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				for range n {
+					if err := s.Run(ctx, rdb, []string{"bench:none"}, "agent-1", "default:wf-1").Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				for _, line := range strings.Split(rdb.Info(ctx, "commandstats").Val(), "\r\n") {
+					if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+						for _, f := range strings.Split(v, ",") {
+							if u, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+								n, _ := strconv.ParseFloat(u, 64)
+								return n
+							}
+						}
+					}
+				}
+				b.Fatal("no evalsha in commandstats")
+				return 0
+			}
+			base := 0.0
+			if c.loop {
+				base = per(empty, 300)
+			}
+			b.ResetTimer()
+			got := per(src, b.N)
+			if c.loop {
+				got = (got - base) / loops
+			}
+			b.ReportMetric(got, "redis-µs/op")
+		})
+	}
+}
