@@ -189,6 +189,23 @@ func NewSigner(issuer string, keys []*Key) (*Signer, error) {
 	return &Signer{issuer: issuer, keys: keys, signer: s, now: time.Now}, nil
 }
 
+// object is c as the JSON object it signs, with the names and omissions of
+// its json tags (TestClaimsObject checks they agree).
+func (c Claims) object() map[string]any {
+	m := map[string]any{
+		"v": c.Version, "iss": c.Issuer, "iat": c.IssuedAt, "tenant": c.Tenant, "operation_id": c.OperationID,
+		"tool": c.Tool, "params_sha256": c.ParamsSHA256, "permit_id": c.PermitID, "state": c.State,
+		"attempt": int64(c.Attempt), "fencing_token": c.FencingToken, "result_sha256": c.ResultSHA256,
+		"resource_id": c.ResourceID, "failure_code": c.FailureCode,
+	}
+	for k, v := range map[string]string{"history_head": c.HistoryHead, "refused": c.Refused, "differs": c.Differs} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	return m
+}
+
 // JWKS returns the public keys of every key of s.
 func (s *Signer) JWKS() jose.JSONWebKeySet { return JWKS(s.keys) }
 
@@ -196,15 +213,7 @@ func (s *Signer) JWKS() jose.JSONWebKeySet { return JWKS(s.keys) }
 func (s *Signer) Sign(c Claims) (string, error) {
 	c.Version, c.Issuer = Version, s.issuer
 	c.IssuedAt = s.now().UTC().Format("2006-01-02T15:04:05.000Z07:00")
-	b, err := json.Marshal(c)
-	if err != nil {
-		return "", err
-	}
-	var generic map[string]any
-	if err := json.Unmarshal(b, &generic); err != nil {
-		return "", err
-	}
-	payload, err := fingerprint.Canonical(generic)
+	payload, err := fingerprint.Canonical(c.object())
 	if err != nil {
 		return "", err
 	}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/opledger/ledger/fingerprint"
 )
 
 func signer(t *testing.T, kids ...string) (*Signer, []*Key) {
@@ -243,6 +245,30 @@ func sameBytes(a, b string) bool {
 		}
 	}
 	return true
+}
+
+// TestClaimsObject: the object Sign signs is the claims' JSON, names and
+// omissions included, with every field set and with the optional ones left
+// out.
+func TestClaimsObject(t *testing.T) {
+	full := Claims{Version: 1, Issuer: "i", IssuedAt: "t", Tenant: "te", OperationID: "o", Tool: "to", ParamsSHA256: "p",
+		PermitID: "pe", State: "s", Attempt: 4294967295, FencingToken: "f", ResultSHA256: "r", ResourceID: "re",
+		FailureCode: "fc", HistoryHead: "h", Refused: "rf", Differs: "d"}
+	for _, c := range []Claims{full, {Version: 1, State: "STATE_UNKNOWN"}} {
+		b, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want map[string]any
+		if err := json.Unmarshal(b, &want); err != nil {
+			t.Fatal(err)
+		}
+		got, err1 := fingerprint.Canonical(c.object())
+		canon, err2 := fingerprint.Canonical(want)
+		if err1 != nil || err2 != nil || string(got) != string(canon) {
+			t.Errorf("object of %+v = %s, want %s (%v, %v)", c, got, canon, err1, err2)
+		}
+	}
 }
 
 // BenchmarkSign is one receipt of a SUCCEEDED operation: the canonical JSON
