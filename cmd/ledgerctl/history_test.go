@@ -147,9 +147,32 @@ func TestVerifyHistory(t *testing.T) {
 		check(c.name, c.args, c.code, c.want)
 	}
 
+	// Past its retention, lookup names the head the tombstone keeps: the
+	// one the receipt of its final state signed.
+	call("agent", "POST", "/v1/operations/wf-9:compact:reserve", `{"tool":"compact.refund","params":{},"holder":"h-9"}`)
+	var tiny struct{ Operation struct{ FencingToken string } }
+	_ = json.Unmarshal(call("viewer", "GET", "/v1/operations/wf-9:compact", ""), &tiny)
+	final := call("agent", "POST", "/v1/operations/wf-9:compact:complete", `{"fencing_token":"`+tiny.Operation.FencingToken+`","outcome":"OUTCOME_SUCCEEDED"}`)
+	finalClaims, err := receipt.Verify(field(final, "receipt"), signer.JWKS())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		code, out := ctl("--tls=false", "lookup", "wf-9:compact")
+		if code == exitError && strings.Contains(out, "IDEMPOTENCY_KEY_EXPIRED") {
+			if !strings.Contains(out, "it ended SUCCEEDED; its history chain's head is "+finalClaims.HistoryHead) {
+				t.Errorf("expired lookup: %s", out)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never expired: %d %s", code, out)
+		}
+	}
+
 	// Someone with access to the store rewrites the note: the answer is
 	// consistent again, and the receipts signed before no longer fit.
-	keys, err := rdb.Keys(context.Background(), "ledger:*:op:"+tenant+":*").Result()
+	keys, err := rdb.Keys(context.Background(), "ledger:*:op:"+tenant+":wf-1*").Result()
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("the record's key: %v %v", keys, err)
 	}

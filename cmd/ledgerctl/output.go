@@ -597,6 +597,11 @@ func describe(o *options, err error) jsonError {
 		}
 	case d.Reason == "NOT_FOUND":
 		d.Hint = "ledgerctl sees only the tenant of its credentials: check the operation id (exactly, spaces included) and that the key is of the operation's tenant"
+	case d.Reason == "IDEMPOTENCY_KEY_EXPIRED":
+		d.Hint = "only its tombstone is left: it ended " + strings.TrimPrefix(d.Metadata["final_state"], "STATE_")
+		if h := d.Metadata["history_head"]; h != "" {
+			d.Hint += "; its history chain's head is " + clean(h) + ", which a receipt of that final state names"
+		}
 	case d.Reason == "STORE_UNAVAILABLE":
 		d.Hint = "the ledger cannot reach its store; retry the same command later"
 	case d.Reason == "OPERATION_IN_PROGRESS":
