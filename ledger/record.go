@@ -264,15 +264,20 @@ func (o *Operation) Chain() (base, head string) {
 	if base == "" {
 		base = chain.Genesis
 	}
-	entries := make([]chain.Entry, len(h))
-	for i, e := range h {
-		entries[i] = ChainEntry(e)
-	}
-	return base, chain.Head(base, entries)
+	return base, chain.Head(base, chainEntries(h))
 }
 
-// ChainEntry is e as the history chain hashes it.
-func ChainEntry(e HistoryEntry) chain.Entry {
+// chainEntries are the entries of h as the history chain hashes them.
+func chainEntries(h []HistoryEntry) []chain.Entry {
+	out := make([]chain.Entry, len(h))
+	for i, e := range h {
+		out[i] = chainEntry(e)
+	}
+	return out
+}
+
+// chainEntry is e as the history chain hashes it.
+func chainEntry(e HistoryEntry) chain.Entry {
 	ms := int64(0) // the zero time is Unix time 0, as stored
 	if !e.Time.IsZero() {
 		ms = e.Time.UnixMilli()

@@ -119,7 +119,7 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, head := done.Chain()
-		if head != chain.Link(values[len(values)-1], ChainEntry(done.History[len(done.History)-1])) {
+		if head != chain.Link(values[len(values)-1], chainEntry(done.History[len(done.History)-1])) {
 			t.Fatalf("head after the finding %s does not continue the chain", head)
 		}
 		expiredHead := func(when string) {
@@ -139,14 +139,6 @@ func TestHistoryKeepsTheLatest50(t *testing.T) {
 		}
 		expiredHead("compacted")
 	})
-}
-
-func chainEntries(h []HistoryEntry) []chain.Entry {
-	out := make([]chain.Entry, len(h))
-	for i, e := range h {
-		out[i] = ChainEntry(e)
-	}
-	return out
 }
 
 // TestHistoryChainShowsTampering rewrites a stored history the ways an

@@ -187,7 +187,9 @@ func (c *Config) redisArgs() []string {
 	return nil
 }
 
-func (c *Config) startStack(name string, policy string) (*stack, error) {
+// startStack starts a fresh redis-server and a ledgerd on it with policy
+// and, after c.LedgerdFlags, the extra flags.
+func (c *Config) startStack(name string, policy string, extra ...string) (*stack, error) {
 	dir := filepath.Join(c.Dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -206,7 +208,7 @@ func (c *Config) startStack(name string, policy string) (*stack, error) {
 		}
 		flags = append(flags, "--policy", p)
 	}
-	flags = append(flags, c.LedgerdFlags...)
+	flags = append(append(flags, c.LedgerdFlags...), extra...)
 	l, err := startLedgerdOn(c.placement, c.Ledgerd, r.Addr, filepath.Join(dir, "ledgerd.log"), flags)
 	if err != nil {
 		r.Stop()

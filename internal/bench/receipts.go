@@ -45,13 +45,8 @@ func (c *Config) receiptsPart(ctx context.Context) (*Receipts, error) {
 		return nil, err
 	}
 	var stacks [2]*stack
-	for i, name := range []string{"receipts-off", "receipts-on"} {
-		saved := c.LedgerdFlags
-		if i == 1 {
-			c.LedgerdFlags = append(append([]string{}, saved...), "--receipt-keys", keyFile)
-		}
-		stacks[i], err = c.startStack(name, benchPolicy)
-		c.LedgerdFlags = saved
+	for i, extra := range [][]string{nil, {"--receipt-keys", keyFile}} {
+		stacks[i], err = c.startStack([]string{"receipts-off", "receipts-on"}[i], benchPolicy, extra...)
 		if err != nil {
 			return nil, err
 		}

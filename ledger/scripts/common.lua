@@ -124,6 +124,9 @@ local REASONS = ' RESERVED=A CLAIMED=B RECLAIMED=C SUCCEEDED=D FAILED_FINAL=E FA
 
 local F
 F = {
+  -- The history chain's value before an operation's first entry (chain.Genesis).
+  GENESIS = '0000000000000000000000000000000000000000',
+
   tostr = function(n)
     return string.format('%d', n)
   end,
@@ -225,7 +228,7 @@ F = {
       return v[7] or ''
     end
     local base, ct = v[33], tonumber(v[3] or '', 36)
-    if not base or base == '' then base = string.rep('0', 40) end
+    if not base or base == '' then base = F.GENESIS end
     if not ct then return nil end
     return F.chain(base, h and string.sub(s, h) or '', ct)
   end,
@@ -294,7 +297,7 @@ F = {
       -- Drop the oldest entry, folded into hb; the next one may name its
       -- principal only by reference to it.
       local cut = string.find(hist, '\254', 2, true)
-      R.hb = F.chain(R.hb or string.rep('0', 40), string.sub(hist, 1, cut - 1), tonumber(R.ct)) or R.hb
+      R.hb = F.chain(R.hb or F.GENESIS, string.sub(hist, 1, cut - 1), tonumber(R.ct)) or R.hb
       local p = F.entry_principal(string.sub(hist, 2, cut - 1))
       local nxt = string.find(hist, '\254', cut + 1, true) or (#hist + 1)
       local second = string.sub(hist, cut + 1, nxt - 1)
