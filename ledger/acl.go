@@ -7,9 +7,10 @@ import "strings"
 // handshake) and from inside its scripts, which Redis checks against the
 // same ACL.
 var ACLCommands = []string{
-	// connection and scripts; wait (and set, of the shard's WAIT marker,
+	// connection and scripts (the library's functions, or where the store
+	// has none the scripts themselves); wait (and set, of the shard's WAIT marker,
 	// before it) only with Options.WaitReplicas
-	"hello", "ping", "eval", "evalsha", "script|load", "wait",
+	"hello", "ping", "fcall", "function|load", "eval", "evalsha", "script|load", "wait",
 	// reads outside scripts (ListUnresolved, Sweep, the live counts, the
 	// compaction pass's walk over the record keys, the unresolved limit's
 	// counts) and the clock

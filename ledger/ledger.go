@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/opledger/ledger/fingerprint"
@@ -65,6 +66,9 @@ type Ledger struct {
 	waitFor  time.Duration
 	// listScan is maxListScan; the tests lower it to see short pages.
 	listScan int
+	// noFunctions is set once the store is found to have no Functions
+	// (scripts.go): every script goes by EVALSHA from then on.
+	noFunctions atomic.Bool
 }
 
 // CheckPrefix reports whether prefix may be Options.Prefix: letters,
@@ -422,7 +426,7 @@ func (l *Ledger) Lookup(ctx context.Context, who Principal, id string) (*Operati
 
 // update runs a write script whose only success is codeOK and returns the
 // record after it.
-func (l *Ledger) update(ctx context.Context, op string, s *redis.Script, who Principal, id string, args ...any) (*Operation, error) {
+func (l *Ledger) update(ctx context.Context, op string, s *script, who Principal, id string, args ...any) (*Operation, error) {
 	code, aux, rec, _, err := l.run(ctx, op, s, l.keys.op(who.Tenant, id), who.ID, args...)
 	if err != nil {
 		return nil, err
@@ -448,7 +452,7 @@ func (l *Ledger) checkClaim(who Principal, id string, token uint64) []Violation 
 // (KindNotReplicated, or the WAIT marker's write or WAIT refused after the
 // script): the transition stands in the store, and the caller's repeat
 // will not make it again.
-func (l *Ledger) run(ctx context.Context, op string, s *redis.Script, k opKeys, principal string, args ...any) (int64, string, *record, []any, error) {
+func (l *Ledger) run(ctx context.Context, op string, s *script, k opKeys, principal string, args ...any) (int64, string, *record, []any, error) {
 	code, aux, rec, extra, err := l.runKeys(ctx, op, s, l.waitMarker(k), k.all, principal, k.member, args...)
 	l.transitionEvent(strings.TrimPrefix(op, "ledger."), k.tenant, rec)
 	return code, aux, rec, extra, err
@@ -470,9 +474,9 @@ func (l *Ledger) waitMarker(k opKeys) string {
 // KindNotReplicated. When the script ran and the marker's write or WAIT
 // then failed, it returns the reply with that error; a reply is returned
 // only when the script ran.
-func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker string, keys []string, args []any) ([]any, error) {
+func (l *Ledger) eval(ctx context.Context, op string, s *script, marker string, keys []string, args []any) ([]any, error) {
 	if marker == "" {
-		return s.Run(ctx, l.rdb, keys, args...).Slice()
+		return l.call(ctx, l.rdb, s, keys, args)
 	}
 	cc, cluster := l.rdb.(*redis.ClusterClient)
 	for try := 0; ; try++ {
@@ -514,15 +518,10 @@ func (l *Ledger) eval(ctx context.Context, op string, s *redis.Script, marker st
 // wrote nothing (failure-model.md §7). ran reports whether the script ran:
 // res is then its reply, also with an error of the marker or WAIT after it
 // (a resharding may close the slot between them).
-func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *redis.Script, marker string, keys []string, args []any) (res []any, ran bool, err error) {
-	once := func(full bool) ([]any, int64, error) {
+func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *script, marker string, keys []string, args []any) (res []any, ran bool, err error) {
+	once := func(by way) ([]any, int64, error) {
 		pipe := c.Pipeline() // one connection: WAIT covers the marker's write
-		var ev *redis.Cmd
-		if full {
-			ev = s.Eval(ctx, pipe, keys, args...)
-		} else {
-			ev = s.EvalSha(ctx, pipe, keys, args...)
-		}
+		ev := s.send(ctx, pipe, by, keys, args)
 		mark := pipe.Set(ctx, marker, "1", 0)
 		w := redis.NewIntCmd(ctx, "wait", l.waitN, l.waitFor.Milliseconds())
 		_ = pipe.Process(ctx, w)
@@ -541,9 +540,12 @@ func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *re
 		}
 		return res, w.Val(), w.Err()
 	}
-	res, acked, err := once(false)
-	if err != nil && !ran && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		res, acked, err = once(true)
+	w := l.first()
+	res, acked, err := once(w)
+	for again := true; err != nil && !ran && again; {
+		if w, again = l.next(ctx, w, err); again {
+			res, acked, err = once(w)
+		}
 	}
 	if err != nil {
 		return res, ran, err
@@ -568,7 +570,7 @@ func movedError(err error) bool {
 // script), the split reply comes with the error, so that the caller can
 // report what the script did; the record is nil whenever the script did
 // not run.
-func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker string, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
+func (l *Ledger) runKeys(ctx context.Context, op string, s *script, marker string, keys []string, principal, member string, args ...any) (int64, string, *record, []any, error) {
 	// ARGV is principal, member, args: built once (go-redis copies it once
 	// more into the command).
 	argv := make([]any, 0, 2+len(args))
@@ -604,7 +606,7 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *redis.Script, marker
 // evalReported runs a script as eval does and reports it to the observer
 // (EventScript). A store error is returned as a ledger error, with the
 // reply when the script ran.
-func (l *Ledger) evalReported(ctx context.Context, op string, s *redis.Script, marker string, keys []string, argv []any) ([]any, error) {
+func (l *Ledger) evalReported(ctx context.Context, op string, s *script, marker string, keys []string, argv []any) ([]any, error) {
 	start := time.Now()
 	raw, err := l.eval(ctx, op, s, marker, keys, argv)
 	ev := Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger.")}

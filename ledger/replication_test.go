@@ -331,7 +331,7 @@ func TestWaitMarkerRedirectedAfterTheScript(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, line := range strings.Split(info, "\r\n") {
-				if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+				if rest, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
 					v, _, _ := strings.Cut(rest, ",")
 					c, _ := strconv.ParseInt(v, 10, 64)
 					n += c

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/opledger/ledger/fingerprint"
 )
 
@@ -303,7 +301,7 @@ func (l *Ledger) runEnded(op, tenant string, run *Run) {
 
 // runScript runs a run script on k with the run's member and args, and
 // returns its code, aux and the run it read (nil when there is none).
-func (l *Ledger) runScript(ctx context.Context, op string, s *redis.Script, k runKeys, id string, args ...any) (int64, string, *Run, error) {
+func (l *Ledger) runScript(ctx context.Context, op string, s *script, k runKeys, id string, args ...any) (int64, string, *Run, error) {
 	marker := ""
 	if l.waitN > 0 {
 		marker = l.keys.wait(k.shard)

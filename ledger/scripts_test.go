@@ -389,7 +389,7 @@ func TestRepeatUndoesNothingThatCameAfter(t *testing.T) {
 	})
 }
 
-// lossyProxy forwards Redis traffic and, when armed, lets the next EVALSHA
+// lossyProxy forwards Redis traffic and, when armed, lets the next FCALL
 // reach Redis but cuts the connection instead of returning its reply: the
 // client sees a lost response and go-redis sends the script again, exactly
 // as after a read timeout.
@@ -427,14 +427,14 @@ func (p *lossyProxy) serve() {
 			_ = c.Close()
 			continue
 		}
-		var evalsha atomic.Bool
+		var script atomic.Bool
 		go func() { // client -> server
 			buf := make([]byte, 64<<10)
 			for {
 				n, err := c.Read(buf)
 				if n > 0 {
-					if bytes.Contains(bytes.ToUpper(buf[:n]), []byte("EVALSHA")) && p.armed.Load() {
-						evalsha.Store(true)
+					if bytes.Contains(bytes.ToUpper(buf[:n]), []byte("FCALL")) && p.armed.Load() {
+						script.Store(true)
 					}
 					if _, werr := s.Write(buf[:n]); werr != nil {
 						return
@@ -451,7 +451,7 @@ func (p *lossyProxy) serve() {
 			for {
 				n, err := s.Read(buf)
 				if n > 0 {
-					if evalsha.Load() && p.armed.CompareAndSwap(true, false) {
+					if script.Load() && p.armed.CompareAndSwap(true, false) {
 						// The script ran; its reply is lost.
 						p.cuts.Add(1)
 						_ = c.Close()
@@ -471,13 +471,13 @@ func (p *lossyProxy) serve() {
 	}
 }
 
-func evalshaCalls(t *testing.T, c *redis.Client) int {
+func fcallCalls(t *testing.T, c *redis.Client) int {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
 			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
 			return n
 		}
@@ -496,14 +496,14 @@ func TestScriptsSafeWhenResent(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	pol, _ := ParsePolicies([]byte(ledgertest.Policy))
 	e := newEnv(t, rdb, pol)
-	if err := e.l.LoadScripts(e.ctx); err != nil { // so every call is one EVALSHA
+	if err := e.l.LoadScripts(e.ctx); err != nil { // so every call is one FCALL
 		t.Fatal(err)
 	}
 
 	// resent runs call with the reply of its script cut once.
 	resent := func(name string, call func() error) {
 		t.Helper()
-		before := evalshaCalls(t, direct)
+		before := fcallCalls(t, direct)
 		proxy.armed.Store(true)
 		if err := call(); err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -511,7 +511,7 @@ func TestScriptsSafeWhenResent(t *testing.T) {
 		if proxy.armed.Load() {
 			t.Fatalf("%s: no reply was cut", name)
 		}
-		if runs := evalshaCalls(t, direct) - before; runs < 2 {
+		if runs := fcallCalls(t, direct) - before; runs < 2 {
 			t.Fatalf("%s: the script ran %d times, want 2 (sent again)", name, runs)
 		}
 	}
@@ -652,8 +652,9 @@ func TestOutOfMemoryRefusesBeforeFirstWrite(t *testing.T) {
 }
 
 // BenchmarkScriptParts measures what parts of the scripts cost Redis, by
-// Redis's own account (INFO commandstats, µs per EVALSHA): an empty script,
-// the common prelude alone, and the prelude with helpers of the write path
+// Redis's own account (INFO commandstats, µs per EVALSHA or FCALL): an empty
+// script, the common prelude alone, a function of a library with that
+// prelude doing nothing but begin() (what a call by FCALL runs of it), and the prelude with helpers of the write path
 // run 200 times, reported per run of the helper (redis-µs/op). A fresh
 // redis-server; run it alone: go test ./ledger -run '^$' -bench ScriptParts.
 func BenchmarkScriptParts(b *testing.B) {
@@ -669,34 +670,50 @@ R.st, R.rsn, R.ut = '2', 'RESERVED', R.ct
 	const loops = 200
 	for _, c := range []struct {
 		name, lua string
-		loop      bool
+		loop, fn  bool
 	}{
-		{"empty script", "return 1", false},
-		{"prelude", commonLua + "\nreturn 1", false},
-		{"load of a missing record", "load()", true},
-		{"encode", "S.ct36 = nil; F.encode()", true},
-		{"history entry", "S.hist = ''; F.history(nil, '2', 'RESERVED', '')", true},
-		{"base36", "F.base36(NOW)", true},
-		{"redis.call EXISTS", "redis.call('EXISTS', KEYS[1])", true},
+		{"empty script", "return 1", false, false},
+		{"prelude", commonLua + "\nbegin()\nreturn 1", false, false},
+		{"function with the prelude", "return 1", false, true},
+		{"load of a missing record", "load()", true, false},
+		{"encode", "S.ct36 = nil; F.encode()", true, false},
+		{"history entry", "S.hist = ''; F.history(nil, '2', 'RESERVED', '')", true, false},
+		{"base36", "F.base36(NOW)", true, false},
+		{"redis.call EXISTS", "redis.call('EXISTS', KEYS[1])", true, false},
 	} {
 		src := c.lua
 		if c.loop {
-			src = commonLua + record + "\nfor i = 1, " + strconv.Itoa(loops) + " do " + c.lua + " end\nreturn 1"
+			src = commonLua + "\nbegin()\n" + record + "\nfor i = 1, " + strconv.Itoa(loops) + " do " + c.lua + " end\nreturn 1"
 		}
-		empty := commonLua + record + "\nfor i = 1, " + strconv.Itoa(loops) + " do end\nreturn 1"
+		empty := commonLua + "\nbegin()\n" + record + "\nfor i = 1, " + strconv.Itoa(loops) + " do end\nreturn 1"
 		b.Run(c.name, func(b *testing.B) {
 			per := func(src string, n int) float64 {
-				s := redis.NewScript(src)
+				s := newScript("parts", commonLua, src)
+				stat := "cmdstat_fcall:"
+				if c.fn {
+					if err := rdb.FunctionLoadReplace(ctx, buildLibrary([]*script{s})).Err(); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					s.Script, stat = redis.NewScript(src), "cmdstat_evalsha:"
+					if err := s.Load(ctx, rdb).Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
 				if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 					b.Fatal(err)
 				}
 				for range n {
-					if err := s.Run(ctx, rdb, []string{"bench:none"}, "agent-1", "default:wf-1").Err(); err != nil {
+					by := wayEvalSha
+					if c.fn {
+						by = wayFCall
+					}
+					if err := s.send(ctx, rdb, by, []string{"bench:none"}, []any{"agent-1", "default:wf-1"}).Err(); err != nil {
 						b.Fatal(err)
 					}
 				}
 				for _, line := range strings.Split(rdb.Info(ctx, "commandstats").Val(), "\r\n") {
-					if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+					if v, ok := strings.CutPrefix(line, stat); ok {
 						for _, f := range strings.Split(v, ",") {
 							if u, ok := strings.CutPrefix(f, "usec_per_call="); ok {
 								n, _ := strconv.ParseFloat(u, 64)
@@ -705,7 +722,7 @@ R.st, R.rsn, R.ut = '2', 'RESERVED', R.ct
 						}
 					}
 				}
-				b.Fatal("no evalsha in commandstats")
+				b.Fatal("no " + stat + " in commandstats")
 				return 0
 			}
 			base := 0.0

@@ -115,7 +115,7 @@ func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		switch cmd.Name() {
-		case "evalsha", "eval", "evalsha_ro", "eval_ro":
+		case "fcall", "evalsha", "eval", "evalsha_ro", "eval_ro":
 		default:
 			return next(ctx, cmd)
 		}

@@ -57,7 +57,7 @@ func TestBareServer(t *testing.T) {
 			}
 		}
 		after := commandCalls(t, rdb)
-		if got := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]; got != n {
+		if got := after["fcall"] + after["evalsha"] + after["eval"] - before["fcall"] - before["evalsha"] - before["eval"]; got != n {
 			t.Fatalf("%+v: %d scripts for %d checks, want one each", o, got, n)
 		}
 		records := bareRecords(t, rdb) - recordsBefore

@@ -376,7 +376,7 @@ func kindOf(err error) string {
 
 func isScript(cmd redis.Cmder) bool {
 	switch cmd.Name() {
-	case "evalsha", "eval", "evalsha_ro", "eval_ro":
+	case "fcall", "evalsha", "eval", "evalsha_ro", "eval_ro":
 		return true
 	}
 	return false

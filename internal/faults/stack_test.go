@@ -284,7 +284,7 @@ func redisInfo(t testing.TB, rdb *redis.Client, section, prefix string) int64 {
 	return 0
 }
 
-// scriptRuns returns how many EVALSHA and EVAL calls Redis has run without
+// scriptRuns returns how many FCALL, EVALSHA and EVAL calls Redis has run without
 // an error (INFO commandstats: calls minus failed_calls).
 func scriptRuns(t testing.TB, rdb *redis.Client) int64 {
 	t.Helper()
@@ -298,6 +298,9 @@ func scriptRuns(t testing.TB, rdb *redis.Client) int64 {
 		rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
 		if !ok {
 			rest, ok = strings.CutPrefix(line, "cmdstat_eval:")
+		}
+		if !ok {
+			rest, ok = strings.CutPrefix(line, "cmdstat_fcall:")
 		}
 		if !ok {
 			continue

@@ -1,6 +1,9 @@
--- common.lua: the helpers every ledger script starts with. scripts.go
--- prepends this file to each script, so every script is self-contained when
--- it reaches Redis (EVALSHA of the whole text).
+-- common.lua: the helpers every ledger script starts with. scripts.go runs
+-- each script in one of two forms (docs/design.md, "How a script reaches
+-- Redis"): this file, begin() and the script's body as one text (EVALSHA),
+-- or the body as a function of a library that holds this file once (FCALL).
+-- Nothing here may keep state from one call to the next but what begin()
+-- sets anew.
 --
 -- Conventions shared by all write scripts:
 --
@@ -76,16 +79,16 @@
 -- is left out (or \252 when a detail follows) when it equals the previous
 -- entry's.
 --
--- The history chain (docs/receipts.md §5, chain/chain.go): each entry's
+-- The history chain (docs/receipts.md, "The history chain"; chain/chain.go): each entry's
 -- value is redis.sha1hex of the previous value and the entry's time,
 -- states, reason, attempt, token, principal and detail, joined by \255.
 -- Nothing stores the values of kept entries (ledgerd computes them from
 -- the entries); dropping the oldest entry folds it into hb, and the
 -- tombstone keeps the head.
 
--- Redis runs this whole text on every call, so the helpers below are built
--- in one table constructor and capture few upvalues (F, R, S, NOW): each
--- captured local costs a search at closure creation, which made the
+-- EVALSHA runs this whole text on every call, so the helpers below are
+-- built in one table constructor and capture few upvalues (F, R, S, NOW):
+-- each captured local costs a search at closure creation, which made the
 -- prelude cost about as much as the commands of a Reserve. Inside F,
 -- states are written as literals ('3' is SUCCEEDED).
 
@@ -98,14 +101,10 @@ local C_NOT_FOUND, C_EXPIRED, C_KEY_REUSED, C_STALE = 10, 11, 12, 13
 local C_COMPLETION_CONFLICT, C_ALREADY_RESOLVED, C_BUSY, C_FIELDS, C_QUOTA = 14, 15, 16, 17, 18
 local C_NOT_COMPENSABLE = 21
 
+-- NOW is the store's time of the call (ms).
 local NOW
-do
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
 -- R is the record as loaded, with every change applied.
-local R = {}
+local R
 -- S is the rest of the script's state:
 --   hist      the history as stored (each entry with its leading \254)
 --   encoded   the stored form of R while it matches (nil: encode it)
@@ -114,8 +113,7 @@ local R = {}
 --   entered   when the loaded record entered its state (for dwell times)
 --   from, dwell  this call's transition, if it made one
 --   principal, member, tenant  ARGV[1], ARGV[2] and the tenant part of it
-local S = {hist = '', principal = ARGV[1], member = ARGV[2],
-  tenant = string.match(ARGV[2] or '', '^[^:]*')}
+local S
 
 -- The letter each transition reason is stored as (record.go mirrors it).
 local REASONS = ' RESERVED=A CLAIMED=B RECLAIMED=C SUCCEEDED=D FAILED_FINAL=E FAILED_RETRYABLE=F' ..
@@ -126,6 +124,15 @@ local F
 F = {
   -- The history chain's value before an operation's first entry (chain.Genesis).
   GENESIS = '0000000000000000000000000000000000000000',
+
+  -- begin starts a call: the time, an empty record and the state of ARGV.
+  begin = function()
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    R = {}
+    S = {hist = '', principal = ARGV[1], member = ARGV[2],
+      tenant = string.match(ARGV[2] or '', '^[^:]*')}
+  end,
 
   tostr = function(n)
     return string.format('%d', n)
@@ -546,8 +553,7 @@ F = {
 -- What the scripts use.
 local tostr, ms, load, flush, reply, missing = F.tostr, F.ms, F.load, F.flush, F.reply, F.missing
 local transition, finish, set_outcome, did = F.transition, F.finish, F.set_outcome, F.did
-local lapsed, overdue_member = F.lapsed, F.overdue_member
-local LEASE_MEMBER = S.member
+local lapsed, overdue_member, begin = F.lapsed, F.overdue_member, F.begin
 
 local function set(field, value)
   R[field] = value

@@ -19,14 +19,14 @@
 -- Idempotent: a second run finds UNKNOWN and only drops the index entry.
 
 if not load() or R.st ~= ST_RUNNING then
-  redis.call('ZREM', KEYS[3], LEASE_MEMBER)
+  redis.call('ZREM', KEYS[3], S.member)
   return {C_OK, 'dropped', ''}
 end
 if tonumber(R.lse) > NOW then
   return {C_OK, 'live', ''}
 end
 if R.eff ~= EFF_IRREVERSIBLE then
-  redis.call('ZREM', KEYS[3], LEASE_MEMBER)
+  redis.call('ZREM', KEYS[3], S.member)
   redis.call('ZADD', KEYS[5], tonumber(R.lse) + ms(R.rwin), overdue_member(ST_RUNNING))
   return {C_OK, 'dropped', ''}
 end

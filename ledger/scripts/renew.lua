@@ -38,5 +38,5 @@ end
 local lease_end = NOW + ms(R.lms)
 set('lse', tostr(lease_end))
 flush()
-redis.call('ZADD', KEYS[3], lease_end, LEASE_MEMBER)
+redis.call('ZADD', KEYS[3], lease_end, S.member)
 return reply(C_OK, '')

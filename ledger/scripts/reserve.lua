@@ -67,7 +67,7 @@ local function claim(reason)
   set('lse', tostr(lease_end))
   set_outcome('', '', '', '')
   transition(ST_RUNNING, reason, '')
-  redis.call('ZADD', KEYS[3], lease_end, LEASE_MEMBER)
+  redis.call('ZADD', KEYS[3], lease_end, S.member)
   return reply(C_EXECUTE, '')
 end
 

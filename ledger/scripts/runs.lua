@@ -1,5 +1,6 @@
--- runs.lua: the helpers every run script starts with (scripts.go prepends
--- it to run_*.lua, as common.lua to the operation scripts).
+-- runs.lua: the helpers every run script starts with (scripts.go runs
+-- run_*.lua with it as common.lua's scripts with common.lua: begin() starts
+-- each call).
 --
 --   KEYS[1] -> the run record (hash)               <prefix>:{sNN}:run:<tenant>:<run>
 --   KEYS[2] -> the tenant's runs in the shard (zset) <prefix>:{sNN}:runs:<tenant>
@@ -28,8 +29,11 @@ local ENDED_BASE = 1125899906842624 -- 2^50
 
 local FIELDS = {'st', 'ms', 'dd', 'mr', 'mi', 'n', 'ni', 'top', 'ct', 'dl', 'et', 'rsn', 'imp', 'by', 'open', 'ret'}
 
+-- NOW is the store's time of the call (ms).
 local NOW
-do
+
+-- begin starts a call.
+local function begin()
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
