@@ -540,13 +540,14 @@ func (l *Ledger) evalWait(ctx context.Context, op string, c redis.Cmdable, s *sc
 		}
 		return res, w.Val(), w.Err()
 	}
-	w := l.first()
-	res, acked, err := once(w)
-	for again := true; err != nil && !ran && again; {
-		if w, again = l.next(ctx, w, err); again {
-			res, acked, err = once(w)
+	var acked int64
+	l.try(ctx, func(w way) error {
+		res, acked, err = once(w)
+		if ran {
+			return nil // what the script did stands, whatever came after it
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return res, ran, err
 	}

@@ -241,16 +241,25 @@ func (l *Ledger) next(ctx context.Context, w way, err error) (way, bool) {
 	return w, false
 }
 
-// call runs s on c and returns its reply, sending it again as next says.
-func (l *Ledger) call(ctx context.Context, c redis.Cmdable, s *script, keys []string, args []any) ([]any, error) {
+// try sends a script with do, the first way, then again as next says for
+// as long as do's error says that the script did not run.
+func (l *Ledger) try(ctx context.Context, do func(way) error) {
 	w := l.first()
-	for {
-		res, err := s.send(ctx, c, w, keys, args).Slice()
+	for err := do(w); err != nil; err = do(w) {
 		var again bool
 		if w, again = l.next(ctx, w, err); !again {
-			return res, err
+			return
 		}
 	}
+}
+
+// call runs s on c and returns its reply.
+func (l *Ledger) call(ctx context.Context, c redis.Cmdable, s *script, keys []string, args []any) (res []any, err error) {
+	l.try(ctx, func(w way) error {
+		res, err = s.send(ctx, c, w, keys, args).Slice()
+		return err
+	})
+	return res, err
 }
 
 // Script return codes (C_* in common.lua).
