@@ -207,7 +207,9 @@ func (c *Compactor) step(ctx context.Context, node redis.Cmdable, w *walk) (Comp
 }
 
 // compact runs the compaction script on each key, in one pipeline, and
-// returns how many records it compacted.
+// returns how many records it compacted. When a key's script did not run
+// (a library or script missing on the node, a store without Functions),
+// the keys that failed are sent again the next way (scripts.go, next).
 func (c *Compactor) compact(ctx context.Context, node redis.Cmdable, keys []string) (int, error) {
 	const op = "ledger.Compact"
 	if len(keys) == 0 {
@@ -215,39 +217,11 @@ func (c *Compactor) compact(ctx context.Context, node redis.Cmdable, keys []stri
 	}
 	start := time.Now()
 	n := 0
-	for try := 0; ; try++ {
-		pipe := node.Pipeline()
-		cmds := make([]*redis.Cmd, len(keys))
-		for i, k := range keys {
-			cmds[i] = compactScript.EvalSha(ctx, pipe, []string{k})
-		}
-		_, _ = pipe.Exec(ctx)
-		var (
-			again    []string
-			firstErr error
-		)
-		for i, cmd := range cmds {
-			v, err := cmd.Int64()
-			switch {
-			case err == nil:
-				n += int(v)
-			case redis.HasErrorPrefix(err, "NOSCRIPT") && try == 0:
-				again = append(again, keys[i])
-			case movedError(err):
-				// The key's slot is served by another master now (a
-				// resharding, a failover): that master's walk finds it.
-				// Trying it here again would hold this walk at this
-				// batch for good.
-			case firstErr == nil:
-				firstErr = err
-			}
-		}
-		if len(again) > 0 && firstErr == nil {
-			// The node does not know the script (a restart, a failover,
-			// SCRIPT FLUSH): load it and run those keys again.
-			if err := compactScript.Load(ctx, node).Err(); err != nil {
-				firstErr = err
-			} else {
+	for w := c.l.first(); ; {
+		again, firstErr := c.send(ctx, node, w, keys, &n)
+		if len(again) > 0 {
+			var ok bool
+			if w, ok = c.l.next(ctx, w, firstErr); ok {
 				keys = again
 				continue
 			}
@@ -263,6 +237,34 @@ func (c *Compactor) compact(ctx context.Context, node redis.Cmdable, keys []stri
 		c.l.emit(Event{Type: EventScript, Op: "Compact", Duration: time.Since(start)})
 		return n, nil
 	}
+}
+
+// send runs the compaction script on each key the way w, in one pipeline,
+// adds the records it compacted to n, and returns the keys that failed with
+// the first of their errors. A key whose slot moved to another master is
+// left to that master's walk: trying it here again would hold this walk at
+// this batch for good.
+func (c *Compactor) send(ctx context.Context, node redis.Cmdable, w way, keys []string, n *int) (failed []string, firstErr error) {
+	pipe := node.Pipeline()
+	cmds := make([]*redis.Cmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = compactScript.send(ctx, pipe, w, []string{k}, nil)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, cmd := range cmds {
+		v, err := cmd.Int64()
+		switch {
+		case err == nil:
+			*n += int(v)
+		case movedError(err):
+		default:
+			failed = append(failed, keys[i])
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	return failed, firstErr
 }
 
 // RunCompactor calls Step every interval (DefaultCompactInterval when not

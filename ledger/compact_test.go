@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -421,6 +422,60 @@ func clusterMasters(t *testing.T, e *env, cc *redis.ClusterClient) []string {
 		t.Fatal(err)
 	}
 	return addrs
+}
+
+// TestCompactionScriptMissing: a pass on a Redis that lost the ledger's
+// library and scripts (FUNCTION FLUSH, SCRIPT FLUSH) sends them again and
+// compacts every due record: by FCALL, or by EVAL where Functions are off;
+// never the other way.
+func TestCompactionScriptMissing(t *testing.T) {
+	pol, err := ParsePolicies([]byte(ledgertest.Policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name        string
+		noFunctions bool
+		want, never string // the commands that ran the pass, and one that must not
+	}{
+		{"functions", false, "fcall", "eval"},
+		{"evalsha", true, "eval", "fcall"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.Client(t)
+			l, err := New(rdb, Options{Policies: pol, NoFunctions: tc.noFunctions})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := &env{l: l, lrdb: rdb, rdb: rdb, who: Principal{Tenant: "t-" + randomHex(6), ID: "agent-1"}, ctx: context.Background()}
+			ids := []string{"a", "b", "c"}
+			for _, id := range ids {
+				o := e.execute(t, id, "compact.refund")
+				if _, err := e.complete(t, id, o.FencingToken, OutcomeSucceeded, &Result{Data: []byte(`{"n":1}`)}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.waitExpired(t, ids...)
+			if err := rdb.FunctionFlush(e.ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.ScriptFlush(e.ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			want, never := commandCalls(t, rdb, tc.want), commandCalls(t, rdb, tc.never)
+			st, err := e.compactor(0).Pass(e.ctx)
+			if err != nil || st.Compacted != len(ids) {
+				t.Fatalf("pass = %+v, %v; want %d compacted", st, err, len(ids))
+			}
+			if n := commandCalls(t, rdb, tc.want) - want; n < len(ids) {
+				t.Errorf("Redis ran %d %s for the pass, want at least %d", n, tc.want, len(ids))
+			}
+			if n := commandCalls(t, rdb, tc.never) - never; n != 0 {
+				t.Errorf("Redis ran %d %s for the pass, want none", n, tc.never)
+			}
+		})
+	}
 }
 
 // TestCompactionKeyMovedAway: a key that one master's SCAN returned and

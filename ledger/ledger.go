@@ -50,6 +50,10 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout bounds WAIT (100ms when zero).
 	WaitTimeout time.Duration
+	// NoFunctions sends every script by EVALSHA and never loads the
+	// library, as on a store without Functions (docs/design.md, "How a
+	// script reaches Redis").
+	NoFunctions bool
 }
 
 // Ledger is the operation ledger on one Redis deployment. It is safe for
@@ -96,6 +100,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 	if l.waitFor <= 0 {
 		l.waitFor = 100 * time.Millisecond
 	}
+	l.noFunctions.Store(opts.NoFunctions)
 	if l.policies == nil {
 		l.policies = DefaultPolicies()
 	}

@@ -471,13 +471,19 @@ func (p *lossyProxy) serve() {
 	}
 }
 
-func fcallCalls(t *testing.T, c *redis.Client) int {
+// fcallCalls returns how many FCALL the Redis of c ran.
+func fcallCalls(t *testing.T, c *redis.Client) int { return commandCalls(t, c, "fcall") }
+
+// commandCalls returns how many times the Redis of c ran cmd (INFO
+// commandstats).
+func commandCalls(t *testing.T, c *redis.Client, cmd string) int {
+	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_fcall:calls="); ok {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
 			return n
 		}

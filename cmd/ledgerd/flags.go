@@ -40,6 +40,8 @@ type config struct {
 	waitTimeout  time.Duration
 	// autopipeline batches concurrent scripts (internal/autopipe).
 	autopipeline bool
+	// functions runs the scripts as Redis Functions (ledger.Options.NoFunctions).
+	functions bool
 
 	metricsListen  string
 	httpListen     string
@@ -112,6 +114,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 	f.boolean(&c.requireDurable, "require-durable", "LEDGER_REQUIRE_DURABLE", false, "refuse to start unless Redis has appendonly yes, appendfsync always and maxmemory-policy noeviction")
 	connectionFlags(f, &c.conns)
 	f.boolean(&c.autopipeline, "redis-autopipeline", "LEDGER_REDIS_AUTOPIPELINE", true, "send the scripts of concurrent calls to Redis in shared pipelines (docs/benchmarks.md); false: one round trip each")
+	f.boolean(&c.functions, "redis-functions", "LEDGER_REDIS_FUNCTIONS", true, "run the scripts as Redis Functions (FUNCTION LOAD once, FCALL per call) where the store has them; false: EVALSHA always")
 	return fs, func() error {
 		if err := f.finish(); err != nil {
 			return err

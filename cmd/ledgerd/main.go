@@ -12,6 +12,7 @@
 //	--wait-replicas     LEDGER_WAIT_REPLICAS     replicas every write and Lookup waits for (WAIT); 0: none
 //	--wait-timeout      LEDGER_WAIT_TIMEOUT      how long a call waits for them (100ms)
 //	--redis-autopipeline LEDGER_REDIS_AUTOPIPELINE batch concurrent scripts into pipelines (true)
+//	--redis-functions   LEDGER_REDIS_FUNCTIONS   run the scripts as Redis Functions where the store has them (true)
 //	--policy            LEDGER_POLICY            policy file (YAML or JSON); defaults when absent
 //	--key-prefix        LEDGER_KEY_PREFIX        first segment of every Redis key (ledger)
 //	--sweep-interval    LEDGER_SWEEP_INTERVAL    how often expired leases are swept (1s)
@@ -256,7 +257,7 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 	}
 	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log,
 		UnresolvedLimit: unresolvedLimit, Observer: met.Observe,
-		WaitReplicas: c.waitReplicas, WaitTimeout: c.waitTimeout})
+		WaitReplicas: c.waitReplicas, WaitTimeout: c.waitTimeout, NoFunctions: !c.functions})
 	if err != nil {
 		return err
 	}

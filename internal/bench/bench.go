@@ -76,7 +76,7 @@ type Config struct {
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
 	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp,
-	// receipts) it lists; health Check always runs, and at concurrency 1 so does
+	// receipts, functions) it lists; health Check always runs, and at concurrency 1 so does
 	// Reserve.
 	Only []string
 
@@ -139,6 +139,8 @@ type Report struct {
 	MCP, MCPLatency []*Summary
 	// Receipts is the receipts part.
 	Receipts *Receipts
+	// Functions is the functions part.
+	Functions *Functions
 }
 
 // Memory is the store's memory per SUCCEEDED record.
@@ -296,6 +298,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		}
 		rep.Receipts = r
 		c.printReceipts(r)
+	}
+	if c.Addr == "" && !c.NoThroughput && c.selected("functions") {
+		f, err := c.functionsPart(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Functions = f
+		c.printFunctions(f)
 	}
 	if c.Addr == "" && c.MemoryRecords > 0 {
 		m, err := c.memory(ctx)

@@ -148,22 +148,33 @@ func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
 
 // TestOneRoundTripPerRPC runs each ledger RPC through the whole service on a
 // warm script cache and checks it sends Redis exactly one command (an
-// EVALSHA), counted on the wire by a proxy and by Redis's own
-// commandstats, with the plain client and with autopipelining.
+// FCALL, or an EVALSHA with Functions off), counted on the wire by a proxy
+// and by Redis's own commandstats, with the plain client and with
+// autopipelining.
 func TestOneRoundTripPerRPC(t *testing.T) {
-	for _, mode := range []string{"plain", "autopipeline"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		autopipeline bool
+		noFunctions  bool
+		want         string // the one command
+	}{
+		{"plain", false, false, "fcall"},
+		{"autopipeline", true, false, "fcall"},
+		{"evalsha", false, true, "evalsha"},
+		{"evalsha autopipeline", true, true, "evalsha"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
 			direct := srv.Client(t)
 			proxy := newCountingProxy(t, srv.Addr)
 			rdb := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), DisableIdentity: true, ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = rdb.Close() })
-			if mode == "autopipeline" {
+			if tc.autopipeline {
 				h := autopipe.Enable(rdb, autopipe.Options{})
 				t.Cleanup(h.Close)
 			}
 			// A sweep once an hour: nothing else talks to Redis meanwhile.
-			stack := servicetest.Start(t, rdb, servicetest.Options{SweepInterval: time.Hour})
+			stack := servicetest.Start(t, rdb, servicetest.Options{SweepInterval: time.Hour, NoFunctions: tc.noFunctions})
 			ctx := context.Background()
 			if err := stack.Ledger.LoadScripts(ctx); err != nil {
 				t.Fatal(err)
@@ -223,14 +234,17 @@ func TestOneRoundTripPerRPC(t *testing.T) {
 					t.Fatalf("%s: %v", rpc.name, err)
 				}
 				after := commandCalls(t, direct)
-				if sent := proxy.since(before); len(sent) != 1 || sent[0] != "fcall" {
-					t.Errorf("%s sent %v to Redis, want exactly one fcall", rpc.name, sent)
+				if sent := proxy.since(before); len(sent) != 1 || sent[0] != tc.want {
+					t.Errorf("%s sent %v to Redis, want exactly one %s", rpc.name, sent, tc.want)
 				}
-				if d := after["fcall"] - stats["fcall"]; d != 1 {
-					t.Errorf("%s: Redis ran %d FCALL, want 1", rpc.name, d)
-				}
-				if d := after["evalsha"] + after["eval"] - stats["evalsha"] - stats["eval"]; d != 0 {
-					t.Errorf("%s: Redis ran %d scripts besides the library's function, want 0", rpc.name, d)
+				for _, cmd := range []string{"fcall", "evalsha", "eval"} {
+					want := 0
+					if cmd == tc.want {
+						want = 1
+					}
+					if d := after[cmd] - stats[cmd]; d != want {
+						t.Errorf("%s: Redis ran %d %s, want %d", rpc.name, d, cmd, want)
+					}
 				}
 			}
 		})

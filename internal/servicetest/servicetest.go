@@ -46,6 +46,8 @@ type Options struct {
 	Prefix string
 	// Receipts signs receipts (server.Config; nil: off).
 	Receipts *receipt.Signer
+	// NoFunctions sends the scripts by EVALSHA (ledger.Options).
+	NoFunctions bool
 }
 
 // Start runs a ledger service on rdb until the test ends.
@@ -65,7 +67,7 @@ func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
 	if o.SweepInterval <= 0 {
 		o.SweepInterval = 50 * time.Millisecond
 	}
-	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log, Prefix: o.Prefix})
+	l, err := ledger.New(rdb, ledger.Options{Policies: pol, Logger: log, Prefix: o.Prefix, NoFunctions: o.NoFunctions})
 	if err != nil {
 		tb.Fatal(err)
 	}
