@@ -17,7 +17,7 @@ import (
 func TestFunctionsPart(t *testing.T) {
 	var out, log bytes.Buffer
 	rep, err := Run(context.Background(), Config{
-		Ledgerd: ledgertest.LedgerdBinary(t, t.TempDir()), Only: []string{"functions"},
+		Ledgerd: ledgertest.LedgerdBinary(t, binDir), Only: []string{"functions"},
 		Concurrency: 4, Warmup: 20 * time.Millisecond, Duration: 200 * time.Millisecond, Rounds: 1, Preload: 10,
 		Dir: t.TempDir(), Out: &out, Log: &log,
 	})

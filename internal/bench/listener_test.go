@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,11 +19,22 @@ import (
 // without serving, as a server may for a while before it exits.
 const helperEnv = "LEDGERBENCH_TEST_HEALTH_SERVER"
 
+// binDir holds the ledgerd the tests build, once for the whole test binary.
+var binDir string
+
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		serveHealth(os.Args[len(os.Args)-1])
 	}
-	os.Exit(m.Run())
+	dir, err := os.MkdirTemp("", "ledger-bench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 func serveHealth(addr string) {

@@ -16,7 +16,7 @@ import (
 func TestReceiptsPart(t *testing.T) {
 	var out, log bytes.Buffer
 	rep, err := Run(context.Background(), Config{
-		Ledgerd: ledgertest.LedgerdBinary(t, t.TempDir()), Only: []string{"receipts"},
+		Ledgerd: ledgertest.LedgerdBinary(t, binDir), Only: []string{"receipts"},
 		Concurrency: 4, Warmup: 20 * time.Millisecond, Duration: 200 * time.Millisecond, Rounds: 1, Preload: 10,
 		ReceiptRecords: 50, Dir: t.TempDir(), Out: &out, Log: &log,
 	})

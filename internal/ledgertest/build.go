@@ -18,7 +18,9 @@ var raceEnabled bool
 
 // LedgerdBinary builds cmd/ledgerd into dir once per test binary and returns
 // its path: with -race when the tests run with it, so the build cache is
-// shared with the rest of the suite and ledgerd reports its own races.
+// shared with the rest of the suite and ledgerd reports its own races. Later
+// calls return the first path, so dir must outlive every test of the binary
+// (a directory made in TestMain, not t.TempDir).
 func LedgerdBinary(tb testing.TB, dir string) string {
 	tb.Helper()
 	return ledgerd.path(tb, dir)
