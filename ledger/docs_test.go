@@ -410,8 +410,9 @@ func stripLuaComments(src string) string {
 }
 
 var (
-	// luaReasons is one "NAME=L" of common.lua's REASONS.
-	luaReasons = regexp.MustCompile(`\b([A-Z_]+)=([A-Z])\b`)
+	// luaReasons is one "NAME = 'L'" of common.lua's REASONS, or one
+	// "L = 'NAME'" of its REASON_NAMES.
+	luaReasons = regexp.MustCompile(`\b([A-Z_]+) = '([A-Z_]+)'`)
 	// luaWrite is a call of transition(to, reason, ...) or
 	// finish(to, reason, ...), the two writers of a history entry.
 	luaWrite = regexp.MustCompile(`\b(transition|finish)\(\s*[^,()]+,\s*([^,()]+)`)
@@ -554,13 +555,20 @@ func TestHistoryReasonsMatchScripts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	def := regexp.MustCompile(`(?s)local REASONS = (.*?)\n\n`).FindSubmatch(common)
+	def := regexp.MustCompile(`(?s)local REASONS = (.*?)\n-- REASON_NAMES.*?\nlocal REASON_NAMES = (.*?)\n\n`).FindSubmatch(common)
 	if def == nil {
-		t.Fatal("ledger/scripts/common.lua: no REASONS")
+		t.Fatal("ledger/scripts/common.lua: no REASONS and REASON_NAMES")
 	}
 	letters := map[string]string{}
 	for _, m := range luaReasons.FindAllStringSubmatch(string(def[1]), -1) {
 		letters[m[1]] = m[2]
+	}
+	names := map[string]string{}
+	for _, m := range luaReasons.FindAllStringSubmatch(string(def[2]), -1) {
+		names[m[2]] = m[1]
+	}
+	if !maps.Equal(letters, names) {
+		t.Errorf("ledger/scripts/common.lua: REASON_NAMES %v is not REASONS %v the other way round", names, letters)
 	}
 	for name, l := range letters {
 		i := int(l[0] - 'A')

@@ -116,9 +116,27 @@ local R
 local S
 
 -- The letter each transition reason is stored as (record.go mirrors it).
-local REASONS = ' RESERVED=A CLAIMED=B RECLAIMED=C SUCCEEDED=D FAILED_FINAL=E FAILED_RETRYABLE=F' ..
-  ' MARKED_UNKNOWN=G LEASE_EXPIRED=H RETRIES_EXHAUSTED=I RECONCILED_APPLIED=J' ..
-  ' RECONCILED_NOT_APPLIED=K ABANDONED=L ESCALATED=M '
+local REASONS = {RESERVED = 'A', CLAIMED = 'B', RECLAIMED = 'C', SUCCEEDED = 'D', FAILED_FINAL = 'E',
+  FAILED_RETRYABLE = 'F', MARKED_UNKNOWN = 'G', LEASE_EXPIRED = 'H', RETRIES_EXHAUSTED = 'I',
+  RECONCILED_APPLIED = 'J', RECONCILED_NOT_APPLIED = 'K', ABANDONED = 'L', ESCALATED = 'M'}
+-- REASON_NAMES is REASONS the other way round.
+local REASON_NAMES = {A = 'RESERVED', B = 'CLAIMED', C = 'RECLAIMED', D = 'SUCCEEDED', E = 'FAILED_FINAL',
+  F = 'FAILED_RETRYABLE', G = 'MARKED_UNKNOWN', H = 'LEASE_EXPIRED', I = 'RETRIES_EXHAUSTED',
+  J = 'RECONCILED_APPLIED', K = 'RECONCILED_NOT_APPLIED', L = 'ABANDONED', M = 'ESCALATED'}
+
+-- A stored record's fields: the first 16 (and the position after them), then
+-- the other 17, of its body padded with separators. (FUNCTION LOAD runs this
+-- without the string library, hence the literals.)
+local FIELDS_HEAD = '^' ..
+  '([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255' ..
+  '([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255()'
+local FIELDS_TAIL = '^' ..
+  '([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255' ..
+  '([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255'
+local FIELDS_PAD = '\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255'
+
+-- The ms in a unit of a duration's last byte (s, m, h, d).
+local UNIT_MS = {[115] = 1000, [109] = 60000, [104] = 3600000, [100] = 86400000}
 
 local F
 F = {
@@ -129,9 +147,14 @@ F = {
   begin = function()
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    R = {}
+    -- Named up front, the fields a record takes get their room at once
+    -- instead of the table growing five times.
+    R = {st = nil, ct = nil, ut = nil, att = nil, tok = nil, eff = nil, rsn = nil, tool = nil,
+      pmt = nil, lms = nil, max = nil, ret = nil, tret = nil, rwin = nil, fp = nil, exp = nil,
+      hld = nil, lse = nil, uks = nil, rd = nil, rid = nil, fc = nil, fm = nil}
     S = {hist = '', principal = ARGV[1], member = ARGV[2],
-      tenant = string.match(ARGV[2] or '', '^[^:]*')}
+      tenant = string.match(ARGV[2] or '', '^[^:]*'), encoded = nil, ct36 = nil, entered = nil,
+      from = nil, dwell = nil}
   end,
 
   tostr = function(n)
@@ -140,11 +163,9 @@ F = {
 
   -- ms decodes a duration or time difference ('' is 0).
   ms = function(s)
-    local u = string.sub(s, -1)
-    if u == 's' then return tonumber(string.sub(s, 1, -2)) * 1000 end
-    if u == 'm' then return tonumber(string.sub(s, 1, -2)) * 60000 end
-    if u == 'h' then return tonumber(string.sub(s, 1, -2)) * 3600000 end
-    if u == 'd' then return tonumber(string.sub(s, 1, -2)) * 86400000 end
+    if s == '' then return 0 end
+    local u = UNIT_MS[string.byte(s, -1)]
+    if u then return tonumber(string.sub(s, 1, -2)) * u end
     return tonumber(s) or 0
   end,
 
@@ -189,12 +210,11 @@ F = {
   end,
 
   reason_code = function(name)
-    local _, e = string.find(REASONS, ' ' .. name .. '=', 1, true)
-    return string.sub(REASONS, e + 1, e + 1)
+    return REASONS[name]
   end,
 
   reason_name = function(code)
-    return string.match(REASONS, ' ([%u_]+)=' .. code .. ' ')
+    return REASON_NAMES[code]
   end,
 
   -- chain folds the stored history entries h (each with its leading \254)
@@ -299,8 +319,8 @@ F = {
     S.from = from or '0'
     S.dwell = S.entered and (NOW - S.entered) or 0
     local hist = S.hist .. F.entry(from or '0', to, reason, NOW, R.att, tonumber(R.tok), S.principal, detail or '', F.last_principal())
-    local _, n = string.gsub(hist, '\254', '')
-    if n > 50 then
+    -- An entry takes at least 6 bytes: a shorter history has at most 50.
+    if #hist >= 306 and select(2, string.gsub(hist, '\254', '')) > 50 then
       -- Drop the oldest entry, folded into hb; the next one may name its
       -- principal only by reference to it.
       local cut = string.find(hist, '\254', 2, true)
@@ -342,16 +362,14 @@ F = {
       else
         body = string.sub(s, 34)
       end
-      local v, n = {}, 0
-      for f in string.gmatch(body .. '\255', '([^\255]*)\255') do
-        n = n + 1
-        v[n] = f
-      end
-      if v[5] == '' and n >= 6 then
+      local padded = body .. FIELDS_PAD
+      local v = {string.match(padded, FIELDS_HEAD)}
+      local tail = {string.match(padded, FIELDS_TAIL, v[17])}
+      for i = 1, 17 do v[16 + i] = tail[i] end
+      if v[5] == '' and select(2, string.gsub(body, '\255', '')) >= 5 then
         -- A compacted tombstone: st, exp, ct, ut, no attempt, cf, chain head.
         S.tcf, v[6], v[7] = v[6], '', ''
       end
-      for i = n + 1, 33 do v[i] = '' end
       local ms, tostr = F.ms, F.tostr
       S.ct36 = v[3]
       local ct = tonumber(v[3], 36)
