@@ -98,7 +98,8 @@ func (e *env) stored(t *testing.T, key string) (string, time.Duration) {
 }
 
 // tombstoneOf is what compaction leaves of a stored record: its
-// fingerprint, its first four fields (st, exp, ct, ut), an empty attempt,
+// fingerprint, its first four fields (st, exp, ct, ut; an empty exp written
+// out as the retention), an empty attempt,
 // the consequential fields (cf, the 30th field) and the head of its
 // history chain. A tombstone is its own.
 func tombstoneOf(s string) string {
@@ -116,6 +117,9 @@ func tombstoneOf(s string) string {
 		return s
 	}
 	_, head := o.Chain()
+	if f[1] == "" && len(f) >= 12 {
+		f[1] = f[11] // the retention after ut
+	}
 	return s[:33] + strings.Join(f[:4], "\xff") + "\xff\xff" + cf + "\xff" + head
 }
 

@@ -18,7 +18,7 @@ import (
 //
 //	'L' <fingerprint: 32 bytes> <field> 0xFF <field> ... [0xFE <history entry>]...
 //
-// with the fields in recordFields order (trailing empty ones left out) and
+// with the fields in the order below (trailing empty ones left out) and
 // each history entry <from><to><reason letter><t> 0xFD <attempt> 0xFD
 // <token> [0xFD <principal> [0xFD <detail>]]. Every text value is UTF-8 the
 // ledger validated, so the separator bytes 0xFC-0xFF, which UTF-8 never
@@ -45,20 +45,20 @@ const (
 	fRsn
 	fTool
 	fPmt
-	fLms
 	fMax
 	fRet
 	fTret
-	fRwin
 	fCdg
-	fHld
-	fLse
-	fUks
-	fRev
 	fRd
 	fRid
 	fFc
 	fFm
+	fHld
+	fLse
+	fLms
+	fRwin
+	fUks
+	fRev
 	fRun
 	fStp
 	fRu
@@ -180,6 +180,9 @@ func decodeRecord(s string) (*Operation, string, error) {
 	}
 	if f[fExp] != "" {
 		o.ExpiresAt = msTime(ut + millis(f[fExp]))
+	} else if o.State.Terminal() {
+		// Left empty: the retention after the last change.
+		o.ExpiresAt = msTime(ut + millis(f[fRet]))
 	}
 	if o.State == StateSucceeded {
 		o.Result = &Result{ResourceID: f[fRid]}

@@ -340,3 +340,76 @@ func BenchmarkLookup(b *testing.B) {
 		}
 	}
 }
+
+// TestStoredFormOfAnOutcome checks what a record keeps of a Complete: a
+// terminal one leaves its expiry to the retention (empty exp) unless
+// retain_until reaches further, stores '=' for the outcome digest and
+// drops the lease and recovery window; a retryable failure keeps the
+// digest and the policy. Lookup reads the same times either way, a repeat
+// of the report is accepted, another report under the same token is a
+// conflict, and neither changes the stored record.
+func TestStoredFormOfAnOutcome(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		later := time.Now().Add(30 * 24 * time.Hour).Truncate(time.Millisecond)
+		for _, c := range []struct {
+			name      string
+			retain    time.Time
+			out       Outcome
+			r         *Result
+			f         *Failure
+			other     *Result // another report under the same token
+			otherF    *Failure
+			state     State
+			keptExp   bool // exp written out
+			terminal  bool
+			expiresAt func(o *Operation) time.Time
+		}{
+			{name: "succeeded", out: OutcomeSucceeded, r: &Result{Data: []byte(`{"refund":"re_1"}`), ResourceID: "re_1"},
+				other: &Result{ResourceID: "re_2"}, state: StateSucceeded, terminal: true,
+				expiresAt: func(o *Operation) time.Time { return o.UpdatedAt.Add(DefaultPolicy.Retention) }},
+			{name: "failed", out: OutcomeFailedFinal, f: &Failure{Code: "declined", Message: "card declined"},
+				otherF: &Failure{Code: "declined", Message: "another message"}, state: StateFailedFinal, terminal: true,
+				expiresAt: func(o *Operation) time.Time { return o.UpdatedAt.Add(DefaultPolicy.Retention) }},
+			{name: "retained", retain: later, out: OutcomeSucceeded, r: &Result{ResourceID: "re_1"},
+				other: &Result{ResourceID: "re_2"}, state: StateSucceeded, terminal: true, keptExp: true,
+				expiresAt: func(*Operation) time.Time { return later.Add(DefaultPolicy.RetainGrace) }},
+			{name: "retryable", out: OutcomeFailedRetryable, f: &Failure{Code: "timeout"},
+				otherF: &Failure{Code: "other"}, state: StatePending,
+				expiresAt: func(*Operation) time.Time { return time.Time{} }},
+		} {
+			res, err := e.l.Reserve(e.ctx, e.who, ReserveRequest{OperationID: c.name, Tool: "payments.refund", PermitID: "p", RetainUntil: c.retain})
+			if err != nil || res.Decision != DecisionExecute {
+				t.Fatalf("%s: Reserve = %v, %v", c.name, res, err)
+			}
+			tok := res.Operation.FencingToken
+			if _, err := e.complete(t, c.name, tok, c.out, c.r, c.f); err != nil {
+				t.Fatalf("%s: Complete: %v", c.name, err)
+			}
+			key := e.opKeys(c.name).all[0]
+			s, _ := e.stored(t, key)
+			body, _, _ := strings.Cut(s[33:], "\xfe")
+			f := append(strings.Split(body, "\xff"), make([]string, numFields)...)
+			if got := f[fExp] != ""; got != c.keptExp {
+				t.Errorf("%s: exp %q stored, want written out: %v", c.name, f[fExp], c.keptExp)
+			}
+			if c.terminal && (f[fCdg] != "=" || f[fLms] != "" || f[fRwin] != "") {
+				t.Errorf("%s: cdg %q, lms %q, rwin %q; want =, none, none", c.name, f[fCdg], f[fLms], f[fRwin])
+			}
+			if !c.terminal && (len(f[fCdg]) != 16 || f[fLms] == "" || f[fRwin] == "") {
+				t.Errorf("%s: cdg %q, lms %q, rwin %q; want a digest and the policy", c.name, f[fCdg], f[fLms], f[fRwin])
+			}
+			o := e.lookup(t, c.name)
+			if o.State != c.state || !o.ExpiresAt.Equal(c.expiresAt(o)) {
+				t.Errorf("%s: Lookup: %v, expires %v; want %v, %v", c.name, o.State, o.ExpiresAt, c.state, c.expiresAt(o))
+			}
+			if _, err := e.complete(t, c.name, tok, c.out, c.r, c.f); err != nil {
+				t.Errorf("%s: the repeat: %v, want OK", c.name, err)
+			}
+			_, err = e.complete(t, c.name, tok, c.out, c.other, c.otherF)
+			wantKind(t, err, KindCompletionConflict)
+			if after, _ := e.stored(t, key); after != s {
+				t.Errorf("%s: the repeat or the conflict changed the record", c.name)
+			}
+		}
+	})
+}

@@ -42,10 +42,11 @@
 --   plus grace, ms), rsn (reason of the latest transition), rev ("1" when
 --   escalated to a human), uks (UNKNOWN since, ms), rd / rid (result data
 --   JSON, resource id), fc / fm (failure code, message), ctk / cdg (token and
---   outcome digest of the latest accepted Complete), exp (when a terminal
+--   outcome digest of the latest accepted Complete; '=' when the record is
+--   terminal with that report's outcome, complete.lua), exp (when a terminal
 --   record expires, ms), and the policy bound at creation: lms (lease),
 --   max (max attempts), ret (retention), tret (tombstone retention),
---   rwin (recovery window), cf / cfh (the consequential fields the
+--   rwin (recovery window; lms and rwin dropped by finish), cf / cfh (the consequential fields the
 --   fingerprint covers, a JSON list, and its digest; absent when it covers
 --   all parameters), cmp (the operation this one compensates), cby (the
 --   compensations of this one, ids joined by \252), hb (the history chain's value before the
@@ -63,10 +64,12 @@
 --   'L' <fp: 32 bytes> <field> \255 <field> ... [\254 <entry>]...
 --
 -- Fields, in this order (trailing empty ones left out): st, exp (ms after
--- ut), ct (base 36), ut (ms after ct), att, tok (after ct), eff, rsn (one
--- letter, REASONS below), tool, pmt, lms, max, ret, tret, rwin, cdg (only
--- while ctk = tok), hld, lse (after ut), uks (after ut), rev, rd, rid, fc,
--- fm, run, stp, ru (after ct), rue (after ct), cfh, cf, cmp, cby, hb. Durations and time
+-- ut; empty in a terminal record when it is ret), ct (base 36), ut (ms
+-- after ct), att, tok (after ct), eff, rsn (one letter, REASONS below),
+-- tool, pmt, max, ret, tret, cdg (only while ctk = tok), rd, rid, fc, fm,
+-- hld, lse (after ut), lms, rwin, uks (after ut), rev, run, stp, ru (after
+-- ct), rue (after ct), cfh, cf, cmp, cby, hb: what a terminal record keeps
+-- comes first, so its trailing fields are empty. Durations and time
 -- differences are decimal milliseconds, or whole s/m/h/d with that suffix
 -- ("7d"); a difference of 0 in ut, tok and the history is left empty. The
 -- policy durations (lms, ret, tret, rwin) arrive from Go in that form and
@@ -376,17 +379,22 @@ F = {
       local ut = ct + ms(v[4])
       R.st, R.ct, R.ut, R.att, R.tok = v[1], tostr(ct), tostr(ut), v[5], tostr(ct + ms(v[6]))
       R.eff, R.rsn, R.tool, R.pmt = v[7], F.reason_name(v[8]), v[9], v[10]
-      R.lms, R.max, R.ret, R.tret, R.rwin = v[11], v[12], v[13], v[14], v[15]
-      if v[2] ~= '' then R.exp = tostr(ut + ms(v[2])) end
-      if v[16] ~= '' then R.ctk, R.cdg = R.tok, v[16] end
-      if v[17] ~= '' then R.hld = v[17] end
-      if v[18] ~= '' then R.lse = tostr(ut + ms(v[18])) end
-      if v[19] ~= '' then R.uks = tostr(ut + ms(v[19])) end
-      if v[20] ~= '' then R.rev = v[20] end
-      if v[21] ~= '' then R.rd = v[21] end
-      if v[22] ~= '' then R.rid = v[22] end
-      if v[23] ~= '' then R.fc = v[23] end
-      if v[24] ~= '' then R.fm = v[24] end
+      R.max, R.ret, R.tret = v[11], v[12], v[13]
+      if v[2] ~= '' then
+        R.exp = tostr(ut + ms(v[2]))
+      elseif v[1] == '3' or v[1] == '4' then
+        R.exp = tostr(ut + ms(v[12]))
+      end
+      if v[14] ~= '' then R.ctk, R.cdg = R.tok, v[14] end
+      if v[15] ~= '' then R.rd = v[15] end
+      if v[16] ~= '' then R.rid = v[16] end
+      if v[17] ~= '' then R.fc = v[17] end
+      if v[18] ~= '' then R.fm = v[18] end
+      if v[19] ~= '' then R.hld = v[19] end
+      if v[20] ~= '' then R.lse = tostr(ut + ms(v[20])) end
+      R.lms, R.rwin = v[21], v[22]
+      if v[23] ~= '' then R.uks = tostr(ut + ms(v[23])) end
+      if v[24] ~= '' then R.rev = v[24] end
       if v[25] ~= '' then R.run = v[25] end
       if v[26] ~= '' then R.stp = v[26] end
       if v[27] ~= '' then R.ru = tostr(ct + ms(v[27])) end
@@ -410,7 +418,11 @@ F = {
     local ct, ut = tonumber(R.ct), tonumber(R.ut)
     local enc, enc0 = F.enc, F.enc0
     local exp, lse, uks, ru, rue, cdg = '', '', '', '', '', ''
-    if R.exp then exp = enc(tonumber(R.exp) - ut) end
+    if R.exp then
+      -- Left empty when it is the retention after the last change.
+      local d = tonumber(R.exp) - ut
+      if d ~= F.ms(R.ret) then exp = enc(d) end
+    end
     if R.lse then lse = enc(tonumber(R.lse) - ut) end
     if R.uks then uks = enc(tonumber(R.uks) - ut) end
     if R.ru then ru = enc(tonumber(R.ru) - ct) end
@@ -418,10 +430,10 @@ F = {
     if R.cdg and R.ctk == R.tok then cdg = R.cdg end
     local v = {
       R.st, exp, S.ct36 or F.base36(ct), enc0(ut - ct), R.att, enc0(tonumber(R.tok) - ct),
-      R.eff, F.reason_code(R.rsn), R.tool, R.pmt, R.lms, R.max, R.ret, R.tret, R.rwin,
-      cdg, R.hld or '', lse, uks, R.rev or '', R.rd or '', R.rid or '', R.fc or '', R.fm or '',
-      R.run or '', R.stp or '', ru, rue, R.cfh or '', R.cf or '', R.cmp or '', R.cby or '',
-      R.hb or '',
+      R.eff, F.reason_code(R.rsn), R.tool, R.pmt, R.max, R.ret, R.tret,
+      cdg, R.rd or '', R.rid or '', R.fc or '', R.fm or '', R.hld or '', lse, R.lms or '',
+      R.rwin or '', uks, R.rev or '', R.run or '', R.stp or '', ru, rue, R.cfh or '', R.cf or '',
+      R.cmp or '', R.cby or '', R.hb or '',
     }
     local n = 33
     while v[n] == '' do n = n - 1 end
@@ -541,7 +553,9 @@ F = {
       ttl = rue - NOW
     end
     R.st, R.rsn, R.ut, R.exp = to, reason, F.tostr(NOW), F.tostr(NOW + ttl)
-    R.lse, R.hld, R.uks, R.rev = nil, nil, nil, nil
+    -- What only a live record needs goes: the claim, UNKNOWN's marks, and
+    -- the lease and recovery window of its policy.
+    R.lse, R.hld, R.uks, R.rev, R.lms, R.rwin = nil, nil, nil, nil, nil, nil
     F.history(from, to, reason, detail)
     F.flush()
     F.indexes(from, to, lapsed)
