@@ -41,6 +41,22 @@ const DefaultPrefix = "ledger"
 // theirs can open a hash tag, add a separator, or reach another tenant's key.
 type keyspace struct {
 	prefix string
+	shards *[NumShards]shardKeys
+}
+
+// shardKeys are the keys of one shard, built once by newKeyspace.
+type shardKeys struct {
+	tag, leases, stats, overdue, wait string
+}
+
+// newKeyspace returns the keyspace under prefix.
+func newKeyspace(prefix string) keyspace {
+	k := keyspace{prefix: prefix, shards: new([NumShards]shardKeys)}
+	for s := range k.shards {
+		tag := prefix + ":{s" + string([]byte{'0' + byte(s/10), '0' + byte(s%10)}) + "}"
+		k.shards[s] = shardKeys{tag: tag, leases: tag + ":leases", stats: tag + ":stats", overdue: tag + ":overdue", wait: tag + ":wait"}
+	}
+	return k
 }
 
 // opKeys are the keys of one operation, in the order every write script
@@ -53,7 +69,7 @@ type opKeys struct {
 }
 
 func (k keyspace) tag(shard int) string {
-	return k.prefix + ":{s" + string([]byte{'0' + byte(shard/10), '0' + byte(shard%10)}) + "}"
+	return k.shards[shard].tag
 }
 
 // shardOf returns the shard of an operation: FNV-1a of the encoded tenant,
@@ -78,22 +94,22 @@ func (k keyspace) unresolved(shard int, t string) string {
 
 // leases is the key of a shard's lease index.
 func (k keyspace) leases(shard int) string {
-	return k.tag(shard) + ":leases"
+	return k.shards[shard].leases
 }
 
 // stats is the key of a shard's live counts.
 func (k keyspace) stats(shard int) string {
-	return k.tag(shard) + ":stats"
+	return k.shards[shard].stats
 }
 
 // overdue is the key of a shard's operations by when they are overdue.
 func (k keyspace) overdue(shard int) string {
-	return k.tag(shard) + ":overdue"
+	return k.shards[shard].overdue
 }
 
 // wait is the key of a shard's WAIT marker (Ledger.evalWait).
 func (k keyspace) wait(shard int) string {
-	return k.tag(shard) + ":wait"
+	return k.shards[shard].wait
 }
 
 // op returns the keys of one operation.

@@ -23,7 +23,7 @@ func hashTag(key string) string {
 }
 
 func checkKeys(t *testing.T, tenant, id string) {
-	ks := keyspace{prefix: DefaultPrefix}
+	ks := newKeyspace(DefaultPrefix)
 	k := ks.op(tenant, id)
 	tag := hashTag(k.all[0])
 	if !strings.HasPrefix(tag, "s") || len(tag) != 3 {
@@ -65,7 +65,7 @@ func TestKeysStayInOneSlotAndTenant(t *testing.T) {
 	seen := map[string][2]string{}
 	for _, c := range cases {
 		checkKeys(t, c[0], c[1])
-		key := keyspace{prefix: DefaultPrefix}.op(c[0], c[1]).all[0]
+		key := newKeyspace(DefaultPrefix).op(c[0], c[1]).all[0]
 		if prev, ok := seen[key]; ok {
 			t.Fatalf("%q and %q share the key %q", prev, c, key)
 		}
@@ -105,7 +105,7 @@ func FuzzKeyEncoding(f *testing.F) {
 		if dec, err := decodeComponent(enc); err != nil || dec != id {
 			t.Fatalf("round trip of %q: %q, %v", id, dec, err)
 		}
-		ks := keyspace{prefix: DefaultPrefix}
+		ks := newKeyspace(DefaultPrefix)
 		if id != tenant && ks.op(tenant, id).all[0] == ks.op(id, tenant).all[0] {
 			t.Fatalf("(%q, %q) and (%q, %q) share a key", tenant, id, id, tenant)
 		}

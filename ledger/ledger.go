@@ -95,7 +95,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Ledger, error) {
 	if err := CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
-	l := &Ledger{rdb: rdb, keys: keyspace{prefix: prefix}, policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer,
+	l := &Ledger{rdb: rdb, keys: newKeyspace(prefix), policies: opts.Policies, log: opts.Logger, limit: opts.UnresolvedLimit, observe: opts.Observer,
 		waitN: opts.WaitReplicas, waitFor: opts.WaitTimeout, listScan: maxListScan}
 	if l.waitFor <= 0 {
 		l.waitFor = 100 * time.Millisecond
