@@ -325,6 +325,7 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		}
 		c.printGrowth(rep.Growth)
 	}
+	c.printGoals(rep)
 	return rep, nil
 }
 
