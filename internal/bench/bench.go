@@ -383,15 +383,15 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 	}
 	phases := []phase{
 		{"health", window("health Check", c.Concurrency, c.Duration, 1), func(string) Call { return t.Health() }, 0},
-		{"reserve", window("Reserve (new key)", c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }, 0},
+		{"reserve", window(reserveName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }, 0},
 		{"reserve-sha", window(reserveSHAName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "f" + r) }, 0},
-		{"cycle", window("Reserve+Complete cycle", c.Concurrency, c.Duration, 2), func(r string) Call { return t.Cycle(run + "c" + r) }, 0},
+		{"cycle", window(cycleName, c.Concurrency, c.Duration, 2), func(r string) Call { return t.Cycle(run + "c" + r) }, 0},
 		{"replay", window("Reserve (replay)", c.Concurrency, c.Duration, 1), func(string) Call { return t.Replay(run+"p", c.Preload) }, 0},
 		{"lookup", window("Lookup", c.Concurrency, c.Duration, 1), func(string) Call { return t.Lookup(run+"p", c.Preload) }, 0},
 	}
 	latency := []phase{
 		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }, 0},
-		{"reserve", window("Reserve (new key)", 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
+		{"reserve", window(reserveName, 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
 		{"reserve-sha", window(reserveSHAName, 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "g" + r) }, 0},
 	}
 	for i, v := range bareVariants {
@@ -444,6 +444,13 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 	rep.Latency = summarize(lat)
 	return nil
 }
+
+// reserveName and cycleName are the new-key Reserve's and the
+// Reserve+Complete cycle's scenarios in the report.
+const (
+	reserveName = "Reserve (new key)"
+	cycleName   = "Reserve+Complete cycle"
+)
 
 // reserveSHAName is the scenario of a client that sends the parameters'
 // fingerprint (params_sha256) instead of the parameters. It also runs at
@@ -566,7 +573,7 @@ func (c *Config) growth(ctx context.Context, n int64) (GrowthPoint, error) {
 		if err != nil {
 			return g, err
 		}
-		spec.Name = "Reserve (new key)"
+		spec.Name = reserveName
 		r, err := c.run(ctx, spec, t.ReserveNew("r"+strconv.Itoa(round)))
 		if err != nil {
 			return g, err

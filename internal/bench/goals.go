@@ -31,7 +31,7 @@ func goals(rep *Report) []Goal {
 		byName[s.Name] = s
 	}
 	var out []Goal
-	reserve, cycle, bare := byName["Reserve (new key)"], byName["Reserve+Complete cycle"], byName[BareName]
+	reserve, cycle, bare := byName[reserveName], byName[cycleName], byName[BareName]
 	if reserve != nil && reserve.CPU.Redis > 0 {
 		out = append(out, Goal{"Redis CPU per new-key Reserve", micros(reserve.CPU.Redis), 20, true, "µs"})
 	}

@@ -8,8 +8,8 @@ import (
 )
 
 func TestGoals(t *testing.T) {
-	reserve := &Summary{Name: "Reserve (new key)", RatioRPS: 0.31, CPU: CPU{Ledgerd: 60 * time.Microsecond, Redis: 38 * time.Microsecond}}
-	cycle := &Summary{Name: "Reserve+Complete cycle", CPU: CPU{Redis: 44 * time.Microsecond}}
+	reserve := &Summary{Name: reserveName, RatioRPS: 0.31, CPU: CPU{Ledgerd: 60 * time.Microsecond, Redis: 38 * time.Microsecond}}
+	cycle := &Summary{Name: cycleName, CPU: CPU{Redis: 44 * time.Microsecond}}
 	bare := &Summary{Name: BareName, CPU: CPU{Ledgerd: 30 * time.Microsecond}}
 	for _, c := range []struct {
 		name string
