@@ -138,6 +138,9 @@ local FIELDS_TAIL = '^' ..
   '([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255'
 local FIELDS_PAD = '\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255'
 
+-- A stored record's 12th field (ret), from its body's start.
+local RET_FIELD = '^[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255([^\255\254]*)'
+
 -- The ms in a unit of a duration's last byte (s, m, h, d).
 local UNIT_MS = {[115] = 1000, [109] = 60000, [104] = 3600000, [100] = 86400000}
 
@@ -338,6 +341,15 @@ F = {
       hist = '\254' .. second .. string.sub(hist, nxt)
     end
     S.hist = hist
+  end,
+
+  -- stored_exp returns the exp field of a stored record s in state st as
+  -- it reads: a terminal record's empty exp is its retention.
+  stored_exp = function(s, st, exp)
+    if exp == '' and (st == '3' or st == '4') then
+      return string.match(s, RET_FIELD, 34) or ''
+    end
+    return exp
   end,
 
   -- gone is the one rule for an expired record: terminal (st), and past

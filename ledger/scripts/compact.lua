@@ -62,11 +62,10 @@ do
   local i = 4
   for f in string.gmatch(string.sub(s, n + 2, (h or (#s + 1)) - 1) .. '\255', '([^\255]*)\255') do
     i = i + 1
-    -- An empty exp is the retention (the 12th field) after ut.
-    if i == 12 and exp == '' then exp = f end
     if i == 30 then cf = f end
   end
 end
+exp = F.stored_exp(s, st, exp)
 if not string.match(exp, '^%d+[smhd]?$') then
   return 0 -- no expiry: not a record
 end

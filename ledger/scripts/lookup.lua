@@ -12,15 +12,11 @@
 -- The record is returned as stored: only its state and, when terminal, its
 -- expiry are decoded (gone in common.lua decides).
 
-local RET = '^[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255([^\255\254]*)'
 local s = redis.call('GET', KEYS[1])
 if s then
   local st, exp, ct, ut, att = string.match(s, '^(%d)\255([^\255]*)\255([^\255]*)\255([^\255\254]*)\255?([^\255\254]*)', 34)
-  if st and exp == '' and (st == '3' or st == '4') then
-    -- A terminal record's empty exp is its retention (the 12th field).
-    exp = string.match(s, RET, 34) or ''
-  end
   if st then
+    exp = F.stored_exp(s, st, exp)
     if F.gone(st, tonumber(ct, 36) + ms(ut) + ms(exp), att) then
       return {C_EXPIRED, st .. ':' .. (F.chain_head(s) or ''), ''}
     end
