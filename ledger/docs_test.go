@@ -492,6 +492,16 @@ func writtenReasons(t *testing.T) map[string][]string {
 			}
 		}
 	}
+	// reserve.lua writes a new record as ledgerd encodes it (newRecord.tail).
+	o, hist, err := decodeRecord("L" + strings.Repeat("f", 32) + "2\xff\xff00000000" + newRecord{}.tail())
+	if err != nil {
+		t.Fatalf("ledger/record.go: newRecord.tail: %v", err)
+	}
+	entries := parseHistory(hist, o.CreatedAt)
+	if len(entries) != 1 || entries[0].Reason != o.Reason {
+		t.Fatalf("ledger/record.go: newRecord.tail writes the history %v, reason %s", entries, o.Reason)
+	}
+	add("reserve.lua", o.Reason)
 	if len(written) == 0 {
 		t.Fatal("ledger: the scripts write no history reason")
 	}

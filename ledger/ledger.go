@@ -205,11 +205,14 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	run := func(fp fingerprint.Fingerprint, fields []string) (int64, string, *record, error) {
 		digest, list := fieldsDigest(fields)
 		return l.reserveWithin(ctx, who.Tenant, k, limit, func(room any) (int64, string, *record, error) {
+			n := newRecord{effect: effect, tool: req.Tool, permit: req.PermitID, holder: req.Holder,
+				maxAttempts: pol.MaxAttempts, lease: pol.Lease, retention: pol.Retention,
+				tombstone: pol.TombstoneRetention, recovery: pol.RecoveryWindow, run: runID,
+				step: req.Step, retainMS: retainMS, retainEndMS: retainEndMS, fieldsDigest: digest,
+				fields: list, compensates: req.Compensates, principal: who.ID}
 			code, aux, rec, _, err := l.run(ctx, op, reserveScript, k, who.ID,
-				req.Tool, string(fp[:]), req.PermitID, req.Holder, int(effect), runID, req.Step,
-				retainMS, retainEndMS, encodeMillis(pol.Lease), pol.MaxAttempts,
-				encodeMillis(pol.Retention), encodeMillis(pol.TombstoneRetention),
-				encodeMillis(pol.RecoveryWindow), req.OperationID, digest, list, room, req.Compensates)
+				req.Tool, string(fp[:]), req.PermitID, req.Holder, pol.Lease.Milliseconds(),
+				req.OperationID, digest, list, room, req.Compensates, n.tail())
 			return code, aux, rec, err
 		})
 	}

@@ -124,6 +124,66 @@ func toOperation(id string, r *record) *Operation {
 	return r.op
 }
 
+// newRecord is what a new operation records: its first claim, and the
+// policy bound at creation.
+type newRecord struct {
+	effect                 Effect
+	tool, permit, holder   string
+	maxAttempts            int
+	lease, retention       time.Duration
+	tombstone, recovery    time.Duration
+	run                    string // with guardedRun when the run guard admitted it
+	step                   uint32
+	retainMS, retainEndMS  int64 // retain_until, and with the grace (0: none)
+	fieldsDigest, fields   string
+	compensates, principal string
+}
+
+// newEntry is a new record's history entry up to its principal: from none
+// to RUNNING by RESERVED at ct, attempt 1, token ct.
+const newEntry = "\xfe02A\xfd1\xfd\xfd"
+
+// tail returns the stored form of the new record after its creation time
+// (reserve.lua writes what comes before): RUNNING by RESERVED, attempt 1,
+// the creation time as its update time and token (so stored as empty), and
+// the history entry of that transition.
+func (n newRecord) tail() string {
+	lease := encodeMillis(n.lease)
+	var ru, rue, stp string
+	if n.retainMS != 0 {
+		ru = strconv.FormatInt(n.retainMS, 10)
+		rue = encodeMillis(time.Duration(n.retainEndMS-n.retainMS) * time.Millisecond)
+	}
+	if n.step != 0 {
+		stp = strconv.FormatUint(uint64(n.step), 10)
+	}
+	// The fields after ct, in order, up to cmp (cby and hb start empty).
+	v := [...]string{
+		"", "1", "", strconv.Itoa(int(n.effect)), "A", n.tool, n.permit,
+		strconv.Itoa(n.maxAttempts), encodeMillis(n.retention),
+		encodeMillis(n.tombstone), "", "", "", "", "", n.holder, lease, lease,
+		encodeMillis(n.recovery), "", "", n.run, stp, ru, rue, n.fieldsDigest,
+		n.fields, n.compensates,
+	}
+	last := len(v) - 1
+	for last >= 0 && v[last] == "" {
+		last--
+	}
+	size := len(newEntry) + len(n.principal)
+	for _, f := range v[:last+1] {
+		size += 1 + len(f)
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, f := range v[:last+1] {
+		b.WriteByte(fieldSep)
+		b.WriteString(f)
+	}
+	b.WriteString(newEntry)
+	b.WriteString(n.principal)
+	return b.String()
+}
+
 // decodeRecord decodes a record's stored form into a snapshot without
 // history, and returns its stored history for parseHistory.
 func decodeRecord(s string) (*Operation, string, error) {
@@ -176,7 +236,7 @@ func decodeRecord(s string) (*Operation, string, error) {
 		o.RecoveryDeadline = o.UnknownSince.Add(time.Duration(millis(f[fRwin])) * time.Millisecond)
 	}
 	if f[fRu] != "" {
-		o.RetainUntil = msTime(ct + millis(f[fRu]))
+		o.RetainUntil = msTime(millis(f[fRu]))
 	}
 	if f[fExp] != "" {
 		o.ExpiresAt = msTime(ut + millis(f[fExp]))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/opledger/ledger/chain"
 	"github.com/opledger/ledger/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestHistoryKeepsTheLatest50 drives an operation through more than 50
@@ -409,6 +410,57 @@ func TestStoredFormOfAnOutcome(t *testing.T) {
 			wantKind(t, err, KindCompletionConflict)
 			if after, _ := e.stored(t, key); after != s {
 				t.Errorf("%s: the repeat or the conflict changed the record", c.name)
+			}
+		}
+	})
+}
+
+// TestNewRecordTail creates operations of every shape a new record takes
+// and checks that what ledgerd encoded (newRecord.tail) is the stored form
+// the scripts write: the scripts' own encoder, run on the record as
+// load() reads it, gives back the same bytes, and the snapshot carries
+// every field the Reserve asked for.
+func TestNewRecordTail(t *testing.T) {
+	reencode := redis.NewScript(commonLua + "\nbegin()\nif not load() then return false end\nreturn F.encode()\n")
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.charged(t, "charge-1")
+		later := time.Now().Add(90 * 24 * time.Hour).Truncate(time.Millisecond)
+		for _, c := range []struct {
+			name string
+			req  ReserveRequest
+		}{
+			{name: "plain", req: ReserveRequest{Tool: "payments.refund", PermitID: "approval-77", Holder: "h-1"}},
+			{name: "no permit, holder made up", req: ReserveRequest{Tool: "tickets.open"}},
+			{name: "effect and run", req: ReserveRequest{Tool: "payments.refund", Effect: EffectIdempotent, RunID: "run-1", Step: 7}},
+			{name: "retained", req: ReserveRequest{Tool: "payments.refund", RetainUntil: later}},
+			{name: "retained in 1970", req: ReserveRequest{Tool: "payments.refund", RetainUntil: time.UnixMilli(1)}},
+			{name: "consequential fields", req: ReserveRequest{Tool: "fields.charge", Params: map[string]any{"amount": 5.0, "currency": "eur"}}},
+			{name: "compensates", req: ReserveRequest{Tool: "payments.refund", Compensates: "charge-1"}},
+		} {
+			c.req.OperationID = c.name
+			res, err := e.l.Reserve(e.ctx, e.who, c.req)
+			if err != nil || res.Decision != DecisionExecute {
+				t.Fatalf("%s: Reserve = %v, %v", c.name, res, err)
+			}
+			k := e.opKeys(c.name)
+			s, _ := e.stored(t, k.all[0])
+			again, err := reencode.Run(e.ctx, e.rdb, k.all[:1], e.who.ID, k.member).Text()
+			if err != nil || again != s {
+				t.Errorf("%s: stored %q, the scripts encode it as %q (%v)", c.name, s, again, err)
+			}
+			o := res.Operation
+			if o.Tool != c.req.Tool || o.PermitID != c.req.PermitID || o.RunID != c.req.RunID || o.Step != c.req.Step ||
+				!o.RetainUntil.Equal(c.req.RetainUntil) || o.Compensates != c.req.Compensates ||
+				o.State != StateRunning || o.Attempt != 1 || o.FencingToken != uint64(o.CreatedAt.UnixMilli()) ||
+				!o.UpdatedAt.Equal(o.CreatedAt) || o.Reason != "RESERVED" || o.Holder != res.Holder {
+				t.Errorf("%s: Reserve answered %+v for %+v", c.name, o, c.req)
+			}
+			if c.req.Effect != EffectUnspecified && o.Effect != c.req.Effect {
+				t.Errorf("%s: effect %v, want %v", c.name, o.Effect, c.req.Effect)
+			}
+			if h := e.lookup(t, c.name).History; len(h) != 1 || h[0].Reason != "RESERVED" || h[0].Principal != e.who.ID ||
+				h[0].Attempt != 1 || h[0].FencingToken != o.FencingToken || !h[0].Time.Equal(o.CreatedAt) || h[0].From != StateUnspecified || h[0].To != StateRunning {
+				t.Errorf("%s: history %+v", c.name, h)
 			}
 		}
 	})

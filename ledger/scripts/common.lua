@@ -67,8 +67,8 @@
 -- ut; empty in a terminal record when it is ret), ct (base 36), ut (ms
 -- after ct), att, tok (after ct), eff, rsn (one letter, REASONS below),
 -- tool, pmt, max, ret, tret, cdg (only while ctk = tok), rd, rid, fc, fm,
--- hld, lse (after ut), lms, rwin, uks (after ut), rev, run, stp, ru (after
--- ct), rue (after ct), cfh, cf, cmp, cby, hb: what a terminal record keeps
+-- hld, lse (after ut), lms, rwin, uks (after ut), rev, run, stp, ru
+-- (decimal ms), rue (after ru), cfh, cf, cmp, cby, hb: what a terminal record keeps
 -- comes first, so its trailing fields are empty. Durations and time
 -- differences are decimal milliseconds, or whole s/m/h/d with that suffix
 -- ("7d"); a difference of 0 in ut, tok and the history is left empty. The
@@ -409,8 +409,7 @@ F = {
       if v[24] ~= '' then R.rev = v[24] end
       if v[25] ~= '' then R.run = v[25] end
       if v[26] ~= '' then R.stp = v[26] end
-      if v[27] ~= '' then R.ru = tostr(ct + ms(v[27])) end
-      if v[28] ~= '' then R.rue = tostr(ct + ms(v[28])) end
+      if v[27] ~= '' then R.ru, R.rue = v[27], tostr(tonumber(v[27]) + ms(v[28])) end
       if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
       if v[31] ~= '' then R.cmp = v[31] end
       if v[32] ~= '' then R.cby = v[32] end
@@ -437,8 +436,7 @@ F = {
     end
     if R.lse then lse = enc(tonumber(R.lse) - ut) end
     if R.uks then uks = enc(tonumber(R.uks) - ut) end
-    if R.ru then ru = enc(tonumber(R.ru) - ct) end
-    if R.rue then rue = enc(tonumber(R.rue) - ct) end
+    if R.ru then ru, rue = R.ru, enc(tonumber(R.rue) - tonumber(R.ru)) end
     if R.cdg and R.ctk == R.tok then cdg = R.cdg end
     local v = {
       R.st, exp, S.ct36 or F.base36(ct), enc0(ut - ct), R.att, enc0(tonumber(R.tok) - ct),

@@ -9,23 +9,16 @@
 -- ARGV[4]  -> fingerprint (32 bytes)
 -- ARGV[5]  -> permit id
 -- ARGV[6]  -> holder
--- ARGV[7]  -> effect (1 READ_ONLY, 2 IDEMPOTENT, 3 IRREVERSIBLE)
--- ARGV[8]  -> run id
--- ARGV[9]  -> step
--- ARGV[10] -> retain_until (ms, 0 for none)
--- ARGV[11] -> retain_until plus the policy's grace (ms, 0 for none)
--- ARGV[12] -> lease
--- ARGV[13] -> max attempts
--- ARGV[14] -> retention of the terminal record
--- ARGV[15] -> tombstone retention
--- ARGV[16] -> recovery window
---             (durations in ms, or whole s, m, h, d with that suffix)
--- ARGV[17] -> operation id (raw), for the unresolved index member
--- ARGV[18] -> digest of the policy's consequential fields ('' for all fields)
--- ARGV[19] -> the consequential fields, a JSON list ('' for all fields)
--- ARGV[20] -> '' when the call may create the operation, '0' when the
+-- ARGV[7]  -> lease (ms)
+-- ARGV[8]  -> operation id (raw), for the unresolved index member
+-- ARGV[9]  -> digest of the policy's consequential fields ('' for all fields)
+-- ARGV[10] -> the consequential fields, a JSON list ('' for all fields)
+-- ARGV[11] -> '' when the call may create the operation, '0' when the
 --             tenant's unresolved limit leaves no room (Ledger.reserveWithin)
--- ARGV[21] -> the operation this one compensates (raw id, '' for none)
+-- ARGV[12] -> the operation this one compensates (raw id, '' for none)
+-- ARGV[13] -> the new record's stored form after its creation time
+--             (record.go, newRecordTail): everything a new operation
+--             records but the time, encoded by ledgerd
 --
 -- Output: {code, aux, record, moved}, record in its stored form (common.lua,
 -- reply), or {code, aux, ''}:
@@ -50,7 +43,7 @@
 -- run finds the caller's own live claim (same holder) and returns EXECUTE
 -- with the same attempt and token, without a second history entry.
 
-local tool, fp, permit, holder, effect = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local tool, fp, permit, holder = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 local function claim(reason)
   local tok = tonumber(R.tok or '0') + 1
@@ -81,46 +74,34 @@ if not load() then
     -- lost them, and the current policy's count. Tool and permit are not in
     -- a tombstone: with the same parameters it answers EXPIRED.
     if R.fp ~= fp then
-      if R.att and R.att ~= '' and (R.cfh or '') ~= ARGV[18] then
+      if R.att and R.att ~= '' and (R.cfh or '') ~= ARGV[9] then
         return {C_FIELDS, R.cf or '', ''}
       end
-      if S.tcf and S.tcf ~= ARGV[19] then
+      if S.tcf and S.tcf ~= ARGV[10] then
         return {C_FIELDS, S.tcf, ''}
       end
       return {C_KEY_REUSED, '2', ''}
     end
     return missing()
   end
-  if ARGV[20] ~= '' then
+  if ARGV[11] ~= '' then
     return {C_QUOTA, '', ''}
   end
-  set('tool', tool)
-  set('fp', fp)
-  set('pmt', permit)
-  set('eff', effect)
-  if ARGV[8] ~= '' then set('run', ARGV[8]) end
-  if ARGV[9] ~= '0' then set('stp', ARGV[9]) end
-  if ARGV[10] ~= '0' then set('ru', ARGV[10]) end
-  if ARGV[11] ~= '0' then set('rue', ARGV[11]) end
-  if ARGV[21] ~= '' then set('cmp', ARGV[21]) end
-  set('lms', ARGV[12])
-  set('max', ARGV[13])
-  set('ret', ARGV[14])
-  set('tret', ARGV[15])
-  set('rwin', ARGV[16])
-  set('ct', tostr(NOW))
-  if ARGV[18] ~= '' then
-    set('cfh', ARGV[18])
-    set('cf', ARGV[19])
-  end
-  local out = claim('RESERVED')
-  redis.call('ZADD', KEYS[2], 0, string.format('%013d', NOW) .. ':' .. ARGV[17])
-  return out
+  -- A new record, RUNNING under its first claim: every field but the
+  -- creation time arrives encoded, and the times it would hold (updated,
+  -- token, the history entry's) are that time, so stored as empty.
+  local rec = 'L' .. fp .. ST_RUNNING .. '\255\255' .. F.base36(NOW) .. ARGV[13]
+  redis.call('SET', KEYS[1], rec)
+  R.tool = tool
+  F.bump(ST_RUNNING, 1)
+  redis.call('ZADD', KEYS[3], NOW + tonumber(ARGV[7]), S.member)
+  redis.call('ZADD', KEYS[2], 0, string.format('%013d', NOW) .. ':' .. ARGV[8])
+  return {C_EXECUTE, '', rec, '0:0'}
 end
 
 -- The fields the fingerprint covers are bound at creation: a changed policy
 -- must not turn the retries of a running operation into conflicts.
-if (R.cfh or '') ~= ARGV[18] then
+if (R.cfh or '') ~= ARGV[9] then
   return {C_FIELDS, R.cf or '', ''}
 end
 
@@ -128,7 +109,7 @@ local mask = 0
 if R.tool ~= tool then mask = mask + 1 end
 if R.fp ~= fp then mask = mask + 2 end
 if R.pmt ~= permit then mask = mask + 4 end
-if (R.cmp or '') ~= ARGV[21] then mask = mask + 8 end
+if (R.cmp or '') ~= ARGV[12] then mask = mask + 8 end
 if mask ~= 0 then
   return {C_KEY_REUSED, tostr(mask), ''}
 end
