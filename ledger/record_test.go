@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/opledger/ledger/chain"
 	"github.com/opledger/ledger/internal/redistest"
@@ -462,6 +463,43 @@ func TestNewRecordTail(t *testing.T) {
 				h[0].Attempt != 1 || h[0].FencingToken != o.FencingToken || !h[0].Time.Equal(o.CreatedAt) || h[0].From != StateUnspecified || h[0].To != StateRunning {
 				t.Errorf("%s: history %+v", c.name, h)
 			}
+		}
+	})
+}
+
+// FuzzNewRecordTail: whatever values a Reserve validated, the new record
+// ledgerd encodes decodes to them.
+func FuzzNewRecordTail(f *testing.F) {
+	f.Add("payments.refund", "approval-77", "h-1", "run-1", "agent-1", "", uint32(7), int64(1764750000000), int64(604800000), int64(30000), 5)
+	f.Add("t", "", "h", "", "", "c", uint32(0), int64(0), int64(0), int64(1), 1)
+	f.Fuzz(func(t *testing.T, tool, permit, holder, run, principal, compensates string, step uint32, retain, grace, lease int64, maxAttempts int) {
+		for _, s := range []string{tool, permit, holder, run, principal, compensates} {
+			if !utf8.ValidString(s) || strings.ContainsAny(s, "\x01") {
+				t.Skip("the ledger refuses it")
+			}
+		}
+		if lease <= 0 || grace < 0 || maxAttempts < 1 || retain < 0 || retain > 1<<50 || grace > 1<<40 || lease > 1<<40 {
+			t.Skip("no policy or request has it")
+		}
+		n := newRecord{effect: EffectIrreversible, tool: tool, permit: permit, holder: holder, maxAttempts: maxAttempts,
+			lease: time.Duration(lease) * time.Millisecond, retention: 7 * 24 * time.Hour, tombstone: 30 * 24 * time.Hour,
+			recovery: 15 * time.Minute, run: run, step: step, retainMS: retain, retainEndMS: retain + grace,
+			compensates: compensates, principal: principal}
+		const ct = 1764750000000
+		o, hist, err := decodeRecord("L" + strings.Repeat("f", 32) + "2\xff\xff" + strconv.FormatInt(ct, 36) + n.tail())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := time.UnixMilli(ct).UTC()
+		if o.Tool != tool || o.PermitID != permit || o.Holder != holder || o.RunID != run || o.Step != step ||
+			o.Compensates != compensates || int(o.MaxAttempts) != maxAttempts || o.State != StateRunning ||
+			o.Attempt != 1 || o.FencingToken != ct || !o.CreatedAt.Equal(want) || !o.UpdatedAt.Equal(want) ||
+			!o.LeaseExpiresAt.Equal(want.Add(n.lease)) || !o.RetainUntil.Equal(msTime(retain)) || o.Reason != "RESERVED" {
+			t.Fatalf("decoded %+v from %+v", o, n)
+		}
+		h := parseHistory(hist, o.CreatedAt)
+		if len(h) != 1 || h[0].Principal != principal || h[0].Reason != "RESERVED" || !h[0].Time.Equal(want) || h[0].FencingToken != ct {
+			t.Fatalf("history %+v from %+v", h, n)
 		}
 	})
 }
