@@ -475,11 +475,11 @@ func FuzzNewRecordTail(f *testing.F) {
 	f.Fuzz(func(t *testing.T, tool, permit, holder, run, principal, compensates string, step uint32, retain, grace, lease int64, maxAttempts int) {
 		for _, s := range []string{tool, permit, holder, run, principal, compensates} {
 			if !utf8.ValidString(s) || strings.ContainsAny(s, "\x01") {
-				t.Skip("the ledger refuses it")
+				return // the ledger refuses it
 			}
 		}
 		if lease <= 0 || grace < 0 || maxAttempts < 1 || retain < 0 || retain > 1<<50 || grace > 1<<40 || lease > 1<<40 {
-			t.Skip("no policy or request has it")
+			return // no policy or request has it
 		}
 		n := newRecord{effect: EffectIrreversible, tool: tool, permit: permit, holder: holder, maxAttempts: maxAttempts,
 			lease: time.Duration(lease) * time.Millisecond, retention: 7 * 24 * time.Hour, tombstone: 30 * 24 * time.Hour,
