@@ -13,8 +13,9 @@ import (
 	"github.com/opledger/ledger/fingerprint"
 )
 
-// The stored form of a record (scripts/common.lua writes it, docs/design.md
-// §2 describes it): one string per operation,
+// The stored form of a record (scripts/common.lua writes it, newRecord.tail
+// encodes most of a new one, docs/design.md §2 describes it): one string
+// per operation,
 //
 //	'L' <fingerprint: 32 bytes> <field> 0xFF <field> ... [0xFE <history entry>]...
 //

@@ -68,8 +68,8 @@
 -- after ct), att, tok (after ct), eff, rsn (one letter, REASONS below),
 -- tool, pmt, max, ret, tret, cdg (only while ctk = tok), rd, rid, fc, fm,
 -- hld, lse (after ut), lms, rwin, uks (after ut), rev, run, stp, ru
--- (decimal ms), rue (after ru), cfh, cf, cmp, cby, hb: what a terminal record keeps
--- comes first, so its trailing fields are empty. Durations and time
+-- (decimal ms), rue (after ru), cfh, cf, cmp, cby, hb: what a terminal
+-- record keeps comes first, so its trailing fields are empty. Durations and time
 -- differences are decimal milliseconds, or whole s/m/h/d with that suffix
 -- ("7d"); a difference of 0 in ut, tok and the history is left empty. The
 -- policy durations (lms, ret, tret, rwin) arrive from Go in that form and

@@ -17,7 +17,7 @@
 --             tenant's unresolved limit leaves no room (Ledger.reserveWithin)
 -- ARGV[12] -> the operation this one compensates (raw id, '' for none)
 -- ARGV[13] -> the new record's stored form after its creation time
---             (record.go, newRecordTail): everything a new operation
+--             (record.go, newRecord.tail): everything a new operation
 --             records but the time, encoded by ledgerd
 --
 -- Output: {code, aux, record, moved}, record in its stored form (common.lua,
@@ -89,7 +89,8 @@ if not load() then
   end
   -- A new record, RUNNING under its first claim: every field but the
   -- creation time arrives encoded, and the times it would hold (updated,
-  -- token, the history entry's) are that time, so stored as empty.
+  -- token, the history entry's) are that time, so stored as empty. It
+  -- moved from no state ('0') after no time in it.
   local rec = 'L' .. fp .. ST_RUNNING .. '\255\255' .. F.base36(NOW) .. ARGV[13]
   redis.call('SET', KEYS[1], rec)
   R.tool = tool
