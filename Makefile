@@ -24,7 +24,9 @@ FUZZTIME  ?= 30s
 FUZZMINIMIZETIME ?= 5s
 ARGS      ?=
 # Flags of `make bench` (cmd/ledgerbench): the default adds the growth
-# measurement with 1k and 1M records stored (several minutes).
+# measurement with 1k and 1M records stored (several minutes). The peer part
+# builds internal/bench/peer; --peer-src DIR builds the peer from a source
+# tree of it when the Go module proxy does not serve it.
 BENCH_ARGS ?= --growth 1000,1000000
 # What `buf breaking` compares the protos with: the main branch (a buf git
 # input; BREAKING_AGAINST=... for another).
@@ -100,7 +102,7 @@ bench: ## measure ledgerd on fresh redis-servers: throughput and latency against
 	./scripts/ensure-redis-server.sh
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
-	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp $(BENCH_ARGS)
+	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp --go $(GO) $(BENCH_ARGS)
 
 .PHONY: screenshots
 screenshots: ## retake docs/img's console screenshots in headless Chromium (the console's browser test)

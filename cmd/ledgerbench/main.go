@@ -4,7 +4,9 @@
 // ratios hold): Reserve, Reserve+Complete, replays and Lookup; the bare
 // server's floor of one Redis round trip; memory per record; with --growth,
 // throughput with many records stored; with --ledgermcp, the MCP gateway's
-// cost. It asserts no timing; it fails when a call failed. `make bench`
+// cost; the Reserve+Complete cycle against the same cycle in-process with
+// github.com/faustbrian/go-idempotency (--peer-src when the Go module proxy
+// does not serve it). It asserts no timing; it fails when a call failed. `make bench`
 // builds ledgerd and runs it; docs/benchmarks.md explains the numbers.
 //
 //	ledgerbench --ledgerd bin/ledgerd [--duration 10s] [--concurrency 50]
@@ -27,23 +29,11 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == bench.BareCommand {
-		// The bare server, started by the benchmark as its own process.
-		fs := flag.NewFlagSet(bench.BareCommand, flag.ExitOnError)
-		listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
-		redisAddr := fs.String("redis-addr", "", "the Redis of the one EVALSHA per call")
-		plain := fs.Bool("plain", false, "a plain go-redis client, without auto-pipelining")
-		withLedger := fs.Bool("ledger", false, "each Check is a ledger.Reserve of a new operation instead of a trivial script")
-		_ = fs.Parse(os.Args[2:]) // ExitOnError: exit 2
-		if fs.NArg() > 0 {
-			fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", bench.BareCommand, fs.Args())
-			os.Exit(2)
-		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		o := bench.BareOptions{Listen: *listen, RedisAddr: *redisAddr, Plain: *plain, Ledger: *withLedger}
-		if err := bench.ServeBare(ctx, o); err != nil {
-			fmt.Fprintln(os.Stderr, "ledgerbench serve-bare:", err)
+	if len(os.Args) > 1 && (os.Args[1] == bench.BareCommand || os.Args[1] == bench.CycleCommand) {
+		// A process the benchmark starts: the bare server or the ledger's
+		// in-process cycler.
+		if err := child(os.Args[1], os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "ledgerbench %s: %v\n", os.Args[1], err)
 			os.Exit(1)
 		}
 		return
@@ -56,6 +46,27 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// child runs the command the benchmark started this binary with.
+func child(name string, args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if name == bench.CycleCommand {
+		return bench.CycleMain(ctx, args, os.Stdout)
+	}
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	var o bench.BareOptions
+	fs.StringVar(&o.Listen, "listen", "127.0.0.1:0", "gRPC listen address")
+	fs.StringVar(&o.RedisAddr, "redis-addr", "", "the Redis of the one EVALSHA per call")
+	fs.BoolVar(&o.Plain, "plain", false, "a plain go-redis client, without auto-pipelining")
+	fs.BoolVar(&o.Ledger, "ledger", false, "each Check is a ledger.Reserve of a new operation instead of a trivial script")
+	_ = fs.Parse(args) // ExitOnError: exit 2
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", name, fs.Args())
+		os.Exit(2)
+	}
+	return bench.ServeBare(ctx, o)
 }
 
 // usageError is a command line ledgerbench refuses before it starts
@@ -87,11 +98,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer (health always runs; empty: all)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	fs.StringVar(&c.ServerCPUs, "server-cpus", "", "CPU list (taskset -c form, e.g. 1 or 2-3): run redis-server, ledgerd and the bare servers on these CPUs only and the load generator on the others, as when the agents run elsewhere (docs/benchmarks.md, sections 3.10 and 5.2); empty: every process on every CPU")
 	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; and its ledger variant (one ledger.Reserve per call)")
+	fs.StringVar(&c.PeerModule, "peer-module", "internal/bench/peer", "the directory of the peer's cycler module, which the peer part builds (the path from the repository's root)")
+	fs.StringVar(&c.PeerSource, "peer-src", "", "a source tree of github.com/faustbrian/go-idempotency to build the peer from instead of the Go module proxy's")
+	fs.StringVar(&c.Go, "go", "go", "the go command that builds the peer")
 	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
 	verbose := fs.Bool("v", true, "progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -122,18 +136,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", "mcp", "receipts", "functions":
+		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", "mcp", "receipts", "functions", "peer":
 			c.Only = append(c.Only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts or functions", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions or peer", s)
 		}
 	}
 	c.NoThroughput = *noThroughput
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	c.Cycler = self
 	if *bare {
-		self, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("--bare: %w", err)
-		}
 		c.BareServer = self
 	}
 	c.LedgerdFlags = strings.Fields(*ledgerdFlags)
@@ -143,6 +158,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	_, err := bench.Run(ctx, c)
+	_, err = bench.Run(ctx, c)
 	return err
 }

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 // TestExitStatus: a usage error (an unknown flag, a value ledgerbench
 // refuses, flags it does not take together, a stray argument, neither
 // --ledgerd nor --addr) exits 2, the flag package's convention, in
-// ledgerbench and its serve-bare command alike, with a line naming what
+// ledgerbench and its serve-bare and cycle-inproc commands alike, with a line naming what
 // is wrong; a failure at run time (a binary it cannot start) exits 1; -h
 // exits 0. A command line wrongly accepted would start measuring: it is
 // killed after a minute, which fails the test.
@@ -52,6 +52,9 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"--addr", "127.0.0.1:1", "--server-cpus", "0"}, 2, "ledgerbench: --server-cpus"},
 		{[]string{"serve-bare", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"serve-bare", "stray"}, 2, "ledgerbench serve-bare: unexpected arguments"},
+		{[]string{"cycle-inproc", "--count", "x"}, 2, "invalid value"},
+		{[]string{"cycle-inproc", "stray"}, 2, "ledgerbench cycle-inproc: unexpected arguments"},
+		{[]string{"cycle-inproc", "--redis-addr", "127.0.0.1:1", "--count", "1"}, 1, "ledgerbench cycle-inproc: "},
 		{[]string{"--ledgerd", missing, "--redis-server", missing, "--bare=false"}, 1, "ledgerbench: "},
 		{[]string{"-h"}, 0, "-ledgerd"},
 	} {

@@ -41,6 +41,14 @@ type Config struct {
 	// trip per call on this machine; and its ledger variant's, with one
 	// ledger.Reserve per call.
 	BareServer string
+	// PeerModule is the directory of the peer's cycler module
+	// (internal/bench/peer); the peer part builds it with the go command Go
+	// ("go" when empty). PeerSource, when set, is a source tree of the
+	// peer's module to build it from instead of the module proxy's.
+	PeerModule, PeerSource, Go string
+	// Cycler is a binary that runs the ledger's cycler (RunCycle) when
+	// given CycleCommand: cmd/ledgerbench itself. The peer part needs it.
+	Cycler string
 	// Ledgermcp is the ledgermcp binary: when set, the MCP part measures a
 	// tool called directly and through the gateway (with Addr too).
 	Ledgermcp string
@@ -76,7 +84,7 @@ type Config struct {
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
 	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp,
-	// receipts, functions) it lists; health Check always runs, and at concurrency 1 so does
+	// receipts, functions, peer) it lists; health Check always runs, and at concurrency 1 so does
 	// Reserve.
 	Only []string
 
@@ -141,6 +149,8 @@ type Report struct {
 	Receipts *Receipts
 	// Functions is the functions part.
 	Functions *Functions
+	// Peer is the peer part.
+	Peer *Peer
 }
 
 // Memory is the store's memory per SUCCEEDED record.
@@ -307,6 +317,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		rep.Functions = f
 		c.printFunctions(f)
 	}
+	if c.Addr == "" && !c.NoThroughput && c.Cycler != "" && c.selected("peer") {
+		p, err := c.peerPart(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Peer = p
+		c.printPeer(p)
+	}
 	if c.Addr == "" && c.MemoryRecords > 0 {
 		m, err := c.memory(ctx)
 		if err != nil {
@@ -372,8 +390,10 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		return Spec{Name: name, Concurrency: conc, Warmup: c.Warmup, Duration: d, RPCs: rpcs}
 	}
 	// The operations the replay and Lookup runs read.
-	if _, err := c.run(ctx, Spec{Name: "preload", Concurrency: c.Concurrency, Count: c.Preload, RPCs: 2}, t.Cycle(run+"p")); err != nil {
-		return err
+	if c.selected("replay") || c.selected("lookup") {
+		if _, err := c.run(ctx, Spec{Name: "preload", Concurrency: c.Concurrency, Count: c.Preload, RPCs: 2}, t.Cycle(run+"p")); err != nil {
+			return err
+		}
 	}
 	type phase struct {
 		key  string

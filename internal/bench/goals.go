@@ -45,6 +45,12 @@ func goals(rep *Report) []Goal {
 	if reserve != nil && reserve.RatioRPS > 0 {
 		out = append(out, Goal{"Reserve throughput ÷ health Check", reserve.RatioRPS, 0.40, false, "×"})
 	}
+	if p := rep.Peer; p != nil && p.Unavailable == "" && p.RedisRatio > 0 {
+		out = append(out,
+			Goal{"ledger in-process cycles/s ÷ the peer's", p.InprocRatio, 1.3, false, "×"},
+			Goal{"ledger over gRPC cycles/s ÷ the peer's in-process", p.GRPCRatio, 0.5, false, "×"},
+			Goal{"Redis CPU per cycle, the ledger's ÷ the peer's", p.RedisRatio, 0.6, true, "×"})
+	}
 	if rep.Memory != nil && rep.Memory.Records > 0 {
 		out = append(out, Goal{"bytes per SUCCEEDED record (100-byte result)", rep.Memory.PerRecord, 380, true, "B"})
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -25,6 +26,14 @@ var binDir string
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		serveHealth(os.Args[len(os.Args)-1])
+	}
+	if len(os.Args) > 1 && os.Args[1] == CycleCommand {
+		// The ledger's cycler, for TestPeerPart.
+		if err := CycleMain(context.Background(), os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	dir, err := os.MkdirTemp("", "ledger-bench-")
 	if err != nil {
