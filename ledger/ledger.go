@@ -303,7 +303,7 @@ func (l *Ledger) Complete(ctx context.Context, who Principal, req CompleteReques
 	r, f := derefResult(req.Result), derefFailure(req.Failure)
 	o, err := l.update(ctx, op, completeScript, who, req.OperationID,
 		req.FencingToken, int(req.Outcome), outcomeDigest(req.Outcome, r, f),
-		r.Data, r.ResourceID, f.Code, f.Message)
+		r.Data, r.ResourceID, f.Code, f.Message, req.OperationID)
 	if err == nil {
 		l.settleOperation(ctx, who.Tenant, o)
 	}

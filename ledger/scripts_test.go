@@ -2,7 +2,10 @@ package ledger
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"fmt"
+	"maps"
 	"math"
 	"net"
 	"slices"
@@ -11,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
@@ -742,5 +746,193 @@ R.st, R.rsn, R.ut = '2', 'RESERVED', R.ct
 			}
 			b.ReportMetric(got, "redis-µs/op")
 		})
+	}
+}
+
+// inPlaceGuard is the line of complete.lua that takes the in-place way.
+const inPlaceGuard = "if stored and (outcome == '1' or outcome == '2') then"
+
+// TestCompleteInPlace: a Complete recorded in place (complete.lua,
+// in_place) leaves the same record, TTL, indexes and reply as load() and
+// finish() do at the same store time, for every shape of record it takes
+// and for the ones it leaves to them. Each case's operation is copied to a
+// second keyspace; one script then completes the copy the generic way and
+// the original in place, with one clock.
+func TestCompleteInPlace(t *testing.T) {
+	generic := strings.Replace(completeLua, inPlaceGuard, "if false then", 1)
+	if generic == completeLua {
+		t.Fatalf("complete.lua has no line %q", inPlaceGuard)
+	}
+	both := redis.NewScript(commonLua + "\nlocal function in_place_way()\n" + completeLua + "\nend\nlocal function generic_way()\n" + generic + `
+end
+begin()
+local now, a = NOW, {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
+local fast = in_place_way()
+for i = 1, 5 do KEYS[i] = KEYS[i + 5] end
+begin()
+NOW = now
+local slow = generic_way()
+for i = 1, 5 do KEYS[i] = a[i] end
+return {fast, slow}
+`)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	pol, err := ParsePolicies([]byte(ledgertest.Policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, rdb, pol)
+	other := newKeyspace("inplace")
+	result := &Result{Data: []byte(`{"id":"re_1"}`), ResourceID: "re_1"}
+	failure := &Failure{Code: "card_declined", Message: "the card was declined"}
+	// retried claims attempt n of id after n-1 retryable failures.
+	retried := func(t *testing.T, id string, n int) uint64 {
+		tok := e.execute(t, id, "retried.refund").FencingToken
+		for i := 1; i < n; i++ {
+			if _, err := e.complete(t, id, tok, OutcomeFailedRetryable, nil, failure); err != nil {
+				t.Fatal(err)
+			}
+			tok = e.execute(t, id, "retried.refund").FencingToken
+		}
+		return tok
+	}
+	reserve := func(t *testing.T, req ReserveRequest) uint64 {
+		req.Holder, req.PermitID = "h-"+req.OperationID, "permit-1"
+		if req.Params == nil {
+			req.Params = map[string]any{"amount": 10.0, "currency": "eur"}
+		}
+		res, err := e.l.Reserve(e.ctx, e.who, req)
+		if err != nil || res.Decision != DecisionExecute {
+			t.Fatalf("Reserve(%s) = %v, %v", req.OperationID, res, err)
+		}
+		return res.Operation.FencingToken
+	}
+	for _, c := range []struct {
+		name    string
+		claim   func(t *testing.T, id string) uint64 // the token to report with
+		outcome Outcome
+		r       *Result
+		f       *Failure
+		by      string // the reporting principal's id, when not the env's
+		code    int64  // the script's code
+	}{
+		{name: "succeeded", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeSucceeded, r: result},
+		{name: "id:with/reserved%bytes,ü", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeSucceeded, r: result},
+		{name: "succeeded without a result", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeSucceeded},
+		{name: "failed for good", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeFailedFinal, f: failure},
+		{name: "by another principal", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeSucceeded, r: result, by: "agent-2"},
+		{name: "third attempt", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 3) },
+			outcome: OutcomeSucceeded, r: result},
+		{name: "24 attempts: 47 entries", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 24) },
+			outcome: OutcomeSucceeded, r: result},
+		{name: "26 attempts: the oldest entry goes", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 26) },
+			outcome: OutcomeFailedFinal, f: failure},
+		{name: "consequential fields", claim: func(t *testing.T, id string) uint64 {
+			return reserve(t, ReserveRequest{OperationID: id, Tool: "fields.refund"})
+		}, outcome: OutcomeSucceeded, r: result},
+		{name: "in a run", claim: func(t *testing.T, id string) uint64 {
+			if _, err := e.l.StartRun(e.ctx, e.who, "run-"+id, RunLimits{MaxSteps: 5}); err != nil {
+				t.Fatal(err)
+			}
+			return reserve(t, ReserveRequest{OperationID: id, Tool: "payments.refund", RunID: "run-" + id, Step: 4})
+		}, outcome: OutcomeSucceeded, r: result},
+		{name: "compensating", claim: func(t *testing.T, id string) uint64 {
+			charge := e.execute(t, "charge-"+id, "payments.charge")
+			if _, err := e.complete(t, "charge-"+id, charge.FencingToken, OutcomeSucceeded, result, nil); err != nil {
+				t.Fatal(err)
+			}
+			return reserve(t, ReserveRequest{OperationID: id, Tool: "payments.refund", Compensates: "charge-" + id})
+		}, outcome: OutcomeSucceeded, r: result},
+		{name: "retained until", claim: func(t *testing.T, id string) uint64 {
+			return reserve(t, ReserveRequest{OperationID: id, Tool: "payments.refund", RetainUntil: time.Now().Add(30 * 24 * time.Hour)})
+		}, outcome: OutcomeSucceeded, r: result},
+		{name: "after its lease", claim: func(t *testing.T, id string) uint64 {
+			o := e.execute(t, id, "expiring.idempotent")
+			e.waitLeaseEnd(t, o)
+			e.sweep(t) // lists the claim as overdue
+			if n := rdb.ZCard(e.ctx, e.opKeys(id).all[4]).Val(); n != 1 {
+				t.Fatalf("%d overdue after the sweep, want 1", n)
+			}
+			return o.FencingToken
+		}, outcome: OutcomeSucceeded, r: result},
+		{name: "retryable", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeFailedRetryable, f: failure},
+		{name: "stale token", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken - 1 },
+			outcome: OutcomeSucceeded, r: result, code: codeStale},
+		{name: "a repeat", claim: func(t *testing.T, id string) uint64 {
+			tok := e.execute(t, id, "payments.refund").FencingToken
+			if _, err := e.complete(t, id, tok, OutcomeSucceeded, result, nil); err != nil {
+				t.Fatal(err)
+			}
+			return tok
+		}, outcome: OutcomeSucceeded, r: result},
+		{name: "unknown", claim: func(t *testing.T, id string) uint64 {
+			tok := e.execute(t, id, "payments.refund").FencingToken
+			if _, err := e.markUnknown(t, id, tok); err != nil {
+				t.Fatal(err)
+			}
+			return tok
+		}, outcome: OutcomeSucceeded, r: result},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := "op-" + strings.ReplaceAll(c.name, " ", "-")
+			tok := c.claim(t, id)
+			a, b := e.opKeys(id), other.op(e.who.Tenant, id)
+			for i := range a.all {
+				if err := rdb.Copy(e.ctx, a.all[i], b.all[i], 0, true).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r, f := derefResult(c.r), derefFailure(c.f)
+			by := cmp.Or(c.by, e.who.ID)
+			out, err := both.Run(e.ctx, rdb, append(slices.Clone(a.all), b.all...),
+				by, a.member, tok, int(c.outcome), outcomeDigest(c.outcome, r, f), r.Data, r.ResourceID, f.Code, f.Message, id).Slice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(out[0]) != fmt.Sprint(out[1]) {
+				t.Fatalf("replies differ:\nin place %q\ngeneric  %q", out[0], out[1])
+			}
+			if code := out[0].([]any)[0].(int64); code != c.code {
+				t.Fatalf("code %d, want %d: %q", code, c.code, out[0])
+			}
+			for i := range a.all {
+				if x, y := keyDump(t, rdb, a.all[i]), keyDump(t, rdb, b.all[i]); x != y {
+					t.Errorf("%s differs:\nin place %q\ngeneric  %q", a.all[i], x, y)
+				}
+			}
+			ta, tb := rdb.PTTL(e.ctx, a.all[0]).Val(), rdb.PTTL(e.ctx, b.all[0]).Val()
+			if d := ta - tb; d < -time.Second || d > time.Second {
+				t.Errorf("TTL in place %v, generic %v", ta, tb)
+			}
+		})
+	}
+}
+
+// keyDump returns a key's value as text: a string, a hash's fields or a sorted
+// set's members with their scores, in order.
+func keyDump(t *testing.T, rdb redis.UniversalClient, key string) string {
+	t.Helper()
+	ctx := context.Background()
+	switch typ := rdb.Type(ctx, key).Val(); typ {
+	case "string":
+		return rdb.Get(ctx, key).Val()
+	case "hash":
+		m := rdb.HGetAll(ctx, key).Val()
+		keys := slices.Sorted(maps.Keys(m))
+		var b strings.Builder
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s=%s;", k, m[k])
+		}
+		return b.String()
+	case "zset":
+		return fmt.Sprint(rdb.ZRangeWithScores(ctx, key, 0, -1).Val())
+	default:
+		return typ
 	}
 }

@@ -359,12 +359,16 @@ F = {
     return (st == '3' or st == '4') and (att == '' or exp < NOW)
   end,
 
-  -- load reads the record. It returns false when there is none, with
+  -- load reads the record (stored: the record as a GET of it returned, when
+  -- the caller read it already). It returns false when there is none, with
   -- S.expired set when only its tombstone is left (and R.fp its
   -- fingerprint; S.tcf the consequential fields of a compacted tombstone
   -- that keeps them, '' for all parameters).
-  load = function()
-    local s = redis.call('GET', KEYS[1])
+  load = function(stored)
+    local s = stored
+    if s == nil then
+      s = redis.call('GET', KEYS[1])
+    end
     if not s then
       return false
     else
