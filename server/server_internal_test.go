@@ -90,6 +90,62 @@ func BenchmarkHandleReserve(b *testing.B) {
 	}
 }
 
+// BenchmarkHandleComplete measures the service's handling of one Complete
+// (SUCCEEDED, a 100-byte result) of a claim reserved through the ledger
+// outside the timed part: decoding the request from its wire bytes, the
+// ledger call (its script on a real redis-server), converting the answer
+// and encoding the reply:
+//
+//	go test -run '^$' -bench HandleComplete -benchmem ./server
+func BenchmarkHandleComplete(b *testing.B) {
+	l, err := ledger.New(redistest.Start(b).Client(b), ledger.Options{Policies: ledger.DefaultPolicies()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := &handler{l: l, anon: ledger.Principal{Tenant: DefaultTenant, ID: "anonymous"}}
+	codec := newRequestCodec(DefaultMaxRequestBytes)
+	data, err := structpb.NewStruct(map[string]any{"id": strings.Repeat("r", 91)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	params := map[string]any{"charge": "ch_3MmlLrLkdIwHu7ix0snN0B15", "amount": 1250, "currency": "eur", "reason": "requested_by_customer"}
+	ctx := context.WithValue(context.Background(), callLogKey{}, new(callLog))
+	n := 0
+	for b.Loop() {
+		b.StopTimer()
+		n++
+		id := fmt.Sprintf("wf-%010d:refund", n)
+		res, err := l.Reserve(ctx, h.anon, ledger.ReserveRequest{OperationID: id, Tool: "payments.refund", Params: params, PermitID: "approval-77"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wire, err := proto.Marshal(&ledgerv1.CompleteRequest{
+			OperationId: id, FencingToken: res.Operation.FencingToken,
+			Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{Data: data},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		var req ledgerv1.CompleteRequest
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, &req); err != nil {
+			b.Fatal(err)
+		}
+		out, err := h.Complete(ctx, &req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if out.GetOperation().GetState() != ledgerv1.State_STATE_SUCCEEDED {
+			b.Fatalf("state %v", out.GetOperation().GetState())
+		}
+		enc, err := codec.Marshal(out)
+		if err != nil {
+			b.Fatal(err)
+		}
+		enc.Free()
+	}
+}
+
 // fuzzStack is one embedded store and handler shared by a fuzzing process,
 // with a victim tenant's operation the fuzzed calls must never touch.
 type fuzzStack struct {
