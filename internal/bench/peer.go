@@ -282,7 +282,7 @@ func (c *Config) buildPeer(ctx context.Context) (string, error) {
 		// The copy's go.sum takes what the build downloads.
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go %s: %s", args[0], lastLine(string(out), err))
+			return fmt.Errorf("go %s: %s", args[0], goError(string(out), err))
 		}
 		return nil
 	}
@@ -297,6 +297,9 @@ func (c *Config) buildPeer(ctx context.Context) (string, error) {
 	}
 	bin := filepath.Join(dir, "peer")
 	if err := goCmd("build", "-o", bin, "."); err != nil {
+		if c.PeerSource == "" {
+			err = fmt.Errorf("%w (--peer-src DIR builds it from a source tree of %s)", err, peerModule)
+		}
 		return "", err
 	}
 	return bin, nil
@@ -312,13 +315,26 @@ func (c *Config) goTool() string {
 	return "go"
 }
 
-// lastLine is the last non-empty line of out, or err's text without one.
-func lastLine(out string, err error) string {
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if l := strings.TrimSpace(lines[len(lines)-1]); l != "" {
-		return l
+// goError is the go command's first error, on one line with the indented
+// lines that continue it, without its progress lines ("go: downloading
+// ..."); err's text when it said nothing else.
+func goError(out string, err error) string {
+	var said []string
+	for l := range strings.SplitSeq(out, "\n") {
+		indented := strings.HasPrefix(l, "\t") || strings.HasPrefix(l, " ")
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "" || strings.HasPrefix(l, "go: downloading ") || strings.HasPrefix(l, "go: finding "):
+		case len(said) == 0 || indented:
+			said = append(said, l)
+		default:
+			return strings.Join(said, " ")
+		}
 	}
-	return err.Error()
+	if len(said) == 0 {
+		return err.Error()
+	}
+	return strings.Join(said, " ")
 }
 
 // cycler runs a cycler (bin with args, on the redis-server rdb) and

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -125,6 +126,25 @@ func TestPeerPart(t *testing.T) {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the report lacks %q:\n%s", want, out.String())
 			}
+		}
+	}
+}
+
+// TestGoError: the go command's first error, on one line with its
+// continuation, without the progress lines.
+func TestGoError(t *testing.T) {
+	exit := errors.New("exit status 1")
+	for _, c := range []struct{ out, want string }{
+		{"go: downloading golang.org/x/sys v0.45.0\ngo: example.com/m@v1: reading https://proxy.golang.org/example.com/m/@v/v1.info: 403 Forbidden\n\tserver response: This module version is not available.\n",
+			"go: example.com/m@v1: reading https://proxy.golang.org/example.com/m/@v/v1.info: 403 Forbidden server response: This module version is not available."},
+		{"./main.go:3:1: syntax error\n", "./main.go:3:1: syntax error"},
+		{"main.go:26:2: example.com/m@v1: 403 Forbidden\n\tserver response: not available.\nmain.go:27:2: example.com/m@v1: 403 Forbidden\n\tserver response: not available.\n",
+			"main.go:26:2: example.com/m@v1: 403 Forbidden server response: not available."},
+		{"go: downloading example.com/m v1\n", "exit status 1"},
+		{"", "exit status 1"},
+	} {
+		if got := goError(c.out, exit); got != c.want {
+			t.Errorf("goError(%q) = %q, want %q", c.out, got, c.want)
 		}
 	}
 }
