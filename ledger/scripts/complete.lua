@@ -55,6 +55,8 @@ local function in_place(s)
     return nil -- maybe 50 history entries: the oldest may have to go
   end
   local body = string.sub(s, 34, h - 1)
+  -- Fields 1 to 8, 9 to 13 (tool to tret) as one span, 14 to 24, and
+  -- where field 25 starts, in the body padded with separators.
   local st, exp, ct36, ut, att, tok, eff, rsn, mid, cdg, rd, rid, fc, fm, hld, lse, lms, rwin, uks, rev, at = string.match(
     body .. '\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255',
     '^([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255()')
