@@ -42,12 +42,7 @@ import (
 //
 //	go test -run '^$' -bench HandleReserve -benchmem ./server
 func BenchmarkHandleReserve(b *testing.B) {
-	l, err := ledger.New(redistest.Start(b).Client(b), ledger.Options{Policies: ledger.DefaultPolicies()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := &handler{l: l, anon: ledger.Principal{Tenant: DefaultTenant, ID: "anonymous"}}
-	codec := newRequestCodec(DefaultMaxRequestBytes)
+	h, codec := benchHandler(b)
 	params, err := structpb.NewStruct(map[string]any{
 		"charge": "ch_3MmlLrLkdIwHu7ix0snN0B15", "amount": 1250, "currency": "eur", "reason": "requested_by_customer",
 	})
@@ -98,12 +93,7 @@ func BenchmarkHandleReserve(b *testing.B) {
 //
 //	go test -run '^$' -bench HandleComplete -benchmem ./server
 func BenchmarkHandleComplete(b *testing.B) {
-	l, err := ledger.New(redistest.Start(b).Client(b), ledger.Options{Policies: ledger.DefaultPolicies()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := &handler{l: l, anon: ledger.Principal{Tenant: DefaultTenant, ID: "anonymous"}}
-	codec := newRequestCodec(DefaultMaxRequestBytes)
+	h, codec := benchHandler(b)
 	data, err := structpb.NewStruct(map[string]any{"id": strings.Repeat("r", 91)})
 	if err != nil {
 		b.Fatal(err)
@@ -115,7 +105,7 @@ func BenchmarkHandleComplete(b *testing.B) {
 		b.StopTimer()
 		n++
 		id := fmt.Sprintf("wf-%010d:refund", n)
-		res, err := l.Reserve(ctx, h.anon, ledger.ReserveRequest{OperationID: id, Tool: "payments.refund", Params: params, PermitID: "approval-77"})
+		res, err := h.l.Reserve(ctx, h.anon, ledger.ReserveRequest{OperationID: id, Tool: "payments.refund", Params: params, PermitID: "approval-77"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -144,6 +134,16 @@ func BenchmarkHandleComplete(b *testing.B) {
 		}
 		enc.Free()
 	}
+}
+
+// benchHandler returns a handler on a ledger over a fresh redis-server, and
+// the service's codec.
+func benchHandler(b *testing.B) (*handler, *requestCodec) {
+	l, err := ledger.New(redistest.Start(b).Client(b), ledger.Options{Policies: ledger.DefaultPolicies()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &handler{l: l, anon: ledger.Principal{Tenant: DefaultTenant, ID: "anonymous"}}, newRequestCodec(DefaultMaxRequestBytes)
 }
 
 // fuzzStack is one embedded store and handler shared by a fuzzing process,
