@@ -6,10 +6,13 @@
 // throughput with many records stored; with --ledgermcp, the MCP gateway's
 // cost; the Reserve+Complete cycle against the same cycle in-process with
 // github.com/faustbrian/go-idempotency (--peer-src when the Go module proxy
-// does not serve it). It asserts no timing; it fails when a call failed. `make bench`
-// builds ledgerd and runs it; docs/benchmarks.md explains the numbers.
+// does not serve it); with --against, two ledgerd binaries side by side
+// under the same load. It asserts no timing; it fails when a call failed.
+// `make bench` builds ledgerd and runs it; docs/benchmarks.md explains the
+// numbers.
 //
 //	ledgerbench --ledgerd bin/ledgerd [--duration 10s] [--concurrency 50]
+//	ledgerbench --ledgerd bin/ledgerd --against /tmp/ledgerd-old --only pair
 //	ledgerbench --addr 127.0.0.1:50051 --redis-addr 127.0.0.1:6379   # a running service
 package main
 
@@ -21,6 +24,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -98,7 +102,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer, pair (health always runs; empty: all)")
+	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd on one redis-server at once, under the same load, and compare their CPU per call (the pair part)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	fs.StringVar(&c.ServerCPUs, "server-cpus", "", "CPU list (taskset -c form, e.g. 1 or 2-3): run redis-server, ledgerd and the bare servers on these CPUs only and the load generator on the others, as when the agents run elsewhere (docs/benchmarks.md, sections 3.10 and 5.2); empty: every process on every CPU")
@@ -136,11 +141,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", "mcp", "receipts", "functions", "peer":
+		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", "mcp", "receipts", "functions", "peer", "pair":
 			c.Only = append(c.Only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions or peer", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer or pair", s)
 		}
+	}
+	if slices.Contains(c.Only, "pair") && c.Against == "" {
+		return usagef("--only pair: needs --against, the second ledgerd binary")
 	}
 	c.NoThroughput = *noThroughput
 	self, err := os.Executable()

@@ -48,6 +48,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"--ledgerd", missing, "stray"}, 2, "ledgerbench: unexpected arguments"},
 		{[]string{"--ledgerd", missing, "--growth", "x"}, 2, "ledgerbench: --growth"},
 		{[]string{"--ledgerd", missing, "--only", "nope"}, 2, "ledgerbench: --only"},
+		{[]string{"--ledgerd", missing, "--only", "pair"}, 2, "ledgerbench: --only pair: needs --against"},
 		{nil, 2, "ledgerbench: --ledgerd"},
 		{[]string{"--addr", "127.0.0.1:1", "--server-cpus", "0"}, 2, "ledgerbench: --server-cpus"},
 		{[]string{"serve-bare", "--bogus"}, 2, "flag provided but not defined"},

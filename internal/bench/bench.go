@@ -46,6 +46,10 @@ type Config struct {
 	// ("go" when empty). PeerSource, when set, is a source tree of the
 	// peer's module to build it from instead of the module proxy's.
 	PeerModule, PeerSource, Go string
+	// Against is a second ledgerd binary: when set, the pair part runs
+	// Ledgerd and Against on one Redis at once and compares their CPU per
+	// call (Pair).
+	Against string
 	// Cycler is a binary that runs the ledger's cycler (RunCycle) when
 	// given CycleCommand: cmd/ledgerbench itself. The peer part needs it.
 	Cycler string
@@ -84,7 +88,7 @@ type Config struct {
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
 	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp,
-	// receipts, functions, peer) it lists; health Check always runs, and at concurrency 1 so does
+	// receipts, functions, peer, pair) it lists; health Check always runs, and at concurrency 1 so does
 	// Reserve.
 	Only []string
 
@@ -151,6 +155,8 @@ type Report struct {
 	Functions *Functions
 	// Peer is the peer part.
 	Peer *Peer
+	// Pair is the pair part (with Config.Against).
+	Pair *Pair
 }
 
 // Memory is the store's memory per SUCCEEDED record.
@@ -210,23 +216,32 @@ func (c *Config) startStack(name string, policy string, extra ...string) (*stack
 	if err != nil {
 		return nil, err
 	}
-	// A huge unresolved limit instead of none, so the check still runs.
-	flags := []string{"--max-unresolved", "1000000000", "--log-level", "warn"}
-	if policy != "" {
-		p := filepath.Join(dir, "policy.yaml")
-		if err := os.WriteFile(p, []byte(policy), 0o644); err != nil {
-			r.Stop()
-			return nil, err
-		}
-		flags = append(flags, "--policy", p)
+	flags, err := c.ledgerdFlags(dir, policy, extra)
+	if err != nil {
+		r.Stop()
+		return nil, err
 	}
-	flags = append(append(flags, c.LedgerdFlags...), extra...)
 	l, err := startLedgerdOn(c.placement, c.Ledgerd, r.Addr, filepath.Join(dir, "ledgerd.log"), flags)
 	if err != nil {
 		r.Stop()
 		return nil, err
 	}
 	return &stack{redis: r, ledgerd: l, addr: l.Addr, rdbAddr: r.Addr}, nil
+}
+
+// ledgerdFlags are the flags of a benchmark's ledgerd: policy (written to
+// dir; none when empty), c.LedgerdFlags, then extra.
+func (c *Config) ledgerdFlags(dir, policy string, extra []string) ([]string, error) {
+	// A huge unresolved limit instead of none, so the check still runs.
+	flags := []string{"--max-unresolved", "1000000000", "--log-level", "warn"}
+	if policy != "" {
+		p := filepath.Join(dir, "policy.yaml")
+		if err := os.WriteFile(p, []byte(policy), 0o644); err != nil {
+			return nil, err
+		}
+		flags = append(flags, "--policy", p)
+	}
+	return append(append(flags, c.LedgerdFlags...), extra...), nil
 }
 
 // Run runs the benchmark and writes its report to c.Out. It fails when any
@@ -324,6 +339,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		}
 		rep.Peer = p
 		c.printPeer(p)
+	}
+	if c.Addr == "" && !c.NoThroughput && c.Against != "" && c.selected("pair") {
+		p, err := c.pairPart(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Pair = p
+		c.printPair(p)
 	}
 	if c.Addr == "" && c.MemoryRecords > 0 {
 		m, err := c.memory(ctx)
