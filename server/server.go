@@ -55,6 +55,11 @@ const DefaultTenant = "default"
 // DefaultMaxRequestBytes bounds the size of one request message.
 const DefaultMaxRequestBytes = 1 << 20
 
+// StreamWorkers is how many long-lived goroutines run the calls: a call
+// that finds them all busy gets a goroutine of its own, as every call would
+// without them (docs/benchmarks.md, 6.11).
+const StreamWorkers = 64
+
 // Config configures the gRPC service.
 type Config struct {
 	// Ledger serves the calls. Required.
@@ -163,6 +168,7 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 		// the transport drops what is far over it before reading it whole.
 		grpc.ForceServerCodecV2(newRequestCodec(maxBytes)),
 		grpc.MaxRecvMsgSize(max(4*maxBytes, maxBytes+64<<10)),
+		grpc.NumStreamWorkers(StreamWorkers),
 	}, cfg.Connections.serverOptions()...)
 	all = append(all, opts...)
 	// grpc-go chains interceptors in the order of the options: the

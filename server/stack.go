@@ -3,8 +3,10 @@ package server
 // growStack grows the calling goroutine's stack to 16 KiB, if it is
 // smaller, while the stack is still shallow.
 //
-// grpc-go runs every call on a new goroutine, which starts with a small
-// stack (8 KiB, or the runtime's running average). A ledger call needs
+// grpc-go runs a call on one of StreamWorkers' goroutines, whose stack the
+// garbage collector may have shrunk while it waited, or on a new goroutine
+// when all are busy, which starts with a small stack (8 KiB, or the
+// runtime's running average). A ledger call needs
 // more than that by the time it is deep in the interceptors, the go-redis
 // client and the codec, and growing the stack there copies it and adjusts
 // every frame on it: about a tenth of ledgerd's CPU per Reserve

@@ -14,6 +14,7 @@ import (
 
 	"github.com/opledger/ledger/internal/autopipe"
 	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
 )
 
 // The bare server is the reference the goals were set against: a
@@ -117,7 +118,9 @@ func ServeBare(ctx context.Context, o BareOptions) error {
 			return err
 		}
 	}
-	s := grpc.NewServer()
+	// ledgerd's goroutines for the calls, so that the ratio to it counts
+	// ledgerd's own work only.
+	s := grpc.NewServer(grpc.NumStreamWorkers(server.StreamWorkers))
 	healthpb.RegisterHealthServer(s, h)
 	go func() { <-ctx.Done(); s.Stop() }()
 	if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
