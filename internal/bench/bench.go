@@ -208,6 +208,11 @@ func (c *Config) redisArgs() []string {
 // startStack starts a fresh redis-server and a ledgerd on it with policy
 // and, after c.LedgerdFlags, the extra flags.
 func (c *Config) startStack(name string, policy string, extra ...string) (*stack, error) {
+	return c.startStackOf(c.Ledgerd, name, policy, extra...)
+}
+
+// startStackOf is startStack with the ledgerd binary bin.
+func (c *Config) startStackOf(bin, name string, policy string, extra ...string) (*stack, error) {
 	dir := filepath.Join(c.Dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -221,7 +226,7 @@ func (c *Config) startStack(name string, policy string, extra ...string) (*stack
 		r.Stop()
 		return nil, err
 	}
-	l, err := startLedgerdOn(c.placement, c.Ledgerd, r.Addr, filepath.Join(dir, "ledgerd.log"), flags)
+	l, err := startLedgerdOn(c.placement, bin, r.Addr, filepath.Join(dir, "ledgerd.log"), flags)
 	if err != nil {
 		r.Stop()
 		return nil, err

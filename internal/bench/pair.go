@@ -4,55 +4,42 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"text/tabwriter"
 )
 
 // Pair compares two ledgerd binaries, Config.Ledgerd ([0]) and
-// Config.Against ([1]): both on one fresh redis-server, both driven at once
-// by the same load, so that whatever else the machine runs meanwhile falls
-// on both alike. What one measures against the other is its CPU per call.
+// Config.Against ([1]): each on a fresh redis-server of its own, both
+// driven at once by the same load, so that whatever else the machine runs
+// meanwhile falls on both alike. What one measures against the other is
+// the CPU per call of its ledgerd and of its Redis (where a binary's
+// scripts show).
 type Pair struct {
 	// Binaries are the two ledgerd binaries.
 	Binaries [2]string
 	// Reserve and Cycle are each binary's new-key Reserves and
-	// Reserve+Complete cycles; CPU.Client and CPU.Redis are not measured
-	// (the load generator and Redis serve both).
+	// Reserve+Complete cycles; CPU.Client is not measured (one load
+	// generator drives both).
 	Reserve, Cycle [2]*Summary
-	// LedgerdRatio and ThroughputRatio are Against's CPU per call, and
-	// calls per second, ÷ Ledgerd's: medians of the rounds, for Reserve
-	// ([0]) and the cycle ([1]).
-	LedgerdRatio, ThroughputRatio [2]float64
+	// LedgerdRatio, RedisRatio and ThroughputRatio are Against's ledgerd
+	// CPU per call, its Redis's, and its calls per second, ÷ Ledgerd's:
+	// medians of the rounds, for Reserve ([0]) and the cycle ([1]).
+	LedgerdRatio, RedisRatio, ThroughputRatio [2]float64
 }
 
 // pairPart measures Pair.
 func (c *Config) pairPart(ctx context.Context) (*Pair, error) {
 	fmt.Fprintln(c.Log, "pair:")
-	dir := filepath.Join(c.Dir, "pair")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	r, err := startRedisOn(c.placement, c.RedisServer, dir, c.redisArgs())
-	if err != nil {
-		return nil, err
-	}
-	defer r.Stop()
-	flags, err := c.ledgerdFlags(dir, benchPolicy, nil)
-	if err != nil {
-		return nil, err
-	}
 	rep := &Pair{Binaries: [2]string{c.Ledgerd, c.Against}}
-	var servers [2]*Process
+	var stacks [2]*stack
 	for i, bin := range rep.Binaries {
-		l, err := startLedgerdOn(c.placement, bin, r.Addr, filepath.Join(dir, "ledgerd-"+strconv.Itoa(i)+".log"), flags)
+		s, err := c.startStackOf(bin, "pair-"+strconv.Itoa(i), benchPolicy)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", c.pairName(i), err)
 		}
-		defer l.Stop()
-		servers[i] = l
+		defer s.stop()
+		stacks[i] = s
 	}
 	kinds := []struct {
 		name string
@@ -63,22 +50,21 @@ func (c *Config) pairPart(ctx context.Context) (*Pair, error) {
 		{"Reserve+Complete cycle", 2, (*Target).Cycle},
 	}
 	var results [2][2][]*Result // kind, binary, round
-	var ratios [2][2][]float64  // CPU, throughput; kind
+	var ratios [3][2][]float64  // ledgerd, redis, throughput; kind
 	for round := range c.Rounds {
 		for k, kind := range kinds {
 			prefix := RunID() + "p" + strconv.Itoa(k) + "r" + strconv.Itoa(round)
-			res, err := c.pairWindow(ctx, servers, Spec{Name: kind.name, RPCs: kind.rpcs}, func(t *Target, i int) Call {
-				return kind.call(t, prefix+"b"+strconv.Itoa(i))
-			})
+			res, err := c.pairWindow(ctx, stacks, Spec{Name: kind.name, RPCs: kind.rpcs}, func(t *Target) Call { return kind.call(t, prefix) })
 			if err != nil {
 				return nil, err
 			}
 			for i := range res {
 				results[k][i] = append(results[k][i], res[i])
 			}
-			if res[0].CPU.Ledgerd > 0 && res[0].RPS() > 0 {
-				ratios[0][k] = append(ratios[0][k], float64(res[1].CPU.Ledgerd)/float64(res[0].CPU.Ledgerd))
-				ratios[1][k] = append(ratios[1][k], res[1].RPS()/res[0].RPS())
+			if a, b := res[0], res[1]; a.CPU.Ledgerd > 0 && a.CPU.Redis > 0 && a.RPS() > 0 {
+				ratios[0][k] = append(ratios[0][k], float64(b.CPU.Ledgerd)/float64(a.CPU.Ledgerd))
+				ratios[1][k] = append(ratios[1][k], float64(b.CPU.Redis)/float64(a.CPU.Redis))
+				ratios[2][k] = append(ratios[2][k], b.RPS()/a.RPS())
 			}
 		}
 	}
@@ -87,32 +73,34 @@ func (c *Config) pairPart(ctx context.Context) (*Pair, error) {
 		rep.Reserve[i], rep.Cycle[i] = sums[0], sums[1]
 	}
 	for k := range kinds {
-		rep.LedgerdRatio[k], rep.ThroughputRatio[k] = median(ratios[0][k]), median(ratios[1][k])
+		rep.LedgerdRatio[k], rep.RedisRatio[k], rep.ThroughputRatio[k] = median(ratios[0][k]), median(ratios[1][k]), median(ratios[2][k])
 	}
 	return rep, nil
 }
 
-// pairWindow runs one measured window of spec on both servers at once,
+// pairWindow runs one measured window of spec on both stacks at once,
 // each with c.Concurrency calls of its own made by mk, and counts each
-// server's CPU in its result's ledgerd column.
-func (c *Config) pairWindow(ctx context.Context, servers [2]*Process, spec Spec, mk func(t *Target, i int) Call) ([2]*Result, error) {
+// stack's ledgerd and Redis CPU in its result.
+func (c *Config) pairWindow(ctx context.Context, stacks [2]*stack, spec Spec, mk func(t *Target) Call) ([2]*Result, error) {
 	fmt.Fprintf(c.Log, "  %s on both at concurrency %d ...\n", spec.Name, c.Concurrency)
 	spec.Concurrency, spec.Warmup, spec.Duration = c.Concurrency, c.Warmup, c.Duration
 	var res [2]*Result
 	var errs [2]error
 	var wg sync.WaitGroup
-	for i, s := range servers {
-		t, err := Dial(s.Addr, c.Conns)
+	for i, s := range stacks {
+		t, err := Dial(s.addr, c.Conns)
 		if err != nil {
 			return res, err
 		}
 		defer t.Close()
 		wg.Go(func() {
-			m := &cpuMeter{ledgerd: s.cmd.Process.Pid}
+			m := &cpuMeter{}
+			m.ledgerd, m.redis = s.pids()
 			sp := spec
 			sp.Window = m.window
-			res[i] = Drive(ctx, sp, mk(t, i))
-			res[i].CPU = CPU{Ledgerd: m.perCall(res[i].Calls).Ledgerd}
+			res[i] = Drive(ctx, sp, mk(t))
+			res[i].CPU = m.perCall(res[i].Calls)
+			res[i].CPU.Client = 0
 			if res[i].Errors > 0 {
 				errs[i] = fmt.Errorf("%s on %s: %d of %d calls failed; the first: %v", spec.Name, c.pairName(i), res[i].Errors, res[i].Errors+res[i].Calls, res[i].FirstErr)
 			}
@@ -131,15 +119,15 @@ func (c *Config) pairName(i int) string {
 }
 
 func (c *Config) printPair(p *Pair) {
-	fmt.Fprintf(c.Out, "\npair: new-key Reserves and Reserve+Complete cycles at %d concurrent calls on each of two ledgerd binaries at once, one fresh redis-server (%v windows; medians of %d rounds):\n",
+	fmt.Fprintf(c.Out, "\npair: new-key Reserves and Reserve+Complete cycles at %d concurrent calls on each of two ledgerd binaries at once, each on a fresh redis-server of its own (%v windows; medians of %d rounds):\n",
 		c.Concurrency, c.Duration, c.Rounds)
 	w := tabwriter.NewWriter(c.Out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "ledgerd\tReserve/s\tledgerd CPU µs/Reserve\tcycles/s\tledgerd CPU µs/cycle\t")
+	fmt.Fprintln(w, "ledgerd\tReserve/s\tCPU µs/Reserve: ledgerd\tredis\tcycles/s\tCPU µs/cycle: ledgerd\tredis\t")
 	for i := range p.Binaries {
 		r, y := p.Reserve[i], p.Cycle[i]
-		fmt.Fprintf(w, "%s\t%.0f\t%s\t%.0f\t%s\t\n", c.pairName(i), r.RPS, us(r.CPU.Ledgerd), y.RPS, us(y.CPU.Ledgerd))
+		fmt.Fprintf(w, "%s\t%.0f\t%s\t%s\t%.0f\t%s\t%s\t\n", c.pairName(i), r.RPS, us(r.CPU.Ledgerd), us(r.CPU.Redis), y.RPS, us(y.CPU.Ledgerd), us(y.CPU.Redis))
 	}
 	_ = w.Flush()
-	fmt.Fprintf(c.Out, "  per round, --against ÷ --ledgerd: ledgerd CPU per Reserve %.2f, per cycle %.2f; Reserves/s %.2f, cycles/s %.2f\n",
-		p.LedgerdRatio[0], p.LedgerdRatio[1], p.ThroughputRatio[0], p.ThroughputRatio[1])
+	fmt.Fprintf(c.Out, "  per round, --against ÷ --ledgerd: ledgerd CPU per Reserve %.2f, per cycle %.2f; Redis CPU per Reserve %.2f, per cycle %.2f; Reserves/s %.2f, cycles/s %.2f\n",
+		p.LedgerdRatio[0], p.LedgerdRatio[1], p.RedisRatio[0], p.RedisRatio[1], p.ThroughputRatio[0], p.ThroughputRatio[1])
 }

@@ -11,8 +11,9 @@ import (
 	"github.com/opledger/ledger/internal/ledgertest"
 )
 
-// TestPairPart runs the pair part briefly: with two ledgerd binaries both
-// answer every call of every window and the report has a row for each;
+// TestPairPart runs the pair part briefly: with two ledgerd binaries, each
+// on its own Redis, both answer every call of every window and the report
+// has a row for each;
 // with a second binary that does not exist it fails naming it. It asserts
 // nothing about speed.
 func TestPairPart(t *testing.T) {
@@ -50,7 +51,7 @@ func TestPairPart(t *testing.T) {
 					t.Errorf("binary %d: %d Reserves, %d cycles in %d rounds", i, p.Reserve[i].Calls, p.Cycle[i].Calls, p.Reserve[i].Rounds)
 				}
 			}
-			for _, want := range []string{"pair: new-key Reserves", "--ledgerd " + bin, "--against " + bin, "--against ÷ --ledgerd"} {
+			for _, want := range []string{"pair: new-key Reserves", "--ledgerd " + bin, "--against " + bin, "--against ÷ --ledgerd", "Redis CPU per Reserve"} {
 				if !strings.Contains(out.String(), want) {
 					t.Errorf("the report lacks %q:\n%s", want, out.String())
 				}
