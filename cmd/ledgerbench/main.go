@@ -103,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
 	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer, pair (health always runs; empty: all)")
-	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd on one redis-server at once, under the same load, and compare their CPU per call (the pair part)")
+	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd at once, each on a fresh redis-server, under the same load, and compare their CPU per call (the pair part)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	fs.StringVar(&c.ServerCPUs, "server-cpus", "", "CPU list (taskset -c form, e.g. 1 or 2-3): run redis-server, ledgerd and the bare servers on these CPUs only and the load generator on the others, as when the agents run elsewhere (docs/benchmarks.md, sections 3.10 and 5.2); empty: every process on every CPU")

@@ -47,8 +47,8 @@ type Config struct {
 	// peer's module to build it from instead of the module proxy's.
 	PeerModule, PeerSource, Go string
 	// Against is a second ledgerd binary: when set, the pair part runs
-	// Ledgerd and Against on one Redis at once and compares their CPU per
-	// call (Pair).
+	// Ledgerd and Against at once, each on a Redis of its own, and
+	// compares their CPU per call (Pair).
 	Against string
 	// Cycler is a binary that runs the ledger's cycler (RunCycle) when
 	// given CycleCommand: cmd/ledgerbench itself. The peer part needs it.
@@ -221,32 +221,23 @@ func (c *Config) startStackOf(bin, name string, policy string, extra ...string) 
 	if err != nil {
 		return nil, err
 	}
-	flags, err := c.ledgerdFlags(dir, policy, extra)
-	if err != nil {
-		r.Stop()
-		return nil, err
+	// A huge unresolved limit instead of none, so the check still runs.
+	flags := []string{"--max-unresolved", "1000000000", "--log-level", "warn"}
+	if policy != "" {
+		p := filepath.Join(dir, "policy.yaml")
+		if err := os.WriteFile(p, []byte(policy), 0o644); err != nil {
+			r.Stop()
+			return nil, err
+		}
+		flags = append(flags, "--policy", p)
 	}
+	flags = append(append(flags, c.LedgerdFlags...), extra...)
 	l, err := startLedgerdOn(c.placement, bin, r.Addr, filepath.Join(dir, "ledgerd.log"), flags)
 	if err != nil {
 		r.Stop()
 		return nil, err
 	}
 	return &stack{redis: r, ledgerd: l, addr: l.Addr, rdbAddr: r.Addr}, nil
-}
-
-// ledgerdFlags are the flags of a benchmark's ledgerd: policy (written to
-// dir; none when empty), c.LedgerdFlags, then extra.
-func (c *Config) ledgerdFlags(dir, policy string, extra []string) ([]string, error) {
-	// A huge unresolved limit instead of none, so the check still runs.
-	flags := []string{"--max-unresolved", "1000000000", "--log-level", "warn"}
-	if policy != "" {
-		p := filepath.Join(dir, "policy.yaml")
-		if err := os.WriteFile(p, []byte(policy), 0o644); err != nil {
-			return nil, err
-		}
-		flags = append(flags, "--policy", p)
-	}
-	return append(append(flags, c.LedgerdFlags...), extra...), nil
 }
 
 // Run runs the benchmark and writes its report to c.Out. It fails when any
