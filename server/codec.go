@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the proto codec
 	"google.golang.org/grpc/mem"
@@ -44,14 +45,30 @@ func (c *requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		markFailure(m, "larger than the request size limit of "+strconv.Itoa(c.limit)+" bytes")
 		return nil
 	}
-	if err := c.base.Unmarshal(data, v); err != nil {
-		desc := "not a valid " + string(m.ProtoReflect().Descriptor().FullName()) + " message"
-		if strings.Contains(err.Error(), "invalid UTF-8") {
-			desc = "a string field is not valid UTF-8"
-		}
-		markFailure(m, desc)
+	if err := c.decode(data, m); err != nil {
+		markFailure(m, decodeDesc(err, string(m.ProtoReflect().Descriptor().FullName())))
 	}
 	return nil
+}
+
+// decode decodes data into m; a Reserve's params it leaves encoded
+// (unmarshalReserve).
+func (c *requestCodec) decode(data mem.BufferSlice, m proto.Message) error {
+	req, ok := m.(*ledgerv1.ReserveRequest)
+	if !ok {
+		return c.base.Unmarshal(data, m)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return unmarshalReserve(buf.ReadOnlyData(), req)
+}
+
+// decodeDesc describes a decoding error of the message type name.
+func decodeDesc(err error, name string) string {
+	if strings.Contains(err.Error(), "invalid UTF-8") {
+		return "a string field is not valid UTF-8"
+	}
+	return "not a valid " + name + " message"
 }
 
 func markFailure(m proto.Message, desc string) {

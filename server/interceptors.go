@@ -195,8 +195,7 @@ func decodeErrors(sd grpc.ServiceDesc) grpc.ServiceDesc {
 				if m, ok := req.(proto.Message); ok {
 					if desc := decodeFailure(m); desc != "" {
 						handler = func(context.Context, any) (any, error) {
-							return nil, withDetails(codes.InvalidArgument, "invalid request: "+desc, info(ReasonInvalidArgument, nil),
-								&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request", Description: desc}}}).Err()
+							return nil, undecodable(desc)
 						}
 					}
 				}
@@ -211,4 +210,11 @@ func decodeErrors(sd grpc.ServiceDesc) grpc.ServiceDesc {
 	}
 	sd.Methods = methods
 	return sd
+}
+
+// undecodable is the answer to a request that could not be decoded, as desc
+// describes.
+func undecodable(desc string) error {
+	return withDetails(codes.InvalidArgument, "invalid request: "+desc, info(ReasonInvalidArgument, nil),
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "request", Description: desc}}}).Err()
 }

@@ -654,13 +654,38 @@ func TestUndecodableRequestsAreInvalidArgument(t *testing.T) {
 	var huge []byte
 	huge = protowire.AppendTag(huge, 1, protowire.BytesType)
 	huge = protowire.AppendBytes(huge, []byte(strings.Repeat("k", 8<<10)))
-	for name, msg := range map[string][]byte{"invalid UTF-8": badUTF8, "oversized": huge, "garbage": {0xff, 0xff, 0xff}} {
+	// params, which the codec leaves encoded for the handler: a key not
+	// UTF-8, and bytes no Struct has.
+	var badParams, garbageParams []byte
+	badParams = protowire.AppendTag(badParams, 1, protowire.BytesType)
+	badParams = protowire.AppendBytes(badParams, []byte("undecodable-params-1"))
+	badParams = protowire.AppendTag(badParams, 2, protowire.BytesType)
+	badParams = protowire.AppendBytes(badParams, []byte("payments.refund"))
+	badParams = protowire.AppendTag(badParams, 7, protowire.BytesType)
+	badParams = protowire.AppendBytes(badParams, []byte("h"))
+	badParams = protowire.AppendTag(badParams, 3, protowire.BytesType)
+	badParams = protowire.AppendBytes(badParams, protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType),
+		protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte("k\xff"))))
+	garbageParams = protowire.AppendTag(garbageParams, 1, protowire.BytesType)
+	garbageParams = protowire.AppendBytes(garbageParams, []byte("undecodable-params-2"))
+	garbageParams = protowire.AppendTag(garbageParams, 2, protowire.BytesType)
+	garbageParams = protowire.AppendBytes(garbageParams, []byte("payments.refund"))
+	garbageParams = protowire.AppendTag(garbageParams, 7, protowire.BytesType)
+	garbageParams = protowire.AppendBytes(garbageParams, []byte("h"))
+	garbageParams = protowire.AppendTag(garbageParams, 3, protowire.BytesType)
+	garbageParams = protowire.AppendBytes(garbageParams, []byte{0xff, 0xff})
+	for name, msg := range map[string][]byte{"invalid UTF-8": badUTF8, "oversized": huge, "garbage": {0xff, 0xff, 0xff},
+		"params not UTF-8": badParams, "params garbage": garbageParams} {
 		var reply []byte
 		err := e.conn.Invoke(as(key), "/ledger.v1.LedgerService/Reserve", &msg, &reply, grpc.ForceCodecV2(nil), grpc.ForceCodec(rawCodec{}))
 		c, ei, br := errorInfo(t, err)
 		if c != codes.InvalidArgument || ei.Reason != "INVALID_ARGUMENT" || br == nil || br.FieldViolations[0].Field != "request" {
 			t.Fatalf("%s: %v", name, err)
 		}
+	}
+	for _, id := range []string{"undecodable-params-1", "undecodable-params-2"} {
+		_, err := e.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: id})
+		wantReason(t, err, codes.NotFound, "NOT_FOUND")
 	}
 }
 

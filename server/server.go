@@ -339,9 +339,9 @@ func (p fingerprintPrefix) LogValue() slog.Value {
 func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*ledgerv1.ReserveResponse, error) {
 	logID(ctx, req.GetOperationId(), "ledger.tool", bounded(req.GetTool(), ledger.MaxToolLen), "ledger.run_id", bounded(req.GetRunId(), ledger.MaxRunIDLen))
 	var errs requestErrors
-	var params map[string]any
-	if req.GetParams() != nil {
-		params, _ = structMap("params", req.GetParams(), &errs)
+	params, bad := reserveParams(req, &errs)
+	if bad != "" {
+		return nil, undecodable(bad)
 	}
 	var retain time.Time
 	if req.GetRetainUntil() != nil {
