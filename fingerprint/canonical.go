@@ -170,7 +170,7 @@ func (e *encoder) object(m map[string]any, depth int) *pathError {
 		}
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, compareUTF16)
+	slices.SortFunc(keys, CompareUTF16)
 	e.buf = append(e.buf, '{')
 	for i, k := range keys {
 		if i > 0 {
@@ -207,12 +207,13 @@ func (e *encoder) array(a []any, depth int) *pathError {
 	return nil
 }
 
-// compareUTF16 orders valid UTF-8 strings by their UTF-16 code units, as
+// CompareUTF16 orders valid UTF-8 strings by their UTF-16 code units, as
 // RFC 8785 section 3.2.3 requires. UTF-8 byte order equals code point order,
 // which differs from UTF-16 order only when a supplementary-plane character
 // (encoded as a surrogate pair, 0xD800-0xDFFF) meets a BMP character in
-// U+E000-U+FFFF.
-func compareUTF16(a, b string) int {
+// U+E000-U+FFFF. It returns a number below 0 when a sorts first, 0 when
+// they are equal, and one above 0 when b sorts first.
+func CompareUTF16(a, b string) int {
 	n := min(len(a), len(b))
 	i := 0
 	for i < n && a[i] == b[i] {

@@ -281,7 +281,7 @@ func TestCanonicalCompareUTF16(t *testing.T) {
 	}
 	for _, a := range strs {
 		for _, b := range strs {
-			got := compareUTF16(a, b)
+			got := CompareUTF16(a, b)
 			var want int
 			switch {
 			case a == b:
@@ -292,7 +292,7 @@ func TestCanonicalCompareUTF16(t *testing.T) {
 				want = 1
 			}
 			if sign(got) != want {
-				t.Errorf("compareUTF16(%q, %q) = %d, want sign %d", a, b, got, want)
+				t.Errorf("CompareUTF16(%q, %q) = %d, want sign %d", a, b, got, want)
 			}
 		}
 	}

@@ -90,7 +90,7 @@ func Compute(params map[string]any, fields []string) (Fingerprint, error) {
 		}
 	}
 	ptrs := slices.Clone(fields)
-	slices.SortFunc(ptrs, compareUTF16) // the selection object's member order
+	slices.SortFunc(ptrs, CompareUTF16) // the selection object's member order
 	ptrs = slices.Compact(ptrs)
 
 	e := encoder{buf: make([]byte, 0, 128)}

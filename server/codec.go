@@ -51,16 +51,20 @@ func (c *requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return nil
 }
 
-// decode decodes data into m; a Reserve's params it leaves encoded
-// (unmarshalReserve).
+// decode decodes data into m; a Reserve's params and a Complete's result
+// data it leaves encoded (unmarshalReserve, unmarshalComplete).
 func (c *requestCodec) decode(data mem.BufferSlice, m proto.Message) error {
-	req, ok := m.(*ledgerv1.ReserveRequest)
-	if !ok {
-		return c.base.Unmarshal(data, m)
+	switch req := m.(type) {
+	case *ledgerv1.ReserveRequest:
+		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+		defer buf.Free()
+		return unmarshalReserve(buf.ReadOnlyData(), req)
+	case *ledgerv1.CompleteRequest:
+		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+		defer buf.Free()
+		return unmarshalComplete(buf.ReadOnlyData(), req)
 	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	defer buf.Free()
-	return unmarshalReserve(buf.ReadOnlyData(), req)
+	return c.base.Unmarshal(data, m)
 }
 
 // decodeDesc describes a decoding error of the message type name.

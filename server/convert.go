@@ -29,13 +29,10 @@ func (r requestErrors) err() error {
 	return &ledger.Error{Kind: ledger.KindInvalid, Violations: r}
 }
 
-// structData returns a Struct as canonical JSON (nil for a nil Struct).
-func structData(field string, s *structpb.Struct, errs *requestErrors) []byte {
-	if s == nil {
-		return nil
-	}
-	m, ok := structMap(field, s, errs)
-	if !ok {
+// canonicalData returns Go values of a Struct as canonical JSON (nil for
+// nil values).
+func canonicalData(field string, m map[string]any, errs *requestErrors) []byte {
+	if m == nil {
 		return nil
 	}
 	b, err := fingerprint.Canonical(m)
@@ -148,11 +145,14 @@ func escapePointer(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
 
-func fromResult(field string, r *ledgerv1.Result, errs *requestErrors) *ledger.Result {
+// fromResult converts the result of a request, msg (its data decoded, or
+// kept encoded by unmarshalComplete); bad as keptStruct.
+func fromResult(field string, r *ledgerv1.Result, msg string, errs *requestErrors) (*ledger.Result, string) {
 	if r == nil {
-		return nil
+		return nil, ""
 	}
-	return &ledger.Result{Data: structData(field+".data", r.GetData(), errs), ResourceID: r.GetResourceId()}
+	values, bad := keptStruct(field+".data", r.GetData(), r, resultDataField, msg, errs)
+	return &ledger.Result{Data: canonicalData(field+".data", values, errs), ResourceID: r.GetResourceId()}, bad
 }
 
 func fromFailure(f *ledgerv1.Failure) *ledger.Failure {
@@ -170,7 +170,8 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 }
 
 // toProto converts a snapshot for the wire. The holder is never shown: it
-// would let another caller take over the claim.
+// would let another caller take over the claim. The result's data is in
+// the message as wire bytes only (an unknown field): it is for marshalling.
 func toProto(o *ledger.Operation) *ledgerv1.Operation {
 	if o == nil {
 		return nil
@@ -202,9 +203,12 @@ func toProto(o *ledger.Operation) *ledgerv1.Operation {
 	if o.Result != nil {
 		p.Result = &ledgerv1.Result{ResourceId: o.Result.ResourceID}
 		if len(o.Result.Data) > 0 {
-			// The ledger stored canonical JSON it produced from a Struct.
-			if data, err := resultStruct(o.Result.Data); err == nil {
-				p.Result.Data = data
+			// The ledger stored canonical JSON it produced from a Struct;
+			// its wire bytes go out as the data field, kept as an unknown
+			// field, so that no Struct is built (appendResultData).
+			buf := make([]byte, 0, len(o.Result.Data)+len(o.Result.Data)/4+16)
+			if data, err := appendResultData(buf, o.Result.Data); err == nil {
+				p.Result.ProtoReflect().SetUnknown(data)
 			}
 		}
 	}

@@ -1,292 +1,367 @@
 package server
 
 import (
+	"bytes"
 	"errors"
+	"math"
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/opledger/ledger/fingerprint"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// resultStruct turns a recorded result's data (the canonical JSON the ledger
-// stored, fingerprint.Canonical's form) back into a Struct for the wire.
-// Replays and Lookups do this on every call, so it parses the JSON directly
-// into the Struct; whatever that parser does not take (a surrogate escape,
-// nesting deeper than it goes) is left to protojson, with the same result.
-func resultStruct(data []byte) (*structpb.Struct, error) {
-	if s, err := parseJSONStruct(data); err == nil {
-		return s, nil
+// resultDataField is the field number of ledger.v1.Result.data.
+const resultDataField protowire.Number = 1
+
+// appendResultData appends a recorded result's data (the canonical JSON the
+// ledger stored, fingerprint.Canonical's form) to b as the wire bytes of
+// ledger.v1.Result's data field, a google.protobuf.Struct. Replays, Lookups
+// and Completes do this on every call, so it writes the wire bytes
+// straight from the JSON (docs/benchmarks.md, section 6.13); whatever that
+// writer does not take (a surrogate escape, members out of canonical order,
+// nesting deeper than it goes) is left to protojson and proto.Marshal, with
+// the same Struct. On an error it returns b as it was.
+func appendResultData(b, data []byte) ([]byte, error) {
+	if out, err := writeJSONStruct(b, data); err == nil {
+		return out, nil
 	}
 	s := &structpb.Struct{}
 	if err := protojson.Unmarshal(data, s); err != nil {
-		return nil, err
+		return b, err
 	}
-	return s, nil
+	w, err := proto.Marshal(s)
+	if err != nil {
+		return b, err
+	}
+	return protowire.AppendBytes(protowire.AppendTag(b, resultDataField, protowire.BytesType), w), nil
 }
 
-// jsonMaxDepth bounds the nesting parseJSONStruct follows; deeper documents
+// jsonMaxDepth bounds the nesting writeJSONStruct follows; deeper documents
 // go to protojson (fingerprint.Canonical itself stops at 64 levels).
 const jsonMaxDepth = 100
 
-var errJSON = errors.New("not JSON this parser takes")
+var errJSON = errors.New("not JSON this writer takes")
 
-// parseJSONStruct parses one JSON object (RFC 8259, strict: no trailing
-// content, no duplicate member names, valid UTF-8, numbers that fit a
-// float64) into a Struct. It never accepts a document protojson would
-// refuse or read differently (FuzzParseJSONStruct).
-func parseJSONStruct(data []byte) (*structpb.Struct, error) {
-	p := jsonParser{b: data}
-	p.space()
-	if p.i >= len(p.b) || p.b[p.i] != '{' {
+// writeJSONStruct appends one JSON object (RFC 8259, strict: no trailing
+// content, valid UTF-8, numbers that fit a float64, members in the order of
+// RFC 8785, each name once) to b as the data field of a ledger.v1.Result.
+// It never takes a document protojson would refuse or read differently
+// (FuzzWriteJSONStruct).
+func writeJSONStruct(b, data []byte) ([]byte, error) {
+	w := jsonWriter{b: data, out: b}
+	w.space()
+	if w.i >= len(w.b) || w.b[w.i] != '{' {
 		return nil, errJSON
 	}
-	s, err := p.object(1)
-	if err != nil {
+	at := w.open(resultDataField)
+	if err := w.object(1); err != nil {
 		return nil, err
 	}
-	p.space()
-	if p.i != len(p.b) {
+	w.close(at)
+	w.space()
+	if w.i != len(w.b) {
 		return nil, errJSON
 	}
-	return s, nil
+	return w.out, nil
 }
 
-type jsonParser struct {
-	b []byte
-	i int
+// jsonWriter reads JSON from b at i and appends protobuf wire bytes to out.
+type jsonWriter struct {
+	b   []byte
+	i   int
+	out []byte
 }
 
-func (p *jsonParser) space() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
+// open appends the tag of the length-delimited field num and returns where
+// its contents start; close puts their length there once they are written.
+func (w *jsonWriter) open(num protowire.Number) int {
+	w.out = protowire.AppendTag(w.out, num, protowire.BytesType)
+	return len(w.out)
+}
+
+func (w *jsonWriter) close(at int) {
+	n := len(w.out) - at
+	size := protowire.SizeVarint(uint64(n))
+	w.out = append(w.out, make([]byte, size)...)
+	copy(w.out[at+size:], w.out[at:at+n])
+	protowire.AppendVarint(w.out[:at], uint64(n))
+}
+
+func (w *jsonWriter) space() {
+	for w.i < len(w.b) {
+		switch w.b[w.i] {
 		case ' ', '\t', '\n', '\r':
-			p.i++
+			w.i++
 		default:
 			return
 		}
 	}
 }
 
-// object parses an object at p.b[p.i] == '{'.
-func (p *jsonParser) object(depth int) (*structpb.Struct, error) {
+// object writes the members of the object at b[i] == '{' as a Struct's
+// fields.
+func (w *jsonWriter) object(depth int) error {
 	if depth > jsonMaxDepth {
-		return nil, errJSON
+		return errJSON
 	}
-	p.i++
-	s := &structpb.Struct{Fields: map[string]*structpb.Value{}}
-	p.space()
-	if p.i < len(p.b) && p.b[p.i] == '}' {
-		p.i++
-		return s, nil
+	w.i++
+	w.space()
+	if w.i < len(w.b) && w.b[w.i] == '}' {
+		w.i++
+		return nil
 	}
-	for {
-		if p.i >= len(p.b) || p.b[p.i] != '"' {
-			return nil, errJSON
+	var last []byte
+	for n := 0; ; n++ {
+		if w.i >= len(w.b) || w.b[w.i] != '"' {
+			return errJSON
 		}
-		k, err := p.string()
+		k, err := w.string()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if _, dup := s.Fields[k]; dup {
-			return nil, errJSON
+		// Canonical order makes a repeated name visible as a name not
+		// after the one before it.
+		if n > 0 && fingerprint.CompareUTF16(string(last), string(k)) >= 0 {
+			return errJSON
 		}
-		p.space()
-		if p.i >= len(p.b) || p.b[p.i] != ':' {
-			return nil, errJSON
+		last = k
+		w.space()
+		if w.i >= len(w.b) || w.b[w.i] != ':' {
+			return errJSON
 		}
-		p.i++
-		p.space()
-		v, err := p.value(depth)
-		if err != nil {
-			return nil, err
+		w.i++
+		w.space()
+		entry := w.open(structFields)
+		w.out = protowire.AppendBytes(protowire.AppendTag(w.out, entryKey, protowire.BytesType), k)
+		value := w.open(entryValue)
+		if err := w.value(depth); err != nil {
+			return err
 		}
-		s.Fields[k] = v
-		if done, err := p.after('}'); err != nil {
-			return nil, err
-		} else if done {
-			return s, nil
+		w.close(value)
+		w.close(entry)
+		if done, err := w.after('}'); err != nil || done {
+			return err
 		}
 	}
 }
 
 // after reads what follows a member or an element: a comma (more to come)
 // or the container's closing byte (done).
-func (p *jsonParser) after(closing byte) (done bool, err error) {
-	p.space()
-	if p.i >= len(p.b) {
+func (w *jsonWriter) after(closing byte) (done bool, err error) {
+	w.space()
+	if w.i >= len(w.b) {
 		return false, errJSON
 	}
-	switch p.b[p.i] {
+	switch w.b[w.i] {
 	case ',':
-		p.i++
-		p.space()
+		w.i++
+		w.space()
 		return false, nil
 	case closing:
-		p.i++
+		w.i++
 		return true, nil
 	}
 	return false, errJSON
 }
 
-// value parses the value at p.i, inside a container at depth.
-func (p *jsonParser) value(depth int) (*structpb.Value, error) {
-	if p.i >= len(p.b) {
-		return nil, errJSON
+// value writes the value at i, inside a container at depth, as the fields
+// of a Value.
+func (w *jsonWriter) value(depth int) error {
+	if w.i >= len(w.b) {
+		return errJSON
 	}
-	switch c := p.b[p.i]; {
+	switch c := w.b[w.i]; {
 	case c == '{':
-		s, err := p.object(depth + 1)
-		if err != nil {
-			return nil, err
+		at := w.open(valueStruct)
+		if err := w.object(depth + 1); err != nil {
+			return err
 		}
-		return structpb.NewStructValue(s), nil
+		w.close(at)
 	case c == '[':
-		return p.array(depth + 1)
-	case c == '"':
-		s, err := p.string()
-		if err != nil {
-			return nil, err
+		at := w.open(valueList)
+		if err := w.array(depth + 1); err != nil {
+			return err
 		}
-		return structpb.NewStringValue(s), nil
+		w.close(at)
+	case c == '"':
+		s, err := w.string()
+		if err != nil {
+			return err
+		}
+		w.out = protowire.AppendBytes(protowire.AppendTag(w.out, valueString, protowire.BytesType), s)
 	case c == '-' || c >= '0' && c <= '9':
-		return p.number()
-	case p.literal("true"):
-		return structpb.NewBoolValue(true), nil
-	case p.literal("false"):
-		return structpb.NewBoolValue(false), nil
-	case p.literal("null"):
-		return structpb.NewNullValue(), nil
+		f, err := w.number()
+		if err != nil {
+			return err
+		}
+		w.out = protowire.AppendFixed64(protowire.AppendTag(w.out, valueNumber, protowire.Fixed64Type), math.Float64bits(f))
+	case w.literal("true"):
+		w.out = protowire.AppendVarint(protowire.AppendTag(w.out, valueBool, protowire.VarintType), 1)
+	case w.literal("false"):
+		w.out = protowire.AppendVarint(protowire.AppendTag(w.out, valueBool, protowire.VarintType), 0)
+	case w.literal("null"):
+		w.out = protowire.AppendVarint(protowire.AppendTag(w.out, valueNull, protowire.VarintType), 0)
+	default:
+		return errJSON
 	}
-	return nil, errJSON
+	return nil
 }
 
-func (p *jsonParser) literal(word string) bool {
-	if len(p.b)-p.i < len(word) || string(p.b[p.i:p.i+len(word)]) != word {
+func (w *jsonWriter) literal(word string) bool {
+	if len(w.b)-w.i < len(word) || string(w.b[w.i:w.i+len(word)]) != word {
 		return false
 	}
-	p.i += len(word)
+	w.i += len(word)
 	return true
 }
 
-// array parses an array at p.b[p.i] == '['.
-func (p *jsonParser) array(depth int) (*structpb.Value, error) {
+// array writes the elements of the array at b[i] == '[' as a ListValue's
+// values.
+func (w *jsonWriter) array(depth int) error {
 	if depth > jsonMaxDepth {
-		return nil, errJSON
+		return errJSON
 	}
-	p.i++
-	l := &structpb.ListValue{}
-	p.space()
-	if p.i < len(p.b) && p.b[p.i] == ']' {
-		p.i++
-		return structpb.NewListValue(l), nil
+	w.i++
+	w.space()
+	if w.i < len(w.b) && w.b[w.i] == ']' {
+		w.i++
+		return nil
 	}
 	for {
-		v, err := p.value(depth)
-		if err != nil {
-			return nil, err
+		at := w.open(listValues)
+		if err := w.value(depth); err != nil {
+			return err
 		}
-		l.Values = append(l.Values, v)
-		if done, err := p.after(']'); err != nil {
-			return nil, err
-		} else if done {
-			return structpb.NewListValue(l), nil
+		w.close(at)
+		if done, err := w.after(']'); err != nil || done {
+			return err
 		}
 	}
 }
 
-// number parses a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+// number reads a number, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?,
 // that a float64 holds.
-func (p *jsonParser) number() (*structpb.Value, error) {
-	start := p.i
-	if p.b[p.i] == '-' {
-		p.i++
+func (w *jsonWriter) number() (float64, error) {
+	start := w.i
+	if w.b[w.i] == '-' {
+		w.i++
 	}
 	switch {
-	case p.i < len(p.b) && p.b[p.i] == '0':
-		p.i++
-	case p.digits() == 0:
-		return nil, errJSON
+	case w.i < len(w.b) && w.b[w.i] == '0':
+		w.i++
+	case w.digits() == 0:
+		return 0, errJSON
 	}
-	if p.i < len(p.b) && p.b[p.i] == '.' {
-		p.i++
-		if p.digits() == 0 {
-			return nil, errJSON
+	integer := w.i
+	if w.i < len(w.b) && w.b[w.i] == '.' {
+		w.i++
+		if w.digits() == 0 {
+			return 0, errJSON
 		}
 	}
-	if p.i < len(p.b) && (p.b[p.i] == 'e' || p.b[p.i] == 'E') {
-		p.i++
-		if p.i < len(p.b) && (p.b[p.i] == '+' || p.b[p.i] == '-') {
-			p.i++
+	if w.i < len(w.b) && (w.b[w.i] == 'e' || w.b[w.i] == 'E') {
+		w.i++
+		if w.i < len(w.b) && (w.b[w.i] == '+' || w.b[w.i] == '-') {
+			w.i++
 		}
-		if p.digits() == 0 {
-			return nil, errJSON
+		if w.digits() == 0 {
+			return 0, errJSON
 		}
 	}
-	f, err := strconv.ParseFloat(string(p.b[start:p.i]), 64)
+	if f, ok := smallInteger(w.b[start:w.i], w.i == integer); ok {
+		return f, nil
+	}
+	f, err := strconv.ParseFloat(string(w.b[start:w.i]), 64)
 	if err != nil {
-		return nil, errJSON
+		return 0, errJSON
 	}
-	return structpb.NewNumberValue(f), nil
+	return f, nil
 }
 
-func (p *jsonParser) digits() int {
+// smallInteger reads an integer of at most 15 digits (whole is false for
+// a number with a fraction or an exponent), which a float64 holds
+// exactly, without strconv.
+func smallInteger(b []byte, whole bool) (float64, bool) {
+	neg := len(b) > 0 && b[0] == '-'
+	if neg {
+		b = b[1:]
+	}
+	if !whole || len(b) > 15 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range b {
+		n = n*10 + int64(c-'0')
+	}
+	f := float64(n)
+	if neg {
+		f = -f
+	}
+	return f, true
+}
+
+func (w *jsonWriter) digits() int {
 	n := 0
-	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-		p.i++
+	for w.i < len(w.b) && w.b[w.i] >= '0' && w.b[w.i] <= '9' {
+		w.i++
 		n++
 	}
 	return n
 }
 
-// string parses a string at p.b[p.i] == '"'. Escapes of UTF-16 surrogates
-// are left to protojson.
-func (p *jsonParser) string() (string, error) {
-	p.i++
-	start := p.i
-	for p.i < len(p.b) {
-		c := p.b[p.i]
+// string reads a string at b[i] == '"' and returns its contents: a part of
+// b when it has no escape. Escapes of UTF-16 surrogates are left to
+// protojson.
+func (w *jsonWriter) string() ([]byte, error) {
+	w.i++
+	start := w.i
+	for w.i < len(w.b) {
+		c := w.b[w.i]
 		switch {
 		case c == '"':
-			raw := p.b[start:p.i]
-			p.i++
+			raw := w.b[start:w.i]
+			w.i++
 			if !utf8.Valid(raw) {
-				return "", errJSON
+				return nil, errJSON
 			}
-			return string(raw), nil
+			return raw, nil
 		case c == '\\':
-			return p.escaped(start)
+			return w.escaped(start)
 		case c < 0x20:
-			return "", errJSON
+			return nil, errJSON
 		}
-		p.i++
+		w.i++
 	}
-	return "", errJSON
+	return nil, errJSON
 }
 
-// escaped continues a string from its first escape, at p.i.
-func (p *jsonParser) escaped(start int) (string, error) {
-	buf := append([]byte(nil), p.b[start:p.i]...)
-	for p.i < len(p.b) {
-		c := p.b[p.i]
+// escaped continues a string from its first escape, at i.
+func (w *jsonWriter) escaped(start int) ([]byte, error) {
+	buf := bytes.Clone(w.b[start:w.i])
+	for w.i < len(w.b) {
+		c := w.b[w.i]
 		switch {
 		case c == '"':
-			p.i++
+			w.i++
 			if !utf8.Valid(buf) {
-				return "", errJSON
+				return nil, errJSON
 			}
-			return string(buf), nil
+			return buf, nil
 		case c < 0x20:
-			return "", errJSON
+			return nil, errJSON
 		case c != '\\':
 			buf = append(buf, c)
-			p.i++
+			w.i++
 			continue
 		}
-		if p.i+1 >= len(p.b) {
-			return "", errJSON
+		if w.i+1 >= len(w.b) {
+			return nil, errJSON
 		}
-		switch e := p.b[p.i+1]; e {
+		switch e := w.b[w.i+1]; e {
 		case '"', '\\', '/':
 			buf = append(buf, e)
 		case 'b':
@@ -300,19 +375,19 @@ func (p *jsonParser) escaped(start int) (string, error) {
 		case 't':
 			buf = append(buf, '\t')
 		case 'u':
-			if p.i+6 > len(p.b) {
-				return "", errJSON
+			if w.i+6 > len(w.b) {
+				return nil, errJSON
 			}
-			r, err := strconv.ParseUint(string(p.b[p.i+2:p.i+6]), 16, 32)
+			r, err := strconv.ParseUint(string(w.b[w.i+2:w.i+6]), 16, 32)
 			if err != nil || r >= 0xD800 && r <= 0xDFFF {
-				return "", errJSON
+				return nil, errJSON
 			}
 			buf = utf8.AppendRune(buf, rune(r))
-			p.i += 4
+			w.i += 4
 		default:
-			return "", errJSON
+			return nil, errJSON
 		}
-		p.i += 2
+		w.i += 2
 	}
-	return "", errJSON
+	return nil, errJSON
 }

@@ -11,17 +11,18 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// A Reserve's params arrive as a google.protobuf.Struct, whose generic
-// decoding (a map of messages, a oneof per value) was most of the cost of
-// decoding the request. The codec leaves them encoded instead
-// (unmarshalReserve), and the handler reads them straight into the Go
-// values the ledger takes (reserveParams). docs/benchmarks.md, section
-// 6.12.
+// A Reserve's params and a Complete's result data arrive as a
+// google.protobuf.Struct, whose generic decoding (a map of messages, a
+// oneof per value) was most of the cost of decoding the request. The codec
+// leaves them encoded instead (unmarshalReserve, unmarshalComplete), and
+// the handler reads them straight into the Go values the ledger takes
+// (keptStruct). docs/benchmarks.md, sections 6.12 and 6.13.
 
-// Field numbers of ReserveRequest.params and of google.protobuf.Struct,
-// its map entries, Value and ListValue.
+// Field numbers of ReserveRequest.params, CompleteRequest.result, and of
+// google.protobuf.Struct, its map entries, Value and ListValue.
 const (
 	paramsField  protowire.Number = 3
+	resultField  protowire.Number = 4
 	structFields protowire.Number = 1
 	entryKey     protowire.Number = 1
 	entryValue   protowire.Number = 2
@@ -38,27 +39,63 @@ const (
 // unmarshalReserve decodes b into req as proto.Unmarshal does, but for a
 // params field that occurs once: its bytes are kept, as they came, as the
 // message's unknown field 3 (so req marshals to the same bytes) and
-// GetParams is nil. Anything else goes to proto.Unmarshal whole.
+// GetParams is nil.
 func unmarshalReserve(b []byte, req *ledgerv1.ReserveRequest) error {
-	start, end := paramsSpan(b)
-	if start < 0 {
-		return proto.Unmarshal(b, req)
-	}
-	if err := proto.Unmarshal(b[:start], req); err != nil {
-		return err
-	}
-	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b[end:], req); err != nil {
-		return err
-	}
-	m := req.ProtoReflect()
-	m.SetUnknown(append(m.GetUnknown(), b[start:end]...))
-	return nil
+	return unmarshalAround(b, req, paramsField, keepUnknown(req))
 }
 
-// paramsSpan returns where the one params field of a ReserveRequest's
-// wire bytes starts and ends (tag included); -1 when b is malformed or has
-// no params field or more than one.
-func paramsSpan(b []byte) (start, end int) {
+// unmarshalComplete decodes b into req as proto.Unmarshal does, but for a
+// result field that occurs once, whose data field, if it occurs once, is
+// kept so (unknown field 1 of the Result, GetData nil).
+func unmarshalComplete(b []byte, req *ledgerv1.CompleteRequest) error {
+	return unmarshalAround(b, req, resultField, func(_, v []byte) error {
+		r := &ledgerv1.Result{}
+		if err := unmarshalAround(v, r, resultDataField, keepUnknown(r)); err != nil {
+			return err
+		}
+		req.Result = r
+		return nil
+	})
+}
+
+// unmarshalAround decodes b into m as proto.Unmarshal does, except for the
+// one length-delimited field num, which goes to keep (the field with its
+// tag, and its value). When b is malformed or has no field num or more
+// than one, all of it goes to proto.Unmarshal.
+func unmarshalAround(b []byte, m proto.Message, num protowire.Number, keep func(field, value []byte) error) error {
+	start, end := fieldSpan(b, num)
+	if start < 0 {
+		return proto.Unmarshal(b, m)
+	}
+	if start > 0 {
+		if err := proto.Unmarshal(b[:start], m); err != nil {
+			return err
+		}
+	}
+	if end < len(b) {
+		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b[end:], m); err != nil {
+			return err
+		}
+	}
+	_, _, n := protowire.ConsumeTag(b[start:])
+	v, _ := protowire.ConsumeBytes(b[start+n : end])
+	return keep(b[start:end], v)
+}
+
+// keepUnknown returns a keep function of unmarshalAround that adds the
+// field to m's unknown fields.
+func keepUnknown(m proto.Message) func(field, value []byte) error {
+	return func(field, _ []byte) error {
+		r := m.ProtoReflect()
+		r.SetUnknown(append(r.GetUnknown(), field...))
+		return nil
+	}
+}
+
+// fieldSpan returns where the one field num of a message's wire bytes
+// starts and ends (tag included); -1 when b is malformed or has no field
+// num, one that is not length-delimited, or more than one.
+func fieldSpan(b []byte, field protowire.Number) (start, end int) {
 	start = -1
 	for at := 0; at < len(b); {
 		num, typ, n := protowire.ConsumeTag(b[at:])
@@ -69,7 +106,7 @@ func paramsSpan(b []byte) (start, end int) {
 		if m < 0 {
 			return -1, -1
 		}
-		if num == paramsField {
+		if num == field {
 			if start >= 0 || typ != protowire.BytesType {
 				return -1, -1
 			}
@@ -80,15 +117,16 @@ func paramsSpan(b []byte) (start, end int) {
 	return start, end
 }
 
-// undecodedParams returns the params unmarshalReserve kept encoded in req.
-func undecodedParams(req *ledgerv1.ReserveRequest) ([]byte, bool) {
-	b := req.ProtoReflect().GetUnknown()
+// keptBytes returns the value of the field num that unmarshalAround kept
+// among m's unknown fields.
+func keptBytes(m proto.Message, field protowire.Number) ([]byte, bool) {
+	b := m.ProtoReflect().GetUnknown()
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return nil, false
 		}
-		if num == paramsField && typ == protowire.BytesType {
+		if num == field && typ == protowire.BytesType {
 			v, m := protowire.ConsumeBytes(b[n:])
 			return v, m >= 0
 		}
@@ -102,29 +140,37 @@ func undecodedParams(req *ledgerv1.ReserveRequest) ([]byte, bool) {
 }
 
 // reserveParams returns a Reserve's params as Go values (nil when it has
-// none), or adds what is wrong with them to errs. bad is the
-// description of params that are no valid Struct (the request then
-// gets the answer of a request the codec could not decode).
+// none), or adds what is wrong with them to errs; bad as keptStruct.
 func reserveParams(req *ledgerv1.ReserveRequest, errs *requestErrors) (params map[string]any, bad string) {
-	if req.GetParams() != nil {
-		params, _ = structMap("params", req.GetParams(), errs)
-		return params, ""
+	return keptStruct("params", req.GetParams(), req, paramsField, "ledger.v1.ReserveRequest", errs)
+}
+
+// keptStruct returns the Struct field num of m as Go values: s when the
+// codec decoded it, else the bytes it kept (keptBytes); nil when m has
+// neither. What is wrong with the values is added to errs under field.
+// bad is the description of kept bytes that are no valid Struct (the
+// request, a msg, then gets the answer of a request the codec could not
+// decode).
+func keptStruct(field string, s *structpb.Struct, m proto.Message, num protowire.Number, msg string, errs *requestErrors) (values map[string]any, bad string) {
+	if s != nil {
+		values, _ = structMap(field, s, errs)
+		return values, ""
 	}
-	raw, ok := undecodedParams(req)
+	raw, ok := keptBytes(m, num)
 	if !ok {
 		return nil, ""
 	}
-	if m, ok := decodeStruct(raw, 1); ok {
-		return m, ""
+	if v, ok := decodeStruct(raw, 1); ok {
+		return v, ""
 	}
 	// What the direct reading does not take (a problem, or a form it
 	// leaves to protobuf) goes the general way, with its messages.
-	var s structpb.Struct
-	if err := proto.Unmarshal(raw, &s); err != nil {
-		return nil, decodeDesc(err, "ledger.v1.ReserveRequest")
+	var decoded structpb.Struct
+	if err := proto.Unmarshal(raw, &decoded); err != nil {
+		return nil, decodeDesc(err, msg)
 	}
-	params, _ = structMap("params", &s, errs)
-	return params, ""
+	values, _ = structMap(field, &decoded, errs)
+	return values, ""
 }
 
 // decodeStruct reads a Struct's wire bytes at nesting level into the

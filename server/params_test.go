@@ -112,7 +112,7 @@ func TestUnmarshalReserve(t *testing.T) {
 		if encoded := req.GetParams() == nil && len(req.ProtoReflect().GetUnknown()) > 0; encoded != c.encoded {
 			t.Errorf("%s: params left encoded %v, want %v", c.name, encoded, c.encoded)
 		}
-		raw, ok := undecodedParams(&req)
+		raw, ok := keptBytes(&req, paramsField)
 		if _, direct := decodeStruct(raw, 1); (ok && direct) != c.direct {
 			t.Errorf("%s: read directly %v, want %v", c.name, direct, c.direct)
 		}
@@ -197,7 +197,7 @@ func FuzzDecodeStruct(f *testing.F) {
 	for _, c := range reserveRequestCases(f) {
 		var req ledgerv1.ReserveRequest
 		if unmarshalReserve(c.wire, &req) == nil {
-			if raw, ok := undecodedParams(&req); ok {
+			if raw, ok := keptBytes(&req, paramsField); ok {
 				f.Add(raw)
 			}
 		}
@@ -216,6 +216,142 @@ func FuzzDecodeStruct(f *testing.F) {
 		if len(errs) > 0 || !reflect.DeepEqual(m, want) {
 			t.Fatalf("%x: %v, structMap %v %v", raw, m, want, errs)
 		}
+	})
+}
+
+// completeRequestCases are CompleteRequests' wire bytes: whether the codec
+// leaves the result's data encoded, whether it refuses the request, and
+// what the handler makes of the result (its data as canonical JSON, or the
+// description of undecodable data, or of a field violation).
+func completeRequestCases(tb testing.TB) []struct {
+	name       string
+	wire       []byte
+	encoded    bool // the codec leaves the data encoded
+	refused    bool // the codec refuses the request
+	data       string
+	bad, errs  string
+	resourceID string
+} {
+	receipt, err := structpb.NewStruct(map[string]any{"id": strings.Repeat("r", 91), "amount": 1250, "ok": true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	head := wireOf(tb, &ledgerv1.CompleteRequest{OperationId: "op", FencingToken: 7, Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED})
+	withResult := func(r []byte) []byte { return field(append([]byte(nil), head...), resultField, r) }
+	withData := func(d []byte) []byte { return withResult(field(nil, resultDataField, d)) }
+	nan := protowire.AppendFixed64(protowire.AppendTag(nil, valueNumber, protowire.Fixed64Type), math.Float64bits(math.NaN()))
+	return []struct {
+		name       string
+		wire       []byte
+		encoded    bool
+		refused    bool
+		data       string
+		bad, errs  string
+		resourceID string
+	}{
+		{name: "receipt", wire: wireOf(tb, &ledgerv1.CompleteRequest{OperationId: "op", FencingToken: 7, Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED,
+			Result: &ledgerv1.Result{Data: receipt, ResourceId: "re_1"}}), encoded: true,
+			data: `{"amount":1250,"id":"` + strings.Repeat("r", 91) + `","ok":true}`, resourceID: "re_1"},
+		{name: "no result", wire: head},
+		{name: "no data", wire: withResult(field(nil, 2, []byte("re_2"))), resourceID: "re_2"},
+		{name: "empty data", wire: withData(nil), encoded: true, data: `{}`},
+		{name: "data after the resource id", wire: withResult(append(field(nil, 2, []byte("re_3")), field(nil, resultDataField, entry("a", stringValue("1")))...)),
+			encoded: true, data: `{"a":"1"}`, resourceID: "re_3"},
+		{name: "result twice: merged", wire: field(withData(entry("a", stringValue("1"))), resultField, field(nil, 2, []byte("re_4"))),
+			data: `{"a":"1"}`, resourceID: "re_4"},
+		{name: "data twice: merged", wire: withResult(append(field(nil, resultDataField, entry("a", stringValue("1"))), field(nil, resultDataField, entry("b", stringValue("2")))...)),
+			data: `{"a":"1","b":"2"}`},
+		{name: "a key not UTF-8", wire: withData(entry("\xff", stringValue("1"))), encoded: true, bad: "a string field is not valid UTF-8"},
+		{name: "data not a Struct", wire: withData([]byte{0xff, 0xff}), encoded: true, bad: "not a valid ledger.v1.CompleteRequest message"},
+		{name: "resource id not UTF-8", wire: withResult(append(field(nil, resultDataField, nil), field(nil, 2, []byte("\xfe"))...)), refused: true},
+		{name: "result not a Result", wire: withResult([]byte{0xff}), refused: true},
+		{name: "NaN", wire: withData(entry("a", nan)), encoded: true, errs: `result.data: number is NaN or infinite at "/a"`},
+	}
+}
+
+// TestUnmarshalComplete: what the codec and the handler make of a
+// Complete's result, against the cases' expectations and against decoding
+// the whole request with protobuf (checkCompleteDecoding).
+func TestUnmarshalComplete(t *testing.T) {
+	for _, c := range completeRequestCases(t) {
+		var req ledgerv1.CompleteRequest
+		if err := unmarshalComplete(c.wire, &req); (err != nil) != c.refused {
+			t.Fatalf("%s: refused %v, want %v", c.name, err, c.refused)
+		}
+		checkCompleteDecoding(t, c.wire)
+		if c.refused {
+			continue
+		}
+		_, kept := keptBytes(req.GetResult(), resultDataField)
+		if encoded := kept && req.GetResult().GetData() == nil; encoded != c.encoded {
+			t.Errorf("%s: data left encoded %v, want %v", c.name, encoded, c.encoded)
+		}
+		var errs requestErrors
+		r, bad := fromResult("result", req.GetResult(), "ledger.v1.CompleteRequest", &errs)
+		var data, resourceID string
+		if r != nil {
+			data, resourceID = string(r.Data), r.ResourceID
+		}
+		if data != c.data || resourceID != c.resourceID || bad != c.bad || errsText(errs) != c.errs {
+			t.Errorf("%s: %s %q, %q, %q; want %s %q, %q, %q", c.name, data, resourceID, bad, errsText(errs), c.data, c.resourceID, c.bad, c.errs)
+		}
+	}
+}
+
+// checkCompleteDecoding requires that unmarshalComplete and fromResult give
+// what proto.Unmarshal of the whole request gives: the same fields, the
+// same result or refusal, the same request when marshalled again.
+func checkCompleteDecoding(t *testing.T, wire []byte) {
+	t.Helper()
+	const msg = "ledger.v1.CompleteRequest"
+	var want ledgerv1.CompleteRequest
+	wantErr := proto.Unmarshal(wire, &want)
+	var got ledgerv1.CompleteRequest
+	if err := unmarshalComplete(wire, &got); err != nil {
+		if wantErr == nil {
+			t.Fatalf("%x: refused (%v), protobuf takes it", wire, err)
+		}
+		return
+	}
+	var gotErrs, wantErrs requestErrors
+	result, bad := fromResult("result", got.GetResult(), msg, &gotErrs)
+	if wantErr != nil {
+		if bad != decodeDesc(wantErr, msg) {
+			t.Fatalf("%x: result %v (%q), protobuf: %v", wire, result, bad, wantErr)
+		}
+		return
+	}
+	if bad != "" {
+		t.Fatalf("%x: result undecodable (%s), protobuf takes it", wire, bad)
+	}
+	wantResult, _ := fromResult("result", want.GetResult(), msg, &wantErrs)
+	if !reflect.DeepEqual(result, wantResult) || errsText(gotErrs) != errsText(wantErrs) {
+		t.Fatalf("%x: %v %q, protobuf: %v %q", wire, result, errsText(gotErrs), wantResult, errsText(wantErrs))
+	}
+	var again ledgerv1.CompleteRequest
+	if err := proto.Unmarshal(wireOf(t, &got), &again); err != nil || !proto.Equal(&again, &want) {
+		t.Fatalf("%x: marshalled again it decodes to %v (%v), want %v", wire, &again, err, &want)
+	}
+	for _, r := range []*ledgerv1.Result{got.GetResult(), want.GetResult()} {
+		if r != nil {
+			r.Data = nil
+			r.ProtoReflect().SetUnknown(nil)
+		}
+	}
+	if !proto.Equal(&got, &want) {
+		t.Fatalf("%x: fields %v, want %v", wire, &got, &want)
+	}
+}
+
+// FuzzUnmarshalComplete: for any bytes, the codec's decoding of a Complete
+// and the handler's reading of its result agree with protobuf's decoding
+// of the whole request (checkCompleteDecoding).
+func FuzzUnmarshalComplete(f *testing.F) {
+	for _, c := range completeRequestCases(f) {
+		f.Add(c.wire)
+	}
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		checkCompleteDecoding(t, wire)
 	})
 }
 

@@ -674,18 +674,42 @@ func TestUndecodableRequestsAreInvalidArgument(t *testing.T) {
 	garbageParams = protowire.AppendBytes(garbageParams, []byte("h"))
 	garbageParams = protowire.AppendTag(garbageParams, 3, protowire.BytesType)
 	garbageParams = protowire.AppendBytes(garbageParams, []byte{0xff, 0xff})
-	for name, msg := range map[string][]byte{"invalid UTF-8": badUTF8, "oversized": huge, "garbage": {0xff, 0xff, 0xff},
-		"params not UTF-8": badParams, "params garbage": garbageParams} {
+	// A Complete's result data, which the codec leaves encoded too: a key
+	// not UTF-8, and bytes no Struct has, for a live claim.
+	claim, err := e.c.Reserve(as(key), reserveReq("undecodable-result", "payments.refund", nil, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	completeWith := func(data []byte) []byte {
+		b := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte("undecodable-result"))
+		b = protowire.AppendVarint(protowire.AppendTag(b, 2, protowire.VarintType), claim.GetOperation().GetFencingToken())
+		b = protowire.AppendVarint(protowire.AppendTag(b, 3, protowire.VarintType), uint64(ledgerv1.Outcome_OUTCOME_SUCCEEDED))
+		return protowire.AppendBytes(protowire.AppendTag(b, 4, protowire.BytesType), protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), data))
+	}
+	for _, c := range []struct {
+		name, method string
+		msg          []byte
+	}{
+		{"invalid UTF-8", "Reserve", badUTF8}, {"oversized", "Reserve", huge}, {"garbage", "Reserve", []byte{0xff, 0xff, 0xff}},
+		{"params not UTF-8", "Reserve", badParams}, {"params garbage", "Reserve", garbageParams},
+		{"result data not UTF-8", "Complete", completeWith(protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType),
+			protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte("k\xff"))))},
+		{"result data garbage", "Complete", completeWith([]byte{0xff, 0xff})},
+	} {
 		var reply []byte
-		err := e.conn.Invoke(as(key), "/ledger.v1.LedgerService/Reserve", &msg, &reply, grpc.ForceCodecV2(nil), grpc.ForceCodec(rawCodec{}))
-		c, ei, br := errorInfo(t, err)
-		if c != codes.InvalidArgument || ei.Reason != "INVALID_ARGUMENT" || br == nil || br.FieldViolations[0].Field != "request" {
-			t.Fatalf("%s: %v", name, err)
+		err := e.conn.Invoke(as(key), "/ledger.v1.LedgerService/"+c.method, &c.msg, &reply, grpc.ForceCodecV2(nil), grpc.ForceCodec(rawCodec{}))
+		code, ei, br := errorInfo(t, err)
+		if code != codes.InvalidArgument || ei.Reason != "INVALID_ARGUMENT" || br == nil || br.FieldViolations[0].Field != "request" {
+			t.Fatalf("%s: %v", c.name, err)
 		}
 	}
 	for _, id := range []string{"undecodable-params-1", "undecodable-params-2"} {
 		_, err := e.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: id})
 		wantReason(t, err, codes.NotFound, "NOT_FOUND")
+	}
+	got, err := e.c.Lookup(as(key), &ledgerv1.LookupRequest{OperationId: "undecodable-result"})
+	if err != nil || got.GetOperation().GetState() != ledgerv1.State_STATE_RUNNING || got.GetOperation().GetResult() != nil {
+		t.Fatalf("after the undecodable Completes: %v, %v", got.GetOperation(), err)
 	}
 }
 

@@ -394,7 +394,10 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 func (h *handler) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*ledgerv1.CompleteResponse, error) {
 	logID(ctx, req.GetOperationId(), "ledger.outcome", req.GetOutcome().String())
 	var errs requestErrors
-	result := fromResult("result", req.GetResult(), &errs)
+	result, bad := fromResult("result", req.GetResult(), "ledger.v1.CompleteRequest", &errs)
+	if bad != "" {
+		return nil, undecodable(bad)
+	}
 	if err := errs.err(); err != nil {
 		return nil, h.fail(ctx, err)
 	}
@@ -442,7 +445,8 @@ func (h *handler) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*led
 func (h *handler) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest) (*ledgerv1.ReconcileResponse, error) {
 	logID(ctx, req.GetOperationId(), "ledger.finding", req.GetFinding().String())
 	var errs requestErrors
-	result := fromResult("result", req.GetResult(), &errs)
+	// The codec decodes a Reconcile whole: nothing is kept to be bad.
+	result, _ := fromResult("result", req.GetResult(), "ledger.v1.ReconcileRequest", &errs)
 	if err := errs.err(); err != nil {
 		return nil, h.fail(ctx, err)
 	}
