@@ -676,6 +676,7 @@ R.tool, R.fp, R.pmt, R.eff = 'payments.refund', string.rep('f', 32), 'approval-7
 R.lms, R.max, R.ret, R.tret, R.rwin = '30s', '5', '7d', '30d', '15m'
 R.ct = tostr(NOW); R.att = '1'; R.tok = tostr(NOW); R.hld = 'h'; R.lse = tostr(NOW + 30000)
 R.st, R.rsn, R.ut = '2', 'RESERVED', R.ct
+local REC = F.encode()
 `
 	const loops = 200
 	for _, c := range []struct {
@@ -686,6 +687,7 @@ R.st, R.rsn, R.ut = '2', 'RESERVED', R.ct
 		{"prelude", commonLua + "\nbegin()\nreturn 1", false, false},
 		{"function with the prelude", "return 1", false, true},
 		{"load of a missing record", "load()", true, false},
+		{"load of a stored record", "load(REC)", true, false},
 		{"encode", "S.ct36 = nil; F.encode()", true, false},
 		{"history entry", "S.hist = ''; F.history(nil, '2', 'RESERVED', '')", true, false},
 		{"base36", "F.base36(NOW)", true, false},

@@ -153,11 +153,9 @@ F = {
   begin = function()
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    -- Named up front, the fields a record takes get their room at once
-    -- instead of the table growing five times.
-    R = {st = nil, ct = nil, ut = nil, att = nil, tok = nil, eff = nil, rsn = nil, tool = nil,
-      pmt = nil, lms = nil, max = nil, ret = nil, tret = nil, rwin = nil, fp = nil, exp = nil,
-      hld = nil, lse = nil, uks = nil, rd = nil, rid = nil, fc = nil, fm = nil}
+    -- load() builds the whole record in one constructor; a new record
+    -- takes only its tool.
+    R = {}
     S = {hist = '', principal = ARGV[1], member = ARGV[2],
       tenant = string.match(ARGV[2] or '', '^[^:]*'), encoded = nil, ct36 = nil, entered = nil,
       from = nil, dwell = nil}
@@ -372,7 +370,6 @@ F = {
     if not s then
       return false
     else
-      R.fp = string.sub(s, 2, 33)
       local h = string.find(s, '\254', 34, true)
       local body
       if h then
@@ -393,31 +390,27 @@ F = {
       S.ct36 = v[3]
       local ct = tonumber(v[3], 36)
       local ut = ct + ms(v[4])
-      R.st, R.ct, R.ut, R.att, R.tok = v[1], tostr(ct), tostr(ut), v[5], tostr(ct + ms(v[6]))
-      R.eff, R.rsn, R.tool, R.pmt = v[7], F.reason_name(v[8]), v[9], v[10]
-      R.max, R.ret, R.tret = v[11], v[12], v[13]
+      local tok = tostr(ct + ms(v[6]))
+      local exp
       if v[2] ~= '' then
-        R.exp = tostr(ut + ms(v[2]))
+        exp = tostr(ut + ms(v[2]))
       elseif v[1] == '3' or v[1] == '4' then
-        R.exp = tostr(ut + ms(v[12]))
+        exp = tostr(ut + ms(v[12]))
       end
-      if v[14] ~= '' then R.ctk, R.cdg = R.tok, v[14] end
-      if v[15] ~= '' then R.rd = v[15] end
-      if v[16] ~= '' then R.rid = v[16] end
-      if v[17] ~= '' then R.fc = v[17] end
-      if v[18] ~= '' then R.fm = v[18] end
-      if v[19] ~= '' then R.hld = v[19] end
-      if v[20] ~= '' then R.lse = tostr(ut + ms(v[20])) end
-      R.lms, R.rwin = v[21], v[22]
-      if v[23] ~= '' then R.uks = tostr(ut + ms(v[23])) end
-      if v[24] ~= '' then R.rev = v[24] end
-      if v[25] ~= '' then R.run = v[25] end
-      if v[26] ~= '' then R.stp = v[26] end
-      if v[27] ~= '' then R.ru, R.rue = v[27], tostr(tonumber(v[27]) + ms(v[28])) end
-      if v[29] ~= '' then R.cfh, R.cf = v[29], v[30] end
-      if v[31] ~= '' then R.cmp = v[31] end
-      if v[32] ~= '' then R.cby = v[32] end
-      if v[33] ~= '' then R.hb = v[33] end
+      -- One constructor sizes the table once; an empty field is nil.
+      R = {fp = string.sub(s, 2, 33), st = v[1], ct = tostr(ct), ut = tostr(ut), att = v[5], tok = tok,
+        eff = v[7], rsn = F.reason_name(v[8]), tool = v[9], pmt = v[10], max = v[11], ret = v[12],
+        tret = v[13], exp = exp, ctk = v[14] ~= '' and tok or nil, cdg = v[14] ~= '' and v[14] or nil,
+        rd = v[15] ~= '' and v[15] or nil, rid = v[16] ~= '' and v[16] or nil,
+        fc = v[17] ~= '' and v[17] or nil, fm = v[18] ~= '' and v[18] or nil,
+        hld = v[19] ~= '' and v[19] or nil, lse = v[20] ~= '' and tostr(ut + ms(v[20])) or nil,
+        lms = v[21], rwin = v[22], uks = v[23] ~= '' and tostr(ut + ms(v[23])) or nil,
+        rev = v[24] ~= '' and v[24] or nil, run = v[25] ~= '' and v[25] or nil,
+        stp = v[26] ~= '' and v[26] or nil, ru = v[27] ~= '' and v[27] or nil,
+        rue = v[27] ~= '' and tostr(tonumber(v[27]) + ms(v[28])) or nil,
+        cfh = v[29] ~= '' and v[29] or nil, cf = v[29] ~= '' and v[30] or nil,
+        cmp = v[31] ~= '' and v[31] or nil, cby = v[32] ~= '' and v[32] or nil,
+        hb = v[33] ~= '' and v[33] or nil}
       S.encoded = s
     end
     if F.gone(R.st, tonumber(R.exp), R.att) then

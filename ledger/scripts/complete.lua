@@ -81,7 +81,7 @@ local function in_place(s)
   end
   local updated = ct + ms(ut)
   local lapsed = lse == '' or updated + ms(lse) <= NOW
-  R.ct, R.tool, R.eff = ct, tool, eff
+  R = {ct = ct, tool = tool, eff = eff}
   S.hist = string.sub(s, h)
   S.from, S.dwell = ST_RUNNING, NOW - updated
   local v = {to, '', ct36, F.enc0(NOW - ct), att, F.enc0(ms(tok)), eff, letter, mid, SAME, ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
