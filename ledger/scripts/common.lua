@@ -26,6 +26,9 @@
 -- transition() and finish(), so the metrics read them instead of scanning
 -- records.
 --
+-- A number goes to redis.call as the string tostr makes of it: Lua would
+-- format it with %.14g, which costs Redis more (docs/benchmarks.md §6.15).
+--
 -- All five keys share one hash tag, so a script runs unchanged on Redis
 -- Cluster. Every script validates everything before its first write and
 -- raises no error after it, so a refused script (e.g. OOM under maxmemory,
@@ -452,7 +455,7 @@ F = {
   flush = function()
     local s = F.encode()
     if R.st == '3' or R.st == '4' then
-      redis.call('SET', KEYS[1], s, 'PX', tonumber(R.exp) - NOW + F.ms(R.tret))
+      redis.call('SET', KEYS[1], s, 'PX', F.tostr(tonumber(R.exp) - NOW + F.ms(R.tret)))
     else
       redis.call('SET', KEYS[1], s)
     end
@@ -473,8 +476,8 @@ F = {
     return {code, aux, S.encoded, moved}
   end,
 
-  -- bump moves the live count of the operation's state st by delta. A
-  -- count at 0 is deleted; one below 0 (the counts drifted from the
+  -- bump moves the live count of the operation's state st by delta ('1'
+  -- or '-1'). A count at 0 is deleted; one below 0 (the counts drifted from the
   -- records: a restore, a manual edit) is kept, for the metrics to show.
   bump = function(st, delta)
     if st == '3' or st == '4' then
@@ -499,15 +502,15 @@ F = {
     if from == to then
       return
     end
-    if from then F.bump(from, -1) end
-    F.bump(to, 1)
+    if from then F.bump(from, '-1') end
+    F.bump(to, '1')
     if from == '1' or from == '5' or (lapsed and R.eff ~= '3') then
       redis.call('ZREM', KEYS[5], F.overdue_member(from))
     end
     if to == '5' then
-      redis.call('ZADD', KEYS[5], tonumber(R.uks) + F.ms(R.rwin), F.overdue_member(to))
+      redis.call('ZADD', KEYS[5], F.tostr(tonumber(R.uks) + F.ms(R.rwin)), F.overdue_member(to))
     elseif to == '1' then
-      redis.call('ZADD', KEYS[5], NOW + F.ms(R.rwin), F.overdue_member(to))
+      redis.call('ZADD', KEYS[5], F.tostr(NOW + F.ms(R.rwin)), F.overdue_member(to))
     end
   end,
 

@@ -74,7 +74,7 @@ local function in_place(s)
       return nil -- a retain_until, or fields finish() would not copy as stored
     end
   end
-  local tool, ret = string.match(mid, '^([^\255]*)\255[^\255]*\255[^\255]*\255([^\255]*)')
+  local tool, ret, tret = string.match(mid, '^([^\255]*)\255[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*)')
   local to, reason, letter = ST_SUCCEEDED, 'SUCCEEDED', 'D'
   if outcome == '2' then
     to, reason, letter = ST_FAILED, 'FAILED_FINAL', 'E'
@@ -93,7 +93,7 @@ local function in_place(s)
   end
   local rec = string.sub(s, 1, 33) .. table.concat(v, '\255', 1, n) .. S.hist ..
     F.entry(ST_RUNNING, to, reason, NOW, att, ct + ms(tok), S.principal, '', F.last_principal())
-  redis.call('SET', KEYS[1], rec, 'PX', ms(ret) + ms(string.match(mid, '([^\255]*)$')))
+  redis.call('SET', KEYS[1], rec, 'PX', tostr(ms(ret) + ms(tret)))
   S.encoded = rec
   F.indexes(ST_RUNNING, to, lapsed)
   redis.call('ZREM', KEYS[2], string.format('%013d', ct) .. ':' .. ARGV[10])

@@ -27,7 +27,7 @@ if tonumber(R.lse) > NOW then
 end
 if R.eff ~= EFF_IRREVERSIBLE then
   redis.call('ZREM', KEYS[3], S.member)
-  redis.call('ZADD', KEYS[5], tonumber(R.lse) + ms(R.rwin), overdue_member(ST_RUNNING))
+  redis.call('ZADD', KEYS[5], tostr(tonumber(R.lse) + ms(R.rwin)), overdue_member(ST_RUNNING))
   return {C_OK, 'dropped', ''}
 end
 transition(ST_UNKNOWN, 'LEASE_EXPIRED', '')

@@ -35,8 +35,8 @@ if tonumber(R.lse) <= NOW then
   end
   return {C_STALE, R.st, ''}
 end
-local lease_end = NOW + ms(R.lms)
-set('lse', tostr(lease_end))
+local lease_end = tostr(NOW + ms(R.lms))
+set('lse', lease_end)
 flush()
 redis.call('ZADD', KEYS[3], lease_end, S.member)
 return reply(C_OK, '')

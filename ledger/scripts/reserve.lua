@@ -50,14 +50,14 @@ local function claim(reason)
   if tok < NOW then
     tok = NOW
   end
-  local lease_end = NOW + ms(R.lms)
+  local lease_end = tostr(NOW + ms(R.lms))
   if lapsed() and R.eff ~= EFF_IRREVERSIBLE then
     redis.call('ZREM', KEYS[5], overdue_member(ST_RUNNING))
   end
   set('att', tostr(tonumber(R.att or '0') + 1))
   set('tok', tostr(tok))
   set('hld', holder)
-  set('lse', tostr(lease_end))
+  set('lse', lease_end)
   set_outcome('', '', '', '')
   transition(ST_RUNNING, reason, '')
   redis.call('ZADD', KEYS[3], lease_end, S.member)
@@ -94,9 +94,9 @@ if not load() then
   local rec = 'L' .. fp .. ST_RUNNING .. '\255\255' .. F.base36(NOW) .. ARGV[13]
   redis.call('SET', KEYS[1], rec)
   R.tool = tool
-  F.bump(ST_RUNNING, 1)
-  redis.call('ZADD', KEYS[3], NOW + tonumber(ARGV[7]), S.member)
-  redis.call('ZADD', KEYS[2], 0, string.format('%013d', NOW) .. ':' .. ARGV[8])
+  F.bump(ST_RUNNING, '1')
+  redis.call('ZADD', KEYS[3], tostr(NOW + tonumber(ARGV[7])), S.member)
+  redis.call('ZADD', KEYS[2], '0', string.format('%013d', NOW) .. ':' .. ARGV[8])
   return {C_EXECUTE, '', rec, '0:0'}
 end
 
