@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"errors"
-	"hash/fnv"
 	"strings"
 )
 
@@ -75,11 +74,21 @@ func (k keyspace) tag(shard int) string {
 // shardOf returns the shard of an operation: FNV-1a of the encoded tenant,
 // a colon and the encoded id, modulo NumShards.
 func shardOf(tenant, id string) int {
-	h := fnv.New32a()
-	h.Write([]byte(encodeComponent(tenant)))
-	h.Write([]byte{':'})
-	h.Write([]byte(encodeComponent(id)))
-	return int(h.Sum32() % NumShards)
+	return shardOfEncoded(encodeComponent(tenant), encodeComponent(id))
+}
+
+// shardOfEncoded is shardOf of the encoded tenant t and id i.
+func shardOfEncoded(t, i string) int {
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for j := 0; j < len(t); j++ {
+		h = (h ^ uint32(t[j])) * prime
+	}
+	h = (h ^ ':') * prime
+	for j := 0; j < len(i); j++ {
+		h = (h ^ uint32(i[j])) * prime
+	}
+	return int(h % NumShards)
 }
 
 // record is the key of an operation's record.
@@ -112,22 +121,24 @@ func (k keyspace) wait(shard int) string {
 	return k.shards[shard].wait
 }
 
-// op returns the keys of one operation.
+// op returns the keys of one operation. Its lease index member is the
+// record key's tail, so the two share one string.
 func (k keyspace) op(tenant, id string) opKeys {
-	s := shardOf(tenant, id)
 	t, i := encodeComponent(tenant), encodeComponent(id)
+	s := shardOfEncoded(t, i)
+	rec := k.record(s, t, i)
 	return opKeys{
 		tenant: tenant,
 		id:     id,
 		shard:  s,
 		all: []string{
-			k.record(s, t, i),
+			rec,
 			k.unresolved(s, t),
 			k.leases(s),
 			k.stats(s),
 			k.overdue(s),
 		},
-		member: t + ":" + i,
+		member: rec[len(k.tag(s))+len(":op:"):],
 	}
 }
 
@@ -140,8 +151,8 @@ type runKeys struct {
 
 // run returns the keys of one run.
 func (k keyspace) run(tenant, id string) runKeys {
-	s := shardOf(tenant, id)
 	t, i := encodeComponent(tenant), encodeComponent(id)
+	s := shardOfEncoded(t, i)
 	return runKeys{shard: s, all: []string{k.runRecord(s, t, i), k.runIndex(s, t)}, member: i}
 }
 

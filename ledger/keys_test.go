@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"hash/fnv"
 	"os"
 	"strings"
 	"testing"
@@ -42,6 +43,17 @@ func checkKeys(t *testing.T, tenant, id string) {
 	if strings.Count(rest, ":") != 1 {
 		t.Fatalf("record key %q: encoded tenant or id holds ':'", k.all[0])
 	}
+	// The shard is FNV-1a of "<tenant>:<id>" encoded, as hash/fnv computes
+	// it: part of the key layout.
+	et, ei := encodeComponent(tenant), encodeComponent(id)
+	h := fnv.New32a()
+	h.Write([]byte(et + ":" + ei))
+	if want := int(h.Sum32() % NumShards); k.shard != want || ks.run(tenant, id).shard != want {
+		t.Fatalf("shard of (%q, %q) = %d (run %d), want %d", tenant, id, k.shard, ks.run(tenant, id).shard, want)
+	}
+	if k.member != et+":"+ei || k.all[0] != ks.tag(k.shard)+":op:"+k.member || k.all[1] != ks.tag(k.shard)+":unresolved:"+et {
+		t.Fatalf("keys of (%q, %q): %q, member %q", tenant, id, k.all, k.member)
+	}
 	back, err := ks.opFromLeaseMember(k.member)
 	if err != nil || back.tenant != tenant || back.id != id {
 		t.Fatalf("lease member %q decodes to (%q, %q, %v)", k.member, back.tenant, back.id, err)
@@ -80,6 +92,16 @@ func TestShardsSpread(t *testing.T) {
 	}
 	if len(used) != NumShards {
 		t.Fatalf("2000 operations of one tenant use %d of %d shards", len(used), NumShards)
+	}
+}
+
+// BenchmarkOpKeys measures building the keys of one operation:
+//
+//	go test -run '^$' -bench OpKeys -benchmem ./ledger
+func BenchmarkOpKeys(b *testing.B) {
+	ks := newKeyspace(DefaultPrefix)
+	for b.Loop() {
+		_ = ks.op("default", "wf-0000000042:refund")
 	}
 }
 
