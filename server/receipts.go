@@ -15,7 +15,9 @@ import (
 // receiptOf signs a receipt of o when receipts are on and o is terminal or
 // UNKNOWN; "" otherwise. It signs after the script returned, from what it
 // returned; a failure to sign is logged and the answer goes out without.
-func (h *handler) receiptOf(ctx context.Context, o *ledger.Operation) string {
+// p is o as the answer carries it: its history head, when it has one, is
+// signed as it is, not computed again.
+func (h *handler) receiptOf(ctx context.Context, o *ledger.Operation, p *ledgerv1.Operation) string {
 	if h.receipts == nil || o == nil || !(o.State.Terminal() || o.State == ledger.StateUnknown) {
 		return ""
 	}
@@ -25,7 +27,9 @@ func (h *handler) receiptOf(ctx context.Context, o *ledger.Operation) string {
 		State: ledgerv1.State(o.State).String(), Attempt: o.Attempt,
 		FencingToken: strconv.FormatUint(o.FencingToken, 10),
 	}
-	_, c.HistoryHead = o.Chain()
+	if c.HistoryHead = p.GetHistoryHead(); c.HistoryHead == "" {
+		_, c.HistoryHead = o.Chain()
+	}
 	if o.Result != nil {
 		sum, err := receipt.ResultSHA256(o.Result.Data, o.Result.ResourceID)
 		if err != nil {

@@ -84,8 +84,11 @@ func TestReceipts(t *testing.T) {
 		t.Fatalf("REPLAY's receipt: %+v", r)
 	}
 	look, err := c.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id + ":refund"})
-	if err != nil || verify("Lookup", look.Receipt).ResourceID != "re_1" {
+	if err != nil {
 		t.Fatalf("Lookup: %v", err)
+	}
+	if r := verify("Lookup", look.Receipt); r.ResourceID != "re_1" || r.HistoryHead != look.Operation.HistoryHead || r.HistoryHead != want.HistoryHead {
+		t.Fatalf("Lookup's receipt: %+v, the answer's head %q", r, look.Operation.HistoryHead)
 	}
 
 	_, err = c.Reserve(ctx, reserveReq(id+":refund", "payments.refund", mustStruct(t, map[string]any{"amount": 26}), newHolder()))

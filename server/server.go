@@ -385,7 +385,7 @@ func (h *handler) Reserve(ctx context.Context, req *ledgerv1.ReserveRequest) (*l
 		out.RetryAfter = durationpb.New(res.RetryAfter)
 	}
 	if res.Decision == ledger.DecisionReplay || res.Decision == ledger.DecisionReconcile {
-		out.Receipt = h.receiptOf(ctx, res.Operation)
+		out.Receipt = h.receiptOf(ctx, res.Operation, out.Operation)
 	}
 	return out, nil
 }
@@ -412,7 +412,8 @@ func (h *handler) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.CompleteResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
+	p := toProto(o)
+	return &ledgerv1.CompleteResponse{Operation: p, Receipt: h.receiptOf(ctx, o, p)}, nil
 }
 
 // MarkUnknown implements ledger.v1.LedgerService.
@@ -427,7 +428,8 @@ func (h *handler) MarkUnknown(ctx context.Context, req *ledgerv1.MarkUnknownRequ
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.MarkUnknownResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
+	p := toProto(o)
+	return &ledgerv1.MarkUnknownResponse{Operation: p, Receipt: h.receiptOf(ctx, o, p)}, nil
 }
 
 // Lookup implements ledger.v1.LedgerService.
@@ -438,7 +440,8 @@ func (h *handler) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*led
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.LookupResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
+	p := toProto(o)
+	return &ledgerv1.LookupResponse{Operation: p, Receipt: h.receiptOf(ctx, o, p)}, nil
 }
 
 // Reconcile implements ledger.v1.LedgerService.
@@ -462,7 +465,8 @@ func (h *handler) Reconcile(ctx context.Context, req *ledgerv1.ReconcileRequest)
 		return nil, h.fail(ctx, err)
 	}
 	logOp(ctx, o)
-	return &ledgerv1.ReconcileResponse{Operation: toProto(o), Receipt: h.receiptOf(ctx, o)}, nil
+	p := toProto(o)
+	return &ledgerv1.ReconcileResponse{Operation: p, Receipt: h.receiptOf(ctx, o, p)}, nil
 }
 
 // Renew implements ledger.v1.LedgerService.
