@@ -26,8 +26,8 @@
 -- transition() and finish(), so the metrics read them instead of scanning
 -- records.
 --
--- A number goes to redis.call as the string tostr makes of it: Lua would
--- format it with %.14g, which costs Redis more (docs/benchmarks.md §6.15).
+-- A number goes to redis.call as the string tostr makes of it: Redis would
+-- format it with %.17g, which costs more (docs/benchmarks.md §6.15).
 --
 -- All five keys share one hash tag, so a script runs unchanged on Redis
 -- Cluster. Every script validates everything before its first write and

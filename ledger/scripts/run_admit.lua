@@ -50,14 +50,14 @@ if limit > 0 and same >= limit then
   end_run(5, 'tool ' .. ARGV[4] .. ' called ' .. (same + 1) .. ' times with the same parameters (max_repeats ' .. limit .. ')')
   return reply(C_RUN_ENDED, 'max_repeats')
 end
-redis.call('HSET', KEYS[1], seen, '1', rep, same + 1)
-redis.call('HINCRBY', KEYS[1], 'n', 1)
-redis.call('HINCRBY', KEYS[1], 'open', 1)
+redis.call('HSET', KEYS[1], seen, '1', rep, str(same + 1))
+redis.call('HINCRBY', KEYS[1], 'n', '1')
+redis.call('HINCRBY', KEYS[1], 'open', '1')
 if irreversible then
-  redis.call('HINCRBY', KEYS[1], 'ni', 1)
+  redis.call('HINCRBY', KEYS[1], 'ni', '1')
 end
 if same + 1 > top then
-  redis.call('HSET', KEYS[1], 'top', same + 1)
+  redis.call('HSET', KEYS[1], 'top', str(same + 1))
 end
 redis.call('PERSIST', KEYS[1])
 return reply(C_OK, 'new')

@@ -8,7 +8,7 @@
 local seen = 'o:' .. ARGV[2]
 if redis.call('HGET', KEYS[1], seen) == '1' then
   redis.call('HSET', KEYS[1], seen, '0')
-  redis.call('HINCRBY', KEYS[1], 'open', -1)
+  redis.call('HINCRBY', KEYS[1], 'open', '-1')
   settle_ttl()
 end
 return {C_OK, ''}

@@ -42,6 +42,12 @@ local function num(v)
   return tonumber(v) or 0
 end
 
+-- str writes a whole number for redis.call, which would format a number
+-- argument with %.17g (common.lua, tostr).
+local function str(n)
+  return string.format('%d', n)
+end
+
 local function reply(code, aux)
   local out = {code, aux}
   local m = redis.call('HMGET', KEYS[1], unpack(FIELDS))
@@ -60,16 +66,16 @@ local function settle_ttl()
   if open > 0 or (st == RUNNING and dl == 0) then
     redis.call('PERSIST', KEYS[1])
   elseif st == RUNNING then
-    redis.call('PEXPIREAT', KEYS[1], dl + ret)
+    redis.call('PEXPIREAT', KEYS[1], str(dl + ret))
   else
-    redis.call('PEXPIREAT', KEYS[1], et + ret)
+    redis.call('PEXPIREAT', KEYS[1], str(et + ret))
   end
 end
 
 -- end_run ends a running run in state st for reason.
 local function end_run(st, reason)
-  redis.call('HSET', KEYS[1], 'st', st, 'et', NOW, 'rsn', reason)
-  redis.call('ZADD', KEYS[2], ENDED_BASE - NOW, ARGV[1])
+  redis.call('HSET', KEYS[1], 'st', str(st), 'et', str(NOW), 'rsn', reason)
+  redis.call('ZADD', KEYS[2], str(ENDED_BASE - NOW), ARGV[1])
   settle_ttl()
 end
 
@@ -91,8 +97,8 @@ local function create(ms, dd, mr, mi, ret, principal, implicit)
   if num(dd) > 0 then
     dl = NOW + num(dd)
   end
-  redis.call('HSET', KEYS[1], 'st', RUNNING, 'ms', ms, 'dd', dd, 'mr', mr, 'mi', mi, 'n', 0, 'ni', 0, 'top', 0,
-    'ct', NOW, 'dl', dl, 'et', 0, 'rsn', '', 'imp', implicit, 'by', principal, 'open', 0, 'ret', ret)
-  redis.call('ZADD', KEYS[2], -NOW, ARGV[1])
+  redis.call('HSET', KEYS[1], 'st', '1', 'ms', ms, 'dd', dd, 'mr', mr, 'mi', mi, 'n', '0', 'ni', '0', 'top', '0',
+    'ct', str(NOW), 'dl', str(dl), 'et', '0', 'rsn', '', 'imp', implicit, 'by', principal, 'open', '0', 'ret', ret)
+  redis.call('ZADD', KEYS[2], str(-NOW), ARGV[1])
   settle_ttl()
 end
