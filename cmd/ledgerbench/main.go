@@ -2,12 +2,12 @@
 // fresh redis-server and drives it over gRPC at 50 concurrent calls by
 // default, against a health Check in the same run (absolute numbers drift,
 // ratios hold): Reserve, Reserve+Complete, replays and Lookup; the bare
-// server's floor of one Redis round trip; memory per record; with --growth,
-// throughput with many records stored; with --ledgermcp, the MCP gateway's
-// cost; the Reserve+Complete cycle against the same cycle in-process with
-// github.com/faustbrian/go-idempotency (--peer-src when the Go module proxy
-// does not serve it); with --against, two ledgerd binaries side by side
-// under the same load. It asserts no timing; it fails when a call failed.
+// server's floor of one Redis round trip, and ledgerd beside it at once;
+// memory per record; with --growth, throughput with many records stored;
+// with --ledgermcp, the MCP gateway's cost; the Reserve+Complete cycle
+// against the same cycle in-process with github.com/faustbrian/go-idempotency
+// (--peer-src when the Go module proxy does not serve it); with --against,
+// two ledgerd binaries side by side under the same load. It asserts no timing; it fails when a call failed.
 // `make bench` builds ledgerd and runs it; docs/benchmarks.md explains the
 // numbers.
 //
@@ -59,18 +59,7 @@ func child(name string, args []string) error {
 	if name == bench.CycleCommand {
 		return bench.CycleMain(ctx, args, os.Stdout)
 	}
-	fs := flag.NewFlagSet(name, flag.ExitOnError)
-	var o bench.BareOptions
-	fs.StringVar(&o.Listen, "listen", "127.0.0.1:0", "gRPC listen address")
-	fs.StringVar(&o.RedisAddr, "redis-addr", "", "the Redis of the one EVALSHA per call")
-	fs.BoolVar(&o.Plain, "plain", false, "a plain go-redis client, without auto-pipelining")
-	fs.BoolVar(&o.Ledger, "ledger", false, "each Check is a ledger.Reserve of a new operation instead of a trivial script")
-	_ = fs.Parse(args) // ExitOnError: exit 2
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", name, fs.Args())
-		os.Exit(2)
-	}
-	return bench.ServeBare(ctx, o)
+	return bench.BareMain(ctx, args)
 }
 
 // usageError is a command line ledgerbench refuses before it starts
@@ -102,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer, pair (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, pair (health always runs; empty: all)")
 	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd at once, each on a fresh redis-server, under the same load, and compare their CPU per call (the pair part)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
@@ -141,10 +130,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", "mcp", "receipts", "functions", "peer", "pair":
+		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", bench.BarePairKey, "mcp", "receipts", "functions", "peer", "pair":
 			c.Only = append(c.Only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, mcp, receipts, functions, peer or pair", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer or pair", s)
 		}
 	}
 	if slices.Contains(c.Only, "pair") && c.Against == "" {

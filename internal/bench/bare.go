@@ -3,8 +3,10 @@ package bench
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 
@@ -80,6 +82,23 @@ type BareOptions struct {
 	Listener net.Listener
 }
 
+// BareMain parses the bare server's flags from args (exiting 2 on a usage
+// error, as flag.ExitOnError does) and runs ServeBare until ctx ends.
+func BareMain(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet(BareCommand, flag.ExitOnError)
+	var o BareOptions
+	fs.StringVar(&o.Listen, "listen", "127.0.0.1:0", "gRPC listen address")
+	fs.StringVar(&o.RedisAddr, "redis-addr", "", "the Redis of the one EVALSHA per call")
+	fs.BoolVar(&o.Plain, "plain", false, "a plain go-redis client, without auto-pipelining")
+	fs.BoolVar(&o.Ledger, "ledger", false, "each Check is a ledger.Reserve of a new operation instead of a trivial script")
+	_ = fs.Parse(args)
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", BareCommand, fs.Args())
+		os.Exit(2)
+	}
+	return ServeBare(ctx, o)
+}
+
 // BarePrefix is the key prefix of the ledger variant's records, apart from
 // ledgerd's so that ledgerd's sweeper never reads them.
 const BarePrefix = "benchbare"
@@ -134,12 +153,17 @@ func ServeBare(ctx context.Context, o BareOptions) error {
 // command), so that it costs what a separate service costs, on the
 // throughput stack's Redis.
 func (c *Config) startBare(redisAddr string, withLedger bool) (*Process, error) {
+	args, log := []string{"--redis-addr", redisAddr}, "bare.log"
+	if withLedger {
+		args, log = append(args, "--ledger"), "bare-ledger.log"
+	}
+	return c.startBareLogged(filepath.Join(c.Dir, log), args...)
+}
+
+// startBareLogged starts the bare server with args, its output to log.
+func (c *Config) startBareLogged(log string, args ...string) (*Process, error) {
 	return onFreePort(func(addr string) (*Process, error) {
-		args, log := []string{BareCommand, "--listen", addr, "--redis-addr", redisAddr}, "bare.log"
-		if withLedger {
-			args, log = append(args, "--ledger"), "bare-ledger.log"
-		}
-		return startServing(c.placement, c.BareServer, args, addr, filepath.Join(c.Dir, log), "the bare server")
+		return startServing(c.placement, c.BareServer, append([]string{BareCommand, "--listen", addr}, args...), addr, log, "the bare server")
 	})
 }
 

@@ -157,6 +157,8 @@ type Report struct {
 	Peer *Peer
 	// Pair is the pair part (with Config.Against).
 	Pair *Pair
+	// BarePair is the bare pair part (with Config.BareServer).
+	BarePair *BarePair
 }
 
 // Memory is the store's memory per SUCCEEDED record.
@@ -335,6 +337,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		}
 		rep.Peer = p
 		c.printPeer(p)
+	}
+	if c.Addr == "" && !c.NoThroughput && c.BareServer != "" && c.selected(BarePairKey) {
+		p, err := c.barePairPart(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.BarePair = p
+		c.printBarePair(p)
 	}
 	if c.Addr == "" && !c.NoThroughput && c.Against != "" && c.selected("pair") {
 		p, err := c.pairPart(ctx)

@@ -42,6 +42,9 @@ func goals(rep *Report) []Goal {
 		out = append(out, Goal{"ledgerd CPU per new-key Reserve ÷ the bare server's per call",
 			float64(reserve.CPU.Ledgerd) / float64(bare.CPU.Ledgerd), 1.8, true, "×"})
 	}
+	if p := rep.BarePair; p != nil && p.Ratio > 0 {
+		out = append(out, Goal{"ledgerd CPU per new-key Reserve ÷ the bare server's, at once", p.Ratio, 1.8, true, "×"})
+	}
 	if reserve != nil && reserve.RatioRPS > 0 {
 		out = append(out, Goal{"Reserve throughput ÷ health Check", reserve.RatioRPS, 0.40, false, "×"})
 	}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -26,6 +28,17 @@ var binDir string
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		serveHealth(os.Args[len(os.Args)-1])
+	}
+	if len(os.Args) > 1 && os.Args[1] == BareCommand {
+		// The bare server, for TestBarePairPart.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := BareMain(ctx, os.Args[2:])
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 	if len(os.Args) > 1 && os.Args[1] == CycleCommand {
 		// The ledger's cycler, for TestPeerPart.

@@ -54,7 +54,8 @@ func (c *Config) pairPart(ctx context.Context) (*Pair, error) {
 	for round := range c.Rounds {
 		for k, kind := range kinds {
 			prefix := RunID() + "p" + strconv.Itoa(k) + "r" + strconv.Itoa(round)
-			res, err := c.pairWindow(ctx, stacks, Spec{Name: kind.name, RPCs: kind.rpcs}, func(t *Target) Call { return kind.call(t, prefix) })
+			mk := func(t *Target) Call { return kind.call(t, prefix) }
+			res, err := c.pairWindow(ctx, stacks, [2]string{c.pairName(0), c.pairName(1)}, Spec{Name: kind.name, RPCs: kind.rpcs}, [2]func(*Target) Call{mk, mk})
 			if err != nil {
 				return nil, err
 			}
@@ -79,9 +80,10 @@ func (c *Config) pairPart(ctx context.Context) (*Pair, error) {
 }
 
 // pairWindow runs one measured window of spec on both stacks at once,
-// each with c.Concurrency calls of its own made by mk, and counts each
-// stack's ledgerd and Redis CPU in its result.
-func (c *Config) pairWindow(ctx context.Context, stacks [2]*stack, spec Spec, mk func(t *Target) Call) ([2]*Result, error) {
+// each with c.Concurrency calls of its own made by its mk, and counts each
+// stack's server and Redis CPU in its result (as Ledgerd and Redis); names
+// name the stacks in errors.
+func (c *Config) pairWindow(ctx context.Context, stacks [2]*stack, names [2]string, spec Spec, mk [2]func(t *Target) Call) ([2]*Result, error) {
 	fmt.Fprintf(c.Log, "  %s on both at concurrency %d ...\n", spec.Name, c.Concurrency)
 	spec.Concurrency, spec.Warmup, spec.Duration = c.Concurrency, c.Warmup, c.Duration
 	var res [2]*Result
@@ -98,11 +100,11 @@ func (c *Config) pairWindow(ctx context.Context, stacks [2]*stack, spec Spec, mk
 			m.ledgerd, m.redis = s.pids()
 			sp := spec
 			sp.Window = m.window
-			res[i] = Drive(ctx, sp, mk(t))
+			res[i] = Drive(ctx, sp, mk[i](t))
 			res[i].CPU = m.perCall(res[i].Calls)
 			res[i].CPU.Client = 0
 			if res[i].Errors > 0 {
-				errs[i] = fmt.Errorf("%s on %s: %d of %d calls failed; the first: %v", spec.Name, c.pairName(i), res[i].Errors, res[i].Errors+res[i].Calls, res[i].FirstErr)
+				errs[i] = fmt.Errorf("%s on %s: %d of %d calls failed; the first: %v", spec.Name, names[i], res[i].Errors, res[i].Errors+res[i].Calls, res[i].FirstErr)
 			}
 		})
 	}
