@@ -96,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
 	fs.StringVar(&c.ServerCPUs, "server-cpus", "", "CPU list (taskset -c form, e.g. 1 or 2-3): run redis-server, ledgerd and the bare servers on these CPUs only and the load generator on the others, as when the agents run elsewhere (docs/benchmarks.md, sections 3.10 and 5.2); empty: every process on every CPU")
-	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; and its ledger variant (one ledger.Reserve per call)")
+	bare := fs.Bool("bare", true, "also measure the bare server (health Check with one EVALSHA per call, same Redis client): the floor of one Redis round trip per call; its ledger variant (one ledger.Reserve per call); and the bare pair part (ledgerd and the bare server at once)")
 	fs.StringVar(&c.PeerModule, "peer-module", "internal/bench/peer", "the directory of the peer's cycler module, which the peer part builds (the path from the repository's root)")
 	fs.StringVar(&c.PeerSource, "peer-src", "", "a source tree of github.com/faustbrian/go-idempotency to build the peer from instead of the Go module proxy's")
 	fs.StringVar(&c.Go, "go", "go", "the go command that builds the peer")
@@ -138,6 +138,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if slices.Contains(c.Only, "pair") && c.Against == "" {
 		return usagef("--only pair: needs --against, the second ledgerd binary")
+	}
+	if slices.Contains(c.Only, bench.BarePairKey) && !*bare {
+		return usagef("--only %s: needs the bare server (drop --bare=false)", bench.BarePairKey)
 	}
 	c.NoThroughput = *noThroughput
 	self, err := os.Executable()
