@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"text/tabwriter"
@@ -64,11 +63,7 @@ func (c *Config) barePairPart(ctx context.Context) (*BarePair, error) {
 // startBareStack starts a fresh redis-server and the bare server on it,
 // with their files under c.Dir/name.
 func (c *Config) startBareStack(name string) (*stack, error) {
-	dir := filepath.Join(c.Dir, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	r, err := startRedisOn(c.placement, c.RedisServer, dir, c.redisArgs())
+	r, dir, err := c.startRedisIn(name)
 	if err != nil {
 		return nil, err
 	}

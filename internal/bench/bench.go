@@ -213,13 +213,20 @@ func (c *Config) startStack(name string, policy string, extra ...string) (*stack
 	return c.startStackOf(c.Ledgerd, name, policy, extra...)
 }
 
-// startStackOf is startStack with the ledgerd binary bin.
-func (c *Config) startStackOf(bin, name string, policy string, extra ...string) (*stack, error) {
+// startRedisIn starts a fresh redis-server with its files in c.Dir/name,
+// and returns it with that directory.
+func (c *Config) startRedisIn(name string) (*Process, string, error) {
 	dir := filepath.Join(c.Dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	r, err := startRedisOn(c.placement, c.RedisServer, dir, c.redisArgs())
+	return r, dir, err
+}
+
+// startStackOf is startStack with the ledgerd binary bin.
+func (c *Config) startStackOf(bin, name string, policy string, extra ...string) (*stack, error) {
+	r, dir, err := c.startRedisIn(name)
 	if err != nil {
 		return nil, err
 	}
