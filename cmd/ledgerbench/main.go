@@ -7,7 +7,8 @@
 // with --ledgermcp, the MCP gateway's cost; the Reserve+Complete cycle
 // against the same cycle in-process with github.com/faustbrian/go-idempotency
 // (--peer-src when the Go module proxy does not serve it); with --against,
-// two ledgerd binaries side by side under the same load. It asserts no timing; it fails when a call failed.
+// two ledgerd binaries side by side under the same load. It asserts no
+// timing; it fails when a call failed.
 // `make bench` builds ledgerd and runs it; docs/benchmarks.md explains the
 // numbers.
 //

@@ -56,7 +56,7 @@ func (c *Config) barePairPart(ctx context.Context) (*BarePair, error) {
 			ratios = append(ratios, float64(res[0].CPU.Ledgerd)/float64(res[1].CPU.Ledgerd))
 		}
 	}
-	sums := summarize([][]*Result{results[0], results[1]})
+	sums := summarize(results[:])
 	return &BarePair{Reserve: sums[0], Bare: sums[1], Ratio: median(ratios)}, nil
 }
 
