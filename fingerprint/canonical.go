@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -50,6 +51,33 @@ type encoder struct {
 	// keys holds one reusable key slice per nesting depth, so that sibling
 	// objects at the same depth share a backing array.
 	keys [][]string
+}
+
+// encoders holds encoders between calls of Compute, which only hashes
+// their output.
+var encoders = sync.Pool{New: func() any { return &encoder{buf: make([]byte, 0, 256)} }}
+
+// maxPooledBuf is the largest buffer an encoder keeps in the pool.
+const maxPooledBuf = 64 << 10
+
+// getEncoder returns an empty encoder from the pool.
+func getEncoder() *encoder {
+	e := encoders.Get().(*encoder)
+	e.buf = e.buf[:0]
+	return e
+}
+
+// putEncoder returns e to the pool, unless its buffer grew past
+// maxPooledBuf. It drops the member names an object left on error.
+func putEncoder(e *encoder) {
+	if cap(e.buf) > maxPooledBuf {
+		return
+	}
+	for i, k := range e.keys {
+		clear(k[:cap(k)])
+		e.keys[i] = k[:0]
+	}
+	encoders.Put(e)
 }
 
 // pathError is the internal error of the encoder. The path is collected

@@ -77,12 +77,13 @@ func ValidatePointer(p string) error {
 // (ValidatePointer) and ErrNotCanonical for parameters without a canonical
 // form; messages name pointers, never values.
 func Compute(params map[string]any, fields []string) (Fingerprint, error) {
+	e := getEncoder()
+	defer putEncoder(e)
 	if len(fields) == 0 {
-		b, err := Canonical(params)
-		if err != nil {
-			return Fingerprint{}, err
+		if err := e.value(params, 0); err != nil {
+			return Fingerprint{}, err.finish("")
 		}
-		return sha256.Sum256(b), nil
+		return sha256.Sum256(e.buf), nil
 	}
 	for _, p := range fields {
 		if err := ValidatePointer(p); err != nil {
@@ -93,7 +94,6 @@ func Compute(params map[string]any, fields []string) (Fingerprint, error) {
 	slices.SortFunc(ptrs, CompareUTF16) // the selection object's member order
 	ptrs = slices.Compact(ptrs)
 
-	e := encoder{buf: make([]byte, 0, 128)}
 	e.buf = append(e.buf, '{')
 	first := true
 	for _, p := range ptrs {

@@ -262,6 +262,30 @@ func TestComputeFingerprintErrors(t *testing.T) {
 	}
 }
 
+// TestComputeFingerprintEncoderReuse checks that Compute, which reuses its
+// encoders, answers each call as if it were the first: after a refusal
+// mid-object, after a larger object, and after a selection.
+func TestComputeFingerprintEncoderReuse(t *testing.T) {
+	small := map[string]any{"b": 1.0, "a": "x"}
+	want := sha256.Sum256([]byte(`{"a":"x","b":1}`))
+	for _, tc := range []struct {
+		name   string
+		params map[string]any
+		fields []string
+	}{
+		{"refused mid-object", map[string]any{"a": 1.0, "m": map[string]any{"k": math.NaN(), "l": 2.0}, "z": 3.0}, nil},
+		{"larger object", map[string]any{"a": 1.0, "b": map[string]any{"c": []any{1.0, "long string value"}}, "d": strings.Repeat("y", 300)}, nil},
+		{"selection", map[string]any{"a": 1.0, "b": 2.0}, []string{"/b"}},
+	} {
+		for range 3 {
+			_, _ = Compute(tc.params, tc.fields)
+			if got, err := Compute(small, nil); err != nil || Fingerprint(want) != got {
+				t.Fatalf("after %s: got %x, %v; want %x", tc.name, got, err, want)
+			}
+		}
+	}
+}
+
 func TestComputeFingerprintDepth(t *testing.T) {
 	// A params object whose deepest container is at MaxDepth is
 	// accepted whichever fields are selected; one level more is refused.

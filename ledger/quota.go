@@ -43,9 +43,8 @@ type tally struct {
 }
 
 // get returns the tally of tenant, creating it, and drops tallies unused
-// for a minute (checked at most once a minute).
-func (q *quotas) get(tenant string) *tally {
-	now := time.Now()
+// for a minute (checked at most once a minute); now is the time.
+func (q *quotas) get(tenant string, now time.Time) *tally {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.tenants == nil {
@@ -71,11 +70,11 @@ func (q *quotas) get(tenant string) *tally {
 }
 
 // stale reports whether the tally should be read again before a Reserve
-// under limit.
-func (t *tally) stale(limit int) bool {
+// under limit, at now.
+func (t *tally) stale(limit int, now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	age := time.Since(t.at)
+	age := now.Sub(t.at)
 	if t.at.IsZero() || age > farAge {
 		return true
 	}
@@ -86,11 +85,11 @@ func (t *tally) roomLocked(limit int) int64 {
 	return int64(limit) - t.counted - t.added - t.granted
 }
 
-// begin takes a grant when the limit leaves room for one.
-func (t *tally) begin(limit int) bool {
+// begin takes a grant when the limit leaves room for one, at now.
+func (t *tally) begin(limit int, now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.used = time.Now()
+	t.used = now
 	if t.roomLocked(limit) < 1 {
 		return false
 	}
@@ -150,9 +149,10 @@ func (l *Ledger) reserveWithin(ctx context.Context, tenant string, k opKeys, lim
 	if limit <= 0 {
 		return call("")
 	}
-	t := l.quotas.get(tenant)
-	since := time.Now().Add(-nearAge)
-	if !t.stale(limit) {
+	now := time.Now() // one clock read for the tally's checks
+	t := l.quotas.get(tenant, now)
+	since := now.Add(-nearAge)
+	if !t.stale(limit, now) {
 		since = time.Time{}
 	}
 	for try := 0; ; try++ {
@@ -161,7 +161,7 @@ func (l *Ledger) reserveWithin(ctx context.Context, tenant string, k opKeys, lim
 				return 0, "", nil, storeError("ledger.Reserve", err)
 			}
 		}
-		if !t.begin(limit) {
+		if !t.begin(limit, now) {
 			code, aux, rec, err := call(0)
 			if code != codeQuota || try > 0 || err != nil {
 				return code, aux, rec, err

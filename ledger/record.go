@@ -101,13 +101,18 @@ var errBadRecord = errors.New("malformed record")
 
 // recordFromReply decodes a script's reply {code, aux, record, moved}.
 func recordFromReply(raw []any) (*record, error) {
-	r := &record{}
-	s, _ := raw[2].(string)
-	if s != "" {
-		var err error
-		if r.op, r.history, err = decodeRecord(s); err != nil {
+	// The record and its snapshot in one allocation.
+	both := &struct {
+		r  record
+		op Operation
+	}{}
+	r := &both.r
+	if s, _ := raw[2].(string); s != "" {
+		hist, err := decodeRecordInto(&both.op, s)
+		if err != nil {
 			return nil, err
 		}
+		r.op, r.history = &both.op, hist
 	}
 	if len(raw) > 3 {
 		if m, _ := raw[3].(string); m != "" {
@@ -149,49 +154,91 @@ const newEntry = "\xfe02A\xfd1\xfd\xfd"
 // the creation time as its update time and token (so stored as empty), and
 // the history entry of that transition.
 func (n newRecord) tail() string {
-	lease := encodeMillis(n.lease)
-	var ru, rue, stp string
-	if n.retainMS != 0 {
-		ru = strconv.FormatInt(n.retainMS, 10)
-		rue = encodeMillis(time.Duration(n.retainEndMS-n.retainMS) * time.Millisecond)
-	}
-	if n.step != 0 {
-		stp = strconv.FormatUint(uint64(n.step), 10)
-	}
+	var arr [256]byte // most tails fit; string() below copies
+	w := fieldWriter{b: arr[:0]}
 	// The fields after ct, in order, up to cmp (cby and hb start empty).
-	v := [...]string{
-		"", "1", "", strconv.Itoa(int(n.effect)), "A", n.tool, n.permit,
-		strconv.Itoa(n.maxAttempts), encodeMillis(n.retention),
-		encodeMillis(n.tombstone), "", "", "", "", "", n.holder, lease, lease,
-		encodeMillis(n.recovery), "", "", n.run, stp, ru, rue, n.fieldsDigest,
-		n.fields, n.compensates,
+	w.str("")
+	w.str("1")
+	w.str("")
+	w.int(int64(n.effect))
+	w.str("A")
+	w.str(n.tool)
+	w.str(n.permit)
+	w.int(int64(n.maxAttempts))
+	w.millis(n.retention)
+	w.millis(n.tombstone)
+	w.str("")
+	w.str("")
+	w.str("")
+	w.str("")
+	w.str("")
+	w.str(n.holder)
+	w.millis(n.lease)
+	w.millis(n.lease)
+	w.millis(n.recovery)
+	w.str("")
+	w.str("")
+	w.str(n.run)
+	if n.step != 0 {
+		w.int(int64(n.step))
+	} else {
+		w.str("")
 	}
-	last := len(v) - 1
-	for last >= 0 && v[last] == "" {
-		last--
+	if n.retainMS != 0 {
+		w.int(n.retainMS)
+		w.millis(time.Duration(n.retainEndMS-n.retainMS) * time.Millisecond)
+	} else {
+		w.str("")
+		w.str("")
 	}
-	size := len(newEntry) + len(n.principal)
-	for _, f := range v[:last+1] {
-		size += 1 + len(f)
+	w.str(n.fieldsDigest)
+	w.str(n.fields)
+	w.str(n.compensates)
+	b := append(w.b[:w.end], newEntry...)
+	return string(append(b, n.principal...))
+}
+
+// fieldWriter appends a record's fields, each after fieldSep. end is the
+// length up to the last non-empty field: trailing empty fields are not
+// stored.
+type fieldWriter struct {
+	b   []byte
+	end int
+}
+
+func (w *fieldWriter) str(s string) {
+	w.b = append(append(w.b, fieldSep), s...)
+	if s != "" {
+		w.end = len(w.b)
 	}
-	var b strings.Builder
-	b.Grow(size)
-	for _, f := range v[:last+1] {
-		b.WriteByte(fieldSep)
-		b.WriteString(f)
-	}
-	b.WriteString(newEntry)
-	b.WriteString(n.principal)
-	return b.String()
+}
+
+func (w *fieldWriter) int(i int64) {
+	w.b = strconv.AppendInt(append(w.b, fieldSep), i, 10)
+	w.end = len(w.b)
+}
+
+func (w *fieldWriter) millis(d time.Duration) {
+	w.b = appendMillis(append(w.b, fieldSep), d)
+	w.end = len(w.b)
 }
 
 // decodeRecord decodes a record's stored form into a snapshot without
 // history, and returns its stored history for parseHistory.
 func decodeRecord(s string) (*Operation, string, error) {
-	if len(s) < 1+len(fingerprint.Fingerprint{}) || s[0] != recordVersion {
-		return nil, "", errBadRecord
-	}
 	o := &Operation{}
+	hist, err := decodeRecordInto(o, s)
+	if err != nil {
+		return nil, "", err
+	}
+	return o, hist, nil
+}
+
+// decodeRecordInto is decodeRecord into the zero snapshot o.
+func decodeRecordInto(o *Operation, s string) (string, error) {
+	if len(s) < 1+len(fingerprint.Fingerprint{}) || s[0] != recordVersion {
+		return "", errBadRecord
+	}
 	copy(o.Fingerprint[:], s[1:33])
 	body, hist := s[33:], ""
 	if i := strings.IndexByte(body, historySep); i >= 0 {
@@ -208,7 +255,7 @@ func decodeRecord(s string) (*Operation, string, error) {
 	}
 	ct, err := strconv.ParseInt(f[fCt], 36, 64)
 	if err != nil || f[fSt] == "" {
-		return nil, "", errBadRecord
+		return "", errBadRecord
 	}
 	ut := ct + millis(f[fUt])
 	o.State = parseState(f[fSt])
@@ -258,7 +305,7 @@ func decodeRecord(s string) (*Operation, string, error) {
 	if o.histBase == "" {
 		o.histBase = chain.Genesis
 	}
-	return o, hist, nil
+	return hist, nil
 }
 
 // parseHistory decodes a record's stored history, oldest first. It needs
@@ -382,16 +429,21 @@ func millis(s string) int64 {
 // it): whole days, hours, minutes or seconds with their suffix when the
 // duration is one, else decimal ms.
 func encodeMillis(d time.Duration) string {
+	return string(appendMillis(nil, d))
+}
+
+// appendMillis appends encodeMillis(d) to b.
+func appendMillis(b []byte, d time.Duration) []byte {
 	ms := d.Milliseconds()
-	for _, u := range []struct {
+	for _, u := range [...]struct {
 		ms     int64
-		suffix string
-	}{{24 * 3600 * 1000, "d"}, {3600 * 1000, "h"}, {60 * 1000, "m"}, {1000, "s"}} {
+		suffix byte
+	}{{24 * 3600 * 1000, 'd'}, {3600 * 1000, 'h'}, {60 * 1000, 'm'}, {1000, 's'}} {
 		if ms != 0 && ms%u.ms == 0 {
-			return strconv.FormatInt(ms/u.ms, 10) + u.suffix
+			return append(strconv.AppendInt(b, ms/u.ms, 10), u.suffix)
 		}
 	}
-	return strconv.FormatInt(ms, 10)
+	return strconv.AppendInt(b, ms, 10)
 }
 
 func msTime(ms int64) time.Time {
