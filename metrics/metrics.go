@@ -48,6 +48,10 @@ type Metrics struct {
 	toolsMu sync.Mutex
 	tools   map[string]bool
 
+	transitionCache seriesCache[transitionKey, *transitionSeries]
+	decisionCache   seriesCache[decisionKey, prometheus.Counter]
+	scriptCache     seriesCache[string, prometheus.Observer]
+
 	decisions    *prometheus.CounterVec
 	transitions  *prometheus.CounterVec
 	finished     *prometheus.CounterVec
@@ -267,7 +271,7 @@ var findings = map[ledger.Finding]string{
 func (m *Metrics) Observe(e ledger.Event) {
 	switch e.Type {
 	case ledger.EventScript:
-		m.scripts.WithLabelValues(e.Op).Observe(e.Duration.Seconds())
+		m.script(e.Op).Observe(e.Duration.Seconds())
 		if e.Failed {
 			kind := "script_error"
 			if e.ErrKind == ledger.KindUnavailable {
@@ -276,7 +280,7 @@ func (m *Metrics) Observe(e ledger.Event) {
 			m.storeErrors.WithLabelValues(e.Op, kind).Inc()
 		}
 	case ledger.EventDecision:
-		m.decisions.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), strings.ToLower(e.Decision.String()))...).Inc()
+		m.decision(e).Inc()
 	case ledger.EventConflict:
 		m.conflicts.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), strings.Join(e.Differs, ","))...).Inc()
 	case ledger.EventRefused:
@@ -297,20 +301,17 @@ func (m *Metrics) Observe(e ledger.Event) {
 	case ledger.EventReconciled:
 		m.reconciled.WithLabelValues(m.labels(e.Tenant, m.tool(e.Tool), findings[e.Finding])...).Inc()
 	case ledger.EventTransition:
-		tool := m.tool(e.Tool)
-		m.transitions.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.From), stateLabel(e.To), e.Reason)...).Inc()
-		if (e.From == ledger.StateRunning || e.From == ledger.StateUnknown) && e.From != e.To {
-			m.dwell.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.From))...).Observe(e.Dwell.Seconds())
+		s := m.transition(e)
+		s.transitions.Inc()
+		if s.dwell != nil {
+			s.dwell.Observe(e.Dwell.Seconds())
 		}
-		if e.To.Terminal() && !e.From.Terminal() {
-			m.finished.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.To))...).Inc()
-			m.attempts.WithLabelValues(m.labels(e.Tenant, tool, stateLabel(e.To))...).Observe(float64(e.Attempt))
+		if s.finished != nil {
+			s.finished.Inc()
+			s.attempts.Observe(float64(e.Attempt))
 		}
-		switch e.Reason {
-		case "RETRIES_EXHAUSTED":
-			m.exhausted.WithLabelValues(m.labels(e.Tenant, tool)...).Inc()
-		case "ESCALATED":
-			m.escalations.WithLabelValues(m.labels(e.Tenant, tool)...).Inc()
+		if s.byReason != nil {
+			s.byReason.Inc()
 		}
 	}
 }

@@ -128,22 +128,7 @@ func watchEnded(t *testing.T, reg *prometheus.Registry) bool {
 
 func counterValue(t *testing.T, reg *prometheus.Registry, family, method, code string) float64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != family {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			l := labelMap(m)
-			if l["grpc_method"] == method && l["grpc_code"] == code {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return -1
+	return seriesValue(t, reg, family, map[string]string{"grpc_method": method, "grpc_code": code})
 }
 
 func labelMap(m *dto.Metric) map[string]string {
