@@ -167,17 +167,12 @@ func (n newRecord) tail() string {
 	w.int(int64(n.maxAttempts))
 	w.millis(n.retention)
 	w.millis(n.tombstone)
-	w.str("")
-	w.str("")
-	w.str("")
-	w.str("")
-	w.str("")
+	w.empty(5)
 	w.str(n.holder)
 	w.millis(n.lease)
 	w.millis(n.lease)
 	w.millis(n.recovery)
-	w.str("")
-	w.str("")
+	w.empty(2)
 	w.str(n.run)
 	if n.step != 0 {
 		w.int(int64(n.step))
@@ -188,8 +183,7 @@ func (n newRecord) tail() string {
 		w.int(n.retainMS)
 		w.millis(time.Duration(n.retainEndMS-n.retainMS) * time.Millisecond)
 	} else {
-		w.str("")
-		w.str("")
+		w.empty(2)
 	}
 	w.str(n.fieldsDigest)
 	w.str(n.fields)
@@ -210,6 +204,13 @@ func (w *fieldWriter) str(s string) {
 	w.b = append(append(w.b, fieldSep), s...)
 	if s != "" {
 		w.end = len(w.b)
+	}
+}
+
+// empty appends n empty fields.
+func (w *fieldWriter) empty(n int) {
+	for range n {
+		w.b = append(w.b, fieldSep)
 	}
 }
 
