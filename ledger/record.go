@@ -157,9 +157,9 @@ func (n newRecord) tail() string {
 	var arr [256]byte // most tails fit; string() below copies
 	w := fieldWriter{b: arr[:0]}
 	// The fields after ct, in order, up to cmp (cby and hb start empty).
-	w.str("")
+	w.empty(1)
 	w.str("1")
-	w.str("")
+	w.empty(1)
 	w.int(int64(n.effect))
 	w.str("A")
 	w.str(n.tool)
@@ -177,7 +177,7 @@ func (n newRecord) tail() string {
 	if n.step != 0 {
 		w.int(int64(n.step))
 	} else {
-		w.str("")
+		w.empty(1)
 	}
 	if n.retainMS != 0 {
 		w.int(n.retainMS)

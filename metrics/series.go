@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,27 +27,21 @@ type seriesCache[K comparable, V any] struct {
 
 // get returns the series of k, made by mk on its first use.
 func (c *seriesCache[K, V]) get(k K, mk func() V) V {
-	if m := c.m.Load(); m != nil {
-		if v, ok := (*m)[k]; ok {
-			return v
-		}
+	if v, ok := c.load()[k]; ok {
+		return v
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := c.m.Load()
-	if old != nil {
-		if v, ok := (*old)[k]; ok {
-			return v
-		}
-		if len(*old) >= maxCached {
-			return mk()
-		}
+	old := c.load()
+	if v, ok := old[k]; ok {
+		return v
 	}
-	m := make(map[K]V, 1+lenOf(old))
-	if old != nil {
-		for k, v := range *old {
-			m[k] = v
-		}
+	if len(old) >= maxCached {
+		return mk()
+	}
+	m := maps.Clone(old)
+	if m == nil {
+		m = map[K]V{}
 	}
 	v := mk()
 	m[k] = v
@@ -54,11 +49,12 @@ func (c *seriesCache[K, V]) get(k K, mk func() V) V {
 	return v
 }
 
-func lenOf[K comparable, V any](m *map[K]V) int {
-	if m == nil {
-		return 0
+// load returns the published map (nil before the first entry).
+func (c *seriesCache[K, V]) load() map[K]V {
+	if p := c.m.Load(); p != nil {
+		return *p
 	}
-	return len(*m)
+	return nil
 }
 
 // transitionKey is what an EventTransition's series depend on.

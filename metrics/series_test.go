@@ -37,7 +37,7 @@ func TestSeriesCache(t *testing.T) {
 			if (last == prev) != c.wantSame {
 				t.Errorf("last two gets the same series: %v, want %v", last == prev, c.wantSame)
 			}
-			if n := lenOf(sc.m.Load()); n != c.wantCache {
+			if n := len(sc.load()); n != c.wantCache {
 				t.Errorf("%d cached, want %d", n, c.wantCache)
 			}
 			for i, k := range c.keys {
