@@ -79,7 +79,8 @@ func (g *Gateway) callerKey(req *mcp.CallToolRequest) string {
 
 // Handler serves MCP over Streamable HTTP at the configured path. A
 // request needs "Authorization: Bearer <ledger API key>", which names its
-// tenant, unless anonymous requests are allowed.
+// tenant, unless anonymous requests are allowed. HealthPath answers
+// health probes without credentials.
 func (g *Gateway) Handler() http.Handler {
 	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{
 		Logger:         g.log,
@@ -88,6 +89,8 @@ func (g *Gateway) Handler() http.Handler {
 	bearer := auth.RequireBearerToken(g.auth.verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(mcpHandler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
+		case r.URL.Path == HealthPath:
+			g.serveHealth(w, r)
 		case r.URL.Path != g.cfg.HTTP.Path:
 			http.NotFound(w, r)
 		case g.cfg.HTTP.Anonymous && r.Header.Get("Authorization") == "":

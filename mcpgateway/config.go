@@ -279,6 +279,9 @@ func (h *HTTPConfig) check() error {
 	if !strings.HasPrefix(h.Path, "/") {
 		return fmt.Errorf("path %q: want an absolute path such as /mcp", h.Path)
 	}
+	if h.Path == HealthPath {
+		return fmt.Errorf("path %q is the health probe's: want another, such as /mcp", h.Path)
+	}
 	if h.SessionIdleTimeout == 0 {
 		h.SessionIdleTimeout = Duration(DefaultIdleTimeout)
 	}

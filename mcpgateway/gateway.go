@@ -46,6 +46,7 @@ type Gateway struct {
 	progress  progressRelay
 	intents   intents
 	auth      verifier
+	health    ledgerHealth
 	// stdioScope scopes the operation ids a stdio session derives: the
 	// launching agent's run id, or one for this process.
 	stdioScope string

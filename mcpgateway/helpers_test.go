@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,8 @@ func (r *rig) restartHTTP() {
 
 type rigOptions struct {
 	// upstream is how the gateway reaches the fake: "stdio" (a command)
-	// or "http"; "stdio" when empty.
+	// or "http"; "stdio" when empty; "missing" names a command that does
+	// not exist instead.
 	upstream string
 	// rules are the upstream's tool rules, as YAML list items.
 	rules string
@@ -91,6 +93,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		}))
 		t.Cleanup(r.httpUpstream.Close)
 		up = "url: " + r.httpUpstream.URL
+	case "missing":
+		up = fmt.Sprintf("command: [%q]", filepath.Join(t.TempDir(), "no-such-server"))
 	}
 	if o.creds == nil && !strings.Contains(o.config, "http:") {
 		// A ledger without authentication: so is the gateway's listener.
