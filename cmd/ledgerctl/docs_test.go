@@ -22,6 +22,9 @@ var commandArgs = map[string][]string{
 	"lookup":          {"wf-1:step"},
 	"list-unresolved": nil,
 	"reconcile":       {"wf-1:step", "applied"},
+	"get-run":         {"run-1"},
+	"list-runs":       nil,
+	"end-run":         {"run-1", "done"},
 }
 
 // flagEnvs returns, by flag, the environment variable ledgerctl reads as
@@ -197,7 +200,8 @@ func TestGuideMatchesCommandsAndFlags(t *testing.T) {
 }
 
 // TestUsageMatchesFlags holds ledgerctl's own usage text to its commands
-// and flags, and the flag set to globalFlags and commandFlags.
+// and flags, and the flag set to globalFlags and commandFlags (a flag may
+// belong to several commands, not to a command and the global flags).
 func TestUsageMatchesFlags(t *testing.T) {
 	fs := newFlagSet(newOptions(func(string) string { return "" }))
 	listed := map[string]bool{}
@@ -206,8 +210,8 @@ func TestUsageMatchesFlags(t *testing.T) {
 	}
 	for _, cmd := range commands {
 		for _, name := range commandFlags[cmd] {
-			if listed[name] {
-				t.Errorf("--%s is listed twice in globalFlags and commandFlags", name)
+			if slices.Contains(globalFlags, name) {
+				t.Errorf("--%s is both a global flag and a flag of %s", name, cmd)
 			}
 			listed[name] = true
 		}
@@ -278,8 +282,9 @@ var noticeConst = regexp.MustCompile(`(?m)^\s*notice[A-Za-z]+\s*=\s*"([A-Z_]+)"`
 // docs/ledgerctl.md to what ledgerctl prints with --json: its table of
 // fields names every field of the document lookup and reconcile print (and
 // of each operation listed), with the members of history[], result,
-// failure and notices[], and no other; list-unresolved's document is shown
-// with every field it has; and its table of notices lists every notice
+// failure and notices[], and no other; its table of run fields does the
+// same for get-run's; list-unresolved's and list-runs' documents are shown
+// with every field they have; and its table of notices lists every notice
 // code and no other.
 func TestGuideMatchesJSONOutput(t *testing.T) {
 	d, err := mdtable.Read("docs/ledgerctl.md")
@@ -337,6 +342,39 @@ func TestGuideMatchesJSONOutput(t *testing.T) {
 					t.Errorf("%s: %s's row does not name its field %q", ft.Where(r), field, name)
 				}
 			}
+		}
+	}
+
+	// The run's fields, in their own table; list-runs' document shown whole.
+	rt, ok := s.TableWith("run field")
+	if !ok {
+		t.Fatal(`docs/ledgerctl.md, section "JSON output": no table with a column "run field"`)
+	}
+	runFields := map[string]bool{}
+	for _, r := range rt.Rows {
+		for _, name := range mdtable.CodeSpans(r.Cell(rt.Column("run field"))) {
+			runFields[strings.TrimSuffix(name, "[]")] = true
+			if name == "limits" {
+				for _, m := range jsonNames(jsonRunLimits{}) {
+					if !strings.Contains(r.Cell(rt.Column("run field")+1), "`"+m+"`") {
+						t.Errorf("%s: limits' row does not name its field %q", rt.Where(r), m)
+					}
+				}
+			}
+		}
+	}
+	for _, name := range jsonNames(jsonRunDocument{}) {
+		if !runFields[name] {
+			t.Errorf("%s: the table of run fields does not document %q, which get-run --json prints", s.Where(rt.Line), name)
+		}
+		delete(runFields, name)
+	}
+	for name := range runFields {
+		t.Errorf("%s: the table of run fields documents %q, which get-run --json does not print", s.Where(rt.Line), name)
+	}
+	for _, name := range jsonNames(jsonRunList{}) {
+		if !strings.Contains(text, `"`+name+`":`) {
+			t.Errorf(`docs/ledgerctl.md, section "JSON output": list-runs' document is not shown with its field %q`, name)
 		}
 	}
 

@@ -1,10 +1,14 @@
 // Command ledgerctl is the operator's command line for the operation ledger
 // (ledger.v1.LedgerService): it finds the operations nobody has resolved and
-// settles them from what the destination system says.
+// settles them from what the destination system says, and reads and ends
+// agent runs.
 //
 //	ledgerctl lookup <operation_id>
 //	ledgerctl list-unresolved [--state S] [--tool T] [--overdue] [--needs-review] [--limit N]
 //	ledgerctl reconcile <operation_id> applied|not-applied|abandon|escalate [flags]
+//	ledgerctl get-run <run_id>
+//	ledgerctl list-runs [--limit N]
+//	ledgerctl end-run <run_id> done|cancelled [--reason TEXT]
 //
 // Global flags (--addr, --api-key, --tls, --tls-ca, --tls-cert, --tls-key,
 // --timeout, --json) go before or after the command; a command's own flags
@@ -74,7 +78,7 @@ const (
 const usageHead = `usage: ledgerctl [global flags] <command> [arguments] [flags]
 
 Operate the operation ledger: find the operations nobody has resolved and
-settle them from what the destination system says.
+settle them from what the destination system says; read and end agent runs.
 
 commands:
   lookup <operation_id>
@@ -84,6 +88,12 @@ commands:
         its lease), oldest first
   reconcile <operation_id> applied|not-applied|abandon|escalate [flags]
         record what the destination says about the operation
+  get-run <run_id>
+        show an agent run: state, steps against its limits, times
+  list-runs [--limit N]
+        the agent runs, running ones first
+  end-run <run_id> done|cancelled [--reason TEXT]
+        end an agent run: the ledger admits no new step of it
   verify-receipt FILE --jwks FILE
         verify a receipt offline and print what it signs (no connection)
   jwks KEYFILE...
@@ -158,9 +168,31 @@ reconcile <operation_id> <finding> [flags]
                         (STALE_FENCING_TOKEN) if another attempt holds the
                         operation by then
 `,
+	"get-run": `
+get-run <run_id>
+  Prints the agent run in the tenant of your credentials: its state, steps
+  against its limits, open operations, start, deadline and end. Needs the
+  agent, reconciler or viewer scope.
+`,
+	"list-runs": `
+list-runs [flags]
+  Lists the tenant's agent runs, running ones first. Needs the reconciler
+  or viewer scope.
+  --limit N             print at most N runs (default 1000)
+`,
+	"end-run": `
+end-run <run_id> done|cancelled [flags]
+  Ends a running agent run, and prints it after: the ledger admits no new
+  step of it (a Reserve of a new operation is refused with RUN_ENDED), while
+  its operations already admitted may still complete. Ending it the same
+  way again is harmless; a run that ended otherwise is refused (RUN_ENDED).
+  Needs the agent or reconciler scope.
+  --reason TEXT         kept with the run (at most 256 bytes; never
+                        parameters or secrets)
+`,
 }
 
-var commands = []string{"lookup", "list-unresolved", "reconcile"}
+var commands = []string{"lookup", "list-unresolved", "reconcile", "get-run", "list-runs", "end-run"}
 
 // usage returns the usage text of cmd, or the whole usage for "".
 func usage(cmd string) string {
@@ -193,7 +225,7 @@ type options struct {
 	limit                   int
 	resourceID, data        string
 	failureCode, failureMsg string
-	note                    string
+	note, reason            string
 	fencingToken            uint64
 	failureSet, resourceSet bool
 }
@@ -205,6 +237,9 @@ var commandFlags = map[string][]string{
 	"lookup":          nil,
 	"list-unresolved": {"state", "tool", "overdue", "needs-review", "limit"},
 	"reconcile":       {"resource-id", "data", "failure-code", "failure-message", "note", "fencing-token"},
+	"get-run":         nil,
+	"list-runs":       {"limit"},
+	"end-run":         {"reason"},
 }
 
 // secret is a flag value that never shows itself (in usage or errors).
@@ -351,8 +386,9 @@ func parse(args []string, env func(string) string) (*options, error) {
 			if empty {
 				bad = usagef(cmd, "--%s is empty", f.Name)
 			}
-		case "tool", "note":
-			// A list of every tool; a finding without its note.
+		case "tool", "note", "reason":
+			// A list of every tool; a finding without its note; a run
+			// ended without its reason.
 			if empty {
 				bad = usagef(cmd, "--%s is empty (leave the flag out for none)", f.Name)
 			}
@@ -452,6 +488,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.failureCode, "failure-code", "", "")
 	fs.StringVar(&o.failureMsg, "failure-message", "", "")
 	fs.StringVar(&o.note, "note", "", "")
+	fs.StringVar(&o.reason, "reason", "", "")
 	fs.Var(fencingToken{&o.fencingToken}, "fencing-token", "")
 	return fs
 }
@@ -534,7 +571,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	var cmd func(context.Context, *client.Client, *options, io.Writer, io.Writer) error
 	switch o.cmd {
 	case "lookup":
-		err = checkLookup(o)
+		err = checkOneID(o, "an", "operation id")
 		cmd = lookup
 	case "list-unresolved":
 		err = checkList(o)
@@ -544,6 +581,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 		f, err = checkReconcile(o)
 		cmd = func(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
 			return reconcile(ctx, c, o, f, stdout, stderr)
+		}
+	case "get-run":
+		err = checkOneID(o, "a", "run id")
+		cmd = getRun
+	case "list-runs":
+		err = checkListing(o)
+		cmd = listRuns
+	case "end-run":
+		var st client.RunState
+		st, err = checkEndRun(o)
+		cmd = func(ctx context.Context, c *client.Client, o *options, stdout, _ io.Writer) error {
+			return endRun(ctx, c, o, st, stdout)
 		}
 	}
 	if err != nil {
@@ -570,22 +619,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 	return exitOK
 }
 
-func checkLookup(o *options) error {
+// checkOneID refuses a command line without exactly one id (an "operation
+// id" or a "run id", with its article).
+func checkOneID(o *options, article, id string) error {
 	switch {
 	case len(o.args) == 0 || o.args[0] == "":
-		return usagef(o.cmd, "lookup needs an operation id")
+		return usagef(o.cmd, "%s needs %s %s", o.cmd, article, id)
 	case len(o.args) > 1:
-		return usagef(o.cmd, "lookup takes one operation id, not %d arguments (quote an id with spaces)", len(o.args))
+		return usagef(o.cmd, "%s takes one %s, not %d arguments (quote an id with spaces)", o.cmd, id, len(o.args))
+	}
+	return nil
+}
+
+// checkListing refuses arguments, and a --limit below 1, of a listing.
+func checkListing(o *options) error {
+	if len(o.args) > 0 {
+		return usagef(o.cmd, "%s takes no arguments, only flags (got %q)", o.cmd, o.args[0])
+	}
+	if o.limit <= 0 {
+		return usagef(o.cmd, "--limit must be positive")
 	}
 	return nil
 }
 
 func checkList(o *options) error {
-	if len(o.args) > 0 {
-		return usagef(o.cmd, "list-unresolved takes no arguments, only flags (got %q)", o.args[0])
-	}
-	if o.limit <= 0 {
-		return usagef(o.cmd, "--limit must be positive")
+	if err := checkListing(o); err != nil {
+		return err
 	}
 	if o.overdue || o.needsReview {
 		// Both select UNKNOWN operations only.

@@ -1066,9 +1066,9 @@ type jsonDoc struct {
 	Operations []jsonOperation `json:"operations"`
 }
 
-// jsonRun runs ledgerctl --json, which must exit 0 with one JSON document
+// ctlJSON runs ledgerctl --json, which must exit 0 with one JSON document
 // on stdout and nothing on stderr, and decodes the document.
-func jsonRun(t *testing.T, env map[string]string, args ...string) jsonDoc {
+func ctlJSON(t *testing.T, env map[string]string, args ...string) jsonDoc {
 	t.Helper()
 	o := must(t, env, append([]string{"--json"}, args...)...)
 	if o.stderr != "" {
@@ -1108,7 +1108,7 @@ func TestJSONNotices(t *testing.T) {
 	repeat := "wf-20:refund"
 	tok1 := e.reserve(t, repeat, "expiring.refund")
 	time.Sleep(250 * time.Millisecond) // the lease (200ms) ends without a report
-	if d := jsonRun(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9"); d.Recorded == nil || !*d.Recorded || len(d.Notices) != 0 {
+	if d := ctlJSON(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9"); d.Recorded == nil || !*d.Recorded || len(d.Notices) != 0 {
 		t.Errorf("a new finding: recorded %v, notices %+v", d.Recorded, d.Notices)
 	}
 	// The attempt's worker reports UNKNOWN after the finding; the same
@@ -1116,7 +1116,7 @@ func TestJSONNotices(t *testing.T) {
 	if _, err := e.sdk.MarkUnknown(ctx, repeat, tok1, "the refund may have landed after all"); err != nil {
 		t.Fatal(err)
 	}
-	d := jsonRun(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9")
+	d := ctlJSON(t, env, "reconcile", repeat, "not-applied", "--note", "INC-9")
 	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_REPEAT"}) ||
 		!strings.Contains(d.Notices[0].Message, "this call recorded nothing") || d.State != "STATE_UNKNOWN" {
 		t.Errorf("a repeat: recorded %v, notices %+v, state %s", d.Recorded, d.Notices, d.State)
@@ -1128,7 +1128,7 @@ func TestJSONNotices(t *testing.T) {
 	if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "re_A"}); err != nil {
 		t.Fatal(err)
 	}
-	d = jsonRun(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
+	d = ctlJSON(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
 	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_RESULT"}) || !strings.Contains(d.Notices[0].Message, "re_A") {
 		t.Errorf("another result: recorded %v, notices %+v", d.Recorded, d.Notices)
 	}
@@ -1138,7 +1138,7 @@ func TestJSONNotices(t *testing.T) {
 	if _, err := e.sdk.Fail(ctx, failed, tok, true, client.Failure{Code: "CARD_DECLINED"}); err != nil {
 		t.Fatal(err)
 	}
-	d = jsonRun(t, env, "reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND")
+	d = ctlJSON(t, env, "reconcile", failed, "abandon", "--failure-code", "REFUNDED_BY_HAND")
 	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_FAILURE"}) {
 		t.Errorf("another failure: recorded %v, notices %+v", d.Recorded, d.Notices)
 	}
@@ -1152,7 +1152,7 @@ func TestJSONNotices(t *testing.T) {
 	if _, err := e.sdk.Complete(ctx, later, tok, client.Result{ResourceID: "re_2"}); err != nil {
 		t.Fatal(err)
 	}
-	d = jsonRun(t, env, "reconcile", later, "applied", "--fencing-token", t1)
+	d = ctlJSON(t, env, "reconcile", later, "applied", "--fencing-token", t1)
 	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_ATTEMPT"}) || !strings.Contains(d.Notices[0].Message, "attempt 2") {
 		t.Errorf("another attempt: recorded %v, notices %+v", d.Recorded, d.Notices)
 	}
@@ -1165,10 +1165,10 @@ func TestJSONNotices(t *testing.T) {
 	// lookup and list-unresolved carry the array too; a list cut by
 	// --limit says so.
 	e.markUnknown(t, "wf-24:refund", "payments.refund", "timeout")
-	if d := jsonRun(t, env, "lookup", done); len(d.Notices) != 0 || d.Recorded != nil {
+	if d := ctlJSON(t, env, "lookup", done); len(d.Notices) != 0 || d.Recorded != nil {
 		t.Errorf("lookup: recorded %v, notices %+v", d.Recorded, d.Notices)
 	}
-	if d := jsonRun(t, env, "list-unresolved", "--limit", "1"); len(d.Operations) != 1 || !slices.Equal(d.codes(), []string{"MORE_REMAIN"}) {
+	if d := ctlJSON(t, env, "list-unresolved", "--limit", "1"); len(d.Operations) != 1 || !slices.Equal(d.codes(), []string{"MORE_REMAIN"}) {
 		t.Errorf("list-unresolved --limit 1: %d operations, notices %+v", len(d.Operations), d.Notices)
 	}
 }
@@ -1292,7 +1292,7 @@ func TestClockBehind(t *testing.T) {
 	}
 
 	for _, args := range [][]string{{"lookup", young}, {"list-unresolved"}, {"list-unresolved", "--overdue"}} {
-		if d := jsonRun(t, env, args...); !slices.Equal(d.codes(), []string{"CLOCK_BEHIND"}) {
+		if d := ctlJSON(t, env, args...); !slices.Equal(d.codes(), []string{"CLOCK_BEHIND"}) {
 			t.Errorf("ledgerctl --json %q: notices %+v", args, d.Notices)
 		}
 	}

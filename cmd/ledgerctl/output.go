@@ -538,6 +538,9 @@ var scopeHints = map[string]string{
 	"lookup":          "lookup needs an API key with the agent, reconciler or viewer scope",
 	"list-unresolved": "list-unresolved needs an API key with the reconciler or viewer scope",
 	"reconcile":       "reconcile needs an API key with the reconciler scope",
+	"get-run":         "get-run needs an API key with the agent, reconciler or viewer scope",
+	"list-runs":       "list-runs needs an API key with the reconciler or viewer scope",
+	"end-run":         "end-run needs an API key with the agent or reconciler scope",
 }
 
 // describe turns an error into its reason, code, message and a hint. It
@@ -595,6 +598,10 @@ func describe(o *options, err error) jsonError {
 		default:
 			d.Hint = "cannot reach the ledger at " + o.addr + ": check --addr (LEDGER_ADDR), that ledgerd runs there, and whether it serves TLS (--tls)"
 		}
+	case d.Reason == "NOT_FOUND" && (o.cmd == "get-run" || o.cmd == "end-run"):
+		d.Hint = "ledgerctl sees only the tenant of its credentials: check the run id (exactly, spaces included) and that the key is of the run's tenant"
+	case d.Reason == "RUN_ENDED":
+		d.Hint = "see ledgerctl get-run" + id
 	case d.Reason == "NOT_FOUND":
 		d.Hint = "ledgerctl sees only the tenant of its credentials: check the operation id (exactly, spaces included) and that the key is of the operation's tenant"
 	case d.Reason == "IDEMPOTENCY_KEY_EXPIRED":

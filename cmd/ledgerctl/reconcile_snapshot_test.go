@@ -79,7 +79,7 @@ func TestHistoryUnreadable(t *testing.T) {
 	// Recorded.
 	id := "wf-90:refund"
 	e.markUnknown(t, id, "payments.refund", "timeout")
-	d := jsonRun(t, env, "reconcile", id, "escalate", "--note", "finance must check")
+	d := ctlJSON(t, env, "reconcile", id, "escalate", "--note", "finance must check")
 	if d.Recorded == nil || !*d.Recorded || !slices.Equal(d.codes(), []string{"HISTORY_UNREADABLE"}) ||
 		!strings.HasPrefix(d.Notices[0].Message, "reconciled, but could not read the history: ") ||
 		strings.Contains(d.Notices[0].Message, "may have been recorded") {
@@ -92,7 +92,7 @@ func TestHistoryUnreadable(t *testing.T) {
 	if _, err := e.sdk.Complete(ctx, done, tok, client.Result{ResourceID: "re_A"}); err != nil {
 		t.Fatal(err)
 	}
-	d = jsonRun(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
+	d = ctlJSON(t, env, "reconcile", done, "applied", "--resource-id", "re_B")
 	if d.Recorded == nil || *d.Recorded || !slices.Equal(d.codes(), []string{"NOTHING_RECORDED_OTHER_RESULT", "HISTORY_UNREADABLE"}) ||
 		!strings.HasPrefix(d.Notices[1].Message, "this call recorded nothing, and could not read the history: ") ||
 		strings.Contains(d.Notices[1].Message, "reconciled") || strings.Contains(d.Notices[1].Message, "may have been recorded") {
