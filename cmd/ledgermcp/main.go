@@ -5,8 +5,9 @@
 //	ledgermcp --config gateway.yaml              # MCP over stdin and stdout
 //	ledgermcp --config gateway.yaml --http ADDR  # MCP over Streamable HTTP
 //
-// It logs to stderr. docs/mcp.md describes the configuration and what the
-// gateway promises. Exit status: 0 when the session or the server ended,
+// Over Streamable HTTP it also answers health probes at /healthz. It logs
+// to stderr. docs/mcp.md describes the configuration and what the gateway
+// promises. Exit status: 0 when the session or the server ended,
 // 1 when it could not start or failed, 2 on bad usage.
 package main
 
