@@ -44,7 +44,10 @@ func (g *Gateway) handler(name string) mcp.ToolHandler {
 		if t == nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", name)}
 		}
-		return g.call(ctx, t, req), nil
+		start := time.Now()
+		res := g.call(ctx, t, req)
+		g.metrics.observe(name, res, start)
+		return res, nil
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 type Config struct {
 	Ledger    LedgerConfig     `yaml:"ledger"`
 	HTTP      HTTPConfig       `yaml:"http"`
+	Metrics   MetricsConfig    `yaml:"metrics"`
 	Defaults  ToolRule         `yaml:"defaults"`
 	Reconcile ReconcileConfig  `yaml:"reconcile"`
 	Upstreams []UpstreamConfig `yaml:"upstreams"`
@@ -46,6 +47,22 @@ type ClientTLS struct {
 	CertFile   string `yaml:"cert_file"`
 	KeyFile    string `yaml:"key_file"`
 	ServerName string `yaml:"server_name"`
+}
+
+// MetricsConfig is the Prometheus /metrics listener.
+type MetricsConfig struct {
+	// Listen is its host:port; empty: off.
+	Listen string `yaml:"listen"`
+}
+
+func (m MetricsConfig) check() error {
+	if m.Listen == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(m.Listen); err != nil {
+		return fmt.Errorf("listen %q: want HOST:PORT, e.g. 127.0.0.1:9465", m.Listen)
+	}
+	return nil
 }
 
 // HTTPConfig is the Streamable HTTP listener; without Listen the gateway
@@ -222,6 +239,9 @@ func (c *Config) check(lookup func(string) (string, bool)) error {
 	if err := c.HTTP.check(); err != nil {
 		return fmt.Errorf("http: %w", err)
 	}
+	if err := c.Metrics.check(); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	if err := c.Reconcile.check(lookup); err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -254,9 +274,9 @@ func (c *Config) check(lookup func(string) (string, bool)) error {
 	return nil
 }
 
-// Override sets the ledger's address and the HTTP listener, where given
-// (the command line's), and checks them.
-func Override(c *Config, ledgerAddr, listen string) error {
+// Override sets the ledger's address, the HTTP listener and the metrics
+// listener, where given (the command line's), and checks them.
+func Override(c *Config, ledgerAddr, listen, metricsListen string) error {
 	if ledgerAddr != "" {
 		if _, _, err := net.SplitHostPort(ledgerAddr); err != nil {
 			return fmt.Errorf("ledger address %q: want HOST:PORT", ledgerAddr)
@@ -267,6 +287,12 @@ func Override(c *Config, ledgerAddr, listen string) error {
 		c.HTTP.Listen = listen
 		if err := c.HTTP.check(); err != nil {
 			return fmt.Errorf("http: %w", err)
+		}
+	}
+	if metricsListen != "" {
+		c.Metrics.Listen = metricsListen
+		if err := c.Metrics.check(); err != nil {
+			return fmt.Errorf("metrics: %w", err)
 		}
 	}
 	return nil

@@ -73,6 +73,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"http: {listen: 0.0.0.0:8931, anonymous: true, tls: {cert_file: c, key_file: k}}\n" + up, "only on a loopback listener"},
 		{"http: {path: mcp}\n" + up, "absolute path"},
 		{"http: {path: /healthz}\n" + up, "the health probe's"},
+		{"metrics: {listen: '9465'}\n" + up, "metrics: listen \"9465\": want HOST:PORT"},
 		{"reconcile: {interval: 1ms}\n" + up, "at least 100ms"},
 		{"defaults: {timeout: 30}\n" + up, "want a duration"},
 		{"defaults: {key: none}\n" + up, "key none would forward"},

@@ -47,6 +47,7 @@ type Gateway struct {
 	intents   intents
 	auth      verifier
 	health    ledgerHealth
+	metrics   *metrics
 	// stdioScope scopes the operation ids a stdio session derives: the
 	// launching agent's run id, or one for this process.
 	stdioScope string
@@ -101,6 +102,7 @@ func New(cfg *Config, log *slog.Logger) (*Gateway, error) {
 	for _, u := range cfg.Upstreams {
 		g.upstreams = append(g.upstreams, newUpstream(g, u))
 	}
+	g.metrics = newMetrics(g)
 	return g, nil
 }
 

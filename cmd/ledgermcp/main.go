@@ -4,6 +4,7 @@
 //
 //	ledgermcp --config gateway.yaml              # MCP over stdin and stdout
 //	ledgermcp --config gateway.yaml --http ADDR  # MCP over Streamable HTTP
+//	ledgermcp ... --metrics-listen ADDR           # and Prometheus /metrics
 //
 // Over Streamable HTTP it also answers health probes at /healthz. It logs
 // to stderr. docs/mcp.md describes the configuration and what the gateway
@@ -37,7 +38,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--ledger HOST:PORT] [--log-level LEVEL]
+const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--ledger HOST:PORT] [--metrics-listen HOST:PORT] [--log-level LEVEL]
 
 Serve the tools of the MCP servers FILE names, over stdio (or Streamable
 HTTP with --http), running every call through the operation ledger.
@@ -52,6 +53,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	config := fs.String("config", os.Getenv("LEDGERMCP_CONFIG"), "the configuration file (env LEDGERMCP_CONFIG)")
 	listen := fs.String("http", "", "serve Streamable HTTP on this HOST:PORT instead of stdio (the file's http.listen otherwise)")
 	ledgerAddr := fs.String("ledger", "", "ledgerd's HOST:PORT (the file's ledger.address otherwise)")
+	metricsListen := fs.String("metrics-listen", "", "serve Prometheus /metrics on this HOST:PORT (the file's metrics.listen otherwise)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -76,8 +78,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	cfg, err := mcpgateway.LoadConfig(*config)
-	if err == nil && (*listen != "" || *ledgerAddr != "") {
-		err = mcpgateway.Override(cfg, *ledgerAddr, *listen)
+	if err == nil && (*listen != "" || *ledgerAddr != "" || *metricsListen != "") {
+		err = mcpgateway.Override(cfg, *ledgerAddr, *listen, *metricsListen)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "ledgermcp:", err)
@@ -98,6 +100,13 @@ func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error 
 		return err
 	}
 	defer g.Close()
+	if cfg.Metrics.Listen != "" {
+		stop, err := serveMetrics(cfg.Metrics.Listen, g.MetricsHandler(), log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	g.Start(ctx, 15*time.Second)
 	if cfg.HTTP.Listen == "" {
 		log.Info("serving MCP over stdio", "ledger", cfg.Ledger.Address)
@@ -124,4 +133,18 @@ func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error 
 		return nil
 	}
 	return err
+}
+
+// serveMetrics serves h at /metrics on addr until stop is called.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics.listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	log.Info("metrics serving", "listen", lis.Addr().String())
+	return func() { _ = srv.Close() }, nil
 }

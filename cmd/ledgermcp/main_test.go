@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,6 +58,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, 2, "no such file"},
 		{[]string{"--config", writeConfig(t, "upstreams: []\n")}, 2, "at least one is needed"},
 		{[]string{"--config", good, "--http", "0.0.0.0:8931"}, 2, "need tls"},
+		{[]string{"--config", good, "--metrics-listen", "9465"}, 2, "want HOST:PORT"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(context.Background(), tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.says) {
@@ -82,14 +85,15 @@ func ledger(t *testing.T) *servicetest.Stack {
 // TestStdio: an MCP client starts the ledgermcp binary as its stdio
 // server, as a desktop agent does; the gateway starts its own stdio
 // upstream. One operation sent twice is applied once; a read-only tool
-// is forwarded each time.
+// is forwarded each time; /metrics counts each outcome.
 func TestStdio(t *testing.T) {
 	st := ledger(t)
 	up := mcptest.New(t.TempDir())
 	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nupstreams:\n  - name: tickets\n    command: [%q]\n    env: {%s: %q}\n",
 		st.Addr, os.Args[0], mcptest.StdioEnv, up.Dir))
-	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg)
-	cmd.Stderr = &ledgertest.Buffer{}
+	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg, "--metrics-listen", "127.0.0.1:0")
+	logs := &ledgertest.Buffer{}
+	cmd.Stderr = logs
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +109,33 @@ func TestStdio(t *testing.T) {
 	if up.Count("create_ticket") != 1 || tickets[0] != "T-1" || tickets[1] != "T-1" || up.Calls("search_tickets") != 2 {
 		t.Fatalf("tickets %v, %d effects, %d searches; want T-1 twice from one effect, two searches", tickets, up.Count("create_ticket"), up.Calls("search_tickets"))
 	}
+	text := scrapeMetrics(t, logs)
+	for _, want := range []string{
+		`ledgermcp_calls_total{outcome="executed",tool="tickets_create_ticket"} 1`,
+		`ledgermcp_calls_total{outcome="replayed",tool="tickets_create_ticket"} 1`,
+		`ledgermcp_calls_total{outcome="unrecorded",tool="tickets_search_tickets"} 2`,
+		`ledgermcp_upstream_connected{upstream="tickets"} 1`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+// scrapeMetrics reads /metrics from the address the gateway logged.
+func scrapeMetrics(t *testing.T, logs *ledgertest.Buffer) string {
+	t.Helper()
+	m := regexp.MustCompile(`"msg":"metrics serving","listen":"([^"]+)"`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no metrics listener in the log:\n%s", logs.String())
+	}
+	res, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
 }
 
 func callTool(t *testing.T, cs *mcp.ClientSession, name string, meta mcp.Meta) *mcp.CallToolResult {
