@@ -4,6 +4,8 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,5 +98,55 @@ func TestContractNamesTheMetaKeys(t *testing.T) {
 		if !slices.Contains(spans, want) {
 			t.Errorf("docs/contract.md §10 does not name %s", want)
 		}
+	}
+}
+
+// TestDocsMetrics: docs/mcp.md's metrics table names every ledgermcp_
+// metric the gateway exports, with its type and labels, and no other.
+func TestDocsMetrics(t *testing.T) {
+	doc, err := mdtable.Read("docs/mcp.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, ok := doc.All().TableWith("metric", "type", "labels")
+	if !ok {
+		t.Fatal("docs/mcp.md has no metrics table")
+	}
+	documented := map[string]string{}
+	for _, r := range tab.Rows {
+		labels := strings.Fields(strings.ReplaceAll(r.Cell(tab.Column("labels")), ",", " "))
+		slices.Sort(labels)
+		documented[strings.Trim(r.Cell(tab.Column("metric")), "`")] = r.Cell(tab.Column("type")) + " " + strings.Join(labels, ",")
+	}
+	cfg, err := ParseConfig([]byte("upstreams:\n  - {name: t, command: [x]}\n"), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	// A vector shows once it has a series.
+	g.metrics.calls.WithLabelValues("t_x", outcomeExecuted).Inc()
+	g.metrics.duration.WithLabelValues("t_x").Observe(0)
+	families, err := g.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]string{}
+	for _, f := range families {
+		if !strings.HasPrefix(f.GetName(), "ledgermcp_") {
+			continue
+		}
+		var labels []string
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			labels = append(labels, l.GetName())
+		}
+		slices.Sort(labels)
+		exported[f.GetName()] = strings.ToLower(f.GetType().String()) + " " + strings.Join(labels, ",")
+	}
+	if !maps.Equal(documented, exported) {
+		t.Fatalf("docs/mcp.md documents the metrics %q; the gateway exports %q", documented, exported)
 	}
 }
