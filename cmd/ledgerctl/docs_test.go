@@ -295,88 +295,17 @@ func TestGuideMatchesJSONOutput(t *testing.T) {
 	if !ok {
 		t.Fatal(`docs/ledgerctl.md: no section "JSON output"`)
 	}
-	// The guide's names: a field's own in the first column; its members
-	// (history[]'s, result's, failure's) in the second, as code spans.
-	ft, ok := s.TableWith("field")
-	if !ok {
-		t.Fatal(`docs/ledgerctl.md, section "JSON output": no table with a column "field"`)
-	}
-	documented := map[string]bool{}
-	for _, r := range ft.Rows {
-		for _, name := range mdtable.CodeSpans(r.Cell(ft.Column("field"))) {
-			documented[strings.TrimSuffix(name, "[]")] = true
-		}
-	}
-	for _, name := range jsonNames(jsonDocument{}) {
-		if !documented[name] {
-			t.Errorf("%s: the table of fields does not document %q, which ledgerctl --json prints", s.Where(ft.Line), name)
-		}
-		delete(documented, name)
-	}
-	for name := range documented {
-		t.Errorf("%s: the table of fields documents %q, which ledgerctl --json does not print", s.Where(ft.Line), name)
-	}
-	// list-unresolved's document, shown whole in the text.
 	lines, _ := s.Text()
 	text := strings.Join(lines, "\n")
-	for _, name := range jsonNames(jsonList{}) {
-		if !strings.Contains(text, `"`+name+`":`) {
-			t.Errorf(`docs/ledgerctl.md, section "JSON output": list-unresolved's document is not shown with its field %q`, name)
-		}
-	}
-	members := map[string][]string{
+	checkFieldTable(t, s, "field", jsonDocument{}, map[string][]string{
 		"history": jsonNames(jsonHistory{}),
 		"result":  jsonNames(jsonResult{}),
 		"failure": jsonNames(jsonFailure{}),
 		"notices": jsonNames(jsonNotice{}),
-	}
-	for _, r := range ft.Rows {
-		for _, field := range mdtable.CodeSpans(r.Cell(ft.Column("field"))) {
-			names, ok := members[strings.TrimSuffix(field, "[]")]
-			if !ok {
-				continue
-			}
-			text := r.Cell(ft.Column("field") + 1)
-			for _, name := range names {
-				if !strings.Contains(text, "`"+name+"`") && !strings.Contains(text, `"`+name+`"`) {
-					t.Errorf("%s: %s's row does not name its field %q", ft.Where(r), field, name)
-				}
-			}
-		}
-	}
-
-	// The run's fields, in their own table; list-runs' document shown whole.
-	rt, ok := s.TableWith("run field")
-	if !ok {
-		t.Fatal(`docs/ledgerctl.md, section "JSON output": no table with a column "run field"`)
-	}
-	runFields := map[string]bool{}
-	for _, r := range rt.Rows {
-		for _, name := range mdtable.CodeSpans(r.Cell(rt.Column("run field"))) {
-			runFields[strings.TrimSuffix(name, "[]")] = true
-			if name == "limits" {
-				for _, m := range jsonNames(jsonRunLimits{}) {
-					if !strings.Contains(r.Cell(rt.Column("run field")+1), "`"+m+"`") {
-						t.Errorf("%s: limits' row does not name its field %q", rt.Where(r), m)
-					}
-				}
-			}
-		}
-	}
-	for _, name := range jsonNames(jsonRunDocument{}) {
-		if !runFields[name] {
-			t.Errorf("%s: the table of run fields does not document %q, which get-run --json prints", s.Where(rt.Line), name)
-		}
-		delete(runFields, name)
-	}
-	for name := range runFields {
-		t.Errorf("%s: the table of run fields documents %q, which get-run --json does not print", s.Where(rt.Line), name)
-	}
-	for _, name := range jsonNames(jsonRunList{}) {
-		if !strings.Contains(text, `"`+name+`":`) {
-			t.Errorf(`docs/ledgerctl.md, section "JSON output": list-runs' document is not shown with its field %q`, name)
-		}
-	}
+	}, "ledgerctl --json")
+	checkShown(t, text, jsonList{}, "list-unresolved")
+	checkFieldTable(t, s, "run field", jsonRunDocument{}, map[string][]string{"limits": jsonNames(jsonRunLimits{})}, "get-run --json")
+	checkShown(t, text, jsonRunList{}, "list-runs")
 
 	// Notice codes.
 	src, err := os.ReadFile("output.go")
@@ -406,6 +335,51 @@ func TestGuideMatchesJSONOutput(t *testing.T) {
 	for _, c := range codes {
 		if !listed[c] {
 			t.Errorf("%s: the table of notices does not document %s", s.Where(nt.Line), c)
+		}
+	}
+}
+
+// checkFieldTable holds the table of s with the column col to the JSON
+// document doc that command prints: col names every field of doc (as code
+// spans; "[]" dropped) and no other, and the row of each field in members
+// names its members in the next cell (as `name` or "name").
+func checkFieldTable(t *testing.T, s mdtable.Section, col string, doc any, members map[string][]string, command string) {
+	t.Helper()
+	ft, ok := s.TableWith(col)
+	if !ok {
+		t.Fatalf(`docs/ledgerctl.md, section "JSON output": no table with a column %q`, col)
+	}
+	documented := map[string]bool{}
+	for _, r := range ft.Rows {
+		for _, field := range mdtable.CodeSpans(r.Cell(ft.Column(col))) {
+			field = strings.TrimSuffix(field, "[]")
+			documented[field] = true
+			cell := r.Cell(ft.Column(col) + 1)
+			for _, name := range members[field] {
+				if !strings.Contains(cell, "`"+name+"`") && !strings.Contains(cell, `"`+name+`"`) {
+					t.Errorf("%s: %s's row does not name its field %q", ft.Where(r), field, name)
+				}
+			}
+		}
+	}
+	for _, name := range jsonNames(doc) {
+		if !documented[name] {
+			t.Errorf("%s: the table of %ss does not document %q, which %s prints", s.Where(ft.Line), col, name, command)
+		}
+		delete(documented, name)
+	}
+	for name := range documented {
+		t.Errorf("%s: the table of %ss documents %q, which %s does not print", s.Where(ft.Line), col, name, command)
+	}
+}
+
+// checkShown holds text to show command's JSON document doc with every
+// field it has.
+func checkShown(t *testing.T, text string, doc any, command string) {
+	t.Helper()
+	for _, name := range jsonNames(doc) {
+		if !strings.Contains(text, `"`+name+`":`) {
+			t.Errorf(`docs/ledgerctl.md, section "JSON output": %s's document is not shown with its field %q`, command, name)
 		}
 	}
 }
