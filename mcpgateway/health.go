@@ -91,19 +91,3 @@ func (g *Gateway) serveHealth(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = json.NewEncoder(w).Encode(h)
 }
-
-// connected reports whether the upstream holds a session that has not
-// ended.
-func (u *upstream) connected() bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.sess == nil {
-		return false
-	}
-	select {
-	case <-u.closed:
-		return false
-	default:
-		return true
-	}
-}

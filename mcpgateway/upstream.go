@@ -51,14 +51,10 @@ func newUpstream(g *Gateway, cfg UpstreamConfig) *upstream {
 func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, <-chan struct{}, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.sess != nil {
-		select {
-		case <-u.closed:
-			u.sess = nil
-		default:
-			return u.sess, u.closed, nil
-		}
+	if u.live() {
+		return u.sess, u.closed, nil
 	}
+	u.sess = nil
 	cs, err := u.client.Connect(ctx, u.transport(), nil)
 	if err != nil {
 		return nil, nil, &unreachableError{upstream: u.cfg.Name, err: err}
@@ -220,6 +216,27 @@ func (u *upstream) drop(cs *mcp.ClientSession) {
 	defer u.mu.Unlock()
 	if u.sess == cs {
 		u.sess = nil
+	}
+}
+
+// connected reports whether the upstream holds a session that has not
+// ended.
+func (u *upstream) connected() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.live()
+}
+
+// live is connected with u.mu held.
+func (u *upstream) live() bool {
+	if u.sess == nil {
+		return false
+	}
+	select {
+	case <-u.closed:
+		return false
+	default:
+		return true
 	}
 }
 
