@@ -79,6 +79,7 @@ test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPL
 	./scripts/ensure-jq.sh
 	./scripts/ensure-curl.sh
 	./scripts/ensure-chromium.sh
+	./scripts/ensure-valgrind.sh
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go') | grep -v '^gen/' || true); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
@@ -101,6 +102,7 @@ test-faults: ## the fault suite alone in its long form (more kills, longer sched
 .PHONY: bench
 bench: ## measure ledgerd on fresh redis-servers: throughput and latency against health Check, memory per record, growth, the MCP gateway's cost per call (BENCH_ARGS=... for flags; docs/benchmarks.md)
 	./scripts/ensure-redis-server.sh
+	./scripts/ensure-valgrind.sh
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp --go $(GO) $(BENCH_ARGS)

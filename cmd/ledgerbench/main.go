@@ -92,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, pair (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions, pair (health always runs; empty: all)")
 	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd at once, each on a fresh redis-server, under the same load, and compare their CPU per call (the pair part)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
@@ -101,6 +101,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&c.PeerModule, "peer-module", "internal/bench/peer", "the directory of the peer's cycler module, which the peer part builds (the path from the repository's root)")
 	fs.StringVar(&c.PeerSource, "peer-src", "", "a source tree of github.com/faustbrian/go-idempotency to build the peer from instead of the Go module proxy's")
 	fs.StringVar(&c.Go, "go", "go", "the go command that builds the peer")
+	fs.Int64Var(&c.InstructionCycles, "instruction-cycles", 3000, "the cycles the instructions part counts Redis's instructions over, per way (under callgrind, about 2 ms each)")
 	fs.StringVar(&c.Dir, "dir", "", "scratch directory, kept afterwards (ledgerd logs, Redis files); a temporary one when empty")
 	verbose := fs.Bool("v", true, "progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -131,11 +132,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", bench.BarePairKey, "mcp", "receipts", "functions", "peer", "pair":
+		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", bench.BarePairKey, "mcp", "receipts", "functions", "peer", bench.InstructionsKey, "pair":
 			c.Only = append(c.Only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer or pair", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions or pair", s)
 		}
+	}
+	if c.InstructionCycles <= 0 {
+		return usagef("--instruction-cycles %d: want a positive count", c.InstructionCycles)
 	}
 	if slices.Contains(c.Only, "pair") && c.Against == "" {
 		return usagef("--only pair: needs --against, the second ledgerd binary")

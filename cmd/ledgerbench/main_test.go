@@ -50,6 +50,7 @@ func TestExitStatus(t *testing.T) {
 		{[]string{"--ledgerd", missing, "--only", "nope"}, 2, "ledgerbench: --only"},
 		{[]string{"--ledgerd", missing, "--only", "pair"}, 2, "ledgerbench: --only pair: needs --against"},
 		{[]string{"--ledgerd", missing, "--only", "bare-pair", "--bare=false"}, 2, "ledgerbench: --only bare-pair: needs the bare server"},
+		{[]string{"--ledgerd", missing, "--instruction-cycles", "0"}, 2, "ledgerbench: --instruction-cycles"},
 		{nil, 2, "ledgerbench: --ledgerd"},
 		{[]string{"--addr", "127.0.0.1:1", "--server-cpus", "0"}, 2, "ledgerbench: --server-cpus"},
 		{[]string{"serve-bare", "--bogus"}, 2, "flag provided but not defined"},

@@ -80,6 +80,9 @@ type Config struct {
 	// ReceiptRecords is how many SUCCEEDED records the receipts part
 	// stores on each of its stacks (20000).
 	ReceiptRecords int64
+	// InstructionCycles is how many cycles the instructions part counts
+	// Redis's instructions over, per way (3000).
+	InstructionCycles int64
 	// Growth lists the store sizes (SUCCEEDED records) at which Reserve
 	// throughput and memory are measured again (none: skipped).
 	Growth []int64
@@ -88,7 +91,7 @@ type Config struct {
 	NoThroughput bool
 	// Only, when set, restricts the throughput part to the scenarios whose
 	// key (reserve, cycle, replay, lookup, latency, bare, bare-ledger, mcp,
-	// receipts, functions, peer, pair) it lists; health Check always runs, and at concurrency 1 so does
+	// receipts, functions, peer, instructions, pair) it lists; health Check always runs, and at concurrency 1 so does
 	// Reserve.
 	Only []string
 
@@ -126,6 +129,9 @@ func (c *Config) defaults() {
 	if c.ReceiptRecords <= 0 {
 		c.ReceiptRecords = 20000
 	}
+	if c.InstructionCycles <= 0 {
+		c.InstructionCycles = 3000
+	}
 	if c.Out == nil {
 		c.Out = os.Stdout
 	}
@@ -155,6 +161,8 @@ type Report struct {
 	Functions *Functions
 	// Peer is the peer part.
 	Peer *Peer
+	// Instructions is the instructions part.
+	Instructions *Instructions
 	// Pair is the pair part (with Config.Against).
 	Pair *Pair
 	// BarePair is the bare pair part (with Config.BareServer).
@@ -344,6 +352,14 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		}
 		rep.Peer = p
 		c.printPeer(p)
+	}
+	if c.Addr == "" && !c.NoThroughput && c.Cycler != "" && c.selected(InstructionsKey) {
+		in, err := c.instructionsPart(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Instructions = in
+		c.printInstructions(in)
 	}
 	if c.Addr == "" && !c.NoThroughput && c.BareServer != "" && c.selected(BarePairKey) {
 		p, err := c.barePairPart(ctx)

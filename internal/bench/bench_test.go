@@ -187,7 +187,7 @@ func TestOnFreePort(t *testing.T) {
 			if len(tried) == 1 {
 				addr = taken
 			}
-			return startRedis(nil, bin, addr, t.TempDir(), nil)
+			return startRedis(nil, nil, bin, addr, t.TempDir(), nil)
 		})
 		if err != nil || len(tried) != 2 {
 			t.Fatalf("onFreePort after %s was taken: %v, %d tries", taken, err, len(tried))

@@ -54,6 +54,9 @@ func goals(rep *Report) []Goal {
 			Goal{"ledger over gRPC cycles/s ÷ the peer's in-process", p.GRPCRatio, 0.5, false, "×"},
 			Goal{"Redis CPU per cycle, the ledger's ÷ the peer's", p.RedisRatio, 0.6, true, "×"})
 	}
+	if in := rep.Instructions; in != nil && in.Ratio > 0 {
+		out = append(out, Goal{"Redis instructions per cycle, the ledger's ÷ the peer's (callgrind)", in.Ratio, 0.6, true, "×"})
+	}
 	if rep.Memory != nil && rep.Memory.Records > 0 {
 		out = append(out, Goal{"bytes per SUCCEEDED record (100-byte result)", rep.Memory.PerRecord, 380, true, "B"})
 	}

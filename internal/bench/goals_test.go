@@ -21,6 +21,11 @@ func TestGoals(t *testing.T) {
 			[]string{"bytes per SUCCEEDED record (100-byte result): met"}},
 		{"memory over", &Report{Memory: &Memory{Records: 10, PerRecord: 407}},
 			[]string{"bytes per SUCCEEDED record (100-byte result): not met"}},
+		{"instructions", &Report{Instructions: &Instructions{Ledger: 317000, Peer: 473000, Ratio: 0.67}},
+			[]string{"Redis instructions per cycle, the ledger's ÷ the peer's (callgrind): not met"}},
+		{"instructions at the goal", &Report{Instructions: &Instructions{Ledger: 300, Peer: 500, Ratio: 0.6}},
+			[]string{"Redis instructions per cycle, the ledger's ÷ the peer's (callgrind): met"}},
+		{"instructions without the peer", &Report{Instructions: &Instructions{Ledger: 317000, Unavailable: "the peer: no go.mod"}}, nil},
 		{"throughput without the bare server", &Report{Throughput: []*Summary{{Name: "health Check"}, reserve, cycle}}, []string{
 			"Redis CPU per new-key Reserve: not met",
 			"Redis CPU per Reserve+Complete cycle: met",

@@ -115,14 +115,20 @@ func startRedisOn(pl *placement, path, dir string, args []string) (*Process, err
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (%v): install it (apt-get install redis-server) or pass its path", err)
 	}
-	return onFreePort(func(addr string) (*Process, error) { return startRedis(pl, bin, addr, dir, args) })
+	return onFreePort(func(addr string) (*Process, error) { return startRedis(pl, nil, bin, addr, dir, args) })
 }
 
-func startRedis(pl *placement, bin, addr, dir string, args []string) (*Process, error) {
+// startRedis starts the redis-server bin on addr, under the command wrap
+// when it is set (wrap, then bin and its arguments).
+func startRedis(pl *placement, wrap []string, bin, addr, dir string, args []string) (*Process, error) {
 	_, port, _ := net.SplitHostPort(addr)
 	p := &Process{Addr: addr}
 	argv := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", dir, "--save", "", "--appendonly", "no",
 		"--daemonize", "no", "--logfile", ""}, args...)
+	if len(wrap) > 0 {
+		argv = append(append(wrap[1:len(wrap):len(wrap)], bin), argv...)
+		bin = wrap[0]
+	}
 	if err := p.start(pl, bin, argv, nil); err != nil {
 		return nil, err
 	}
