@@ -55,14 +55,17 @@ local function in_place(s)
     return nil -- maybe 50 history entries: the oldest may have to go
   end
   local body = string.sub(s, 34, h - 1)
-  -- Fields 1 to 8, 9 to 13 (tool to tret) as one span, 14 to 24, and
-  -- where field 25 starts, in the body padded with separators.
-  local st, exp, ct36, ut, att, tok, eff, rsn, mid, cdg, rd, rid, fc, fm, hld, lse, lms, rwin, uks, rev, at = string.match(
+  -- A claim (st 2) with no expiry, digest, UNKNOWN mark or escalation
+  -- (exp, cdg, uks, rev empty) and an attempt: of the first 24 fields, in
+  -- the body padded with separators, the ones this report keeps or reads
+  -- (ct, ut, att, tok, eff, 9 to 13 from tool to tret as one span and
+  -- tool, ret and tret in it, lse),
+  -- and where field 25 starts. Any other record does not match.
+  local ct36, ut, att, tok, eff, mid, tool, ret, tret, lse, at = string.match(
     body .. '\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255',
-    '^([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255()')
+    '^2\255\255([^\255]*)\255([^\255]*)\255([^\255]+)\255([^\255]*)\255([^\255]*)\255[^\255]*\255(([^\255]*)\255[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*))\255\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255([^\255]*)\255[^\255]*\255[^\255]*\255\255\255()')
   local ct = tonumber(ct36 or '', 36)
-  if st ~= ST_RUNNING or exp ~= '' or cdg ~= '' or uks ~= '' or rev ~= '' or att == '' or not ct or
-    tostr(ct + ms(tok)) ~= token then
+  if not ct or tostr(ct + ms(tok)) ~= token then
     return nil
   end
   local tail = ''
@@ -74,7 +77,6 @@ local function in_place(s)
       return nil -- a retain_until, or fields finish() would not copy as stored
     end
   end
-  local tool, ret, tret = string.match(mid, '^([^\255]*)\255[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*)')
   local to, reason, letter = ST_SUCCEEDED, 'SUCCEEDED', 'D'
   if outcome == '2' then
     to, reason, letter = ST_FAILED, 'FAILED_FINAL', 'E'
