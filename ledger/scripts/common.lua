@@ -277,6 +277,11 @@ F = {
 
   -- last_principal is the principal of the latest history entry.
   last_principal = function()
+    if not string.find(S.hist, '\254', 2, true) then
+      -- No entry, or one: it names its principal.
+      local _, _, p = string.find(S.hist, '^\254[^\253]*\253[^\253]*\253[^\253]*\253([^\253]*)')
+      return p
+    end
     local p
     for e in string.gmatch(S.hist, '\254([^\254]*)') do
       p = F.entry_principal(e) or p
