@@ -112,9 +112,11 @@ type RunPage struct {
 	NextPageToken string
 }
 
-// ListRuns returns a page of the tenant's runs, running ones first.
-func (c *Client) ListRuns(ctx context.Context, pageSize uint32, pageToken string) (*RunPage, error) {
-	r, err := c.rpc.ListRuns(ctx, &ledgerv1.ListRunsRequest{PageSize: pageSize, PageToken: pageToken})
+// ListRuns returns a page of the tenant's runs, running ones first; with
+// states, only the runs in those states (a running run past its deadline
+// is RunDeadline). A page may be short while NextPageToken is set.
+func (c *Client) ListRuns(ctx context.Context, pageSize uint32, pageToken string, states ...RunState) (*RunPage, error) {
+	r, err := c.rpc.ListRuns(ctx, &ledgerv1.ListRunsRequest{PageSize: pageSize, PageToken: pageToken, States: states})
 	if err != nil {
 		return nil, fromStatus(err)
 	}

@@ -179,6 +179,15 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 		if got := a.call(t, "viewer", "GET", "/v1/runs", ""); got.status != 200 || len(got.body["runs"].([]any)) != 1 {
 			t.Fatalf("ListRuns = %+v", got)
 		}
+		for q, n := range map[string]int{"states=RUN_STATE_STEP_LIMIT": 1, "states=RUN_STATE_RUNNING&states=RUN_STATE_DONE": 0} {
+			got := a.call(t, "viewer", "GET", "/v1/runs?"+q, "")
+			if runs, _ := got.body["runs"].([]any); got.status != 200 || len(runs) != n {
+				t.Errorf("ListRuns ?%s = %+v, want %d runs", q, got, n)
+			}
+		}
+		if got := a.call(t, "viewer", "GET", "/v1/runs?states=RUN_STATE_UNSPECIFIED", ""); got.status != 400 || got.reason() != "INVALID_ARGUMENT" {
+			t.Errorf("ListRuns of no state = %+v, want 400 INVALID_ARGUMENT", got)
+		}
 	})
 }
 

@@ -33,11 +33,13 @@ type runEntry struct {
 // ListRuns pages through the tenant's runs: running ones first, the newest
 // first, then ended ones, the latest ended first. A running run whose
 // deadline has passed is listed as RunStateDeadline, as GetRun would end
-// it. A page may hold fewer than pageSize runs while NextPageToken is set
-// (runs whose retention ended meanwhile are left out).
+// it. With states, only runs in those states are listed (as listed: a
+// running run past its deadline counts as RunStateDeadline). A page may
+// hold fewer than pageSize runs while NextPageToken is set (runs whose
+// retention ended meanwhile, or in other states, are left out).
 //
 // May return an *Error of KindInvalid or KindUnavailable.
-func (l *Ledger) ListRuns(ctx context.Context, who Principal, pageSize int, pageToken string) (*RunPage, error) {
+func (l *Ledger) ListRuns(ctx context.Context, who Principal, pageSize int, pageToken string, states ...RunState) (*RunPage, error) {
 	const op = "ledger.ListRuns"
 	vs := checkPrincipal(who)
 	if pageSize == 0 {
@@ -50,11 +52,17 @@ func (l *Ledger) ListRuns(ctx context.Context, who Principal, pageSize int, page
 	if !ok {
 		vs = append(vs, Violation{"page_token", "not a token from a previous page"})
 	}
+	for _, st := range states {
+		if st == RunStateUnspecified || st > RunStateCancelled {
+			vs = append(vs, Violation{"states", "unknown run state " + st.String()})
+			break
+		}
+	}
 	if len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
 	tenant := encodeComponent(who.Tenant)
-	entries, more, err := l.runsAfter(ctx, tenant, cursor, after, pageSize)
+	entries, more, err := l.runsAfter(ctx, tenant, cursor, after, pageSize, rangeOf(states))
 	if err != nil {
 		return nil, storeError(op, err)
 	}
@@ -64,28 +72,89 @@ func (l *Ledger) ListRuns(ctx context.Context, who Principal, pageSize int, page
 			return nil, storeError(op, err)
 		}
 	}
+	if len(states) > 0 {
+		page.Runs = slices.DeleteFunc(page.Runs, func(r *Run) bool { return !slices.Contains(states, r.State) })
+	}
 	if more {
 		page.NextPageToken = encodeRunToken(entries[len(entries)-1])
 	}
 	return page, nil
 }
 
-// runsAfter returns the first n index entries of the tenant's runs after
-// cursor (all of them when after is false), and whether more follow.
-func (l *Ledger) runsAfter(ctx context.Context, tenant string, cursor runEntry, after bool, n int) ([]runEntry, bool, error) {
+// runRange is a part of the run index: running runs score below 0,
+// ended ones from 0 on.
+type runRange int
+
+const (
+	allRuns runRange = iota
+	runningRuns
+	endedRuns
+)
+
+// rangeOf is the part of the run index that may hold runs listed in states
+// (all of it for none); a running run past its deadline is listed as
+// RunStateDeadline.
+func rangeOf(states []RunState) runRange {
+	if len(states) == 0 {
+		return allRuns
+	}
+	running := slices.Contains(states, RunStateRunning) || slices.Contains(states, RunStateDeadline)
+	ended := slices.ContainsFunc(states, func(s RunState) bool { return s != RunStateRunning })
+	switch {
+	case !ended:
+		return runningRuns
+	case !running:
+		return endedRuns
+	}
+	return allRuns
+}
+
+// bounds are r's ZRANGEBYSCORE bounds.
+func (r runRange) bounds() (lo, hi string) {
+	switch r {
+	case runningRuns:
+		return "-inf", "(0"
+	case endedRuns:
+		return "0", "+inf"
+	}
+	return "-inf", "+inf"
+}
+
+// place says where score lies against r: -1 below, 0 in, 1 above.
+func (r runRange) place(score float64) int {
+	switch {
+	case r == runningRuns && score >= 0:
+		return 1
+	case r == endedRuns && score < 0:
+		return -1
+	}
+	return 0
+}
+
+// runsAfter returns the first n index entries of the tenant's runs in r
+// after cursor (from r's start when after is false, or when the cursor is
+// before r), and whether more follow.
+func (l *Ledger) runsAfter(ctx context.Context, tenant string, cursor runEntry, after bool, n int, r runRange) ([]runEntry, bool, error) {
+	from, hi := r.bounds()
+	if after {
+		switch r.place(cursor.score) {
+		case 1:
+			return nil, false, nil
+		case -1:
+			after = false
+		default:
+			from = "(" + formatScore(cursor.score)
+		}
+	}
 	pipe := l.rdb.Pipeline()
 	ties := make([]*redis.ZSliceCmd, NumShards)
 	rest := make([]*redis.ZSliceCmd, NumShards)
-	from := "-inf"
-	if after {
-		from = "(" + formatScore(cursor.score)
-	}
 	for s := range NumShards {
 		key := l.keys.runIndex(s, tenant)
 		if after {
 			ties[s] = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: formatScore(cursor.score), Max: formatScore(cursor.score)})
 		}
-		rest[s] = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(n)})
+		rest[s] = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: hi, Count: int64(n)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, false, err

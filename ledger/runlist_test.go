@@ -81,6 +81,90 @@ func TestListRuns(t *testing.T) {
 	})
 }
 
+// TestListRunsStates: with states, only runs listed in them, in the same
+// order, over pages of every size; a run past its deadline counts as
+// ended by it; a token from another listing starts where the states'
+// runs start, or ends the listing past them; unknown states are refused.
+func TestListRunsStates(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		for _, id := range []string{"r-a", "r-b", "r-c", "r-d"} {
+			e.startRun(t, id, RunLimits{})
+			time.Sleep(2 * time.Millisecond) // distinct start times
+		}
+		for id, st := range map[string]RunState{"r-c": RunStateDone, "r-d": RunStateCancelled} {
+			if _, err := e.l.EndRun(e.ctx, e.who, id, st, ""); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		e.startRun(t, "r-e", RunLimits{Deadline: 20 * time.Millisecond})
+		time.Sleep(40 * time.Millisecond)
+		// list pages through runs in states with pages of size, from tok.
+		list := func(t *testing.T, size int, tok string, states ...RunState) []string {
+			t.Helper()
+			var got []string
+			for pages := 0; ; pages++ {
+				page, err := e.l.ListRuns(e.ctx, e.who, size, tok, states...)
+				if err != nil {
+					t.Fatalf("states %v, size %d: %v", states, size, err)
+				}
+				for _, r := range page.Runs {
+					if len(states) > 0 && !slices.Contains(states, r.State) {
+						t.Errorf("states %v: %s is %v", states, r.ID, r.State)
+					}
+					got = append(got, r.ID)
+				}
+				if tok = page.NextPageToken; tok == "" || pages > 20 {
+					return got
+				}
+			}
+		}
+		ended := list(t, 50, "", RunStateDone, RunStateCancelled)
+		for _, c := range []struct {
+			states []RunState
+			want   []string
+		}{
+			{nil, []string{"r-e", "r-b", "r-a", ended[0], ended[1]}},
+			{[]RunState{RunStateRunning}, []string{"r-b", "r-a"}},
+			{[]RunState{RunStateDeadline}, []string{"r-e"}},
+			{[]RunState{RunStateDone}, []string{"r-c"}},
+			{[]RunState{RunStateCancelled, RunStateDone}, ended},
+			{[]RunState{RunStateRunning, RunStateCancelled}, []string{"r-b", "r-a", "r-d"}},
+			{[]RunState{RunStateStepLimit, RunStateRepetition}, nil},
+		} {
+			for _, size := range []int{1, 2, 50} {
+				if got := list(t, size, "", c.states...); !slices.Equal(got, c.want) {
+					t.Errorf("states %v, pages of %d: %v, want %v", c.states, size, got, c.want)
+				}
+			}
+		}
+		if !slices.Contains(ended, "r-c") || !slices.Contains(ended, "r-d") || len(ended) != 2 {
+			t.Fatalf("ended runs: %v", ended)
+		}
+		// A token among running runs, taken with ended states: from the
+		// first ended run.
+		first, err := e.l.ListRuns(e.ctx, e.who, 2, "")
+		if err != nil || first.NextPageToken == "" {
+			t.Fatalf("first page: %+v, %v", first, err)
+		}
+		if got := list(t, 50, first.NextPageToken, RunStateDone); !slices.Equal(got, []string{"r-c"}) {
+			t.Errorf("DONE after a running run's token: %v", got)
+		}
+		// A token among ended runs, taken with the running state: nothing.
+		last, err := e.l.ListRuns(e.ctx, e.who, 1, "", RunStateCancelled, RunStateDone)
+		if err != nil || last.NextPageToken == "" {
+			t.Fatalf("an ended page: %+v, %v", last, err)
+		}
+		if page, err := e.l.ListRuns(e.ctx, e.who, 50, last.NextPageToken, RunStateRunning); err != nil || len(page.Runs) != 0 || page.NextPageToken != "" {
+			t.Errorf("RUNNING after an ended run's token: %+v, %v", page, err)
+		}
+		for _, st := range []RunState{RunStateUnspecified, RunStateCancelled + 1, 255} {
+			_, err := e.l.ListRuns(e.ctx, e.who, 0, "", RunStateDone, st)
+			wantKind(t, err, KindInvalid)
+		}
+	})
+}
+
 // FuzzRunPageToken: decodeRunToken takes back exactly what encodeRunToken
 // writes.
 func FuzzRunPageToken(f *testing.F) {

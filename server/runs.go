@@ -47,7 +47,11 @@ func (h *handler) EndRun(ctx context.Context, req *ledgerv1.EndRunRequest) (*led
 // ListRuns implements ledger.v1.LedgerService.
 func (h *handler) ListRuns(ctx context.Context, req *ledgerv1.ListRunsRequest) (*ledgerv1.ListRunsResponse, error) {
 	size := min(req.GetPageSize(), ledger.MaxRunPageSize+1) // above the most: refused by the ledger
-	page, err := h.l.ListRuns(ctx, h.principal(ctx), int(size), req.GetPageToken())
+	states := make([]ledger.RunState, len(req.GetStates()))
+	for i, st := range req.GetStates() {
+		states[i] = ledger.RunState(enum8(st))
+	}
+	page, err := h.l.ListRuns(ctx, h.principal(ctx), int(size), req.GetPageToken(), states...)
 	if err != nil {
 		return nil, h.fail(ctx, err)
 	}

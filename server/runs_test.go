@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,8 +81,26 @@ func TestRunsOverTheWire(t *testing.T) {
 		if err != nil || len(list.Runs) != 2 || list.NextPageToken == "" {
 			t.Fatalf("ListRuns = %v, %v", list, err)
 		}
-		_, err = e.c.ListRuns(e.ctx, &ledgerv1.ListRunsRequest{PageSize: 1 << 31})
-		wantReason(t, err, codes.InvalidArgument, "INVALID_ARGUMENT")
+		guarded := []ledgerv1.RunState{ledgerv1.RunState_RUN_STATE_STEP_LIMIT, ledgerv1.RunState_RUN_STATE_REPETITION}
+		list, err = e.c.ListRuns(e.ctx, &ledgerv1.ListRunsRequest{PageSize: 500, States: guarded})
+		var ids []string
+		for _, r := range list.GetRuns() {
+			if !slices.Contains(guarded, r.State) {
+				t.Errorf("ListRuns of %v: %s is %v", guarded, r.RunId, r.State)
+			}
+			ids = append(ids, r.RunId)
+		}
+		if err != nil || !slices.Contains(ids, e.id("steps")) || !slices.Contains(ids, e.id("repeats")) || slices.Contains(ids, e.id("ended")) {
+			t.Fatalf("ListRuns of %v = %v, %v", guarded, ids, err)
+		}
+		for _, req := range []*ledgerv1.ListRunsRequest{
+			{PageSize: 1 << 31},
+			{States: []ledgerv1.RunState{ledgerv1.RunState_RUN_STATE_UNSPECIFIED}},
+			{States: []ledgerv1.RunState{ledgerv1.RunState_RUN_STATE_DONE, 99}},
+		} {
+			_, err = e.c.ListRuns(e.ctx, req)
+			wantReason(t, err, codes.InvalidArgument, "INVALID_ARGUMENT")
+		}
 		_, err = e.c.StartRun(e.ctx, &ledgerv1.StartRunRequest{RunId: e.id("steps"), Limits: &ledgerv1.RunLimits{MaxSteps: 2}})
 		if ei := wantReason(t, err, codes.FailedPrecondition, "IDEMPOTENCY_KEY_REUSED"); ei.Metadata["differs"] != "limits" {
 			t.Fatalf("StartRun with other limits: metadata %v", ei.Metadata)

@@ -90,7 +90,7 @@ commands:
         record what the destination says about the operation
   get-run <run_id>
         show an agent run: state, steps against its limits, times
-  list-runs [--limit N]
+  list-runs [--state S] [--limit N]
         the agent runs, running ones first
   end-run <run_id> done|cancelled [--reason TEXT]
         end an agent run: the ledger admits no new step of it
@@ -178,6 +178,9 @@ get-run <run_id>
 list-runs [flags]
   Lists the tenant's agent runs, running ones first. Needs the reconciler
   or viewer scope.
+  --state S             running, done, step-limit, deadline, repetition or
+                        cancelled; repeat the flag or separate states with
+                        commas (default: all)
   --limit N             print at most N runs (default 1000)
 `,
 	"end-run": `
@@ -219,7 +222,9 @@ type options struct {
 	tlsCA, tlsCert, tlsKey  string
 	timeout                 time.Duration
 	json                    bool
-	states                  stateList
+	states                  stateList // --state as given: operation states or run states, by command
+	opStates                []client.State
+	runStates               []client.RunState
 	tool                    string
 	overdue, needsReview    bool
 	limit                   int
@@ -238,7 +243,7 @@ var commandFlags = map[string][]string{
 	"list-unresolved": {"state", "tool", "overdue", "needs-review", "limit"},
 	"reconcile":       {"resource-id", "data", "failure-code", "failure-message", "note", "fencing-token"},
 	"get-run":         nil,
-	"list-runs":       {"limit"},
+	"list-runs":       {"state", "limit"},
 	"end-run":         {"reason"},
 }
 
@@ -272,21 +277,32 @@ func (t fencingToken) Set(v string) error {
 	return nil
 }
 
-// stateList collects --state values.
-type stateList []client.State
+// stateList collects --state values, split at commas; the command reads
+// them as operation states (list-unresolved) or run states (list-runs).
+type stateList []string
 
 func (l *stateList) String() string { return "" }
 func (l *stateList) Set(v string) error {
 	for part := range strings.SplitSeq(v, ",") {
-		s, ok := parseState(strings.TrimSpace(part))
-		if !ok {
-			return fmt.Errorf("%q is not pending, running or unknown", part)
-		}
-		if !slices.Contains(*l, s) {
-			*l = append(*l, s)
-		}
+		*l = append(*l, strings.TrimSpace(part))
 	}
 	return nil
+}
+
+// parseStates reads every state of l with parse, each once; what names
+// the states parse takes, for the error.
+func parseStates[S comparable](l stateList, parse func(string) (S, bool), what string) ([]S, error) {
+	var out []S
+	for _, part := range l {
+		s, ok := parse(part)
+		if !ok {
+			return nil, fmt.Errorf("--state: %q is not %s", part, what)
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 func parseState(s string) (client.State, bool) {
@@ -586,7 +602,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(
 		err = checkOneID(o, "a", "run id")
 		cmd = getRun
 	case "list-runs":
-		err = checkListing(o)
+		err = checkListRuns(o)
 		cmd = listRuns
 	case "end-run":
 		var st client.RunState
@@ -646,13 +662,17 @@ func checkList(o *options) error {
 	if err := checkListing(o); err != nil {
 		return err
 	}
+	var err error
+	if o.opStates, err = parseStates(o.states, parseState, "pending, running or unknown"); err != nil {
+		return usagef(o.cmd, "%v", err)
+	}
 	if o.overdue || o.needsReview {
 		// Both select UNKNOWN operations only.
 		what := "--overdue"
 		if !o.overdue {
 			what = "--needs-review"
 		}
-		if len(o.states) > 0 && !slices.Contains(o.states, client.StateUnknown) {
+		if len(o.opStates) > 0 && !slices.Contains(o.opStates, client.StateUnknown) {
 			return usagef(o.cmd, "%s selects UNKNOWN operations: it cannot be combined with --state without unknown", what)
 		}
 	}
@@ -986,9 +1006,9 @@ func lookup(ctx context.Context, c *client.Client, o *options, stdout, stderr io
 // this machine's clock is seen behind the store's, and then for the whole
 // listing, so one listing never mixes two clocks).
 func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
-	states := o.states
+	states := o.opStates
 	if o.overdue || o.needsReview {
-		states = stateList{client.StateUnknown} // checkList made sure --state allows it
+		states = []client.State{client.StateUnknown} // checkList made sure --state allows it
 	}
 	now := clock()
 	seen := now // the latest time the store recorded in the pages read

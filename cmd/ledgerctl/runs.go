@@ -23,6 +23,36 @@ var runEnds = map[string]client.RunState{
 	"canceled":  client.RunCancelled,
 }
 
+// runStates maps --state's names of run states to the SDK's.
+var runStates = map[string]client.RunState{
+	"running":    client.RunRunning,
+	"done":       client.RunDone,
+	"step-limit": client.RunStepLimit,
+	"deadline":   client.RunDeadline,
+	"repetition": client.RunRepetition,
+	"cancelled":  client.RunCancelled,
+}
+
+// parseRunState reads a run state as --state takes it: a name of runStates
+// in any case, with _ for -, or the wire name (RUN_STATE_DONE).
+func parseRunState(s string) (client.RunState, bool) {
+	name := strings.ReplaceAll(strings.TrimPrefix(strings.ToLower(s), "run_state_"), "_", "-")
+	st, ok := runStates[name]
+	return st, ok
+}
+
+// checkListRuns checks list-runs' flags and reads its --state.
+func checkListRuns(o *options) error {
+	if err := checkListing(o); err != nil {
+		return err
+	}
+	var err error
+	if o.runStates, err = parseStates(o.states, parseRunState, "running, done, step-limit, deadline, repetition or cancelled"); err != nil {
+		return usagef(o.cmd, "%v", err)
+	}
+	return nil
+}
+
 // checkEndRun returns the state end-run asks for.
 func checkEndRun(o *options) (client.RunState, error) {
 	if len(o.args) != 2 || o.args[0] == "" {
@@ -61,7 +91,7 @@ func listRuns(ctx context.Context, c *client.Client, o *options, stdout, stderr 
 	token := ""
 	for {
 		size := uint32(min(o.limit-len(runs)+1, maxRunPageSize)) // one more tells whether more remain
-		p, err := c.ListRuns(ctx, size, token)
+		p, err := c.ListRuns(ctx, size, token, o.runStates...)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,25 @@ func TestRuns(t *testing.T) {
 	if got.State != "RUN_STATE_CANCELLED" || got.EndReason != "looping on one ticket" || got.EndedAt == nil {
 		t.Errorf("end-run --json = %+v, want CANCELLED with the reason and an end", got.jsonRun)
 	}
+	// Listing by state, still in pages of one.
+	for _, c := range []struct {
+		states []string
+		want   []string
+	}{
+		{[]string{"--state", "cancelled"}, []string{"run-loop"}},
+		{[]string{"--state", "running"}, []string{"run-other"}},
+		{[]string{"--state", "RUN_STATE_DONE,Running"}, []string{"run-other"}},
+		{[]string{"--state", "done", "--state", "step_limit"}, []string{}},
+	} {
+		runDoc(t, e.env, &list, append([]string{"list-runs"}, c.states...)...)
+		ids := []string{}
+		for _, r := range list.Runs {
+			ids = append(ids, r.RunID)
+		}
+		if !slices.Equal(ids, c.want) || list.Truncated {
+			t.Errorf("list-runs %v --json: %v, want %v", c.states, ids, c.want)
+		}
+	}
 	must(t, e.env, "end-run", "run-loop", "cancelled", "--reason", "looping on one ticket")
 	fails(t, e.env, 1, []string{"RUN_ENDED", "(RUN_STATE_CANCELLED)", "see ledgerctl get-run run-loop"}, "end-run", "run-loop", "done")
 	_, err = e.sdk.Reserve(ctx, client.Op{ID: "loop-2", Tool: "tickets.create", RunID: "run-loop", Params: map[string]any{"n": 2}}, client.NewHolder())
@@ -116,6 +136,7 @@ func TestRunsRefused(t *testing.T) {
 		{e.env, 2, "--reason is not a flag of get-run", []string{"get-run", "run-1", "--reason", "x"}},
 		{e.env, 2, "list-runs takes no arguments", []string{"list-runs", "run-1"}},
 		{e.env, 2, "--limit must be positive", []string{"list-runs", "--limit", "0"}},
+		{e.env, 2, `--state: "pending" is not running, done, step-limit, deadline, repetition or cancelled`, []string{"list-runs", "--state", "running,pending"}},
 		{e.env, 2, "needs a run id and how it ended", []string{"end-run", "run-1"}},
 		{e.env, 2, `unknown end "finished"`, []string{"end-run", "run-1", "finished"}},
 		{e.env, 2, "--reason is empty", []string{"end-run", "run-1", "done", "--reason", ""}},

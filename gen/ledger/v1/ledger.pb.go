@@ -2524,7 +2524,12 @@ type ListRunsRequest struct {
 	// At most this many runs (default 50, at most 500).
 	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page; empty for the first.
-	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only runs in these states, as listed (a running run past its deadline
+	// is RUN_STATE_DEADLINE); empty for all of them. A ledger older than
+	// this field ignores it: a caller that must not see others checks state
+	// itself.
+	States        []RunState `protobuf:"varint,3,rep,packed,name=states,proto3,enum=ledger.v1.RunState" json:"states,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2571,6 +2576,13 @@ func (x *ListRunsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListRunsRequest) GetStates() []RunState {
+	if x != nil {
+		return x.States
+	}
+	return nil
 }
 
 // ListRunsResponse is one page of runs.
@@ -2893,11 +2905,12 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2\x13.ledger.v1.RunStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"2\n" +
 	"\x0eEndRunResponse\x12 \n" +
-	"\x03run\x18\x01 \x01(\v2\x0e.ledger.v1.RunR\x03run\"M\n" +
+	"\x03run\x18\x01 \x01(\v2\x0e.ledger.v1.RunR\x03run\"z\n" +
 	"\x0fListRunsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"^\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12+\n" +
+	"\x06states\x18\x03 \x03(\x0e2\x13.ledger.v1.RunStateR\x06states\"^\n" +
 	"\x10ListRunsResponse\x12\"\n" +
 	"\x04runs\x18\x01 \x03(\v2\x0e.ledger.v1.RunR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x12\n" +
@@ -3061,36 +3074,37 @@ var file_ledger_v1_ledger_proto_depIdxs = []int32{
 	25, // 43: ledger.v1.GetRunResponse.run:type_name -> ledger.v1.Run
 	5,  // 44: ledger.v1.EndRunRequest.state:type_name -> ledger.v1.RunState
 	25, // 45: ledger.v1.EndRunResponse.run:type_name -> ledger.v1.Run
-	25, // 46: ledger.v1.ListRunsResponse.runs:type_name -> ledger.v1.Run
-	10, // 47: ledger.v1.LedgerService.Reserve:input_type -> ledger.v1.ReserveRequest
-	12, // 48: ledger.v1.LedgerService.Complete:input_type -> ledger.v1.CompleteRequest
-	14, // 49: ledger.v1.LedgerService.MarkUnknown:input_type -> ledger.v1.MarkUnknownRequest
-	16, // 50: ledger.v1.LedgerService.Lookup:input_type -> ledger.v1.LookupRequest
-	18, // 51: ledger.v1.LedgerService.Reconcile:input_type -> ledger.v1.ReconcileRequest
-	20, // 52: ledger.v1.LedgerService.Renew:input_type -> ledger.v1.RenewRequest
-	22, // 53: ledger.v1.LedgerService.ListUnresolved:input_type -> ledger.v1.ListUnresolvedRequest
-	26, // 54: ledger.v1.LedgerService.StartRun:input_type -> ledger.v1.StartRunRequest
-	28, // 55: ledger.v1.LedgerService.GetRun:input_type -> ledger.v1.GetRunRequest
-	30, // 56: ledger.v1.LedgerService.EndRun:input_type -> ledger.v1.EndRunRequest
-	32, // 57: ledger.v1.LedgerService.ListRuns:input_type -> ledger.v1.ListRunsRequest
-	34, // 58: ledger.v1.LedgerService.GetCaller:input_type -> ledger.v1.GetCallerRequest
-	11, // 59: ledger.v1.LedgerService.Reserve:output_type -> ledger.v1.ReserveResponse
-	13, // 60: ledger.v1.LedgerService.Complete:output_type -> ledger.v1.CompleteResponse
-	15, // 61: ledger.v1.LedgerService.MarkUnknown:output_type -> ledger.v1.MarkUnknownResponse
-	17, // 62: ledger.v1.LedgerService.Lookup:output_type -> ledger.v1.LookupResponse
-	19, // 63: ledger.v1.LedgerService.Reconcile:output_type -> ledger.v1.ReconcileResponse
-	21, // 64: ledger.v1.LedgerService.Renew:output_type -> ledger.v1.RenewResponse
-	23, // 65: ledger.v1.LedgerService.ListUnresolved:output_type -> ledger.v1.ListUnresolvedResponse
-	27, // 66: ledger.v1.LedgerService.StartRun:output_type -> ledger.v1.StartRunResponse
-	29, // 67: ledger.v1.LedgerService.GetRun:output_type -> ledger.v1.GetRunResponse
-	31, // 68: ledger.v1.LedgerService.EndRun:output_type -> ledger.v1.EndRunResponse
-	33, // 69: ledger.v1.LedgerService.ListRuns:output_type -> ledger.v1.ListRunsResponse
-	35, // 70: ledger.v1.LedgerService.GetCaller:output_type -> ledger.v1.GetCallerResponse
-	59, // [59:71] is the sub-list for method output_type
-	47, // [47:59] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	5,  // 46: ledger.v1.ListRunsRequest.states:type_name -> ledger.v1.RunState
+	25, // 47: ledger.v1.ListRunsResponse.runs:type_name -> ledger.v1.Run
+	10, // 48: ledger.v1.LedgerService.Reserve:input_type -> ledger.v1.ReserveRequest
+	12, // 49: ledger.v1.LedgerService.Complete:input_type -> ledger.v1.CompleteRequest
+	14, // 50: ledger.v1.LedgerService.MarkUnknown:input_type -> ledger.v1.MarkUnknownRequest
+	16, // 51: ledger.v1.LedgerService.Lookup:input_type -> ledger.v1.LookupRequest
+	18, // 52: ledger.v1.LedgerService.Reconcile:input_type -> ledger.v1.ReconcileRequest
+	20, // 53: ledger.v1.LedgerService.Renew:input_type -> ledger.v1.RenewRequest
+	22, // 54: ledger.v1.LedgerService.ListUnresolved:input_type -> ledger.v1.ListUnresolvedRequest
+	26, // 55: ledger.v1.LedgerService.StartRun:input_type -> ledger.v1.StartRunRequest
+	28, // 56: ledger.v1.LedgerService.GetRun:input_type -> ledger.v1.GetRunRequest
+	30, // 57: ledger.v1.LedgerService.EndRun:input_type -> ledger.v1.EndRunRequest
+	32, // 58: ledger.v1.LedgerService.ListRuns:input_type -> ledger.v1.ListRunsRequest
+	34, // 59: ledger.v1.LedgerService.GetCaller:input_type -> ledger.v1.GetCallerRequest
+	11, // 60: ledger.v1.LedgerService.Reserve:output_type -> ledger.v1.ReserveResponse
+	13, // 61: ledger.v1.LedgerService.Complete:output_type -> ledger.v1.CompleteResponse
+	15, // 62: ledger.v1.LedgerService.MarkUnknown:output_type -> ledger.v1.MarkUnknownResponse
+	17, // 63: ledger.v1.LedgerService.Lookup:output_type -> ledger.v1.LookupResponse
+	19, // 64: ledger.v1.LedgerService.Reconcile:output_type -> ledger.v1.ReconcileResponse
+	21, // 65: ledger.v1.LedgerService.Renew:output_type -> ledger.v1.RenewResponse
+	23, // 66: ledger.v1.LedgerService.ListUnresolved:output_type -> ledger.v1.ListUnresolvedResponse
+	27, // 67: ledger.v1.LedgerService.StartRun:output_type -> ledger.v1.StartRunResponse
+	29, // 68: ledger.v1.LedgerService.GetRun:output_type -> ledger.v1.GetRunResponse
+	31, // 69: ledger.v1.LedgerService.EndRun:output_type -> ledger.v1.EndRunResponse
+	33, // 70: ledger.v1.LedgerService.ListRuns:output_type -> ledger.v1.ListRunsResponse
+	35, // 71: ledger.v1.LedgerService.GetCaller:output_type -> ledger.v1.GetCallerResponse
+	60, // [60:72] is the sub-list for method output_type
+	48, // [48:60] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_ledger_v1_ledger_proto_init() }
