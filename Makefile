@@ -102,7 +102,7 @@ test-faults: ## the fault suite alone in its long form (more kills, longer sched
 .PHONY: bench
 bench: ## measure ledgerd on fresh redis-servers: throughput and latency against health Check, memory per record, growth, the MCP gateway's cost per call (BENCH_ARGS=... for flags; docs/benchmarks.md)
 	./scripts/ensure-redis-server.sh
-	./scripts/ensure-valgrind.sh
+	-./scripts/ensure-valgrind.sh # without it the instructions part says what to install
 	$(GO) build -o $(BIN)/ledgerd ./cmd/ledgerd
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 	$(GO) run ./cmd/ledgerbench --ledgerd $(BIN)/ledgerd --ledgermcp $(BIN)/ledgermcp --go $(GO) $(BENCH_ARGS)
