@@ -406,6 +406,23 @@ func (c *Client) MarkUnknown(ctx context.Context, id string, token uint64, reaso
 	return withReceipt(operationFromProto(r.GetOperation()), r.GetReceipt()), nil
 }
 
+// Caller is who a client's credentials are: GetCaller's answer.
+type Caller struct {
+	Tenant    string   // the tenant the credentials belong to
+	Principal string   // recorded in the history: the API key's id, or "cert:<name>"
+	Scopes    []string // agent, reconciler and/or viewer
+}
+
+// Caller asks the ledger who the client's credentials are. Every scope may
+// ask; it reads nothing from the store.
+func (c *Client) Caller(ctx context.Context) (*Caller, error) {
+	r, err := c.rpc.GetCaller(ctx, &ledgerv1.GetCallerRequest{})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return &Caller{Tenant: r.GetTenant(), Principal: r.GetPrincipal(), Scopes: r.GetScopes()}, nil
+}
+
 // Lookup reads an operation with its history.
 func (c *Client) Lookup(ctx context.Context, id string) (*Operation, error) {
 	r, err := c.rpc.Lookup(ctx, &ledgerv1.LookupRequest{OperationId: id})

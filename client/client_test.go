@@ -734,6 +734,13 @@ func TestAPIKeys(t *testing.T) {
 	if _, err := c.Reconcile(context.Background(), op.ID, client.Finding{Kind: client.Applied}); !errors.Is(err, client.ErrPermissionDenied) {
 		t.Fatalf("Reconcile with an agent key = %v", err)
 	}
+	who, err := c.Caller(context.Background())
+	if err != nil || who.Tenant != "acme" || who.Principal != "acme-agent" || !slices.Equal(who.Scopes, []string{"agent"}) {
+		t.Fatalf("Caller = %+v, %v; want acme, acme-agent, [agent]", who, err)
+	}
+	if who, err := anon.Caller(context.Background()); !errors.Is(err, client.ErrUnauthenticated) {
+		t.Fatalf("Caller without a key = %+v, %v", who, err)
+	}
 }
 
 // TestAPIKeysOnASharedConnection: Clients made by New on one connection,

@@ -20,50 +20,71 @@ import (
 // only spares a round trip per HTTP request.
 const verifiedFor = time.Minute
 
-// credentialsProbe is the operation id the gateway looks up to learn
-// whether the ledger takes a key.
-const credentialsProbe = "ledgermcp:credentials-check"
-
 // verifier checks callers' API keys with the ledger, which owns them.
 type verifier struct {
 	g    *Gateway
 	mu   sync.Mutex
-	seen map[[32]byte]time.Time // key hash -> until when it is taken
+	seen map[[32]byte]taken // by the key's hash
+}
+
+// taken is a key the ledger took: until when, and its tenant.
+type taken struct {
+	until  time.Time
+	tenant string
 }
 
 // verify is the auth.TokenVerifier of the HTTP listener: the ledger must
-// take the key. The key rides in the TokenInfo to the call's handler;
-// UserID, the key's id, binds a session to the key.
+// take the key (GetCaller). The key and its tenant ride in the TokenInfo
+// to the call's handler; UserID, the key's id, binds a session to the key.
 func (v *verifier) verify(ctx context.Context, key string, _ *http.Request) (*auth.TokenInfo, error) {
 	id, _, ok := strings.Cut(key, ".")
 	if !ok || id == "" {
 		return nil, auth.ErrInvalidToken
 	}
 	h := sha256.Sum256([]byte(key))
-	info := &auth.TokenInfo{UserID: id, Extra: map[string]any{"key": key}}
 	v.mu.Lock()
-	until, known := v.seen[h]
+	k, known := v.seen[h]
 	v.mu.Unlock()
-	if known && time.Now().Before(until) {
-		return info, nil
+	if !known || !time.Now().Before(k.until) {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := v.g.ledger(key).Caller(ctx)
+		switch {
+		case errors.Is(err, client.ErrUnauthenticated):
+			return nil, auth.ErrInvalidToken
+		case err != nil:
+			return nil, errors.New("the ledger could not check the key")
+		}
+		k = taken{until: time.Now().Add(verifiedFor), tenant: c.Tenant}
+		v.mu.Lock()
+		if v.seen == nil || len(v.seen) >= maxIntents {
+			v.seen = map[[32]byte]taken{}
+		}
+		v.seen[h] = k
+		v.mu.Unlock()
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err := v.g.ledger(key).Lookup(ctx, credentialsProbe)
-	switch {
-	case err == nil, errors.Is(err, client.ErrNotFound), errors.Is(err, client.ErrPermissionDenied):
-	case errors.Is(err, client.ErrUnauthenticated):
-		return nil, auth.ErrInvalidToken
-	default:
-		return nil, errors.New("the ledger could not check the key")
+	return &auth.TokenInfo{UserID: id, Extra: map[string]any{"key": key, "tenant": k.tenant}}, nil
+}
+
+// callerTenant is the tenant a call acts for, for the metrics: the HTTP
+// caller's key's, or the gateway's own key's (asked of the ledger once,
+// and again after a failure); "" when the ledger could not say.
+func (g *Gateway) callerTenant(ctx context.Context, req *mcp.CallToolRequest) string {
+	if req.Extra != nil && req.Extra.TokenInfo != nil {
+		if t, ok := req.Extra.TokenInfo.Extra["tenant"].(string); ok {
+			return t
+		}
 	}
-	v.mu.Lock()
-	if v.seen == nil || len(v.seen) >= maxIntents {
-		v.seen = map[[32]byte]time.Time{}
+	g.own.mu.Lock()
+	defer g.own.mu.Unlock()
+	if g.own.tenant == "" {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if c, err := g.ledger(g.cfg.Ledger.apiKey).Caller(ctx); err == nil {
+			g.own.tenant = c.Tenant
+		}
 	}
-	v.seen[h] = time.Now().Add(verifiedFor)
-	v.mu.Unlock()
-	return info, nil
+	return g.own.tenant
 }
 
 // callerKey is the API key a call acts under: the HTTP caller's bearer

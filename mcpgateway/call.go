@@ -46,7 +46,11 @@ func (g *Gateway) handler(name string) mcp.ToolHandler {
 		}
 		start := time.Now()
 		res := g.call(ctx, t, req)
-		g.metrics.observe(name, res, start)
+		tenant := ""
+		if g.metrics.tenant {
+			tenant = g.callerTenant(ctx, req)
+		}
+		g.metrics.observe(name, tenant, res, start)
 		return res, nil
 	}
 }

@@ -53,6 +53,8 @@ type ClientTLS struct {
 type MetricsConfig struct {
 	// Listen is its host:port; empty: off.
 	Listen string `yaml:"listen"`
+	// TenantLabel adds the tenant of each call's key to the call metrics.
+	TenantLabel bool `yaml:"tenant_label"`
 }
 
 func (m MetricsConfig) check() error {

@@ -48,6 +48,7 @@ type Gateway struct {
 	auth      verifier
 	health    ledgerHealth
 	metrics   *metrics
+	own       ownTenant
 	// stdioScope scopes the operation ids a stdio session derives: the
 	// launching agent's run id, or one for this process.
 	stdioScope string
@@ -58,6 +59,12 @@ type Gateway struct {
 
 	stop context.CancelFunc
 	done sync.WaitGroup
+}
+
+// ownTenant is the tenant of the gateway's own key, once the ledger said.
+type ownTenant struct {
+	mu     sync.Mutex
+	tenant string
 }
 
 // tool is one served tool.

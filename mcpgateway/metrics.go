@@ -14,21 +14,27 @@ import (
 
 // metrics are the gateway's Prometheus metrics, in a registry of their
 // own. Their labels are bounded by the configuration: the served tools'
-// names, the outcomes of call.go, the upstreams' names.
+// names, the outcomes of call.go, the upstreams' names, and with
+// metrics.tenant_label the tenants of the ledger's keys.
 type metrics struct {
 	reg      *prometheus.Registry
 	calls    *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	tenant   bool // the call metrics have a tenant label
 }
 
 // newMetrics builds g's metrics, with the Go and process collectors.
 func newMetrics(g *Gateway) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry()}
+	m := &metrics{reg: prometheus.NewRegistry(), tenant: g.cfg.Metrics.TenantLabel}
+	calls, duration := []string{"tool", "outcome"}, []string{"tool"}
+	if m.tenant {
+		calls, duration = append(calls, "tenant"), append(duration, "tenant")
+	}
 	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ledgermcp", Name: "calls_total",
-		Help: "Tool calls answered, by served tool and the outcome the answer's _meta names."}, []string{"tool", "outcome"})
+		Help: "Tool calls answered, by served tool and the outcome the answer's _meta names."}, calls)
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "ledgermcp", Name: "call_duration_seconds",
 		Help:    "How long a tool call took to answer, ledger and upstream included.",
-		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"tool"})
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, duration)
 	m.reg.MustRegister(m.calls, m.duration, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, u := range g.upstreams {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "ledgermcp", Name: "upstream_connected",
@@ -43,12 +49,17 @@ func newMetrics(g *Gateway) *metrics {
 	return m
 }
 
-// observe counts one answered call of tool, begun at start.
-func (m *metrics) observe(tool string, res *mcp.CallToolResult, start time.Time) {
+// observe counts one answered call of tool, begun at start, for tenant
+// (left out without the tenant label).
+func (m *metrics) observe(tool, tenant string, res *mcp.CallToolResult, start time.Time) {
 	lm, _ := res.Meta[MetaLedger].(map[string]any)
 	outcome, _ := lm["outcome"].(string)
-	m.calls.WithLabelValues(tool, outcome).Inc()
-	m.duration.WithLabelValues(tool).Observe(time.Since(start).Seconds())
+	calls, duration := []string{tool, outcome}, []string{tool}
+	if m.tenant {
+		calls, duration = append(calls, tenant), append(duration, tenant)
+	}
+	m.calls.WithLabelValues(calls...).Inc()
+	m.duration.WithLabelValues(duration...).Observe(time.Since(start).Seconds())
 }
 
 // MetricsHandler serves the gateway's metrics in Prometheus's text format.

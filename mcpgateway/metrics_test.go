@@ -1,6 +1,7 @@
 package mcpgateway_test
 
 import (
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -70,5 +71,41 @@ func TestMetrics(t *testing.T) {
 			t.Fatal("ledgermcp_ledger_serving stayed 1 after ledgerd stopped")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestMetricsByTenant: with metrics.tenant_label each call is counted under
+// the tenant of the key it acts under: the HTTP caller's, or the gateway's
+// own over stdio (TestMetrics: without it, no tenant label).
+func TestMetricsByTenant(t *testing.T) {
+	creds, keys := apiKeys(t, "acme", "globex", "initech")
+	r := newRig(t, rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": keys["initech"]},
+		config: "metrics: {tenant_label: true}"})
+	sessions := []*mcp.ClientSession{r.http(keys["acme"], clientOptions{}), r.http(keys["globex"], clientOptions{}), r.stdio(clientOptions{})}
+	for i, cs := range []*mcp.ClientSession{sessions[0], sessions[1], sessions[0], sessions[2]} {
+		meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, fmt.Sprint("call-", i))}
+		if a := call(t, cs, "tickets_create_ticket", ticketArgs, meta); a.outcome() != "executed" {
+			t.Fatalf("call %d: %s, want executed", i, a)
+		}
+	}
+	if n := r.up.Count("create_ticket"); n != 4 {
+		t.Fatalf("%d effects, want 4", n)
+	}
+	text := scrape(t, r.gw)
+	for _, want := range []string{
+		`ledgermcp_calls_total{outcome="executed",tenant="acme",tool="tickets_create_ticket"} 2`,
+		`ledgermcp_calls_total{outcome="executed",tenant="globex",tool="tickets_create_ticket"} 1`,
+		`ledgermcp_calls_total{outcome="executed",tenant="initech",tool="tickets_create_ticket"} 1`,
+		`ledgermcp_call_duration_seconds_count{tenant="acme",tool="tickets_create_ticket"} 2`,
+		`ledgermcp_call_duration_seconds_count{tenant="initech",tool="tickets_create_ticket"} 1`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the metrics lack %q", want)
+		}
+	}
+	for _, k := range keys {
+		if strings.Contains(text, k) {
+			t.Error("the metrics hold an API key")
+		}
 	}
 }
