@@ -38,7 +38,7 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--ledger HOST:PORT] [--metrics-listen HOST:PORT] [--log-level LEVEL]
+const usage = `usage: ledgermcp --config FILE [--http HOST:PORT] [--ledger HOST:PORT] [--metrics-listen HOST:PORT] [--metrics-tenant-label] [--log-level LEVEL]
 
 Serve the tools of the MCP servers FILE names, over stdio (or Streamable
 HTTP with --http), running every call through the operation ledger.
@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	listen := fs.String("http", "", "serve Streamable HTTP on this HOST:PORT instead of stdio (the file's http.listen otherwise)")
 	ledgerAddr := fs.String("ledger", "", "ledgerd's HOST:PORT (the file's ledger.address otherwise)")
 	metricsListen := fs.String("metrics-listen", "", "serve Prometheus /metrics on this HOST:PORT (the file's metrics.listen otherwise)")
+	tenantLabel := fs.Bool("metrics-tenant-label", false, "add the tenant of each call's key to the call metrics (as the file's metrics.tenant_label: true)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -84,6 +85,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "ledgermcp:", err)
 		return 2
+	}
+	if *tenantLabel {
+		cfg.Metrics.TenantLabel = true
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	if err := serve(ctx, cfg, log); err != nil {

@@ -85,13 +85,15 @@ func ledger(t *testing.T) *servicetest.Stack {
 // TestStdio: an MCP client starts the ledgermcp binary as its stdio
 // server, as a desktop agent does; the gateway starts its own stdio
 // upstream. One operation sent twice is applied once; a read-only tool
-// is forwarded each time; /metrics counts each outcome.
+// is forwarded each time; /metrics counts each outcome, under the tenant
+// of the gateway's key with --metrics-tenant-label (the ledger's default
+// tenant: it runs without credentials).
 func TestStdio(t *testing.T) {
 	st := ledger(t)
 	up := mcptest.New(t.TempDir())
 	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nupstreams:\n  - name: tickets\n    command: [%q]\n    env: {%s: %q}\n",
 		st.Addr, os.Args[0], mcptest.StdioEnv, up.Dir))
-	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg, "--metrics-listen", "127.0.0.1:0")
+	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg, "--metrics-listen", "127.0.0.1:0", "--metrics-tenant-label")
 	logs := &ledgertest.Buffer{}
 	cmd.Stderr = logs
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
@@ -111,9 +113,9 @@ func TestStdio(t *testing.T) {
 	}
 	text := scrapeMetrics(t, logs)
 	for _, want := range []string{
-		`ledgermcp_calls_total{outcome="executed",tool="tickets_create_ticket"} 1`,
-		`ledgermcp_calls_total{outcome="replayed",tool="tickets_create_ticket"} 1`,
-		`ledgermcp_calls_total{outcome="unrecorded",tool="tickets_search_tickets"} 2`,
+		`ledgermcp_calls_total{outcome="executed",tenant="default",tool="tickets_create_ticket"} 1`,
+		`ledgermcp_calls_total{outcome="replayed",tenant="default",tool="tickets_create_ticket"} 1`,
+		`ledgermcp_calls_total{outcome="unrecorded",tenant="default",tool="tickets_search_tickets"} 2`,
 		`ledgermcp_upstream_connected{upstream="tickets"} 1`,
 	} {
 		if !strings.Contains(text, want) {
