@@ -67,8 +67,8 @@ func (v *verifier) verify(ctx context.Context, key string, _ *http.Request) (*au
 }
 
 // callerTenant is the tenant a call acts for, for the metrics: the HTTP
-// caller's key's, or the gateway's own key's (asked of the ledger once,
-// and again after a failure); "" when the ledger could not say.
+// caller's key's, or the gateway's own key's (asked of the ledger until it
+// answers, without holding up other calls); "" when it could not say.
 func (g *Gateway) callerTenant(ctx context.Context, req *mcp.CallToolRequest) string {
 	if req.Extra != nil && req.Extra.TokenInfo != nil {
 		if t, ok := req.Extra.TokenInfo.Extra["tenant"].(string); ok {
@@ -76,15 +76,21 @@ func (g *Gateway) callerTenant(ctx context.Context, req *mcp.CallToolRequest) st
 		}
 	}
 	g.own.mu.Lock()
-	defer g.own.mu.Unlock()
-	if g.own.tenant == "" {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if c, err := g.ledger(g.cfg.Ledger.apiKey).Caller(ctx); err == nil {
-			g.own.tenant = c.Tenant
-		}
+	tenant := g.own.tenant
+	g.own.mu.Unlock()
+	if tenant != "" {
+		return tenant
 	}
-	return g.own.tenant
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := g.ledger(g.cfg.Ledger.apiKey).Caller(ctx)
+	if err != nil {
+		return ""
+	}
+	g.own.mu.Lock()
+	g.own.tenant = c.Tenant
+	g.own.mu.Unlock()
+	return c.Tenant
 }
 
 // callerKey is the API key a call acts under: the HTTP caller's bearer

@@ -16,14 +16,7 @@ import (
 // (ledger.MaxRunPageSize; a test lowers it to read runs in several pages).
 var maxRunPageSize = 500
 
-// runEnds maps end-run's states to the SDK's.
-var runEnds = map[string]client.RunState{
-	"done":      client.RunDone,
-	"cancelled": client.RunCancelled,
-	"canceled":  client.RunCancelled,
-}
-
-// runStates maps --state's names of run states to the SDK's.
+// runStates maps the command line's names of run states to the SDK's.
 var runStates = map[string]client.RunState{
 	"running":    client.RunRunning,
 	"done":       client.RunDone,
@@ -31,10 +24,11 @@ var runStates = map[string]client.RunState{
 	"deadline":   client.RunDeadline,
 	"repetition": client.RunRepetition,
 	"cancelled":  client.RunCancelled,
+	"canceled":   client.RunCancelled,
 }
 
-// parseRunState reads a run state as --state takes it: a name of runStates
-// in any case, with _ for -, or the wire name (RUN_STATE_DONE).
+// parseRunState reads a run state as --state and end-run take it: a name
+// of runStates in any case, with _ for -, or the wire name (RUN_STATE_DONE).
 func parseRunState(s string) (client.RunState, bool) {
 	name := strings.ReplaceAll(strings.TrimPrefix(strings.ToLower(s), "run_state_"), "_", "-")
 	st, ok := runStates[name]
@@ -58,8 +52,8 @@ func checkEndRun(o *options) (client.RunState, error) {
 	if len(o.args) != 2 || o.args[0] == "" {
 		return 0, usagef(o.cmd, "end-run needs a run id and how it ended (done or cancelled)")
 	}
-	st, ok := runEnds[strings.ToLower(o.args[1])]
-	if !ok {
+	st, ok := parseRunState(o.args[1])
+	if !ok || (st != client.RunDone && st != client.RunCancelled) {
 		return 0, usagef(o.cmd, "unknown end %q: want done or cancelled", o.args[1])
 	}
 	return st, nil

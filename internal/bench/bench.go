@@ -95,7 +95,12 @@ type Config struct {
 	// Reserve.
 	Only []string
 
-	pids      [2]int     // ledgerd and redis-server of the current stack, when started here
+	pids [2]int   // ledgerd and redis-server of the current stack, when started here
+	peer struct { // the peer's cycler, once built (peerBinary)
+		bin   string
+		err   error
+		built bool
+	}
 	placement *placement // from ServerCPUs; nil: no placement
 
 	// Dir is the scratch directory (a temporary one when empty).

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,7 +45,7 @@ func (c *Config) instructionsPart(ctx context.Context) (*Instructions, error) {
 		return nil, err
 	}
 	rep.Ledger = n
-	peerBin, err := c.buildPeer(ctx)
+	peerBin, err := c.peerBinary(ctx)
 	if err != nil {
 		rep.Unavailable = "the peer: " + err.Error()
 		return rep, nil
@@ -120,14 +119,8 @@ const warmCycles = 500
 // startCallgrindRedis starts a fresh redis-server under callgrind, counting
 // nothing until told to, with its dumps at out.N.
 func (c *Config) startCallgrindRedis(dir, out string) (*Process, error) {
-	redis, err := exec.LookPath(cmp.Or(c.RedisServer, "redis-server"))
-	if err != nil {
-		return nil, fmt.Errorf("redis-server not found (%v): install it (apt-get install redis-server) or pass its path", err)
-	}
 	wrap := []string{"valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out}
-	return onFreePort(func(addr string) (*Process, error) {
-		return startRedis(c.placement, wrap, redis, addr, dir, c.redisArgs())
-	})
+	return startRedisUnder(c.placement, wrap, c.RedisServer, dir, c.redisArgs())
 }
 
 // callgrindControl runs callgrind_control with args.

@@ -162,7 +162,7 @@ var peerWays = [3]string{"ledger in-process", "peer in-process", "ledger over gR
 func (c *Config) peerPart(ctx context.Context) (*Peer, error) {
 	fmt.Fprintln(c.Log, "peer:")
 	rep := &Peer{}
-	peerBin, err := c.buildPeer(ctx)
+	peerBin, err := c.peerBinary(ctx)
 	if err != nil {
 		rep.Unavailable = err.Error()
 		fmt.Fprintln(c.Log, "  the peer is not measured:", rep.Unavailable)
@@ -254,6 +254,16 @@ func (c *Config) peerMemory(ctx context.Context, rep *Peer, peerBin string) erro
 		rep.Memory[i] = float64(after-before) / float64(c.MemoryRecords)
 	}
 	return nil
+}
+
+// peerBinary is the peer's cycler, built by the first part that needs it
+// (buildPeer); later parts of the run take the same binary, or error.
+func (c *Config) peerBinary(ctx context.Context) (string, error) {
+	if !c.peer.built {
+		c.peer.bin, c.peer.err = c.buildPeer(ctx)
+		c.peer.built = true
+	}
+	return c.peer.bin, c.peer.err
 }
 
 // buildPeer builds the peer's cycler from c.PeerModule in the scratch

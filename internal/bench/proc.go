@@ -108,6 +108,12 @@ func StartRedis(path, dir string, args ...string) (*Process, error) {
 
 // startRedisOn is StartRedis on the server CPUs of pl (all when nil).
 func startRedisOn(pl *placement, path, dir string, args []string) (*Process, error) {
+	return startRedisUnder(pl, nil, path, dir, args)
+}
+
+// startRedisUnder is startRedisOn with redis-server run under the command
+// wrap (none when empty).
+func startRedisUnder(pl *placement, wrap []string, path, dir string, args []string) (*Process, error) {
 	if path == "" {
 		path = "redis-server"
 	}
@@ -115,7 +121,7 @@ func startRedisOn(pl *placement, path, dir string, args []string) (*Process, err
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (%v): install it (apt-get install redis-server) or pass its path", err)
 	}
-	return onFreePort(func(addr string) (*Process, error) { return startRedis(pl, nil, bin, addr, dir, args) })
+	return onFreePort(func(addr string) (*Process, error) { return startRedis(pl, wrap, bin, addr, dir, args) })
 }
 
 // startRedis starts the redis-server bin on addr, under the command wrap

@@ -58,9 +58,9 @@ local function in_place(s)
   -- A claim (st 2) with no expiry, digest, UNKNOWN mark or escalation
   -- (exp, cdg, uks, rev empty) and an attempt: of the first 24 fields, in
   -- the body padded with separators, the ones this report keeps or reads
-  -- (ct, ut, att, tok, eff, 9 to 13 from tool to tret as one span and
-  -- tool, ret and tret in it, lse),
-  -- and where field 25 starts. Any other record does not match.
+  -- (ct, ut, att, tok, eff, 9 to 13 from tool to tret as one span with
+  -- tool, ret and tret in it, lse), and where field 25 starts. Any other
+  -- record does not match.
   local ct36, ut, att, tok, eff, mid, tool, ret, tret, lse, at = string.match(
     body .. '\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255',
     '^2\255\255([^\255]*)\255([^\255]*)\255([^\255]+)\255([^\255]*)\255([^\255]*)\255[^\255]*\255(([^\255]*)\255[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*))\255\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255([^\255]*)\255[^\255]*\255[^\255]*\255\255\255()')
