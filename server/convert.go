@@ -1,7 +1,9 @@
 package server
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,11 +48,16 @@ func canonicalData(field string, m map[string]any, errs *requestErrors) []byte {
 // structMap converts a Struct to JSON-like Go values. Unlike
 // structpb.Struct.AsMap, which turns NaN and infinities into the strings
 // "NaN" and "Infinity" (so they would fingerprint like those strings), it
-// refuses them, and values without a kind, naming the path, never the value.
+// refuses them, and values without a kind, naming the path, never the value:
+// of several problems, the first in member name order, so that a request
+// is refused in the same words every time.
 func structMap(field string, s *structpb.Struct, errs *requestErrors) (map[string]any, bool) {
 	var w structWalker
 	m := w.object(s, 1)
 	if w.bad != "" {
+		// The walk above went in map order; the refusal goes by name.
+		w = structWalker{sorted: true}
+		w.object(s, 1)
 		var path strings.Builder
 		for i := len(w.path) - 1; i >= 0; i-- {
 			path.WriteByte('/')
@@ -70,8 +77,9 @@ func structMap(field string, s *structpb.Struct, errs *requestErrors) (map[strin
 // the way back up adds its member name or index to path, so that the
 // refusal can name its place without every value paying for a path.
 type structWalker struct {
-	bad  string      // the first problem found, without its place
-	path []pathToken // its place, innermost first
+	sorted bool        // walk a Struct's members in name order
+	bad    string      // the first problem found, without its place
+	path   []pathToken // its place, innermost first
 }
 
 // pathToken is a member name (index -1) or an index.
@@ -83,10 +91,14 @@ type pathToken struct {
 // object converts a Struct at the given level (the outermost object is level
 // 1, as in fingerprint.Canonical).
 func (w *structWalker) object(s *structpb.Struct, level int) map[string]any {
-	m := make(map[string]any, len(s.GetFields()))
-	for k, v := range s.GetFields() {
-		m[k] = w.value(v, level+1)
-		if w.bad != "" {
+	fields := s.GetFields()
+	m := make(map[string]any, len(fields))
+	names := maps.Keys(fields)
+	if w.sorted {
+		names = slices.Values(slices.Sorted(names))
+	}
+	for k := range names {
+		if m[k] = w.value(fields[k], level+1); w.bad != "" {
 			w.path = append(w.path, pathToken{name: k, index: -1})
 			return nil
 		}
