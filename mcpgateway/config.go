@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -410,8 +412,9 @@ func (u *UpstreamConfig) check(lookup func(string) (string, bool)) error {
 		return errors.New("command or url: one is needed")
 	}
 	for _, m := range []map[string]string{u.Env, u.Headers} {
-		for k, v := range m {
-			x, err := expand(v, lookup)
+		// In name order, so that of two bad values the same one is named.
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			x, err := expand(m[k], lookup)
 			if err != nil {
 				return fmt.Errorf("%s: %w", k, err)
 			}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/url"
 	"os"
@@ -222,7 +223,9 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 		}
 		c.clients = append(c.clients, clientCert{commonName: cl.CommonName, uri: cl.URI, tenant: cl.Tenant, scopes: scopes})
 	}
-	for t, lim := range f.Tenants {
+	// In name order, so that of two bad tenants the same one is named.
+	for _, t := range slices.Sorted(maps.Keys(f.Tenants)) {
+		lim := f.Tenants[t]
 		if err := ledger.ValidateTenant(t); err != nil {
 			return nil, fmt.Errorf("tenants[%q]: %w", t, err)
 		}

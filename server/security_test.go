@@ -357,6 +357,13 @@ func TestCredentialsRefuseBadLimits(t *testing.T) {
 	if _, err := server.ParseCredentials([]byte(kr.doc("tenants:\n  t1: {rate: 0.5, burst: 2, max_unresolved: 10}\n"))); err != nil {
 		t.Fatal(err)
 	}
+	// Of several bad tenants, the first by name, whatever the map's order.
+	for range 20 {
+		doc := kr.doc("tenants:\n  t3: {burst: -1}\n  t1: {rate: -1}\n  t2: {max_unresolved: -1}\n")
+		if _, err := server.ParseCredentials([]byte(doc)); err == nil || !strings.Contains(err.Error(), `tenants["t1"]: rate`) {
+			t.Fatalf("three bad tenants: %v, want the error about t1's rate", err)
+		}
+	}
 	// A name YAML reads as null would have its entry dropped, and the
 	// tenant its limits, with no error: quoted, it is the name.
 	for _, name := range []string{"null", "Null", "NULL", "~"} {

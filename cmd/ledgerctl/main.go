@@ -30,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/url"
@@ -871,14 +872,15 @@ func exactNumbers(v any) error {
 	}
 	switch v := v.(type) {
 	case map[string]any:
-		for k, e := range v {
-			if n, ok := e.(json.Number); ok {
+		// In name order, so that of two such numbers the same one is named.
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			if n, ok := v[k].(json.Number); ok {
 				f, err := conv(n)
 				if err != nil {
 					return err
 				}
 				v[k] = f
-			} else if err := exactNumbers(e); err != nil {
+			} else if err := exactNumbers(v[k]); err != nil {
 				return err
 			}
 		}

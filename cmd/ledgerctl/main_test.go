@@ -987,6 +987,11 @@ func TestDataNumbers(t *testing.T) {
 	} {
 		fails(t, env, 2, []string{"--data: ", "not exactly"}, "reconcile", id, "applied", "--data", data)
 	}
+	// Of two such numbers, the first by name, whatever the map's order.
+	for range 10 {
+		fails(t, env, 2, []string{"the number 9007199254740995 "}, "reconcile", id, "applied", "--data",
+			`{"c": 9007199254740997, "a": 9007199254740995, "b": 9007199254740993}`)
+	}
 	if op := lookupJSON(t, env, id); op.State != "STATE_UNKNOWN" {
 		t.Fatalf("a refused --data was recorded: %+v", op)
 	}
