@@ -24,6 +24,10 @@ type Instructions struct {
 	// Ledger and Peer are instructions per cycle; Peer is zero when the
 	// peer was not measured.
 	Ledger, Peer float64
+	// Governed is the ledger's, each operation a step of a run of
+	// RunSteps under an implicit run policy (the run guard's two scripts
+	// more per cycle).
+	Governed float64
 	// Ratio is Ledger ÷ Peer; zero without the peer.
 	Ratio float64
 	// Unavailable says why nothing (no valgrind) or the peer (it does not
@@ -40,11 +44,15 @@ func (c *Config) instructionsPart(ctx context.Context) (*Instructions, error) {
 		rep.Unavailable = err.Error()
 		return rep, nil
 	}
-	n, err := c.redisInstructions(ctx, "ledger", c.Cycler, []string{CycleCommand, "--concurrency", strconv.Itoa(c.Concurrency)})
-	if err != nil {
+	args := []string{CycleCommand, "--concurrency", strconv.Itoa(c.Concurrency)}
+	var err error
+	if rep.Ledger, err = c.redisInstructions(ctx, "ledger", c.Cycler, args); err != nil {
 		return nil, err
 	}
-	rep.Ledger = n
+	inRuns := append(args, "--run-steps", strconv.Itoa(RunSteps))
+	if rep.Governed, err = c.redisInstructions(ctx, "ledger-runs", c.Cycler, inRuns); err != nil {
+		return nil, err
+	}
 	peerBin, err := c.peerBinary(ctx)
 	if err != nil {
 		rep.Unavailable = "the peer: " + err.Error()
@@ -116,6 +124,10 @@ func (c *Config) redisInstructions(ctx context.Context, name, bin string, args [
 // counted one.
 const warmCycles = 500
 
+// RunSteps is the steps of each run in the instructions part's governed
+// cycles: an agent's task of a few dozen tool calls.
+const RunSteps = 20
+
 // startCallgrindRedis starts a fresh redis-server under callgrind, counting
 // nothing until told to, with its dumps at out.N.
 func (c *Config) startCallgrindRedis(dir, out string) (*Process, error) {
@@ -164,6 +176,7 @@ func (c *Config) printInstructions(r *Instructions) {
 		return
 	}
 	fmt.Fprintf(c.Out, "  ledger in-process  %.0f\n", r.Ledger)
+	fmt.Fprintf(c.Out, "      in runs of %d  %.0f (each operation a step of a governed run: %.2f × without runs)\n", RunSteps, r.Governed, r.Governed/r.Ledger)
 	if r.Peer == 0 {
 		fmt.Fprintf(c.Out, "  the peer is not measured: %s\n", r.Unavailable)
 		return

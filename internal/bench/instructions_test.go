@@ -15,7 +15,7 @@ import (
 // TestInstructionsPart runs the instructions part with this test binary as
 // the ledger's cycler and the stand-in peer (one SET per cycle): Redis
 // executes more instructions per ledger cycle (two scripts) than per SET,
-// and a peer module that does not build leaves the ledger's count and says
+// more again per cycle in a governed run (four scripts), and a peer module that does not build leaves the ledger's count and says
 // why. Without valgrind the part says what to install.
 func TestInstructionsPart(t *testing.T) {
 	if err := callgrindOnPath(); err != nil {
@@ -57,7 +57,10 @@ func TestInstructionsPart(t *testing.T) {
 		if in.Unavailable != "" || in.Peer <= 0 || in.Ledger <= in.Peer || in.Ratio != in.Ledger/in.Peer {
 			t.Errorf("%s: %+v; want the ledger's cycle above one SET", c.module, in)
 		}
-		for _, want := range []string{"ledger in-process", "peer in-process", "the ledger's ÷ the peer's", "(callgrind)"} {
+		if in.Governed <= in.Ledger {
+			t.Errorf("%s: %+v; want a cycle in a governed run above one without", c.module, in)
+		}
+		for _, want := range []string{"ledger in-process", "in runs of 20", "peer in-process", "the ledger's ÷ the peer's", "(callgrind)"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the report lacks %q:\n%s", want, out.String())
 			}

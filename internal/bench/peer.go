@@ -53,7 +53,13 @@ type CycleOptions struct {
 	// DefaultPolicy records under the default policy (7-day retention)
 	// instead of the benchmark's, for a memory measurement.
 	DefaultPolicy bool
+	// RunSteps, when set, makes every operation a step of a run of this
+	// many, each run governed by an implicit run policy (runsPolicy).
+	RunSteps int64
 }
+
+// runsPolicy governs every run id, with limits no cycler reaches.
+const runsPolicy = "runs:\n  - max_steps: 1000000\n    deadline: 1h\n    implicit: true\n"
 
 // CycleMain parses the cycler's flags from args (exiting 2 on a usage
 // error, as flag.ExitOnError does) and runs RunCycle, writing to out.
@@ -67,6 +73,7 @@ func CycleMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "the measured window")
 	fs.Int64Var(&o.Count, "count", 0, "run exactly this many cycles instead of a window")
 	fs.BoolVar(&o.DefaultPolicy, "default-policy", false, "record under the default policy (7-day retention) instead of the benchmark's")
+	fs.Int64Var(&o.RunSteps, "run-steps", 0, "make every operation a step of a governed run of this many (0: no runs)")
 	_ = fs.Parse(args)
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", CycleCommand, fs.Args())
@@ -84,10 +91,17 @@ func RunCycle(ctx context.Context, o CycleOptions, out io.Writer) error {
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	defer redisconf.Autopipeline(rdb).Close()
+	doc := benchPolicy
+	if o.DefaultPolicy {
+		doc = ""
+	}
+	if o.RunSteps > 0 {
+		doc += runsPolicy
+	}
 	var pol *ledger.Policies
-	if !o.DefaultPolicy {
+	if doc != "" {
 		var err error
-		if pol, err = ledger.ParsePolicies([]byte(benchPolicy)); err != nil {
+		if pol, err = ledger.ParsePolicies([]byte(doc)); err != nil {
 			return err
 		}
 	}
@@ -103,7 +117,7 @@ func RunCycle(ctx context.Context, o CycleOptions, out io.Writer) error {
 			fmt.Fprintln(out, "start")
 		}
 	}}
-	r := Drive(ctx, spec, inprocCycle(l, o.Prefix))
+	r := Drive(ctx, spec, inprocCycle(l, o.Prefix, o.RunSteps))
 	if r.FirstErr != nil {
 		fmt.Fprintln(out, "error", strings.ReplaceAll(r.FirstErr.Error(), "\n", " "))
 	}
@@ -115,14 +129,19 @@ func RunCycle(ctx context.Context, o CycleOptions, out io.Writer) error {
 var resultData = []byte(`{"id":"` + strings.Repeat("r", ResultBytes-len(`{"id":""}`)) + `"}`)
 
 // inprocCycle is the Reserve of a new operation (the request of the
-// Reserve scenario) and its Complete with a ResultBytes result.
-func inprocCycle(l *ledger.Ledger, prefix string) Call {
+// Reserve scenario) and its Complete with a ResultBytes result; with
+// runSteps, the operation is a step of run (seq-1)/runSteps.
+func inprocCycle(l *ledger.Ledger, prefix string, runSteps int64) Call {
 	result := &ledger.Result{Data: resultData}
 	return func(ctx context.Context, seq int64) error {
 		id := OperationID(prefix, seq)
+		run := ""
+		if runSteps > 0 {
+			run = runOf(prefix, (seq-1)/runSteps)
+		}
 		res, err := l.Reserve(ctx, bareWho, ledger.ReserveRequest{
 			OperationID: id, Tool: "payments.refund", Params: refundParams,
-			PermitID: "approval-77", Holder: holder(seq),
+			PermitID: "approval-77", Holder: holder(seq), RunID: run,
 		})
 		if err != nil {
 			return err

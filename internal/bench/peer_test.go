@@ -18,35 +18,54 @@ import (
 
 // TestRunCycle: the ledger's cycler with a count runs exactly that many
 // cycles, says so in the protocol's end line, and leaves each operation
-// SUCCEEDED with the cycle's result.
+// SUCCEEDED with the cycle's result; with run steps, each operation is a
+// step of its run, and every run counts its steps, none left open.
 func TestRunCycle(t *testing.T) {
-	srv := redistest.Start(t)
-	var out bytes.Buffer
-	o := CycleOptions{RedisAddr: srv.Addr, Prefix: "t", Concurrency: 4, Count: 25}
-	if err := RunCycle(context.Background(), o, &out); err != nil {
-		t.Fatal(err)
-	}
-	res, err := readCycler(&out, "cycle", 0, 0, nil)
-	if err != nil || res.Calls != 25 || res.Errors != 0 {
-		t.Fatalf("readCycler(%q) = %+v, %v; want 25 cycles", out.String(), res, err)
-	}
-	l, err := ledger.New(srv.Client(t), ledger.Options{Prefix: InprocPrefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for seq := int64(1); seq <= 26; seq++ {
-		id := OperationID("t", seq)
-		op, err := l.Lookup(context.Background(), bareWho, id)
-		switch {
-		case seq == 26:
-			if ledger.KindOf(err) == ledger.KindNotFound {
-				continue
+	for _, c := range []struct {
+		runSteps int64
+		runs     []int // each run's steps; nil: no runs
+	}{
+		{},
+		{runSteps: 10, runs: []int{10, 10, 5}},
+	} {
+		srv := redistest.Start(t)
+		var out bytes.Buffer
+		o := CycleOptions{RedisAddr: srv.Addr, Prefix: "t", Concurrency: 4, Count: 25, RunSteps: c.runSteps}
+		if err := RunCycle(context.Background(), o, &out); err != nil {
+			t.Fatal(err)
+		}
+		res, err := readCycler(&out, "cycle", 0, 0, nil)
+		if err != nil || res.Calls != 25 || res.Errors != 0 {
+			t.Fatalf("readCycler(%q) = %+v, %v; want 25 cycles", out.String(), res, err)
+		}
+		l, err := ledger.New(srv.Client(t), ledger.Options{Prefix: InprocPrefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq := int64(1); seq <= 26; seq++ {
+			id := OperationID("t", seq)
+			op, err := l.Lookup(context.Background(), bareWho, id)
+			switch {
+			case seq == 26:
+				if ledger.KindOf(err) == ledger.KindNotFound {
+					continue
+				}
+				t.Fatalf("Lookup(%s) beyond the count = %v, %v; want not found", id, op, err)
+			case err != nil:
+				t.Fatalf("Lookup(%s): %v", id, err)
+			case op.State != ledger.StateSucceeded || !bytes.Equal(op.Result.Data, resultData):
+				t.Fatalf("Lookup(%s) = %v with %q", id, op.State, op.Result.Data)
+			case c.runs != nil && op.RunID != runOf("t", (seq-1)/c.runSteps):
+				t.Fatalf("Lookup(%s) in run %q", id, op.RunID)
+			case c.runs == nil && op.RunID != "":
+				t.Fatalf("Lookup(%s) in run %q, want none", id, op.RunID)
 			}
-			t.Fatalf("Lookup(%s) beyond the count = %v, %v; want not found", id, op, err)
-		case err != nil:
-			t.Fatalf("Lookup(%s): %v", id, err)
-		case op.State != ledger.StateSucceeded || !bytes.Equal(op.Result.Data, resultData):
-			t.Fatalf("Lookup(%s) = %v with %q", id, op.State, op.Result.Data)
+		}
+		for n, steps := range c.runs {
+			run, err := l.GetRun(context.Background(), bareWho, runOf("t", int64(n)))
+			if err != nil || run.State != ledger.RunStateRunning || run.Steps != steps || run.Open != 0 {
+				t.Fatalf("run %d: %+v, %v; want running, %d steps, none open", n, run, err, steps)
+			}
 		}
 	}
 }

@@ -101,6 +101,11 @@ func OperationID(prefix string, seq int64) string {
 	return fmt.Sprintf("wf-%s%07d:refund", prefix, seq)
 }
 
+// runOf is the id of a phase's n-th run.
+func runOf(prefix string, n int64) string {
+	return fmt.Sprintf("run-%s%07d", prefix, n)
+}
+
 // Health is one grpc.health.v1.Health/Check: the transport baseline.
 func (t *Target) Health() Call {
 	return func(ctx context.Context, _ int64) error {

@@ -9,28 +9,34 @@
 -- policy governs runs never started, with ARGV[9..13] its max steps,
 -- deadline (ms), max repeats, max irreversible steps and retention (ms).
 --
--- Output: {C_OK, 'new' | 'again', fields...}; {C_UNGOVERNED, '', ...} for a
--- run never started that no policy governs; {C_RUN_ENDED, limit, fields...}
--- when the run has ended (limit names the limit that ended it now, or '').
+-- Output: {C_OK, 'new' | 'again'} (the caller needs no more of the run);
+-- {C_UNGOVERNED, ''} for a run never started that no policy governs;
+-- {C_RUN_ENDED, limit, fields...} when the run has ended (limit names the
+-- limit that ended it now, or '').
+
+local seen, rep = 'o:' .. ARGV[3], 'r:' .. ARGV[4] .. '\n' .. ARGV[5]
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  -- Asked first: a run id no run governs is the cheapest answer.
   if ARGV[8] ~= '1' then
     return {C_UNGOVERNED, ''}
   end
   create(ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[2], '1')
 end
-local seen = 'o:' .. ARGV[3]
-if redis.call('HGET', KEYS[1], seen) then
-  return reply(C_OK, 'again')
+-- What the decision reads, in one call.
+local m = redis.call('HMGET', KEYS[1], seen, 'st', 'dl', 'ms', 'mr', 'mi', 'n', 'ni', 'top', 'open', rep)
+if m[1] then
+  return {C_OK, 'again'}
 end
-if past_deadline() then
+local st, dl = num(m[2]), num(m[3])
+if st == RUNNING and dl > 0 and now() >= dl then
+  end_run(4, 'the deadline passed')
   return reply(C_RUN_ENDED, 'deadline')
 end
-local m = redis.call('HMGET', KEYS[1], 'st', 'ms', 'mr', 'mi', 'n', 'ni', 'top')
-if num(m[1]) ~= RUNNING then
+if st ~= RUNNING then
   return reply(C_RUN_ENDED, '')
 end
-local ms, mr, mi, n, ni, top = num(m[2]), num(m[3]), num(m[4]), num(m[5]), num(m[6]), num(m[7])
+local ms, mr, mi, n, ni, top, open = num(m[4]), num(m[5]), num(m[6]), num(m[7]), num(m[8]), num(m[9]), num(m[10])
 if ms > 0 and n >= ms then
   end_run(3, 'max_steps ' .. ms .. ' reached')
   return reply(C_RUN_ENDED, 'max_steps')
@@ -44,20 +50,21 @@ local limit = num(ARGV[7])
 if mr > 0 and (limit == 0 or mr < limit) then
   limit = mr
 end
-local rep = 'r:' .. ARGV[4] .. '\n' .. ARGV[5]
-local same = num(redis.call('HGET', KEYS[1], rep))
+local same = num(m[11])
 if limit > 0 and same >= limit then
   end_run(5, 'tool ' .. ARGV[4] .. ' called ' .. (same + 1) .. ' times with the same parameters (max_repeats ' .. limit .. ')')
   return reply(C_RUN_ENDED, 'max_repeats')
 end
-redis.call('HSET', KEYS[1], seen, '1', rep, str(same + 1))
-redis.call('HINCRBY', KEYS[1], 'n', '1')
-redis.call('HINCRBY', KEYS[1], 'open', '1')
+n, open, same = n + 1, open + 1, same + 1
 if irreversible then
-  redis.call('HINCRBY', KEYS[1], 'ni', '1')
+  ni = ni + 1
 end
-if same + 1 > top then
-  redis.call('HSET', KEYS[1], 'top', str(same + 1))
+if same > top then
+  top = same
 end
-redis.call('PERSIST', KEYS[1])
-return reply(C_OK, 'new')
+redis.call('HSET', KEYS[1], seen, '1', rep, str(same), 'n', str(n), 'ni', str(ni), 'top', str(top), 'open', str(open))
+if open <= 1 then
+  -- No admitted operation was open: the record may have had an expiry.
+  redis.call('PERSIST', KEYS[1])
+end
+return {C_OK, 'new'}

@@ -6,9 +6,13 @@
 -- Output: {C_OK, ''}.
 
 local seen = 'o:' .. ARGV[2]
-if redis.call('HGET', KEYS[1], seen) == '1' then
-  redis.call('HSET', KEYS[1], seen, '0')
-  redis.call('HINCRBY', KEYS[1], 'open', '-1')
-  settle_ttl()
+local m = redis.call('HMGET', KEYS[1], seen, 'st', 'open', 'dl', 'et', 'ret')
+if m[1] == '1' then
+  local open = num(m[3]) - 1
+  redis.call('HSET', KEYS[1], seen, '0', 'open', str(open))
+  if open <= 0 then
+    -- The last open operation: the record may expire now.
+    expire(num(m[2]), open, num(m[4]), num(m[5]), num(m[6]))
+  end
 end
 return {C_OK, ''}

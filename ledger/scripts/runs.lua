@@ -21,7 +21,8 @@
 -- index in ascending order lists running runs first, newest first, then
 -- ended ones, the latest ended first.
 --
--- Each script replies {code, aux, <the fields of FIELDS, in order>}.
+-- Each script replies {code, aux, <the fields of FIELDS, in order>}, or
+-- {code, aux} where its caller needs no more (run_admit, run_settle).
 
 local C_OK, C_NOT_FOUND, C_KEY_REUSED, C_RUN_ENDED, C_UNGOVERNED = 0, 10, 12, 19, 20
 local RUNNING = 1
@@ -29,13 +30,21 @@ local ENDED_BASE = 1125899906842624 -- 2^50
 
 local FIELDS = {'st', 'ms', 'dd', 'mr', 'mi', 'n', 'ni', 'top', 'ct', 'dl', 'et', 'rsn', 'imp', 'by', 'open', 'ret'}
 
--- NOW is the store's time of the call (ms).
+-- NOW is the store's time of the call (ms), read by now() when first needed.
 local NOW
 
 -- begin starts a call.
 local function begin()
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  NOW = nil
+end
+
+-- now returns the store's time of the call (ms).
+local function now()
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW
 end
 
 local function num(v)
@@ -57,12 +66,10 @@ local function reply(code, aux)
   return out
 end
 
--- settle_ttl gives the record the expiry the rules call for: none while an
+-- expire gives the record the expiry the rules call for: none while an
 -- admitted operation may be unresolved, or while the run has no end in
 -- sight; else its retention after the end, or after the deadline.
-local function settle_ttl()
-  local m = redis.call('HMGET', KEYS[1], 'st', 'open', 'dl', 'et', 'ret')
-  local st, open, dl, et, ret = num(m[1]), num(m[2]), num(m[3]), num(m[4]), num(m[5])
+local function expire(st, open, dl, et, ret)
   if open > 0 or (st == RUNNING and dl == 0) then
     redis.call('PERSIST', KEYS[1])
   elseif st == RUNNING then
@@ -72,10 +79,16 @@ local function settle_ttl()
   end
 end
 
+-- settle_ttl is expire() of the record as stored.
+local function settle_ttl()
+  local m = redis.call('HMGET', KEYS[1], 'st', 'open', 'dl', 'et', 'ret')
+  expire(num(m[1]), num(m[2]), num(m[3]), num(m[4]), num(m[5]))
+end
+
 -- end_run ends a running run in state st for reason.
 local function end_run(st, reason)
-  redis.call('HSET', KEYS[1], 'st', str(st), 'et', str(NOW), 'rsn', reason)
-  redis.call('ZADD', KEYS[2], str(ENDED_BASE - NOW), ARGV[1])
+  redis.call('HSET', KEYS[1], 'st', str(st), 'et', str(now()), 'rsn', reason)
+  redis.call('ZADD', KEYS[2], str(ENDED_BASE - now()), ARGV[1])
   settle_ttl()
 end
 
@@ -83,7 +96,7 @@ end
 -- whether it did.
 local function past_deadline()
   local m = redis.call('HMGET', KEYS[1], 'st', 'dl')
-  if num(m[1]) == RUNNING and num(m[2]) > 0 and NOW >= num(m[2]) then
+  if num(m[1]) == RUNNING and num(m[2]) > 0 and now() >= num(m[2]) then
     end_run(4, 'the deadline passed')
     return true
   end
@@ -95,10 +108,10 @@ end
 local function create(ms, dd, mr, mi, ret, principal, implicit)
   local dl = 0
   if num(dd) > 0 then
-    dl = NOW + num(dd)
+    dl = now() + num(dd)
   end
   redis.call('HSET', KEYS[1], 'st', '1', 'ms', ms, 'dd', dd, 'mr', mr, 'mi', mi, 'n', '0', 'ni', '0', 'top', '0',
-    'ct', str(NOW), 'dl', str(dl), 'et', '0', 'rsn', '', 'imp', implicit, 'by', principal, 'open', '0', 'ret', ret)
-  redis.call('ZADD', KEYS[2], str(-NOW), ARGV[1])
+    'ct', str(now()), 'dl', str(dl), 'et', '0', 'rsn', '', 'imp', implicit, 'by', principal, 'open', '0', 'ret', ret)
+  redis.call('ZADD', KEYS[2], str(-now()), ARGV[1])
   settle_ttl()
 end
