@@ -344,6 +344,9 @@ func TestRunRetention(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if d := ttl("timed"); d != -1 {
+			t.Fatalf("a running run holding an unresolved operation has TTL %v", d)
+		}
 		if _, err := e.l.EndRun(e.ctx, e.who, "timed", RunStateCancelled, "stop"); err != nil {
 			t.Fatal(err)
 		}
