@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -49,7 +50,7 @@ func (c *Config) instructionsPart(ctx context.Context) (*Instructions, error) {
 	if rep.Ledger, err = c.redisInstructions(ctx, "ledger", c.Cycler, args); err != nil {
 		return nil, err
 	}
-	inRuns := append(args, "--run-steps", strconv.Itoa(RunSteps))
+	inRuns := slices.Concat(args, []string{"--run-steps", strconv.Itoa(RunSteps)})
 	if rep.Governed, err = c.redisInstructions(ctx, "ledger-runs", c.Cycler, inRuns); err != nil {
 		return nil, err
 	}
@@ -100,7 +101,7 @@ func (c *Config) redisInstructions(ctx context.Context, name, bin string, args [
 				return 0, err
 			}
 		}
-		run := append(args, "--prefix", fmt.Sprintf("%s%d", name, i), "--count", strconv.FormatInt(n, 10))
+		run := slices.Concat(args, []string{"--prefix", fmt.Sprintf("%s%d", name, i), "--count", strconv.FormatInt(n, 10)})
 		if _, err := c.cycler(ctx, rdb, fmt.Sprintf("%s under callgrind, %d cycles", name, n), bin, run, nil); err != nil {
 			return 0, err
 		}

@@ -28,12 +28,10 @@ local m = redis.call('HMGET', KEYS[1], seen, 'st', 'dl', 'ms', 'mr', 'mi', 'n', 
 if m[1] then
   return {C_OK, 'again'}
 end
-local st, dl = num(m[2]), num(m[3])
-if st == RUNNING and dl > 0 and now() >= dl then
-  end_run(4, 'the deadline passed')
+if past_deadline(m[2], m[3]) then
   return reply(C_RUN_ENDED, 'deadline')
 end
-if st ~= RUNNING then
+if num(m[2]) ~= RUNNING then
   return reply(C_RUN_ENDED, '')
 end
 local ms, mr, mi, n, ni, top, open = num(m[4]), num(m[5]), num(m[6]), num(m[7]), num(m[8]), num(m[9]), num(m[10])

@@ -92,11 +92,15 @@ local function end_run(st, reason)
   settle_ttl()
 end
 
--- past_deadline ends a running run whose deadline has passed; it returns
--- whether it did.
-local function past_deadline()
-  local m = redis.call('HMGET', KEYS[1], 'st', 'dl')
-  if num(m[1]) == RUNNING and num(m[2]) > 0 and now() >= num(m[2]) then
+-- past_deadline ends a running run whose deadline has passed; st and dl
+-- are its state and deadline as stored, read here when not given. It
+-- returns whether it ended the run.
+local function past_deadline(st, dl)
+  if st == nil then
+    local m = redis.call('HMGET', KEYS[1], 'st', 'dl')
+    st, dl = m[1], m[2]
+  end
+  if num(st) == RUNNING and num(dl) > 0 and now() >= num(dl) then
     end_run(4, 'the deadline passed')
     return true
   end
