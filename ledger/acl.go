@@ -17,6 +17,7 @@ var ACLCommands = []string{
 	"time", "get", "hgetall", "zrangebylex", "zrangebyscore", "zrem", "scan", "zcard",
 	// inside the scripts; pttl only in the compaction's; the hash
 	// commands, exists, persist and pexpireat only in the run scripts'
+	// (exists also outside them: whether a run exists)
 	"set", "pttl", "hdel", "hincrby", "zadd",
 	"exists", "hget", "hmget", "hset", "persist", "pexpireat",
 }

@@ -65,6 +65,7 @@ type Ledger struct {
 	log      *slog.Logger
 	limit    func(tenant string) int
 	quotas   quotas
+	started  startedRuns
 	observe  Observer
 	waitN    int
 	waitFor  time.Duration

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/opledger/ledger/fingerprint"
@@ -137,7 +139,8 @@ func (l *Ledger) StartRun(ctx context.Context, who Principal, id string, limits 
 	if len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
-	code, _, run, err := l.runScript(ctx, op, runStartScript, l.keys.run(who.Tenant, id), id, who.ID,
+	k := l.keys.run(who.Tenant, id)
+	code, _, run, err := l.runScript(ctx, op, runStartScript, k, id, who.ID,
 		lim.MaxSteps, lim.Deadline.Milliseconds(), lim.MaxRepeats, lim.MaxIrreversible, pol.Retention.Milliseconds())
 	switch {
 	case err != nil:
@@ -145,6 +148,7 @@ func (l *Ledger) StartRun(ctx context.Context, who Principal, id string, limits 
 	case code == codeKeyReused:
 		return nil, &Error{Op: op, Kind: KindKeyReused, Differs: []string{"limits"}, Run: run}
 	}
+	l.started.add(k.all[0])
 	return run, nil
 }
 
@@ -227,8 +231,8 @@ func (a admission) recordedRun(runID string) string {
 }
 
 // admitStep asks the run guard of req.RunID whether the Reserve may go on
-// (design.md §3.5). Without a run id, or for a run nobody started and no
-// policy governs, it admits without a round trip or a count.
+// (design.md §3.5). Without a run id it admits without a round trip; a run
+// nobody started and no policy governs costs one EXISTS and no count.
 func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req ReserveRequest, fp fingerprint.Fingerprint, effect Effect, pol Policy) (admission, error) {
 	if req.RunID == "" {
 		return admission{}, nil
@@ -244,12 +248,20 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 		irreversible = "1"
 	}
 	k := l.keys.run(who.Tenant, req.RunID)
+	known := rp.Implicit || l.started.has(k.all[0])
+	if !known {
+		if exists, err := l.runExists(ctx, op, k); err != nil || !exists {
+			return admission{}, err
+		}
+		l.started.add(k.all[0])
+	}
 	args := append([]any{who.ID, req.OperationID, req.Tool, string(fp[:]), irreversible, pol.RunMaxRepeats}, implicit...)
 	code, aux, run, err := l.runScript(ctx, op, runAdmitScript, k, req.RunID, args...)
 	switch {
 	case err != nil:
 		return admission{}, err
 	case code == codeUngoverned:
+		l.started.drop(k.all[0])
 		return admission{}, nil
 	case code == codeRunEnded:
 		if aux != "" {
@@ -259,6 +271,56 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 		return admission{}, &Error{Op: op, Kind: KindRunEnded, Run: run, Limit: aux}
 	}
 	return admission{keys: k, runID: req.RunID, governed: true, fresh: aux == "new"}, nil
+}
+
+// runExists reports whether the run of k exists, by one EXISTS: a run id
+// that no run governs costs no script.
+func (l *Ledger) runExists(ctx context.Context, op string, k runKeys) (bool, error) {
+	start := time.Now()
+	n, err := l.rdb.Do(ctx, "exists", k.all[0]).Int64()
+	ev := Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)}
+	if err != nil {
+		err = storeError(op, err)
+		ev.Failed, ev.ErrKind = true, KindOf(err)
+	}
+	l.emit(ev)
+	return n > 0, err
+}
+
+// maxStartedRuns bounds startedRuns; a full set is emptied.
+const maxStartedRuns = 10000
+
+// startedRuns holds the record keys of runs this Ledger has seen exist, so
+// that their steps skip runExists. A run that is gone again is dropped
+// when the run guard says so; one missing here only costs an EXISTS.
+type startedRuns struct {
+	mu   sync.Mutex
+	keys map[string]struct{}
+}
+
+// has reports whether the run of key is known to exist.
+func (s *startedRuns) has(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.keys[key]
+	return ok
+}
+
+// add records that the run of key exists.
+func (s *startedRuns) add(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys == nil || len(s.keys) >= maxStartedRuns {
+		s.keys = make(map[string]struct{})
+	}
+	s.keys[key] = struct{}{}
+}
+
+// drop forgets the run of key.
+func (s *startedRuns) drop(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.keys, key)
 }
 
 // afterStep settles an admitted operation that no longer holds its run: it

@@ -1,6 +1,7 @@
-// Package autopipe batches the scripts that concurrent callers send through
-// one go-redis client into pipelines: one write and one read per batch
-// instead of one of each per script. It is a go-redis hook, so the client
+// Package autopipe batches the scripts (and EXISTS, sent with Do) that
+// concurrent callers send through one go-redis client into pipelines: one
+// write and one read per batch instead of one of each per command. It is a
+// go-redis hook, so the client
 // keeps its type and everything else goes out as before. A caller that
 // finds a free lane sends the batch itself; a call whose context ends while
 // queued is never sent; on Redis Cluster each master has its own queue and
@@ -74,8 +75,9 @@ type call struct {
 	lead     bool // guarded by Hook.mu: the caller must take over a lane
 }
 
-// Enable adds a Hook to rdb that batches its EVAL and EVALSHA commands, and
-// returns it. Close it before closing rdb.
+// Enable adds a Hook to rdb that batches its scripts (EVAL, EVALSHA, FCALL)
+// and the EXISTS commands it sends with Do, and returns it. Close it before
+// closing rdb.
 func Enable(rdb redis.UniversalClient, o Options) *Hook {
 	if o.Lanes <= 0 {
 		o.Lanes = 2
@@ -106,17 +108,15 @@ func (h *Hook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	return next
 }
 
-// ProcessHook implements redis.Hook: scripts join a batch; everything else
-// goes out as it is.
+// ProcessHook implements redis.Hook: scripts and EXISTS sent as a
+// *redis.Cmd (by Do) join a batch; everything else goes out as it is.
 func (h *Hook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c, ok := cmd.(*redis.Cmd)
 		if !ok || h.closed.Load() {
 			return next(ctx, cmd)
 		}
-		switch cmd.Name() {
-		case "fcall", "evalsha", "eval", "evalsha_ro", "eval_ro":
-		default:
+		if _, batched := keyAt(cmd.Name()); !batched {
 			return next(ctx, cmd)
 		}
 		if err := ctx.Err(); err != nil {
@@ -522,25 +522,41 @@ func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, ne
 	wg.Wait()
 }
 
-// firstKey returns the first key an EVAL or EVALSHA command names, if any.
+// keyAt returns where the first key of a command the hook batches is in
+// its arguments (for a script, after its key count), and whether it
+// batches the command at all: scripts, and EXISTS, which only reads.
+func keyAt(name string) (int, bool) {
+	switch name {
+	case "fcall", "evalsha", "eval", "evalsha_ro", "eval_ro":
+		return 3, true
+	case "exists":
+		return 1, true
+	}
+	return 0, false
+}
+
+// firstKey returns the first key a command the hook batches names, if any.
 func firstKey(cmd *redis.Cmd) (string, bool) {
 	args := cmd.Args()
-	if len(args) < 4 {
+	at, ok := keyAt(cmd.Name())
+	if !ok || len(args) <= at {
 		return "", false
 	}
-	switch n := args[2].(type) {
-	case int:
-		if n < 1 {
+	if at == 3 {
+		switch n := args[2].(type) {
+		case int:
+			if n < 1 {
+				return "", false
+			}
+		case int64:
+			if n < 1 {
+				return "", false
+			}
+		default:
 			return "", false
 		}
-	case int64:
-		if n < 1 {
-			return "", false
-		}
-	default:
-		return "", false
 	}
-	key, ok := args[3].(string)
+	key, ok := args[at].(string)
 	return key, ok
 }
 

@@ -17,15 +17,18 @@ import (
 
 var echo = redis.NewScript(`return ARGV[1]`)
 
-// TestConcurrentCallersGetTheirOwnReplies runs many callers through the hook
-// and checks every reply reaches its own caller, and that they shared
-// batches.
+// TestConcurrentCallersGetTheirOwnReplies runs many callers through the hook,
+// each sending scripts and EXISTS, and checks every reply reaches its own
+// caller, and that they shared batches.
 func TestConcurrentCallersGetTheirOwnReplies(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	h := Enable(rdb, Options{})
 	defer h.Close()
 	ctx := context.Background()
+	if err := rdb.Set(ctx, "k7", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
 	const callers, each = 64, 100
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
@@ -40,6 +43,11 @@ func TestConcurrentCallersGetTheirOwnReplies(t *testing.T) {
 					errs <- errors.New("got " + got + ", want " + want + ": " + errString(err))
 					return
 				}
+				n, err := rdb.Do(ctx, "exists", "k"+want).Int64()
+				if err != nil || (n == 1) != (want == "7") {
+					errs <- fmt.Errorf("EXISTS k%s = %d, %v", want, n, err)
+					return
+				}
 			}
 		}()
 	}
@@ -50,12 +58,35 @@ func TestConcurrentCallersGetTheirOwnReplies(t *testing.T) {
 	}
 	batches, commands := h.Stats()
 	// The first run of each caller may be an EVAL after a NOSCRIPT.
-	if commands < callers*each || batches >= commands {
-		t.Fatalf("%d commands in %d batches: want at least %d commands, in fewer batches", commands, batches, callers*each)
+	if commands < 2*callers*each || batches >= commands {
+		t.Fatalf("%d commands in %d batches: want at least %d commands, in fewer batches", commands, batches, 2*callers*each)
 	}
 	// Everything else goes out as before.
 	if err := rdb.Set(ctx, "plain", "v", 0).Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFirstKey: the first key of each command the hook batches, and none of
+// a script without keys or a command it does not batch.
+func TestFirstKey(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		args []any
+		key  string // "": none
+	}{
+		{args: []any{"fcall", "reserve", 5, "a", "b", "x"}, key: "a"},
+		{args: []any{"EVALSHA", "abc", int64(1), "a"}, key: "a"},
+		{args: []any{"eval", "return 1", 0}},
+		{args: []any{"eval", "return 1", "1", "a"}},
+		{args: []any{"exists", "r"}, key: "r"},
+		{args: []any{"EXISTS"}},
+		{args: []any{"get", "a"}},
+	} {
+		key, ok := firstKey(redis.NewCmd(ctx, c.args...))
+		if key != c.key || ok != (c.key != "") {
+			t.Errorf("firstKey(%v) = %q, %v; want %q", c.args, key, ok, c.key)
+		}
 	}
 }
 

@@ -29,6 +29,9 @@ type Instructions struct {
 	// RunSteps under an implicit run policy (the run guard's two scripts
 	// more per cycle).
 	Governed float64
+	// Ungoverned is the ledger's, each Reserve with a run id that no run
+	// governs (an EXISTS more per cycle).
+	Ungoverned float64
 	// Ratio is Ledger ÷ Peer; zero without the peer.
 	Ratio float64
 	// Unavailable says why nothing (no valgrind) or the peer (it does not
@@ -52,6 +55,9 @@ func (c *Config) instructionsPart(ctx context.Context) (*Instructions, error) {
 	}
 	inRuns := slices.Concat(args, []string{"--run-steps", strconv.Itoa(RunSteps)})
 	if rep.Governed, err = c.redisInstructions(ctx, "ledger-runs", c.Cycler, inRuns); err != nil {
+		return nil, err
+	}
+	if rep.Ungoverned, err = c.redisInstructions(ctx, "ledger-run-ids", c.Cycler, slices.Concat(inRuns, []string{"--ungoverned"})); err != nil {
 		return nil, err
 	}
 	peerBin, err := c.peerBinary(ctx)
@@ -178,6 +184,7 @@ func (c *Config) printInstructions(r *Instructions) {
 	}
 	fmt.Fprintf(c.Out, "  ledger in-process  %.0f\n", r.Ledger)
 	fmt.Fprintf(c.Out, "      in runs of %d  %.0f (each operation a step of a governed run: %.2f × without runs)\n", RunSteps, r.Governed, r.Governed/r.Ledger)
+	fmt.Fprintf(c.Out, "   with run ids only  %.0f (a run id no run governs: %.2f × without)\n", r.Ungoverned, r.Ungoverned/r.Ledger)
 	if r.Peer == 0 {
 		fmt.Fprintf(c.Out, "  the peer is not measured: %s\n", r.Unavailable)
 		return

@@ -15,8 +15,10 @@ import (
 // TestInstructionsPart runs the instructions part with this test binary as
 // the ledger's cycler and the stand-in peer (one SET per cycle): Redis
 // executes more instructions per ledger cycle (two scripts) than per SET,
-// more again per cycle in a governed run (four scripts), and a peer module that does not build leaves the ledger's count and says
-// why. Without valgrind the part says what to install.
+// more per cycle with a run id no run governs (an EXISTS), more again per
+// cycle in a governed run (four scripts), and a peer module that does not
+// build leaves the ledger's count and says why. Without valgrind the part
+// says what to install.
 func TestInstructionsPart(t *testing.T) {
 	if err := callgrindOnPath(); err != nil {
 		if required() {
@@ -60,7 +62,10 @@ func TestInstructionsPart(t *testing.T) {
 		if in.Governed <= in.Ledger {
 			t.Errorf("%s: %+v; want a cycle in a governed run above one without", c.module, in)
 		}
-		for _, want := range []string{"ledger in-process", "in runs of 20", "peer in-process", "the ledger's ÷ the peer's", "(callgrind)"} {
+		if in.Ungoverned <= in.Ledger || in.Ungoverned >= in.Governed {
+			t.Errorf("%s: %+v; want a cycle with a run id alone between one without and one in a governed run", c.module, in)
+		}
+		for _, want := range []string{"ledger in-process", "in runs of 20", "with run ids only", "peer in-process", "the ledger's ÷ the peer's", "(callgrind)"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the report lacks %q:\n%s", want, out.String())
 			}

@@ -56,6 +56,10 @@ type CycleOptions struct {
 	// RunSteps, when set, makes every operation a step of a run of this
 	// many, each run governed by an implicit run policy (runsPolicy).
 	RunSteps int64
+	// Ungoverned, with RunSteps, leaves the runs without a policy: each
+	// Reserve carries a run id that no run governs (the MCP gateway's
+	// session, with no run policy).
+	Ungoverned bool
 }
 
 // runsPolicy governs every run id, with limits no cycler reaches.
@@ -74,6 +78,7 @@ func CycleMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.Int64Var(&o.Count, "count", 0, "run exactly this many cycles instead of a window")
 	fs.BoolVar(&o.DefaultPolicy, "default-policy", false, "record under the default policy (7-day retention) instead of the benchmark's")
 	fs.Int64Var(&o.RunSteps, "run-steps", 0, "make every operation a step of a governed run of this many (0: no runs)")
+	fs.BoolVar(&o.Ungoverned, "ungoverned", false, "with --run-steps, no run policy: the run ids govern nothing")
 	_ = fs.Parse(args)
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "ledgerbench %s: unexpected arguments: %v\n", CycleCommand, fs.Args())
@@ -95,7 +100,7 @@ func RunCycle(ctx context.Context, o CycleOptions, out io.Writer) error {
 	if o.DefaultPolicy {
 		doc = ""
 	}
-	if o.RunSteps > 0 {
+	if o.RunSteps > 0 && !o.Ungoverned {
 		doc += runsPolicy
 	}
 	var pol *ledger.Policies

@@ -19,18 +19,21 @@ import (
 // TestRunCycle: the ledger's cycler with a count runs exactly that many
 // cycles, says so in the protocol's end line, and leaves each operation
 // SUCCEEDED with the cycle's result; with run steps, each operation is a
-// step of its run, and every run counts its steps, none left open.
+// step of its run, and every run counts its steps, none left open;
+// ungoverned, each operation carries its run id and no run exists.
 func TestRunCycle(t *testing.T) {
 	for _, c := range []struct {
-		runSteps int64
-		runs     []int // each run's steps; nil: no runs
+		runSteps   int64
+		ungoverned bool
+		runs       []int // each run's steps; nil: no runs
 	}{
 		{},
 		{runSteps: 10, runs: []int{10, 10, 5}},
+		{runSteps: 10, ungoverned: true, runs: []int{10, 10, 5}},
 	} {
 		srv := redistest.Start(t)
 		var out bytes.Buffer
-		o := CycleOptions{RedisAddr: srv.Addr, Prefix: "t", Concurrency: 4, Count: 25, RunSteps: c.runSteps}
+		o := CycleOptions{RedisAddr: srv.Addr, Prefix: "t", Concurrency: 4, Count: 25, RunSteps: c.runSteps, Ungoverned: c.ungoverned}
 		if err := RunCycle(context.Background(), o, &out); err != nil {
 			t.Fatal(err)
 		}
@@ -63,6 +66,12 @@ func TestRunCycle(t *testing.T) {
 		}
 		for n, steps := range c.runs {
 			run, err := l.GetRun(context.Background(), bareWho, runOf("t", int64(n)))
+			if c.ungoverned {
+				if ledger.KindOf(err) != ledger.KindNotFound {
+					t.Fatalf("ungoverned run %d: %+v, %v; want not found", n, run, err)
+				}
+				continue
+			}
 			if err != nil || run.State != ledger.RunStateRunning || run.Steps != steps || run.Open != 0 {
 				t.Fatalf("run %d: %+v, %v; want running, %d steps, none open", n, run, err, steps)
 			}

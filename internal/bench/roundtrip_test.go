@@ -146,6 +146,24 @@ func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
 	return out
 }
 
+// warmService starts a service on rdb with o, its scripts loaded and its
+// sweeper asleep (a sweep once an hour: nothing else talks to Redis
+// meanwhile), and returns a client of it.
+func warmService(t *testing.T, rdb redis.UniversalClient, o servicetest.Options) ledgerv1.LedgerServiceClient {
+	t.Helper()
+	o.SweepInterval = time.Hour
+	stack := servicetest.Start(t, rdb, o)
+	if err := stack.Ledger.LoadScripts(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(stack.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return ledgerv1.NewLedgerServiceClient(conn)
+}
+
 // TestOneRoundTripPerRPC runs each ledger RPC through the whole service on a
 // warm script cache and checks it sends Redis exactly one command (an
 // FCALL, or an EVALSHA with Functions off), counted on the wire by a proxy
@@ -173,18 +191,8 @@ func TestOneRoundTripPerRPC(t *testing.T) {
 				h := autopipe.Enable(rdb, autopipe.Options{})
 				t.Cleanup(h.Close)
 			}
-			// A sweep once an hour: nothing else talks to Redis meanwhile.
-			stack := servicetest.Start(t, rdb, servicetest.Options{SweepInterval: time.Hour, NoFunctions: tc.noFunctions})
+			c := warmService(t, rdb, servicetest.Options{NoFunctions: tc.noFunctions})
 			ctx := context.Background()
-			if err := stack.Ledger.LoadScripts(ctx); err != nil {
-				t.Fatal(err)
-			}
-			conn, err := grpc.NewClient(stack.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = conn.Close() })
-			c := ledgerv1.NewLedgerServiceClient(conn)
 
 			var token uint64
 			reserve := func() error {
@@ -248,5 +256,86 @@ func TestOneRoundTripPerRPC(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunRoundTrips counts what a Reserve with a run id sends Redis, through
+// two services on one Redis (two ledgerd instances) with autopipelining: a
+// run id no run governs costs one EXISTS and no script; a step of a run the
+// instance knows exists costs the run guard's script and the Reserve's; an
+// instance asks once, with EXISTS, about a run another one started; a run
+// gone since is asked about again; under an implicit run policy nothing is
+// asked. Each step's run (or none) is checked on the operation.
+func TestRunRoundTrips(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client(t)
+	proxy := newCountingProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), DisableIdentity: true, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h := autopipe.Enable(rdb, autopipe.Options{})
+	t.Cleanup(h.Close)
+	ctx := context.Background()
+	a, b := warmService(t, rdb, servicetest.Options{}), warmService(t, rdb, servicetest.Options{})
+	implicit := warmService(t, rdb, servicetest.Options{Prefix: "implicit", Policy: runsPolicy})
+	step := func(c ledgerv1.LedgerServiceClient, op, run string) func() error {
+		return func() error {
+			res, err := c.Reserve(ctx, &ledgerv1.ReserveRequest{OperationId: op, Tool: "payments.refund", PermitId: "p", Holder: "h", RunId: run})
+			if err == nil && res.GetOperation().GetRunId() != run {
+				err = fmt.Errorf("recorded in run %q", res.GetOperation().GetRunId())
+			}
+			return err
+		}
+	}
+	steps := func(c ledgerv1.LedgerServiceClient, run string, want uint32) func() error {
+		return func() error {
+			res, err := c.GetRun(ctx, &ledgerv1.GetRunRequest{RunId: run})
+			if err == nil && res.GetRun().GetSteps() != want {
+				err = fmt.Errorf("run %s counted %d steps, want %d", run, res.GetRun().GetSteps(), want)
+			}
+			return err
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		call  func() error
+		want  []string // the commands sent, in order
+		check func() error
+	}{
+		{"Reserve, a run id no run governs", step(a, "free-1", "free"), []string{"exists", "fcall"}, nil},
+		{"StartRun", func() error {
+			_, err := a.StartRun(ctx, &ledgerv1.StartRunRequest{RunId: "r"})
+			return err
+		}, []string{"fcall"}, nil},
+		{"Reserve, a step of a run this instance started", step(a, "r-1", "r"), []string{"fcall", "fcall"}, steps(a, "r", 1)},
+		{"Reserve, a step of a run another instance started", step(b, "r-2", "r"), []string{"exists", "fcall", "fcall"}, steps(b, "r", 2)},
+		{"Reserve, its next step there", step(b, "r-3", "r"), []string{"fcall", "fcall"}, steps(b, "r", 3)},
+		{"Reserve, a step of a run gone since", func() error {
+			keys, err := direct.Keys(ctx, "ledger:*:run:*").Result()
+			if err == nil && len(keys) != 1 {
+				err = fmt.Errorf("run keys %v, want one", keys)
+			}
+			if err == nil {
+				err = direct.Del(ctx, keys...).Err()
+			}
+			if err != nil {
+				return err
+			}
+			return step(b, "r-4", "r")()
+		}, []string{"fcall", "fcall"}, nil},
+		{"Reserve, the next step of the run gone", step(b, "r-5", "r"), []string{"exists", "fcall"}, nil},
+		{"Reserve under an implicit run policy", step(implicit, "i-1", "i"), []string{"fcall", "fcall"}, steps(implicit, "i", 1)},
+	} {
+		before := proxy.count()
+		if err := c.call(); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if sent := proxy.since(before); strings.Join(sent, " ") != strings.Join(c.want, " ") {
+			t.Errorf("%s sent %v to Redis, want %v", c.name, sent, c.want)
+		}
+		if c.check != nil {
+			if err := c.check(); err != nil {
+				t.Errorf("%s: %v", c.name, err)
+			}
+		}
 	}
 }
