@@ -1,11 +1,17 @@
 package ledger
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/opledger/ledger/internal/autopipe"
+	"github.com/opledger/ledger/internal/ledgertest"
+	"github.com/opledger/ledger/internal/redistest"
 )
 
 // step reserves a new operation id of run with tool and params, as an
@@ -461,4 +467,71 @@ func TestSettleCostsOnlyGuardedOperations(t *testing.T) {
 		}
 		e.settle(t, "early-1", early.Operation.FencingToken, OutcomeSucceeded, "R-1")
 	})
+}
+
+// TestRunsOnCluster: on Redis Cluster, with autopipelining, two ledgers (two
+// ledgerd instances) take concurrent steps of runs one of them started, and
+// of run ids no run governs: each started run admits exactly its max_steps
+// and refuses the rest, whichever ledger asks (the other learns of the run
+// by its EXISTS), and the ungoverned steps all pass, uncounted.
+func TestRunsOnCluster(t *testing.T) {
+	cl := redistest.SharedCluster(t)
+	pol, err := ParsePolicies([]byte(ledgertest.Policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ls [2]*Ledger
+	for i := range ls {
+		rdb := cl.Client(t)
+		h := autopipe.Enable(rdb, autopipe.Options{})
+		t.Cleanup(h.Close)
+		if ls[i], err = New(rdb, Options{Policies: pol}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	who := Principal{Tenant: "cluster-runs-" + randomHex(4), ID: "a"}
+	const runs, maxSteps, tries = 6, 4, 7
+	for r := range runs {
+		if _, err := ls[0].StartRun(ctx, who, fmt.Sprintf("run-%d", r), RunLimits{MaxSteps: maxSteps}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	admitted, refused := map[string]int{}, map[string]int{}
+	var wg sync.WaitGroup
+	for r := range runs {
+		for i := range tries {
+			for _, run := range []string{fmt.Sprintf("run-%d", r), fmt.Sprintf("free-%d", r)} {
+				wg.Go(func() {
+					id := fmt.Sprintf("%s-op-%d", run, i)
+					res, err := ls[i%2].Reserve(ctx, who, ReserveRequest{OperationID: id, Tool: "payments.refund", PermitID: "p", Holder: "h", RunID: run})
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err == nil && res.Decision == DecisionExecute && res.Operation.RunID == run:
+						admitted[run]++
+					case KindOf(err) == KindRunEnded:
+						refused[run]++
+					default:
+						t.Errorf("Reserve %s: %+v, %v", id, res, err)
+					}
+				})
+			}
+		}
+	}
+	wg.Wait()
+	for r := range runs {
+		run, free := fmt.Sprintf("run-%d", r), fmt.Sprintf("free-%d", r)
+		if admitted[run] != maxSteps || refused[run] != tries-maxSteps || admitted[free] != tries || refused[free] != 0 {
+			t.Errorf("%s: %d admitted, %d refused; %s: %d admitted, %d refused", run, admitted[run], refused[run], free, admitted[free], refused[free])
+		}
+		got, err := ls[1].GetRun(ctx, who, run)
+		if err != nil || got.Steps != maxSteps || got.State != RunStateStepLimit {
+			t.Errorf("GetRun(%s) = %+v, %v; want %d steps, STEP_LIMIT", run, got, err, maxSteps)
+		}
+		if _, err := ls[1].GetRun(ctx, who, free); KindOf(err) != KindNotFound {
+			t.Errorf("GetRun(%s) = %v; want not found", free, err)
+		}
+	}
 }
