@@ -535,3 +535,29 @@ func TestRunsOnCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestStartedRuns: the set holds what was added until it is dropped, and
+// when full it is emptied before the next run goes in, so it never holds
+// more than maxStartedRuns.
+func TestStartedRuns(t *testing.T) {
+	var s startedRuns
+	if s.has("a") {
+		t.Fatal("an empty set has a")
+	}
+	s.drop("a") // dropping from an empty set is no error
+	for i := range maxStartedRuns {
+		s.add(itoa(int64(i)))
+	}
+	if !s.has("0") || !s.has(itoa(maxStartedRuns-1)) || len(s.keys) != maxStartedRuns {
+		t.Fatalf("a full set holds %d runs", len(s.keys))
+	}
+	s.drop("0")
+	if s.has("0") || len(s.keys) != maxStartedRuns-1 {
+		t.Fatalf("dropped 0: has %v, %d runs", s.has("0"), len(s.keys))
+	}
+	s.add("0")
+	s.add("next")
+	if s.has("0") || !s.has("next") || len(s.keys) != 1 {
+		t.Fatalf("past full: has 0 %v, next %v, %d runs; want next alone", s.has("0"), s.has("next"), len(s.keys))
+	}
+}
