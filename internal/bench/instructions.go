@@ -184,7 +184,7 @@ func (c *Config) printInstructions(r *Instructions) {
 	}
 	fmt.Fprintf(c.Out, "  ledger in-process  %.0f\n", r.Ledger)
 	fmt.Fprintf(c.Out, "      in runs of %d  %.0f (each operation a step of a governed run: %.2f × without runs)\n", RunSteps, r.Governed, r.Governed/r.Ledger)
-	fmt.Fprintf(c.Out, "   with run ids only  %.0f (a run id no run governs: %.2f × without)\n", r.Ungoverned, r.Ungoverned/r.Ledger)
+	fmt.Fprintf(c.Out, "  with run ids only  %.0f (a run id no run governs: %.2f × without)\n", r.Ungoverned, r.Ungoverned/r.Ledger)
 	if r.Peer == 0 {
 		fmt.Fprintf(c.Out, "  the peer is not measured: %s\n", r.Unavailable)
 		return
