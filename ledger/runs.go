@@ -273,8 +273,9 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 	return admission{keys: k, runID: req.RunID, governed: true, fresh: aux == "new"}, nil
 }
 
-// runExists reports whether the run of k exists, by one EXISTS: a run id
-// that no run governs costs no script.
+// runExists reports whether the run of k exists, by one EXISTS (sent by Do,
+// so that the autopipeline batches it): a run id that no run governs costs
+// no script.
 func (l *Ledger) runExists(ctx context.Context, op string, k runKeys) (bool, error) {
 	start := time.Now()
 	n, err := l.rdb.Do(ctx, "exists", k.all[0]).Int64()

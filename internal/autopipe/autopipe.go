@@ -1,12 +1,12 @@
 // Package autopipe batches the scripts (and EXISTS, sent with Do) that
 // concurrent callers send through one go-redis client into pipelines: one
 // write and one read per batch instead of one of each per command. It is a
-// go-redis hook, so the client
-// keeps its type and everything else goes out as before. A caller that
-// finds a free lane sends the batch itself; a call whose context ends while
-// queued is never sent; on Redis Cluster each master has its own queue and
-// lanes. Only commands safe to run twice may be batched. docs/design.md
-// ("The autopipeline") has the whole behaviour and why.
+// go-redis hook, so the client keeps its type and everything else goes out
+// as before. A caller that finds a free lane sends the batch itself; a call
+// whose context ends while queued is never sent; on Redis Cluster each
+// master has its own queue and lanes. Only commands safe to run twice may
+// be batched. docs/design.md ("The autopipeline") has the whole behaviour
+// and why.
 package autopipe
 
 import (
