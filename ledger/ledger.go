@@ -619,6 +619,12 @@ func (l *Ledger) runKeys(ctx context.Context, op string, s *script, marker strin
 func (l *Ledger) evalReported(ctx context.Context, op string, s *script, marker string, keys []string, argv []any) ([]any, error) {
 	start := time.Now()
 	raw, err := l.eval(ctx, op, s, marker, keys, argv)
+	return raw, l.reported(op, start, err)
+}
+
+// reported reports a store call of op, begun at start and ended with err,
+// to the observer (EventScript), and returns err as a ledger error.
+func (l *Ledger) reported(op string, start time.Time, err error) error {
 	ev := Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger.")}
 	if err != nil && KindOf(err) != KindNotReplicated {
 		err = storeError(op, err)
@@ -626,7 +632,7 @@ func (l *Ledger) evalReported(ctx context.Context, op string, s *script, marker 
 	}
 	ev.Duration = time.Since(start)
 	l.emit(ev)
-	return raw, err
+	return err
 }
 
 // codeError turns a script's error code into an *Error.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -238,6 +237,13 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 		return admission{}, nil
 	}
 	rp := l.policies.RunFor(who.Tenant)
+	k := l.keys.run(who.Tenant, req.RunID)
+	if !rp.Implicit && !l.started.has(k.all[0]) {
+		if exists, err := l.runExists(ctx, op, k); err != nil || !exists {
+			return admission{}, err
+		}
+		l.started.add(k.all[0])
+	}
 	implicit := []any{"0"}
 	if rp.Implicit {
 		implicit = []any{"1", rp.Limits.MaxSteps, rp.Limits.Deadline.Milliseconds(), rp.Limits.MaxRepeats,
@@ -246,14 +252,6 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 	irreversible := "0"
 	if effect == EffectIrreversible {
 		irreversible = "1"
-	}
-	k := l.keys.run(who.Tenant, req.RunID)
-	known := rp.Implicit || l.started.has(k.all[0])
-	if !known {
-		if exists, err := l.runExists(ctx, op, k); err != nil || !exists {
-			return admission{}, err
-		}
-		l.started.add(k.all[0])
 	}
 	args := append([]any{who.ID, req.OperationID, req.Tool, string(fp[:]), irreversible, pol.RunMaxRepeats}, implicit...)
 	code, aux, run, err := l.runScript(ctx, op, runAdmitScript, k, req.RunID, args...)
@@ -279,13 +277,7 @@ func (l *Ledger) admitStep(ctx context.Context, op string, who Principal, req Re
 func (l *Ledger) runExists(ctx context.Context, op string, k runKeys) (bool, error) {
 	start := time.Now()
 	n, err := l.rdb.Do(ctx, "exists", k.all[0]).Int64()
-	ev := Event{Type: EventScript, Op: strings.TrimPrefix(op, "ledger."), Duration: time.Since(start)}
-	if err != nil {
-		err = storeError(op, err)
-		ev.Failed, ev.ErrKind = true, KindOf(err)
-	}
-	l.emit(ev)
-	return n > 0, err
+	return n > 0, l.reported(op, start, err)
 }
 
 // maxStartedRuns bounds startedRuns; a full set is emptied.

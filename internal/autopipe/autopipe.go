@@ -522,13 +522,17 @@ func execCluster(ctx context.Context, cc *redis.ClusterClient, batch []*call, ne
 	wg.Wait()
 }
 
+// scriptKey is where a script's first key is in its arguments: after the
+// script (or function) and its key count.
+const scriptKey = 3
+
 // keyAt returns where the first key of a command the hook batches is in
-// its arguments (for a script, after its key count), and whether it
-// batches the command at all: scripts, and EXISTS, which only reads.
+// its arguments, and whether it batches the command at all: scripts, and
+// EXISTS, which only reads.
 func keyAt(name string) (int, bool) {
 	switch name {
 	case "fcall", "evalsha", "eval", "evalsha_ro", "eval_ro":
-		return 3, true
+		return scriptKey, true
 	case "exists":
 		return 1, true
 	}
@@ -539,25 +543,23 @@ func keyAt(name string) (int, bool) {
 func firstKey(cmd *redis.Cmd) (string, bool) {
 	args := cmd.Args()
 	at, ok := keyAt(cmd.Name())
-	if !ok || len(args) <= at {
+	if !ok || len(args) <= at || (at == scriptKey && keyCount(args[2]) < 1) {
 		return "", false
-	}
-	if at == 3 {
-		switch n := args[2].(type) {
-		case int:
-			if n < 1 {
-				return "", false
-			}
-		case int64:
-			if n < 1 {
-				return "", false
-			}
-		default:
-			return "", false
-		}
 	}
 	key, ok := args[at].(string)
 	return key, ok
+}
+
+// keyCount is a script's key count as go-redis holds it (0 when it is
+// not a number).
+func keyCount(v any) int64 {
+	switch n := v.(type) {
+	case int:
+		return int64(n)
+	case int64:
+		return n
+	}
+	return 0
 }
 
 // notRun reports whether err is a cluster node's refusal of a command it
