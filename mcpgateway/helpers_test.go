@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,6 +53,8 @@ type rig struct {
 	// httpUpstream serves it then, with httpHandler.
 	httpUpstream *httptest.Server
 	httpHandler  atomic.Pointer[mcp.StreamableHTTPHandler]
+	// upstreamConns counts the connections the HTTP upstream accepted.
+	upstreamConns atomic.Int64
 }
 
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
@@ -88,9 +91,15 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	case "http":
 		r.server = r.up.Server()
 		r.restartHTTP()
-		r.httpUpstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.httpUpstream = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			r.httpHandler.Load().ServeHTTP(w, req)
 		}))
+		r.httpUpstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				r.upstreamConns.Add(1)
+			}
+		}
+		r.httpUpstream.Start()
 		t.Cleanup(r.httpUpstream.Close)
 		up = "url: " + r.httpUpstream.URL
 	case "missing":

@@ -126,13 +126,26 @@ func (u *upstream) transport() mcp.Transport {
 	if u.cfg.URL != "" {
 		return &mcp.StreamableClientTransport{
 			Endpoint:   u.cfg.URL,
-			HTTPClient: &http.Client{Transport: headers{h: u.cfg.Headers, next: http.DefaultTransport}},
+			HTTPClient: &http.Client{Transport: headers{h: u.cfg.Headers, next: pooled()}},
 		}
 	}
 	cmd := exec.Command(u.cfg.Command[0], u.cfg.Command[1:]...)
 	cmd.Env = u.environment()
 	cmd.Stderr = os.Stderr
 	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+}
+
+// maxIdleConns is how many idle connections to one HTTP upstream the
+// gateway keeps for its next calls.
+const maxIdleConns = 100
+
+// pooled returns the transport of one HTTP upstream: the default one,
+// keeping up to maxIdleConns idle connections instead of its 2 per host,
+// so calls at once do not each dial a connection and close it.
+func pooled() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleConns, maxIdleConns
+	return t
 }
 
 // environment is a command's: the gateway's own, without the variables
