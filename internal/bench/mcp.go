@@ -187,11 +187,16 @@ func gatewayReady(logFile string) (string, bool) {
 }
 
 // mcpSessions opens n MCP sessions to url (at most 8: the calls of a
-// session go in parallel).
+// session go in parallel). They share one pool of connections, which
+// keeps as many idle as the calls at once need, as MCP clients do: Go's
+// default keeps 2 per host and dials again for the other calls.
 func mcpSessions(ctx context.Context, url string, n int) ([]*mcp.ClientSession, error) {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 100, 100
+	hc := &http.Client{Transport: t}
 	var out []*mcp.ClientSession
 	for range min(n, 8) {
-		cs, err := mcp.NewClient(&mcp.Implementation{Name: "ledgerbench", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url}, nil)
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "ledgerbench", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc}, nil)
 		if err != nil {
 			closeAll(out)
 			return nil, err
