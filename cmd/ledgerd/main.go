@@ -81,7 +81,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -90,6 +89,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/opledger/ledger/internal/gogc"
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/metrics"
 	"github.com/opledger/ledger/receipt"
@@ -104,7 +104,7 @@ func main() {
 		}
 		return
 	}
-	tuneGC(os.Getenv)
+	gogc.Tune(os.Getenv)
 	if err := run(context.Background(), os.Args[1:], os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerd:", err)
 		var u *usageError
@@ -131,21 +131,6 @@ func usage(err error) error {
 		return nil
 	}
 	return &usageError{err}
-}
-
-// DefaultGCPercent is ledgerd's garbage collection target (GOGC) unless
-// the environment sets GOGC. ledgerd's live heap is a few MB and every call
-// allocates a few KB, so Go's default of 100 collects several times a
-// second under load; at 400 ledgerd spends about a sixth less CPU per
-// Reserve, for a heap of at most five times the live one
-// (docs/benchmarks.md §6.4).
-const DefaultGCPercent = 400
-
-// tuneGC sets DefaultGCPercent unless GOGC is set (getenv is os.Getenv).
-func tuneGC(getenv func(string) string) {
-	if getenv("GOGC") == "" {
-		debug.SetGCPercent(DefaultGCPercent)
-	}
 }
 
 // reloadOnHangup reloads the credentials and TLS files on each SIGHUP hup

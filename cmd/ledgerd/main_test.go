@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -593,24 +592,6 @@ func TestRedisModes(t *testing.T) {
 			}
 		}
 	})
-}
-
-func TestTuneGC(t *testing.T) {
-	old := debug.SetGCPercent(100)
-	defer debug.SetGCPercent(old)
-	tuneGC(func(string) string { return "" })
-	if got := debug.SetGCPercent(100); got != DefaultGCPercent {
-		t.Fatalf("without GOGC the GC target is %d, want %d", got, DefaultGCPercent)
-	}
-	tuneGC(func(k string) string {
-		if k == "GOGC" {
-			return "50"
-		}
-		return ""
-	})
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Fatalf("with GOGC set, tuneGC changed the GC target to %d", got)
-	}
 }
 
 // TestHangupWhileStarting: a SIGHUP that arrives while ledgerd is still

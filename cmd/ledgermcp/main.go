@@ -28,10 +28,12 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/opledger/ledger/internal/gogc"
 	"github.com/opledger/ledger/mcpgateway"
 )
 
 func main() {
+	gogc.Tune(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stderr)
 	stop()
