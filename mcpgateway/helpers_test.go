@@ -53,8 +53,9 @@ type rig struct {
 	// httpUpstream serves it then, with httpHandler.
 	httpUpstream *httptest.Server
 	httpHandler  atomic.Pointer[mcp.StreamableHTTPHandler]
-	// upstreamConns counts the connections the HTTP upstream accepted.
-	upstreamConns atomic.Int64
+	// upstreamConns counts the connections the HTTP upstream accepted,
+	// upstreamOpen those of them still open.
+	upstreamConns, upstreamOpen atomic.Int64
 }
 
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
@@ -95,8 +96,12 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			r.httpHandler.Load().ServeHTTP(w, req)
 		}))
 		r.httpUpstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
+			switch s {
+			case http.StateNew:
 				r.upstreamConns.Add(1)
+				r.upstreamOpen.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				r.upstreamOpen.Add(-1)
 			}
 		}
 		r.httpUpstream.Start()

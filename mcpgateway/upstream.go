@@ -26,6 +26,7 @@ type upstream struct {
 	cfg    UpstreamConfig
 	g      *Gateway
 	client *mcp.Client
+	http   *http.Client // a URL upstream's, shared by its sessions
 
 	mu     sync.Mutex
 	sess   *mcp.ClientSession
@@ -34,6 +35,9 @@ type upstream struct {
 
 func newUpstream(g *Gateway, cfg UpstreamConfig) *upstream {
 	u := &upstream{cfg: cfg, g: g}
+	if cfg.URL != "" {
+		u.http = &http.Client{Transport: headers{h: cfg.Headers, next: pooled()}}
+	}
 	u.client = mcp.NewClient(&mcp.Implementation{Name: "ledgermcp", Version: Version}, &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
@@ -126,7 +130,7 @@ func (u *upstream) transport() mcp.Transport {
 	if u.cfg.URL != "" {
 		return &mcp.StreamableClientTransport{
 			Endpoint:   u.cfg.URL,
-			HTTPClient: &http.Client{Transport: headers{h: u.cfg.Headers, next: pooled()}},
+			HTTPClient: u.http,
 		}
 	}
 	cmd := exec.Command(u.cfg.Command[0], u.cfg.Command[1:]...)
@@ -139,7 +143,7 @@ func (u *upstream) transport() mcp.Transport {
 // gateway keeps for its next calls.
 const maxIdleConns = 100
 
-// pooled returns the transport of one HTTP upstream: the default one,
+// pooled returns the transport of one URL upstream: the default one,
 // keeping up to maxIdleConns idle connections instead of its 2 per host,
 // so calls at once do not each dial a connection and close it.
 func pooled() *http.Transport {
@@ -172,6 +176,14 @@ func (u *upstream) environment() []string {
 type headers struct {
 	h    map[string]string
 	next http.RoundTripper
+}
+
+// CloseIdleConnections closes the idle connections of the transport
+// underneath, as http.Client.CloseIdleConnections asks.
+func (t headers) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -288,7 +300,8 @@ type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return "the tool server refused the call: " + e.msg }
 
-// close ends the session, stopping a command.
+// close ends the session, stopping a command, and closes the idle
+// connections of a URL upstream.
 func (u *upstream) close() {
 	u.mu.Lock()
 	cs := u.sess
@@ -296,6 +309,9 @@ func (u *upstream) close() {
 	u.mu.Unlock()
 	if cs != nil {
 		_ = cs.Close()
+	}
+	if u.http != nil {
+		u.http.CloseIdleConnections()
 	}
 }
 

@@ -3,6 +3,7 @@ package mcpgateway_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -13,6 +14,7 @@ import (
 // its connections. Rounds of calls at once open about as many connections
 // as one round needs, not one per call, whether the call is forwarded
 // unrecorded or recorded; every recorded call applies its effect once.
+// Closing the gateway closes them all.
 func TestUpstreamConnectionsReused(t *testing.T) {
 	const rounds, atOnce = 5, 20
 	for _, tc := range []struct {
@@ -53,6 +55,14 @@ func TestUpstreamConnectionsReused(t *testing.T) {
 			}
 			if got := r.up.Count("create_ticket"); got != tc.effects {
 				t.Errorf("create_ticket applied %d times, want %d", got, tc.effects)
+			}
+			if err := r.gw.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); r.upstreamOpen.Load() > 0; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d connections to the upstream still open after the gateway closed", r.upstreamOpen.Load())
+				}
 			}
 		})
 	}
