@@ -139,16 +139,24 @@ func (u *upstream) transport() mcp.Transport {
 	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
 }
 
-// maxIdleConns is how many idle connections to one HTTP upstream the
-// gateway keeps for its next calls.
-const maxIdleConns = 100
+// The pool of one URL upstream: how many idle connections the gateway
+// keeps for its next calls, and for how long. Node's and uvicorn's
+// servers close a connection idle for 5 s; a call sent on one just as
+// the server closes it fails after it was sent, and is ambiguous. The
+// gateway closes them first.
+const (
+	maxIdleConns = 100
+	idleConnTime = 4 * time.Second
+)
 
 // pooled returns the transport of one URL upstream: the default one,
 // keeping up to maxIdleConns idle connections instead of its 2 per host,
-// so calls at once do not each dial a connection and close it.
+// so calls at once do not each dial a connection and close it, each for
+// idleConnTime instead of its 90 s.
 func pooled() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = maxIdleConns, maxIdleConns
+	t.IdleConnTimeout = idleConnTime
 	return t
 }
 
