@@ -765,7 +765,12 @@ func TestCompleteInPlace(t *testing.T) {
 	if generic == completeLua {
 		t.Fatalf("complete.lua has no line %q", inPlaceGuard)
 	}
-	both := redis.NewScript(commonLua + "\nlocal function in_place_way()\n" + completeLua + "\nend\nlocal function generic_way()\n" + generic + `
+	const taken = "if done then\n    return done"
+	fast := strings.Replace(completeLua, taken, "if done then\n    took = 1\n    return done", 1)
+	if fast == completeLua {
+		t.Fatalf("complete.lua has no lines %q", taken)
+	}
+	both := redis.NewScript(commonLua + "\nlocal took = 0\nlocal function in_place_way()\n" + fast + "\nend\nlocal function generic_way()\n" + generic + `
 end
 begin()
 local now, a = NOW, {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}
@@ -775,7 +780,7 @@ begin()
 NOW = now
 local slow = generic_way()
 for i = 1, 5 do KEYS[i] = a[i] end
-return {fast, slow}
+return {fast, slow, took}
 `)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -817,11 +822,14 @@ return {fast, slow}
 		f       *Failure
 		by      string // the reporting principal's id, when not the env's
 		code    int64  // the script's code
+		generic bool   // in_place leaves the record to the generic way
 	}{
 		{name: "succeeded", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
 			outcome: OutcomeSucceeded, r: result},
 		{name: "id:with/reserved%bytes,ü", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
 			outcome: OutcomeSucceeded, r: result},
+		{name: "a result without a resource id", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeSucceeded, r: &Result{Data: []byte(`{"ok":true}`)}},
 		{name: "succeeded without a result", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
 			outcome: OutcomeSucceeded},
 		{name: "failed for good", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
@@ -831,9 +839,9 @@ return {fast, slow}
 		{name: "third attempt", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 3) },
 			outcome: OutcomeSucceeded, r: result},
 		{name: "24 attempts: 47 entries", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 24) },
-			outcome: OutcomeSucceeded, r: result},
+			outcome: OutcomeSucceeded, r: result, generic: true},
 		{name: "26 attempts: the oldest entry goes", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 26) },
-			outcome: OutcomeFailedFinal, f: failure},
+			outcome: OutcomeFailedFinal, f: failure, generic: true},
 		{name: "consequential fields", claim: func(t *testing.T, id string) uint64 {
 			return reserve(t, ReserveRequest{OperationID: id, Tool: "fields.refund"})
 		}, outcome: OutcomeSucceeded, r: result},
@@ -852,7 +860,7 @@ return {fast, slow}
 		}, outcome: OutcomeSucceeded, r: result},
 		{name: "retained until", claim: func(t *testing.T, id string) uint64 {
 			return reserve(t, ReserveRequest{OperationID: id, Tool: "payments.refund", RetainUntil: time.Now().Add(30 * 24 * time.Hour)})
-		}, outcome: OutcomeSucceeded, r: result},
+		}, outcome: OutcomeSucceeded, r: result, generic: true},
 		{name: "after its lease", claim: func(t *testing.T, id string) uint64 {
 			o := e.execute(t, id, "expiring.idempotent")
 			e.waitLeaseEnd(t, o)
@@ -863,23 +871,23 @@ return {fast, slow}
 			return o.FencingToken
 		}, outcome: OutcomeSucceeded, r: result},
 		{name: "retryable", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
-			outcome: OutcomeFailedRetryable, f: failure},
+			outcome: OutcomeFailedRetryable, f: failure, generic: true},
 		{name: "stale token", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken - 1 },
-			outcome: OutcomeSucceeded, r: result, code: codeStale},
+			outcome: OutcomeSucceeded, r: result, code: codeStale, generic: true},
 		{name: "a repeat", claim: func(t *testing.T, id string) uint64 {
 			tok := e.execute(t, id, "payments.refund").FencingToken
 			if _, err := e.complete(t, id, tok, OutcomeSucceeded, result, nil); err != nil {
 				t.Fatal(err)
 			}
 			return tok
-		}, outcome: OutcomeSucceeded, r: result},
+		}, outcome: OutcomeSucceeded, r: result, generic: true},
 		{name: "unknown", claim: func(t *testing.T, id string) uint64 {
 			tok := e.execute(t, id, "payments.refund").FencingToken
 			if _, err := e.markUnknown(t, id, tok); err != nil {
 				t.Fatal(err)
 			}
 			return tok
-		}, outcome: OutcomeSucceeded, r: result},
+		}, outcome: OutcomeSucceeded, r: result, generic: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			id := "op-" + strings.ReplaceAll(c.name, " ", "-")
@@ -902,6 +910,9 @@ return {fast, slow}
 			}
 			if code := out[0].([]any)[0].(int64); code != c.code {
 				t.Fatalf("code %d, want %d: %q", code, c.code, out[0])
+			}
+			if took := out[2].(int64) == 1; took == c.generic {
+				t.Errorf("recorded in place: %v, want %v", took, !c.generic)
 			}
 			for i := range a.all {
 				if x, y := keyDump(t, rdb, a.all[i]), keyDump(t, rdb, b.all[i]); x != y {

@@ -96,7 +96,10 @@
 -- built in one table constructor and capture few upvalues (F, R, S, NOW):
 -- each captured local costs a search at closure creation, which made the
 -- prelude cost about as much as the commands of a Reserve. Inside F,
--- states are written as literals ('3' is SUCCEEDED).
+-- states are written as literals ('3' is SUCCEEDED). Redis's Lua hashes
+-- every string a script makes, byte by byte, and tonumber converts twice:
+-- the paths every cycle takes make few strings and let arithmetic convert
+-- numbers (docs/benchmarks.md §6.21).
 
 local ST_PENDING, ST_RUNNING, ST_SUCCEEDED, ST_FAILED, ST_UNKNOWN = '1', '2', '3', '4', '5'
 local EFF_IRREVERSIBLE = '3'
@@ -155,7 +158,9 @@ F = {
   -- begin starts a call: the time, an empty record and the state of ARGV.
   begin = function()
     local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    -- Arithmetic converts TIME's strings, once each.
+    local us = t[2] + 0
+    NOW = t[1] * 1000 + (us - us % 1000) / 1000
     -- load() builds the whole record in one constructor; a new record
     -- takes only its tool.
     R = {}
@@ -172,7 +177,7 @@ F = {
   ms = function(s)
     if s == '' then return 0 end
     local u = UNIT_MS[string.byte(s, -1)]
-    if u then return tonumber(string.sub(s, 1, -2)) * u end
+    if u then return string.sub(s, 1, -2) * u end
     return tonumber(s) or 0
   end,
 

@@ -54,27 +54,30 @@ local function in_place(s)
   if #s - h + 1 >= 300 then
     return nil -- maybe 50 history entries: the oldest may have to go
   end
-  local body = string.sub(s, 34, h - 1)
   -- A claim (st 2) with no expiry, digest, UNKNOWN mark or escalation
-  -- (exp, cdg, uks, rev empty) and an attempt: of the first 24 fields, in
-  -- the body padded with separators, the ones this report keeps or reads
-  -- (ct, ut, att, tok, eff, 9 to 13 from tool to tret as one span with
-  -- tool, ret and tret in it, lse), and where field 25 starts. Any other
-  -- record does not match.
-  local ct36, ut, att, tok, eff, mid, tool, ret, tret, lse, at = string.match(
-    body .. '\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255\255',
-    '^2\255\255([^\255]*)\255([^\255]*)\255([^\255]+)\255([^\255]*)\255([^\255]*)\255[^\255]*\255(([^\255]*)\255[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*))\255\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255[^\255]*\255([^\255]*)\255[^\255]*\255[^\255]*\255\255\255()')
+  -- (exp, cdg, uks, rev empty) and an attempt: of its first 22 fields, the
+  -- ones this report keeps or reads (ct, ut, att, tok, eff, 9 to 13 from
+  -- tool to tret as one span with tool, ret and tret in it, lse), and where
+  -- field 22 ends. Any other record does not match.
+  local ct36, ut, att, tok, eff, mid, tool, ret, tret, lse, q = string.match(s,
+    '^2\255\255([^\255\254]*)\255([^\255\254]*)\255([^\255\254]+)\255([^\255\254]*)\255([^\255\254]*)\255[^\255\254]*\255(([^\255\254]*)\255[^\255\254]*\255[^\255\254]*\255([^\255\254]*)\255([^\255\254]*))\255\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255([^\255\254]*)\255[^\255\254]*\255[^\255\254]*()', 34)
   local ct = tonumber(ct36 or '', 36)
   if not ct or tostr(ct + ms(tok)) ~= token then
     return nil
   end
   local tail = ''
-  if at <= #body then
-    tail = string.sub(body, at)
-    local ru, rue, cfh, cf = string.match(tail .. '\255\255\255\255\255\255\255\255\255',
-      '^[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255')
-    if ru ~= '' or rue ~= '' or (cfh == '' and cf ~= '') or select(2, string.gsub(tail, '\255', '')) > 8 then
-      return nil -- a retain_until, or fields finish() would not copy as stored
+  if q < h then
+    local a, b, c = string.byte(s, q, q + 2)
+    if a ~= 255 or b ~= 255 or c ~= 255 then
+      return nil -- an UNKNOWN mark or an escalation
+    end
+    if q + 3 < h then
+      tail = string.sub(s, q + 3, h - 1)
+      local ru, rue, cfh, cf = string.match(tail .. '\255\255\255\255\255\255\255\255\255',
+        '^[^\255]*\255[^\255]*\255([^\255]*)\255([^\255]*)\255([^\255]*)\255([^\255]*)\255')
+      if ru ~= '' or rue ~= '' or (cfh == '' and cf ~= '') or select(2, string.gsub(tail, '\255', '')) > 8 then
+        return nil -- a retain_until, or fields finish() would not copy as stored
+      end
     end
   end
   local to, reason, letter = ST_SUCCEEDED, 'SUCCEEDED', 'D'
@@ -86,15 +89,33 @@ local function in_place(s)
   R = {ct = ct, tool = tool, eff = eff}
   S.hist = string.sub(s, h)
   S.from, S.dwell = ST_RUNNING, NOW - updated
-  local v = {to, '', ct36, F.enc0(NOW - ct), att, F.enc0(ms(tok)), eff, letter, mid, SAME, ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
-  local n = 14
-  if tail ~= '' then
-    v[15], v[16], v[17], v[18], v[19], v[20], v[21], n = '', '', '', '', '', '', tail, 21
-  else
-    while v[n] == '' do n = n - 1 end
+  -- The record is built as one string: the separators before the outcome's
+  -- fields and the tail go with trailing empty fields.
+  local rd, rid, fc, fm = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+  local s1, s2, s3, s4, s5 = '\255', '\255', '\255', '\255', '\255\255\255\255\255\255\255'
+  if tail == '' then
+    s5 = ''
+    if fm == '' then
+      s4 = ''
+      if fc == '' then
+        s3 = ''
+        if rid == '' then
+          s2 = ''
+          if rd == '' then s1 = '' end
+        end
+      end
+    end
   end
-  local rec = string.sub(s, 1, 33) .. table.concat(v, '\255', 1, n) .. S.hist ..
-    F.entry(ST_RUNNING, to, reason, NOW, att, ct + ms(tok), S.principal, '', F.last_principal())
+  local d, k = F.enc0(NOW - ct), F.enc0(ms(tok))
+  -- The history entry (F.entry), naming the principal unless the latest
+  -- entry does.
+  local ps, p = '', ''
+  if S.principal ~= F.last_principal() then
+    ps, p = '\253', S.principal
+  end
+  local rec = string.sub(s, 1, 33) .. to .. '\255\255' .. ct36 .. '\255' .. d .. '\255' .. att .. '\255' .. k ..
+    '\255' .. eff .. '\255' .. letter .. '\255' .. mid .. '\255' .. SAME .. s1 .. rd .. s2 .. rid .. s3 .. fc .. s4 ..
+    fm .. s5 .. tail .. S.hist .. '\254' .. ST_RUNNING .. to .. letter .. d .. '\253' .. att .. '\253' .. k .. ps .. p
   redis.call('SET', KEYS[1], rec, 'PX', tostr(ms(ret) + ms(tret)))
   S.encoded = rec
   F.indexes(ST_RUNNING, to, lapsed)

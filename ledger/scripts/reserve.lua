@@ -95,7 +95,7 @@ if not load() then
   redis.call('SET', KEYS[1], rec)
   R.tool = tool
   F.bump(ST_RUNNING, '1')
-  redis.call('ZADD', KEYS[3], tostr(NOW + tonumber(ARGV[7])), S.member)
+  redis.call('ZADD', KEYS[3], tostr(NOW + ARGV[7]), S.member)
   redis.call('ZADD', KEYS[2], '0', string.format('%013d', NOW) .. ':' .. ARGV[8])
   return {C_EXECUTE, '', rec, '0:0'}
 end
