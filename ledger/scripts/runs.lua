@@ -42,7 +42,9 @@ end
 local function now()
   if not NOW then
     local t = redis.call('TIME')
-    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    -- Arithmetic converts TIME's strings, once each (common.lua, begin).
+    local us = t[2] + 0
+    NOW = t[1] * 1000 + (us - us % 1000) / 1000
   end
   return NOW
 end
