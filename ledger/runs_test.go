@@ -375,6 +375,34 @@ func TestRunRetention(t *testing.T) {
 	})
 }
 
+// TestRunFieldNotANumber: a run script converts the fields it reads before
+// its first write, so a stored field that is no number (a manual edit)
+// makes the settling of an operation write nothing, where it would
+// otherwise have settled the operation under a retention read as 0.
+func TestRunFieldNotANumber(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.startRun(t, "edited", RunLimits{Deadline: time.Hour})
+		res, err := e.step(t, "edited", "e-1", "payments.refund", map[string]any{"amount": 1.0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := e.l.keys.run(e.who.Tenant, "edited").all[0]
+		if err := e.rdb.HSet(e.ctx, key, "ret", "a week").Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := keyDump(t, e.rdb, key)
+		if _, err := e.complete(t, "e-1", res.Operation.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if after := keyDump(t, e.rdb, key); after != before {
+			t.Fatalf("run record changed:\nbefore %q\nafter  %q", before, after)
+		}
+		if d := e.rdb.PTTL(e.ctx, key).Val(); d != -1 {
+			t.Fatalf("run record has TTL %v, want none while it holds an open operation", d)
+		}
+	})
+}
+
 // TestRunEndedIsRunEnded: errors.Is matches the kind's sentinel.
 func TestRunEndedIsRunEnded(t *testing.T) {
 	err := error(&Error{Op: "ledger.Reserve", Kind: KindRunEnded, Run: &Run{State: RunStateDeadline}})

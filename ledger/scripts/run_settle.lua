@@ -8,11 +8,11 @@
 local seen = 'o:' .. ARGV[2]
 local m = redis.call('HMGET', KEYS[1], seen, 'st', 'open', 'dl', 'et', 'ret')
 if m[1] == '1' then
-  local open = num(m[3]) - 1
+  local st, open, dl, et, ret = num(m[2]), num(m[3]) - 1, num(m[4]), num(m[5]), num(m[6])
   redis.call('HSET', KEYS[1], seen, '0', 'open', str(open))
   if open <= 0 then
     -- The last open operation: the record may expire now.
-    expire(num(m[2]), open, num(m[4]), num(m[5]), num(m[6]))
+    expire(st, open, dl, et, ret)
   end
 end
 return {C_OK, ''}

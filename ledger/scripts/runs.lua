@@ -49,8 +49,13 @@ local function now()
   return NOW
 end
 
+-- num converts a stored number, 0 for a field that is absent: arithmetic
+-- converts it once (tonumber twice), and a field that is no number raises
+-- an error, so the scripts convert what they read before their first
+-- write (run_admit, after create, only what create wrote). settle_ttl,
+-- which reads after it, uses tonumber.
 local function num(v)
-  return tonumber(v) or 0
+  return v and v + 0 or 0
 end
 
 -- str writes a whole number for redis.call, which would format a number
@@ -81,10 +86,11 @@ local function expire(st, open, dl, et, ret)
   end
 end
 
--- settle_ttl is expire() of the record as stored.
+-- settle_ttl is expire() of the record as stored, after the script's
+-- writes: a field that is no number reads as 0.
 local function settle_ttl()
   local m = redis.call('HMGET', KEYS[1], 'st', 'open', 'dl', 'et', 'ret')
-  expire(num(m[1]), num(m[2]), num(m[3]), num(m[4]), num(m[5]))
+  expire(tonumber(m[1]) or 0, tonumber(m[2]) or 0, tonumber(m[3]) or 0, tonumber(m[4]) or 0, tonumber(m[5]) or 0)
 end
 
 -- end_run ends a running run in state st for reason.
