@@ -49,6 +49,8 @@ var (
 	runSettleLua string
 	//go:embed scripts/compensate.lua
 	compensateLua string
+	//go:embed scripts/prune.lua
+	pruneLua string
 )
 
 // script is one ledger script, in its two forms: the prelude, begin() and
@@ -70,6 +72,7 @@ var (
 	lookupScript      = newScript("lookup", commonLua, lookupLua)
 	compactScript     = newScript("compact", commonLua, compactLua)
 	compensateScript  = newScript("compensate", commonLua, compensateLua)
+	pruneScript       = newScript("prune", commonLua, pruneLua)
 	runStartScript    = newScript("run_start", runsLua, runStartLua)
 	runAdmitScript    = newScript("run_admit", runsLua, runAdmitLua)
 	runGetScript      = newScript("run_get", runsLua, runGetLua)
@@ -79,7 +82,7 @@ var (
 
 var allScripts = []*script{
 	reserveScript, completeScript, markUnknownScript, renewScript,
-	reconcileScript, expireScript, lookupScript, compactScript, compensateScript,
+	reconcileScript, expireScript, lookupScript, compactScript, compensateScript, pruneScript,
 	runStartScript, runAdmitScript, runGetScript, runEndScript, runSettleScript,
 }
 

@@ -85,6 +85,28 @@ func (l *Ledger) LiveCounts(ctx context.Context) ([]LiveCount, error) {
 	return out, nil
 }
 
+// PruneCounts deletes the live counts at 0 of every shard and returns how
+// many it deleted. A transition leaves a count at 0 where it is, so that
+// an operation's cycle costs no HDEL; RunSweeper calls this every
+// PruneInterval, so a tool or tenant no longer used leaves no fields
+// behind. A count that is not 0 when its shard is pruned stays.
+func (l *Ledger) PruneCounts(ctx context.Context) (int, error) {
+	n := 0
+	for s := range NumShards {
+		var v int64
+		var err error
+		l.try(ctx, func(w way) error {
+			v, err = pruneScript.send(ctx, l.rdb, w, []string{l.keys.stats(s)}, nil).Int64()
+			return err
+		})
+		if err != nil {
+			return n, storeError("ledger.PruneCounts", err)
+		}
+		n += int(v)
+	}
+	return n, nil
+}
+
 // Overdue counts the operations past their recovery window (OverdueCount), by the
 // store's clock (one round trip over all shards, after reading the time).
 func (l *Ledger) Overdue(ctx context.Context) ([]OverdueCount, error) {

@@ -15,6 +15,11 @@ const sweepBatch = 256
 // DefaultSweepInterval is how often RunSweeper looks for expired leases.
 const DefaultSweepInterval = time.Second
 
+// PruneInterval is how often RunSweeper deletes the live counts at 0
+// (PruneCounts): at its first pass, then with the first pass at least this
+// long after the last prune.
+const PruneInterval = time.Minute
+
 // Sweep makes one pass over the lease index: every RUNNING irreversible
 // operation whose lease has expired becomes UNKNOWN (LEASE_EXPIRED), so an
 // abandoned claim is visible, and alertable, without anyone retrying it.
@@ -97,18 +102,26 @@ func (l *Ledger) sweepCandidates(ctx context.Context) ([]*redis.StringSliceCmd, 
 }
 
 // RunSweeper calls Sweep every interval (DefaultSweepInterval when not
-// positive) until ctx ends. Errors are logged and the next pass tries again.
+// positive), and PruneCounts every PruneInterval, until ctx ends. Errors
+// are logged and the next pass tries again.
 func (l *Ledger) RunSweeper(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = DefaultSweepInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var pruned time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if time.Since(pruned) >= PruneInterval {
+			pruned = time.Now()
+			if _, err := l.PruneCounts(ctx); err != nil && ctx.Err() == nil {
+				l.log.Warn("pruning the live counts failed", "error", err)
+			}
 		}
 		n, err := l.Sweep(ctx)
 		if err != nil && ctx.Err() == nil {

@@ -10,15 +10,16 @@
 --   KEYS[1] -> the operation record (string)        <prefix>:{sNN}:op:<tenant>:<id>
 --   KEYS[2] -> the tenant's unresolved index (zset) <prefix>:{sNN}:unresolved:<tenant>
 --   KEYS[3] -> the shard's lease index (zset)       <prefix>:{sNN}:leases
---   KEYS[2] -> the shard's live counts (hash)       <prefix>:{sNN}:stats
---   KEYS[3] -> the shard's UNKNOWN operations by recovery deadline (zset)
+--   KEYS[4] -> the shard's live counts (hash)       <prefix>:{sNN}:stats
+--   KEYS[5] -> the shard's UNKNOWN operations by recovery deadline (zset)
 --                                                   <prefix>:{sNN}:overdue
 --   ARGV[1] -> the principal recorded in the history
 --   ARGV[2] -> the operation's member in the lease index (<tenant>:<id>, encoded)
 --
 -- The stats hash counts the shard's non-terminal operations by
--- "<tool>|<state>|<tenant>" (fields at 0 are deleted; one below 0 is a
--- drift from the records and stays, see bump); the overdue zset holds
+-- "<tool>|<state>|<tenant>" (a field at 0 stays until prune.lua deletes
+-- it; one below 0 is a drift from the records and stays, see bump); the
+-- overdue zset holds
 -- "<state>|<effect>|<tool>|<tenant>:<id>" scored by when the operation is
 -- overdue if nothing moves it: UNKNOWN since + recovery window, PENDING
 -- since + recovery window, and (added by expire.lua) an idempotent or
@@ -487,16 +488,14 @@ F = {
   end,
 
   -- bump moves the live count of the operation's state st by delta ('1'
-  -- or '-1'). A count at 0 is deleted; one below 0 (the counts drifted from the
+  -- or '-1'). A count at 0 stays for the sweeper to prune (prune.lua), so
+  -- a cycle costs no HDEL; one below 0 (the counts drifted from the
   -- records: a restore, a manual edit) is kept, for the metrics to show.
   bump = function(st, delta)
     if st == '3' or st == '4' then
       return
     end
-    local field = R.tool .. '|' .. st .. '|' .. S.tenant
-    if redis.call('HINCRBY', KEYS[4], field, delta) == 0 then
-      redis.call('HDEL', KEYS[4], field)
-    end
+    redis.call('HINCRBY', KEYS[4], R.tool .. '|' .. st .. '|' .. S.tenant, delta)
   end,
 
   -- overdue_member is the operation's member in the overdue index while

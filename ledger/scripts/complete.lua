@@ -5,7 +5,7 @@
 --               (see common.lua)
 -- ARGV[1] -> principal
 -- ARGV[2] -> lease index member
--- ARGV[3] -> fencing token of the attempt
+-- ARGV[3] -> fencing token of the attempt (decimal digits)
 -- ARGV[4] -> outcome (1 SUCCEEDED, 2 FAILED_FINAL, 3 FAILED_RETRYABLE)
 -- ARGV[5] -> digest of the outcome (outcome, result, failure), 16 hex digits
 -- ARGV[6] -> result data (canonical JSON, '' for none)
@@ -62,7 +62,7 @@ local function in_place(s)
   local ct36, ut, att, tok, eff, mid, tool, ret, tret, lse, q = string.match(s,
     '^2\255\255([^\255\254]*)\255([^\255\254]*)\255([^\255\254]+)\255([^\255\254]*)\255([^\255\254]*)\255[^\255\254]*\255(([^\255\254]*)\255[^\255\254]*\255[^\255\254]*\255([^\255\254]*)\255([^\255\254]*))\255\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255[^\255\254]*\255([^\255\254]*)\255[^\255\254]*\255[^\255\254]*()', 34)
   local ct = tonumber(ct36 or '', 36)
-  if not ct or tostr(ct + ms(tok)) ~= token then
+  if not ct or ct + ms(tok) ~= token + 0 then
     return nil
   end
   local tail = ''
