@@ -89,18 +89,20 @@ func (l *Ledger) LiveCounts(ctx context.Context) ([]LiveCount, error) {
 // many it deleted. A transition leaves a count at 0 where it is, so that
 // an operation's cycle costs no HDEL; RunSweeper calls this every
 // PruneInterval, so a tool or tenant no longer used leaves no fields
-// behind. A count that is not 0 when its shard is pruned stays.
+// behind. A count that is not 0 when its shard is pruned stays. Each
+// shard's script is reported as an EventScript (op "PruneCounts").
 func (l *Ledger) PruneCounts(ctx context.Context) (int, error) {
 	n := 0
 	for s := range NumShards {
+		start := time.Now()
 		var v int64
 		var err error
 		l.try(ctx, func(w way) error {
 			v, err = pruneScript.send(ctx, l.rdb, w, []string{l.keys.stats(s)}, nil).Int64()
 			return err
 		})
-		if err != nil {
-			return n, storeError("ledger.PruneCounts", err)
+		if err := l.reported("ledger.PruneCounts", start, err); err != nil {
+			return n, err
 		}
 		n += int(v)
 	}
