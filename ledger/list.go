@@ -205,8 +205,12 @@ func (l *Ledger) fetch(ctx context.Context, tenant string, members []string) ([]
 	return ops, now.Val(), nil
 }
 
+// memberTime is the length of an unresolved index member's creation time:
+// ms in base 36, 9 digits (common.lua, umember).
+const memberTime = 9
+
 // encodePageToken returns the page token that continues after the index
-// member cursor ("<13-digit creation time>:<operation id>").
+// member cursor ("<creation time, 9 base-36 digits>:<operation id>").
 func encodePageToken(cursor string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(cursor))
 }
@@ -221,16 +225,16 @@ func decodePageToken(tok string) (string, bool) {
 		return "", true
 	}
 	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || len(b) < 15 || b[13] != ':' {
+	if err != nil || len(b) < memberTime+2 || b[memberTime] != ':' {
 		return "", false
 	}
-	for _, c := range b[:13] {
-		if c < '0' || c > '9' {
+	for _, c := range b[:memberTime] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') {
 			return "", false
 		}
 	}
 	cursor := string(b)
-	if encodePageToken(cursor) != tok || ValidateOperationID(cursor[14:]) != nil {
+	if encodePageToken(cursor) != tok || ValidateOperationID(cursor[memberTime+1:]) != nil {
 		return "", false
 	}
 	return cursor, true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -329,13 +330,13 @@ func TestListUnresolvedScanBound(t *testing.T) {
 }
 
 // FuzzDecodePageToken: a ListUnresolved page token is untrusted input. It
-// decodes only to an index member ("<13-digit creation time>:<operation
-// id>", the id one the ledger accepts), and only when it is exactly the
+// decodes only to an index member ("<creation time, 9 base-36
+// digits>:<operation id>", the id one the ledger accepts), and only when it is exactly the
 // token ListUnresolved would have written for that member; every member
 // the index can hold survives the round trip.
 func FuzzDecodePageToken(f *testing.F) {
 	for _, s := range []string{
-		"", "MTcwMDAwMDAwMDAwMDphLTE", "MTcwMDAwMDAwMDAwMDphLTE=", "MTcwMDAwMDAwMDAwMDo", "not a token", "////", "-_-_",
+		"", "MGxveXczdjI4OmEtMQ", "MGxveXczdjI4OmEtMQ==", "MGxveXczdjI4Og", "MTcwMDAwMDAwMDAwMDphLTE", "not a token", "////", "-_-_",
 	} {
 		f.Add(s, int64(1700000000000), "wf-8472:create-ticket")
 	}
@@ -349,20 +350,20 @@ func FuzzDecodePageToken(f *testing.F) {
 				if again := encodePageToken(cursor); again != tok {
 					t.Fatalf("token %q decodes to %q, whose token is %q", tok, cursor, again)
 				}
-				if len(cursor) < 15 || cursor[13] != ':' {
+				if len(cursor) < memberTime+2 || cursor[memberTime] != ':' || strings.Trim(cursor[:memberTime], "0123456789abcdefghijklmnopqrstuvwxyz") != "" {
 					t.Fatalf("token %q decodes to %q, not an index member", tok, cursor)
 				}
-				if err := ValidateOperationID(cursor[14:]); err != nil {
+				if err := ValidateOperationID(cursor[memberTime+1:]); err != nil {
 					t.Fatalf("token %q decodes to %q, whose id is refused: %v", tok, cursor, err)
 				}
 			}
 		} else if cursor != "" {
 			t.Fatalf("refused token %q decodes to %q", tok, cursor)
 		}
-		if createdMs < 0 || createdMs > 9999999999999 || ValidateOperationID(id) != nil {
+		if createdMs < 0 || createdMs >= 101559956668416 || ValidateOperationID(id) != nil { // 36^9
 			return
 		}
-		member := fmt.Sprintf("%013d:%s", createdMs, id)
+		member := fmt.Sprintf("%09s:%s", strconv.FormatInt(createdMs, 36), id)
 		if got, ok := decodePageToken(encodePageToken(member)); !ok || got != member {
 			t.Fatalf("member %q comes back as %q, %v", member, got, ok)
 		}
@@ -373,17 +374,20 @@ func FuzzDecodePageToken(f *testing.F) {
 // breaks and the low bits of the last character; a token spelled so, or
 // naming no valid operation id, is not one the ledger wrote.
 func TestDecodePageTokenRefusesOtherSpellings(t *testing.T) {
-	good := encodePageToken("1700000000000:a-1")
-	if c, ok := decodePageToken(good); !ok || c != "1700000000000:a-1" {
+	good := encodePageToken("0loyw3v28:a-1")
+	if c, ok := decodePageToken(good); !ok || c != "0loyw3v28:a-1" {
 		t.Fatalf("%q: %q, %v", good, c, ok)
 	}
 	for _, tok := range []string{
-		"MTcwMDAwMDAwMDAwMDphLTF",             // low bits set
-		"MTcwMDAwMDAwMDAwMDph\nLTE",           // a line break
-		"MTcwMDAwMDAwMDAwMDphLTE\r\n",         // a trailing CRLF
-		encodePageToken("1700000000000:\n"),   // a control character
-		encodePageToken("1700000000000:\xff"), // not UTF-8
-		encodePageToken("1700000000000:" + strings.Repeat("a", MaxOperationIDLen+1)),
+		"MGxveXczdjI4OmEtMR",              // low bits set
+		"MGxveXczdjI4\nOmEtMQ",            // a line break
+		"MGxveXczdjI4OmEtMQ\r\n",          // a trailing CRLF
+		encodePageToken("0loyw3v28:\n"),   // a control character
+		encodePageToken("0loyw3v28:\xff"), // not UTF-8
+		encodePageToken("0loyw3v28:" + strings.Repeat("a", MaxOperationIDLen+1)),
+		encodePageToken("0LOYW3V28:a-1"),     // upper-case digits
+		encodePageToken("1700000000000:a-1"), // a time in decimal
+		encodePageToken("loyw3v28:a-1"),      // 8 digits
 	} {
 		if c, ok := decodePageToken(tok); ok {
 			t.Errorf("%q decodes to %q", tok, c)

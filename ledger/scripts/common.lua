@@ -552,13 +552,22 @@ F = {
     end
   end,
 
-  -- unresolved_member is the operation's member in the unresolved index:
-  -- the creation time and the raw operation id (the lease member's id
-  -- part, percent-decoded).
+  -- umember is a member of the unresolved index: the creation time c36
+  -- (as base36 writes it) in 9 digits, so that the index's order is
+  -- creation order until the year 5138, and the raw operation id.
+  umember = function(c36, id)
+    if #c36 < 9 then
+      return '0' .. c36 .. ':' .. id
+    end
+    return c36 .. ':' .. id
+  end,
+
+  -- unresolved_member is the operation's member in the unresolved index
+  -- (umember), its id the lease member's id part, percent-decoded.
   unresolved_member = function()
     local id = string.match(S.member, '^[^:]*:(.*)$')
     id = string.gsub(id, '%%(%x%x)', function(x) return string.char(tonumber(x, 16)) end)
-    return string.format('%013d', tonumber(R.ct)) .. ':' .. id
+    return F.umember(S.ct36 or F.base36(tonumber(R.ct)), id)
   end,
 
   -- finish moves a record to a terminal state: it leaves the indexes,

@@ -114,7 +114,7 @@ local function in_place(s)
   redis.call('SET', KEYS[1], rec, 'PX', tostr(ms(ret) + ms(tret)))
   S.encoded = rec
   F.indexes(ST_RUNNING, to, lapsed)
-  redis.call('ZREM', KEYS[2], string.format('%013d', ct) .. ':' .. ARGV[10])
+  redis.call('ZREM', KEYS[2], F.umember(ct36, ARGV[10]))
   redis.call('ZREM', KEYS[3], S.member)
   return reply(C_OK, '')
 end

@@ -91,12 +91,13 @@ if not load() then
   -- creation time arrives encoded, and the times it would hold (updated,
   -- token, the history entry's) are that time, so stored as empty. It
   -- moved from no state ('0') after no time in it.
-  local rec = 'L' .. fp .. ST_RUNNING .. '\255\255' .. F.base36(NOW) .. ARGV[13]
+  local c36 = F.base36(NOW)
+  local rec = 'L' .. fp .. ST_RUNNING .. '\255\255' .. c36 .. ARGV[13]
   redis.call('SET', KEYS[1], rec)
   R.tool = tool
   F.bump(ST_RUNNING, '1')
   redis.call('ZADD', KEYS[3], tostr(NOW + ARGV[7]), S.member)
-  redis.call('ZADD', KEYS[2], '0', string.format('%013d', NOW) .. ':' .. ARGV[8])
+  redis.call('ZADD', KEYS[2], '0', F.umember(c36, ARGV[8]))
   return {C_EXECUTE, '', rec, '0:0'}
 end
 
