@@ -118,7 +118,7 @@ func recordFromReply(raw []any) (*record, error) {
 		if m, _ := raw[3].(string); m != "" {
 			from, dwell, _ := strings.Cut(m, ":")
 			r.moved, r.from = true, parseState(from)
-			r.dwell = time.Duration(parseUint(dwell)) * time.Millisecond
+			r.dwell = time.Duration(millis(dwell)) * time.Millisecond
 		}
 	}
 	return r, nil

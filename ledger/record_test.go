@@ -221,6 +221,31 @@ func TestEncodeMillis(t *testing.T) {
 	}
 }
 
+// TestRecordFromReplyMoved: a reply's moved field gives the state left and
+// the time spent in it, in ms or as the record encodes a duration.
+func TestRecordFromReplyMoved(t *testing.T) {
+	for _, c := range []struct {
+		moved string
+		from  State
+		dwell time.Duration
+	}{
+		{"", 0, 0},
+		{"0:0", 0, 0},
+		{"2:1500", StateRunning, 1500 * time.Millisecond},
+		{"2:5s", StateRunning, 5 * time.Second},
+		{"5:2m", StateUnknown, 2 * time.Minute},
+		{"2:", StateRunning, 0},
+	} {
+		r, err := recordFromReply([]any{int64(codeOK), "", "", c.moved})
+		if err != nil {
+			t.Fatalf("%q: %v", c.moved, err)
+		}
+		if r.moved != (c.moved != "") || r.from != c.from || r.dwell != c.dwell {
+			t.Errorf("%q: moved %v from %v after %v, want %v after %v", c.moved, r.moved, r.from, r.dwell, c.from, c.dwell)
+		}
+	}
+}
+
 // benchRecord is a SUCCEEDED record as the scripts store it: a refund with a
 // 100-byte result and its two history entries.
 func benchRecord(tb testing.TB) string {

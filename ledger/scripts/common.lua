@@ -475,7 +475,8 @@ F = {
 
   -- reply is a script's answer with the record: {code, aux, record, moved},
   -- moved being "<state left>:<ms spent in it>" after a transition ('0' as
-  -- the state left by a new record), else ''.
+  -- the state left by a new record), else ''; the ms may come encoded as
+  -- the record encodes a duration (complete.lua's in-place way).
   reply = function(code, aux)
     if not S.encoded then
       S.encoded = F.encode()

@@ -88,7 +88,6 @@ local function in_place(s)
   local lapsed = lse == '' or updated + ms(lse) <= NOW
   R = {ct = ct, tool = tool, eff = eff}
   S.hist = string.sub(s, h)
-  S.from, S.dwell = ST_RUNNING, NOW - updated
   -- The record is built as one string: the separators before the outcome's
   -- fields and the tail go with trailing empty fields.
   local rd, rid, fc, fm = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
@@ -112,11 +111,17 @@ local function in_place(s)
     '\255' .. eff .. '\255' .. letter .. '\255' .. mid .. '\255' .. SAME .. s1 .. rd .. s2 .. rid .. s3 .. fc .. s4 ..
     fm .. s5 .. tail .. S.hist .. '\254' .. ST_RUNNING .. to .. letter .. d .. '\253' .. att .. '\253' .. k .. ps .. p
   redis.call('SET', KEYS[1], rec, 'PX', tostr(ms(ret) + ms(tret)))
-  S.encoded = rec
   F.indexes(ST_RUNNING, to, lapsed)
   redis.call('ZREM', KEYS[2], F.umember(ct36, ARGV[10]))
   redis.call('ZREM', KEYS[3], S.member)
-  return reply(C_OK, '')
+  -- reply()'s answer. The time in RUNNING is the history entry's d when
+  -- the claim is the record's first (no updated time): moved takes a
+  -- duration as the record encodes one.
+  local dwelt = d
+  if ut ~= '' then
+    dwelt = tostr(NOW - updated)
+  end
+  return {C_OK, '', rec, ST_RUNNING .. ':' .. dwelt}
 end
 
 local stored = redis.call('GET', KEYS[1])
