@@ -92,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions, pair (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, cycle-runs, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions, pair (health always runs; empty: all)")
 	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd at once, each on a fresh redis-server, under the same load, and compare their CPU per call (the pair part)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
@@ -132,10 +132,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, s := range strings.Split(*only, ",") {
 		switch s = strings.TrimSpace(s); s {
 		case "":
-		case "reserve", "reserve-sha", "cycle", "replay", "lookup", "latency", "bare", "bare-ledger", bench.BarePairKey, "mcp", "receipts", "functions", "peer", bench.InstructionsKey, "pair":
+		case "reserve", "reserve-sha", "cycle", "cycle-runs", "replay", "lookup", "latency", "bare", "bare-ledger", bench.BarePairKey, "mcp", "receipts", "functions", "peer", bench.InstructionsKey, "pair":
 			c.Only = append(c.Only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions or pair", s)
+			return usagef("--only %q: want reserve, reserve-sha, cycle, cycle-runs, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions or pair", s)
 		}
 	}
 	if c.InstructionCycles <= 0 {

@@ -298,7 +298,7 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	rep := &Report{}
 	addr, rdbAddr := c.Addr, c.RedisAddr
 	if addr == "" {
-		s, err := c.startStack("throughput", benchPolicy)
+		s, err := c.startStack("throughput", benchPolicy+runsPolicy)
 		if err != nil {
 			return nil, err
 		}
@@ -466,6 +466,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		{"reserve", window(reserveName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }, 0},
 		{"reserve-sha", window(reserveSHAName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "f" + r) }, 0},
 		{"cycle", window(cycleName, c.Concurrency, c.Duration, 2), func(r string) Call { return t.Cycle(run + "c" + r) }, 0},
+		{"cycle-runs", window(cycleRunsName, c.Concurrency, c.Duration, 2), func(r string) Call { return t.CycleInRuns(run+"r"+r, RunSteps) }, 0},
 		{"replay", window("Reserve (replay)", c.Concurrency, c.Duration, 1), func(string) Call { return t.Replay(run+"p", c.Preload) }, 0},
 		{"lookup", window("Lookup", c.Concurrency, c.Duration, 1), func(string) Call { return t.Lookup(run+"p", c.Preload) }, 0},
 	}
@@ -531,6 +532,10 @@ const (
 	reserveName = "Reserve (new key)"
 	cycleName   = "Reserve+Complete cycle"
 )
+
+// cycleRunsName is the cycle's scenario with each operation a step of a
+// run of RunSteps, governed by the stack's policy (runsPolicy).
+const cycleRunsName = "Reserve+Complete cycle in runs of 20"
 
 // reserveSHAName is the scenario of a client that sends the parameters'
 // fingerprint (params_sha256) instead of the parameters. It also runs at

@@ -14,14 +14,17 @@ import (
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/internal/servicetest"
+	"github.com/opledger/ledger/ledger"
+	"github.com/opledger/ledger/server"
 )
 
 // TestBenchmarkSmoke runs the benchmark briefly against a service in this
 // process, so `make test` proves it still works. It asserts that every call
-// succeeded and what the numbers describe, never how fast anything was.
+// succeeded and what the numbers describe, never how fast anything was:
+// the cycles in runs were steps of governed runs of RunSteps.
 func TestBenchmarkSmoke(t *testing.T) {
 	srv := redistest.Start(t)
-	stack := servicetest.Start(t, srv.Client(t), servicetest.Options{SweepInterval: time.Hour})
+	stack := servicetest.Start(t, srv.Client(t), servicetest.Options{SweepInterval: time.Hour, Policy: benchPolicy + runsPolicy})
 	var out, log bytes.Buffer
 	rep, err := Run(context.Background(), Config{
 		Addr: stack.Addr, RedisAddr: srv.Addr,
@@ -32,7 +35,7 @@ func TestBenchmarkSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.Throughput) != 6 || len(rep.Latency) != 3 {
+	if len(rep.Throughput) != 7 || len(rep.Latency) != 3 {
 		t.Fatalf("%d throughput and %d latency rows:\n%s", len(rep.Throughput), len(rep.Latency), out.String())
 	}
 	for _, s := range append(rep.Throughput, rep.Latency...) {
@@ -40,10 +43,27 @@ func TestBenchmarkSmoke(t *testing.T) {
 			t.Fatalf("%s: %d calls in %d rounds", s.Name, s.Calls, s.Rounds)
 		}
 	}
-	for _, want := range []string{"health Check", "Reserve (new key)", reserveSHAName, "Reserve+Complete cycle", "Reserve (replay)", "Lookup", "p50 ÷ health"} {
+	for _, want := range []string{"health Check", "Reserve (new key)", reserveSHAName, "Reserve+Complete cycle", cycleRunsName, "Reserve (replay)", "Lookup", "p50 ÷ health"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report without %q:\n%s", want, out.String())
 		}
+	}
+	page, err := stack.Ledger.ListRuns(context.Background(), ledger.Principal{Tenant: server.DefaultTenant, ID: "bench-test"}, ledger.MaxRunPageSize, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, full := 0, 0
+	for _, r := range page.Runs {
+		if r.Steps > RunSteps {
+			t.Errorf("run %s: %d steps, want at most %d", r.ID, r.Steps, RunSteps)
+		}
+		if r.Steps == RunSteps {
+			full++
+		}
+		steps += r.Steps
+	}
+	if runs := rep.Throughput[4]; full == 0 || int64(steps) < runs.Calls {
+		t.Errorf("%d runs, %d of %d steps, %d steps in all; the scenario %q made %d cycles", len(page.Runs), full, RunSteps, steps, runs.Name, runs.Calls)
 	}
 }
 
@@ -89,6 +109,7 @@ func TestOnlyChoosesScenarios(t *testing.T) {
 		{[]string{"latency"}, []string{"health Check"}, []string{"health Check", "Reserve (new key)"}},
 		{[]string{"reserve-sha", "latency"}, []string{"health Check", reserveSHAName}, []string{"health Check", "Reserve (new key)", reserveSHAName}},
 		{[]string{"lookup"}, []string{"health Check", "Lookup"}, nil},
+		{[]string{"cycle-runs"}, []string{"health Check", cycleRunsName}, nil},
 	} {
 		var out, log bytes.Buffer
 		rep, err := Run(context.Background(), Config{

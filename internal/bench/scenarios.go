@@ -165,9 +165,25 @@ func (t *Target) ReserveNewFingerprint(prefix string) Call {
 // Cycle reserves a new operation and completes it as SUCCEEDED with a
 // ResultBytes result: the whole life of a successful tool call.
 func (t *Target) Cycle(prefix string) Call {
+	return t.cycle(prefix, 0)
+}
+
+// CycleInRuns is Cycle with each operation a step of a run of steps
+// operations (run (seq-1)/steps), governed when the service's policy
+// governs every run id (runsPolicy).
+func (t *Target) CycleInRuns(prefix string, steps int64) Call {
+	return t.cycle(prefix, steps)
+}
+
+// cycle is Cycle, with runs of steps operations when steps > 0.
+func (t *Target) cycle(prefix string, steps int64) Call {
 	return func(ctx context.Context, seq int64) error {
 		id := OperationID(prefix, seq)
-		res, err := t.reserve(ctx, id, seq, ledgerv1.Decision_DECISION_EXECUTE)
+		req := t.reserveRequest(id, seq)
+		if steps > 0 {
+			req.RunId = runOf(prefix, (seq-1)/steps)
+		}
+		res, err := t.send(ctx, req, ledgerv1.Decision_DECISION_EXECUTE)
 		if err != nil {
 			return err
 		}
