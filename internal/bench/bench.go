@@ -535,7 +535,7 @@ const (
 
 // cycleRunsName is the cycle's scenario with each operation a step of a
 // run of RunSteps, governed by the stack's policy (runsPolicy).
-const cycleRunsName = "Reserve+Complete cycle in runs of 20"
+var cycleRunsName = fmt.Sprintf("Reserve+Complete cycle in runs of %d", RunSteps)
 
 // reserveSHAName is the scenario of a client that sends the parameters'
 // fingerprint (params_sha256) instead of the parameters. It also runs at
