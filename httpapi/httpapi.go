@@ -7,19 +7,28 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"strings"
+	"sync"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 	"github.com/opledger/ledger/gen/openapi"
+	"github.com/opledger/ledger/server"
 )
 
 // OpenAPIPath is where the OpenAPI description is served.
 const OpenAPIPath = "/v1/openapi.json"
+
+// setQueryParser sets the query parser, a global of grpc-gateway's, once.
+var setQueryParser sync.Once
 
 // Handler returns the HTTP/JSON API of the ledger service reached over
 // conn. Requests carry the caller's credentials in the Authorization header
@@ -28,10 +37,13 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	// protojson's defaults, not grpc-gateway's: answers without zero fields
 	// (as grpcurl prints them), and a request field the message does not
 	// have refused, not dropped.
-	gw := runtime.NewServeMux(
+	opts := []runtime.ServeMuxOption{
 		runtime.WithErrorHandler(errorHandler),
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{}),
-	)
+		runtime.WithRoutingErrorHandler(routingErrorHandler),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, &marshaler{}),
+	}
+	setQueryParser.Do(func() { opts = append(opts, runtime.SetQueryParameterParser(&queryParser{})) })
+	gw := runtime.NewServeMux(opts...)
 	if err := ledgerv1.RegisterLedgerServiceHandler(context.Background(), gw, conn); err != nil {
 		return nil, err
 	}
@@ -40,16 +52,82 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.JSON)
 	})
-	mux.Handle("/v1/", gw)
+	mux.Handle("/v1/", checkUTF8(gw))
 	return mux, nil
 }
 
 // errorHandler writes the gRPC status as JSON (code, message and details,
 // the ErrorInfo among them), with the HTTP status of its code; the
-// ledger's conflicts (FAILED_PRECONDITION) are 409.
+// ledger's conflicts (FAILED_PRECONDITION) are 409. A status made before
+// the service was called (a body, query or path refused here) gets the
+// ErrorInfo the service would have given it.
 func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	if status.Code(err) == codes.FailedPrecondition {
-		err = &runtime.HTTPStatusError{HTTPStatus: http.StatusConflict, Err: err}
+	httpStatus := 0
+	if hse := (*runtime.HTTPStatusError)(nil); errors.As(err, &hse) {
+		httpStatus, err = hse.HTTPStatus, hse.Err
+	}
+	st := withErrorInfo(status.Convert(err))
+	if httpStatus == 0 && st.Code() == codes.FailedPrecondition {
+		httpStatus = http.StatusConflict
+	}
+	err = st.Err()
+	if httpStatus != 0 {
+		err = &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
+// reasons are the ErrorInfo reasons of the codes a status made outside the
+// service may have.
+var reasons = map[codes.Code]string{
+	codes.InvalidArgument:  server.ReasonInvalidArgument,
+	codes.DeadlineExceeded: server.ReasonDeadlineExceeded,
+	codes.Canceled:         server.ReasonCanceled,
+	codes.Internal:         server.ReasonInternal,
+}
+
+// withErrorInfo returns st with an ErrorInfo of its code's reason when it
+// has none, and for a request refused here (invalidPrefix) the field as a
+// BadRequest violation.
+func withErrorInfo(st *status.Status) *status.Status {
+	reason, ok := reasons[st.Code()]
+	if !ok || hasErrorInfo(st) {
+		return st
+	}
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: server.ErrorDomain}}
+	if rest, ok := strings.CutPrefix(st.Message(), invalidPrefix); ok && st.Code() == codes.InvalidArgument {
+		field, desc, _ := strings.Cut(rest, ": ")
+		details = append(details, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: desc}}})
+	}
+	if with, err := st.WithDetails(details...); err == nil {
+		return with
+	}
+	return st
+}
+
+func hasErrorInfo(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if _, ok := d.(*errdetails.ErrorInfo); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// routingErrorHandler answers a path the API does not have (404) and a
+// method its path does not take (405) with UNIMPLEMENTED, as gRPC answers
+// a method it does not have: never NOT_FOUND, which says that no such
+// operation or run exists.
+func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+	var err error
+	switch httpStatus {
+	case http.StatusNotFound:
+		err = status.Error(codes.Unimplemented, "no such path: the paths are in "+OpenAPIPath)
+	case http.StatusMethodNotAllowed:
+		err = status.Error(codes.Unimplemented, "this path takes another method: the paths are in "+OpenAPIPath)
+	default:
+		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)
+		return
+	}
+	errorHandler(ctx, mux, m, w, r, &runtime.HTTPStatusError{HTTPStatus: httpStatus, Err: err})
 }

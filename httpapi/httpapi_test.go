@@ -24,7 +24,7 @@ type api struct {
 	keys map[string]string // scope -> key
 }
 
-func start(t *testing.T, rdb redis.UniversalClient) *api {
+func start(t testing.TB, rdb redis.UniversalClient) *api {
 	t.Helper()
 	st := servicetest.StartHTTP(t, rdb, servicetest.Options{Policy: ledgertest.Policy}, "http-"+strings.ToLower(t.Name()), "k", nil)
 	return &api{url: st.URL, keys: st.Keys}
@@ -125,24 +125,41 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			t.Fatalf("GetCaller = %+v", me)
 		}
 
+		// Errors made before the service is called (the body, the query,
+		// the path) carry the ErrorInfo too, and name no value of the
+		// request (secret stands for one). A path or method the API does
+		// not have is UNIMPLEMENTED, never NOT_FOUND.
+		const secret = "s3cr3t"
 		for _, c := range []struct {
 			name, scope, method, path, body string
-			status                          int
+			status, code                    int
 			reason                          string
 		}{
-			{"no credentials", "", "GET", "/v1/operations/wf-1:refund", "", 401, "UNAUTHENTICATED"},
-			{"a viewer's Reserve", "viewer", "POST", "/v1/operations/x:reserve", reserve, 403, "PERMISSION_DENIED"},
-			{"no such operation", "viewer", "GET", "/v1/operations/never", "", 404, "NOT_FOUND"},
-			{"bad input", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"bad tool"}`, 400, "INVALID_ARGUMENT"},
-			{"a stale token", "agent", "POST", "/v1/operations/wf-1:refund:complete", `{"fencing_token":"1","outcome":"OUTCOME_SUCCEEDED"}`, 409, "STALE_FENCING_TOKEN"},
-			{"not JSON", "agent", "POST", "/v1/operations/x:reserve", `{"tool":`, 400, ""},
-			{"an unknown field", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","amount":5}`, 400, ""},
-			{"no such run", "viewer", "GET", "/v1/runs/never", "", 404, "NOT_FOUND"},
-			{"a compensation of what did not succeed", "agent", "POST", "/v1/operations/y:reserve", `{"tool":"t.x","compensates":"never"}`, 409, "NOT_COMPENSABLE"},
+			{"no credentials", "", "GET", "/v1/operations/wf-1:refund", "", 401, 16, "UNAUTHENTICATED"},
+			{"a viewer's Reserve", "viewer", "POST", "/v1/operations/x:reserve", reserve, 403, 7, "PERMISSION_DENIED"},
+			{"no such operation", "viewer", "GET", "/v1/operations/never", "", 404, 5, "NOT_FOUND"},
+			{"bad input", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"bad tool"}`, 400, 3, "INVALID_ARGUMENT"},
+			{"a stale token", "agent", "POST", "/v1/operations/wf-1:refund:complete", `{"fencing_token":"1","outcome":"OUTCOME_SUCCEEDED"}`, 409, 9, "STALE_FENCING_TOKEN"},
+			{"not JSON", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"s3cr3t`, 400, 3, "INVALID_ARGUMENT"},
+			{"an unknown field", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","amount":5,"params":{"card":"s3cr3t"}}`, 400, 3, "INVALID_ARGUMENT"},
+			{"a value of the wrong kind", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","params":{"card":"s3cr3t"},"holder":5}`, 400, 3, "INVALID_ARGUMENT"},
+			{"a number JSON cannot hold", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","params":{"s3cr3t":1e999}}`, 400, 3, "INVALID_ARGUMENT"},
+			{"two bodies", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x"}{"tool":"s3cr3t"}`, 400, 3, "INVALID_ARGUMENT"},
+			{"a path not UTF-8", "viewer", "GET", "/v1/operations/%FF", "", 400, 3, "INVALID_ARGUMENT"},
+			{"a query not UTF-8", "viewer", "GET", "/v1/operations:lookup?operation_id=%FF", "", 400, 3, "INVALID_ARGUMENT"},
+			{"a misspelt filter", "reconciler", "GET", "/v1/operations:unresolved?state=STATE_UNKNOWN", "", 400, 3, "INVALID_ARGUMENT"},
+			{"a filter's value", "reconciler", "GET", "/v1/operations:unresolved?page_size=s3cr3t", "", 400, 3, "INVALID_ARGUMENT"},
+			{"no such path", "viewer", "GET", "/v1/operation/wf-1:refund", "", 404, 12, ""},
+			{"another method", "viewer", "DELETE", "/v1/operations/wf-1:refund", "", 405, 12, ""},
+			{"no such run", "viewer", "GET", "/v1/runs/never", "", 404, 5, "NOT_FOUND"},
+			{"a compensation of what did not succeed", "agent", "POST", "/v1/operations/y:reserve", `{"tool":"t.x","compensates":"never"}`, 409, 9, "NOT_COMPENSABLE"},
 		} {
 			r := a.call(t, c.scope, c.method, c.path, c.body)
-			if r.status != c.status || r.reason() != c.reason {
-				t.Errorf("%s: %d %q (%v), want %d %q", c.name, r.status, r.reason(), r.body, c.status, c.reason)
+			if r.status != c.status || r.get("code") != float64(c.code) || r.reason() != c.reason {
+				t.Errorf("%s: %d, code %v, %q (%v), want %d, code %d, %q", c.name, r.status, r.get("code"), r.reason(), r.body, c.status, c.code, c.reason)
+			}
+			if msg, _ := r.get("message").(string); strings.Contains(fmt.Sprint(r.body), secret) || msg == "" {
+				t.Errorf("%s: the answer repeats a value of the request, or has no message: %v", c.name, r.body)
 			}
 		}
 
@@ -187,6 +204,59 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 		}
 		if got := a.call(t, "viewer", "GET", "/v1/runs?states=RUN_STATE_UNSPECIFIED", ""); got.status != 400 || got.reason() != "INVALID_ARGUMENT" {
 			t.Errorf("ListRuns of no state = %+v, want 400 INVALID_ARGUMENT", got)
+		}
+	})
+}
+
+// FuzzHandler: whatever the method, path, query and body, the API answers
+// JSON, never INTERNAL or another server error, and every error but a path
+// or method it does not have (UNIMPLEMENTED) carries an ErrorInfo.
+func FuzzHandler(f *testing.F) {
+	for _, seed := range []struct {
+		method uint8
+		target string
+		body   []byte
+	}{
+		{1, "operations/wf-1:reserve", []byte(`{"tool":"t.x","params":{"amount":5},"holder":"h-1"}`)},
+		{1, "operations/wf-1:complete", []byte(`{"fencing_token":"1","outcome":"OUTCOME_SUCCEEDED","result":{"data":{"a":1}}}`)},
+		{1, "operations:reserve", []byte(`{"operation_id":"a/b","tool":"t.x"}`)},
+		{0, "operations/wf-1", nil},
+		{0, "operations:lookup?operation_id=%FF", nil},
+		{0, "operations:unresolved?states=STATE_UNKNOWN&page_size=2&tool=t.x", nil},
+		{0, "runs?states=RUN_STATE_RUNNING&page_token=zz", nil},
+		{1, "runs/r-1:start", []byte(`{"limits":{"max_steps":1,"deadline":"60s"}}`)},
+		{2, "operations/%E2%9C%93", nil},
+		{1, "operations/x:reserve", []byte("{\"tool\":\"t\xff\"}")},
+	} {
+		f.Add(seed.method, seed.target, seed.body)
+	}
+	a := start(f, redistest.Embedded(f))
+	methods := []string{"GET", "POST", "DELETE", "PUT", "PATCH"}
+	f.Fuzz(func(t *testing.T, method uint8, target string, body []byte) {
+		req, err := http.NewRequest(methods[int(method)%len(methods)], a.url+"/v1/"+target, strings.NewReader(string(body)))
+		if err != nil {
+			return // not a request a client can send
+		}
+		req.Header.Set("Authorization", "Bearer "+a.keys["agent"])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return // refused by net/http before any handler
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		r := reply{status: resp.StatusCode}
+		if err := json.Unmarshal(b, &r.body); err != nil {
+			if resp.StatusCode == http.StatusBadRequest && !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+				return // net/http's own refusal of a malformed request line
+			}
+			t.Fatalf("%s /v1/%q: %d, not JSON: %q", req.Method, target, resp.StatusCode, b)
+		}
+		code, _ := r.get("code").(float64)
+		switch {
+		case resp.StatusCode >= 500:
+			t.Fatalf("%s /v1/%q: %d %v", req.Method, target, resp.StatusCode, r.body)
+		case resp.StatusCode != 200 && code != 12 && r.reason() == "":
+			t.Fatalf("%s /v1/%q: %d without an ErrorInfo: %v", req.Method, target, resp.StatusCode, r.body)
 		}
 	})
 }

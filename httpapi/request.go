@@ -1,0 +1,184 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// invalidPrefix begins the message of every request this package refuses,
+// as the service's own INVALID_ARGUMENT messages begin; the field named
+// after it becomes the BadRequest violation (errorHandler).
+const invalidPrefix = "invalid request: "
+
+// invalid is the error of a request refused for field: desc.
+func invalid(field, desc string) error {
+	return errors.New(invalidPrefix + field + ": " + desc)
+}
+
+// marshaler is protojson's, with body errors that name where the body
+// went wrong, never what it holds (a parameter's value, say).
+type marshaler struct{ runtime.JSONPb }
+
+// NewDecoder returns the JSON decoder of a request body.
+func (m *marshaler) NewDecoder(r io.Reader) runtime.Decoder {
+	return decoder{m.JSONPb.NewDecoder(r)}
+}
+
+type decoder struct{ runtime.Decoder }
+
+// Decode decodes the body, one JSON value, into v; io.EOF stands for an
+// empty body.
+func (d decoder) Decode(v any) error {
+	err := d.Decoder.Decode(v)
+	if errors.Is(err, io.EOF) {
+		return err
+	}
+	if err != nil {
+		return invalid("body", bodyProblem(err, v))
+	}
+	var more json.RawMessage
+	if err := d.Decoder.Decode(&more); !errors.Is(err, io.EOF) {
+		return invalid("body", "more than one JSON value")
+	}
+	return nil
+}
+
+var (
+	protoPosition = regexp.MustCompile(`\(line (\d+):(\d+)\)`)
+	namedField    = regexp.MustCompile(`(unknown|duplicate) field "([A-Za-z0-9_]{1,64})"`)
+	badValue      = regexp.MustCompile(`invalid value for [a-z0-9 ]*field ([A-Za-z0-9_]{1,64}):`)
+)
+
+// bodyProblem describes err, an error decoding a body into v, without
+// any of the body's values.
+func bodyProblem(err error, v any) string {
+	var tooLarge *http.MaxBytesError
+	var syntax *json.SyntaxError
+	switch {
+	case errors.As(err, &tooLarge):
+		return fmt.Sprintf("larger than %d bytes", tooLarge.Limit)
+	case errors.As(err, &syntax):
+		return fmt.Sprintf("not JSON (at byte %d)", syntax.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "not JSON (it ends early)"
+	}
+	desc := "not a valid request"
+	if m, ok := v.(proto.Message); ok {
+		desc = "not a valid " + string(proto.MessageName(m))
+	}
+	msg := err.Error()
+	if f := namedField.FindStringSubmatch(msg); f != nil {
+		desc = fmt.Sprintf("%s field %q", f[1], f[2])
+	} else if f := badValue.FindStringSubmatch(msg); f != nil {
+		desc = fmt.Sprintf("not a valid value for field %q", f[1])
+	} else if strings.Contains(msg, "invalid UTF-8") {
+		desc = "a string not UTF-8"
+	}
+	if p := protoPosition.FindStringSubmatch(msg); p != nil {
+		desc += " (line " + p[1] + ", column " + p[2] + ")"
+	}
+	return desc
+}
+
+// queryParser is grpc-gateway's, refusing a parameter the request has no
+// field for (a misspelt filter would otherwise list everything), and
+// naming the parameter whose value it cannot read, without the value.
+type queryParser struct{ runtime.DefaultQueryParser }
+
+// Parse sets msg's fields from values, except those filter names (bound
+// from the path).
+func (p *queryParser) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
+	keys := slices.Sorted(maps.Keys(values))
+	for _, k := range keys {
+		if !hasField(msg.ProtoReflect().Descriptor(), k) {
+			return invalid(k, "no such query parameter")
+		}
+	}
+	if p.DefaultQueryParser.Parse(msg, values, filter) == nil {
+		return nil
+	}
+	for _, k := range keys {
+		scratch := msg.ProtoReflect().New().Interface()
+		if p.DefaultQueryParser.Parse(scratch, url.Values{k: values[k]}, filter) != nil {
+			return invalid(k, "not a valid value")
+		}
+	}
+	return invalid("query", "not valid")
+}
+
+// hasField reports whether key (a.b.c, or a[k] for a map) names a field of
+// md by its proto or JSON name, as grpc-gateway reads it.
+func hasField(md protoreflect.MessageDescriptor, key string) bool {
+	if i := strings.IndexByte(key, '['); i >= 0 && strings.HasSuffix(key, "]") {
+		key = key[:i]
+	}
+	parts := strings.Split(key, ".")
+	for i, name := range parts {
+		fields := md.Fields()
+		f := fields.ByName(protoreflect.Name(name))
+		if f == nil {
+			f = fields.ByJSONName(name)
+		}
+		if f == nil {
+			return false
+		}
+		if i < len(parts)-1 {
+			if f.Message() == nil || f.IsList() || f.IsMap() {
+				return false
+			}
+			md = f.Message()
+		}
+	}
+	return true
+}
+
+// checkUTF8 refuses a request whose path or query, decoded, is not UTF-8:
+// ids and filters are protobuf strings, which must be.
+func checkUTF8(gw *runtime.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := utf8Problem(r.URL); err != nil {
+			_, out := runtime.MarshalerForRequest(gw, r)
+			errorHandler(r.Context(), gw, out, w, r, status.Error(codes.InvalidArgument, err.Error()))
+			return
+		}
+		gw.ServeHTTP(w, r)
+	})
+}
+
+// utf8Problem returns the error of the first part of u that is not UTF-8.
+func utf8Problem(u *url.URL) error {
+	if !utf8.ValidString(u.Path) {
+		return invalid("path", "not UTF-8")
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return invalid("query", "not a valid query string")
+	}
+	for k, vs := range q {
+		if !utf8.ValidString(k) {
+			return invalid("query", "a parameter's name is not UTF-8")
+		}
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				return invalid(k, "not UTF-8")
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package httpapi
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/utilities"
+
+	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
+)
+
+// secret stands for a parameter's value: no error may repeat it.
+const secret = "s3cr3t"
+
+// TestDecoderErrors: a body that is not one valid JSON request is refused
+// with the place and kind of the problem, never a value of the body.
+func TestDecoderErrors(t *testing.T) {
+	for _, c := range []struct {
+		name, body, want string
+	}{
+		{"a valid body", `{"tool":"t","params":{"card":"s3cr3t"}}`, ""},
+		{"an empty body", ``, "EOF"},
+		{"white space only", "  \n", "EOF"},
+		{"an unknown field", `{"tool":"t","params":{"card":"s3cr3t"},"bogus":1}`,
+			`invalid request: body: unknown field "bogus" (line 1, column 40)`},
+		{"a field twice", `{"tool":"t","tool":"s3cr3t"}`, `invalid request: body: duplicate field "tool" (line 1, column 13)`},
+		{"a value of the wrong kind", `{"tool":5,"params":{"card":"s3cr3t"}}`,
+			`invalid request: body: not a valid value for field "tool" (line 1, column 9)`},
+		{"a number out of range", `{"tool":"t","params":{"s3cr3t":1e400}}`,
+			`invalid request: body: not a valid ledger.v1.ReserveRequest (line 1, column 32)`},
+		{"a string not UTF-8", "{\"tool\":\"t\",\"params\":{\"card\":\"s3cr3t\xff\"}}",
+			`invalid request: body: a string not UTF-8 (line 1, column 30)`},
+		{"not JSON", `s3cr3t`, `invalid request: body: not JSON (at byte 1)`},
+		{"cut short", `{"tool":"s3cr3t`, `invalid request: body: not JSON (it ends early)`},
+		{"two values", `{"tool":"t"} {"tool":"s3cr3t"}`, `invalid request: body: more than one JSON value`},
+		{"a value and more", `{"tool":"t"} s3cr3t`, `invalid request: body: more than one JSON value`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var req ledgerv1.ReserveRequest
+			err := (&marshaler{}).NewDecoder(strings.NewReader(c.body)).Decode(&req)
+			got := ""
+			if err != nil {
+				got = err.Error()
+			}
+			if got != c.want {
+				t.Errorf("Decode(%q) = %q, want %q", c.body, got, c.want)
+			}
+			if c.want == "EOF" && !errors.Is(err, io.EOF) {
+				t.Errorf("Decode(%q) = %v, want io.EOF itself (an empty body)", c.body, err)
+			}
+			if strings.Contains(got, secret) {
+				t.Errorf("the error repeats a value of the body: %q", got)
+			}
+		})
+	}
+}
+
+// TestDecoderTooLarge: a body cut by http.MaxBytesReader says so.
+func TestDecoderTooLarge(t *testing.T) {
+	body := http.MaxBytesReader(httptest.NewRecorder(), io.NopCloser(strings.NewReader(`{"tool":"`+strings.Repeat("x", 100)+`"}`)), 64)
+	var req ledgerv1.ReserveRequest
+	err := (&marshaler{}).NewDecoder(body).Decode(&req)
+	if want := "invalid request: body: larger than 64 bytes"; err == nil || err.Error() != want {
+		t.Errorf("Decode = %v, want %q", err, want)
+	}
+}
+
+// TestQueryParser: a parameter the request has no field for is refused,
+// and so is a value of the wrong kind, by the parameter's name only.
+func TestQueryParser(t *testing.T) {
+	for _, c := range []struct {
+		query, want string
+	}{
+		{"states=STATE_UNKNOWN&tool=t&page_size=5&overdue=true", ""},
+		{"pageSize=5&pageToken=abc&needsReview=true", ""},
+		{"state=STATE_UNKNOWN", "invalid request: state: no such query parameter"},
+		{"tool=t&Tool=t", "invalid request: Tool: no such query parameter"},
+		{"tool.name=t", "invalid request: tool.name: no such query parameter"},
+		{"page_size=s3cr3t", "invalid request: page_size: not a valid value"},
+		{"states=STATE_UNKNOWN&states=s3cr3t", "invalid request: states: not a valid value"},
+		{"overdue=s3cr3t&tool=t", "invalid request: overdue: not a valid value"},
+		{"tool=a&tool=b", "invalid request: tool: not a valid value"},
+	} {
+		values, err := url.ParseQuery(c.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var req ledgerv1.ListUnresolvedRequest
+		got := ""
+		if err := (&queryParser{}).Parse(&req, values, utilities.NewDoubleArray(nil)); err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("?%s: %q, want %q", c.query, got, c.want)
+		}
+	}
+}
+
+// TestUTF8Problem: a path or query that is not UTF-8, decoded, is refused
+// by the part that is not.
+func TestUTF8Problem(t *testing.T) {
+	for _, c := range []struct {
+		url, want string
+	}{
+		{"/v1/operations/wf-1:refund?x=%C3%A9", ""},
+		{"/v1/operations/%E2%9C%93", ""},
+		{"/v1/operations/%FF", "invalid request: path: not UTF-8"},
+		{"/v1/operations:lookup?operation_id=a%FFb", "invalid request: operation_id: not UTF-8"},
+		{"/v1/operations:lookup?%FF=a", "invalid request: query: a parameter's name is not UTF-8"},
+		{"/v1/operations:lookup?operation_id=%ZZ", "invalid request: query: not a valid query string"},
+	} {
+		u, err := url.ParseRequestURI(c.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if err := utf8Problem(u); err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("%s: %q, want %q", c.url, got, c.want)
+		}
+	}
+}
