@@ -381,12 +381,24 @@ func parse(args []string, env func(string) string) (*options, error) {
 		return o, usagef("", "unknown command %q", cmd)
 	}
 	o.cmd, o.args = cmd, positional[1:]
+	for _, a := range o.args {
+		if !utf8.ValidString(a) {
+			return o, usagef(cmd, "argument %q is not UTF-8 text", a)
+		}
+	}
+	if !isPrintableASCII(o.apiKey) {
+		return o, usagef(cmd, "the API key (--api-key, or LEDGER_API_KEY) has bytes no API key has: keys are printable ASCII")
+	}
 	var bad error
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
 		given[f.Name] = true
 		if bad == nil && !slices.Contains(globalFlags, f.Name) && !slices.Contains(commandFlags[cmd], f.Name) {
 			bad = usagef(cmd, "--%s is not a flag of %s", f.Name, cmd)
+		}
+		if bad == nil && f.Name != "data" && !utf8.ValidString(f.Value.String()) {
+			// (parseData says where in --data.)
+			bad = usagef(cmd, "--%s is not UTF-8 text", f.Name)
 		}
 		// An empty value is an unset variable, not the flag left out.
 		empty := bad == nil && f.Value.String() == ""
@@ -452,6 +464,17 @@ func parse(args []string, env func(string) string) (*options, error) {
 		return o, usagef(cmd, "--tls-cert and --tls-key go together")
 	}
 	return o, nil
+}
+
+// isPrintableASCII reports whether s has only the bytes a gRPC header
+// value may carry.
+func isPrintableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // helpCommand answers the command line positional, "help [command]": the

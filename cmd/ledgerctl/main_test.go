@@ -752,6 +752,14 @@ func TestUsage(t *testing.T) {
 		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "1_796_001_016_347"}, "--fencing-token"},
 		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "-1"}, "--fencing-token"},
 		{[]string{"reconcile", "a", "not-applied", "--fencing-token", "18446744073709551616"}, "--fencing-token"},
+		// Text the wire cannot carry is refused here, not by gRPC as INTERNAL.
+		{[]string{"lookup", "a\xff"}, `argument "a\xff" is not UTF-8 text`},
+		{[]string{"get-run", "\xfe"}, `argument "\xfe" is not UTF-8 text`},
+		{[]string{"list-unresolved", "--tool", "t\xff"}, "--tool is not UTF-8 text"},
+		{[]string{"reconcile", "a", "escalate", "--note", "n\xff"}, "--note is not UTF-8 text"},
+		{[]string{"end-run", "r", "done", "--reason", "\xff"}, "--reason is not UTF-8 text"},
+		{[]string{"lookup", "a", "--api-key", "k.s\x01"}, "the API key (--api-key, or LEDGER_API_KEY) has bytes no API key has"},
+		{[]string{"lookup", "a", "--api-key", "k.s\xc3\xa9"}, "the API key (--api-key, or LEDGER_API_KEY) has bytes no API key has"},
 	} {
 		o := ctl(t, env, c.args...)
 		if o.code != 2 || !strings.HasPrefix(o.stderr, "ledgerctl: ") || !strings.Contains(strings.SplitN(o.stderr, "\n", 2)[0], c.want) || !strings.Contains(o.stderr, "usage: ledgerctl") || o.stdout != "" {
