@@ -32,10 +32,14 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -230,7 +234,7 @@ func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	if cc != nil && c.key != "" {
 		cc = keyedConn{cc: cc, key: c.key}
 	}
-	c.rpc = ledgerv1.NewLedgerServiceClient(cc)
+	c.rpc = ledgerv1.NewLedgerServiceClient(checkedConn{cc})
 	return c
 }
 
@@ -270,9 +274,41 @@ func Dial(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.conn, c.rpc = conn, ledgerv1.NewLedgerServiceClient(conn)
+	c.conn, c.rpc = conn, ledgerv1.NewLedgerServiceClient(checkedConn{conn})
 	return c, nil
 }
+
+// checkedConn answers a request gRPC cannot encode (a string that is not
+// UTF-8: an id, a tool, a note) as the ledger answers one it cannot decode,
+// INVALID_ARGUMENT: nothing was sent. gRPC says INTERNAL, which callers
+// retry.
+type checkedConn struct{ grpc.ClientConnInterface }
+
+func (c checkedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if status.Code(err) != codes.Internal {
+		return err
+	}
+	// The same message comes from a server that could not encode its
+	// answer, after the call took effect: only a request that does not
+	// encode here was refused before it left.
+	if m, ok := args.(proto.Message); ok {
+		if _, merr := proto.Marshal(m); merr != nil {
+			return notSent
+		}
+	}
+	return err
+}
+
+// notSent is the refusal of a request that does not encode.
+var notSent = func() error {
+	st, err := status.New(codes.InvalidArgument, "invalid request: a string field is not valid UTF-8 (nothing was sent)").
+		WithDetails(&errdetails.ErrorInfo{Reason: "INVALID_ARGUMENT", Domain: "ledger.v1"})
+	if err != nil {
+		panic(err)
+	}
+	return st.Err()
+}()
 
 // Conn returns the connection Dial made (nil for New).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }

@@ -673,6 +673,51 @@ func TestDoRefusesParamsTheWireWouldRound(t *testing.T) {
 	}
 }
 
+// TestRequestsTheWireCannotCarry: a string that is not UTF-8 (an id, a
+// tool, a note) is refused as INVALID_ARGUMENT, as the ledger refuses one it
+// receives, not as gRPC's INTERNAL, which callers retry; Do never runs fn.
+func TestRequestsTheWireCannotCarry(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination()
+	good := e.op("good", "payments.refund", map[string]any{"amount": 5})
+	if _, err := e.c.Do(e.ctx, good, d.fn); err != nil {
+		t.Fatal(err)
+	}
+	bad := "caf\xe9"
+	with := func(f func(*client.Op)) client.Op {
+		op := e.op("latin1", "payments.refund", map[string]any{"amount": 5})
+		f(&op)
+		return op
+	}
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"Do, the id", func() error { _, err := e.c.Do(e.ctx, with(func(o *client.Op) { o.ID += bad }), d.fn); return err }},
+		{"Do, the tool", func() error { _, err := e.c.Do(e.ctx, with(func(o *client.Op) { o.Tool = bad }), d.fn); return err }},
+		{"Do, the permit", func() error { _, err := e.c.Do(e.ctx, with(func(o *client.Op) { o.PermitID = bad }), d.fn); return err }},
+		{"Do, the run", func() error { _, err := e.c.Do(e.ctx, with(func(o *client.Op) { o.RunID = bad }), d.fn); return err }},
+		{"Lookup", func() error { _, err := e.c.Lookup(e.ctx, bad); return err }},
+		{"Reconcile, the note", func() error {
+			_, err := e.c.Reconcile(e.ctx, good.ID, client.Finding{Kind: client.Escalate, Note: bad})
+			return err
+		}},
+		{"StartRun", func() error { _, err := e.c.StartRun(e.ctx, bad, client.RunLimits{}); return err }},
+	} {
+		err := c.call()
+		var le *client.Error
+		if !errors.Is(err, client.ErrInvalidArgument) || !errors.As(err, &le) || le.Code != codes.InvalidArgument {
+			t.Errorf("%s: %v, want INVALID_ARGUMENT", c.name, err)
+		}
+	}
+	if n := d.calls.Load(); n != 1 {
+		t.Errorf("fn ran %d times, want once (the good operation)", n)
+	}
+	if o, err := e.c.Lookup(e.ctx, good.ID); err != nil || o.State != client.StateSucceeded || len(o.History) != 2 {
+		t.Errorf("the good operation: %+v, %v; want it SUCCEEDED, untouched by the refused Reconcile", o, err)
+	}
+}
+
 func TestDoRecordsResultDataOfAnyJSONShape(t *testing.T) {
 	e := newEnv(t, redistest.Shared(t).Client(t))
 	type slot struct {
