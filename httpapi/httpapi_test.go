@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -24,9 +25,14 @@ type api struct {
 	keys map[string]string // scope -> key
 }
 
+// starts numbers the stacks, so a test run again (-count) has a tenant
+// of its own on the same Redis.
+var starts atomic.Int64
+
 func start(t testing.TB, rdb redis.UniversalClient) *api {
 	t.Helper()
-	st := servicetest.StartHTTP(t, rdb, servicetest.Options{Policy: ledgertest.Policy}, "http-"+strings.ToLower(t.Name()), "k", nil)
+	tenant := fmt.Sprintf("http-%s-%d", strings.ToLower(t.Name()), starts.Add(1))
+	st := servicetest.StartHTTP(t, rdb, servicetest.Options{Policy: ledgertest.Policy}, tenant, "k", nil)
 	return &api{url: st.URL, keys: st.Keys}
 }
 
