@@ -41,6 +41,7 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &marshaler{}),
+		runtime.WithMiddlewares(withPathParams),
 	}
 	setQueryParser.Do(func() { opts = append(opts, runtime.SetQueryParameterParser(&queryParser{})) })
 	gw := runtime.NewServeMux(opts...)

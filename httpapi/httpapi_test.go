@@ -151,6 +151,8 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			{"a value of the wrong kind", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","params":{"card":"s3cr3t"},"holder":5}`, 400, 3, "INVALID_ARGUMENT"},
 			{"a number JSON cannot hold", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x","params":{"s3cr3t":1e999}}`, 400, 3, "INVALID_ARGUMENT"},
 			{"two bodies", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x"}{"tool":"s3cr3t"}`, 400, 3, "INVALID_ARGUMENT"},
+			{"another id in the body than the path's", "agent", "POST", "/v1/operations/x:reserve", `{"operation_id":"y","tool":"t.x"}`, 400, 3, "INVALID_ARGUMENT"},
+			{"another run in the body than the path's", "agent", "POST", "/v1/runs/r-9:start", `{"run_id":"r-8"}`, 400, 3, "INVALID_ARGUMENT"},
 			{"a path not UTF-8", "viewer", "GET", "/v1/operations/%FF", "", 400, 3, "INVALID_ARGUMENT"},
 			{"a query not UTF-8", "viewer", "GET", "/v1/operations:lookup?operation_id=%FF", "", 400, 3, "INVALID_ARGUMENT"},
 			{"a misspelt filter", "reconciler", "GET", "/v1/operations:unresolved?state=STATE_UNKNOWN", "", 400, 3, "INVALID_ARGUMENT"},
@@ -169,6 +171,11 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			}
 		}
 
+		// The path's id may be repeated in the body.
+		if same := a.call(t, "agent", "POST", "/v1/operations/wf-2:reserve", `{"operation_id":"wf-2","tool":"t.x","holder":"h-9"}`); same.status != 200 ||
+			same.get("operation", "operationId") != "wf-2" {
+			t.Fatalf("Reserve with the path's id in the body = %+v", same)
+		}
 		// An id with '/' cannot be a path segment: the body and query
 		// bindings name it.
 		slash := a.call(t, "agent", "POST", "/v1/operations:reserve", `{"operation_id":"acme/eu:1","tool":"t.x","holder":"h-2"}`)

@@ -37,13 +37,35 @@ type marshaler struct{ runtime.JSONPb }
 
 // NewDecoder returns the JSON decoder of a request body.
 func (m *marshaler) NewDecoder(r io.Reader) runtime.Decoder {
-	return decoder{m.JSONPb.NewDecoder(r)}
+	pb, _ := r.(pathBody)
+	return decoder{m.JSONPb.NewDecoder(r), pb.params}
 }
 
-type decoder struct{ runtime.Decoder }
+// pathBody is a request's body with the parameters of its path, which
+// the path sets after the body is decoded (withPathParams).
+type pathBody struct {
+	io.ReadCloser
+	params map[string]string
+}
+
+// withPathParams hands a request's path parameters to its body's decoder.
+func withPathParams(next runtime.HandlerFunc) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if len(params) > 0 && r.Body != nil {
+			r.Body = pathBody{r.Body, params}
+		}
+		next(w, r, params)
+	}
+}
+
+type decoder struct {
+	runtime.Decoder
+	path map[string]string // the path's parameters
+}
 
 // Decode decodes the body, one JSON value, into v; io.EOF stands for an
-// empty body.
+// empty body. It refuses a body that names another id than the path: the
+// path's would silently win.
 func (d decoder) Decode(v any) error {
 	err := d.Decoder.Decode(v)
 	if errors.Is(err, io.EOF) {
@@ -55,6 +77,24 @@ func (d decoder) Decode(v any) error {
 	var more json.RawMessage
 	if err := d.Decoder.Decode(&more); !errors.Is(err, io.EOF) {
 		return invalid("body", "more than one JSON value")
+	}
+	if m, ok := v.(proto.Message); ok {
+		return d.samePath(m.ProtoReflect())
+	}
+	return nil
+}
+
+// samePath refuses a string field of m that the body set to another value
+// than the path's parameter of the same name.
+func (d decoder) samePath(m protoreflect.Message) error {
+	for _, name := range slices.Sorted(maps.Keys(d.path)) {
+		f := m.Descriptor().Fields().ByName(protoreflect.Name(name))
+		if f == nil || f.Kind() != protoreflect.StringKind || f.IsList() {
+			continue
+		}
+		if got := m.Get(f).String(); got != "" && got != d.path[name] {
+			return invalid(name, fmt.Sprintf("the body's %q differs from the path's %q", got, d.path[name]))
+		}
 	}
 	return nil
 }

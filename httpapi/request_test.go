@@ -20,29 +20,40 @@ const secret = "s3cr3t"
 // TestDecoderErrors: a body that is not one valid JSON request is refused
 // with the place and kind of the problem, never a value of the body.
 func TestDecoderErrors(t *testing.T) {
+	onPath := map[string]string{"operation_id": "wf-1"}
 	for _, c := range []struct {
 		name, body, want string
+		path             map[string]string // the request path's parameters
 	}{
-		{"a valid body", `{"tool":"t","params":{"card":"s3cr3t"}}`, ""},
-		{"an empty body", ``, "EOF"},
-		{"white space only", "  \n", "EOF"},
+		{"a valid body", `{"tool":"t","params":{"card":"s3cr3t"}}`, "", nil},
+		{"an empty body", ``, "EOF", nil},
+		{"white space only", "  \n", "EOF", nil},
 		{"an unknown field", `{"tool":"t","params":{"card":"s3cr3t"},"bogus":1}`,
-			`invalid request: body: unknown field "bogus" (line 1, column 40)`},
-		{"a field twice", `{"tool":"t","tool":"s3cr3t"}`, `invalid request: body: duplicate field "tool" (line 1, column 13)`},
+			`invalid request: body: unknown field "bogus" (line 1, column 40)`, nil},
+		{"a field twice", `{"tool":"t","tool":"s3cr3t"}`, `invalid request: body: duplicate field "tool" (line 1, column 13)`, nil},
 		{"a value of the wrong kind", `{"tool":5,"params":{"card":"s3cr3t"}}`,
-			`invalid request: body: not a valid value for field "tool" (line 1, column 9)`},
+			`invalid request: body: not a valid value for field "tool" (line 1, column 9)`, nil},
 		{"a number out of range", `{"tool":"t","params":{"s3cr3t":1e400}}`,
-			`invalid request: body: not a valid ledger.v1.ReserveRequest (line 1, column 32)`},
+			`invalid request: body: not a valid ledger.v1.ReserveRequest (line 1, column 32)`, nil},
 		{"a string not UTF-8", "{\"tool\":\"t\",\"params\":{\"card\":\"s3cr3t\xff\"}}",
-			`invalid request: body: a string not UTF-8 (line 1, column 30)`},
-		{"not JSON", `s3cr3t`, `invalid request: body: not JSON (at byte 1)`},
-		{"cut short", `{"tool":"s3cr3t`, `invalid request: body: not JSON (it ends early)`},
-		{"two values", `{"tool":"t"} {"tool":"s3cr3t"}`, `invalid request: body: more than one JSON value`},
-		{"a value and more", `{"tool":"t"} s3cr3t`, `invalid request: body: more than one JSON value`},
+			`invalid request: body: a string not UTF-8 (line 1, column 30)`, nil},
+		{"not JSON", `s3cr3t`, `invalid request: body: not JSON (at byte 1)`, nil},
+		{"cut short", `{"tool":"s3cr3t`, `invalid request: body: not JSON (it ends early)`, nil},
+		{"two values", `{"tool":"t"} {"tool":"s3cr3t"}`, `invalid request: body: more than one JSON value`, nil},
+		{"a value and more", `{"tool":"t"} s3cr3t`, `invalid request: body: more than one JSON value`, nil},
+		{"the path's id again", `{"operation_id":"wf-1","tool":"t"}`, "", onPath},
+		{"no id, with one on the path", `{"tool":"t"}`, "", onPath},
+		{"another id than the path's", `{"operation_id":"wf-2","tool":"t"}`,
+			`invalid request: operation_id: the body's "wf-2" differs from the path's "wf-1"`, onPath},
+		{"an id, no path", `{"operation_id":"wf-2","tool":"t"}`, "", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var req ledgerv1.ReserveRequest
-			err := (&marshaler{}).NewDecoder(strings.NewReader(c.body)).Decode(&req)
+			var body io.Reader = strings.NewReader(c.body)
+			if c.path != nil {
+				body = pathBody{io.NopCloser(body), c.path}
+			}
+			err := (&marshaler{}).NewDecoder(body).Decode(&req)
 			got := ""
 			if err != nil {
 				got = err.Error()
