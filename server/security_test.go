@@ -651,7 +651,9 @@ func (rawCodec) Name() string { return "proto" }
 
 func TestUndecodableRequestsAreInvalidArgument(t *testing.T) {
 	kr := newKeyring(t)
-	key := kr.add(t, "a", "acme", "agent", false)
+	// A tenant of its own: the ids below are fixed, and a rerun (-count)
+	// shares the Redis.
+	key := kr.add(t, "a", "acme-"+randomHex(4), "agent", false)
 	e := startSecure(t, redistest.Shared(t).Client(t), kr.creds(t, ""), server.Config{MaxRequestBytes: 4 << 10}, ledger.Options{}, nil)
 	var badUTF8 []byte
 	badUTF8 = protowire.AppendTag(badUTF8, 1, protowire.BytesType)
