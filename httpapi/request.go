@@ -201,7 +201,8 @@ func checkUTF8(gw *runtime.ServeMux) http.Handler {
 	})
 }
 
-// utf8Problem returns the error of the first part of u that is not UTF-8.
+// utf8Problem returns the error of the first part of u that is not UTF-8:
+// the path, else the first parameter by name.
 func utf8Problem(u *url.URL) error {
 	if !utf8.ValidString(u.Path) {
 		return invalid("path", "not UTF-8")
@@ -210,7 +211,8 @@ func utf8Problem(u *url.URL) error {
 	if err != nil {
 		return invalid("query", "not a valid query string")
 	}
-	for k, vs := range q {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		vs := q[k]
 		if !utf8.ValidString(k) {
 			return invalid("query", "a parameter's name is not UTF-8")
 		}
