@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/yamlerr"
 	"github.com/opledger/ledger/internal/yamlnull"
 	"go.yaml.in/yaml/v3"
 )
@@ -223,7 +224,7 @@ func ParsePolicies(data []byte) (*Policies, error) {
 	dec.KnownFields(true)
 	// An empty document (io.EOF) means all defaults.
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
+		return nil, yamlerr.Readable(err, data)
 	}
 	var more any
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {

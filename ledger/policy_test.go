@@ -95,7 +95,8 @@ func TestParsePoliciesRefusesBadFiles(t *testing.T) {
 		{"tools:\n  - lease: 1s\n", "match is required"},
 		{"tools:\n  - match: x\n    consequential_fields: [\"amount\"]\n", "consequential_fields"},
 		{"defaults: {}\n---\ndefaults: {lease: 1s}\n", "exactly one"},
-		{"tools: 3\n", "cannot unmarshal"},
+		{"tools: 3\n", "line 1: tools: a whole number where a list belongs"},
+		{"tools:\n  - match: x\n    efect: irreversible\n", "line 3: unknown field efect"},
 	} {
 		_, err := ParsePolicies([]byte(c.doc))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/internal/yamlerr"
 	"github.com/opledger/ledger/internal/yamlnull"
 )
 
@@ -209,7 +210,7 @@ func ParseConfig(data []byte, lookup func(string) (string, bool)) (*Config, erro
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("the file is empty: at least one upstream is needed")
 		}
-		return nil, err
+		return nil, yamlerr.Readable(err, data)
 	}
 	var more any
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {

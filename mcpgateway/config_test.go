@@ -63,7 +63,8 @@ func TestParseConfigRefuses(t *testing.T) {
 	for _, tc := range []struct{ doc, want string }{
 		{"", "at least one upstream"},
 		{"upstreams: []", "at least one is needed"},
-		{"bogus: 1\n" + up, "field bogus not found"},
+		{"bogus: 1\n" + up, "line 1: unknown field bogus"},
+		{"upstreams:\n  - {name: t, command: x}\n", "line 2: text where a list belongs"},
 		{up + "---\n" + up, "exactly one YAML document"},
 		{"ledger: {address: nowhere}\n" + up, "want HOST:PORT"},
 		{"ledger: {api_key_env: UNSET}\n" + up, "UNSET is not set"},

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/opledger/ledger/internal/yamlerr"
 	"github.com/opledger/ledger/internal/yamlnull"
 	"github.com/opledger/ledger/ledger"
 )
@@ -152,7 +153,7 @@ func ParseCredentials(data []byte) (*Credentials, error) {
 	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
 		return nil, errors.New("the credentials file is empty: it needs a YAML document with the keys (docs/security.md)")
 	} else if err != nil {
-		return nil, fmt.Errorf("not a valid credentials document: %w", err)
+		return nil, fmt.Errorf("not a valid credentials document: %w", yamlerr.Readable(err, data))
 	}
 	// What follows the document would otherwise go unread: a key revoked
 	// there, or text that is no YAML at all.

@@ -598,6 +598,17 @@ func TestCredentialsErrorsQuoteNoSecret(t *testing.T) {
 			t.Errorf("%v: want the entry and the id named", err)
 		}
 	}
+	// A file of the wrong shape is refused by line and kind, in the
+	// file's terms: no Go type, and not the value (a key pasted there).
+	for _, c := range []struct{ doc, want string }{
+		{"keys: " + key + "\n", "not a valid credentials document: line 1: keys: text where a list belongs"},
+		{"keys:\n  - {id: k1, tenant: acme, scope: [agent], secret_sha256: " + hash + "}\n", "not a valid credentials document: line 2: unknown field scope"},
+	} {
+		_, err := server.ParseCredentials([]byte(c.doc))
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%q: %v, want %q", c.doc, err, c.want)
+		}
+	}
 }
 
 // TestCredentialsClientURIAsCompared: a client's uri is compared with a
