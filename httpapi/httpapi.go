@@ -37,14 +37,16 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	// protojson's defaults, not grpc-gateway's: answers without zero fields
 	// (as grpcurl prints them), and a request field the message does not
 	// have refused, not dropped.
+	params := &pathParams{}
 	opts := []runtime.ServeMuxOption{
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &marshaler{}),
-		runtime.WithMiddlewares(withPathParams),
+		runtime.WithMiddlewares(params.middleware),
 	}
 	setQueryParser.Do(func() { opts = append(opts, runtime.SetQueryParameterParser(&queryParser{})) })
 	gw := runtime.NewServeMux(opts...)
+	params.gw = gw
 	if err := ledgerv1.RegisterLedgerServiceHandler(context.Background(), gw, conn); err != nil {
 		return nil, err
 	}

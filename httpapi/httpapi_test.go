@@ -153,6 +153,8 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			{"two bodies", "agent", "POST", "/v1/operations/x:reserve", `{"tool":"t.x"}{"tool":"s3cr3t"}`, 400, 3, "INVALID_ARGUMENT"},
 			{"another id in the body than the path's", "agent", "POST", "/v1/operations/x:reserve", `{"operation_id":"y","tool":"t.x"}`, 400, 3, "INVALID_ARGUMENT"},
 			{"another run in the body than the path's", "agent", "POST", "/v1/runs/r-9:start", `{"run_id":"r-8"}`, 400, 3, "INVALID_ARGUMENT"},
+			{"another id in the query than the path's", "viewer", "GET", "/v1/operations/wf-1:refund?operation_id=never", "", 400, 3, "INVALID_ARGUMENT"},
+			{"another run in the query than the path's, by JSON name", "viewer", "GET", "/v1/runs/never?runId=r-1", "", 400, 3, "INVALID_ARGUMENT"},
 			{"a path not UTF-8", "viewer", "GET", "/v1/operations/%FF", "", 400, 3, "INVALID_ARGUMENT"},
 			{"a query not UTF-8", "viewer", "GET", "/v1/operations:lookup?operation_id=%FF", "", 400, 3, "INVALID_ARGUMENT"},
 			{"a misspelt filter", "reconciler", "GET", "/v1/operations:unresolved?state=STATE_UNKNOWN", "", 400, 3, "INVALID_ARGUMENT"},
@@ -171,6 +173,10 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			}
 		}
 
+		// The path's id may be repeated in the query.
+		if same := a.call(t, "viewer", "GET", "/v1/operations/wf-1:refund?operationId=wf-1%3Arefund", ""); same.status != 200 {
+			t.Fatalf("Lookup with the path's id in the query = %+v", same)
+		}
 		// The path's id may be repeated in the body.
 		if same := a.call(t, "agent", "POST", "/v1/operations/wf-2:reserve", `{"operation_id":"wf-2","tool":"t.x","holder":"h-9"}`); same.status != 200 ||
 			same.get("operation", "operationId") != "wf-2" {

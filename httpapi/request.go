@@ -42,20 +42,63 @@ func (m *marshaler) NewDecoder(r io.Reader) runtime.Decoder {
 }
 
 // pathBody is a request's body with the parameters of its path, which
-// the path sets after the body is decoded (withPathParams).
+// the path sets after the body is decoded (pathParams).
 type pathBody struct {
 	io.ReadCloser
 	params map[string]string
 }
 
-// withPathParams hands a request's path parameters to its body's decoder.
-func withPathParams(next runtime.HandlerFunc) runtime.HandlerFunc {
+// pathParams is a grpc-gateway middleware of gw: it hands a request's
+// path parameters to its body's decoder, and refuses a query that names
+// another value for one of them, which grpc-gateway would drop.
+type pathParams struct{ gw *runtime.ServeMux }
+
+func (p *pathParams) middleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		if err := otherInQuery(r.URL.Query(), params); err != nil {
+			_, out := runtime.MarshalerForRequest(p.gw, r)
+			errorHandler(r.Context(), p.gw, out, w, r, status.Error(codes.InvalidArgument, err.Error()))
+			return
+		}
 		if len(params) > 0 && r.Body != nil {
 			r.Body = pathBody{r.Body, params}
 		}
 		next(w, r, params)
 	}
+}
+
+// otherInQuery returns the error of a query parameter that names a path
+// parameter, by its proto or JSON name, with another value.
+func otherInQuery(q url.Values, params map[string]string) error {
+	for _, name := range slices.Sorted(maps.Keys(params)) {
+		for _, key := range []string{name, jsonName(name)} {
+			for _, v := range q[key] {
+				if v != params[name] {
+					return invalid(name, fmt.Sprintf("the query's %q differs from the path's %q", v, params[name]))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// jsonName is protobuf's JSON name of the field name: run_id is runId.
+func jsonName(name string) string {
+	var b strings.Builder
+	upper := false
+	for _, c := range name {
+		switch {
+		case c == '_':
+			upper = true
+		case upper && 'a' <= c && c <= 'z':
+			b.WriteRune(c - 'a' + 'A')
+			upper = false
+		default:
+			b.WriteRune(c)
+			upper = false
+		}
+	}
+	return b.String()
 }
 
 type decoder struct {

@@ -138,3 +138,34 @@ func TestUTF8Problem(t *testing.T) {
 		}
 	}
 }
+
+// TestOtherInQuery: a query may repeat a path parameter, by its proto or
+// JSON name, but not name another value for it.
+func TestOtherInQuery(t *testing.T) {
+	path := map[string]string{"operation_id": "wf-1", "run_id": "r-1"}
+	for _, c := range []struct {
+		query, want string
+	}{
+		{"", ""},
+		{"operation_id=wf-1&runId=r-1&page_size=5", ""},
+		{"operation_id=wf-2", `invalid request: operation_id: the query's "wf-2" differs from the path's "wf-1"`},
+		{"operationId=wf-1&operationId=wf-2", `invalid request: operation_id: the query's "wf-2" differs from the path's "wf-1"`},
+		{"runId=r-2", `invalid request: run_id: the query's "r-2" differs from the path's "r-1"`},
+		{"operationid=wf-2", ""}, // no such name: the query parser refuses it
+	} {
+		q, err := url.ParseQuery(c.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if err := otherInQuery(q, path); err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("?%s: %q, want %q", c.query, got, c.want)
+		}
+	}
+	if got := jsonName("needs_review"); got != "needsReview" {
+		t.Errorf("jsonName(needs_review) = %q", got)
+	}
+}
