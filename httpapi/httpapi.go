@@ -55,7 +55,7 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.JSON)
 	})
-	mux.Handle("/v1/", checkUTF8(gw))
+	mux.Handle("/v1/", gw)
 	return mux, nil
 }
 

@@ -48,14 +48,20 @@ type pathBody struct {
 	params map[string]string
 }
 
-// pathParams is a grpc-gateway middleware of gw: it hands a request's
-// path parameters to its body's decoder, and refuses a query that names
-// another value for one of them, which grpc-gateway would drop.
+// pathParams is a grpc-gateway middleware of gw, run before any call: it
+// refuses a path or query that is not UTF-8 (ids and filters are protobuf
+// strings) and a query naming another value for a path parameter (which
+// grpc-gateway would drop), and hands the path's parameters to the body's
+// decoder.
 type pathParams struct{ gw *runtime.ServeMux }
 
 func (p *pathParams) middleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
-		if err := otherInQuery(r.URL.Query(), params); err != nil {
+		q, err := utf8Query(r.URL)
+		if err == nil {
+			err = otherInQuery(q, params)
+		}
+		if err != nil {
 			_, out := runtime.MarshalerForRequest(p.gw, r)
 			errorHandler(r.Context(), p.gw, out, w, r, status.Error(codes.InvalidArgument, err.Error()))
 			return
@@ -231,39 +237,25 @@ func hasField(md protoreflect.MessageDescriptor, key string) bool {
 	return true
 }
 
-// checkUTF8 refuses a request whose path or query, decoded, is not UTF-8:
-// ids and filters are protobuf strings, which must be.
-func checkUTF8(gw *runtime.ServeMux) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := utf8Problem(r.URL); err != nil {
-			_, out := runtime.MarshalerForRequest(gw, r)
-			errorHandler(r.Context(), gw, out, w, r, status.Error(codes.InvalidArgument, err.Error()))
-			return
-		}
-		gw.ServeHTTP(w, r)
-	})
-}
-
-// utf8Problem returns the error of the first part of u that is not UTF-8:
-// the path, else the first parameter by name.
-func utf8Problem(u *url.URL) error {
+// utf8Query returns u's query, or the error of the first part of u that
+// is not UTF-8: the path, else the first parameter by name.
+func utf8Query(u *url.URL) (url.Values, error) {
 	if !utf8.ValidString(u.Path) {
-		return invalid("path", "not UTF-8")
+		return nil, invalid("path", "not UTF-8")
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return invalid("query", "not a valid query string")
+		return nil, invalid("query", "not a valid query string")
 	}
 	for _, k := range slices.Sorted(maps.Keys(q)) {
-		vs := q[k]
 		if !utf8.ValidString(k) {
-			return invalid("query", "a parameter's name is not UTF-8")
+			return nil, invalid("query", "a parameter's name is not UTF-8")
 		}
-		for _, v := range vs {
+		for _, v := range q[k] {
 			if !utf8.ValidString(v) {
-				return invalid(k, "not UTF-8")
+				return nil, invalid(k, "not UTF-8")
 			}
 		}
 	}
-	return nil
+	return q, nil
 }

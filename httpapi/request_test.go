@@ -112,9 +112,9 @@ func TestQueryParser(t *testing.T) {
 	}
 }
 
-// TestUTF8Problem: a path or query that is not UTF-8, decoded, is refused
+// TestUTF8Query: a path or query that is not UTF-8, decoded, is refused
 // by the part that is not.
-func TestUTF8Problem(t *testing.T) {
+func TestUTF8Query(t *testing.T) {
 	for _, c := range []struct {
 		url, want string
 	}{
@@ -130,7 +130,7 @@ func TestUTF8Problem(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := ""
-		if err := utf8Problem(u); err != nil {
+		if _, err := utf8Query(u); err != nil {
 			got = err.Error()
 		}
 		if got != c.want {
