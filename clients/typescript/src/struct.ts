@@ -9,10 +9,12 @@ export type JSONValue = null | boolean | number | string | JSONValue[] | { [key:
 type Value = Record<string, unknown>;
 
 /**
- * A JSON value as a google.protobuf.Value. What JSON cannot carry (a BigInt,
- * NaN, a Map, a class instance) is refused with a TypeError rather than sent
- * as {} or null, where two different requests would share a fingerprint. A
- * Date is sent as its ISO string (toJSON).
+ * A JSON value as a google.protobuf.Value, as JSON.stringify writes it: a
+ * member whose value is undefined is left out, an undefined list item is
+ * null, a Date is its ISO string (toJSON). What JSON cannot carry (a BigInt,
+ * NaN, a Map, a function, a class instance) is refused with a TypeError
+ * rather than sent as {} or null, where two different requests would share a
+ * fingerprint.
  */
 function toValue(v: unknown): Value {
   if (v === null || v === undefined) return { nullValue: 'NULL_VALUE' };
@@ -24,7 +26,8 @@ function toValue(v: unknown): Value {
     return toValue((v as { toJSON: () => unknown }).toJSON());
   }
   if (typeof v === 'object' && [Object.prototype, null].includes(Object.getPrototypeOf(v))) {
-    return { structValue: { fields: Object.fromEntries(Object.entries(v as object).map(([k, x]) => [k, toValue(x)])) } };
+    const members = Object.entries(v as object).filter(([, x]) => x !== undefined);
+    return { structValue: { fields: Object.fromEntries(members.map(([k, x]) => [k, toValue(x)])) } };
   }
   const what = typeof v === 'object' ? `a ${(v as object).constructor?.name || 'object'}` : `${typeof v} ${String(v)}`;
   throw new TypeError(`no JSON value for ${what}`);

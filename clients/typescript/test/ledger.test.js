@@ -4,6 +4,7 @@
 // conformance scenario it covers (docs/contract.md §9).
 
 const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
 const { test } = require('node:test');
 const client = require('../dist');
 const { addr, ids, Destination, dropper } = require('./helpers');
@@ -32,6 +33,20 @@ test('S2: the effect applied, its answer lost, then a replay', async (t) => {
   assert.equal(again.replayed, true);
   assert.equal(again.resourceId, first.resourceId);
   assert.equal(dest.total(), 1);
+});
+
+test('params are fingerprinted as JSON.stringify writes them', async (t) => {
+  const { dest, ledger, id } = setup();
+  t.after(() => ledger.close());
+  const operationId = id('refund');
+  const call = (params) => ledger.callTool({ operationId, tool: 'payments.refund', params, permitId: 'p-1' }, refund(dest));
+  const first = await call({ amount: 10, note: undefined, tags: ['a', undefined] });
+  const again = await call({ amount: 10, tags: ['a', null] }); // the same request, as another language sends it
+  assert.equal(first.replayed, false);
+  assert.equal(again.replayed, true);
+  assert.equal(dest.total(), 1);
+  const want = crypto.createHash('sha256').update('{"amount":10,"tags":["a",null]}').digest();
+  assert.deepEqual(Buffer.from((await ledger.lookup(operationId)).params_sha256), want);
 });
 
 test('S3: the worker died after the effect', async (t) => {
