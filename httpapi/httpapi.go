@@ -37,10 +37,14 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	// protojson's defaults, not grpc-gateway's: answers without zero fields
 	// (as grpcurl prints them), and a request field the message does not
 	// have refused, not dropped.
+	rt, err := newRoutes()
+	if err != nil {
+		return nil, err
+	}
 	params := &pathParams{}
 	opts := []runtime.ServeMuxOption{
 		runtime.WithErrorHandler(errorHandler),
-		runtime.WithRoutingErrorHandler(routingErrorHandler),
+		runtime.WithRoutingErrorHandler(rt.routingError),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &marshaler{}),
 		runtime.WithMiddlewares(params.middleware),
 	}
@@ -55,7 +59,7 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openapi.JSON)
 	})
-	mux.Handle("/v1/", gw)
+	mux.Handle("/v1/", headAsGet(gw))
 	return mux, nil
 }
 
@@ -117,16 +121,17 @@ func hasErrorInfo(st *status.Status) bool {
 	return false
 }
 
-// routingErrorHandler answers a path the API does not have (404) and a
-// method its path does not take (405) with UNIMPLEMENTED, as gRPC answers
-// a method it does not have: never NOT_FOUND, which says that no such
-// operation or run exists.
-func routingErrorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
+// routingError answers a path the API does not have (404) and a method its
+// path does not take (405, with the Allow header) with UNIMPLEMENTED, as
+// gRPC answers a method it does not have: never NOT_FOUND, which says that
+// no such operation or run exists.
+func (rt *routes) routingError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, httpStatus int) {
 	var err error
 	switch httpStatus {
 	case http.StatusNotFound:
 		err = status.Error(codes.Unimplemented, "no such path: the paths are in "+OpenAPIPath)
 	case http.StatusMethodNotAllowed:
+		w.Header().Set("Allow", rt.allow(r))
 		err = status.Error(codes.Unimplemented, "this path takes another method: the paths are in "+OpenAPIPath)
 	default:
 		runtime.DefaultRoutingErrorHandler(ctx, mux, m, w, r, httpStatus)

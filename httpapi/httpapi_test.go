@@ -229,7 +229,8 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 
 // FuzzHandler: whatever the method, path, query and body, the API answers
 // JSON, never INTERNAL or another server error, and every error but a path
-// or method it does not have (UNIMPLEMENTED) carries an ErrorInfo.
+// or method it does not have (UNIMPLEMENTED) carries an ErrorInfo; a 405
+// names the methods the path takes, the request's not among them.
 func FuzzHandler(f *testing.F) {
 	for _, seed := range []struct {
 		method uint8
@@ -276,6 +277,8 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("%s /v1/%q: %d %v", req.Method, target, resp.StatusCode, r.body)
 		case resp.StatusCode != 200 && code != 12 && r.reason() == "":
 			t.Fatalf("%s /v1/%q: %d without an ErrorInfo: %v", req.Method, target, resp.StatusCode, r.body)
+		case resp.StatusCode == http.StatusMethodNotAllowed && (resp.Header.Get("Allow") == "" || strings.Contains(resp.Header.Get("Allow"), req.Method)):
+			t.Fatalf("%s /v1/%q: 405 with Allow %q", req.Method, target, resp.Header.Get("Allow"))
 		}
 	})
 }
