@@ -6,6 +6,7 @@ Each test is named by the contract's conformance scenario it covers
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -65,6 +66,69 @@ def test_s5_timeout_then_reconciliation(ledger, dest, ids, applied):
     assert out.replayed is applied  # found by the reconciler, or run again after NOT_APPLIED
     assert ledger.lookup(op).state == pb.STATE_SUCCEEDED
     assert dest.total() == 1
+
+
+@pytest.mark.parametrize("data", [
+    {"id": 2**53 + 1},
+    {"ids": [1, -(2**53 + 1)]},
+    {"rate": float("nan")},
+    {"nested": {"limit": float("inf")}},
+], ids=["an integer beyond 2^53", "one in a list", "NaN", "an infinity"])
+def test_result_data_the_wire_would_change_is_not_recorded(ledger, dest, ids, data):
+    # The wire's doubles would record 2^53+1 as 2^53: a replay would name
+    # another resource than the one the tool made. The effect is left to
+    # reconciliation at once, and the tool is not run again.
+    op = ids("refund")
+
+    def made(a):
+        dest.apply(a.idempotency_key)
+        return {"resource_id": "R-1", "data": data}
+
+    with pytest.raises(opledger.NotRecorded) as err:
+        ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=made)
+    assert err.value.result.data is data
+    recorded = ledger.lookup(op)
+    assert recorded.state == pb.STATE_UNKNOWN and not recorded.HasField("result")
+    again = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=made)
+    assert again.replayed and again.data == {"receipt": "R-1"}  # the reconciler's finding
+    assert dest.total() == 1
+
+
+def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):
+    # A reconciler's finding with an id beyond 2^53 would be recorded as
+    # another resource: it is not sent, and the operation stays UNKNOWN.
+    op = ids("refund")
+
+    def found_rounded(rec):
+        return opledger.Finding(opledger.Finding.APPLIED, resource_id="R-1", data={"id": 2**53 + 1})
+
+    def lost(a):
+        dest.apply(a.idempotency_key)
+        raise TimeoutError("the answer was lost")
+
+    ledger = opledger.Ledger(addr, reconcilers={"payments.refund": found_rounded})
+    try:
+        with pytest.raises(TimeoutError):
+            ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=lost)
+        with pytest.raises(opledger.NeedsReconciliation) as err:
+            ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=lost)
+        assert isinstance(err.value.__cause__, ValueError) and "data/id" in str(err.value.__cause__)
+        assert ledger.lookup(op).state == pb.STATE_UNKNOWN
+    finally:
+        ledger.close()
+    assert dest.total() == 1
+
+
+@pytest.mark.parametrize("data", [
+    {"id": 2**53, "low": -(2**53), "rate": 1.5, "ok": True, "none": None},
+    {"pair": (1, "a"), "nested": [{"t": (2,)}]},
+], ids=["exact numbers", "tuples, as lists"])
+def test_result_data_recorded_as_json_writes_it(ledger, dest, ids, data):
+    op = ids("refund")
+    out = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                           fn=lambda a: {"resource_id": "R-1", "data": data})
+    assert out.data == json.loads(json.dumps(data))
+    assert ledger.lookup(op).state == pb.STATE_SUCCEEDED
 
 
 def test_s9_appointment_with_faults(ledger, dest, ids):

@@ -49,11 +49,12 @@ from opledger.client import (  # noqa: I001
     _lease,
     _lease_end,
     _repeatable,
+    data_struct,
     error_info,
     in_progress_delay,
     lease_margin,
     params_struct,
-    to_struct,
+    reconcile_request,
 )
 
 # An async reconciler: asks the destination whether an UNKNOWN operation's effect exists.
@@ -209,10 +210,11 @@ class AsyncLedger:
         except Exception as err:  # noqa: BLE001 - a reconciler that fails decides nothing
             self.log(f"reconciler of {tool} for {op.operation_id}: {err!r}")
             raise NeedsReconciliation(op, receipt) from err
-        request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
-                                      fencing_token=op.fencing_token)
-        if found.kind == pb.FINDING_APPLIED:
-            request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=to_struct(found.data)))
+        try:
+            request = reconcile_request(op, found)
+        except (AttributeError, TypeError, ValueError) as err:
+            self.log(f"reconciler of {tool} for {op.operation_id}: a finding that cannot be sent: {err}")
+            raise NeedsReconciliation(op, receipt) from err
         try:
             got = await self.rpc("Reconcile", request)
         except LedgerError as err:
@@ -287,7 +289,7 @@ class AsyncLedger:
         try:
             ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
                           replayed=False, operation=op)
-            result = pb.Result(resource_id=ran.resource_id, data=to_struct(ran.data))
+            result = pb.Result(resource_id=ran.resource_id, data=data_struct(ran.data))
         except (AttributeError, TypeError, ValueError) as err:
             with contextlib.suppress(NotRecorded):
                 await self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason="the result cannot be encoded"))

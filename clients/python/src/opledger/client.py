@@ -331,28 +331,50 @@ def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return s
 
 
+def exact_json(value: Any, where: str) -> Any:
+    """value as the wire's JSON carries it exactly, tuples as lists.
+
+    Raises ValueError, naming where, for what the wire's doubles would carry
+    changed: an integer beyond 2^53 (or a NaN or infinity) would reach the
+    ledger as another number.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and abs(value) > 2**53:
+        raise ValueError(f"{where}: an integer beyond 2^53 cannot be sent exactly; send it as a string")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: NaN and infinities have no JSON form")
+    if isinstance(value, dict):
+        return {k: exact_json(x, f"{where}/{k}") for k, x in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [exact_json(x, f"{where}/{i}") for i, x in enumerate(value)]
+    return value
+
+
 def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
     """The parameters as a Struct, refusing what the wire's doubles would round.
 
-    An integer beyond 2^53 (or a NaN or infinity) would reach the ledger as
-    another number, so two different amounts could share a fingerprint.
+    Two different amounts could otherwise share a fingerprint (exact_json).
     """
-    def walk(v: Any, path: str) -> None:
-        if isinstance(v, bool) or v is None or isinstance(v, str):
-            return
-        if isinstance(v, int) and abs(v) > 2**53:
-            raise ValueError(f"params{path}: an integer beyond 2^53 cannot be sent exactly; send it as a string")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError(f"params{path}: NaN and infinities have no JSON form")
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(x, f"{path}/{k}")
-        elif isinstance(v, (list, tuple)):
-            for i, x in enumerate(v):
-                walk(x, f"{path}/{i}")
+    return to_struct(exact_json(params, "params"))
 
-    walk(params, "")
-    return to_struct(params)
+
+def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
+    """Result data as a Struct, refusing what the wire's doubles would round.
+
+    A replay would otherwise hand on another number than the tool's (an id
+    2^53+1 recorded as 2^53), so such a result is not recorded (exact_json).
+    """
+    return to_struct(exact_json(data, "data"))
+
+
+def reconcile_request(op: pb.Operation, found: Finding) -> pb.ReconcileRequest:
+    """The Reconcile of op that records found; raises ValueError for data the wire cannot carry exactly."""
+    request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
+                                  fencing_token=op.fencing_token)
+    if found.kind == pb.FINDING_APPLIED:
+        request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=data_struct(found.data)))
+    return request
 
 
 # The backoff between Reserves while another caller holds the claim, in seconds.
@@ -689,10 +711,11 @@ class Ledger:
         except Exception as err:  # noqa: BLE001 - a reconciler that fails decides nothing
             self.log(f"reconciler of {tool} for {op.operation_id}: {err!r}")
             raise NeedsReconciliation(op, receipt) from err
-        request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
-                                      fencing_token=op.fencing_token)
-        if found.kind == pb.FINDING_APPLIED:
-            request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=to_struct(found.data)))
+        try:
+            request = reconcile_request(op, found)
+        except (AttributeError, TypeError, ValueError) as err:
+            self.log(f"reconciler of {tool} for {op.operation_id}: a finding that cannot be sent: {err}")
+            raise NeedsReconciliation(op, receipt) from err
         try:
             got = self.rpc("Reconcile", request)
         except LedgerError as err:
@@ -817,7 +840,7 @@ class Ledger:
         try:
             ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
                           replayed=False, operation=op)
-            result = pb.Result(resource_id=ran.resource_id, data=to_struct(ran.data))
+            result = pb.Result(resource_id=ran.resource_id, data=data_struct(ran.data))
         except (AttributeError, TypeError, ValueError) as err:
             # The effect happened but its result cannot be sent: leave it to
             # reconciliation rather than record a result that is not the tool's.
