@@ -328,7 +328,12 @@ export class Ledger {
       throw new NeedsReconciliationError(op, receipt);
     }
     const request: Request = { operation_id: op.operation_id, finding: found.kind, note: found.note || '', fencing_token: op.fencing_token };
-    if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: found.resourceId || '', data: toStruct(found.data || {}) };
+    try {
+      if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: found.resourceId || '', data: toStruct(found.data || {}) };
+    } catch (err) {
+      this.log(`reconciler of ${tool} for ${op.operation_id}: a finding that cannot be sent: ${(err as Error).message}`);
+      throw new NeedsReconciliationError(op, receipt);
+    }
     let got: Response;
     try {
       got = await this.rpc('Reconcile', request);

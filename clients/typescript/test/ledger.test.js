@@ -82,6 +82,19 @@ for (const applied of [true, false]) {
   });
 }
 
+test('a finding that cannot be sent decides nothing', async (t) => {
+  const dest = new Destination();
+  const found = async () => ({ kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { amount: 10n } }); // a BigInt
+  const ledger = new client.Ledger(addr(), { reconcilers: { 'payments.refund': found } });
+  t.after(() => ledger.close());
+  const call = { operationId: ids()('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
+  dest.faults = ['after-write'];
+  await assert.rejects(ledger.callTool(call, refund(dest)), /timed out after the write/);
+  await assert.rejects(ledger.callTool(call, refund(dest)), client.NeedsReconciliationError);
+  assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_UNKNOWN');
+  assert.equal(dest.total(), 1);
+});
+
 test('S9: an appointment with faults, sent 5 times, 2 of them at once', async (t) => {
   const { dest, ledger, id } = setup();
   t.after(() => ledger.close());
