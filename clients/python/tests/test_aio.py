@@ -162,3 +162,33 @@ def test_a_cancelled_task_leaves_the_attempt_unknown(addr, dest, ids):
 
     assert run(scenario()) == pb.STATE_UNKNOWN
     assert dest.total() == 1
+
+
+def test_data_the_wire_would_change_is_not_recorded(addr, dest, ids):
+    # As in the blocking client: the tool's result with an id beyond 2^53
+    # is not recorded rounded (UNKNOWN at once), and a reconciler's finding
+    # with one decides nothing.
+    def found_rounded(rec):
+        return opledger.Finding(opledger.Finding.APPLIED, resource_id="R-1", data={"id": 2**53 + 1})
+
+    async def scenario():
+        async with opledger.AsyncLedger(addr, reconcilers={"payments.refund": found_rounded}) as lg:
+            op = ids("refund")
+
+            async def made(a):
+                dest.apply(a.idempotency_key)
+                return {"resource_id": "R-1", "data": {"id": 2**53 + 1}}
+
+            with pytest.raises(opledger.NotRecorded) as not_recorded:
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={"amount": 3}, permit_id="p-1",
+                                   fn=made)
+            with pytest.raises(opledger.NeedsReconciliation) as needs:
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={"amount": 3}, permit_id="p-1",
+                                   fn=made)
+            return not_recorded.value, needs.value, await lg.lookup(op)
+
+    not_recorded, needs, rec = run(scenario())
+    assert not_recorded.result.data == {"id": 2**53 + 1}
+    assert isinstance(needs.__cause__, ValueError)
+    assert rec.state == pb.STATE_UNKNOWN and not rec.HasField("result")
+    assert dest.total() == 1

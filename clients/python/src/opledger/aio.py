@@ -286,6 +286,7 @@ class AsyncLedger:
                       else "the tool ended without an answer")
             await asyncio.shield(self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason=reason), err))
             raise
+        ran = None
         try:
             ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
                           replayed=False, operation=op)
@@ -293,7 +294,7 @@ class AsyncLedger:
         except (AttributeError, TypeError, ValueError) as err:
             with contextlib.suppress(NotRecorded):
                 await self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason="the result cannot be encoded"))
-            raise NotRecorded(err) from err
+            raise NotRecorded(err, result=ran) from err
         try:
             done = await self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_SUCCEEDED,
                                                                      result=result), result=ran)
