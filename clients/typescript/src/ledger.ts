@@ -263,7 +263,7 @@ export class Ledger {
     let waits = 0;
     let reconciled = 0;
     const request: Request = {
-      operation_id: operationId, tool, params: toStruct(params), permit_id: permitId, holder, effect, run_id: runId, compensates,
+      operation_id: operationId, tool, params: toStruct(params, 'params'), permit_id: permitId, holder, effect, run_id: runId, compensates,
     };
     for (;;) {
       signal?.throwIfAborted();
@@ -329,7 +329,7 @@ export class Ledger {
     }
     const request: Request = { operation_id: op.operation_id, finding: found.kind, note: found.note || '', fencing_token: op.fencing_token };
     try {
-      if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: found.resourceId || '', data: toStruct(found.data || {}) };
+      if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: found.resourceId || '', data: toStruct(found.data || {}, 'data') };
     } catch (err) {
       this.log(`reconciler of ${tool} for ${op.operation_id}: a finding that cannot be sent: ${(err as Error).message}`);
       throw new NeedsReconciliationError(op, receipt);
@@ -430,7 +430,7 @@ export class Ledger {
     const ran = { result: { resourceId: produced?.resource_id || '', data: produced?.data || {}, replayed: false } };
     let result: Request;
     try {
-      result = { resource_id: ran.result.resourceId, data: toStruct(ran.result.data) };
+      result = { resource_id: ran.result.resourceId, data: toStruct(ran.result.data, 'data') };
     } catch (err) {
       await this.report('MarkUnknown', { ...claim, reason: 'the result cannot be encoded' }, ran).catch(() => {});
       throw new NotRecordedError(err as Error, ran);

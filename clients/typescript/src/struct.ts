@@ -13,30 +13,41 @@ type Value = Record<string, unknown>;
  * member whose value is undefined is left out, an undefined list item is
  * null, a Date is its ISO string (toJSON). What JSON cannot carry (a BigInt,
  * NaN, a Map, a function, a class instance) is refused with a TypeError
- * rather than sent as {} or null, where two different requests would share a
- * fingerprint.
+ * naming where it is (a JSON pointer after where) and what kind it is, never
+ * the value, rather than sent as {} or null, where two different requests
+ * would share a fingerprint.
  */
-function toValue(v: unknown): Value {
+function toValue(v: unknown, where: string): Value {
   if (v === null || v === undefined) return { nullValue: 'NULL_VALUE' };
   if (typeof v === 'number' && Number.isFinite(v)) return { numberValue: v };
   if (typeof v === 'string') return { stringValue: v };
   if (typeof v === 'boolean') return { boolValue: v };
-  if (Array.isArray(v)) return { listValue: { values: v.map(toValue) } };
+  if (Array.isArray(v)) return { listValue: { values: v.map((x, i) => toValue(x, `${where}/${i}`)) } };
   if (typeof v === 'object' && typeof (v as { toJSON?: unknown }).toJSON === 'function') {
-    return toValue((v as { toJSON: () => unknown }).toJSON());
+    return toValue((v as { toJSON: () => unknown }).toJSON(), where);
   }
   if (typeof v === 'object' && [Object.prototype, null].includes(Object.getPrototypeOf(v))) {
     const members = Object.entries(v as object).filter(([, x]) => x !== undefined);
-    return { structValue: { fields: Object.fromEntries(members.map(([k, x]) => [k, toValue(x)])) } };
+    return { structValue: { fields: Object.fromEntries(members.map(([k, x]) => [k, toValue(x, `${where}/${k}`)])) } };
   }
-  const what = typeof v === 'object' ? `a ${(v as object).constructor?.name || 'object'}` : `${typeof v} ${String(v)}`;
-  throw new TypeError(`no JSON value for ${what}`);
+  throw new TypeError(`${where}: ${kind(v)} has no JSON value`);
 }
 
-/** A JSON object as a Struct; anything else is a TypeError. */
-export function toStruct(obj: unknown): Struct {
-  const v = toValue(obj);
-  if (!v.structValue) throw new TypeError('params and result data must be JSON objects');
+/** What kind of value v is, in words that do not repeat it. */
+function kind(v: unknown): string {
+  if (typeof v === 'number') return 'a number JSON cannot hold (NaN or an infinity)';
+  if (typeof v === 'bigint') return 'a BigInt';
+  if (typeof v === 'object') return `a ${(v as object).constructor?.name || 'object'}`;
+  return `a ${typeof v}`;
+}
+
+/**
+ * A JSON object as a Struct; anything else is a TypeError. where names the
+ * object in the errors ('params', 'data').
+ */
+export function toStruct(obj: unknown, where = ''): Struct {
+  const v = toValue(obj, where);
+  if (!v.structValue) throw new TypeError(`${where || 'the value'}: params and result data must be JSON objects`);
   return v.structValue as Struct;
 }
 

@@ -42,21 +42,22 @@ for (const row of sent) {
   });
 }
 
+// Each refusal names where, by JSON pointer, and the kind, never the value.
 const refused = [
-  { name: 'a BigInt', in: { a: 1n }, message: /no JSON value for bigint 1/ },
-  { name: 'NaN', in: { a: NaN }, message: /no JSON value for number NaN/ },
-  { name: 'Infinity in a list', in: { a: [Infinity] }, message: /no JSON value for number Infinity/ },
-  { name: 'a Map', in: { a: new Map() }, message: /no JSON value for a Map/ },
-  { name: 'a class instance', in: { a: new Money(1) }, message: /no JSON value for a Money/ },
-  { name: 'a function', in: { a: () => 1 }, message: /no JSON value for function/ },
-  { name: 'a symbol', in: { a: Symbol('s') }, message: /no JSON value for symbol/ },
-  { name: 'a list, not an object', in: [1], message: /must be JSON objects/ },
-  { name: 'a string, not an object', in: 'x', message: /must be JSON objects/ },
-  { name: 'undefined, not an object', in: undefined, message: /must be JSON objects/ },
+  { name: 'a BigInt', in: { a: 12345n }, message: 'params/a: a BigInt has no JSON value' },
+  { name: 'NaN', in: { a: NaN }, message: 'params/a: a number JSON cannot hold (NaN or an infinity) has no JSON value' },
+  { name: 'Infinity in a list', in: { a: [1, Infinity] }, message: 'params/a/1: a number JSON cannot hold (NaN or an infinity) has no JSON value' },
+  { name: 'a Map', in: { a: new Map([['k', 'v']]) }, message: 'params/a: a Map has no JSON value' },
+  { name: 'a class instance', in: { a: { b: new Money(12345) } }, message: 'params/a/b: a Money has no JSON value' },
+  { name: 'a function', in: { a: () => 12345 }, message: 'params/a: a function has no JSON value' },
+  { name: 'a symbol', in: { a: Symbol('12345') }, message: 'params/a: a symbol has no JSON value' },
+  { name: 'a list, not an object', in: [1], message: 'params: params and result data must be JSON objects' },
+  { name: 'a string, not an object', in: '12345', message: 'params: params and result data must be JSON objects' },
+  { name: 'undefined, not an object', in: undefined, message: 'params: params and result data must be JSON objects' },
 ];
 
 for (const row of refused) {
   test(`toStruct refuses ${row.name}`, () => {
-    assert.throws(() => toStruct(row.in), { name: 'TypeError', message: row.message });
+    assert.throws(() => toStruct(row.in, 'params'), { name: 'TypeError', message: row.message });
   });
 }
