@@ -351,6 +351,23 @@ def exact_json(value: Any, where: str) -> Any:
     return value
 
 
+def json_numbers(value: Any) -> Any:
+    """value with its numbers as json.loads reads the ledger's JSON of them.
+
+    The wire carries every number as a double, so a tool's 2 arrives as 2.0;
+    the canonical JSON the ledger holds writes it "2" (and -0.0 "0"), which
+    json.loads reads as the int 2. Doubles of 1e21 and beyond, written with
+    an exponent, stay floats.
+    """
+    if isinstance(value, dict):
+        return {k: json_numbers(x) for k, x in value.items()}
+    if isinstance(value, list):
+        return [json_numbers(x) for x in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    return value
+
+
 def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
     """The parameters as a Struct, refusing what the wire's doubles would round.
 
@@ -967,5 +984,5 @@ class Ledger:
     @staticmethod
     def _outcome(op: pb.Operation, replayed: bool, receipt: str = "") -> Outcome:
         return Outcome(resource_id=op.result.resource_id,
-                       data=json_format.MessageToDict(op.result.data),
+                       data=json_numbers(json_format.MessageToDict(op.result.data)),
                        replayed=replayed, operation=op, receipt=receipt)
