@@ -6,6 +6,8 @@ Each test is named by the contract's conformance scenario it covers
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import threading
 import time
@@ -101,6 +103,26 @@ def test_result_data_the_wire_would_change_is_not_recorded(ledger, dest, ids, da
     again = ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=made)
     assert again.replayed and again.data == {"receipt": "R-1"}  # the reconciler's finding
     assert dest.total() == 1
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"amount": 2**53 + 1}, "params/amount: an integer beyond 2^53 cannot be sent exactly; send it as a string"),
+    ({"rates": [1.5, float("nan")]}, "params/rates/1: NaN and infinities have no JSON form"),
+    ({"when": datetime.datetime(2026, 12, 1)}, "params/when: datetime has no JSON form; send it as a string or a number"),
+    ({"amount": decimal.Decimal("10.50")}, "params/amount: Decimal has no JSON form; send it as a string or a number"),
+    ({"tags": {"a", "b"}}, "params/tags: set has no JSON form; send it as a string or a number"),
+    ({"by_id": {1: "x"}}, "params/by_id: a key that is not a string (int) has no JSON form"),
+    ({"raw": b"12345"}, "params/raw: bytes has no JSON form; send it as a string or a number"),
+], ids=["an integer beyond 2^53", "NaN", "a datetime", "a Decimal", "a set", "an int key", "bytes"])
+def test_params_without_an_exact_json_form_are_refused(ledger, dest, ids, params, message):
+    # Refused before anything is sent, naming where and the kind, never the value.
+    op = ids("refund")
+    with pytest.raises(ValueError) as err:
+        ledger.call_tool(operation_id=op, tool="payments.refund", params=params, permit_id="p-1", fn=refund(dest))
+    assert str(err.value) == message
+    with pytest.raises(opledger.LedgerError) as missing:
+        ledger.lookup(op)
+    assert missing.value.reason == "NOT_FOUND" and dest.total() == 0
 
 
 def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):

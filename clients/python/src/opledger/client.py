@@ -334,21 +334,30 @@ def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
 def exact_json(value: Any, where: str) -> Any:
     """value as the wire's JSON carries it exactly, tuples as lists.
 
-    Raises ValueError, naming where, for what the wire's doubles would carry
-    changed: an integer beyond 2^53 (or a NaN or infinity) would reach the
-    ledger as another number.
+    Raises ValueError naming where (a JSON pointer after it) and the kind,
+    never the value, for what has no JSON form (a datetime, a Decimal, a
+    set, a key that is not a string) and for what the wire's doubles would
+    carry changed: an integer beyond 2^53 (or a NaN or infinity) would reach
+    the ledger as another number.
     """
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
-    if isinstance(value, int) and abs(value) > 2**53:
-        raise ValueError(f"{where}: an integer beyond 2^53 cannot be sent exactly; send it as a string")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where}: NaN and infinities have no JSON form")
+    if isinstance(value, int):
+        if abs(value) > 2**53:
+            raise ValueError(f"{where}: an integer beyond 2^53 cannot be sent exactly; send it as a string")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: NaN and infinities have no JSON form")
+        return value
     if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str):
+                raise ValueError(f"{where}: a key that is not a string ({type(k).__name__}) has no JSON form")
         return {k: exact_json(x, f"{where}/{k}") for k, x in value.items()}
     if isinstance(value, (list, tuple)):
         return [exact_json(x, f"{where}/{i}") for i, x in enumerate(value)]
-    return value
+    raise ValueError(f"{where}: {type(value).__name__} has no JSON form; send it as a string or a number")
 
 
 def json_numbers(value: Any) -> Any:
