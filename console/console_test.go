@@ -375,6 +375,45 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Fatalf("the stale action changed the record: %v", op)
 		}
 	})
+
+	t.Run("result data a double would change is refused on the page", func(t *testing.T) {
+		l := start(t)
+		l.unknown(t, "wf-11:refund", "payments.refund", nil)
+		before := l.operation(t, "wf-11:refund")
+		ctx := tab(t)
+		run(t, ctx, "open", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-11:refund"))),
+			open("wf-11:refund"), chromedp.Click(chromedp.CSS(`input[name=finding][value=FINDING_APPLIED]`)))
+		for _, data := range []string{
+			`{"refund_id": 9007199254740993}`, // JSON.parse reads ...992
+			`{"ids": [1, -9007199254740993]}`, // in a list, negative
+			`{"n": 123456789012345678901234}`, // beyond 2^53, not a double's digits
+			`{"nested": {"x": 1e400}}`,        // beyond a double's range: sent as null
+		} {
+			var answer, class string
+			run(t, ctx, data, chromedp.Evaluate[chromedp.Void](`document.getElementById("answer").hidden = true`),
+				chromedp.SetValue(chromedp.CSS("#act-data"), data),
+				chromedp.Click(chromedp.CSS(`#act-form button[type=submit]`)),
+				chromedp.WaitVisible(chromedp.CSS("#answer")),
+				into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
+				into(&class, chromedp.Evaluate[string](`document.getElementById("answer").className`)))
+			if class != "refused" || !strings.Contains(answer, "would be recorded as another number") {
+				t.Errorf("%s: the answer %q (%s), want it refused on the page", data, answer, class)
+			}
+		}
+		if after := l.operation(t, "wf-11:refund"); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Fatalf("a refused finding changed the record:\n%v\n%v", before, after)
+		}
+		// Numbers a double holds as typed are sent, however large.
+		var answer string
+		run(t, ctx, "exact", chromedp.Evaluate[chromedp.Void](`document.getElementById("answer").hidden = true`),
+			chromedp.SetValue(chromedp.CSS("#act-data"), `{"big": 100000000000000000000, "edge": 9007199254740992, "f": 1.5e300}`),
+			decide("FINDING_APPLIED", nil), into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		result, _ := l.operation(t, "wf-11:refund")["result"].(map[string]any)
+		data, _ := result["data"].(map[string]any)
+		if !strings.Contains(answer, "Recorded. The operation is SUCCEEDED") || data["big"] != 1e20 || data["edge"] != float64(1<<53) || data["f"] != 1.5e300 {
+			t.Fatalf("exact numbers: the answer %q, the data recorded %v", answer, data)
+		}
+	})
 }
 
 // TestHandler: the console's files, with headers that keep the page to

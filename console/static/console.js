@@ -277,6 +277,18 @@
   }
   for (const r of document.querySelectorAll('input[name="finding"]')) r.addEventListener("change", syncFindingFields);
 
+  // exactNumber reports whether v, parsed from source (the number as typed,
+  // where the browser gives it), is the number typed: not an integer beyond
+  // 2^53 that JSON.parse rounded (9007199254740993 to ...992), nor beyond a
+  // number's range (1e400, sent as null). Without the source, every integer
+  // from 2^53 on is refused.
+  function exactNumber(v, source) {
+    if (!Number.isFinite(v)) return false;
+    if (!Number.isInteger(v) || Math.abs(v) < 2 ** 53) return true;
+    if (source === undefined) return false;
+    return !/^-?[0-9]+$/.test(source) || String(v) === source;
+  }
+
   // request builds the Reconcile body, or returns an error sentence.
   function request() {
     const f = finding();
@@ -286,13 +298,21 @@
       body.result = { resourceId: $("act-resource").value.trim() };
       const data = $("act-data").value.trim();
       if (data) {
+        let inexact = null;
         try {
-          body.result.data = JSON.parse(data);
+          body.result.data = JSON.parse(data, (k, v, ctx) => {
+            if (inexact === null && typeof v === "number" && !exactNumber(v, ctx && ctx.source)) inexact = k;
+            return v;
+          });
         } catch (e) {
           return { error: "The result data is not JSON: " + e.message };
         }
         if (typeof body.result.data !== "object" || body.result.data === null || Array.isArray(body.result.data)) {
           return { error: "The result data must be a JSON object." };
+        }
+        if (inexact !== null) {
+          return { error: "The result data's number at \"" + inexact + "\" would be recorded as another number " +
+            "(an integer beyond 2^53, or beyond a number's range). Write it as a string." };
         }
       }
     }
