@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/opledger/ledger/internal/jsonvalue"
 )
 
 // invalidPrefix begins the message of every request this package refuses,
@@ -38,7 +41,7 @@ type marshaler struct{ runtime.JSONPb }
 // NewDecoder returns the JSON decoder of a request body.
 func (m *marshaler) NewDecoder(r io.Reader) runtime.Decoder {
 	pb, _ := r.(pathBody)
-	return decoder{m.JSONPb.NewDecoder(r), pb.params}
+	return decoder{json.NewDecoder(r), &m.JSONPb, pb.params}
 }
 
 // pathBody is a request's body with the parameters of its path, which
@@ -108,29 +111,99 @@ func jsonName(name string) string {
 }
 
 type decoder struct {
-	runtime.Decoder
+	dec  *json.Decoder
+	pb   *runtime.JSONPb
 	path map[string]string // the path's parameters
 }
 
 // Decode decodes the body, one JSON value, into v; io.EOF stands for an
-// empty body. It refuses a body that names another id than the path: the
-// path's would silently win.
+// empty body. It refuses a body that names another id than the path (the
+// path's would silently win), and a number in params or result data that
+// a double would carry changed.
 func (d decoder) Decode(v any) error {
-	err := d.Decoder.Decode(v)
+	var raw json.RawMessage
+	err := d.dec.Decode(&raw)
 	if errors.Is(err, io.EOF) {
 		return err
+	}
+	if err == nil {
+		err = d.pb.Unmarshal(raw, v)
 	}
 	if err != nil {
 		return invalid("body", bodyProblem(err, v))
 	}
 	var more json.RawMessage
-	if err := d.Decoder.Decode(&more); !errors.Is(err, io.EOF) {
+	if err := d.dec.Decode(&more); !errors.Is(err, io.EOF) {
 		return invalid("body", "more than one JSON value")
 	}
 	if m, ok := v.(proto.Message); ok {
+		if err := exactNumbers(raw, m.ProtoReflect().Descriptor(), ""); err != nil {
+			return err
+		}
 		return d.samePath(m.ProtoReflect())
 	}
 	return nil
+}
+
+// structName is the message of params and result data.
+const structName = "google.protobuf.Struct"
+
+// exactNumbers refuses a number in a Struct field of raw, a body md has
+// read, that a double would carry changed: an integer beyond 2^53 written
+// other than as its double's digits (9007199254740993), which protojson
+// rounds, so that two different requests would share a fingerprint, or a
+// result be recorded as another. The same numbers the Go SDK refuses
+// (jsonvalue); where names the field (result.data).
+func exactNumbers(raw json.RawMessage, md protoreflect.MessageDescriptor, where string) error {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		return nil // null: protojson has read it
+	}
+	for _, key := range slices.Sorted(maps.Keys(obj)) {
+		f := md.Fields().ByJSONName(key)
+		if f == nil {
+			f = md.Fields().ByName(protoreflect.Name(key))
+		}
+		if f == nil || f.Message() == nil || f.IsList() || f.IsMap() {
+			continue
+		}
+		name := where + string(f.Name())
+		if f.Message().FullName() != structName {
+			if err := exactNumbers(obj[key], f.Message(), name+"."); err != nil {
+				return err
+			}
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(obj[key]))
+		dec.UseNumber()
+		var v any
+		if dec.Decode(&v) == nil && !exact(v) {
+			return invalid(name, "a number no double carries exactly (an integer beyond 2^53); send it as a string")
+		}
+	}
+	return nil
+}
+
+// exact reports whether every json.Number in v is one a double carries
+// as written (jsonvalue.ExactNumber).
+func exact(v any) bool {
+	switch v := v.(type) {
+	case json.Number:
+		return jsonvalue.ExactNumber(v)
+	case map[string]any:
+		for _, x := range v {
+			if !exact(x) {
+				return false
+			}
+		}
+	case []any:
+		for _, x := range v {
+			if !exact(x) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // samePath refuses a string field of m that the body set to another value

@@ -46,6 +46,12 @@ func TestDecoderErrors(t *testing.T) {
 		{"another id than the path's", `{"operation_id":"wf-2","tool":"t"}`,
 			`invalid request: operation_id: the body's "wf-2" differs from the path's "wf-1"`, onPath},
 		{"an id, no path", `{"operation_id":"wf-2","tool":"t"}`, "", nil},
+		{"an integer a double rounds", `{"tool":"t","params":{"id":9007199254740993}}`,
+			`invalid request: params: a number no double carries exactly (an integer beyond 2^53); send it as a string`, nil},
+		{"one deep in a list", `{"tool":"t","params":{"a":{"b":[1,-123456789012345678901234]}}}`,
+			`invalid request: params: a number no double carries exactly (an integer beyond 2^53); send it as a string`, nil},
+		{"numbers a double carries as written", `{"tool":"t","params":{"a":9007199254740992,"b":100000000000000000000,"c":1.5e300,"d":0.1}}`, "", nil},
+		{"a number outside params", `{"tool":"t","step":7,"params":{}}`, "", nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var req ledgerv1.ReserveRequest

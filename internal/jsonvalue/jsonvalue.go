@@ -227,6 +227,15 @@ func number(n json.Number) (any, error) {
 	return f, nil
 }
 
+// ExactNumber reports whether a double carries n as written: an integer up
+// to ±2^53, an integer beyond it written as its double's canonical digits
+// (100000000000000000000), or another number within the double range; not
+// 9007199254740993, which a double rounds, nor 1e400.
+func ExactNumber(n json.Number) bool {
+	_, err := number(n)
+	return err == nil
+}
+
 // exactIntegers replaces, in place, the json.Number values of v (decoded
 // with Decode) by int64 for integers up to ±2^53, float64 for integers
 // beyond it that are written as their double's canonical form (see

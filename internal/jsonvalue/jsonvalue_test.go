@@ -104,3 +104,24 @@ func TestParamsRefusesJSONNumbersTheWireWouldRound(t *testing.T) {
 		}
 	}
 }
+
+// ExactNumber: what a double carries as written, and what it would change.
+func TestExactNumber(t *testing.T) {
+	for n, want := range map[json.Number]bool{
+		"0": true, "-0": true, "42": true, "0.1": true, "1.5e300": true, "-2.5E-7": true,
+		"9007199254740992":      true, // 2^53
+		"-9007199254740992":     true,
+		"100000000000000000000": true,  // 1e20's digits
+		"1152921504606847000":   true,  // 2^60's digits as a double writes them
+		"1152921504606846976":   false, // 2^60's own digits: not the double's, so refused as the fingerprint's
+		"9007199254740993":      false,
+		"-9007199254740993":     false,
+		"123456789012345678901": false,
+		"1e400":                 false,
+		"-1e400":                false,
+	} {
+		if got := ExactNumber(n); got != want {
+			t.Errorf("ExactNumber(%s) = %v, want %v", n, got, want)
+		}
+	}
+}
