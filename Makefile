@@ -46,7 +46,8 @@ TS_CLIENT_DEPS := clients/typescript/node_modules/.installed
 FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint \
   internal/jsonvalue:FuzzParams ledger:FuzzKeyEncoding ledger:FuzzValidateID \
   ledger:FuzzCompactScript ledger:FuzzParsePolicies ledger:FuzzPolicyValue ledger:FuzzGlobMatch \
-  ledger:FuzzDecodePageToken ledger:FuzzRunPageToken server:FuzzStructParams server:FuzzWriteJSONStruct server:FuzzHandlers \
+  ledger:FuzzDecodePageToken ledger:FuzzRunPageToken ledger:FuzzNewRecordTail \
+  server:FuzzStructParams server:FuzzWriteJSONStruct server:FuzzHandlers httpapi:FuzzHandler \
   server:FuzzUnmarshalReserve server:FuzzDecodeStruct server:FuzzUnmarshalComplete \
   server:FuzzParseCredentials server:FuzzAuthenticate internal/bench:FuzzParseCPUList \
   cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
