@@ -125,6 +125,29 @@ def test_params_without_an_exact_json_form_are_refused(ledger, dest, ids, params
     assert missing.value.reason == "NOT_FOUND" and dest.total() == 0
 
 
+@pytest.mark.parametrize("given, recorded", [(4711, "4711"), ("TCK-1", "TCK-1"), (None, ""), (4711.0, None), (True, None)],
+                         ids=["an int", "a str", "None", "a float", "a bool"])
+def test_resource_ids_recorded_as_str(ledger, dest, ids, given, recorded):
+    # An int id (a database key) is recorded as its digits, as the
+    # TypeScript package records a number; a float or a bool, which has no
+    # one spelling, leaves the effect to reconciliation.
+    op = ids("refund")
+
+    def made(a):
+        dest.apply(a.idempotency_key)
+        return {"resource_id": given, "data": {}}
+
+    call = dict(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=made)
+    if recorded is None:
+        with pytest.raises(opledger.NotRecorded):
+            ledger.call_tool(**call)
+        assert ledger.lookup(op).state == pb.STATE_UNKNOWN
+    else:
+        out, again = ledger.call_tool(**call), ledger.call_tool(**call)
+        assert (out.resource_id, again.resource_id, again.replayed) == (recorded, recorded, True)
+    assert dest.total() == 1
+
+
 def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):
     # A reconciler's finding with an id beyond 2^53 would be recorded as
     # another resource: it is not sent, and the operation stays UNKNOWN.

@@ -55,6 +55,7 @@ from opledger.client import (  # noqa: I001
     lease_margin,
     params_struct,
     reconcile_request,
+    resource_id_of,
 )
 
 # An async reconciler: asks the destination whether an UNKNOWN operation's effect exists.
@@ -288,7 +289,7 @@ class AsyncLedger:
             raise
         ran = None
         try:
-            ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
+            ran = Outcome(resource_id=resource_id_of(produced.get("resource_id")), data=produced.get("data") or {},
                           replayed=False, operation=op)
             result = pb.Result(resource_id=ran.resource_id, data=data_struct(ran.data))
         except (AttributeError, TypeError, ValueError) as err:

@@ -394,12 +394,26 @@ def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
     return to_struct(exact_json(data, "data"))
 
 
+def resource_id_of(value: Any) -> str:
+    """A result's resource id as the ledger records it: a str as it is, an int as its digits, None as "".
+
+    Raises TypeError for anything else (a float, a bool), which has no one spelling.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise TypeError(f"resource_id: {type(value).__name__} is not an id; return a str or an int")
+
+
 def reconcile_request(op: pb.Operation, found: Finding) -> pb.ReconcileRequest:
     """The Reconcile of op that records found; raises ValueError for data the wire cannot carry exactly."""
     request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
                                   fencing_token=op.fencing_token)
     if found.kind == pb.FINDING_APPLIED:
-        request.result.CopyFrom(pb.Result(resource_id=found.resource_id, data=data_struct(found.data)))
+        request.result.CopyFrom(pb.Result(resource_id=resource_id_of(found.resource_id), data=data_struct(found.data)))
     return request
 
 
@@ -864,7 +878,7 @@ class Ledger:
             raise
         ran = None
         try:
-            ran = Outcome(resource_id=produced.get("resource_id", ""), data=produced.get("data") or {},
+            ran = Outcome(resource_id=resource_id_of(produced.get("resource_id")), data=produced.get("data") or {},
                           replayed=False, operation=op)
             result = pb.Result(resource_id=ran.resource_id, data=data_struct(ran.data))
         except (AttributeError, TypeError, ValueError) as err:
