@@ -23,7 +23,8 @@ export interface Attempt {
 
 /** What fn returns: the resource it created and the result data, recorded and replayed. */
 export interface ToolResult {
-  resource_id?: string;
+  /** The resource the effect made: a string, or an integer recorded as its digits. */
+  resource_id?: string | number;
   data?: Record<string, unknown>;
 }
 
@@ -87,6 +88,18 @@ export interface ToolCall {
 /** The failure code of a claim returned unused by a caller that gave up. */
 export const CALLER_GAVE_UP = 'caller_gave_up';
 /** The failure code of a FinalToolError without a code, or with one the ledger refuses. */
+/**
+ * A result's resource id as the ledger records it: a string as it is, an
+ * integer as its digits, none as ''. Anything else (a fraction, an object,
+ * which String() would write as "[object Object]") is a TypeError.
+ */
+function resourceIdOf(v: unknown): string {
+  if (v === undefined || v === null) return '';
+  if (typeof v === 'string') return v;
+  if (typeof v === 'number' && Number.isSafeInteger(v)) return String(v);
+  throw new TypeError(`resource_id: ${typeof v === 'number' ? 'a number that is not an integer' : `a ${typeof v}`} is not an id; return a string or an integer`);
+}
+
 export const DEFAULT_FAILURE_CODE = 'tool_failed';
 /** The failure code of a retryable failure proven not applied. */
 export const RETRYABLE_FAILURE_CODE = 'retryable';
@@ -329,7 +342,7 @@ export class Ledger {
     }
     const request: Request = { operation_id: op.operation_id, finding: found.kind, note: found.note || '', fencing_token: op.fencing_token };
     try {
-      if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: found.resourceId || '', data: toStruct(found.data || {}, 'data') };
+      if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: resourceIdOf(found.resourceId), data: toStruct(found.data || {}, 'data') };
     } catch (err) {
       this.log(`reconciler of ${tool} for ${op.operation_id}: a finding that cannot be sent: ${(err as Error).message}`);
       throw new NeedsReconciliationError(op, receipt);
@@ -427,10 +440,10 @@ export class Ledger {
     }
     clearTimeout(timer);
     renewal.stop();
-    const ran = { result: { resourceId: produced?.resource_id || '', data: produced?.data || {}, replayed: false } };
+    const ran = { result: { resourceId: produced?.resource_id ?? '', data: produced?.data || {}, replayed: false } };
     let result: Request;
     try {
-      result = { resource_id: ran.result.resourceId, data: toStruct(ran.result.data, 'data') };
+      result = { resource_id: resourceIdOf(produced?.resource_id), data: toStruct(ran.result.data, 'data') };
     } catch (err) {
       await this.report('MarkUnknown', { ...claim, reason: 'the result cannot be encoded' }, ran).catch(() => {});
       throw new NotRecordedError(err as Error, ran);

@@ -95,6 +95,29 @@ test('a finding that cannot be sent decides nothing', async (t) => {
   assert.equal(dest.total(), 1);
 });
 
+for (const [name, given, recorded] of [
+  ['an integer', 4711, '4711'], ['a string', 'TCK-1', 'TCK-1'], ['none', undefined, ''],
+  ['a fraction', 4711.5, null], ['an object', { id: 1 }, null],
+]) {
+  test(`a resource id given as ${name}`, async (t) => {
+    // An integer id is recorded as its digits; a fraction or an object, which
+    // has no one spelling ("[object Object]"), leaves the effect to reconciliation.
+    const { dest, ledger, id } = setup();
+    t.after(() => ledger.close());
+    const call = { operationId: id('refund'), tool: 'short.refund', params: { amount: 10 } };
+    const made = async (a) => { dest.apply(a.idempotencyKey); return { resource_id: given, data: {} }; };
+    if (recorded === null) {
+      await assert.rejects(ledger.callTool(call, made), client.NotRecordedError);
+      assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_UNKNOWN');
+    } else {
+      const out = await ledger.callTool(call, made);
+      const again = await ledger.callTool(call, made);
+      assert.deepEqual([out.resourceId, again.resourceId, again.replayed], [recorded, recorded, true]);
+    }
+    assert.equal(dest.total(), 1);
+  });
+}
+
 test('S9: an appointment with faults, sent 5 times, 2 of them at once', async (t) => {
   const { dest, ledger, id } = setup();
   t.after(() => ledger.close());
