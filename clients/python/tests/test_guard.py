@@ -65,3 +65,18 @@ def test_guarded_tool_runs_once_however_often_the_framework_calls_it(ledger, des
     with pytest.raises(ValueError):
         create_appointment(patient="p-1", slot="11:00")  # no tool call id: refused before the ledger is asked
     assert len(booked) == 1
+
+
+@pytest.mark.parametrize("given, recorded", [(17, "17"), ("A-1", "A-1"), (None, ""), ("absent", "")],
+                         ids=["an int", "a str", "None", "no such key"])
+def test_guarded_resource_ids(ledger, ids, given, recorded):
+    # The id is read from the result as call_tool reads a tool's: None and a
+    # missing key are no id, not the text "None".
+    @opledger.guarded(ledger, tool="appointments.create", operation_id="tool_call_id", permit_id="p-1",
+                      resource_id="appointment_id")
+    def create(slot: str) -> dict[str, Any]:
+        return {"slot": slot} if given == "absent" else {"appointment_id": given, "slot": slot}
+
+    op = ids("call")
+    create(slot="09:30", tool_call_id=op)
+    assert ledger.lookup(op).result.resource_id == recorded

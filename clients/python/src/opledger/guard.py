@@ -23,7 +23,7 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
     fn gets the parameters, and idempotency_key= and attempt= when it
     declares them; it returns a dict, recorded as the result data, with
     resource_id(result) (or result[resource_id] for a string) as the
-    resource id. Every later call of the same operation returns the
+    resource id: a str, or an int recorded as its digits. Every later call of the same operation returns the
     recorded dict without calling fn. call_options (wait, tool_timeout,
     compensates, ...) go to Ledger.call_tool; errors are call_tool's.
     """
@@ -53,7 +53,7 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
                 if "attempt" in accepts:
                     extra["attempt"] = a
                 data = fn(**params, **extra)
-                rid = resource_id(data) if callable(resource_id) else str(data.get(resource_id, "")) if resource_id else ""
+                rid = resource_id(data) if callable(resource_id) else data.get(resource_id) if resource_id else None
                 return {"resource_id": rid, "data": data}
 
             out = ledger.call_tool(operation_id=op_id, tool=tool, params=params, permit_id=permit_id, fn=run_fn,
