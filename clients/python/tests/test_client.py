@@ -108,7 +108,8 @@ def test_result_data_the_wire_would_change_is_not_recorded(ledger, dest, ids, da
 @pytest.mark.parametrize("params, message", [
     ({"amount": 2**53 + 1}, "params/amount: an integer beyond 2^53 cannot be sent exactly; send it as a string"),
     ({"rates": [1.5, float("nan")]}, "params/rates/1: NaN and infinities have no JSON form"),
-    ({"when": datetime.datetime(2026, 12, 1)}, "params/when: datetime has no JSON form; send it as a string or a number"),
+    ({"when": datetime.datetime(2026, 12, 1)},
+     "params/when: datetime has no JSON form; send it as a string or a number"),
     ({"amount": decimal.Decimal("10.50")}, "params/amount: Decimal has no JSON form; send it as a string or a number"),
     ({"tags": {"a", "b"}}, "params/tags: set has no JSON form; send it as a string or a number"),
     ({"by_id": {1: "x"}}, "params/by_id: a key that is not a string (int) has no JSON form"),
@@ -125,7 +126,8 @@ def test_params_without_an_exact_json_form_are_refused(ledger, dest, ids, params
     assert missing.value.reason == "NOT_FOUND" and dest.total() == 0
 
 
-@pytest.mark.parametrize("given, recorded", [(4711, "4711"), ("TCK-1", "TCK-1"), (None, ""), (4711.0, None), (True, None)],
+@pytest.mark.parametrize("given, recorded",
+                         [(4711, "4711"), ("TCK-1", "TCK-1"), (None, ""), (4711.0, None), (True, None)],
                          ids=["an int", "a str", "None", "a float", "a bool"])
 def test_resource_ids_recorded_as_str(ledger, dest, ids, given, recorded):
     # An int id (a database key) is recorded as its digits, as the

@@ -409,7 +409,10 @@ def resource_id_of(value: Any) -> str:
 
 
 def reconcile_request(op: pb.Operation, found: Finding) -> pb.ReconcileRequest:
-    """The Reconcile of op that records found; raises ValueError for data the wire cannot carry exactly."""
+    """The Reconcile of op that records found.
+
+    Raises ValueError or TypeError for a finding the wire cannot carry as it is (exact_json, resource_id_of).
+    """
     request = pb.ReconcileRequest(operation_id=op.operation_id, finding=found.kind, note=found.note,
                                   fencing_token=op.fencing_token)
     if found.kind == pb.FINDING_APPLIED:

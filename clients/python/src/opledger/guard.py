@@ -23,9 +23,10 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
     fn gets the parameters, and idempotency_key= and attempt= when it
     declares them; it returns a dict, recorded as the result data, with
     resource_id(result) (or result[resource_id] for a string) as the
-    resource id: a str, or an int recorded as its digits. Every later call of the same operation returns the
-    recorded dict without calling fn. call_options (wait, tool_timeout,
-    compensates, ...) go to Ledger.call_tool; errors are call_tool's.
+    resource id: a str, or an int recorded as its digits. Every later call
+    of the same operation returns the recorded dict without calling fn.
+    call_options (wait, tool_timeout, compensates, ...) go to
+    Ledger.call_tool; errors are call_tool's.
     """
 
     def pick(spec: str | Callable[[dict[str, Any]], str], params: dict[str, Any]) -> str:
