@@ -80,7 +80,7 @@ func TestTypeScriptPackage(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := startLedgerd(t, "--policy", policy, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0", "--receipt-keys", receiptKey(t))
-	cmd := exec.Command(node, "--test", "test/ledger.test.js", "test/struct.test.js", "test/frameworks.test.mjs")
+	cmd := exec.Command(node, "--test", "test/ledger.test.js", "test/struct.test.js", "test/guard.test.js", "test/frameworks.test.mjs")
 	cmd.Dir = dir
 	cmd.Env = cleanEnv("LEDGER_ADDR=" + addr)
 	timer := time.AfterFunc(3*time.Minute, func() { _ = cmd.Process.Kill() })

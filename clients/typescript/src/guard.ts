@@ -29,7 +29,7 @@ const isPlainObject = (v: unknown): v is Record<string, unknown> => typeof v ===
  * however often the framework calls the wrapper with it: later calls get the
  * recorded result. args are the parameters the ledger fingerprints; the
  * result is any JSON value (one that is not an object is recorded as
- * {"$value": result}). Errors are callTool's.
+ * {"$value": result}, undefined as null). Errors are callTool's.
  */
 export function guardTool<A extends Record<string, unknown>, R, C extends unknown[] = unknown[]>(
   ledger: Ledger, options: GuardOptions<A, C>, execute: (args: A, attempt: Attempt, ...context: C) => R | Promise<R>,
@@ -43,7 +43,8 @@ export function guardTool<A extends Record<string, unknown>, R, C extends unknow
       waitMs: options.waitMs, toolTimeoutMs: options.toolTimeoutMs,
     }, async (attempt) => {
       const result = await execute(args, attempt, ...context);
-      const data = isPlainObject(result) ? result : { [VALUE]: result as unknown };
+      // undefined is recorded as null, which JSON has: a member left undefined would be left out.
+      const data = isPlainObject(result) ? result : { [VALUE]: result === undefined ? null : result as unknown };
       return { resource_id: options.resourceId ? options.resourceId(result) : '', data };
     });
     const keys = Object.keys(out.data);
