@@ -80,3 +80,28 @@ def test_guarded_resource_ids(ledger, ids, given, recorded):
     op = ids("call")
     create(slot="09:30", tool_call_id=op)
     assert ledger.lookup(op).result.resource_id == recorded
+
+
+@pytest.mark.parametrize("result, want", [
+    ({"ticket": "T-1", "n": 2}, {"ticket": "T-1", "n": 2}),
+    ({}, {}),
+    ("booked T-1", "booked T-1"),
+    (42, 42),
+    (["T-1", "T-2"], ["T-1", "T-2"]),
+    (("T-1", 2), ["T-1", 2]),
+    (None, None),
+], ids=["a dict", "an empty dict", "a str", "an int", "a list", "a tuple, as a list", "None"])
+def test_guarded_tool_returns_what_it_returned(ledger, ids, result, want):
+    # A framework's tool often returns a str: it is recorded, and replayed,
+    # as the TypeScript package's guardTool records it ({"$value": ...}).
+    runs = []
+
+    @opledger.guarded(ledger, tool="tickets.create", operation_id="tool_call_id", permit_id="p-1")
+    def create(title: str) -> Any:
+        runs.append(title)
+        return result
+
+    op = ids("call")
+    first, again = create(title="x", tool_call_id=op), create(title="x", tool_call_id=op)
+    assert first == again == want and type(first) is type(want)
+    assert len(runs) == 1

@@ -10,6 +10,11 @@ from opledger._gen.ledger.v1 import ledger_pb2 as pb
 from opledger.client import Attempt, Ledger
 
 
+# A result that is not a dict (a str, a list) is recorded under this key, as
+# the TypeScript package's guardTool records one.
+VALUE = "$value"
+
+
 def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str, Any]], str],
             permit_id: str = "", effect: int = pb.EFFECT_UNSPECIFIED, run_id: str | Callable[[dict[str, Any]], str] = "",
             resource_id: str | Callable[[dict[str, Any]], str] = "", **call_options: Any) -> Callable:
@@ -21,10 +26,12 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
     out of the parameters. The other keyword arguments are the parameters
     the ledger fingerprints. run_id works the same way ("" for no run).
     fn gets the parameters, and idempotency_key= and attempt= when it
-    declares them; it returns a dict, recorded as the result data, with
-    resource_id(result) (or result[resource_id] for a string) as the
-    resource id: a str, or an int recorded as its digits. Every later call
-    of the same operation returns the recorded dict without calling fn.
+    declares them; what it returns is recorded as the result data (a value
+    that is not a dict, such as the str a framework's tool often returns, as
+    {"$value": value}), with resource_id(result) (or result[resource_id] for
+    a string) as the resource id: a str, or an int recorded as its digits.
+    Every later call of the same operation returns the recorded result
+    without calling fn.
     call_options (wait, tool_timeout, compensates, ...) go to
     Ledger.call_tool; errors are call_tool's.
     """
@@ -36,11 +43,11 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
             return str(params.pop(spec))
         return ""
 
-    def decorate(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         accepts = inspect.signature(fn).parameters
 
         @functools.wraps(fn)
-        def call(**kwargs: Any) -> dict[str, Any]:
+        def call(**kwargs: Any) -> Any:
             params = dict(kwargs)
             op_id = pick(operation_id, params)
             run = pick(run_id, params) if run_id else ""
@@ -54,12 +61,15 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
                 if "attempt" in accepts:
                     extra["attempt"] = a
                 data = fn(**params, **extra)
-                rid = resource_id(data) if callable(resource_id) else data.get(resource_id) if resource_id else None
-                return {"resource_id": rid, "data": data}
+                if callable(resource_id):
+                    rid = resource_id(data)
+                else:
+                    rid = data.get(resource_id) if resource_id and isinstance(data, dict) else None
+                return {"resource_id": rid, "data": data if isinstance(data, dict) else {VALUE: data}}
 
             out = ledger.call_tool(operation_id=op_id, tool=tool, params=params, permit_id=permit_id, fn=run_fn,
                                    effect=effect, run_id=run, **call_options)
-            return out.data
+            return out.data[VALUE] if list(out.data) == [VALUE] else out.data
 
         return call
 
