@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
 import pytest
@@ -105,3 +106,19 @@ def test_guarded_tool_returns_what_it_returned(ledger, ids, result, want):
     first, again = create(title="x", tool_call_id=op), create(title="x", tool_call_id=op)
     assert first == again == want and type(first) is type(want)
     assert len(runs) == 1
+
+
+def test_guarded_refuses_what_it_cannot_run(addr, ledger):
+    # Refused when decorating, not after a call has applied an effect.
+    async def create_async(title: str) -> dict[str, Any]:
+        return {"title": title}
+
+    with pytest.raises(TypeError, match="coroutine function"):
+        opledger.guarded(ledger, tool="tickets.create", operation_id="tool_call_id")(create_async)
+
+    async def with_async_ledger() -> None:
+        async with opledger.AsyncLedger(addr) as lg:
+            with pytest.raises(TypeError, match="takes an opledger.Ledger"):
+                opledger.guarded(lg, tool="tickets.create", operation_id="tool_call_id")
+
+    asyncio.run(with_async_ledger())

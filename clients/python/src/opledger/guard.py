@@ -33,7 +33,8 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
     Every later call of the same operation returns the recorded result
     without calling fn.
     call_options (wait, tool_timeout, compensates, ...) go to
-    Ledger.call_tool; errors are call_tool's.
+    Ledger.call_tool; errors are call_tool's. An AsyncLedger, or a coroutine
+    function, is refused with a TypeError when decorating, before any call.
     """
 
     def pick(spec: str | Callable[[dict[str, Any]], str], params: dict[str, Any]) -> str:
@@ -43,7 +44,13 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
             return str(params.pop(spec))
         return ""
 
+    if not isinstance(ledger, Ledger):
+        raise TypeError(f"{tool}: guarded takes an opledger.Ledger (for asyncio, await AsyncLedger.call_tool)")
+
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(f"{tool}: guarded wraps a plain function; a coroutine function is run by "
+                            "AsyncLedger.call_tool")
         accepts = inspect.signature(fn).parameters
 
         @functools.wraps(fn)
