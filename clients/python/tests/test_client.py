@@ -150,6 +150,32 @@ def test_resource_ids_recorded_as_str(ledger, dest, ids, given, recorded):
     assert dest.total() == 1
 
 
+@pytest.mark.parametrize("produced, error", [
+    ("TCK-1", "fn returned str; return {'resource_id': ..., 'data': {...}}"),
+    ({"resource_id": "TCK-1", "data": ["a"]}, "data: list; the result data is a dict"),
+    (None, None),
+], ids=["a str", "data a list", "None, an empty result"])
+def test_what_fn_returns(ledger, dest, ids, produced, error):
+    # What fn returns is recorded, or refused with its type named: never
+    # dropped. The effect has happened either way.
+    op = ids("refund")
+
+    def made(a):
+        dest.apply(a.idempotency_key)
+        return produced
+
+    call = dict(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=made)
+    if error:
+        with pytest.raises(opledger.NotRecorded) as err:
+            ledger.call_tool(**call)
+        assert str(err.value.__cause__) == error
+        assert ledger.lookup(op).state == pb.STATE_UNKNOWN
+    else:
+        out = ledger.call_tool(**call)
+        assert (out.resource_id, out.data, ledger.lookup(op).state) == ("", {}, pb.STATE_SUCCEEDED)
+    assert dest.total() == 1
+
+
 def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):
     # A reconciler's finding with an id beyond 2^53 would be recorded as
     # another resource: it is not sent, and the operation stays UNKNOWN.

@@ -443,6 +443,10 @@ export class Ledger {
     const ran = { result: { resourceId: produced?.resource_id ?? '', data: produced?.data || {}, replayed: false } };
     let result: Request;
     try {
+      if (produced != null && (typeof produced !== 'object' || Array.isArray(produced))) {
+        // A string fn returned would otherwise be dropped, recorded as an empty result.
+        throw new TypeError(`fn returned ${Array.isArray(produced) ? 'a list' : `a ${typeof produced}`}; return { resource_id, data }`);
+      }
       result = { resource_id: resourceIdOf(produced?.resource_id), data: toStruct(ran.result.data, 'data') };
     } catch (err) {
       await this.report('MarkUnknown', { ...claim, reason: 'the result cannot be encoded' }, ran).catch(() => {});

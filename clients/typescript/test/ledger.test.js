@@ -118,6 +118,29 @@ for (const [name, given, recorded] of [
   });
 }
 
+for (const [name, produced, error] of [
+  ['a string', 'TCK-1', /fn returned a string; return \{ resource_id, data \}/],
+  ['data a list', { resource_id: 'TCK-1', data: ['a'] }, /data: params and result data must be JSON objects/],
+  ['undefined, an empty result', undefined, null],
+]) {
+  test(`fn returning ${name}`, async (t) => {
+    // What fn returns is recorded, or refused with its kind named: never
+    // dropped. The effect has happened either way.
+    const { dest, ledger, id } = setup();
+    t.after(() => ledger.close());
+    const call = { operationId: id('refund'), tool: 'short.refund', params: { amount: 10 } };
+    const made = async (a) => { dest.apply(a.idempotencyKey); return produced; };
+    if (error) {
+      await assert.rejects(ledger.callTool(call, made), (err) => err instanceof client.NotRecordedError && error.test(err.cause.message));
+      assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_UNKNOWN');
+    } else {
+      const out = await ledger.callTool(call, made);
+      assert.deepEqual([out.resourceId, out.data], ['', {}]);
+    }
+    assert.equal(dest.total(), 1);
+  });
+}
+
 test('S9: an appointment with faults, sent 5 times, 2 of them at once', async (t) => {
   const { dest, ledger, id } = setup();
   t.after(() => ledger.close());

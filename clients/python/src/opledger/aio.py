@@ -55,7 +55,7 @@ from opledger.client import (  # noqa: I001
     lease_margin,
     params_struct,
     reconcile_request,
-    resource_id_of,
+    tool_result,
 )
 
 # An async reconciler: asks the destination whether an UNKNOWN operation's effect exists.
@@ -289,8 +289,8 @@ class AsyncLedger:
             raise
         ran = None
         try:
-            ran = Outcome(resource_id=resource_id_of(produced.get("resource_id")), data=produced.get("data") or {},
-                          replayed=False, operation=op)
+            rid, data = tool_result(produced)
+            ran = Outcome(resource_id=rid, data=data, replayed=False, operation=op)
             result = pb.Result(resource_id=ran.resource_id, data=data_struct(ran.data))
         except (AttributeError, TypeError, ValueError) as err:
             with contextlib.suppress(NotRecorded):

@@ -408,6 +408,21 @@ def resource_id_of(value: Any) -> str:
     raise TypeError(f"resource_id: {type(value).__name__} is not an id; return a str or an int")
 
 
+def tool_result(produced: Any) -> tuple[str, dict[str, Any]]:
+    """The resource id and data of what fn returned: {"resource_id": ..., "data": {...}}, or None for neither.
+
+    Raises TypeError, naming the type, for anything else: a str fn returned would otherwise be lost.
+    """
+    if produced is None:
+        return "", {}
+    if not isinstance(produced, dict):
+        raise TypeError(f"fn returned {type(produced).__name__}; return {{'resource_id': ..., 'data': {{...}}}}")
+    data = produced.get("data") or {}
+    if not isinstance(data, dict):
+        raise TypeError(f"data: {type(data).__name__}; the result data is a dict")
+    return resource_id_of(produced.get("resource_id")), data
+
+
 def reconcile_request(op: pb.Operation, found: Finding) -> pb.ReconcileRequest:
     """The Reconcile of op that records found.
 
@@ -881,8 +896,8 @@ class Ledger:
             raise
         ran = None
         try:
-            ran = Outcome(resource_id=resource_id_of(produced.get("resource_id")), data=produced.get("data") or {},
-                          replayed=False, operation=op)
+            rid, data = tool_result(produced)
+            ran = Outcome(resource_id=rid, data=data, replayed=False, operation=op)
             result = pb.Result(resource_id=ran.resource_id, data=data_struct(ran.data))
         except (AttributeError, TypeError, ValueError) as err:
             # The effect happened but its result cannot be sent: leave it to
