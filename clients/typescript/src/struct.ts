@@ -12,7 +12,8 @@ type Value = Record<string, unknown>;
  * A JSON value as a google.protobuf.Value, as JSON.stringify writes it: a
  * member whose value is undefined is left out, an undefined list item is
  * null, a Date is its ISO string (toJSON). What JSON cannot carry (a BigInt,
- * NaN, a Map, a function, a class instance) is refused with a TypeError
+ * NaN, a Map, a function, a class instance, a string with a lone surrogate,
+ * which has no UTF-8 form) is refused with a TypeError
  * naming where it is (a JSON pointer after where) and what kind it is, never
  * the value, rather than sent as {} or null, where two different requests
  * would share a fingerprint.
@@ -20,7 +21,10 @@ type Value = Record<string, unknown>;
 function toValue(v: unknown, where: string): Value {
   if (v === null || v === undefined) return { nullValue: 'NULL_VALUE' };
   if (typeof v === 'number' && Number.isFinite(v)) return { numberValue: v };
-  if (typeof v === 'string') return { stringValue: v };
+  if (typeof v === 'string') {
+    if (!wellFormed(v)) throw new TypeError(`${where}: a string with a lone surrogate has no UTF-8 form`);
+    return { stringValue: v };
+  }
   if (typeof v === 'boolean') return { boolValue: v };
   if (Array.isArray(v)) return { listValue: { values: v.map((x, i) => toValue(x, `${where}/${i}`)) } };
   if (typeof v === 'object' && typeof (v as { toJSON?: unknown }).toJSON === 'function') {
@@ -28,9 +32,19 @@ function toValue(v: unknown, where: string): Value {
   }
   if (typeof v === 'object' && [Object.prototype, null].includes(Object.getPrototypeOf(v))) {
     const members = Object.entries(v as object).filter(([, x]) => x !== undefined);
+    const bad = members.find(([k]) => !wellFormed(k));
+    if (bad) throw new TypeError(`${where}: a key with a lone surrogate has no UTF-8 form`);
     return { structValue: { fields: Object.fromEntries(members.map(([k, x]) => [k, toValue(x, `${where}/${k}`)])) } };
   }
   throw new TypeError(`${where}: ${kind(v)} has no JSON value`);
+}
+
+// A lone surrogate: half of a UTF-16 pair, which UTF-8 cannot encode.
+const loneSurrogate = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/** Whether s has a UTF-8 form (no lone surrogate), which the wire's strings need. */
+function wellFormed(s: string): boolean {
+  return !loneSurrogate.test(s);
 }
 
 /** What kind of value v is, in words that do not repeat it. */

@@ -30,6 +30,7 @@ const sent = [
   { name: 'a nested undefined member is left out', in: { a: { b: undefined, c: 1 } }, want: { a: { c: 1 } } },
   { name: 'an undefined list item is null', in: { tags: ['a', undefined] }, want: { tags: ['a', null] } },
   { name: 'a Date is its ISO string', in: { at: new Date(0) }, want: { at: '1970-01-01T00:00:00.000Z' } },
+  { name: 'a surrogate pair', in: { s: 'rocket \u{1F680}', '\u{1F680}': 1 }, want: { s: 'rocket \u{1F680}', '\u{1F680}': 1 } },
   { name: 'an object without a prototype', in: Object.assign(Object.create(null), { a: 1 }), want: { a: 1 } },
   { name: 'an empty object', in: {}, want: {} },
 ];
@@ -51,6 +52,8 @@ const refused = [
   { name: 'a class instance', in: { a: { b: new Money(12345) } }, message: 'params/a/b: a Money has no JSON value' },
   { name: 'a function', in: { a: () => 12345 }, message: 'params/a: a function has no JSON value' },
   { name: 'a symbol', in: { a: Symbol('12345') }, message: 'params/a: a symbol has no JSON value' },
+  { name: 'a lone surrogate', in: { a: ['x', 'caf\ud800'] }, message: 'params/a/1: a string with a lone surrogate has no UTF-8 form' },
+  { name: 'a lone surrogate in a key', in: { 'k\udc00': 1 }, message: 'params: a key with a lone surrogate has no UTF-8 form' },
   { name: 'a list, not an object', in: [1], message: 'params: params and result data must be JSON objects' },
   { name: 'a string, not an object', in: '12345', message: 'params: params and result data must be JSON objects' },
   { name: 'undefined, not an object', in: undefined, message: 'params: params and result data must be JSON objects' },
