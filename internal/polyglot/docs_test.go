@@ -31,31 +31,11 @@ func TestDocsNameExistingTests(t *testing.T) {
 	root := repoRoot(t)
 	defined := map[string]bool{}
 	testFiles := map[string]bool{} // base names, for a doc that cites one as "next to" its code
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	for path, funcs := range testFuncs(t, root) {
+		testFiles[filepath.Base(path)] = true
+		for _, name := range funcs {
+			defined[name] = true
 		}
-		if e.IsDir() && path != root && (strings.HasPrefix(e.Name(), ".") || e.Name() == "node_modules" || e.Name() == "testdata") {
-			return filepath.SkipDir
-		}
-		if e.IsDir() || !strings.HasSuffix(e.Name(), "_test.go") {
-			return nil
-		}
-		testFiles[e.Name()] = true
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
-		for _, d := range f.Decls {
-			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil {
-				defined[fn.Name.Name] = true
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
@@ -99,4 +79,44 @@ func TestDocsNameExistingTests(t *testing.T) {
 	if named == 0 {
 		t.Fatal("the documentation names no test: the parser or the docs changed")
 	}
+}
+
+// testFuncs returns the top-level functions of every _test.go file under
+// root (outside hidden directories, node_modules and testdata), by the
+// file's path relative to root, with '/' separators.
+func testFuncs(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.IsDir() && path != root && (strings.HasPrefix(e.Name(), ".") || e.Name() == "node_modules" || e.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if e.IsDir() || !strings.HasSuffix(e.Name(), "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, d := range f.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil {
+				names = append(names, fn.Name.Name)
+			}
+		}
+		out[filepath.ToSlash(rel)] = names
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -1,11 +1,8 @@
 package polyglot
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -22,34 +19,12 @@ var fuzzTargets = regexp.MustCompile(`(?m)^FUZZ_TARGETS :=((?:.*\\\n)*.*)$`)
 func TestMakeFuzzRunsEveryTarget(t *testing.T) {
 	root := repoRoot(t)
 	var defined []string
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if e.IsDir() && path != root && (strings.HasPrefix(e.Name(), ".") || e.Name() == "node_modules" || e.Name() == "testdata") {
-			return filepath.SkipDir
-		}
-		if e.IsDir() || !strings.HasSuffix(e.Name(), "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
-		dir, err := filepath.Rel(root, filepath.Dir(path))
-		if err != nil {
-			return err
-		}
-		for _, d := range f.Decls {
-			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Fuzz") {
-				defined = append(defined, filepath.ToSlash(dir)+":"+fn.Name.Name)
+	for file, funcs := range testFuncs(t, root) {
+		for _, name := range funcs {
+			if strings.HasPrefix(name, "Fuzz") {
+				defined = append(defined, path.Dir(file)+":"+name)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	makefile, err := os.ReadFile(filepath.Join(root, "Makefile"))
 	if err != nil {
