@@ -177,33 +177,11 @@ func exactNumbers(raw json.RawMessage, md protoreflect.MessageDescriptor, where 
 		dec := json.NewDecoder(bytes.NewReader(obj[key]))
 		dec.UseNumber()
 		var v any
-		if dec.Decode(&v) == nil && !exact(v) {
+		if dec.Decode(&v) == nil && jsonvalue.ExactIntegers(v) != nil {
 			return invalid(name, "a number no double carries exactly (an integer beyond 2^53); send it as a string")
 		}
 	}
 	return nil
-}
-
-// exact reports whether every json.Number in v is one a double carries
-// as written (jsonvalue.ExactNumber).
-func exact(v any) bool {
-	switch v := v.(type) {
-	case json.Number:
-		return jsonvalue.ExactNumber(v)
-	case map[string]any:
-		for _, x := range v {
-			if !exact(x) {
-				return false
-			}
-		}
-	case []any:
-		for _, x := range v {
-			if !exact(x) {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // samePath refuses a string field of m that the body set to another value

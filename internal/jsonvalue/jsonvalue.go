@@ -51,7 +51,7 @@ func Params(params map[string]any) (map[string]any, error) {
 	if err != nil {
 		return nil, cerr
 	}
-	if err := exactIntegers(out); err != nil {
+	if err := ExactIntegers(out); err != nil {
 		return nil, err
 	}
 	if _, err := fingerprint.Canonical(out); err != nil {
@@ -209,7 +209,7 @@ func exactDouble(n json.Number) (any, error) {
 	return f, nil
 }
 
-// number returns n as exactIntegers takes it: an int64 for an integer up
+// number returns n as ExactIntegers takes it: an int64 for an integer up
 // to ±2^53, a float64 for an integer beyond it written as its double's
 // canonical form (see exactDouble) and for any other number; other
 // integers, and numbers beyond the double range, are refused.
@@ -227,24 +227,18 @@ func number(n json.Number) (any, error) {
 	return f, nil
 }
 
-// ExactNumber reports whether a double carries n as written: an integer up
-// to ±2^53, an integer beyond it written as its double's canonical digits
-// (100000000000000000000), or another number within the double range; not
-// 9007199254740993, which a double rounds, nor 1e400.
-func ExactNumber(n json.Number) bool {
-	_, err := number(n)
-	return err == nil
-}
-
-// exactIntegers replaces, in place, the json.Number values of v (decoded
-// with Decode) by int64 for integers up to ±2^53, float64 for integers
-// beyond it that are written as their double's canonical form (see
-// exactDouble), and float64 for other numbers; other integers are refused.
-func exactIntegers(v any) error {
+// ExactIntegers replaces, in place, the json.Number values of the objects
+// and lists of v (decoded with Decode's numbers, or UseNumber) by int64
+// for integers up to ±2^53, float64 for integers beyond it written as
+// their double's canonical form (see exactDouble: 100000000000000000000),
+// and float64 for other numbers. It refuses the numbers a double would
+// carry changed: other integers (9007199254740993) and numbers beyond the
+// double range (1e400).
+func ExactIntegers(v any) error {
 	convert := func(x any) (any, error) {
 		n, ok := x.(json.Number)
 		if !ok {
-			return x, exactIntegers(x)
+			return x, ExactIntegers(x)
 		}
 		return number(n)
 	}
