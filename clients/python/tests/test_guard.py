@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
+import grpc
 import pytest
 
 import opledger
@@ -106,6 +107,52 @@ def test_guarded_tool_returns_what_it_returned(ledger, ids, result, want):
     first, again = create(title="x", tool_call_id=op), create(title="x", tool_call_id=op)
     assert first == again == want and type(first) is type(want)
     assert len(runs) == 1
+
+
+def refund_tool(ledger: opledger.Ledger, currency: Any, runs: list[dict[str, Any]]) -> Callable[..., Any]:
+    """A refund tool whose currency defaults to currency, as one deploy declares it."""
+    @opledger.guarded(ledger, tool="payments.refund", operation_id="tool_call_id", permit_id="p-1")
+    def refund(amount: int, currency: Any = currency) -> dict[str, Any]:
+        runs.append({"amount": amount, "currency": currency})
+        return {"refund": f"R-{len(runs)}", "currency": currency}
+
+    return refund
+
+
+@pytest.mark.parametrize("calls, refused", [
+    ([("EUR", {}), ("EUR", {"currency": "EUR"})], False),
+    ([("EUR", {"currency": "EUR"}), ("EUR", {})], False),
+    ([("EUR", {}), ("USD", {})], True),
+    ([("EUR", {}), ("EUR", {"currency": "USD"})], True),
+], ids=["the default spelled out", "the default left out", "the default changed by a deploy",
+        "another value given"])
+def test_guarded_fingerprints_declared_defaults(ledger, ids, calls, refused):
+    # The default is part of what the tool does: a retry made after a deploy
+    # changed it is a changed request, not a replay of the old receipt.
+    runs: list[dict[str, Any]] = []
+    op = ids("call")
+    (default, kwargs), (default2, kwargs2) = calls
+    first = refund_tool(ledger, default, runs)(amount=10, tool_call_id=op, **kwargs)
+    assert first == {"refund": "R-1", "currency": "EUR"}
+    retry = refund_tool(ledger, default2, runs)
+    if refused:
+        with pytest.raises(opledger.LedgerError) as err:
+            retry(amount=10, tool_call_id=op, **kwargs2)
+        assert err.value.reason == "IDEMPOTENCY_KEY_REUSED"
+    else:
+        assert retry(amount=10, tool_call_id=op, **kwargs2) == first
+    assert runs == [{"amount": 10, "currency": "EUR"}]
+
+
+def test_guarded_refuses_a_default_with_no_json_form(ledger, ids):
+    runs: list[dict[str, Any]] = []
+    op = ids("call")
+    with pytest.raises(ValueError, match="params/currency: object has no JSON form"):
+        refund_tool(ledger, object(), runs)(amount=10, tool_call_id=op)
+    assert runs == []
+    with pytest.raises(opledger.LedgerError) as err:
+        ledger.lookup(op)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
 
 
 def test_guarded_refuses_what_it_cannot_run(addr, ledger):

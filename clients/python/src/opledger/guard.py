@@ -23,8 +23,12 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
     The wrapped function takes fn's keyword arguments. Its operation id is
     operation_id(params), or, when operation_id is a string, the keyword
     argument of that name (a framework's tool call id, say), which is taken
-    out of the parameters. The other keyword arguments are the parameters
-    the ledger fingerprints. run_id works the same way ("" for no run).
+    out of the parameters. The other keyword arguments, with the defaults fn
+    declares for those not given, are the parameters the ledger
+    fingerprints: a call that spells a default out is the same request, and
+    one made after the default changed is not. A default with no JSON form
+    is refused as a given value would be. run_id works the same way ("" for
+    no run).
     fn gets the parameters, and idempotency_key= and attempt= when it
     declares them; what it returns is recorded as the result data (a value
     that is not a dict, such as the str a framework's tool often returns, as
@@ -52,10 +56,11 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
             raise TypeError(f"{tool}: guarded wraps a plain function; a coroutine function is run by "
                             "AsyncLedger.call_tool")
         accepts = inspect.signature(fn).parameters
+        defaults = declared_defaults(accepts, {s for s in (operation_id, run_id) if isinstance(s, str)})
 
         @functools.wraps(fn)
         def call(**kwargs: Any) -> Any:
-            params = dict(kwargs)
+            params = {**defaults, **kwargs}
             op_id = pick(operation_id, params)
             run = pick(run_id, params) if run_id else ""
             if not op_id:
@@ -81,3 +86,11 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
         return call
 
     return decorate
+
+
+def declared_defaults(accepts: Any, ids: set[str]) -> dict[str, Any]:
+    """Returns the defaults of fn's keyword parameters, but for those guarded fills in or takes out."""
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {name: p.default for name, p in accepts.items()
+            if p.kind in keyword and p.default is not inspect.Parameter.empty
+            and name not in ids | {"idempotency_key", "attempt"}}
