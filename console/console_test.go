@@ -268,15 +268,23 @@ func TestConsoleInABrowser(t *testing.T) {
 		screenshot(t, ctx, "console-operation.png")
 
 		var answer string
-		run(t, ctx, "resolve", decide("FINDING_APPLIED", map[string]string{"#act-data": `{"refund":"re_3141"}`}),
-			into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		var shown, dataLine string
+		run(t, ctx, "resolve", decide("FINDING_APPLIED", map[string]string{"#act-data": `{"refund":"re_3141","card":"visa-4242"}`}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
+			into(&dataLine, chromedp.Evaluate[string](`document.getElementById("op-data")?.textContent ?? ""`)),
+			into(&shown, chromedp.Evaluate[string](`document.documentElement.outerHTML + document.body.innerText`)))
 		if !strings.Contains(answer, "Recorded. The operation is SUCCEEDED") {
 			t.Fatalf("the answer: %q", answer)
+		}
+		// The record's page names its resource, never the result's data.
+		if strings.Contains(shown, "visa-4242") || !strings.Contains(dataLine, "not shown here") {
+			t.Fatalf("the recorded page shows the result data (%q)", dataLine)
 		}
 		op := l.operation(t, "wf-8472:refund")
 		hist := op["history"].([]any)
 		last := hist[len(hist)-1].(map[string]any)
 		if op["state"] != "STATE_SUCCEEDED" || op["result"].(map[string]any)["resourceId"] != "re_3141" ||
+			op["result"].(map[string]any)["data"].(map[string]any)["card"] != "visa-4242" ||
 			last["principal"] != "ops-reconciler" || last["fencingToken"] != token {
 			t.Fatalf("the record after the console's finding: %v", op)
 		}

@@ -216,7 +216,11 @@
     const out = [];
     if (op.result) {
       out.push(el("h3", {}, "Result"), el("p", {}, "Resource id: ", el("code", {}, op.result.resourceId || "–")));
-      if (op.result.data) out.push(el("pre", {}, JSON.stringify(op.result.data, null, 2)));
+      // A tool's result is never written into a page; its resource id is.
+      if (op.result.data && Object.keys(op.result.data).length) {
+        out.push(el("p", { id: "op-data" }, "Data: recorded, not shown here (",
+          el("code", {}, "ledgerctl lookup"), " prints it)."));
+      }
     }
     if (op.failure) {
       out.push(el("h3", {}, "Failure"), el("p", {}, el("code", {}, op.failure.code || "–"), " ", op.failure.message || ""));
