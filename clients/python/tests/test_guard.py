@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any, Callable
 
 import grpc
@@ -155,17 +156,72 @@ def test_guarded_refuses_a_default_with_no_json_form(ledger, ids):
     assert err.value.code == grpc.StatusCode.NOT_FOUND
 
 
+class AsyncFakeToolNode(FakeToolNode):
+    """FakeToolNode for async tools, as the OpenAI Agents SDK and LangGraph's ainvoke run them."""
+
+    async def ainvoke(self, calls: list[dict[str, Any]]) -> list[Any]:
+        async def one(call: dict[str, Any]) -> Any:
+            for attempt in range(self.retries + 1):
+                try:
+                    return await self.tools[call["name"]](**call["args"], tool_call_id=call["id"])
+                except opledger.RetryableToolError:
+                    if attempt == self.retries:
+                        raise
+
+        return list(await asyncio.gather(*(one(call) for call in calls)))  # parallel tool calls
+
+
+def test_guarded_async_tool_runs_once_however_often_the_framework_calls_it(addr, dest, ids):
+    booked: list[str] = []
+    keys: set[str] = set()
+
+    async def scenario(lg: opledger.AsyncLedger) -> tuple[list[Any], list[Any], opledger.LedgerError]:
+        @opledger.guarded(lg, tool="tickets.create", operation_id="tool_call_id", permit_id="p-1")
+        async def create_ticket(title: str, priority: str = "normal", *, idempotency_key: str) -> str:
+            """Opens a ticket."""
+            keys.add(idempotency_key)
+            if dest.faults and dest.faults.pop(0) == "before-write":
+                raise opledger.RetryableToolError("503 before the write")
+            await asyncio.sleep(0.1)
+            booked.append(title)
+            return f"T-{len(booked)}"
+
+        assert create_ticket.__doc__ == "Opens a ticket." and inspect.iscoroutinefunction(create_ticket)
+        node = AsyncFakeToolNode({"create_ticket": create_ticket})
+        call = {"name": "create_ticket", "id": ids("call_9"), "args": {"title": "Printer on fire"}}
+        dest.faults = ["before-write"]
+        first = await node.ainvoke([call, call, call])  # one retried, all three at once
+        again = await node.ainvoke([{**call, "args": {"title": "Printer on fire", "priority": "normal"}}])
+        with pytest.raises(opledger.LedgerError) as changed:
+            await node.ainvoke([{**call, "args": {"title": "Printer on fire", "priority": "high"}}])
+        return first, again, changed.value
+
+    async def main() -> Any:
+        async with opledger.AsyncLedger(addr) as lg:
+            return await scenario(lg)
+
+    first, again, changed = asyncio.run(main())
+    assert first == ["T-1"] * 3 and again == ["T-1"], (first, again)
+    assert booked == ["Printer on fire"] and len(keys) == 1
+    assert changed.reason == "IDEMPOTENCY_KEY_REUSED"
+
+
 def test_guarded_refuses_what_it_cannot_run(addr, ledger):
     # Refused when decorating, not after a call has applied an effect.
+    def create(title: str) -> dict[str, Any]:
+        return {"title": title}
+
     async def create_async(title: str) -> dict[str, Any]:
         return {"title": title}
 
-    with pytest.raises(TypeError, match="coroutine function"):
+    with pytest.raises(TypeError, match="a coroutine function .* with an AsyncLedger"):
         opledger.guarded(ledger, tool="tickets.create", operation_id="tool_call_id")(create_async)
+    with pytest.raises(TypeError, match="takes an opledger.Ledger or an opledger.AsyncLedger"):
+        opledger.guarded(object(), tool="tickets.create", operation_id="tool_call_id")
 
     async def with_async_ledger() -> None:
         async with opledger.AsyncLedger(addr) as lg:
-            with pytest.raises(TypeError, match="takes an opledger.Ledger"):
-                opledger.guarded(lg, tool="tickets.create", operation_id="tool_call_id")
+            with pytest.raises(TypeError, match="a plain function with a Ledger"):
+                opledger.guarded(lg, tool="tickets.create", operation_id="tool_call_id")(create)
 
     asyncio.run(with_async_ledger())

@@ -1,8 +1,8 @@
 """opledger: the operation ledger's Python client.
 
 Ledger.call_tool runs a side-effecting tool at most once per operation id;
-guarded wraps a plain function the same way; AsyncLedger is the asyncio
-client. See README.md.
+guarded wraps a function (a coroutine function, with an
+AsyncLedger) the same way; AsyncLedger is the asyncio client. See README.md.
 """
 
 from opledger._gen.ledger.v1 import ledger_pb2 as pb

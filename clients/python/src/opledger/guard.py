@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from opledger._gen.ledger.v1 import ledger_pb2 as pb
-from opledger.client import Attempt, Ledger
+from opledger.aio import AsyncLedger
+from opledger.client import Attempt, Ledger, Outcome
 
 
 # A result that is not a dict (a str, a list) is recorded under this key, as
-# the TypeScript package's guardTool records one.
+# the TypeScript package's guardTool records it.
 VALUE = "$value"
 
+Spec = Union[str, Callable[[dict[str, Any]], str]]
 
-def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str, Any]], str],
-            permit_id: str = "", effect: int = pb.EFFECT_UNSPECIFIED, run_id: str | Callable[[dict[str, Any]], str] = "",
-            resource_id: str | Callable[[dict[str, Any]], str] = "", **call_options: Any) -> Callable:
+
+def guarded(ledger: Ledger | AsyncLedger, *, tool: str, operation_id: Spec, permit_id: str = "",
+            effect: int = pb.EFFECT_UNSPECIFIED, run_id: Spec = "", resource_id: Spec = "",
+            **call_options: Any) -> Callable:
     """Wraps fn(**params) so that it runs at most once per operation, however often it is called.
 
     The wrapped function takes fn's keyword arguments. Its operation id is
@@ -36,56 +39,79 @@ def guarded(ledger: Ledger, *, tool: str, operation_id: str | Callable[[dict[str
     a string) as the resource id: a str, or an int recorded as its digits.
     Every later call of the same operation returns the recorded result
     without calling fn.
-    call_options (wait, tool_timeout, compensates, ...) go to
-    Ledger.call_tool; errors are call_tool's. An AsyncLedger, or a coroutine
-    function, is refused with a TypeError when decorating, before any call.
+    With a Ledger, fn is a plain function; with an AsyncLedger, a coroutine
+    function, and the wrapper is one too. call_options (wait, tool_timeout,
+    compensates, ...) go to call_tool; errors are call_tool's. Anything else
+    is refused with a TypeError when decorating, before any call.
     """
-
-    def pick(spec: str | Callable[[dict[str, Any]], str], params: dict[str, Any]) -> str:
-        if callable(spec):
-            return spec(params)
-        if spec in params:
-            return str(params.pop(spec))
-        return ""
-
-    if not isinstance(ledger, Ledger):
-        raise TypeError(f"{tool}: guarded takes an opledger.Ledger (for asyncio, await AsyncLedger.call_tool)")
+    if not isinstance(ledger, (Ledger, AsyncLedger)):
+        raise TypeError(f"{tool}: guarded takes an opledger.Ledger or an opledger.AsyncLedger")
+    is_async = isinstance(ledger, AsyncLedger)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.iscoroutinefunction(fn):
-            raise TypeError(f"{tool}: guarded wraps a plain function; a coroutine function is run by "
-                            "AsyncLedger.call_tool")
+        if inspect.iscoroutinefunction(fn) != is_async:
+            raise TypeError(f"{tool}: guarded wraps a coroutine function (async def) with an AsyncLedger, "
+                            "and a plain function with a Ledger")
         accepts = inspect.signature(fn).parameters
         defaults = declared_defaults(accepts, {s for s in (operation_id, run_id) if isinstance(s, str)})
 
-        @functools.wraps(fn)
-        def call(**kwargs: Any) -> Any:
+        def request(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+            """Returns the call_tool arguments of a call, but fn, and the parameters fn gets."""
             params = {**defaults, **kwargs}
             op_id = pick(operation_id, params)
             run = pick(run_id, params) if run_id else ""
             if not op_id:
                 raise ValueError(f"{tool}: no operation id (give the keyword argument {operation_id!r})")
+            return dict(operation_id=op_id, tool=tool, params=params, permit_id=permit_id, effect=effect,
+                        run_id=run, **call_options), params
 
-            def run_fn(a: Attempt) -> dict[str, Any]:
-                extra: dict[str, Any] = {}
-                if "idempotency_key" in accepts:
-                    extra["idempotency_key"] = a.idempotency_key
-                if "attempt" in accepts:
-                    extra["attempt"] = a
-                data = fn(**params, **extra)
-                if callable(resource_id):
-                    rid = resource_id(data)
-                else:
-                    rid = data.get(resource_id) if resource_id and isinstance(data, dict) else None
-                return {"resource_id": rid, "data": data if isinstance(data, dict) else {VALUE: data}}
+        def extra(a: Attempt) -> dict[str, Any]:
+            names = {"idempotency_key": a.idempotency_key, "attempt": a}
+            return {k: v for k, v in names.items() if k in accepts}
 
-            out = ledger.call_tool(operation_id=op_id, tool=tool, params=params, permit_id=permit_id, fn=run_fn,
-                                   effect=effect, run_id=run, **call_options)
-            return out.data[VALUE] if list(out.data) == [VALUE] else out.data
+        if is_async:
+            @functools.wraps(fn)
+            async def acall(**kwargs: Any) -> Any:
+                args, params = request(kwargs)
+
+                async def run_fn(a: Attempt) -> dict[str, Any]:
+                    return recorded(await fn(**params, **extra(a)), resource_id)
+
+                return returned(await ledger.call_tool(**args, fn=run_fn))
+
+            return acall
+
+        @functools.wraps(fn)
+        def call(**kwargs: Any) -> Any:
+            args, params = request(kwargs)
+            return returned(ledger.call_tool(**args, fn=lambda a: recorded(fn(**params, **extra(a)), resource_id)))
 
         return call
 
     return decorate
+
+
+def pick(spec: Spec, params: dict[str, Any]) -> str:
+    """Returns the id spec names: spec(params), or the parameter spec, taken out of params."""
+    if callable(spec):
+        return spec(params)
+    if spec in params:
+        return str(params.pop(spec))
+    return ""
+
+
+def recorded(data: Any, resource_id: Spec) -> dict[str, Any]:
+    """Returns what call_tool records of what fn returned."""
+    if callable(resource_id):
+        rid = resource_id(data)
+    else:
+        rid = data.get(resource_id) if resource_id and isinstance(data, dict) else None
+    return {"resource_id": rid, "data": data if isinstance(data, dict) else {VALUE: data}}
+
+
+def returned(out: Outcome) -> Any:
+    """Returns what fn returned, from its recorded outcome."""
+    return out.data[VALUE] if list(out.data) == [VALUE] else out.data
 
 
 def declared_defaults(accepts: Any, ids: set[str]) -> dict[str, Any]:
