@@ -117,7 +117,7 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 	if errors.Is(err, client.ErrRunEnded) {
 		return runEnded(id, run, err)
 	}
-	return g.answer(ctx, id, res, err, executed)
+	return g.answer(ctx, t, id, res, err, executed)
 }
 
 // derive returns the operation id of a call that names none: the
@@ -197,7 +197,7 @@ func arguments(raw json.RawMessage) (map[string]any, error) {
 }
 
 // answer turns what Do returned into the caller's answer.
-func (g *Gateway) answer(ctx context.Context, id string, res client.Result, err error, executed *mcp.CallToolResult) *mcp.CallToolResult {
+func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Result, err error, executed *mcp.CallToolResult) *mcp.CallToolResult {
 	var (
 		nr *client.NotRecordedError
 		co *client.ConflictingOutcomeError
@@ -211,7 +211,7 @@ func (g *Gateway) answer(ctx context.Context, id string, res client.Result, err 
 	case err == nil && !res.Replayed && executed != nil:
 		return annotate(executed, id, outcomeExecuted, res.Attempt)
 	case err == nil:
-		return annotate(replayed(res), id, outcomeReplayed, res.Attempt)
+		return annotate(fitted(replayed(res), t.output), id, outcomeReplayed, res.Attempt)
 	case errors.As(err, &nr) && executed != nil:
 		g.log.Warn("an effect happened but the ledger did not record it", "operation_id", id, "error", nr.Err)
 		return annotate(executed, id, outcomeNotRecorded, 0)

@@ -254,6 +254,60 @@ func TestUpstreamOutcomes(t *testing.T) {
 	}
 }
 
+// TestReplaysFitTheOutputSchema: create_ticket lists an output schema, and
+// every answer passes the check the official clients make of it (call
+// does it). A replay of what the tool answered is that answer; a result
+// recorded in another shape (by an operator, or as too large to keep) is
+// answered as text, saying the call succeeded and will not run again.
+func TestReplaysFitTheOutputSchema(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		rules   string
+		fault   string
+		finding *client.Finding // an operator's, once the first call ended
+		first   string          // the first call's outcome
+		ticket  string          // the replay's structured id
+		says    []string        // the replay's text
+		effects int
+	}{
+		{name: "recorded from the tool", first: "executed", ticket: "T-1", says: []string{"Opened ticket T-1."}, effects: 1},
+		{name: "recorded by an operator", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
+			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"ticket": "T-9", "desk": "opened by hand"}}, Note: "INC-7"},
+			says:    []string{"already ran and succeeded", "will not run again", `"ticket":"T-9"`, "opened by hand"}},
+		{name: "too large to keep", fault: "big", first: "executed", says: []string{"already ran and succeeded", "too large for the ledger to keep"}, effects: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{rules: tc.rules})
+			if tc.fault != "" {
+				r.up.Fault("create_ticket", tc.fault)
+			}
+			cs := r.stdio(clientOptions{})
+			meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "op")}
+			if a := call(t, cs, "tickets_create_ticket", ticketArgs, meta); a.outcome() != tc.first {
+				t.Fatalf("first call = %v, want %s", a, tc.first)
+			}
+			if tc.finding != nil {
+				if _, err := r.ledgerClient("").Reconcile(context.Background(), meta[mcpgateway.MetaIdempotencyKey].(string), *tc.finding); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+			if a.outcome() != "replayed" || a.ticket != tc.ticket || a.isError != (tc.ticket == "") {
+				t.Fatalf("the replay = %v, want replayed with ticket %q", a, tc.ticket)
+			}
+			for _, s := range tc.says {
+				if !strings.Contains(a.text, s) {
+					t.Errorf("the replay's text %q does not say %q", a.text, s)
+				}
+			}
+			if n, m := r.up.Calls("create_ticket"), r.up.Count("create_ticket"); n != 1 || m != tc.effects {
+				t.Fatalf("the upstream got %d calls and applied %d effects, want 1 and %d", n, m, tc.effects)
+			}
+		})
+	}
+}
+
 // stopStdio kills the stdio upstream and keeps it from starting again,
 // and waits for the gateway to see its session end.
 func stopStdio(t *testing.T, r *rig) {

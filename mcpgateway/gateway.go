@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -73,6 +74,7 @@ type tool struct {
 	remote string // the upstream's name for it
 	up     *upstream
 	policy policy
+	output *jsonschema.Resolved // its output schema, which replays are checked against; nil for none
 }
 
 // New returns a gateway for cfg; Start connects it.
@@ -175,8 +177,12 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 			g.log.Warn("upstream tool not served", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
 			continue
 		}
+		output, err := outputSchema(t.OutputSchema)
+		if err != nil {
+			g.log.Warn("upstream tool's output schema not checked in replays", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
+		}
 		defs[def.Name] = def
-		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: resolve(t, u.cfg.Tools, g.cfg.Defaults)}
+		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: resolve(t, u.cfg.Tools, g.cfg.Defaults), output: output}
 	}
 	g.mu.Lock()
 	var gone []string

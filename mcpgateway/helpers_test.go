@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/client"
@@ -284,7 +285,40 @@ func callErr(cs *mcp.ClientSession, name string, args map[string]any, meta mcp.M
 	if err != nil {
 		return answer{}, err
 	}
-	return read(res), nil
+	return read(res), checkOutput(cs, name, res)
+}
+
+// checkOutput refuses an answer as the official TypeScript and Python
+// clients do: a tool that lists an output schema must answer structured
+// content that fits it, unless the answer is an error (and TypeScript
+// checks an error's structured content too).
+func checkOutput(cs *mcp.ClientSession, name string, res *mcp.CallToolResult) error {
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		return err
+	}
+	for _, t := range tools.Tools {
+		if t.Name != name || t.OutputSchema == nil {
+			continue
+		}
+		var s jsonschema.Schema
+		if b, err := json.Marshal(t.OutputSchema); err != nil || json.Unmarshal(b, &s) != nil {
+			return fmt.Errorf("%s: its output schema does not decode", name)
+		}
+		rs, err := s.Resolve(nil)
+		if err != nil {
+			return err
+		}
+		switch {
+		case res.StructuredContent == nil && !res.IsError:
+			return fmt.Errorf("%s has an output schema but did not return structured content: %s", name, read(res))
+		case res.StructuredContent != nil:
+			if err := rs.Validate(res.StructuredContent); err != nil {
+				return fmt.Errorf("%s: structured content does not match the tool's output schema (%v): %s", name, err, read(res))
+			}
+		}
+	}
+	return nil
 }
 
 func read(res *mcp.CallToolResult) answer {

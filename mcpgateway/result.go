@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/client"
@@ -60,6 +61,43 @@ func replayed(r client.Result) *mcp.CallToolResult {
 	}
 	b, _ := json.Marshal(data)
 	return &mcp.CallToolResult{StructuredContent: data, Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}}
+}
+
+// outputSchema resolves a tool's output schema, to check replays against;
+// nil for a tool without one, or with one that cannot be resolved.
+func outputSchema(s any) (*jsonschema.Resolved, error) {
+	if s == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	var root jsonschema.Schema
+	if err := json.Unmarshal(b, &root); err != nil {
+		return nil, err
+	}
+	return root.Resolve(nil)
+}
+
+// fitted returns a replay as a client that checks the tool's output schema
+// (the official SDKs do) takes it: as it is when there is no schema, it is
+// an error, or its structured content fits. Otherwise (a result recorded
+// by a reconciliation, or too large to keep) it is the replay's text alone,
+// as an error result that says the call succeeded and is not run again.
+func fitted(res *mcp.CallToolResult, schema *jsonschema.Resolved) *mcp.CallToolResult {
+	if schema == nil || res.IsError || res.StructuredContent != nil && schema.Validate(res.StructuredContent) == nil {
+		return res
+	}
+	body := errorText(res)
+	if body == "" && res.StructuredContent != nil {
+		b, _ := json.Marshal(res.StructuredContent)
+		body = string(b)
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "This call already ran and " +
+		"succeeded, and it will not run again under this key: do not call the tool again to redo it. Its result was " +
+		"recorded in a shape the tool's output schema does not describe (by a reconciliation, or as too large to " +
+		"keep), so it is given here as text:\n" + body}}}
 }
 
 // errorText is the text of an isError result that the ledger keeps as its

@@ -68,6 +68,48 @@ func TestReplayedOperatorData(t *testing.T) {
 	}
 }
 
+// TestFitted: a replay whose structured content fits the tool's output
+// schema, an error, and any replay of a tool without a schema stay as they
+// are; any other is answered as its text, an error that says the call
+// succeeded. A schema that cannot be resolved checks nothing.
+func TestFitted(t *testing.T) {
+	ticket := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string"}},
+		"required": []any{"id"}, "additionalProperties": false}
+	text := func(s string) []mcp.Content { return []mcp.Content{&mcp.TextContent{Text: s}} }
+	for _, tc := range []struct {
+		name   string
+		schema any
+		res    *mcp.CallToolResult
+		kept   bool
+		says   string
+	}{
+		{name: "fits", schema: ticket, res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
+		{name: "no schema", res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+		{name: "an error", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined")}, kept: true},
+		{name: "a member the schema has not", schema: ticket, res: &mcp.CallToolResult{Content: text(`{"id":"T-1","resourceId":"T-1"}`),
+			StructuredContent: map[string]any{"id": "T-1", "resourceId": "T-1"}}, says: `{"id":"T-1","resourceId":"T-1"}`},
+		{name: "a required member missing", schema: ticket, res: &mcp.CallToolResult{StructuredContent: map[string]any{"ticket": "T-1"}}, says: `{"ticket":"T-1"}`},
+		{name: "no structured content", schema: ticket, res: &mcp.CallToolResult{Content: text("too large to keep")}, says: "too large to keep"},
+		{name: "a schema that cannot be resolved", schema: map[string]any{"$ref": "https://elsewhere.example/s.json"},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := outputSchema(tc.schema)
+			if (err != nil) != (tc.name == "a schema that cannot be resolved") {
+				t.Fatalf("outputSchema: %v", err)
+			}
+			got := fitted(tc.res, rs)
+			if kept := got == tc.res; kept != tc.kept {
+				t.Fatalf("kept %v, want %v: %+v", kept, tc.kept, got)
+			}
+			if !tc.kept && (!got.IsError || got.StructuredContent != nil || !strings.Contains(errorText(got), "already ran and succeeded") ||
+				!strings.Contains(errorText(got), tc.says)) {
+				t.Fatalf("answer %+v (%q), want an error saying it succeeded, and %q", got, errorText(got), tc.says)
+			}
+		})
+	}
+}
+
 func errorTextOf(r *mcp.CallToolResult) string { return errorText(r) }
 
 func TestSelectParams(t *testing.T) {

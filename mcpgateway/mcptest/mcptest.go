@@ -4,7 +4,8 @@
 // and it takes faults from files, so a test injects them into a server
 // running as another process.
 //
-// Its tools: create_ticket (no annotations: irreversible), find_ticket
+// Its tools: create_ticket (no annotations: irreversible; an output
+// schema for {id, title}, as a typed go-sdk tool lists), find_ticket
 // (read-only: the lookup by idempotency key), search_tickets (read-only)
 // and set_status (idempotent).
 package mcptest
@@ -61,7 +62,8 @@ func New(dir string) *Upstream {
 // and exits the process; "hang" never answers and applies nothing;
 // "error" answers isError and applies nothing; "slow:D" waits D (sending
 // progress when asked), then applies and answers, unless the call is
-// cancelled first (counted as a call of "create_ticket:cancelled").
+// cancelled first (counted as a call of "create_ticket:cancelled");
+// "big" applies it and answers with 100 KiB of text beside the ticket.
 func (u *Upstream) Fault(tool string, faults ...string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -172,7 +174,11 @@ func (u *Upstream) Server() *mcp.Server {
 		return map[string]any{"type": "object", "properties": props}
 	}
 	str, num := map[string]any{"type": "string"}, map[string]any{"type": "number"}
-	s.AddTool(&mcp.Tool{Name: "create_ticket", Description: "Open a ticket.", InputSchema: object(map[string]any{"title": str, "priority": num})}, u.create)
+	// Its output schema is what a typed go-sdk tool declares for {id, title}.
+	ticket := object(map[string]any{"id": str, "title": str})
+	ticket["required"], ticket["additionalProperties"] = []string{"id", "title"}, false
+	s.AddTool(&mcp.Tool{Name: "create_ticket", Description: "Open a ticket.", InputSchema: object(map[string]any{"title": str, "priority": num}),
+		OutputSchema: ticket}, u.create)
 	s.AddTool(&mcp.Tool{Name: "find_ticket", Description: "Find the ticket a create_ticket call with this idempotency key opened.",
 		InputSchema: object(map[string]any{"idempotency_key": str}), Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, u.find)
 	s.AddTool(&mcp.Tool{Name: "search_tickets", Description: "Search tickets.",
@@ -206,6 +212,9 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 	res := &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: "Opened ticket " + ticket + "."}},
 		StructuredContent: map[string]any{"id": ticket, "title": args["title"]},
+	}
+	if fault == "big" {
+		res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", 100<<10)})
 	}
 	b, _ := json.Marshal(res)
 	u.write("effects", Effect{Tool: "create_ticket", Key: key, Ticket: ticket, Args: req.Params.Arguments, Result: b})

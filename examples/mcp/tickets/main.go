@@ -55,17 +55,16 @@ type findArgs struct {
 	Key string `json:"idempotency_key" jsonschema:"the idempotency key of the create_ticket call"`
 }
 
-// found is find_ticket's answer: the ticket, or found false.
-type found struct {
-	Found bool `json:"found"`
-	Ticket
-}
-
-func (d *desk) find(_ context.Context, _ *mcp.CallToolRequest, a findArgs) (*mcp.CallToolResult, found, error) {
+// find answers what create_ticket answered under the key, the ticket, so
+// that a call the gateway settles with it replays as it would have
+// answered; or {"found": false}.
+func (d *desk) find(_ context.Context, _ *mcp.CallToolRequest, a findArgs) (*mcp.CallToolResult, any, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	t, ok := d.byKey[a.Key]
-	return nil, found{Found: ok, Ticket: t}, nil
+	if t, ok := d.byKey[a.Key]; ok {
+		return nil, t, nil
+	}
+	return nil, map[string]bool{"found": false}, nil
 }
 
 type listed struct {
@@ -78,15 +77,21 @@ func (d *desk) list(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallT
 	return nil, listed{Tickets: append([]Ticket{}, d.tickets...)}, nil
 }
 
-func main() {
-	addr := flag.String("http", "", "serve Streamable HTTP on this HOST:PORT instead of stdio")
-	flag.Parse()
+// newServer returns the desk's MCP server, with no tickets.
+func newServer() *mcp.Server {
 	d := &desk{byKey: map[string]Ticket{}}
 	s := mcp.NewServer(&mcp.Implementation{Name: "tickets", Version: "1.0.0"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "create_ticket", Description: "Open a ticket."}, d.create)
 	readOnly := &mcp.ToolAnnotations{ReadOnlyHint: true}
 	mcp.AddTool(s, &mcp.Tool{Name: "find_ticket", Description: "Find the ticket a create_ticket call opened, by its idempotency key.", Annotations: readOnly}, d.find)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_tickets", Description: "List every ticket.", Annotations: readOnly}, d.list)
+	return s
+}
+
+func main() {
+	addr := flag.String("http", "", "serve Streamable HTTP on this HOST:PORT instead of stdio")
+	flag.Parse()
+	s := newServer()
 	if *addr == "" {
 		if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
 			log.Fatal(err)
