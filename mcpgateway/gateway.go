@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -74,7 +74,7 @@ type tool struct {
 	remote string // the upstream's name for it
 	up     *upstream
 	policy policy
-	output *jsonschema.Resolved // its output schema, which replays are checked against; nil for none
+	output *jsonschema.Schema // its output schema, which replays are checked against; nil for none
 }
 
 // New returns a gateway for cfg; Start connects it.

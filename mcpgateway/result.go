@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/fingerprint"
@@ -63,9 +63,10 @@ func replayed(r client.Result) *mcp.CallToolResult {
 	return &mcp.CallToolResult{StructuredContent: data, Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}}
 }
 
-// outputSchema resolves a tool's output schema, to check replays against;
-// nil for a tool without one, or with one that cannot be resolved.
-func outputSchema(s any) (*jsonschema.Resolved, error) {
+// outputSchema compiles a tool's output schema, to check replays against;
+// nil for a tool without one. It loads nothing: a schema that refers to
+// another document is refused, and that tool's replays are not checked.
+func outputSchema(s any) (*jsonschema.Schema, error) {
 	if s == nil {
 		return nil, nil
 	}
@@ -73,11 +74,25 @@ func outputSchema(s any) (*jsonschema.Resolved, error) {
 	if err != nil {
 		return nil, err
 	}
-	var root jsonschema.Schema
-	if err := json.Unmarshal(b, &root); err != nil {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
 		return nil, err
 	}
-	return root.Resolve(nil)
+	const url = "urn:opledger:output-schema"
+	c := jsonschema.NewCompiler()
+	c.UseLoader(noLoader{})
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, err
+	}
+	return c.Compile(url)
+}
+
+// noLoader loads no schema: not a file, not a URL.
+type noLoader struct{}
+
+// Load refuses url.
+func (noLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("%s: the gateway loads no schema", url)
 }
 
 // fitted returns a replay as a client that checks the tool's output schema
@@ -85,7 +100,7 @@ func outputSchema(s any) (*jsonschema.Resolved, error) {
 // an error, or its structured content fits. Otherwise (a result recorded
 // by a reconciliation, or too large to keep) it is the replay's text alone,
 // as an error result that says the call succeeded and is not run again.
-func fitted(res *mcp.CallToolResult, schema *jsonschema.Resolved) *mcp.CallToolResult {
+func fitted(res *mcp.CallToolResult, schema *jsonschema.Schema) *mcp.CallToolResult {
 	if schema == nil || res.IsError || res.StructuredContent != nil && schema.Validate(res.StructuredContent) == nil {
 		return res
 	}

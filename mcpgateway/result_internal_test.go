@@ -71,7 +71,8 @@ func TestReplayedOperatorData(t *testing.T) {
 // TestFitted: a replay whose structured content fits the tool's output
 // schema, an error, and any replay of a tool without a schema stay as they
 // are; any other is answered as its text, an error that says the call
-// succeeded. A schema that cannot be resolved checks nothing.
+// succeeded. A schema that refers to another document (a URL, a file)
+// loads nothing, and checks nothing.
 func TestFitted(t *testing.T) {
 	ticket := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string"}},
 		"required": []any{"id"}, "additionalProperties": false}
@@ -90,12 +91,16 @@ func TestFitted(t *testing.T) {
 			StructuredContent: map[string]any{"id": "T-1", "resourceId": "T-1"}}, says: `{"id":"T-1","resourceId":"T-1"}`},
 		{name: "a required member missing", schema: ticket, res: &mcp.CallToolResult{StructuredContent: map[string]any{"ticket": "T-1"}}, says: `{"ticket":"T-1"}`},
 		{name: "no structured content", schema: ticket, res: &mcp.CallToolResult{Content: text("too large to keep")}, says: "too large to keep"},
-		{name: "a schema that cannot be resolved", schema: map[string]any{"$ref": "https://elsewhere.example/s.json"},
+		{name: "a reference that loops", schema: map[string]any{"$defs": map[string]any{"a": map[string]any{"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, says: `{"x":1}`},
+		{name: "a schema of another document", schema: map[string]any{"$ref": "https://elsewhere.example/s.json"},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+		{name: "a schema of a local file", schema: map[string]any{"$ref": "file:///etc/hostname"},
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := outputSchema(tc.schema)
-			if (err != nil) != (tc.name == "a schema that cannot be resolved") {
+			if (err != nil) != strings.HasPrefix(tc.name, "a schema of") {
 				t.Fatalf("outputSchema: %v", err)
 			}
 			got := fitted(tc.res, rs)
@@ -141,5 +146,34 @@ func FuzzArguments(f *testing.F) {
 		}
 		_ = selectParams(args, []string{ptr})
 		_ = pointString(args, ptr)
+	})
+}
+
+// FuzzFitted: no output schema an upstream lists, and no recorded result,
+// make the check of a replay panic; a replay it keeps as structured content
+// fits the schema, and one it does not keep is an error with no structured
+// content.
+func FuzzFitted(f *testing.F) {
+	f.Add(`{"type":"object","properties":{"id":{"type":"string"}},"required":["id"],"additionalProperties":false}`, `{"id":"T-1"}`)
+	f.Add(`{"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`, `{"x":[1,{"y":null}]}`)
+	f.Add(`{"anyOf":[{"type":"array","items":{"type":"integer"}},{"pattern":"^a+$"}]}`, `[1,2.5]`)
+	f.Add(`{"$schema":"https://json-schema.org/draft/2019-09/schema"}`, `"x"`)
+	f.Fuzz(func(t *testing.T, schema, content string) {
+		var s, c any
+		if json.Unmarshal([]byte(schema), &s) != nil || json.Unmarshal([]byte(content), &c) != nil || c == nil {
+			return
+		}
+		rs, err := outputSchema(s)
+		if err != nil {
+			return
+		}
+		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: content}}, StructuredContent: c}
+		got := fitted(res, rs)
+		switch {
+		case got == res && rs != nil && rs.Validate(c) != nil:
+			t.Fatalf("kept a replay that does not fit: %s against %s", content, schema)
+		case got != res && (!got.IsError || got.StructuredContent != nil || !strings.Contains(errorText(got), content)):
+			t.Fatalf("the answer for %s: %+v", content, got)
+		}
 	})
 }
