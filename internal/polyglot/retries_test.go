@@ -2,6 +2,7 @@ package polyglot
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,12 +20,12 @@ type orderItem struct {
 }
 
 // goRequests are the requests of testdata/retry.py and retry.js as a Go
-// caller writes them: structs, int32 and int64, map[string]string, an empty
+// caller writes them: structs, int32 and int64, a json.Number, map[string]string, an empty
 // []string (a nil one is JSON null, another request).
 var goRequests = map[string]map[string]any{
 	"order": {"amount": 10.5, "currency": "EUR", "note": nil,
 		"items": []orderItem{{SKU: "A-1", Qty: 2}, {SKU: "B-2", Qty: 1}}},
-	"numbers": {"whole": int32(2), "float_whole": 2.0, "tenth": 0.1, "large": 1e21, "zero": 0.0, "tiny": 1.5e-7,
+	"numbers": {"whole": int32(2), "float_whole": 2.0, "tenth": 0.1, "large": 1e21, "round": json.Number("100000000000000000000"), "zero": 0.0, "tiny": 1.5e-7,
 		"negative": int64(-40)},
 	"text":  {"name": "Zoë 🚀", "é": "accent key", "a": "ascii", "line": "a\nb\t\"q\""},
 	"empty": {"list": []string{}, "object": map[string]string{}, "flag": false, "text": ""},

@@ -106,7 +106,10 @@ def test_result_data_the_wire_would_change_is_not_recorded(ledger, dest, ids, da
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"amount": 2**53 + 1}, "params/amount: an integer beyond 2^53 cannot be sent exactly; send it as a string"),
+    ({"amount": 2**53 + 1}, "params/amount: an integer beyond 2^53 that no double spells cannot be sent exactly; "
+     "send it as a string"),
+    ({"ids": [2**60]}, "params/ids/0: an integer beyond 2^53 that no double spells cannot be sent exactly; "
+     "send it as a string"),
     ({"rates": [1.5, float("nan")]}, "params/rates/1: NaN and infinities have no JSON form"),
     ({"when": datetime.datetime(2026, 12, 1)},
      "params/when: datetime has no JSON form; send it as a string or a number"),
@@ -114,7 +117,8 @@ def test_result_data_the_wire_would_change_is_not_recorded(ledger, dest, ids, da
     ({"tags": {"a", "b"}}, "params/tags: set has no JSON form; send it as a string or a number"),
     ({"by_id": {1: "x"}}, "params/by_id: a key that is not a string (int) has no JSON form"),
     ({"raw": b"12345"}, "params/raw: bytes has no JSON form; send it as a string or a number"),
-], ids=["an integer beyond 2^53", "NaN", "a datetime", "a Decimal", "a set", "an int key", "bytes"])
+], ids=["an integer beyond 2^53", "2^60, whose double is written 1152921504606847000", "NaN", "a datetime", "a Decimal",
+        "a set", "an int key", "bytes"])
 def test_params_without_an_exact_json_form_are_refused(ledger, dest, ids, params, message):
     # Refused before anything is sent, naming where and the kind, never the value.
     op = ids("refund")
@@ -204,7 +208,7 @@ def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):
 @pytest.mark.parametrize("data, want", [
     ({"id": 2**53, "low": -(2**53), "rate": 1.5, "ok": True, "none": None}, None),
     ({"pair": (1, "a"), "nested": [{"t": (2,)}]}, {"pair": [1, "a"], "nested": [{"t": [2]}]}),
-    ({"qty": 2, "items": [1, 2], "zero": 0, "count": -3, "big": 10**15}, None),
+    ({"qty": 2, "items": [1, 2], "zero": 0, "count": -3, "big": 10**15, "round": 10**20, "low": -(10**20)}, None),
     # The wire's doubles do not tell 2.0 from 2: data comes back as its
     # JSON is read (json.loads of "2", "-0" and "1e+21").
     ({"whole": 2.0, "negative_zero": -0.0, "huge": 1e21}, {"whole": 2, "negative_zero": 0, "huge": 1e21}),

@@ -10,7 +10,7 @@ const client = require(path.join(__dirname, '..', '..', '..', 'clients', 'typesc
 
 const requests = {
   order: { items: [{ qty: 2, sku: 'A-1' }, { sku: 'B-2', qty: 1 }], note: null, amount: 10.5, currency: 'EUR', coupon: undefined },
-  numbers: { whole: 2, float_whole: 2.0, tenth: 0.1, large: 1e21, zero: -0, tiny: 1.5e-7, negative: -40 },
+  numbers: { whole: 2, float_whole: 2.0, tenth: 0.1, large: 1e21, round: 1e20, zero: -0, tiny: 1.5e-7, negative: -40 },
   text: { line: 'a\nb\t"q"', a: 'ascii', '\u00e9': 'accent key', name: 'Zo\u00eb \u{1F680}' },
   empty: { text: '', flag: false, object: {}, list: [] },
 };

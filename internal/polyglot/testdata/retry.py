@@ -17,8 +17,8 @@ import opledger  # noqa: E402
 REQUESTS = {
     "order": {"currency": "EUR", "amount": 10.5, "note": None,
               "items": ({"sku": "A-1", "qty": 2}, {"qty": 1, "sku": "B-2"})},
-    "numbers": {"whole": 2, "float_whole": 2.0, "tenth": 0.1, "large": 1e21, "zero": -0.0, "tiny": 1.5e-7,
-                "negative": -40},
+    "numbers": {"whole": 2, "float_whole": 2.0, "tenth": 0.1, "large": 1e21, "round": 10**20, "zero": -0.0,
+                "tiny": 1.5e-7, "negative": -40},
     "text": {"name": "Zo\u00eb \U0001F680", "\u00e9": "accent key", "a": "ascii", "line": "a\nb\t\"q\""},
     "empty": {"list": (), "object": {}, "flag": False, "text": ""},
 }

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime
+import decimal
 import math
 import random
 import secrets
@@ -337,14 +338,16 @@ def exact_json(value: Any, where: str) -> Any:
     Raises ValueError naming where (a JSON pointer after it) and the kind,
     never the value, for what has no JSON form (a datetime, a Decimal, a
     set, a key that is not a string) and for what the wire's doubles would
-    carry changed: an integer beyond 2^53 (or a NaN or infinity) would reach
-    the ledger as another number.
+    carry changed: an integer beyond 2^53 that is not its double's digits
+    (2^53+1; 10**20 is) would reach the ledger as another number, as would
+    a NaN or an infinity.
     """
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):
-        if abs(value) > 2**53:
-            raise ValueError(f"{where}: an integer beyond 2^53 cannot be sent exactly; send it as a string")
+        if abs(value) > 2**53 and not is_double_digits(value):
+            raise ValueError(f"{where}: an integer beyond 2^53 that no double spells cannot be sent exactly; "
+                             "send it as a string")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -358,6 +361,16 @@ def exact_json(value: Any, where: str) -> Any:
     if isinstance(value, (list, tuple)):
         return [exact_json(x, f"{where}/{i}") for i, x in enumerate(value)]
     raise ValueError(f"{where}: {type(value).__name__} has no JSON form; send it as a string or a number")
+
+
+def is_double_digits(n: int) -> bool:
+    """Whether n is written as the ledger's canonical JSON writes its double (10**20; not 2**60).
+
+    The Go SDK and the HTTP API take such integers, as the same request.
+    """
+    if abs(n) >= 10**21:  # the canonical JSON of a double this large has an exponent
+        return False
+    return int(decimal.Decimal(repr(float(n)))) == n
 
 
 def json_numbers(value: Any) -> Any:
