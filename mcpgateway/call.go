@@ -211,7 +211,7 @@ func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Res
 	case err == nil && !res.Replayed && executed != nil:
 		return annotate(executed, id, outcomeExecuted, res.Attempt)
 	case err == nil:
-		return annotate(fitted(replayed(res), t.output), id, outcomeReplayed, res.Attempt)
+		return annotate(fitted(replayed(res, t.output), t.output), id, outcomeReplayed, res.Attempt)
 	case errors.As(err, &nr) && executed != nil:
 		g.log.Warn("an effect happened but the ledger did not record it", "operation_id", id, "error", nr.Err)
 		return annotate(executed, id, outcomeNotRecorded, 0)

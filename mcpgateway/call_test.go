@@ -258,7 +258,8 @@ func TestUpstreamOutcomes(t *testing.T) {
 // every answer passes the check the official clients make of it (call
 // does it). A replay of what the tool answered is that answer; a result
 // recorded in another shape (by an operator, or as too large to keep) is
-// answered as text, saying the call succeeded and will not run again.
+// answered as text, saying the call succeeded and will not run again;
+// data an operator typed in the tool's shape replays as structured content.
 func TestReplaysFitTheOutputSchema(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -274,6 +275,9 @@ func TestReplaysFitTheOutputSchema(t *testing.T) {
 		{name: "recorded by an operator", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
 			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"ticket": "T-9", "desk": "opened by hand"}}, Note: "INC-7"},
 			says:    []string{"already ran and succeeded", "will not run again", `"ticket":"T-9"`, "opened by hand"}},
+		{name: "recorded by an operator in the tool's shape", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
+			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"id": "T-9", "title": "Printer on fire"}}, Note: "INC-8"},
+			ticket:  "T-9", says: []string{`"resourceId":"T-9"`}},
 		{name: "too large to keep", fault: "big", first: "executed", says: []string{"already ran and succeeded", "too large for the ledger to keep"}, effects: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

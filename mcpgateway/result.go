@@ -44,8 +44,10 @@ func notKept(size int) map[string]any {
 
 // replayed rebuilds a recorded result as a CallToolResult: the one the
 // upstream returned, or, for data a reconciler or operator recorded, that
-// data as structured content.
-func replayed(r client.Result) *mcp.CallToolResult {
+// data as structured content with its resource id beside it, or without
+// it when the data alone is what the tool's output schema describes. The
+// text has both.
+func replayed(r client.Result, schema *jsonschema.Schema) *mcp.CallToolResult {
 	var res mcp.CallToolResult
 	if _, ok := r.Data["content"].([]any); ok {
 		if b, err := json.Marshal(r.Data); err == nil && json.Unmarshal(b, &res) == nil {
@@ -60,7 +62,12 @@ func replayed(r client.Result) *mcp.CallToolResult {
 		data["resourceId"] = r.ResourceID
 	}
 	b, _ := json.Marshal(data)
-	return &mcp.CallToolResult{StructuredContent: data, Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}}
+	res.Content = []mcp.Content{&mcp.TextContent{Text: string(b)}}
+	res.StructuredContent = data
+	if schema != nil && r.ResourceID != "" && schema.Validate(r.Data) == nil {
+		res.StructuredContent = r.Data
+	}
+	return &res
 }
 
 // outputSchema compiles a tool's output schema, to check replays against;

@@ -46,7 +46,7 @@ func TestRecordReplays(t *testing.T) {
 			if b, _ := json.Marshal(r.Data); len(b) > recordLimit {
 				t.Fatalf("%d bytes recorded, over the limit", len(b))
 			}
-			got := replayed(client.Result{Data: s.AsMap(), ResourceID: r.ResourceID})
+			got := replayed(client.Result{Data: s.AsMap(), ResourceID: r.ResourceID}, nil)
 			want, _ := json.Marshal(&res)
 			if b, _ := json.Marshal(got); tc.exact && string(b) != string(want) {
 				t.Errorf("replay\n%s\nwant\n%s", b, want)
@@ -60,11 +60,31 @@ func TestRecordReplays(t *testing.T) {
 
 // TestReplayedOperatorData: data an operator or reconciler recorded,
 // which is no CallToolResult, replays as structured content with its
-// resource id.
+// resource id, or without it when the data alone is what the tool's output
+// schema describes; the text has both.
 func TestReplayedOperatorData(t *testing.T) {
-	got := replayed(client.Result{Data: map[string]any{"ticket": "T-9"}, ResourceID: "T-9"})
-	if m, _ := got.StructuredContent.(map[string]any); m["ticket"] != "T-9" || m["resourceId"] != "T-9" || !strings.Contains(errorTextOf(got), `"ticket":"T-9"`) {
-		t.Fatalf("replay = %+v", got)
+	ticket := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string"}},
+		"required": []any{"id"}, "additionalProperties": false}
+	for _, tc := range []struct {
+		name   string
+		schema any
+		data   map[string]any
+		want   string // the structured content
+	}{
+		{name: "no schema", data: map[string]any{"ticket": "T-9"}, want: `{"resourceId":"T-9","ticket":"T-9"}`},
+		{name: "the tool's shape", schema: ticket, data: map[string]any{"id": "T-9"}, want: `{"id":"T-9"}`},
+		{name: "another shape", schema: ticket, data: map[string]any{"ticket": "T-9"}, want: `{"resourceId":"T-9","ticket":"T-9"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := outputSchema(tc.schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := replayed(client.Result{Data: tc.data, ResourceID: "T-9"}, rs)
+			if b, _ := json.Marshal(got.StructuredContent); string(b) != tc.want || !strings.Contains(errorTextOf(got), `"resourceId":"T-9"`) {
+				t.Fatalf("replay = %s, %q; want %s", b, errorTextOf(got), tc.want)
+			}
+		})
 	}
 }
 
