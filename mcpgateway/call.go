@@ -209,15 +209,15 @@ func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Res
 	)
 	switch {
 	case err == nil && !res.Replayed && executed != nil:
-		return annotate(executed, id, outcomeExecuted, res.Attempt)
+		return annotate(fitted(executed, t.output), id, outcomeExecuted, res.Attempt)
 	case err == nil:
 		return annotate(fitted(replayed(res, t.output), t.output), id, outcomeReplayed, res.Attempt)
 	case errors.As(err, &nr) && executed != nil:
 		g.log.Warn("an effect happened but the ledger did not record it", "operation_id", id, "error", nr.Err)
-		return annotate(executed, id, outcomeNotRecorded, 0)
+		return annotate(fitted(executed, t.output), id, outcomeNotRecorded, 0)
 	case errors.As(err, &co) && executed != nil:
 		g.log.Error("an effect happened but the ledger records another outcome: a human must look", "operation_id", id)
-		return annotate(executed, id, outcomeConflict, co.Attempt)
+		return annotate(fitted(executed, t.output), id, outcomeConflict, co.Attempt)
 	case errors.As(err, &fe) && !fe.Replayed && errors.As(fe.Err, &te):
 		return annotate(te.res, id, outcomeExecuted, 0)
 	case errors.As(err, &fe):

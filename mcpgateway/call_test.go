@@ -254,31 +254,33 @@ func TestUpstreamOutcomes(t *testing.T) {
 	}
 }
 
-// TestReplaysFitTheOutputSchema: create_ticket lists an output schema, and
+// TestAnswersFitTheOutputSchema: create_ticket lists an output schema, and
 // every answer passes the check the official clients make of it (call
-// does it). A replay of what the tool answered is that answer; a result
-// recorded in another shape (by an operator, or as too large to keep) is
-// answered as text, saying the call succeeded and will not run again;
-// data an operator typed in the tool's shape replays as structured content.
-func TestReplaysFitTheOutputSchema(t *testing.T) {
+// does it). What the tool answered in its shape is answered, and replayed,
+// as it is, and so is data an operator typed in that shape. A result of
+// another shape (the tool's, an operator's, one too large to keep) is
+// answered as text, saying the call succeeded and will not run again.
+func TestAnswersFitTheOutputSchema(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		rules   string
 		fault   string
 		finding *client.Finding // an operator's, once the first call ended
 		first   string          // the first call's outcome
-		ticket  string          // the replay's structured id
-		says    []string        // the replay's text
+		ticket  string          // the answers' structured id, after the operator's finding if any
+		says    []string        // the text of the answers after the first
 		effects int
 	}{
-		{name: "recorded from the tool", first: "executed", ticket: "T-1", says: []string{"Opened ticket T-1."}, effects: 1},
+		{name: "the tool's shape", first: "executed", ticket: "T-1", says: []string{"Opened ticket T-1."}, effects: 1},
+		{name: "another shape from the tool", fault: "shape", first: "executed",
+			says: []string{"ran and succeeded", "will not run again", "the tool answered so", "Opened ticket T-1."}, effects: 1},
 		{name: "recorded by an operator", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
 			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"ticket": "T-9", "desk": "opened by hand"}}, Note: "INC-7"},
-			says:    []string{"already ran and succeeded", "will not run again", `"ticket":"T-9"`, "opened by hand"}},
+			says:    []string{"ran and succeeded", "will not run again", `"ticket":"T-9"`, "opened by hand"}},
 		{name: "recorded by an operator in the tool's shape", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
 			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"id": "T-9", "title": "Printer on fire"}}, Note: "INC-8"},
 			ticket:  "T-9", says: []string{`"resourceId":"T-9"`}},
-		{name: "too large to keep", fault: "big", first: "executed", says: []string{"already ran and succeeded", "too large for the ledger to keep"}, effects: 1},
+		{name: "too large to keep", fault: "big", first: "executed", ticket: "T-1", says: []string{"ran and succeeded", "too large for the ledger to keep"}, effects: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -288,8 +290,9 @@ func TestReplaysFitTheOutputSchema(t *testing.T) {
 			}
 			cs := r.stdio(clientOptions{})
 			meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "op")}
-			if a := call(t, cs, "tickets_create_ticket", ticketArgs, meta); a.outcome() != tc.first {
-				t.Fatalf("first call = %v, want %s", a, tc.first)
+			first := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+			if first.outcome() != tc.first || tc.finding == nil && first.ticket != tc.ticket {
+				t.Fatalf("first call = %v, want %s with ticket %q", first, tc.first, tc.ticket)
 			}
 			if tc.finding != nil {
 				if _, err := r.ledgerClient("").Reconcile(context.Background(), meta[mcpgateway.MetaIdempotencyKey].(string), *tc.finding); err != nil {
@@ -297,6 +300,9 @@ func TestReplaysFitTheOutputSchema(t *testing.T) {
 				}
 			}
 			a := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+			if tc.fault == "big" {
+				tc.ticket = "" // the note kept in its place has no ticket
+			}
 			if a.outcome() != "replayed" || a.ticket != tc.ticket || a.isError != (tc.ticket == "") {
 				t.Fatalf("the replay = %v, want replayed with ticket %q", a, tc.ticket)
 			}
@@ -304,6 +310,9 @@ func TestReplaysFitTheOutputSchema(t *testing.T) {
 				if !strings.Contains(a.text, s) {
 					t.Errorf("the replay's text %q does not say %q", a.text, s)
 				}
+			}
+			if tc.fault == "shape" && first.text != a.text {
+				t.Errorf("the first answer %q is not the replay's %q", first.text, a.text)
 			}
 			if n, m := r.up.Calls("create_ticket"), r.up.Count("create_ticket"); n != 1 || m != tc.effects {
 				t.Fatalf("the upstream got %d calls and applied %d effects, want 1 and %d", n, m, tc.effects)

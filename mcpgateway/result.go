@@ -102,11 +102,12 @@ func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("%s: the gateway loads no schema", url)
 }
 
-// fitted returns a replay as a client that checks the tool's output schema
-// (the official SDKs do) takes it: as it is when there is no schema, it is
-// an error, or its structured content fits. Otherwise (a result recorded
-// by a reconciliation, or too large to keep) it is the replay's text alone,
-// as an error result that says the call succeeded and is not run again.
+// fitted returns a result of a call that succeeded as a client that checks
+// the tool's output schema (the official SDKs do) takes it: as it is when
+// there is no schema, it is an error, or its structured content fits.
+// Otherwise (the tool answered another shape, a reconciliation recorded
+// one, or it was too large to keep) it is the result's text alone, as an
+// error result that says the call succeeded and is not run again.
 func fitted(res *mcp.CallToolResult, schema *jsonschema.Schema) *mcp.CallToolResult {
 	if schema == nil || res.IsError || res.StructuredContent != nil && schema.Validate(res.StructuredContent) == nil {
 		return res
@@ -116,10 +117,10 @@ func fitted(res *mcp.CallToolResult, schema *jsonschema.Schema) *mcp.CallToolRes
 		b, _ := json.Marshal(res.StructuredContent)
 		body = string(b)
 	}
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "This call already ran and " +
-		"succeeded, and it will not run again under this key: do not call the tool again to redo it. Its result was " +
-		"recorded in a shape the tool's output schema does not describe (by a reconciliation, or as too large to " +
-		"keep), so it is given here as text:\n" + body}}}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "This call ran and " +
+		"succeeded, and it will not run again under this key: do not call the tool again to redo it. Its result is " +
+		"not in the shape the tool's output schema describes (the tool answered so, a reconciliation recorded it, " +
+		"or it was too large to keep), so it is given here as text:\n" + body}}}
 }
 
 // errorText is the text of an isError result that the ledger keeps as its

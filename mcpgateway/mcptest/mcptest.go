@@ -63,7 +63,9 @@ func New(dir string) *Upstream {
 // "error" answers isError and applies nothing; "slow:D" waits D (sending
 // progress when asked), then applies and answers, unless the call is
 // cancelled first (counted as a call of "create_ticket:cancelled");
-// "big" applies it and answers with 100 KiB of text beside the ticket.
+// "big" applies it and answers with 100 KiB of text beside the ticket;
+// "shape" applies it and answers structured content its output schema
+// refuses ({"ticket": ...}).
 func (u *Upstream) Fault(tool string, faults ...string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -213,8 +215,11 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 		Content:           []mcp.Content{&mcp.TextContent{Text: "Opened ticket " + ticket + "."}},
 		StructuredContent: map[string]any{"id": ticket, "title": args["title"]},
 	}
-	if fault == "big" {
+	switch fault {
+	case "big":
 		res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", 100<<10)})
+	case "shape":
+		res.StructuredContent = map[string]any{"ticket": ticket}
 	}
 	b, _ := json.Marshal(res)
 	u.write("effects", Effect{Tool: "create_ticket", Key: key, Ticket: ticket, Args: req.Params.Arguments, Result: b})
