@@ -1,6 +1,8 @@
 package polyglot
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/mdtable"
 )
@@ -33,6 +36,56 @@ func TestMCPExample(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(out)); got != want {
 		t.Fatalf("client.mjs printed\n%s\nexamples/mcp/README.md shows\n%s", got, want)
+	}
+}
+
+// TestMCPAnswersInTheOfficialClient: operations of the demo desk's
+// create_ticket, settled by an operator with data in the ticket's shape and
+// with data of another shape, are replayed through the gateway to the Node
+// client on the official SDK, which checks every answer against the tool's
+// output schema: the first is the ticket, the second text saying the call
+// succeeded; the client throws on neither.
+func TestMCPAnswersInTheOfficialClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	need(t, err == nil, "node is not on PATH")
+	root := repoRoot(t)
+	sdk := filepath.Join(root, "examples", "mcp", "node", "node_modules", "@modelcontextprotocol", "sdk")
+	_, err = os.Stat(sdk)
+	need(t, err == nil, "examples/mcp/node/node_modules is not installed (npm ci --prefix examples/mcp/node)")
+	ledger := startLedgerd(t)
+	addr := startGateway(t, root, "--config", "examples/mcp/gateway.yaml", "--ledger", ledger)
+	c, err := client.Dial(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prefix := fmt.Sprintf("schema-%d:", os.Getpid())
+	for key, data := range map[string]map[string]any{
+		"shaped": {"id": "TCK-9", "title": "Printer on fire", "priority": 2},
+		"other":  {"ticket": "TCK-9"},
+	} {
+		settled(t, c, prefix+key, data)
+	}
+	runClient(t, "PASS: schema answers", node, filepath.Join("internal", "polyglot", "testdata", "schema_answers.mjs"),
+		"http://"+addr+"/mcp", sdk, prefix+"shaped", prefix+"other")
+}
+
+// settled leaves operation id of the gateway's create_ticket, for the
+// arguments schema_answers.mjs sends, SUCCEEDED by an operator's finding
+// with data, after an attempt whose outcome was lost.
+func settled(t *testing.T, c *client.Client, id string, data map[string]any) {
+	t.Helper()
+	ctx := context.Background()
+	op := client.Op{ID: id, Tool: "tickets_create_ticket", Params: map[string]any{"/title": "Printer on fire", "/priority": 2}}
+	r, err := c.Reserve(ctx, op, "h-lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.MarkUnknown(ctx, id, r.Operation.FencingToken, "the answer was lost"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Reconcile(ctx, id, client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "TCK-9", Data: data}, Note: "found by hand"}); err != nil {
+		t.Fatal(err)
 	}
 }
 
