@@ -208,7 +208,8 @@ def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):
 @pytest.mark.parametrize("data, want", [
     ({"id": 2**53, "low": -(2**53), "rate": 1.5, "ok": True, "none": None}, None),
     ({"pair": (1, "a"), "nested": [{"t": (2,)}]}, {"pair": [1, "a"], "nested": [{"t": [2]}]}),
-    ({"qty": 2, "items": [1, 2], "zero": 0, "count": -3, "big": 10**15, "round": 10**20, "low": -(10**20)}, None),
+    ({"qty": 2, "items": [1, 2], "zero": 0, "count": -3, "big": 10**15, "round": 10**20, "low": -(10**20),
+      "near_2_60": 1152921504606847000}, None),
     # The wire's doubles do not tell 2.0 from 2: data comes back as its
     # JSON is read (json.loads of "2", "-0" and "1e+21").
     ({"whole": 2.0, "negative_zero": -0.0, "huge": 1e21}, {"whole": 2, "negative_zero": 0, "huge": 1e21}),

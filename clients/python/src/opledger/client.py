@@ -378,15 +378,17 @@ def json_numbers(value: Any) -> Any:
 
     The wire carries every number as a double, so a tool's 2 arrives as 2.0;
     the canonical JSON the ledger holds writes it "2" (and -0.0 "0"), which
-    json.loads reads as the int 2. Doubles of 1e21 and beyond, written with
-    an exponent, stay floats.
+    json.loads reads as the int 2. Beyond 2^53 that JSON has the double's
+    shortest digits (2^60's double is "1152921504606847000"), and so does
+    the int. Doubles of 1e21 and beyond, written with an exponent, stay
+    floats.
     """
     if isinstance(value, dict):
         return {k: json_numbers(x) for k, x in value.items()}
     if isinstance(value, list):
         return [json_numbers(x) for x in value]
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(value)
+        return int(decimal.Decimal(repr(value)))
     return value
 
 
