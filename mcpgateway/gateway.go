@@ -74,7 +74,7 @@ type tool struct {
 	remote string // the upstream's name for it
 	up     *upstream
 	policy policy
-	output *jsonschema.Schema // its output schema, which replays are checked against; nil for none
+	output *jsonschema.Schema // its output schema, which answers are checked against; nil for none
 }
 
 // New returns a gateway for cfg; Start connects it.
@@ -179,7 +179,7 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 		}
 		output, err := outputSchema(t.OutputSchema)
 		if err != nil {
-			g.log.Warn("upstream tool's output schema not checked in replays", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
+			g.log.Warn("upstream tool's output schema not checked", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
 		}
 		defs[def.Name] = def
 		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: resolve(t, u.cfg.Tools, g.cfg.Defaults), output: output}

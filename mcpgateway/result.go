@@ -70,9 +70,9 @@ func replayed(r client.Result, schema *jsonschema.Schema) *mcp.CallToolResult {
 	return &res
 }
 
-// outputSchema compiles a tool's output schema, to check replays against;
+// outputSchema compiles a tool's output schema, to check answers against;
 // nil for a tool without one. It loads nothing: a schema that refers to
-// another document is refused, and that tool's replays are not checked.
+// another document is refused, and that tool's answers are not checked.
 func outputSchema(s any) (*jsonschema.Schema, error) {
 	if s == nil {
 		return nil, nil
