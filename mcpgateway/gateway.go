@@ -179,7 +179,8 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 		}
 		output, err := outputSchema(t.OutputSchema)
 		if err != nil {
-			g.log.Warn("upstream tool's output schema not checked", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
+			g.log.Warn("upstream tool served without its output schema", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
+			def.OutputSchema = nil
 		}
 		defs[def.Name] = def
 		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: resolve(t, u.cfg.Tools, g.cfg.Defaults), output: output}

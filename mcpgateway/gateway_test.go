@@ -19,7 +19,8 @@ import (
 // TestToolsAreServedUnderThePrefix: tools/list shows the upstream's tools
 // under its prefix, with their descriptions, schemas and annotations; a
 // tool the upstream adds later is listed, with a listChanged
-// notification, and one it removes is gone.
+// notification (without an output schema the gateway cannot compile), and
+// one it removes is gone.
 func TestToolsAreServedUnderThePrefix(t *testing.T) {
 	r := newRig(t, rigOptions{upstream: "http"})
 	changed := make(chan struct{}, 1)
@@ -39,7 +40,10 @@ func TestToolsAreServedUnderThePrefix(t *testing.T) {
 		}
 	}
 
-	r.server.AddTool(&mcp.Tool{Name: "close_ticket", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	// Its output schema refers to another document, which the gateway does
+	// not load, nor can the official clients: it is served without one.
+	r.server.AddTool(&mcp.Tool{Name: "close_ticket", InputSchema: map[string]any{"type": "object"},
+		OutputSchema: map[string]any{"$ref": "https://elsewhere.example/ticket.json"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "closed"}}}, nil
 	})
 	r.server.RemoveTools("search_tickets")
@@ -56,6 +60,11 @@ func TestToolsAreServedUnderThePrefix(t *testing.T) {
 	}
 	if a := call(t, cs, "tickets_close_ticket", nil, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "close")}); a.isError || a.text != "closed" {
 		t.Fatalf("the new tool = %v", a)
+	}
+	for _, tl := range list(t, cs) {
+		if (tl.OutputSchema != nil) != (tl.Name == "tickets_create_ticket") {
+			t.Errorf("%s is served with output schema %v", tl.Name, tl.OutputSchema)
+		}
 	}
 	if _, err := callErr(cs, "tickets_search_tickets", nil, nil); err == nil {
 		t.Fatal("the removed tool is still served")

@@ -3,11 +3,14 @@ package mcpgateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/fingerprint"
@@ -71,8 +74,10 @@ func replayed(r client.Result, schema *jsonschema.Schema) *mcp.CallToolResult {
 }
 
 // outputSchema compiles a tool's output schema, to check answers against;
-// nil for a tool without one. It loads nothing: a schema that refers to
-// another document is refused, and that tool's answers are not checked.
+// nil for a tool without one. It asserts formats, as the official clients
+// do, and loads nothing. It refuses a schema that refers to another
+// document (a URL, a file), or whose references loop on an object: the
+// official clients cannot compile those either, and fail to list any tool.
 func outputSchema(s any) (*jsonschema.Schema, error) {
 	if s == nil {
 		return nil, nil
@@ -88,10 +93,31 @@ func outputSchema(s any) (*jsonschema.Schema, error) {
 	const url = "urn:opledger:output-schema"
 	c := jsonschema.NewCompiler()
 	c.UseLoader(noLoader{})
+	c.AssertFormat()
 	if err := c.AddResource(url, doc); err != nil {
 		return nil, err
 	}
-	return c.Compile(url)
+	sch, err := c.Compile(url)
+	if err != nil {
+		return nil, err
+	}
+	if loops(sch.Validate(map[string]any{})) {
+		return nil, errors.New("its references loop")
+	}
+	return sch, nil
+}
+
+// loops reports whether err, a validation's, is or holds a reference
+// cycle.
+func loops(err error) bool {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return false
+	}
+	if _, ok := ve.ErrorKind.(*kind.RefCycle); ok {
+		return true
+	}
+	return slices.ContainsFunc(ve.Causes, func(c *jsonschema.ValidationError) bool { return loops(c) })
 }
 
 // noLoader loads no schema: not a file, not a URL.

@@ -88,11 +88,13 @@ func TestReplayedOperatorData(t *testing.T) {
 	}
 }
 
-// TestFitted: a replay whose structured content fits the tool's output
-// schema, an error, and any replay of a tool without a schema stay as they
-// are; any other is answered as its text, an error that says the call
-// succeeded. A schema that refers to another document (a URL, a file)
-// loads nothing, and checks nothing.
+// TestFitted: an answer whose structured content fits the tool's output
+// schema (formats asserted, as the official clients assert them), an
+// error, and any answer of a tool without a schema stay as they are; any
+// other is answered as its text, an error that says the call succeeded. A
+// schema the official clients could not compile either (a reference to
+// another document, a file, or looping) is refused, and checks nothing:
+// the tool is served without it.
 func TestFitted(t *testing.T) {
 	ticket := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string"}},
 		"required": []any{"id"}, "additionalProperties": false}
@@ -111,16 +113,20 @@ func TestFitted(t *testing.T) {
 			StructuredContent: map[string]any{"id": "T-1", "resourceId": "T-1"}}, says: `{"id":"T-1","resourceId":"T-1"}`},
 		{name: "a required member missing", schema: ticket, res: &mcp.CallToolResult{StructuredContent: map[string]any{"ticket": "T-1"}}, says: `{"ticket":"T-1"}`},
 		{name: "no structured content", schema: ticket, res: &mcp.CallToolResult{Content: text("too large to keep")}, says: "too large to keep"},
-		{name: "a reference that loops", schema: map[string]any{"$defs": map[string]any{"a": map[string]any{"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, says: `{"x":1}`},
-		{name: "a schema of another document", schema: map[string]any{"$ref": "https://elsewhere.example/s.json"},
+		{name: "a format", schema: map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string", "format": "uuid"}}},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}, says: `{"id":"T-1"}`},
+		{name: "a format of its own", schema: map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string", "format": "ticket-id"}}},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
+		{name: "refused: a reference that loops", schema: map[string]any{"$defs": map[string]any{"a": map[string]any{"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
-		{name: "a schema of a local file", schema: map[string]any{"$ref": "file:///etc/hostname"},
+		{name: "refused: a reference to another document", schema: map[string]any{"$ref": "https://elsewhere.example/s.json"},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+		{name: "refused: a reference to a local file", schema: map[string]any{"$ref": "file:///etc/hostname"},
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := outputSchema(tc.schema)
-			if (err != nil) != strings.HasPrefix(tc.name, "a schema of") {
+			if (err != nil) != strings.HasPrefix(tc.name, "refused:") {
 				t.Fatalf("outputSchema: %v", err)
 			}
 			got := fitted(tc.res, rs)
