@@ -219,13 +219,13 @@ func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Res
 		g.log.Error("an effect happened but the ledger records another outcome: a human must look", "operation_id", id)
 		return annotate(fitted(executed, t.output), id, outcomeConflict, co.Attempt)
 	case errors.As(err, &fe) && !fe.Replayed && errors.As(fe.Err, &te):
-		return annotate(te.res, id, outcomeExecuted, 0)
+		return annotate(fitted(te.res, t.output), id, outcomeExecuted, 0)
 	case errors.As(err, &fe):
 		return annotate(failed(fe), id, outcomeReplayed, 0)
 	case errors.As(err, &ex) && ex.Ambiguous, errors.As(err, &re):
 		return unknown(id, re != nil && re.Escalated, err)
 	case errors.As(err, &ex) && errors.As(ex.Err, &te):
-		return annotate(te.res, id, outcomeNotApplied, 0)
+		return annotate(fitted(te.res, t.output), id, outcomeNotApplied, 0)
 	case errors.As(err, &ex):
 		return refusal(id, outcomeNotApplied, "The tool did not run, and nothing was applied: "+upstreamText(ex.Err)+". The same call may be sent again.")
 	case errors.As(err, &wd):

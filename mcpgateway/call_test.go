@@ -206,6 +206,8 @@ func TestUpstreamOutcomes(t *testing.T) {
 	}{
 		{name: "error is final", fault: "error", outcome: "executed", state: client.StateFailedFinal, again: "replayed", forwards: 1,
 			textHints: []string{"priority must be 1 to 5"}},
+		{name: "error with structured content", fault: "error:structured", outcome: "executed", state: client.StateFailedFinal, again: "replayed", forwards: 1,
+			textHints: []string{"priority must be 1 to 5"}},
 		{name: "error is retryable", rules: "- {match: create_ticket, errors: retryable}", fault: "error", outcome: "not_applied", state: client.StatePending, again: "executed", forwards: 2, effects: 1},
 		{name: "hang past the timeout", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1,
 			textHints: []string{"unknown", "do not change its arguments or key"}},

@@ -128,15 +128,19 @@ func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("%s: the gateway loads no schema", url)
 }
 
-// fitted returns a result of a call that succeeded as a client that checks
-// the tool's output schema (the official SDKs do) takes it: as it is when
-// there is no schema, it is an error, or its structured content fits.
-// Otherwise (the tool answered another shape, a reconciliation recorded
-// one, or it was too large to keep) it is the result's text alone, as an
-// error result that says the call succeeded and is not run again.
+// fitted returns a call's result as a client that checks the tool's output
+// schema (the official SDKs do) takes it: as it is when there is no schema
+// or its structured content fits; an error without the structured content
+// (errorFitted). Otherwise, for a call that succeeded (the tool answered
+// another shape, a reconciliation recorded one, or it was too large to
+// keep), it is the result's text alone, as an error result that says the
+// call succeeded and is not run again.
 func fitted(res *mcp.CallToolResult, schema *jsonschema.Schema) *mcp.CallToolResult {
-	if schema == nil || res.IsError || res.StructuredContent != nil && schema.Validate(res.StructuredContent) == nil {
+	if schema == nil || res.StructuredContent != nil && schema.Validate(res.StructuredContent) == nil {
 		return res
+	}
+	if res.IsError {
+		return errorFitted(res)
 	}
 	body := errorText(res)
 	if body == "" && res.StructuredContent != nil {
@@ -147,6 +151,18 @@ func fitted(res *mcp.CallToolResult, schema *jsonschema.Schema) *mcp.CallToolRes
 		"succeeded, and it will not run again under this key: do not call the tool again to redo it. Its result is " +
 		"not in the shape the tool's output schema describes (the tool answered so, a reconciliation recorded it, " +
 		"or it was too large to keep), so it is given here as text:\n" + body}}}
+}
+
+// errorFitted returns an error result without structured content that
+// does not fit the tool's output schema (the TypeScript client checks an
+// error's structured content too, and throws); its text is kept.
+func errorFitted(res *mcp.CallToolResult) *mcp.CallToolResult {
+	if res.StructuredContent == nil {
+		return res
+	}
+	c := *res
+	c.StructuredContent = nil
+	return &c
 }
 
 // errorText is the text of an isError result that the ledger keeps as its

@@ -90,8 +90,10 @@ func TestReplayedOperatorData(t *testing.T) {
 
 // TestFitted: an answer whose structured content fits the tool's output
 // schema (formats asserted, as the official clients assert them), an
-// error, and any answer of a tool without a schema stay as they are; any
-// other is answered as its text, an error that says the call succeeded. A
+// error without structured content, and any answer of a tool without a
+// schema stay as they are; an error loses structured content that does not
+// fit; any other is answered as its text, an error that says the call
+// succeeded. A
 // schema the official clients could not compile either (a reference to
 // another document, a file, or looping) is refused, and checks nothing:
 // the tool is served without it.
@@ -109,6 +111,10 @@ func TestFitted(t *testing.T) {
 		{name: "fits", schema: ticket, res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
 		{name: "no schema", res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"x": 1.0}}, kept: true},
 		{name: "an error", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined")}, kept: true},
+		{name: "an error with structured content that fits", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined"),
+			StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
+		{name: "an error with structured content of another shape", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined"),
+			StructuredContent: map[string]any{"error": "declined"}}, says: "declined"},
 		{name: "a member the schema has not", schema: ticket, res: &mcp.CallToolResult{Content: text(`{"id":"T-1","resourceId":"T-1"}`),
 			StructuredContent: map[string]any{"id": "T-1", "resourceId": "T-1"}}, says: `{"id":"T-1","resourceId":"T-1"}`},
 		{name: "a required member missing", schema: ticket, res: &mcp.CallToolResult{StructuredContent: map[string]any{"ticket": "T-1"}}, says: `{"ticket":"T-1"}`},
@@ -133,9 +139,13 @@ func TestFitted(t *testing.T) {
 			if kept := got == tc.res; kept != tc.kept {
 				t.Fatalf("kept %v, want %v: %+v", kept, tc.kept, got)
 			}
-			if !tc.kept && (!got.IsError || got.StructuredContent != nil || !strings.Contains(errorText(got), "ran and succeeded") ||
-				!strings.Contains(errorText(got), tc.says)) {
-				t.Fatalf("answer %+v (%q), want an error saying it succeeded, and %q", got, errorText(got), tc.says)
+			succeeded := tc.res.IsError || strings.Contains(errorText(got), "ran and succeeded")
+			if !tc.kept && (!got.IsError || got.StructuredContent != nil || !succeeded || !strings.Contains(errorText(got), tc.says)) {
+				t.Fatalf("answer %+v (%q), want an error without structured content saying %q, and that it succeeded unless it failed",
+					got, errorText(got), tc.says)
+			}
+			if tc.res.IsError && !tc.kept && errorText(got) != errorText(tc.res) {
+				t.Fatalf("an error's text %q, want the tool's %q", errorText(got), errorText(tc.res))
 			}
 		})
 	}
@@ -175,10 +185,10 @@ func FuzzArguments(f *testing.F) {
 	})
 }
 
-// FuzzFitted: no output schema an upstream lists, and no recorded result,
-// make the check of a replay panic; a replay it keeps as structured content
-// fits the schema, and one it does not keep is an error with no structured
-// content.
+// FuzzFitted: no output schema an upstream lists, and no result, make the
+// check of an answer panic; an answer it keeps with structured content fits
+// the schema, and one it does not keep is an error with no structured
+// content that keeps the text.
 func FuzzFitted(f *testing.F) {
 	f.Add(`{"type":"object","properties":{"id":{"type":"string"}},"required":["id"],"additionalProperties":false}`, `{"id":"T-1"}`)
 	f.Add(`{"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`, `{"x":[1,{"y":null}]}`)
@@ -193,13 +203,15 @@ func FuzzFitted(f *testing.F) {
 		if err != nil {
 			return
 		}
-		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: content}}, StructuredContent: c}
-		got := fitted(res, rs)
-		switch {
-		case got == res && rs != nil && rs.Validate(c) != nil:
-			t.Fatalf("kept a replay that does not fit: %s against %s", content, schema)
-		case got != res && (!got.IsError || got.StructuredContent != nil || !strings.Contains(errorText(got), content)):
-			t.Fatalf("the answer for %s: %+v", content, got)
+		for _, failed := range []bool{false, true} {
+			res := &mcp.CallToolResult{IsError: failed, Content: []mcp.Content{&mcp.TextContent{Text: content}}, StructuredContent: c}
+			got := fitted(res, rs)
+			switch {
+			case got == res && rs != nil && rs.Validate(c) != nil:
+				t.Fatalf("kept an answer that does not fit: %s against %s", content, schema)
+			case got != res && (!got.IsError || got.StructuredContent != nil || !strings.Contains(errorText(got), content)):
+				t.Fatalf("the answer for %s: %+v", content, got)
+			}
 		}
 	})
 }
