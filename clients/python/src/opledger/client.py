@@ -363,6 +363,11 @@ def exact_json(value: Any, where: str) -> Any:
     raise ValueError(f"{where}: {type(value).__name__} has no JSON form; send it as a string or a number")
 
 
+def json_int(f: float) -> int:
+    """The whole double f as the ledger's canonical JSON writes it below 1e21: its shortest digits (repr's)."""
+    return int(decimal.Decimal(repr(f)))
+
+
 def is_double_digits(n: int) -> bool:
     """Whether n is written as the ledger's canonical JSON writes its double (10**20; not 2**60).
 
@@ -370,7 +375,7 @@ def is_double_digits(n: int) -> bool:
     """
     if abs(n) >= 10**21:  # the canonical JSON of a double this large has an exponent
         return False
-    return int(decimal.Decimal(repr(float(n)))) == n
+    return json_int(float(n)) == n
 
 
 def json_numbers(value: Any) -> Any:
@@ -388,7 +393,7 @@ def json_numbers(value: Any) -> Any:
     if isinstance(value, list):
         return [json_numbers(x) for x in value]
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
-        return int(decimal.Decimal(repr(value)))
+        return json_int(value)
     return value
 
 
