@@ -46,10 +46,10 @@ func (c Class) String() string {
 }
 
 type classified struct {
-	class   Class
-	code    string
-	message string
-	err     error
+	class           Class
+	code            string
+	message, detail string
+	err             error
 }
 
 func (c *classified) Error() string { return c.err.Error() }
@@ -75,6 +75,14 @@ func MarkFinal(code string, err error) error {
 // is stored in the record: never put parameters or secrets in it.
 func MarkFinalMessage(code, message string, err error) error {
 	return &classified{class: Final, code: code, message: message, err: err}
+}
+
+// MarkFinalDetail is MarkFinal that also records detail as the failure's
+// detail (cut to the ledger's 64 KiB), which a replay returns in
+// FailedError.Detail: what the destination answered, e.g. a tool's error
+// text. The ledger keeps it as it keeps result data, out of pages and logs.
+func MarkFinalDetail(code, detail string, err error) error {
+	return &classified{class: Final, code: code, detail: detail, err: err}
 }
 
 // ClassOf returns the class of an attempt's error: the one it was marked
@@ -109,26 +117,35 @@ func failureCode(err error) string {
 	return defaultFailureCode
 }
 
-// failureMessage is the message recorded for a final failure: valid UTF-8,
-// at most maxFailureMessage bytes.
-func failureMessage(err error) string {
+// failureText returns the message and the detail recorded for a final
+// failure: valid UTF-8, within the ledger's limits.
+func failureText(err error) (message, detail string) {
 	var c *classified
 	if !errors.As(err, &c) {
-		return ""
+		return "", ""
 	}
-	m := strings.ToValidUTF8(c.message, "\uFFFD")
-	if len(m) <= maxFailureMessage {
+	return cutUTF8(c.message, maxFailureMessage), cutUTF8(c.detail, maxFailureDetail)
+}
+
+// cutUTF8 returns s as valid UTF-8 of at most max bytes, cut at a
+// character's start.
+func cutUTF8(s string, max int) string {
+	m := strings.ToValidUTF8(s, "\uFFFD")
+	if len(m) <= max {
 		return m
 	}
-	cut := maxFailureMessage
+	cut := max
 	for cut > 0 && !utf8.RuneStart(m[cut]) {
 		cut--
 	}
 	return m[:cut]
 }
 
-// maxFailureMessage is the ledger's limit on a failure message, in bytes.
-const maxFailureMessage = 1024
+// The ledger's limits on a failure's message and detail, in bytes.
+const (
+	maxFailureMessage = 1024
+	maxFailureDetail  = 64 << 10
+)
 
 // defaultFailureCode is the failure code of a final failure whose error
 // carries none (or one the ledger refuses).

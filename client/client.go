@@ -421,7 +421,7 @@ func (c *Client) Fail(ctx context.Context, id string, token uint64, final bool, 
 		out = ledgerv1.Outcome_OUTCOME_FAILED_FINAL
 	}
 	return c.complete(ctx, &ledgerv1.CompleteRequest{OperationId: id, FencingToken: token, Outcome: out,
-		Failure: &ledgerv1.Failure{Code: f.Code, Message: f.Message}})
+		Failure: &ledgerv1.Failure{Code: f.Code, Message: f.Message, Detail: f.Detail}})
 }
 
 func (c *Client) complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*Operation, error) {

@@ -91,6 +91,8 @@ func (d *destination) fn(ctx context.Context, a client.Attempt) (client.Result, 
 		return client.Result{}, client.MarkFinal("declined", errors.New("card declined"))
 	case "declined-message":
 		return client.Result{}, client.MarkFinalMessage("declined", "card declined: "+strings.Repeat("é", 600), errors.New("card declined"))
+	case "declined-detail":
+		return client.Result{}, client.MarkFinalDetail("declined", "card 4242 declined: "+strings.Repeat("é", 40<<10), errors.New("card declined"))
 	}
 	d.total++
 	rid := fmt.Sprintf("R-%d", d.total)
@@ -439,13 +441,16 @@ func TestDoRetriesRetryableFailures(t *testing.T) {
 }
 
 // TestDoFinalFailure: a final failure is recorded with its code, and with
-// the message MarkFinalMessage gives (cut to 1 KiB on a rune boundary);
-// the next Do replays both and does not run fn.
+// the message MarkFinalMessage gives (cut to 1 KiB on a rune boundary) or
+// the detail MarkFinalDetail gives (cut to 64 KiB); the next Do replays
+// them and does not run fn. The error's text never holds the detail.
 func TestDoFinalFailure(t *testing.T) {
 	long := "card declined: " + strings.Repeat("é", 600)
-	for _, tc := range []struct{ fault, message string }{
-		{"declined", ""},
-		{"declined-message", long[:1023]},
+	detail := "card 4242 declined: " + strings.Repeat("é", 40<<10)
+	for _, tc := range []struct{ fault, message, detail string }{
+		{"declined", "", ""},
+		{"declined-message", long[:1023], ""},
+		{"declined-detail", "", detail[:64<<10]},
 	} {
 		t.Run(tc.fault, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, e *env) {
@@ -453,12 +458,17 @@ func TestDoFinalFailure(t *testing.T) {
 				op := e.op("charge", "payments.charge", map[string]any{"amount": 1})
 				_, err := e.c.Do(e.ctx, op, d.fn)
 				var fe *client.FailedError
-				if !errors.Is(err, client.ErrOperationFailed) || !errors.As(err, &fe) || fe.Code != "declined" || fe.Message != tc.message || fe.Replayed {
-					t.Fatalf("Do = %v", err)
+				if !errors.Is(err, client.ErrOperationFailed) || !errors.As(err, &fe) || fe.Code != "declined" || fe.Message != tc.message ||
+					fe.Detail != tc.detail || fe.Replayed {
+					t.Fatalf("Do = %v (detail %d bytes)", err, len(fe.Detail))
 				}
 				_, err = e.c.Do(e.ctx, op, d.fn)
-				if !errors.As(err, &fe) || !fe.Replayed || fe.Code != "declined" || fe.Message != tc.message || d.calls.Load() != 1 {
-					t.Fatalf("replayed Do = %v (fn called %d times)", err, d.calls.Load())
+				if !errors.As(err, &fe) || !fe.Replayed || fe.Code != "declined" || fe.Message != tc.message || fe.Detail != tc.detail ||
+					d.calls.Load() != 1 {
+					t.Fatalf("replayed Do = %v, detail %d bytes (fn called %d times)", err, len(fe.Detail), d.calls.Load())
+				}
+				if strings.Contains(err.Error(), "4242") {
+					t.Errorf("the error's text holds the detail: %v", err)
 				}
 			})
 		})

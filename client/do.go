@@ -460,7 +460,8 @@ func (c *Client) succeed(ctx context.Context, o *Operation, out Result) (Result,
 // holds the operation (a stale token, or another outcome already recorded):
 // the operation's outcome is then the ledger's, not this attempt's.
 func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error {
-	f := Failure{Code: failureCode(ferr), Message: failureMessage(ferr)}
+	f := Failure{Code: failureCode(ferr)}
+	f.Message, f.Detail = failureText(ferr)
 	fail := func(f Failure) error {
 		return c.report(ctx, func(ctx context.Context) error {
 			_, err := c.Fail(ctx, o.ID, o.FencingToken, true, f)
@@ -471,7 +472,7 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 		f.Code = defaultFailureCode // the request could not even be encoded
 	}
 	err := fail(f)
-	if errors.Is(err, ErrInvalidArgument) && (f.Code != defaultFailureCode || f.Message != "") {
+	if errors.Is(err, ErrInvalidArgument) && f != (Failure{Code: defaultFailureCode}) {
 		// The ledger refuses the code (too long, a control character):
 		// the attempt still failed for good, under the default code,
 		// rather than leave the claim to expire into UNKNOWN.
@@ -484,7 +485,7 @@ func (c *Client) failFinal(ctx context.Context, o *Operation, ferr error) error 
 	if err != nil {
 		ferr = fmt.Errorf("%w (the ledger did not record it: %w)", ferr, err)
 	}
-	return &FailedError{Code: f.Code, Message: f.Message, Reason: "FAILED_FINAL", Err: ferr}
+	return &FailedError{Code: f.Code, Message: f.Message, Detail: f.Detail, Reason: "FAILED_FINAL", Err: ferr}
 }
 
 // unanswered says whether a ledger call's err leaves open that the ledger
@@ -684,7 +685,7 @@ func replay(o *Operation) (Result, error) {
 	}
 	f := &FailedError{Reason: o.Reason, Replayed: true}
 	if o.Failure != nil {
-		f.Code, f.Message = o.Failure.Code, o.Failure.Message
+		f.Code, f.Message, f.Detail = o.Failure.Code, o.Failure.Message, o.Failure.Detail
 	}
 	return Result{}, f
 }

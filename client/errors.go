@@ -204,6 +204,9 @@ func fromStatus(err error) error {
 type FailedError struct {
 	// Code and Message are the recorded failure.
 	Code, Message string
+	// Detail is the recorded failure's detail (MarkFinalDetail); Error
+	// leaves it out, so that logging the error does not log it.
+	Detail string
 	// Reason is the ledger's reason for the final state, e.g. FAILED_FINAL,
 	// RETRIES_EXHAUSTED or ABANDONED.
 	Reason string

@@ -122,7 +122,10 @@ type Result struct {
 // Failure is a recorded failure.
 type Failure struct {
 	Code    string
-	Message string
+	Message string // shown to operators: never parameters or secrets
+	// Detail is what the destination answered (final failures only),
+	// returned on a replay and shown to no one.
+	Detail string
 }
 
 // HistoryEntry is one transition of an operation.
@@ -330,7 +333,7 @@ func operationFromProto(p *ledgerv1.Operation) *Operation {
 		o.Result.Attempt = o.Attempt
 	}
 	if f := p.GetFailure(); f != nil {
-		o.Failure = &Failure{Code: f.GetCode(), Message: f.GetMessage()}
+		o.Failure = &Failure{Code: f.GetCode(), Message: f.GetMessage(), Detail: f.GetDetail()}
 	}
 	o.CreatedAt, o.UpdatedAt = ts(p.GetCreatedAt()), ts(p.GetUpdatedAt())
 	o.LeaseExpiresAt, o.UnknownSince = ts(p.GetLeaseExpiresAt()), ts(p.GetUnknownSince())

@@ -384,6 +384,30 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a failure's detail is not shown", func(t *testing.T) {
+		l := start(t)
+		tok := l.unknown(t, "wf-12:refund", "payments.refund", nil)
+		ctx := tab(t)
+		run(t, ctx, "queue", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-12:refund"))))
+		// Behind the page, the agent's late report: the tool's error text,
+		// which quotes the card, as the failure's detail.
+		if code, body := l.call(t, "agent", "POST", "/v1/operations:complete", map[string]any{
+			"operationId": "wf-12:refund", "fencingToken": tok, "outcome": "OUTCOME_FAILED_FINAL",
+			"failure": map[string]any{"code": "tool_error", "detail": "card visa-4242 declined"}}); code != 200 {
+			t.Fatalf("Complete: %d %v", code, body)
+		}
+		var shown, outcome string
+		run(t, ctx, "open", open("wf-12:refund"),
+			into(&outcome, chromedp.Text(chromedp.CSS("#op-outcome"))),
+			into(&shown, chromedp.Evaluate[string](`document.documentElement.outerHTML + document.body.innerText`)))
+		if strings.Contains(shown, "visa-4242") || !strings.Contains(outcome, "tool_error") || !strings.Contains(outcome, "Detail: recorded, not shown here") {
+			t.Fatalf("the failed operation's page: %q", outcome)
+		}
+		if f := l.operation(t, "wf-12:refund")["failure"].(map[string]any); f["detail"] != "card visa-4242 declined" {
+			t.Fatalf("the recorded failure: %v", f)
+		}
+	})
+
 	t.Run("result data a double would change is refused on the page", func(t *testing.T) {
 		l := start(t)
 		l.unknown(t, "wf-11:refund", "payments.refund", nil)

@@ -293,6 +293,9 @@ func (l *Ledger) Complete(ctx context.Context, who Principal, req CompleteReques
 		if req.Result != nil {
 			vs = append(vs, Violation{"result", "only with OUTCOME_SUCCEEDED"})
 		}
+		if req.Outcome == OutcomeFailedRetryable && req.Failure != nil && req.Failure.Detail != "" {
+			vs = append(vs, Violation{"failure.detail", "only with OUTCOME_FAILED_FINAL"})
+		}
 	default:
 		vs = append(vs, Violation{"outcome", "required: SUCCEEDED, FAILED_FINAL or FAILED_RETRYABLE"})
 	}
@@ -301,7 +304,7 @@ func (l *Ledger) Complete(ctx context.Context, who Principal, req CompleteReques
 	if len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
-	r, f := derefResult(req.Result), derefFailure(req.Failure)
+	r, f := storedOutcome(req.Result, req.Failure)
 	o, err := l.update(ctx, op, completeScript, who, req.OperationID,
 		req.FencingToken, int(req.Outcome), outcomeDigest(req.Outcome, r, f),
 		r.Data, r.ResourceID, f.Code, f.Message, req.OperationID)
@@ -373,6 +376,9 @@ func (l *Ledger) Reconcile(ctx context.Context, who Principal, req ReconcileRequ
 	}
 	if req.Failure != nil && req.Finding != FindingAbandon {
 		vs = append(vs, Violation{"failure", "only with FINDING_ABANDON"})
+	}
+	if req.Failure != nil && req.Failure.Detail != "" {
+		vs = append(vs, Violation{"failure.detail", "only with Complete's OUTCOME_FAILED_FINAL"})
 	}
 	vs = append(vs, checkResult("result", req.Result)...)
 	vs = append(vs, checkFailure("failure", req.Failure)...)
@@ -707,6 +713,16 @@ func derefFailure(f *Failure) Failure {
 		return Failure{}
 	}
 	return *f
+}
+
+// storedOutcome returns a Complete's result and failure as the record
+// stores them: a final failure's detail where a result's data is.
+func storedOutcome(r *Result, f *Failure) (Result, Failure) {
+	sr, sf := derefResult(r), derefFailure(f)
+	if sf.Detail != "" {
+		sr.Data = []byte(sf.Detail)
+	}
+	return sr, sf
 }
 
 // fieldsDigest identifies a list of consequential fields: a digest and the

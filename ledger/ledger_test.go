@@ -265,6 +265,22 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 				_, err := e.complete(t, "ok", 1, OutcomeSucceeded, &Result{Data: []byte("[1]")}, nil)
 				return err
 			},
+			func() error {
+				_, err := e.complete(t, "ok", 1, OutcomeFailedRetryable, nil, &Failure{Code: "c", Detail: "d"})
+				return err
+			},
+			func() error {
+				_, err := e.complete(t, "ok", 1, OutcomeFailedFinal, nil, &Failure{Detail: strings.Repeat("d", MaxFailureDetail+1)})
+				return err
+			},
+			func() error {
+				_, err := e.complete(t, "ok", 1, OutcomeFailedFinal, nil, &Failure{Detail: "\xff"})
+				return err
+			},
+			func() error {
+				_, err := e.l.Reconcile(e.ctx, e.who, ReconcileRequest{OperationID: "ok", Finding: FindingAbandon, Failure: &Failure{Detail: "d"}})
+				return err
+			},
 			func() error { _, err := e.reconcile(t, "ok", 0, nil); return err },
 			func() error { _, err := e.reconcile(t, "ok", FindingNotApplied, &Result{}); return err },
 			func() error {

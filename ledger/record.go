@@ -299,8 +299,11 @@ func decodeRecordInto(o *Operation, s string) (string, error) {
 			o.Result.Data = []byte(d)
 		}
 	}
-	if f[fFc] != "" || f[fFm] != "" {
+	if f[fFc] != "" || f[fFm] != "" || o.State == StateFailedFinal && f[fRd] != "" {
 		o.Failure = &Failure{Code: f[fFc], Message: f[fFm]}
+		if o.State == StateFailedFinal {
+			o.Failure.Detail = f[fRd]
+		}
 	}
 	o.hist, o.histBase = hist, f[fHb]
 	if o.histBase == "" {

@@ -424,6 +424,9 @@ func TestStoredFormOfAnOutcome(t *testing.T) {
 			{name: "failed", out: OutcomeFailedFinal, f: &Failure{Code: "declined", Message: "card declined"},
 				otherF: &Failure{Code: "declined", Message: "another message"}, state: StateFailedFinal, terminal: true,
 				expiresAt: func(o *Operation) time.Time { return o.UpdatedAt.Add(DefaultPolicy.Retention) }},
+			{name: "detailed", out: OutcomeFailedFinal, f: &Failure{Code: "tool_error", Detail: "card 4242 declined"},
+				otherF: &Failure{Code: "tool_error", Detail: "card 4242 expired"}, state: StateFailedFinal, terminal: true,
+				expiresAt: func(o *Operation) time.Time { return o.UpdatedAt.Add(DefaultPolicy.Retention) }},
 			{name: "retained", retain: later, out: OutcomeSucceeded, r: &Result{ResourceID: "re_1"},
 				other: &Result{ResourceID: "re_2"}, state: StateSucceeded, terminal: true, keptExp: true,
 				expiresAt: func(*Operation) time.Time { return later.Add(DefaultPolicy.RetainGrace) }},
@@ -455,6 +458,9 @@ func TestStoredFormOfAnOutcome(t *testing.T) {
 			o := e.lookup(t, c.name)
 			if o.State != c.state || !o.ExpiresAt.Equal(c.expiresAt(o)) {
 				t.Errorf("%s: Lookup: %v, expires %v; want %v, %v", c.name, o.State, o.ExpiresAt, c.state, c.expiresAt(o))
+			}
+			if c.f != nil && c.terminal && (o.Failure == nil || *o.Failure != *c.f || o.Result != nil) {
+				t.Errorf("%s: Lookup: failure %+v, result %+v; want %+v and no result", c.name, o.Failure, o.Result, *c.f)
 			}
 			if _, err := e.complete(t, c.name, tok, c.out, c.r, c.f); err != nil {
 				t.Errorf("%s: the repeat: %v, want OK", c.name, err)

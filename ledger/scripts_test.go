@@ -849,6 +849,8 @@ return {fast, slow, took}
 			outcome: OutcomeSucceeded},
 		{name: "failed for good", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
 			outcome: OutcomeFailedFinal, f: failure},
+		{name: "failed with a detail", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
+			outcome: OutcomeFailedFinal, f: &Failure{Code: "tool_error", Detail: "card 4242 declined:\n{\"retry\": false}"}},
 		{name: "by another principal", claim: func(t *testing.T, id string) uint64 { return e.execute(t, id, "payments.refund").FencingToken },
 			outcome: OutcomeSucceeded, r: result, by: "agent-2"},
 		{name: "third attempt", claim: func(t *testing.T, id string) uint64 { return retried(t, id, 3) },
@@ -913,7 +915,7 @@ return {fast, slow, took}
 					t.Fatal(err)
 				}
 			}
-			r, f := derefResult(c.r), derefFailure(c.f)
+			r, f := storedOutcome(c.r, c.f)
 			by := cmp.Or(c.by, e.who.ID)
 			out, err := both.Run(e.ctx, rdb, append(slices.Clone(a.all), b.all...),
 				by, a.member, tok, int(c.outcome), outcomeDigest(c.outcome, r, f), r.Data, r.ResourceID, f.Code, f.Message, id).Slice()

@@ -125,7 +125,10 @@ type Result struct {
 // Failure is the recorded reason an attempt or operation failed.
 type Failure struct {
 	Code    string
-	Message string
+	Message string // shown to operators: never parameters or secrets
+	// Detail is what the destination answered with a final failure,
+	// returned on a replay; kept as result data is, never shown.
+	Detail string
 }
 
 // HistoryEntry is one transition of an operation.

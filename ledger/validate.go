@@ -19,6 +19,7 @@ const (
 	MaxResultDataLen  = 64 << 10
 	MaxFailureCodeLen = 128
 	MaxFailureMsgLen  = 1024
+	MaxFailureDetail  = MaxResultDataLen
 	MaxNoteLen        = 256
 	MaxTenantLen      = 128
 	MaxPrincipalLen   = 256
@@ -124,6 +125,7 @@ func checkFailure(prefix string, f *Failure) []Violation {
 	return violations(
 		checkID(prefix+".code", f.Code, MaxFailureCodeLen, false),
 		checkText(prefix+".message", f.Message, MaxFailureMsgLen),
+		checkText(prefix+".detail", f.Detail, MaxFailureDetail),
 	)
 }
 

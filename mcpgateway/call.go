@@ -112,7 +112,7 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 		case p.retryable:
 			return client.Result{}, client.MarkRetryable(&toolError{out})
 		}
-		return client.Result{}, client.MarkFinalMessage("tool_error", errorText(out), &toolError{out})
+		return client.Result{}, client.MarkFinalDetail("tool_error", errorText(out), &toolError{out})
 	})
 	if errors.Is(err, client.ErrRunEnded) {
 		return runEnded(id, run, err)

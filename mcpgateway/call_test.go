@@ -242,6 +242,11 @@ func TestUpstreamOutcomes(t *testing.T) {
 			if err != nil || o.State != tc.state {
 				t.Fatalf("record = %+v, %v: want %v", o, err, tc.state)
 			}
+			// The tool's text may quote its arguments: it is the failure's
+			// detail, which no page shows, never its message.
+			if o.State == client.StateFailedFinal && (o.Failure == nil || o.Failure.Message != "" || o.Failure.Detail != first.text) {
+				t.Errorf("recorded failure %+v, want the tool's text %q as its detail alone", o.Failure, first.text)
+			}
 			second := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
 			if second.outcome() != tc.again {
 				t.Fatalf("second call = %v, want %s", second, tc.again)

@@ -166,7 +166,7 @@ func errorFitted(res *mcp.CallToolResult) *mcp.CallToolResult {
 }
 
 // errorText is the text of an isError result that the ledger keeps as its
-// failure message.
+// failure's detail (out of pages and logs: it may quote the arguments).
 func errorText(res *mcp.CallToolResult) string {
 	var parts []string
 	for _, c := range res.Content {
@@ -177,9 +177,13 @@ func errorText(res *mcp.CallToolResult) string {
 	return strings.Join(parts, "\n")
 }
 
-// failed rebuilds a recorded failure as an isError result.
+// failed rebuilds a recorded failure as an isError result: the tool's text
+// (the detail), else the message a reconciler gave, else its code.
 func failed(f *client.FailedError) *mcp.CallToolResult {
-	text := f.Message
+	text := f.Detail
+	if text == "" {
+		text = f.Message
+	}
 	if text == "" {
 		text = "The tool failed (" + f.Code + ")."
 		if f.Reason == "RETRIES_EXHAUSTED" {

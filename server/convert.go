@@ -171,7 +171,7 @@ func fromFailure(f *ledgerv1.Failure) *ledger.Failure {
 	if f == nil {
 		return nil
 	}
-	return &ledger.Failure{Code: f.GetCode(), Message: f.GetMessage()}
+	return &ledger.Failure{Code: f.GetCode(), Message: f.GetMessage(), Detail: f.GetDetail()}
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp {
@@ -225,7 +225,7 @@ func toProto(o *ledger.Operation) *ledgerv1.Operation {
 		}
 	}
 	if o.Failure != nil {
-		p.Failure = &ledgerv1.Failure{Code: o.Failure.Code, Message: o.Failure.Message}
+		p.Failure = &ledgerv1.Failure{Code: o.Failure.Code, Message: o.Failure.Message, Detail: o.Failure.Detail}
 	}
 	if o.History != nil {
 		p.HistoryBase, p.HistoryHead = o.Chain()

@@ -156,6 +156,13 @@ func TestToProto(t *testing.T) {
 				Attempt: 3, FencingToken: 6, ParamsSha256: fp[:], Reason: "RETRIES_EXHAUSTED",
 				Failure:   &ledgerv1.Failure{Code: "RETRIES_EXHAUSTED", Message: "3 attempts"},
 				CreatedAt: ts(0), UpdatedAt: ts(5), ExpiresAt: ts(6), MaxAttempts: 3}},
+		{"FAILED_FINAL with a detail", &ledger.Operation{ID: "op-5", Tool: "t", State: ledger.StateFailedFinal, Attempt: 1,
+			FencingToken: 7, Fingerprint: fp, Reason: "FAILED_FINAL", Failure: &ledger.Failure{Code: "tool_error", Detail: "card 4242 declined"},
+			CreatedAt: at(0), UpdatedAt: at(5), ExpiresAt: at(6), MaxAttempts: 3},
+			&ledgerv1.Operation{OperationId: "op-5", Tool: "t", State: ledgerv1.State_STATE_FAILED_FINAL,
+				Attempt: 1, FencingToken: 7, ParamsSha256: fp[:], Reason: "FAILED_FINAL",
+				Failure:   &ledgerv1.Failure{Code: "tool_error", Detail: "card 4242 declined"},
+				CreatedAt: ts(0), UpdatedAt: ts(5), ExpiresAt: ts(6), MaxAttempts: 3}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -72,6 +72,7 @@ type jsonResult struct {
 type jsonFailure struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	Detail  string `json:"detail"`
 }
 
 type jsonHistory struct {
@@ -174,7 +175,7 @@ func toJSON(op *client.Operation, ref timeRef) jsonOperation {
 		j.Result = &jsonResult{ResourceID: op.Result.ResourceID, Data: op.Result.Data}
 	}
 	if op.Failure != nil {
-		j.Failure = &jsonFailure{Code: op.Failure.Code, Message: op.Failure.Message}
+		j.Failure = &jsonFailure{Code: op.Failure.Code, Message: op.Failure.Message, Detail: op.Failure.Detail}
 	}
 	if len(op.History) > 0 {
 		n, cut := notKept(op.History)
@@ -360,6 +361,9 @@ func failureText(f *client.Failure) string {
 	s := orDash(clean(f.Code))
 	if f.Message != "" {
 		s += ": " + clean(f.Message)
+	}
+	if f.Detail != "" {
+		s += " (detail: " + clean(f.Detail) + ")"
 	}
 	return s
 }

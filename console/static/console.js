@@ -224,6 +224,11 @@
     }
     if (op.failure) {
       out.push(el("h3", {}, "Failure"), el("p", {}, el("code", {}, op.failure.code || "–"), " ", op.failure.message || ""));
+      // Nor is what the destination answered with the failure.
+      if (op.failure.detail) {
+        out.push(el("p", { id: "op-detail" }, "Detail: recorded, not shown here (",
+          el("code", {}, "ledgerctl lookup"), " prints it)."));
+      }
     }
     $("op-outcome").replaceChildren(...out);
     await renderLinks(op);

@@ -45,7 +45,8 @@
 --   ct / ut (created / updated, ms), ru (retain_until, ms), rue (retain_until
 --   plus grace, ms), rsn (reason of the latest transition), rev ("1" when
 --   escalated to a human), uks (UNKNOWN since, ms), rd / rid (result data
---   JSON, resource id), fc / fm (failure code, message), ctk / cdg (token and
+--   JSON, or a final failure's detail; resource id), fc / fm (failure code,
+--   message), ctk / cdg (token and
 --   outcome digest of the latest accepted Complete; '=' when the record is
 --   terminal with that report's outcome, complete.lua), exp (when a terminal
 --   record expires, ms), and the policy bound at creation: lms (lease),

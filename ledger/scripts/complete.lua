@@ -8,7 +8,8 @@
 -- ARGV[3] -> fencing token of the attempt (decimal digits)
 -- ARGV[4] -> outcome (1 SUCCEEDED, 2 FAILED_FINAL, 3 FAILED_RETRYABLE)
 -- ARGV[5] -> digest of the outcome (outcome, result, failure), 16 hex digits
--- ARGV[6] -> result data (canonical JSON, '' for none)
+-- ARGV[6] -> result data (canonical JSON) or, with FAILED_FINAL, the
+--            failure's detail ('' for none)
 -- ARGV[7] -> resource id ('' for none)
 -- ARGV[8] -> failure code ('' for none)
 -- ARGV[9] -> failure message ('' for none)

@@ -505,8 +505,12 @@ type Failure struct {
 	// A short machine-readable code, e.g. "card_declined". At most 128 bytes.
 	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
 	// A human-readable message. At most 1024 bytes. Never put request
-	// parameters or secrets here.
-	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// parameters or secrets here: it is shown to operators.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// What the destination answered with the failure (e.g. a tool's error
+	// text), returned on a replay. Kept as result data is: never shown in
+	// pages or logs. At most 64 KiB of UTF-8. Only with OUTCOME_FAILED_FINAL.
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +555,13 @@ func (x *Failure) GetCode() string {
 func (x *Failure) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *Failure) GetDetail() string {
+	if x != nil {
+		return x.Detail
 	}
 	return ""
 }
@@ -2751,10 +2762,11 @@ const file_ledger_v1_ledger_proto_rawDesc = "" +
 	"\x06Result\x12+\n" +
 	"\x04data\x18\x01 \x01(\v2\x17.google.protobuf.StructR\x04data\x12\x1f\n" +
 	"\vresource_id\x18\x02 \x01(\tR\n" +
-	"resourceId\"7\n" +
+	"resourceId\"O\n" +
 	"\aFailure\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa9\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xa9\x02\n" +
 	"\fHistoryEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12/\n" +
 	"\n" +
