@@ -125,7 +125,7 @@ def test_run_guard_and_final_failure(addr, dest, ids):
                                    run_id=run_id)
 
             async def declined(a):
-                raise opledger.FinalToolError("card_declined", "declined")
+                raise opledger.FinalToolError("card_declined", "declined", detail="card 4242 declined")
 
             with pytest.raises(opledger.ToolFailed) as failed:
                 await lg.call_tool(operation_id=ids("c"), tool="payments.charge", params={}, permit_id="p",
@@ -133,7 +133,7 @@ def test_run_guard_and_final_failure(addr, dest, ids):
             return ended.value, failed.value
 
     ended, failed = run(scenario())
-    assert ended.reason == "RUN_STEP_LIMIT" and failed.code == "card_declined"
+    assert ended.reason == "RUN_STEP_LIMIT" and failed.code == "card_declined" and failed.detail == "card 4242 declined"
     assert dest.total() == 1
 
 

@@ -324,6 +324,30 @@ def test_compensation(ledger, dest, ids):
     assert dest.total() == 2
 
 
+@pytest.mark.parametrize("given, recorded", [
+    ("card 4242 declined", "card 4242 declined"),
+    ("4242 " + "é" * (40 << 10), "4242 " + "é" * (((64 << 10) - 5) // 2)),  # cut to 64 KiB, on a character
+    ("4242 a\ud800b", "4242 a?b"),  # a lone surrogate has no UTF-8
+    ({"card": "4242"}, ""),  # not a str: not recorded
+], ids=["a str", "over 64 KiB", "a lone surrogate", "a dict"])
+def test_final_failure_detail_replayed(ledger, dest, ids, given, recorded):
+    # What the destination answered is the failure's detail: recorded, and
+    # handed back by the replay, never in the error's text.
+    op = ids("refund")
+
+    def declines(a):
+        raise opledger.FinalToolError("card_declined", "declined", detail=given)
+
+    for replayed in (False, True):
+        with pytest.raises(opledger.ToolFailed) as failed:
+            ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1",
+                             fn=declines)
+        got = failed.value
+        assert (got.code, got.detail, got.replayed) == ("card_declined", recorded, replayed)
+        assert "4242" not in str(got)
+    assert ledger.lookup(op).failure.detail == recorded and dest.total() == 0
+
+
 def test_receipts_handed_on(ledger, dest, ids, claims):
     # make test runs ledgerd with --receipt-keys: every settled answer carries a receipt.
     op = ids("refund")

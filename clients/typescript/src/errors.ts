@@ -81,14 +81,17 @@ export class RunEndedError extends LedgerError {
 /** The operation failed for good (this call, or an earlier one replayed). */
 export class ToolFailedError extends Error {
   readonly failureCode: string;
+  /** What the destination answered, as a FinalToolError gave it; never in the error's message. */
+  readonly detail: string;
   readonly replayed: boolean;
   /** The ledger's signed receipt of the failure ('' when it signs none). */
   readonly receipt: string;
 
-  constructor(failure: { code?: string; message?: string }, replayed: boolean, receipt = '') {
+  constructor(failure: { code?: string; message?: string; detail?: string }, replayed: boolean, receipt = '') {
     super(`tool failed (${failure.code || ''}): ${failure.message || ''}`);
     this.name = 'ToolFailedError';
     this.failureCode = failure.code || '';
+    this.detail = failure.detail || '';
     this.replayed = replayed;
     this.receipt = receipt || '';
   }
@@ -173,15 +176,35 @@ export class LeaseEndedOnTheWayError extends RetryableToolError {
   }
 }
 
-/** Throw from fn when the tool failed for good (HTTP 400, a declined card); code is recorded. */
+/**
+ * Throw from fn when the tool failed for good (HTTP 400, a declined card); code is recorded.
+ * detail, what the destination answered (its error body, which may quote the request), is
+ * recorded as the failure's detail: replays return it in ToolFailedError.detail, and the ledger
+ * keeps it as result data, out of pages and logs. It is cut to the ledger's 64 KiB of UTF-8.
+ */
 export class FinalToolError extends Error {
   readonly failureCode: string;
+  readonly detail: string;
 
-  constructor(code: string, message?: string) {
+  constructor(code: string, message?: string, detail?: string) {
     super(message || code);
     this.name = 'FinalToolError';
     this.failureCode = code;
+    this.detail = failureDetail(detail);
   }
+}
+
+/** The ledger's limit on a failure's detail, in bytes of UTF-8. */
+const MAX_FAILURE_DETAIL = 64 << 10;
+
+/** A detail as the ledger takes it: valid UTF-8 of at most 64 KiB, cut at a character; '' when not a string. */
+function failureDetail(detail: unknown): string {
+  if (typeof detail !== 'string') return '';
+  const b = Buffer.from(detail, 'utf8'); // a lone surrogate becomes U+FFFD
+  if (b.length <= MAX_FAILURE_DETAIL) return b.toString('utf8');
+  let cut = MAX_FAILURE_DETAIL;
+  while (cut > 0 && (b[cut] & 0xc0) === 0x80) cut--;
+  return b.subarray(0, cut).toString('utf8');
 }
 
 /** Decodes the google.rpc.Status in a gRPC error's trailer: the ErrorInfo and the RetryInfo delay in ms. */

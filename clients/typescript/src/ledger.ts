@@ -414,7 +414,7 @@ export class Ledger {
       clearTimeout(timer);
       renewal.stop();
       if (err instanceof FinalToolError) {
-        const failed = (code: string) => ({ ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code } });
+        const failed = (code: string) => ({ ...claim, outcome: 'OUTCOME_FAILED_FINAL', failure: { code, detail: err.detail } });
         const code = err.failureCode || DEFAULT_FAILURE_CODE;
         let done: Response;
         try {

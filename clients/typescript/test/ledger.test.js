@@ -256,6 +256,30 @@ test('the run guard ends a run at its cap; a final failure is recorded', async (
   assert.equal(dest.total(), 1);
 });
 
+test('a final failure\'s detail is recorded and replayed, never in the error\'s message', async (t) => {
+  const { ledger, id } = setup();
+  t.after(() => ledger.close());
+  for (const [name, given, recorded] of [
+    ['a string', 'card 4242 declined', 'card 4242 declined'],
+    ['over 64 KiB', '4242 ' + 'é'.repeat(40 << 10), '4242 ' + 'é'.repeat(((64 << 10) - 5) >> 1)],
+    ['a lone surrogate', '4242 a\ud800b', '4242 a\ufffdb'],
+    ['not a string', { card: '4242' }, ''],
+  ]) {
+    const call = { operationId: id(name), tool: 'payments.refund', params: { amount: 10 } };
+    for (const replayed of [false, true]) {
+      await assert.rejects(ledger.callTool(call, async () => {
+        throw new client.FinalToolError('card_declined', 'declined', given);
+      }), (err) => {
+        assert.ok(err instanceof client.ToolFailedError, `${name}: ${err}`);
+        assert.deepEqual([err.failureCode, err.detail, err.replayed], ['card_declined', recorded, replayed], name);
+        assert.ok(!err.message.includes('4242'), `${name}: ${err.message}`);
+        return true;
+      });
+    }
+    assert.equal((await ledger.lookup(call.operationId)).failure.detail, recorded, name);
+  }
+});
+
 // What a receipt signs (its payload; the Go and jose tests check the signatures).
 const claims = (receipt) => {
   assert.ok(receipt, 'no receipt: make test runs ledgerd with --receipt-keys');

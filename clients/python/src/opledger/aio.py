@@ -51,6 +51,7 @@ from opledger.client import (  # noqa: I001
     _repeatable,
     data_struct,
     error_info,
+    failure_detail,
     in_progress_delay,
     lease_margin,
     params_struct,
@@ -174,7 +175,7 @@ class AsyncLedger:
             if resp.decision == pb.DECISION_REPLAY:
                 if op.state == pb.STATE_SUCCEEDED:
                     return Ledger._outcome(op, replayed=True, receipt=resp.receipt)
-                raise ToolFailed(op.failure.code, op.failure.message, replayed=True, receipt=resp.receipt)
+                raise ToolFailed.recorded(op.failure, replayed=True, receipt=resp.receipt)
             if resp.decision == pb.DECISION_IN_PROGRESS:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -268,17 +269,18 @@ class AsyncLedger:
             raise
         except FinalToolError as err:
             code = err.code if isinstance(err.code, str) and err.code else DEFAULT_FAILURE_CODE
+            detail = failure_detail(err.detail)
             try:
                 done = await self._report("Complete", pb.CompleteRequest(
-                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=code)), err)
+                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=code, detail=detail)), err)
             except NotRecorded as not_recorded:
                 cause = not_recorded.__cause__
                 if not (isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT):
                     raise
                 done = await self._report("Complete", pb.CompleteRequest(
-                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=DEFAULT_FAILURE_CODE)), err)
-            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False,
-                             receipt=done.receipt) from err
+                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=DEFAULT_FAILURE_CODE, detail=detail)),
+                    err)
+            raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash, a cancelled task: nobody knows whether it applied.
             attempt.cancelled.set()

@@ -73,6 +73,9 @@ DEFAULT_FAILURE_CODE = "tool_failed"
 # on the way (LeaseEndedOnTheWay), as in the Go SDK.
 RETRYABLE_FAILURE_CODE = "retryable"
 
+# The ledger's limit on a failure's detail, in bytes of UTF-8.
+MAX_FAILURE_DETAIL = 64 << 10
+
 
 def _repeatable(code: grpc.StatusCode, reason: str, domain: str) -> bool:
     """Whether a call that failed with code and the ErrorInfo's reason and domain may be repeated as it is.
@@ -134,12 +137,21 @@ class RunEnded(LedgerError):
 
 
 class ToolFailed(Exception):
-    """The operation failed for good (this call, or an earlier one replayed)."""
+    """The operation failed for good (this call, or an earlier one replayed).
 
-    def __init__(self, code: str, message: str, replayed: bool, receipt: str = ""):
+    detail is what the destination answered, as a FinalToolError gave it; str()
+    leaves it out, so that logging the error does not log it.
+    """
+
+    def __init__(self, code: str, message: str, replayed: bool, receipt: str = "", detail: str = ""):
         # receipt: the ledger's signed receipt of the failure, when it signs receipts (docs/receipts.md).
-        self.code, self.replayed, self.receipt = code, replayed, receipt
+        self.code, self.replayed, self.receipt, self.detail = code, replayed, receipt, detail
         super().__init__(f"tool failed ({code}): {message}")
+
+    @classmethod
+    def recorded(cls, failure: pb.Failure, replayed: bool, receipt: str) -> "ToolFailed":
+        """The ToolFailed of a failure the ledger recorded."""
+        return cls(failure.code, failure.message, replayed=replayed, receipt=receipt, detail=failure.detail)
 
 
 class NeedsReconciliation(Exception):
@@ -245,11 +257,24 @@ class FinalToolError(Exception):
     or with a control character) or when it cannot be sent, as in the Go SDK:
     the ToolFailed that call_tool raises carries the code recorded. The
     message is not sent to the ledger.
+
+    detail, what the destination answered (its error body, which may quote
+    the request), is recorded as the failure's detail: replays return it in
+    ToolFailed.detail, and the ledger keeps it as result data, out of pages
+    and logs. It is cut to the ledger's 64 KiB; one that is not a str is not
+    recorded.
     """
 
-    def __init__(self, code: str | None = "", message: str = ""):
-        self.code = code
+    def __init__(self, code: str | None = "", message: str = "", detail: str = ""):
+        self.code, self.detail = code, detail
         super().__init__(message or code or "")
+
+
+def failure_detail(detail: object) -> str:
+    """A FinalToolError's detail as the ledger takes it: valid UTF-8 of at most 64 KiB; '' when not a str."""
+    if not isinstance(detail, str):
+        return ""
+    return detail.encode("utf-8", "replace")[:MAX_FAILURE_DETAIL].decode("utf-8", "ignore")
 
 
 @dataclass
@@ -734,7 +759,7 @@ class Ledger:
             if resp.decision == pb.DECISION_REPLAY:
                 if op.state == pb.STATE_SUCCEEDED:
                     return self._outcome(op, replayed=True, receipt=resp.receipt)
-                raise ToolFailed(op.failure.code, op.failure.message, replayed=True, receipt=resp.receipt)
+                raise ToolFailed.recorded(op.failure, replayed=True, receipt=resp.receipt)
             if resp.decision == pb.DECISION_IN_PROGRESS:
                 # Another caller's live claim: Reserve again after a backoff
                 # (see in_progress_delay), the last time when wait is up.
@@ -811,7 +836,7 @@ class Ledger:
         if rec.state == pb.STATE_SUCCEEDED:
             return Ledger._outcome(rec, replayed=True, receipt=receipt)
         if rec.state == pb.STATE_FAILED_FINAL:
-            raise ToolFailed(rec.failure.code, rec.failure.message, replayed=True, receipt=receipt)
+            raise ToolFailed.recorded(rec.failure, replayed=True, receipt=receipt)
         if rec.state == pb.STATE_UNKNOWN:
             raise NeedsReconciliation(rec, receipt)
         return None
@@ -885,8 +910,11 @@ class Ledger:
                          tool_error=err)
             raise
         except FinalToolError as err:
+            detail = failure_detail(err.detail)
+
             def failed(code: str) -> pb.CompleteRequest:
-                return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=code))
+                return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL,
+                                          failure=pb.Failure(code=code, detail=detail))
 
             # No code (None or empty): recorded under the default one, as in
             # the Go SDK, not with an empty code. A code the ledger refuses
@@ -906,8 +934,7 @@ class Ledger:
                         and request.failure.code != DEFAULT_FAILURE_CODE):
                     raise
                 done = self._report("Complete", failed(DEFAULT_FAILURE_CODE), tool_error=err)
-            raise ToolFailed(done.operation.failure.code, done.operation.failure.message, replayed=False,
-                             receipt=done.receipt) from err
+            raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
             reason = (f"no answer within the tool timeout ({tool_timeout}s)" if isinstance(err, ToolTimedOut)
