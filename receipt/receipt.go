@@ -47,6 +47,9 @@ type Claims struct {
 	ResultSHA256 string `json:"result_sha256"`
 	ResourceID   string `json:"resource_id"`
 	FailureCode  string `json:"failure_code"`
+	// FailureDetailSHA256 is the SHA-256 of a FAILED_FINAL operation's
+	// failure detail (its UTF-8 bytes); absent without one.
+	FailureDetailSHA256 string `json:"failure_detail_sha256,omitempty"`
 	// HistoryHead is the head of the operation's history chain when the
 	// receipt was signed (docs/receipts.md, "The history chain"); absent on a refusal's.
 	HistoryHead string `json:"history_head,omitempty"`
@@ -55,6 +58,12 @@ type Claims struct {
 	// then the refused request's.
 	Refused string `json:"refused,omitempty"`
 	Differs string `json:"differs,omitempty"`
+}
+
+// FailureDetailSHA256 returns the hex SHA-256 of a failure's detail.
+func FailureDetailSHA256(detail string) string {
+	sum := sha256.Sum256([]byte(detail))
+	return hex.EncodeToString(sum[:])
 }
 
 // ResultSHA256 returns the hex SHA-256 of the canonical JSON of a result:
@@ -198,7 +207,8 @@ func (c Claims) object() map[string]any {
 		"attempt": int64(c.Attempt), "fencing_token": c.FencingToken, "result_sha256": c.ResultSHA256,
 		"resource_id": c.ResourceID, "failure_code": c.FailureCode,
 	}
-	for k, v := range map[string]string{"history_head": c.HistoryHead, "refused": c.Refused, "differs": c.Differs} {
+	for k, v := range map[string]string{"failure_detail_sha256": c.FailureDetailSHA256, "history_head": c.HistoryHead,
+		"refused": c.Refused, "differs": c.Differs} {
 		if v != "" {
 			m[k] = v
 		}

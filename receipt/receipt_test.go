@@ -253,7 +253,7 @@ func sameBytes(a, b string) bool {
 func TestClaimsObject(t *testing.T) {
 	full := Claims{Version: 1, Issuer: "i", IssuedAt: "t", Tenant: "te", OperationID: "o", Tool: "to", ParamsSHA256: "p",
 		PermitID: "pe", State: "s", Attempt: 4294967295, FencingToken: "f", ResultSHA256: "r", ResourceID: "re",
-		FailureCode: "fc", HistoryHead: "h", Refused: "rf", Differs: "d"}
+		FailureCode: "fc", FailureDetailSHA256: "fd", HistoryHead: "h", Refused: "rf", Differs: "d"}
 	for _, c := range []Claims{full, {Version: 1, State: "STATE_UNKNOWN"}} {
 		b, err := json.Marshal(c)
 		if err != nil {

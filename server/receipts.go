@@ -40,6 +40,9 @@ func (h *handler) receiptOf(ctx context.Context, o *ledger.Operation, p *ledgerv
 	}
 	if o.Failure != nil && o.State == ledger.StateFailedFinal {
 		c.FailureCode = o.Failure.Code
+		if o.Failure.Detail != "" {
+			c.FailureDetailSHA256 = receipt.FailureDetailSHA256(o.Failure.Detail)
+		}
 	}
 	return h.sign(ctx, c)
 }

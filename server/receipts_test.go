@@ -111,8 +111,31 @@ func TestReceipts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := verify("Reconcile", abandoned.Receipt); r.State != "STATE_FAILED_FINAL" || r.FailureCode != "gave_up" || r.ResultSHA256 != "" {
+	if r := verify("Reconcile", abandoned.Receipt); r.State != "STATE_FAILED_FINAL" || r.FailureCode != "gave_up" || r.ResultSHA256 != "" ||
+		r.FailureDetailSHA256 != "" {
 		t.Fatalf("Reconcile's receipt: %+v", r)
+	}
+
+	// A failure's detail is signed by its digest, on the answer and on the replay.
+	charge, err := c.Reserve(ctx, reserveReq(id+":charge", "payments.refund", params, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	detail := "card 4111-SECRET declined"
+	failed, err := c.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: id + ":charge", FencingToken: charge.Operation.FencingToken,
+		Outcome: ledgerv1.Outcome_OUTCOME_FAILED_FINAL, Failure: &ledgerv1.Failure{Code: "tool_error", Detail: detail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	detailSum := sha256.Sum256([]byte(detail))
+	again, err := c.Reserve(ctx, reserveReq(id+":charge", "payments.refund", params, newHolder()))
+	if err != nil || again.Decision != ledgerv1.Decision_DECISION_REPLAY || again.Operation.GetFailure().GetDetail() != detail {
+		t.Fatalf("the failure's replay: %v %v", again, err)
+	}
+	for what, jws := range map[string]string{"Complete": failed.Receipt, "REPLAY": again.Receipt} {
+		if r := verify(what, jws); r.FailureCode != "tool_error" || r.FailureDetailSHA256 != hex.EncodeToString(detailSum[:]) {
+			t.Fatalf("%s's receipt of a failure with a detail: %+v", what, r)
+		}
 	}
 
 	// Without keys, no receipts.
