@@ -483,7 +483,7 @@ func (c *Client) Reconcile(ctx context.Context, id string, f Finding) (*Operatio
 		req.Result = res
 	}
 	if f.Failure != nil && f.Kind == Abandon {
-		req.Failure = &ledgerv1.Failure{Code: f.Failure.Code, Message: f.Failure.Message}
+		req.Failure = &ledgerv1.Failure{Code: f.Failure.Code, Message: f.Failure.Message, Detail: f.Failure.Detail}
 	}
 	r, err := c.rpc.Reconcile(ctx, req)
 	if err != nil {

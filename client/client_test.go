@@ -712,6 +712,10 @@ func TestRequestsTheWireCannotCarry(t *testing.T) {
 			_, err := e.c.Reconcile(e.ctx, good.ID, client.Finding{Kind: client.Escalate, Note: bad})
 			return err
 		}},
+		{"Reconcile, a failure's detail", func() error {
+			_, err := e.c.Reconcile(e.ctx, good.ID, client.Finding{Kind: client.Abandon, Failure: &client.Failure{Code: "c", Detail: bad}})
+			return err
+		}},
 		{"StartRun", func() error { _, err := e.c.StartRun(e.ctx, bad, client.RunLimits{}); return err }},
 	} {
 		err := c.call()
