@@ -270,6 +270,12 @@
     $("op-links").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   }
 
+  // Any operation by its id: one resolved before, or not listed.
+  $("find").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    openOperation($("find-id").value.trim());
+  });
+
   $("back").addEventListener("click", () => {
     show("queue");
     loadQueue();
