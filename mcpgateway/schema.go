@@ -98,8 +98,13 @@ func (c *evalCounter) visit(s *jsonschema.Schema, v any, path []*jsonschema.Sche
 	if c.left--; c.left < 0 {
 		return false
 	}
+	if path == nil {
+		var at [4]*jsonschema.Schema // the path starts at each value
+		path = at[:0]
+	}
 	path = append(path, s)
-	for _, sub := range inPlace(s) {
+	var buf [8]*jsonschema.Schema // most schemas have fewer subschemas
+	for _, sub := range inPlace(buf[:0], s) {
 		if !c.visit(sub, v, path) {
 			return false
 		}
@@ -107,13 +112,13 @@ func (c *evalCounter) visit(s *jsonschema.Schema, v any, path []*jsonschema.Sche
 	switch x := v.(type) {
 	case map[string]any:
 		for k, u := range x {
-			if !c.visit(s.PropertyNames, k, nil) || !c.each(members(s, k), u) {
+			if s.PropertyNames != nil && !c.visit(s.PropertyNames, k, nil) || !c.each(members(buf[:0], s, k), u) {
 				return false
 			}
 		}
 	case []any:
 		for i, u := range x {
-			if !c.each(items(s, i), u) {
+			if !c.each(items(buf[:0], s, i), u) {
 				return false
 			}
 		}
@@ -131,9 +136,10 @@ func (c *evalCounter) each(subs []*jsonschema.Schema, v any) bool {
 	return true
 }
 
-// inPlace returns the subschemas of s that apply to the value s applies to.
-func inPlace(s *jsonschema.Schema) []*jsonschema.Schema {
-	out := []*jsonschema.Schema{s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else}
+// inPlace appends to out the subschemas of s that apply to the value s
+// applies to.
+func inPlace(out []*jsonschema.Schema, s *jsonschema.Schema) []*jsonschema.Schema {
+	out = append(out, s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else)
 	if s.DynamicRef != nil {
 		out = append(out, s.DynamicRef.Ref)
 	}
@@ -149,10 +155,10 @@ func inPlace(s *jsonschema.Schema) []*jsonschema.Schema {
 	return out
 }
 
-// members returns the subschemas of s that may apply to member k of an
-// object: all that could, more than the validator applies.
-func members(s *jsonschema.Schema, k string) []*jsonschema.Schema {
-	out := []*jsonschema.Schema{s.Properties[k], s.UnevaluatedProperties}
+// members appends to out the subschemas of s that may apply to member k
+// of an object: all that could, more than the validator applies.
+func members(out []*jsonschema.Schema, s *jsonschema.Schema, k string) []*jsonschema.Schema {
+	out = append(out, s.Properties[k], s.UnevaluatedProperties)
 	if a, ok := s.AdditionalProperties.(*jsonschema.Schema); ok {
 		out = append(out, a)
 	}
@@ -162,9 +168,10 @@ func members(s *jsonschema.Schema, k string) []*jsonschema.Schema {
 	return out
 }
 
-// items returns the subschemas of s that may apply to item i of an array.
-func items(s *jsonschema.Schema, i int) []*jsonschema.Schema {
-	out := []*jsonschema.Schema{s.Items2020, s.Contains, s.UnevaluatedItems}
+// items appends to out the subschemas of s that may apply to item i of an
+// array.
+func items(out []*jsonschema.Schema, s *jsonschema.Schema, i int) []*jsonschema.Schema {
+	out = append(out, s.Items2020, s.Contains, s.UnevaluatedItems)
 	switch it := s.Items.(type) {
 	case *jsonschema.Schema:
 		out = append(out, it)
