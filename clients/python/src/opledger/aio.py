@@ -277,9 +277,9 @@ class AsyncLedger:
                 cause = not_recorded.__cause__
                 if not (isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT):
                     raise
+                failure = pb.Failure(code=DEFAULT_FAILURE_CODE, detail=detail)
                 done = await self._report("Complete", pb.CompleteRequest(
-                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=DEFAULT_FAILURE_CODE, detail=detail)),
-                    err)
+                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=failure), err)
             raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash, a cancelled task: nobody knows whether it applied.
