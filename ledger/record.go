@@ -299,11 +299,12 @@ func decodeRecordInto(o *Operation, s string) (string, error) {
 			o.Result.Data = []byte(d)
 		}
 	}
-	if f[fFc] != "" || f[fFm] != "" || o.State == StateFailedFinal && f[fRd] != "" {
-		o.Failure = &Failure{Code: f[fFc], Message: f[fFm]}
-		if o.State == StateFailedFinal {
-			o.Failure.Detail = f[fRd]
-		}
+	detail := ""
+	if o.State == StateFailedFinal {
+		detail = f[fRd] // a final failure's detail is kept where a result's data is
+	}
+	if f[fFc] != "" || f[fFm] != "" || detail != "" {
+		o.Failure = &Failure{Code: f[fFc], Message: f[fFm], Detail: detail}
 	}
 	o.hist, o.histBase = hist, f[fHb]
 	if o.histBase == "" {
