@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -74,7 +73,7 @@ type tool struct {
 	remote string // the upstream's name for it
 	up     *upstream
 	policy policy
-	output *jsonschema.Schema // its output schema, which answers are checked against; nil for none
+	output *outputCheck // its output schema, which answers are checked against; nil for none
 }
 
 // New returns a gateway for cfg; Start connects it.

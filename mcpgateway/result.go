@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/fingerprint"
@@ -47,7 +46,7 @@ func notKept(size int) map[string]any {
 // data as structured content with its resource id beside it, or without
 // it when the data alone is what the tool's output schema describes. The
 // text has both.
-func replayed(r client.Result, schema *jsonschema.Schema) *mcp.CallToolResult {
+func replayed(r client.Result, schema *outputCheck) *mcp.CallToolResult {
 	var res mcp.CallToolResult
 	if _, ok := r.Data["content"].([]any); ok {
 		if b, err := json.Marshal(r.Data); err == nil && json.Unmarshal(b, &res) == nil {
@@ -77,7 +76,7 @@ func replayed(r client.Result, schema *jsonschema.Schema) *mcp.CallToolResult {
 // another shape, a reconciliation recorded one, it was too large to keep,
 // or too costly to check), it is the result's text alone, as an error
 // result that says the call succeeded and is not run again.
-func fitted(res *mcp.CallToolResult, schema *jsonschema.Schema) *mcp.CallToolResult {
+func fitted(res *mcp.CallToolResult, schema *outputCheck) *mcp.CallToolResult {
 	if schema == nil || res.StructuredContent != nil && fits(schema, res.StructuredContent) {
 		return res
 	}

@@ -6,21 +6,55 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
 
+// outputURL is the URL an output schema is compiled at.
+const outputURL = "urn:opledger:output-schema"
+
+// outputCheck is a tool's compiled output schema, with what the budget's
+// count needs to know of where its dynamic references resolve.
+type outputCheck struct {
+	schema *jsonschema.Schema
+	// rooted holds the root resource's dynamic anchors, by name. The
+	// validator resolves a $dynamicRef to the outermost resource in scope
+	// that has its anchor, and the root is always in scope.
+	rooted map[string]*jsonschema.Schema
+	// anchors counts the document's $dynamicAnchor keywords by name, and
+	// recursive its true $recursiveAnchor ones, data included.
+	anchors   map[string]int
+	recursive int
+}
+
 // outputSchema compiles a tool's output schema, to check answers against;
 // nil for a tool without one. It asserts formats, as the official clients
-// do, and loads nothing. It refuses a schema that refers to another
-// document (a URL, a file), or whose references loop on an object: the
-// official clients cannot compile those either, and fail to list any tool.
-// It refuses one whose check of an empty object passes the budget too.
-func outputSchema(s any) (*jsonschema.Schema, error) {
+// do, and loads nothing but the built-in meta-schemas. It refuses a schema
+// that refers to another document (a URL, a file), or whose references
+// loop on an object: the official clients cannot compile those either,
+// and fail to list any tool. It refuses one whose check of an empty object
+// passes the budget too.
+func outputSchema(s any) (*outputCheck, error) {
 	if s == nil {
 		return nil, nil
 	}
+	o, err := compileOutput(s)
+	if err != nil {
+		return nil, err
+	}
+	if !withinBudget(o, map[string]any{}) {
+		return nil, errors.New("checking even an empty object against it takes too many steps")
+	}
+	if loops(o.schema.Validate(map[string]any{})) {
+		return nil, errors.New("its references loop")
+	}
+	return o, nil
+}
+
+// compileOutput compiles s and finds its dynamic anchors.
+func compileOutput(s any) (*outputCheck, error) {
 	b, err := json.Marshal(s)
 	if err != nil {
 		return nil, err
@@ -29,44 +63,110 @@ func outputSchema(s any) (*jsonschema.Schema, error) {
 	if err != nil {
 		return nil, err
 	}
-	const url = "urn:opledger:output-schema"
 	c := jsonschema.NewCompiler()
 	c.UseLoader(noLoader{})
 	c.AssertFormat()
-	if err := c.AddResource(url, doc); err != nil {
+	if err := c.AddResource(outputURL, doc); err != nil {
 		return nil, err
 	}
-	sch, err := c.Compile(url)
+	sch, err := c.Compile(outputURL)
 	if err != nil {
 		return nil, err
 	}
-	if !withinBudget(sch, map[string]any{}) {
-		return nil, errors.New("checking even an empty object against it takes too many steps")
+	o := &outputCheck{schema: sch, rooted: map[string]*jsonschema.Schema{}, anchors: map[string]int{}}
+	o.count(doc)
+	for name := range o.anchors {
+		if a, err := c.Compile(outputURL + "#" + name); err == nil && a.DynamicAnchor == name {
+			o.rooted[name] = a
+		}
 	}
-	if loops(sch.Validate(map[string]any{})) {
-		return nil, errors.New("its references loop")
-	}
-	return sch, nil
+	return o, nil
 }
 
-// fits reports whether v is what schema describes. A check that would
-// take more steps than the budget (withinBudget) is not made: v does not
-// fit.
-func fits(schema *jsonschema.Schema, v any) bool {
-	return schema != nil && withinBudget(schema, v) && schema.Validate(v) == nil
+// count adds doc's $dynamicAnchor and true $recursiveAnchor keywords to
+// o's counts, wherever they are.
+func (o *outputCheck) count(doc any) {
+	switch x := doc.(type) {
+	case map[string]any:
+		if name, ok := x["$dynamicAnchor"].(string); ok {
+			o.anchors[name]++
+		}
+		if x["$recursiveAnchor"] == true {
+			o.recursive++
+		}
+		for _, v := range x {
+			o.count(v)
+		}
+	case []any:
+		for _, v := range x {
+			o.count(v)
+		}
+	}
 }
 
-// withinBudget reports whether checking v against s takes at most 64
+// dynamicTarget returns the schema a $dynamicRef resolves to; false when
+// that depends on the resources a check passes through: another of the
+// document's resources has the anchor too.
+func (o *outputCheck) dynamicTarget(r *jsonschema.DynamicRef) (*jsonschema.Schema, bool) {
+	switch {
+	case r.Anchor == "" || r.Ref.DynamicAnchor != r.Anchor:
+		return r.Ref, true
+	case o.rooted[r.Anchor] != nil:
+		return o.rooted[r.Anchor], true
+	}
+	return r.Ref, alone(o.anchors[r.Anchor], r.Ref)
+}
+
+// recursiveTarget returns the schema a $recursiveRef to r resolves to;
+// false when that depends on the schemas a check passes through. The
+// validator resolves it to the outermost schema on the path whose
+// resource has a $recursiveAnchor (not that resource's root): the root,
+// when it has one.
+func (o *outputCheck) recursiveTarget(r *jsonschema.Schema) (*jsonschema.Schema, bool) {
+	switch {
+	case !r.RecursiveAnchor:
+		return r, true
+	case o.schema.RecursiveAnchor:
+		return o.schema, true
+	}
+	return r, o.recursive == 0 && !inDocument(r)
+}
+
+// alone reports whether target's anchor is the only one a check may meet,
+// given n anchors of that name in the document. A target in a built-in
+// meta-schema is met only once the check has left the document.
+func alone(n int, target *jsonschema.Schema) bool {
+	if inDocument(target) {
+		return n == 1
+	}
+	return n == 0
+}
+
+// inDocument reports whether s is in the output schema's document, not in
+// a built-in meta-schema.
+func inDocument(s *jsonschema.Schema) bool {
+	return strings.HasPrefix(s.Location, outputURL+"#")
+}
+
+// fits reports whether v is what o describes. A check that would take
+// more steps than the budget (withinBudget) is not made: v does not fit.
+func fits(o *outputCheck, v any) bool {
+	return o != nil && withinBudget(o, v) && o.schema.Validate(v) == nil
+}
+
+// withinBudget reports whether checking v against o takes at most 64
 // schema evaluations per value in v, plus 4096. Schemas whose branches
 // (anyOf, oneOf, ...) each descend into the same values take a time
 // exponential in their nesting, or in v's depth: a discriminated union
 // of recursive objects, 0.5 s for a thread of 18 replies and twice that
 // for each more. The count follows every branch and subschema that
-// could apply, so it is an upper bound of the validator's steps; it
-// stops at the budget, so it costs no more than a check within it.
-func withinBudget(s *jsonschema.Schema, v any) bool {
-	c := evalCounter{left: 64*values(v) + 4096}
-	return c.visit(s, v, nil)
+// could apply, and each reference where the validator resolves it, so it
+// is an upper bound of the validator's steps; it stops at the budget, so
+// it costs no more than a check within it. A dynamic reference the count
+// cannot resolve (dynamicTarget) passes the budget.
+func withinBudget(o *outputCheck, v any) bool {
+	c := evalCounter{o: o, left: 64*values(v) + 4096}
+	return c.visit(o.schema, v, nil)
 }
 
 // values counts the JSON values in v: v and every member and item, nested.
@@ -85,8 +185,12 @@ func values(v any) int {
 	return n
 }
 
-// evalCounter counts down the schema evaluations a check may take.
-type evalCounter struct{ left int }
+// evalCounter counts down the schema evaluations a check against o may
+// take.
+type evalCounter struct {
+	o    *outputCheck
+	left int
+}
 
 // visit counts the evaluation of s at v and those it leads to; path is
 // the schemas already evaluated at v on the way (the validator stops at
@@ -104,7 +208,11 @@ func (c *evalCounter) visit(s *jsonschema.Schema, v any, path []*jsonschema.Sche
 	}
 	path = append(path, s)
 	var buf [8]*jsonschema.Schema // most schemas have fewer subschemas
-	for _, sub := range inPlace(buf[:0], s) {
+	subs, ok := c.inPlace(buf[:0], s)
+	if !ok {
+		return false
+	}
+	for _, sub := range subs {
 		if !c.visit(sub, v, path) {
 			return false
 		}
@@ -137,11 +245,23 @@ func (c *evalCounter) each(subs []*jsonschema.Schema, v any) bool {
 }
 
 // inPlace appends to out the subschemas of s that apply to the value s
-// applies to.
-func inPlace(out []*jsonschema.Schema, s *jsonschema.Schema) []*jsonschema.Schema {
-	out = append(out, s.Ref, s.RecursiveRef, s.Not, s.If, s.Then, s.Else)
+// applies to; false when it cannot tell where a dynamic reference of s
+// resolves.
+func (c *evalCounter) inPlace(out []*jsonschema.Schema, s *jsonschema.Schema) ([]*jsonschema.Schema, bool) {
+	out = append(out, s.Ref, s.Not, s.If, s.Then, s.Else)
+	if s.RecursiveRef != nil {
+		r, ok := c.o.recursiveTarget(s.RecursiveRef)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, r)
+	}
 	if s.DynamicRef != nil {
-		out = append(out, s.DynamicRef.Ref)
+		r, ok := c.o.dynamicTarget(s.DynamicRef)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, r)
 	}
 	out = append(append(append(out, s.AllOf...), s.AnyOf...), s.OneOf...)
 	for _, d := range s.DependentSchemas {
@@ -152,7 +272,7 @@ func inPlace(out []*jsonschema.Schema, s *jsonschema.Schema) []*jsonschema.Schem
 			out = append(out, d)
 		}
 	}
-	return out
+	return out, true
 }
 
 // members appends to out the subschemas of s that may apply to member k

@@ -1,12 +1,8 @@
 package mcpgateway
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"testing"
-
-	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // threadSchema is a comment whose replies are a discriminated union of
@@ -40,10 +36,63 @@ func anyOfChain(n int) any {
 	return map[string]any{"$ref": "#/$defs/0", "$defs": defs}
 }
 
+// dynamicThread is threadSchema with its union bound late: the replies of
+// a generic resource are a $dynamicRef to an anchor that accepts anything,
+// which the document's root resource binds to the union.
+func dynamicThread() any {
+	base := map[string]any{"$id": "urn:test:base", "$defs": map[string]any{"reply": map[string]any{"$dynamicAnchor": "reply"}},
+		"type": "object", "properties": map[string]any{"replies": map[string]any{"type": "array", "items": map[string]any{"$dynamicRef": "#reply"}}}}
+	object := func(kind string) any {
+		return map[string]any{"$ref": "urn:test:base", "required": []any{"kind"}, "properties": map[string]any{"kind": map[string]any{"const": kind}}}
+	}
+	union := map[string]any{"$dynamicAnchor": "reply", "oneOf": []any{map[string]any{"$ref": "#/$defs/note"}, map[string]any{"$ref": "#/$defs/comment"}}}
+	return map[string]any{"$ref": "#/$defs/comment", "$defs": map[string]any{"base": base, "reply": union,
+		"note": object("note"), "comment": object("comment")}}
+}
+
+// withID returns schema s with an $id.
+func withID(s any, id string) any {
+	s.(map[string]any)["$id"] = id
+	return s
+}
+
+// dynamicTree is a generic tree resource whose children are a $dynamicRef
+// to its own root. With extended, the document's root extends it (binds
+// the anchor again), as JSON Schema's examples do.
+func dynamicTree(extended bool) any {
+	tree := map[string]any{"$id": "urn:test:tree", "$dynamicAnchor": "node", "type": "object", "properties": map[string]any{
+		"name": map[string]any{"type": "string"}, "children": map[string]any{"type": "array", "items": map[string]any{"$dynamicRef": "#node"}}}}
+	root := map[string]any{"$ref": "urn:test:tree", "$defs": map[string]any{"tree": tree}}
+	if extended {
+		root["$dynamicAnchor"], root["required"] = "node", []any{"name"}
+	}
+	return root
+}
+
+// recursiveThread is threadSchema in draft 2019-09's terms, in a resource
+// of its own whose root accepts anything and has a $recursiveAnchor:
+// replies are a $recursiveRef to that root, and the document's root refers
+// to the union. With rooted, the document's root has a $recursiveAnchor
+// too, and replies resolve to it; without, to the union, the outermost
+// schema on the way that is in a resource with the anchor.
+func recursiveThread(rooted bool) any {
+	object := func(kind string) any {
+		return map[string]any{"type": "object", "required": []any{"kind"}, "properties": map[string]any{"kind": map[string]any{"const": kind},
+			"replies": map[string]any{"type": "array", "items": map[string]any{"$recursiveRef": "#"}}}}
+	}
+	union := map[string]any{"oneOf": []any{map[string]any{"$ref": "#/$defs/note"}, map[string]any{"$ref": "#/$defs/comment"}}}
+	thread := map[string]any{"$id": "urn:test:thread", "$recursiveAnchor": true,
+		"$defs": map[string]any{"union": union, "note": object("note"), "comment": object("comment")}}
+	return map[string]any{"$schema": "https://json-schema.org/draft/2019-09/schema", "$recursiveAnchor": rooted,
+		"$ref": "urn:test:thread#/$defs/union", "$defs": map[string]any{"thread": thread}}
+}
+
 // TestWithinBudget: a check of an answer is made when it takes at most 64
 // schema evaluations per value, plus 4096: any schema of a shape a check
 // is linear in (a recursive tree, a long list) is; branches that multiply
-// with nesting, in the schema or in the answer, are not.
+// with nesting, in the schema or in the answer, are not, even behind a
+// dynamic reference; nor is one that reaches a dynamic reference whose
+// target depends on the path.
 func TestWithinBudget(t *testing.T) {
 	tree := map[string]any{"$ref": "#/$defs/node", "$defs": map[string]any{"node": map[string]any{"type": "object",
 		"properties": map[string]any{"name": map[string]any{"type": "string"}, "children": map[string]any{"type": "array",
@@ -59,6 +108,15 @@ func TestWithinBudget(t *testing.T) {
 	list := make([]any, 10000)
 	for i := range list {
 		list[i] = map[string]any{"id": fmt.Sprint(i), "n": float64(i)}
+	}
+	// Two resources bind the same anchor, and the root neither: where a
+	// reference resolves depends on which of them a check passed through.
+	twoBindings := map[string]any{"$ref": "urn:test:a", "$defs": map[string]any{
+		"a": map[string]any{"$id": "urn:test:a", "$dynamicAnchor": "n", "properties": map[string]any{"x": map[string]any{"$ref": "urn:test:b"}}},
+		"b": map[string]any{"$id": "urn:test:b", "$dynamicAnchor": "n", "properties": map[string]any{"x": map[string]any{"$dynamicRef": "#n"}}}}}
+	schema := map[string]any{"type": "object"} // a JSON Schema as an answer, checked against the meta-schema
+	for range 200 {
+		schema = map[string]any{"properties": map[string]any{"a": schema}, "anyOf": []any{map[string]any{"type": "object"}}}
 	}
 	row := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string"},
 		"n": map[string]any{"type": "number"}}, "required": []any{"id"}}
@@ -76,23 +134,32 @@ func TestWithinBudget(t *testing.T) {
 		{"a chain of 8 doubling branches", anyOfChain(8), map[string]any{}, true},
 		{"a chain of 30 doubling branches", anyOfChain(30), map[string]any{}, false},
 		{"a reference that loops", map[string]any{"$ref": "#"}, map[string]any{"a": []any{1.0}}, true},
+		{"a thread of 3 replies, bound late", dynamicThread(), thread(3), true},
+		{"a thread of 24 replies, bound late", dynamicThread(), thread(24), false},
+		{"a thread of 3 replies, bound late at an $id", withID(dynamicThread(), "https://example.com/thread"), thread(3), true},
+		{"a generic tree of 2047 nodes", dynamicTree(false), node(10), true},
+		{"an extended tree of 2047 nodes", dynamicTree(true), node(10), true},
+		{"a thread of 3 replies, recursive", recursiveThread(true), thread(3), true},
+		{"a thread of 24 replies, recursive", recursiveThread(true), thread(24), false},
+		{"a thread of 24 replies, recursive in a resource", recursiveThread(false), thread(24), false},
+		{"an anchor two resources bind", twoBindings, map[string]any{"x": map[string]any{"x": 1.0}}, false},
+		{"an anchor two resources bind, not reached", twoBindings, map[string]any{"x": 1.0}, true},
+		{"a schema 200 deep, against the meta-schema", map[string]any{"$ref": "https://json-schema.org/draft/2020-12/schema"}, schema, true},
+		{"a schema 200 deep, against draft 2019-09's", map[string]any{"$ref": "https://json-schema.org/draft/2019-09/schema"}, schema, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, _ := json.Marshal(tc.schema)
-			doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+			o, err := compileOutput(tc.schema)
 			if err != nil {
 				t.Fatal(err)
 			}
-			c := jsonschema.NewCompiler()
-			if err := c.AddResource("urn:test", doc); err != nil {
-				t.Fatal(err)
-			}
-			s, err := c.Compile("urn:test")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := withinBudget(s, tc.v); got != tc.within {
+			if got := withinBudget(o, tc.v); got != tc.within {
 				t.Fatalf("within the budget: %v, want %v", got, tc.within)
+			}
+			if !tc.within {
+				return // the check itself would take minutes
+			}
+			if err := o.schema.Validate(tc.v); err != nil && !loops(err) {
+				t.Fatalf("the answer does not fit: %v", err) // a row that checks nothing
 			}
 		})
 	}
