@@ -196,6 +196,19 @@ func arguments(raw json.RawMessage) (map[string]any, error) {
 	return decodeObject(raw)
 }
 
+// fit is fitted, for an answer of t under operation id. An answer whose
+// structured content is not kept is counted and logged, without its
+// content, which may quote the request.
+func (g *Gateway) fit(t *tool, id string, res *mcp.CallToolResult) *mcp.CallToolResult {
+	out, why := fitted(res, t.output)
+	if why != "" {
+		g.metrics.asText.WithLabelValues(t.name, why).Inc()
+		g.log.Warn("answer given without its structured content: not in the tool's output schema's shape",
+			"tool", t.name, "operation_id", id, "reason", why)
+	}
+	return out
+}
+
 // answer turns what Do returned into the caller's answer.
 func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Result, err error, executed *mcp.CallToolResult) *mcp.CallToolResult {
 	var (
@@ -209,23 +222,23 @@ func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Res
 	)
 	switch {
 	case err == nil && !res.Replayed && executed != nil:
-		return annotate(fitted(executed, t.output), id, outcomeExecuted, res.Attempt)
+		return annotate(g.fit(t, id, executed), id, outcomeExecuted, res.Attempt)
 	case err == nil:
-		return annotate(fitted(replayed(res, t.output), t.output), id, outcomeReplayed, res.Attempt)
+		return annotate(g.fit(t, id, replayed(res, t.output)), id, outcomeReplayed, res.Attempt)
 	case errors.As(err, &nr) && executed != nil:
 		g.log.Warn("an effect happened but the ledger did not record it", "operation_id", id, "error", nr.Err)
-		return annotate(fitted(executed, t.output), id, outcomeNotRecorded, 0)
+		return annotate(g.fit(t, id, executed), id, outcomeNotRecorded, 0)
 	case errors.As(err, &co) && executed != nil:
 		g.log.Error("an effect happened but the ledger records another outcome: a human must look", "operation_id", id)
-		return annotate(fitted(executed, t.output), id, outcomeConflict, co.Attempt)
+		return annotate(g.fit(t, id, executed), id, outcomeConflict, co.Attempt)
 	case errors.As(err, &fe) && !fe.Replayed && errors.As(fe.Err, &te):
-		return annotate(fitted(te.res, t.output), id, outcomeExecuted, 0)
+		return annotate(g.fit(t, id, te.res), id, outcomeExecuted, 0)
 	case errors.As(err, &fe):
 		return annotate(failed(fe), id, outcomeReplayed, 0)
 	case errors.As(err, &ex) && ex.Ambiguous, errors.As(err, &re):
 		return unknown(id, re != nil && re.Escalated, err)
 	case errors.As(err, &ex) && errors.As(ex.Err, &te):
-		return annotate(fitted(te.res, t.output), id, outcomeNotApplied, 0)
+		return annotate(g.fit(t, id, te.res), id, outcomeNotApplied, 0)
 	case errors.As(err, &ex):
 		return refusal(id, outcomeNotApplied, "The tool did not run, and nothing was applied: "+upstreamText(ex.Err)+". The same call may be sent again.")
 	case errors.As(err, &wd):

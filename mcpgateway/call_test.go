@@ -266,7 +266,8 @@ func TestUpstreamOutcomes(t *testing.T) {
 // does it). What the tool answered in its shape is answered, and replayed,
 // as it is, and so is data an operator typed in that shape. A result of
 // another shape (the tool's, an operator's, one too large to keep) is
-// answered as text, saying the call succeeded and will not run again.
+// answered as text, saying the call succeeded and will not run again, and
+// counted by why.
 func TestAnswersFitTheOutputSchema(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -277,17 +278,21 @@ func TestAnswersFitTheOutputSchema(t *testing.T) {
 		ticket  string          // the answers' structured id, after the operator's finding if any
 		says    []string        // the text of the answers after the first
 		effects int
+		asText  string // ledgermcp_answers_as_text_total's series after both calls, if any
 	}{
 		{name: "the tool's shape", first: "executed", ticket: "T-1", says: []string{"Opened ticket T-1."}, effects: 1},
 		{name: "another shape from the tool", fault: "shape", first: "executed",
-			says: []string{"ran and succeeded", "will not run again", "the tool answered so", "Opened ticket T-1."}, effects: 1},
+			says: []string{"ran and succeeded", "will not run again", "the tool answered so", "Opened ticket T-1."}, effects: 1,
+			asText: `{reason="shape",tool="tickets_create_ticket"} 2`},
 		{name: "recorded by an operator", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
 			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"ticket": "T-9", "desk": "opened by hand"}}, Note: "INC-7"},
-			says:    []string{"ran and succeeded", "will not run again", `"ticket":"T-9"`, "opened by hand"}},
+			says:    []string{"ran and succeeded", "will not run again", `"ticket":"T-9"`, "opened by hand"},
+			asText:  `{reason="shape",tool="tickets_create_ticket"} 1`},
 		{name: "recorded by an operator in the tool's shape", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
 			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"id": "T-9", "title": "Printer on fire"}}, Note: "INC-8"},
 			ticket:  "T-9", says: []string{`"resourceId":"T-9"`}},
-		{name: "too large to keep", fault: "big", first: "executed", ticket: "T-1", says: []string{"ran and succeeded", "too large for the ledger to keep"}, effects: 1},
+		{name: "too large to keep", fault: "big", first: "executed", ticket: "T-1", says: []string{"ran and succeeded", "too large for the ledger to keep"}, effects: 1,
+			asText: `{reason="missing",tool="tickets_create_ticket"} 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -323,6 +328,15 @@ func TestAnswersFitTheOutputSchema(t *testing.T) {
 			}
 			if n, m := r.up.Calls("create_ticket"), r.up.Count("create_ticket"); n != 1 || m != tc.effects {
 				t.Fatalf("the upstream got %d calls and applied %d effects, want 1 and %d", n, m, tc.effects)
+			}
+			const metric = "ledgermcp_answers_as_text_total"
+			text := scrape(t, r.gw)
+			if counted := strings.Contains(text, metric+"{"); counted != (tc.asText != "") || counted && !strings.Contains(text, metric+tc.asText) {
+				t.Errorf("the metrics lack %s%s:\n%s", metric, tc.asText, text)
+			}
+			if logs := r.log.String(); strings.Contains(logs, "without its structured content") != (tc.asText != "") ||
+				strings.Contains(logs, "Printer") || strings.Contains(logs, "T-9") {
+				t.Errorf("the log, for an answer given as text, says it without the answer:\n%s", logs)
 			}
 		})
 	}

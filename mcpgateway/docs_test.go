@@ -130,6 +130,7 @@ func TestDocsMetrics(t *testing.T) {
 	// A vector shows once it has a series.
 	g.metrics.calls.WithLabelValues("t_x", outcomeExecuted).Inc()
 	g.metrics.duration.WithLabelValues("t_x").Observe(0)
+	g.metrics.asText.WithLabelValues("t_x", misfitShape).Inc()
 	families, err := g.metrics.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ type metrics struct {
 	reg      *prometheus.Registry
 	calls    *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	asText   *prometheus.CounterVec
 	tenant   bool // the call metrics have a tenant label
 }
 
@@ -35,7 +36,10 @@ func newMetrics(g *Gateway) *metrics {
 	m.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "ledgermcp", Name: "call_duration_seconds",
 		Help:    "How long a tool call took to answer, ledger and upstream included.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, duration)
-	m.reg.MustRegister(m.calls, m.duration, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.asText = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ledgermcp", Name: "answers_as_text_total",
+		Help: "Answers given without their structured content, by served tool and reason: missing, shape (not the output schema's), too_costly (to check)."},
+		[]string{"tool", "reason"})
+	m.reg.MustRegister(m.calls, m.duration, m.asText, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, u := range g.upstreams {
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "ledgermcp", Name: "upstream_connected",
 			Help: "1 while the upstream holds a session, 0 otherwise.", ConstLabels: prometheus.Labels{"upstream": u.cfg.Name}},

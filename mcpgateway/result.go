@@ -70,18 +70,29 @@ func replayed(r client.Result, schema *outputCheck) *mcp.CallToolResult {
 }
 
 // fitted returns a call's result as a client that checks the tool's output
-// schema (the official SDKs do) takes it: as it is when there is no schema
-// or its structured content fits; an error without the structured content
-// (errorFitted). Otherwise, for a call that succeeded (the tool answered
-// another shape, a reconciliation recorded one, it was too large to keep,
-// or too costly to check), it is the result's text alone, as an error
-// result that says the call succeeded and is not run again.
-func fitted(res *mcp.CallToolResult, schema *outputCheck) *mcp.CallToolResult {
-	if schema == nil || res.StructuredContent != nil && fits(schema, res.StructuredContent) {
-		return res
+// schema (the official SDKs do) takes it, and why its structured content
+// was not kept ("" when it was: misfit). It is as it is when there is no
+// schema or its structured content fits, or an error without structured
+// content; an error without the structured content otherwise. Otherwise,
+// for a call that succeeded (the tool answered another shape, a
+// reconciliation recorded one, it was too large to keep, or too costly to
+// check), it is the result's text alone, as an error result that says the
+// call succeeded and is not run again.
+func fitted(res *mcp.CallToolResult, o *outputCheck) (*mcp.CallToolResult, string) {
+	if o == nil {
+		return res, ""
 	}
-	if res.IsError {
-		return errorFitted(res)
+	why := misfitMissing
+	if res.StructuredContent != nil {
+		why = o.misfit(res.StructuredContent)
+	}
+	switch {
+	case why == "" || res.IsError && res.StructuredContent == nil:
+		return res, ""
+	case res.IsError:
+		c := *res // the TypeScript client checks an error's structured content too, and throws
+		c.StructuredContent = nil
+		return &c, why
 	}
 	body := errorText(res)
 	if body == "" && res.StructuredContent != nil {
@@ -91,19 +102,7 @@ func fitted(res *mcp.CallToolResult, schema *outputCheck) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "This call ran and " +
 		"succeeded, and it will not run again under this key: do not call the tool again to redo it. Its result is " +
 		"not in the shape the tool's output schema describes (the tool answered so, a reconciliation recorded it, " +
-		"it was too large to keep, or too costly to check), so it is given here as text:\n" + body}}}
-}
-
-// errorFitted returns an error result without structured content that
-// does not fit the tool's output schema (the TypeScript client checks an
-// error's structured content too, and throws); its text is kept.
-func errorFitted(res *mcp.CallToolResult) *mcp.CallToolResult {
-	if res.StructuredContent == nil {
-		return res
-	}
-	c := *res
-	c.StructuredContent = nil
-	return &c
+		"it was too large to keep, or too costly to check), so it is given here as text:\n" + body}}}, why
 }
 
 // errorText is the text of an isError result that the ledger keeps as its

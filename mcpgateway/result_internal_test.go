@@ -105,51 +105,51 @@ func TestFitted(t *testing.T) {
 		name   string
 		schema any
 		res    *mcp.CallToolResult
-		kept   bool
+		why    string // fitted's reason; "" for an answer kept as it is
 		says   string
 	}{
-		{name: "fits", schema: ticket, res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
-		{name: "no schema", res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"x": 1.0}}, kept: true},
-		{name: "an error", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined")}, kept: true},
+		{name: "fits", schema: ticket, res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"id": "T-1"}}},
+		{name: "no schema", res: &mcp.CallToolResult{Content: text("T-1"), StructuredContent: map[string]any{"x": 1.0}}},
+		{name: "an error", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined")}},
 		{name: "an error with structured content that fits", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined"),
-			StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
+			StructuredContent: map[string]any{"id": "T-1"}}},
 		{name: "an error with structured content of another shape", schema: ticket, res: &mcp.CallToolResult{IsError: true, Content: text("declined"),
-			StructuredContent: map[string]any{"error": "declined"}}, says: "declined"},
+			StructuredContent: map[string]any{"error": "declined"}}, why: "shape", says: "declined"},
 		{name: "a member the schema has not", schema: ticket, res: &mcp.CallToolResult{Content: text(`{"id":"T-1","resourceId":"T-1"}`),
-			StructuredContent: map[string]any{"id": "T-1", "resourceId": "T-1"}}, says: `{"id":"T-1","resourceId":"T-1"}`},
-		{name: "a required member missing", schema: ticket, res: &mcp.CallToolResult{StructuredContent: map[string]any{"ticket": "T-1"}}, says: `{"ticket":"T-1"}`},
-		{name: "no structured content", schema: ticket, res: &mcp.CallToolResult{Content: text("too large to keep")}, says: "too large to keep"},
+			StructuredContent: map[string]any{"id": "T-1", "resourceId": "T-1"}}, why: "shape", says: `{"id":"T-1","resourceId":"T-1"}`},
+		{name: "a required member missing", schema: ticket, res: &mcp.CallToolResult{StructuredContent: map[string]any{"ticket": "T-1"}}, why: "shape", says: `{"ticket":"T-1"}`},
+		{name: "no structured content", schema: ticket, res: &mcp.CallToolResult{Content: text("too large to keep")}, why: "missing", says: "too large to keep"},
 		{name: "a format", schema: map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string", "format": "uuid"}}},
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}, says: `{"id":"T-1"}`},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}, why: "shape", says: `{"id":"T-1"}`},
 		{name: "a format of its own", schema: map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string", "format": "ticket-id"}}},
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}, kept: true},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}},
 		{name: "refused: a reference that loops", schema: map[string]any{"$defs": map[string]any{"a": map[string]any{"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "refused: a reference to another document", schema: map[string]any{"$ref": "https://elsewhere.example/s.json"},
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "refused: a reference to a local file", schema: map[string]any{"$ref": "file:///etc/hostname"},
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "refused: branches that double at each of 30 levels", schema: anyOfChain(30),
-			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, kept: true},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "a thread of 24 replies a union checks 2^24 times", schema: threadSchema(),
-			res: &mcp.CallToolResult{Content: text("T-24"), StructuredContent: thread(24)}, says: "T-24"},
-		{name: "a thread of 3 replies", schema: threadSchema(), res: &mcp.CallToolResult{StructuredContent: thread(3)}, kept: true},
+			res: &mcp.CallToolResult{Content: text("T-24"), StructuredContent: thread(24)}, why: "too_costly", says: "T-24"},
+		{name: "a thread of 3 replies", schema: threadSchema(), res: &mcp.CallToolResult{StructuredContent: thread(3)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := outputSchema(tc.schema)
 			if (err != nil) != strings.HasPrefix(tc.name, "refused:") {
 				t.Fatalf("outputSchema: %v", err)
 			}
-			got := fitted(tc.res, rs)
-			if kept := got == tc.res; kept != tc.kept {
-				t.Fatalf("kept %v, want %v: %+v", kept, tc.kept, got)
+			got, why := fitted(tc.res, rs)
+			if kept := got == tc.res; why != tc.why || kept != (tc.why == "") {
+				t.Fatalf("kept %v for %q, want %q: %+v", kept, why, tc.why, got)
 			}
 			succeeded := tc.res.IsError || strings.Contains(errorText(got), "ran and succeeded")
-			if !tc.kept && (!got.IsError || got.StructuredContent != nil || !succeeded || !strings.Contains(errorText(got), tc.says)) {
+			if tc.why != "" && (!got.IsError || got.StructuredContent != nil || !succeeded || !strings.Contains(errorText(got), tc.says)) {
 				t.Fatalf("answer %+v (%q), want an error without structured content saying %q, and that it succeeded unless it failed",
 					got, errorText(got), tc.says)
 			}
-			if tc.res.IsError && !tc.kept && errorText(got) != errorText(tc.res) {
+			if tc.res.IsError && tc.why != "" && errorText(got) != errorText(tc.res) {
 				t.Fatalf("an error's text %q, want the tool's %q", errorText(got), errorText(tc.res))
 			}
 		})
@@ -212,7 +212,7 @@ func FuzzFitted(f *testing.F) {
 		}
 		for _, failed := range []bool{false, true} {
 			res := &mcp.CallToolResult{IsError: failed, Content: []mcp.Content{&mcp.TextContent{Text: content}}, StructuredContent: c}
-			got := fitted(res, rs)
+			got, _ := fitted(res, rs)
 			switch {
 			case got == res && rs != nil && rs.schema.Validate(c) != nil:
 				t.Fatalf("kept an answer that does not fit: %s against %s", content, schema)
@@ -233,7 +233,7 @@ func BenchmarkFitted(b *testing.B) {
 	}
 	res := &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1", "title": "Printer on fire", "priority": 2.0}}
 	for b.Loop() {
-		if fitted(res, rs) != res {
+		if got, _ := fitted(res, rs); got != res {
 			b.Fatal("not kept")
 		}
 	}

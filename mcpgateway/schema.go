@@ -148,10 +148,30 @@ func inDocument(s *jsonschema.Schema) bool {
 	return strings.HasPrefix(s.Location, outputURL+"#")
 }
 
-// fits reports whether v is what o describes. A check that would take
-// more steps than the budget (withinBudget) is not made: v does not fit.
+// Why an answer's structured content is not kept: the reason label of
+// ledgermcp_answers_as_text_total.
+const (
+	misfitMissing   = "missing"    // there is none
+	misfitShape     = "shape"      // it is not in the schema's shape
+	misfitTooCostly = "too_costly" // its check would pass the budget
+)
+
+// misfit returns why v is not what o describes: misfitTooCostly for a
+// check that would take more steps than the budget (withinBudget), which
+// is not made; misfitShape for a check that fails; "" when v fits.
+func (o *outputCheck) misfit(v any) string {
+	switch {
+	case !withinBudget(o, v):
+		return misfitTooCostly
+	case o.schema.Validate(v) != nil:
+		return misfitShape
+	}
+	return ""
+}
+
+// fits reports whether v is what o describes.
 func fits(o *outputCheck, v any) bool {
-	return o != nil && withinBudget(o, v) && o.schema.Validate(v) == nil
+	return o != nil && o.misfit(v) == ""
 }
 
 // withinBudget reports whether checking v against o takes at most 64
