@@ -183,11 +183,22 @@ func fits(o *outputCheck, v any) bool {
 // could apply, and each reference where the validator resolves it, so it
 // is an upper bound of the validator's steps; it stops at the budget, so
 // it costs no more than a check within it. A dynamic reference the count
-// cannot resolve (dynamicTarget) passes the budget.
+// cannot resolve (dynamicTarget) passes the budget, and so does a check
+// past the limits (maxDepth, maxInPlace).
 func withinBudget(o *outputCheck, v any) bool {
 	c := evalCounter{o: o, left: 64*values(v) + 4096}
 	return c.visit(o.schema, v, nil)
 }
+
+// The limits of a check besides the budget. Each of the validator's
+// steps walks the schemas it has entered at the value, and copies or
+// walks the way there from the root (for a dynamic reference, every
+// schema on it): without limits a check takes a time quadratic in v's
+// depth, or in a chain of references.
+const (
+	maxDepth   = 128 // levels of values in v a check descends
+	maxInPlace = 64  // schemas entered at one value, each within the last
+)
 
 // values counts the JSON values in v: v and every member and item, nested.
 func values(v any) int {
@@ -208,8 +219,9 @@ func values(v any) int {
 // evalCounter counts down the schema evaluations a check against o may
 // take.
 type evalCounter struct {
-	o    *outputCheck
-	left int
+	o     *outputCheck
+	left  int
+	depth int // of the value visited: 0 for the answer, 1 for its members
 }
 
 // visit counts the evaluation of s at v and those it leads to; path is
@@ -219,7 +231,7 @@ func (c *evalCounter) visit(s *jsonschema.Schema, v any, path []*jsonschema.Sche
 	if s == nil || slices.Contains(path, s) {
 		return true
 	}
-	if c.left--; c.left < 0 {
+	if c.left--; c.left < 0 || len(path) == maxInPlace || c.depth == maxDepth {
 		return false
 	}
 	if path == nil {
@@ -254,13 +266,16 @@ func (c *evalCounter) visit(s *jsonschema.Schema, v any, path []*jsonschema.Sche
 	return true
 }
 
-// each visits every schema of subs at v.
+// each visits every schema of subs at v, a member or item of the value
+// visited.
 func (c *evalCounter) each(subs []*jsonschema.Schema, v any) bool {
+	c.depth++
 	for _, sub := range subs {
 		if !c.visit(sub, v, nil) {
-			return false
+			return false // which ends the count
 		}
 	}
+	c.depth--
 	return true
 }
 

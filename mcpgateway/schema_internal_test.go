@@ -115,8 +115,19 @@ func TestWithinBudget(t *testing.T) {
 		"a": map[string]any{"$id": "urn:test:a", "$dynamicAnchor": "n", "properties": map[string]any{"x": map[string]any{"$ref": "urn:test:b"}}},
 		"b": map[string]any{"$id": "urn:test:b", "$dynamicAnchor": "n", "properties": map[string]any{"x": map[string]any{"$dynamicRef": "#n"}}}}}
 	schema := map[string]any{"type": "object"} // a JSON Schema as an answer, checked against the meta-schema
-	for range 200 {
+	for range 60 {
 		schema = map[string]any{"properties": map[string]any{"a": schema}, "anyOf": []any{map[string]any{"type": "object"}}}
+	}
+	deep := map[string]any{"name": "n"} // a tree of one branch, 9001 nodes deep
+	for range 9000 {
+		deep = map[string]any{"name": "n", "children": []any{deep}}
+	}
+	chain := func(n int) any { // a member's schema: a chain of n references
+		defs := map[string]any{fmt.Sprint(n): map[string]any{"type": "number"}}
+		for i := range n {
+			defs[fmt.Sprint(i)] = map[string]any{"$ref": fmt.Sprintf("#/$defs/%d", i+1)}
+		}
+		return map[string]any{"properties": map[string]any{"a": map[string]any{"$ref": "#/$defs/0"}}, "$defs": defs}
 	}
 	row := map[string]any{"type": "object", "properties": map[string]any{"id": map[string]any{"type": "string"},
 		"n": map[string]any{"type": "number"}}, "required": []any{"id"}}
@@ -144,8 +155,12 @@ func TestWithinBudget(t *testing.T) {
 		{"a thread of 24 replies, recursive in a resource", recursiveThread(false), thread(24), false},
 		{"an anchor two resources bind", twoBindings, map[string]any{"x": map[string]any{"x": 1.0}}, false},
 		{"an anchor two resources bind, not reached", twoBindings, map[string]any{"x": 1.0}, true},
-		{"a schema 200 deep, against the meta-schema", map[string]any{"$ref": "https://json-schema.org/draft/2020-12/schema"}, schema, true},
-		{"a schema 200 deep, against draft 2019-09's", map[string]any{"$ref": "https://json-schema.org/draft/2019-09/schema"}, schema, true},
+		{"a tree 9001 nodes deep", tree, deep, false},
+		{"an object 9001 nodes deep, of a schema that does not descend", map[string]any{"type": "object"}, deep, true},
+		{"a chain of 60 references", chain(60), map[string]any{"a": 1.0}, true},
+		{"a chain of 2000 references", chain(2000), map[string]any{"a": 1.0}, false},
+		{"a schema 60 deep, against the meta-schema", map[string]any{"$ref": "https://json-schema.org/draft/2020-12/schema"}, schema, true},
+		{"a schema 60 deep, against draft 2019-09's", map[string]any{"$ref": "https://json-schema.org/draft/2019-09/schema"}, schema, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := compileOutput(tc.schema)
