@@ -2,6 +2,7 @@ package mcpgateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -129,6 +130,10 @@ func TestFitted(t *testing.T) {
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "refused: a reference to a local file", schema: map[string]any{"$ref": "file:///etc/hostname"},
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
+		{name: "refused: 4097 objects", schema: map[string]any{"type": "object", "properties": manyProperties(4094)},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
+		{name: "4096 objects", schema: map[string]any{"type": "object", "properties": manyProperties(4093)},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}, why: "shape", says: `{"x":1}`},
 		{name: "refused: branches that double at each of 30 levels", schema: anyOfChain(30),
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "a thread of 24 replies a union checks 2^24 times", schema: threadSchema(),
@@ -154,6 +159,17 @@ func TestFitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// manyProperties returns n+1 properties, each a schema of its own, one
+// of them x.
+func manyProperties(n int) map[string]any {
+	props := map[string]any{}
+	for i := range n {
+		props[fmt.Sprint("p", i)] = map[string]any{"type": "string"}
+	}
+	props["x"] = map[string]any{"type": "string"}
+	return props
 }
 
 func errorTextOf(r *mcp.CallToolResult) string { return errorText(r) }
