@@ -215,6 +215,7 @@ func FuzzFitted(f *testing.F) {
 	f.Add(`{"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}`, `{"x":[1,{"y":null}]}`)
 	f.Add(`{"anyOf":[{"type":"array","items":{"type":"integer"}},{"pattern":"^a+$"}]}`, `[1,2.5]`)
 	f.Add(`{"$schema":"https://json-schema.org/draft/2019-09/schema"}`, `"x"`)
+	f.Add(`{"properties":{"at":{"format":"date-time"},"to":{"format":"email"},"n":{"format":"int32"}}}`, `{"at":"2024-06-30T23:59:60Z","to":"a@b.co","n":1}`)
 	f.Add(`{"$dynamicAnchor":"n","properties":{"c":{"$dynamicRef":"#n"}},"$defs":{"b":{"$id":"urn:b","$dynamicAnchor":"n"}}}`, `{"c":{"c":{}}}`)
 	f.Add(`{"$schema":"https://json-schema.org/draft/2019-09/schema","$recursiveAnchor":true,"items":{"$recursiveRef":"#"}}`, `[[1],[]]`)
 	f.Fuzz(func(t *testing.T, schema, content string) {

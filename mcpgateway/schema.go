@@ -70,6 +70,9 @@ func compileOutput(s any) (*outputCheck, error) {
 	c := jsonschema.NewCompiler()
 	c.UseLoader(noLoader{})
 	c.AssertFormat()
+	for _, f := range clientFormats {
+		c.RegisterFormat(f)
+	}
 	if err := c.AddResource(outputURL, doc); err != nil {
 		return nil, err
 	}
