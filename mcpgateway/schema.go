@@ -73,6 +73,7 @@ func compileOutput(s any) (*outputCheck, error) {
 	for _, f := range clientFormats {
 		c.RegisterFormat(f)
 	}
+	c.UseRegexpEngine(jsRegexp)
 	if err := c.AddResource(outputURL, doc); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,485 @@
+package mcpgateway
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// jsRegexp compiles a schema's regular expression (a pattern, a
+// patternProperties key, a value of format regex) as the TypeScript
+// client reads it: JavaScript's syntax with the u flag, which AJV uses.
+// It returns an error for one JavaScript cannot compile, so that a tool
+// whose schema has one is served without it, as the client could not
+// list it; and for one it can, but Go cannot match alike (a lookaround, a
+// back reference), so that the check is never laxer than the client's.
+// ., \s and \S match as in JavaScript; Go's own differ on \r and on
+// Unicode's spaces.
+func jsRegexp(p string) (jsonschema.Regexp, error) {
+	t := &jsTranslator{src: []rune(p), names: map[string]bool{}}
+	if err := t.disjunction(); err != nil {
+		return nil, fmt.Errorf("pattern %q: %w", p, err)
+	}
+	if t.i < len(t.src) {
+		return nil, fmt.Errorf("pattern %q: an unmatched )", p)
+	}
+	return regexp.Compile(t.out.String())
+}
+
+var errNotMatchedAlike = errors.New("JavaScript matches it in a way Go does not")
+
+// jsAnyButLineEnd is JavaScript's . in Go.
+const jsAnyButLineEnd = `[^\n\r\x{2028}\x{2029}]`
+
+// jsTranslator writes a JavaScript expression, read from src at i, as Go's.
+type jsTranslator struct {
+	src   []rune
+	i     int
+	out   strings.Builder
+	names map[string]bool // the named groups so far
+}
+
+func (t *jsTranslator) more() bool { return t.i < len(t.src) }
+
+func (t *jsTranslator) peek() rune {
+	if t.more() {
+		return t.src[t.i]
+	}
+	return -1
+}
+
+// has reports whether src continues with s at i.
+func (t *jsTranslator) has(s string) bool {
+	j := t.i
+	for _, r := range s {
+		if j >= len(t.src) || t.src[j] != r {
+			return false
+		}
+		j++
+	}
+	return true
+}
+
+// upTo returns the runes from i to the next end, and whether there is one.
+func (t *jsTranslator) upTo(end rune) (string, bool) {
+	for j := t.i; j < len(t.src); j++ {
+		if t.src[j] == end {
+			return string(t.src[t.i:j]), true
+		}
+	}
+	return "", false
+}
+
+// disjunction reads alternatives up to a ) or the end.
+func (t *jsTranslator) disjunction() error {
+	for {
+		for t.more() && t.peek() != '|' && t.peek() != ')' {
+			if err := t.term(); err != nil {
+				return err
+			}
+		}
+		if t.peek() != '|' {
+			return nil
+		}
+		t.i++
+		t.out.WriteByte('|')
+	}
+}
+
+// term reads an assertion, or an atom and its quantifier.
+func (t *jsTranslator) term() error {
+	switch c := t.peek(); {
+	case c == '^' || c == '$':
+		t.i++
+		t.out.WriteRune(c)
+		return t.noQuantifier()
+	case t.has(`\b`) || t.has(`\B`):
+		t.out.WriteString(string(t.src[t.i : t.i+2]))
+		t.i += 2
+		return t.noQuantifier()
+	}
+	if err := t.atom(); err != nil {
+		return err
+	}
+	return t.quantifier()
+}
+
+// noQuantifier refuses a quantifier after an assertion.
+func (t *jsTranslator) noQuantifier() error {
+	if c := t.peek(); c == '*' || c == '+' || c == '?' || c == '{' {
+		return errors.New("nothing to repeat")
+	}
+	return nil
+}
+
+// atom reads one atom.
+func (t *jsTranslator) atom() error {
+	c := t.peek()
+	t.i++
+	switch c {
+	case '.':
+		t.out.WriteString(jsAnyButLineEnd)
+	case '\\':
+		return t.escape()
+	case '[':
+		return t.class()
+	case '(':
+		return t.group()
+	case '*', '+', '?', '{', '}', ']':
+		return fmt.Errorf("a lone %c", c)
+	default:
+		t.out.WriteString(regexp.QuoteMeta(string(c)))
+	}
+	return nil
+}
+
+// group reads a group after its (.
+func (t *jsTranslator) group() error {
+	switch {
+	case t.has("?="), t.has("?!"), t.has("?<="), t.has("?<!"):
+		return fmt.Errorf("a lookaround: %w", errNotMatchedAlike)
+	case t.has("?:"):
+		t.i += 2
+		t.out.WriteString("(?:")
+	case t.has("?<"):
+		t.i += 2
+		name, ok := t.upTo('>')
+		if !ok {
+			return errors.New("a group name without its >")
+		}
+		if !groupName.MatchString(name) || t.names[name] {
+			return fmt.Errorf("the group name %q is not one the gateway can tell JavaScript takes, or is used twice", name)
+		}
+		t.names[name] = true
+		t.i += len([]rune(name)) + 1
+		t.out.WriteByte('(')
+	case t.has("?"):
+		return errors.New("an invalid group")
+	default:
+		t.out.WriteByte('(')
+	}
+	if err := t.disjunction(); err != nil {
+		return err
+	}
+	if t.peek() != ')' {
+		return errors.New("an unterminated group")
+	}
+	t.i++
+	t.out.WriteByte(')')
+	return nil
+}
+
+var (
+	groupName  = regexp.MustCompile(`^[A-Za-z_$][A-Za-z0-9_$]*$`)
+	quantifier = regexp.MustCompile(`^\{(\d+)(,(\d*))?\}$`)
+	property   = regexp.MustCompile(`^([A-Za-z_]+)(?:=([A-Za-z_]+))?$`)
+)
+
+// quantifier reads an atom's quantifier, if any. Go refuses counts over
+// 1000; so does this.
+func (t *jsTranslator) quantifier() error {
+	switch c := t.peek(); c {
+	case '*', '+', '?':
+		t.i++
+		t.out.WriteRune(c)
+	case '{':
+		body, _ := t.upTo('}')
+		m := quantifier.FindStringSubmatch(body + "}")
+		if m == nil {
+			return errors.New("an incomplete quantifier")
+		}
+		lo, err1 := strconv.Atoi(m[1])
+		hi, err2 := lo, error(nil)
+		if m[3] != "" {
+			hi, err2 = strconv.Atoi(m[3])
+		}
+		switch {
+		case err1 != nil || err2 != nil || lo > 1000 || hi > 1000:
+			return fmt.Errorf("a count over 1000: %w", errNotMatchedAlike)
+		case hi < lo:
+			return errors.New("numbers out of order in a quantifier")
+		}
+		t.i += len([]rune(m[0]))
+		t.out.WriteString(m[0])
+	default:
+		return nil
+	}
+	if t.peek() == '?' {
+		t.i++
+		t.out.WriteByte('?')
+	}
+	return nil
+}
+
+// escape reads an escape outside a class, after its \.
+func (t *jsTranslator) escape() error {
+	c := t.peek()
+	switch {
+	case c >= '1' && c <= '9' || c == 'k':
+		return fmt.Errorf("a back reference: %w", errNotMatchedAlike)
+	case c == 's':
+		t.i++
+		t.out.WriteString("[" + jsSpace + "]")
+		return nil
+	case c == 'S':
+		t.i++
+		t.out.WriteString("[^" + jsSpace + "]")
+		return nil
+	}
+	set, err := t.classEscape(false)
+	if err != nil {
+		return err
+	}
+	t.out.WriteString(set)
+	return nil
+}
+
+// classEscape reads an escape after its \ and returns it in Go's syntax,
+// valid in a class and out of one; in a class, \b is a backspace and \-
+// a hyphen.
+func (t *jsTranslator) classEscape(inClass bool) (string, error) {
+	if !t.more() {
+		return "", errors.New("a \\ at the end")
+	}
+	c := t.src[t.i]
+	t.i++
+	switch {
+	case strings.ContainsRune("dDwW", c):
+		return `\` + string(c), nil
+	case c == 'p' || c == 'P':
+		return t.property(c)
+	case c == 'b' && inClass:
+		return `\x{8}`, nil
+	case c == '-' && inClass, strings.ContainsRune(`^$\.*+?()[]{}|/`, c):
+		return hexRune(c), nil
+	}
+	r, err := t.characterEscape(c)
+	if err != nil {
+		return "", err
+	}
+	return hexRune(r), nil
+}
+
+// characterEscape returns the character an escape of c stands for.
+func (t *jsTranslator) characterEscape(c rune) (rune, error) {
+	switch c {
+	case 'f':
+		return '\f', nil
+	case 'n':
+		return '\n', nil
+	case 'r':
+		return '\r', nil
+	case 't':
+		return '\t', nil
+	case 'v':
+		return '\v', nil
+	case '0':
+		if d := t.peek(); d >= '0' && d <= '9' {
+			return 0, errors.New("an octal escape")
+		}
+		return 0, nil
+	case 'c':
+		if l := t.peek(); l >= 'a' && l <= 'z' || l >= 'A' && l <= 'Z' {
+			t.i++
+			return l % 32, nil
+		}
+		return 0, errors.New("an invalid control escape")
+	case 'x':
+		return t.hex(2)
+	case 'u':
+		return t.unicodeEscape()
+	}
+	return 0, fmt.Errorf("an invalid escape \\%c", c)
+}
+
+// hex reads n hex digits.
+func (t *jsTranslator) hex(n int) (rune, error) {
+	if t.i+n > len(t.src) {
+		return 0, errors.New("an invalid escape")
+	}
+	v, err := strconv.ParseUint(string(t.src[t.i:t.i+n]), 16, 32)
+	if err != nil {
+		return 0, errors.New("an invalid escape")
+	}
+	t.i += n
+	return rune(v), nil
+}
+
+// unicodeEscape reads \u{...}, or \uXXXX and its low surrogate if it is a
+// high one, after the u.
+func (t *jsTranslator) unicodeEscape() (rune, error) {
+	if t.peek() == '{' {
+		t.i++
+		digits, ok := t.upTo('}')
+		if !ok || digits == "" {
+			return 0, errors.New("an invalid unicode escape")
+		}
+		v, err := strconv.ParseUint(digits, 16, 32)
+		if err != nil || v > unicode.MaxRune {
+			return 0, errors.New("an invalid unicode escape")
+		}
+		t.i += len([]rune(digits)) + 1
+		return surrogateFree(rune(v))
+	}
+	r, err := t.hex(4)
+	if err != nil || r < 0xD800 || r > 0xDBFF || !t.has(`\u`) {
+		if err == nil {
+			return surrogateFree(r)
+		}
+		return 0, err
+	}
+	t.i += 2
+	lo, err := t.hex(4)
+	if err != nil || lo < 0xDC00 || lo > 0xDFFF {
+		return 0, fmt.Errorf("a lone surrogate: %w", errNotMatchedAlike)
+	}
+	return 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00), nil
+}
+
+// surrogateFree refuses a lone surrogate, which no valid UTF-8 string has.
+func surrogateFree(r rune) (rune, error) {
+	if r >= 0xD800 && r <= 0xDFFF {
+		return 0, fmt.Errorf("a lone surrogate: %w", errNotMatchedAlike)
+	}
+	return r, nil
+}
+
+// property reads \p{...} or \P{...} after the p: a general category,
+// or a script named with Script= or sc=, which Go knows by the same names.
+func (t *jsTranslator) property(p rune) (string, error) {
+	if t.peek() != '{' {
+		return "", errors.New("an invalid property escape")
+	}
+	t.i++
+	body, ok := t.upTo('}')
+	m := property.FindStringSubmatch(body)
+	if !ok || m == nil {
+		return "", errors.New("an invalid property escape")
+	}
+	t.i += len([]rune(body)) + 1
+	name, known := m[2], false
+	switch m[1] {
+	case "General_Category", "gc":
+		name, known = category(name)
+	case "Script", "sc":
+		_, known = unicode.Scripts[name]
+	default:
+		if m[2] == "" {
+			name, known = category(m[1])
+		}
+	}
+	if !known {
+		return "", fmt.Errorf("the property %s: %w", body, errNotMatchedAlike)
+	}
+	return `\` + string(p) + `{` + name + `}`, nil
+}
+
+// category returns Go's name of a general category, by its short or long
+// name, and whether Go knows it.
+func category(name string) (string, bool) {
+	if short, ok := categoryNames[name]; ok {
+		name = short
+	}
+	_, ok := unicode.Categories[name]
+	return name, ok
+}
+
+// categoryNames are the long names of the general categories.
+var categoryNames = map[string]string{
+	"Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll", "Titlecase_Letter": "Lt",
+	"Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M", "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc",
+	"Enclosing_Mark": "Me", "Number": "N", "Decimal_Number": "Nd", "Letter_Number": "Nl", "Other_Number": "No",
+	"Punctuation": "P", "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd", "Open_Punctuation": "Ps",
+	"Close_Punctuation": "Pe", "Initial_Punctuation": "Pi", "Final_Punctuation": "Pf", "Other_Punctuation": "Po",
+	"Symbol": "S", "Math_Symbol": "Sm", "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So",
+	"Separator": "Z", "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp",
+	"Other": "C", "Control": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co", "Unassigned": "Cn",
+}
+
+// class reads a character class after its [.
+func (t *jsTranslator) class() error {
+	negate := t.peek() == '^'
+	if negate {
+		t.i++
+	}
+	var items strings.Builder
+	for t.peek() != ']' {
+		if !t.more() {
+			return errors.New("an unterminated class")
+		}
+		lo, single, err := t.classAtom()
+		if err != nil {
+			return err
+		}
+		if t.peek() != '-' || t.i+1 >= len(t.src) || t.src[t.i+1] == ']' {
+			items.WriteString(lo)
+			continue
+		}
+		t.i++ // a range
+		hi, hiSingle, err := t.classAtom()
+		if err != nil {
+			return err
+		}
+		if single < 0 || hiSingle < 0 {
+			return errors.New("a class escape in a range")
+		}
+		if hiSingle < single {
+			return errors.New("a range out of order")
+		}
+		items.WriteString(lo + "-" + hi)
+	}
+	t.i++
+	switch {
+	case items.Len() == 0 && negate:
+		t.out.WriteString(`[\x{0}-\x{10FFFF}]`) // [^] is any character
+	case items.Len() == 0:
+		t.out.WriteString(`[^\x{0}-\x{10FFFF}]`) // [] is none
+	case negate:
+		t.out.WriteString("[^" + items.String() + "]")
+	default:
+		t.out.WriteString("[" + items.String() + "]")
+	}
+	return nil
+}
+
+// classAtom reads one atom of a class and returns it in Go's syntax, with
+// the character it stands for; -1 for a set (\d, \s, \p{L}).
+func (t *jsTranslator) classAtom() (string, rune, error) {
+	c := t.src[t.i]
+	t.i++
+	if c != '\\' {
+		return hexRune(c), c, nil
+	}
+	switch t.peek() {
+	case 's':
+		t.i++
+		return jsSpace, -1, nil
+	case 'S':
+		t.i++
+		return jsNonSpace, -1, nil
+	}
+	start := t.i
+	s, err := t.classEscape(true)
+	if err != nil {
+		return "", 0, err
+	}
+	if strings.ContainsRune("dDwWpP", t.src[start]) {
+		return s, -1, nil
+	}
+	r, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(s, `\x{`), "}"), 16, 32)
+	return s, rune(r), nil
+}
+
+// hexRune is r as Go's \x{...}, which means r in a class and out of one.
+func hexRune(r rune) string { return fmt.Sprintf(`\x{%x}`, r) }
+
+// jsNonSpace is what \S matches in JavaScript, as ranges for a class:
+// every character but jsSpace's (and the surrogates, which no valid UTF-8
+// string has).
+const jsNonSpace = `\x{0}-\x{8}\x{e}-\x{1f}\x{21}-\x{9f}\x{a1}-\x{167f}\x{1681}-\x{1fff}\x{200b}-\x{2027}` +
+	`\x{202a}-\x{202e}\x{2030}-\x{205e}\x{2060}-\x{2fff}\x{3001}-\x{d7ff}\x{e000}-\x{fefe}\x{ff00}-\x{10ffff}`

@@ -1,0 +1,168 @@
+package mcpgateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// jsRegexpRows: patterns as the TypeScript client reads them (JavaScript
+// with the u flag). A pattern JavaScript compiles, the gateway compiles
+// too unless Go cannot match it alike (a lookaround, a back reference, a
+// lone surrogate, a count over 1000, a property Go does not know): then
+// the tool is served without its schema, as for a pattern JavaScript
+// refuses. A value is matched as JavaScript matches it.
+var jsRegexpRows = []struct {
+	pattern string
+	value   *string // matched when set
+	js      bool    // JavaScript compiles it
+	gateway bool    // the gateway compiles it
+	matches bool
+}{
+	{pattern: `^[a-z]+$`, value: ptr("abc"), js: true, gateway: true, matches: true},
+	{pattern: `^[a-z]+$`, value: ptr("\u212a"), js: true, gateway: true},
+	{pattern: `^\d{3}-\d{4}$`, value: ptr("555-1234"), js: true, gateway: true, matches: true},
+	{pattern: `^\d$`, value: ptr("٣"), js: true, gateway: true},
+	{pattern: `a|b`, value: ptr("b"), js: true, gateway: true, matches: true},
+	{pattern: `^(a)(?:b)(?<year>\d{4})$`, value: ptr("ab2024"), js: true, gateway: true, matches: true},
+	{pattern: `^.$`, value: ptr("a"), js: true, gateway: true, matches: true},
+	{pattern: `^.$`, value: ptr("\r"), js: true, gateway: true},
+	{pattern: `^.$`, value: ptr("\u2028"), js: true, gateway: true},
+	{pattern: `^\s$`, value: ptr("\u00a0"), js: true, gateway: true, matches: true},
+	{pattern: `^\S+$`, value: ptr("a\u00a0b"), js: true, gateway: true},
+	{pattern: `^\S+$`, value: ptr("ab"), js: true, gateway: true, matches: true},
+	{pattern: `^[^\s]$`, value: ptr("\u3000"), js: true, gateway: true},
+	{pattern: `^[\S]$`, value: ptr("x"), js: true, gateway: true, matches: true},
+	{pattern: `^[\s\S]$`, value: ptr("\n"), js: true, gateway: true, matches: true},
+	{pattern: `^[^]$`, value: ptr("\n"), js: true, gateway: true, matches: true},
+	{pattern: `[]`, value: ptr("a"), js: true, gateway: true},
+	{pattern: `^\u0041\x42\u{1F600}\uD83D\uDE00$`, value: ptr("AB😀😀"), js: true, gateway: true, matches: true},
+	{pattern: `^\cJ\0[\b]$`, value: ptr("\n\x00\b"), js: true, gateway: true, matches: true},
+	{pattern: `^[\-a][a-][-a]\/\.$`, value: ptr("-a-/."), js: true, gateway: true, matches: true},
+	{pattern: `^a{2,3}?b{2,}$`, value: ptr("aabbb"), js: true, gateway: true, matches: true},
+	{pattern: `^\p{Lu}\p{Letter}\p{gc=Ll}\p{Script=Greek}\P{N}[\p{L}\d]$`, value: ptr("ÉbcαXé"), js: true, gateway: true, matches: true},
+	{pattern: `\bword\b`, value: ptr("a word."), js: true, gateway: true, matches: true},
+	{pattern: `^[\d-]$`, value: ptr("-"), js: true, gateway: true, matches: true},
+	{pattern: `^$`, value: ptr(""), js: true, gateway: true, matches: true},
+
+	{pattern: `^a\-b$`},
+	{pattern: `(?i)a`},
+	{pattern: `(?P<n>a)`},
+	{pattern: `[[:alpha:]]`},
+	{pattern: `a{2,1}`},
+	{pattern: `\p{Greek}`},
+	{pattern: `\pL`},
+	{pattern: `(?<a>x)(?<a>y)`},
+	{pattern: `a]`},
+	{pattern: `a}`},
+	{pattern: `{`},
+	{pattern: `*a`},
+	{pattern: `a**`},
+	{pattern: `^*`},
+	{pattern: `(a`},
+	{pattern: `a)`},
+	{pattern: `\c1`},
+	{pattern: `\01`},
+	{pattern: `[z-a]`},
+	{pattern: `[\d-z]`},
+	{pattern: `\x4`},
+	{pattern: `\u{110000}`},
+	{pattern: `\q`},
+	{pattern: `\A`},
+	{pattern: `\z`},
+	{pattern: `a\`},
+	{pattern: `[a`},
+
+	{pattern: `(?=a)a`, js: true},
+	{pattern: `(?!b)a`, js: true},
+	{pattern: `(?<=a)b`, js: true},
+	{pattern: `(a)\1`, js: true},
+	{pattern: `(?<n>a)\k<n>`, js: true},
+	{pattern: `\uD83D`, js: true},
+	{pattern: `a{1001}`, js: true},
+	{pattern: `\p{Alphabetic}`, js: true},
+	{pattern: `\p{sc=Grek}`, js: true},
+	{pattern: `\p{Script_Extensions=Greek}`, js: true},
+}
+
+func ptr(s string) *string { return &s }
+
+// TestJSRegexp: each row as the gateway reads it; with node and
+// examples/mcp/node installed, as JavaScript reads it too (required with
+// LEDGER_TEST_POLYGLOT=require).
+func TestJSRegexp(t *testing.T) {
+	for _, r := range jsRegexpRows {
+		re, err := jsRegexp(r.pattern)
+		if (err == nil) != r.gateway || r.js && !r.gateway && !errors.Is(err, errNotMatchedAlike) {
+			t.Errorf("%s: compiles %v (%v), want %v", r.pattern, err == nil, err, r.gateway)
+			continue
+		}
+		if r.value != nil && re.MatchString(*r.value) != r.matches {
+			t.Errorf("%s on %q: matches %v, want %v", r.pattern, *r.value, !r.matches, r.matches)
+		}
+	}
+
+	type row struct {
+		Pattern string  `json:"pattern"`
+		Value   *string `json:"value,omitempty"`
+	}
+	var in []row
+	for _, r := range jsRegexpRows {
+		in = append(in, row{r.pattern, r.value})
+	}
+	var verdicts []struct{ Compiles, Matches bool }
+	runClient(t, "client_regexps.mjs", in, &verdicts)
+	if len(verdicts) != len(jsRegexpRows) {
+		t.Fatalf("client_regexps.mjs gave %d verdicts for %d rows", len(verdicts), len(jsRegexpRows))
+	}
+	for i, r := range jsRegexpRows {
+		if v := verdicts[i]; v.Compiles != r.js || v.Matches != r.matches {
+			t.Errorf("%s: JavaScript compiles %v and matches %v, the row %v and %v", r.pattern, v.Compiles, v.Matches, r.js, r.matches)
+		}
+	}
+}
+
+// FuzzJSRegexp: no pattern makes the translation panic, and what it
+// compiles is a valid Go expression.
+func FuzzJSRegexp(f *testing.F) {
+	for _, r := range jsRegexpRows {
+		f.Add(r.pattern)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		_, _ = jsRegexp(p)
+	})
+}
+
+// runClient runs script, of testdata, with in as its JSON input, in the
+// directory of the official TypeScript client's packages, and decodes its
+// output into out. It skips when node or the packages are missing, unless
+// LEDGER_TEST_POLYGLOT=require.
+func runClient(t *testing.T, script string, in, out any) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	dir := filepath.Join("..", "examples", "mcp", "node")
+	if _, serr := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil || serr != nil {
+		if os.Getenv("LEDGER_TEST_POLYGLOT") == "require" {
+			t.Fatal("node or examples/mcp/node/node_modules is missing (npm ci --prefix examples/mcp/node)")
+		}
+		t.Skip("node or examples/mcp/node/node_modules is missing: the client's own verdicts are not checked")
+	}
+	src, err := os.ReadFile(filepath.Join("testdata", script))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(in)
+	cmd := exec.Command(node, "--input-type=module", "-e", string(src))
+	cmd.Dir, cmd.Stdin = dir, bytes.NewReader(b)
+	printed, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	if err := json.Unmarshal(printed, out); err != nil {
+		t.Fatalf("%s printed %q: %v", script, printed, err)
+	}
+}
