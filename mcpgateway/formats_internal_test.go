@@ -157,7 +157,7 @@ func TestClientFormats(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := o.schema.Validate(r.value) == nil; got != r.want {
+		if got := o.validate(r.value) == nil; got != r.want {
 			t.Errorf("%s %q: passes %v, want %v", r.format, r.value, got, r.want)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -15,16 +16,32 @@ import (
 // outputURL is the URL an output schema is compiled at.
 const outputURL = "urn:opledger:output-schema"
 
-// outputCheck is a tool's compiled output schema, with what the budget's
+// outputCheck is a tool's output schema, compiled to check answers
+// against in each reading an answer must fit: as its dialect says (JSON
+// Schema 2020-12 unless its $schema names another), and as the TypeScript
+// client reads any schema (draft-07, the dialect of AJV's default class,
+// the root's $schema ignored). The two differ: read as draft-07,
+// prefixItems is ignored and items applies to every item, so the client
+// refuses a tuple 2020-12 takes. A schema only one reading compiles is
+// read that way alone: a draft-07 tuple (items an array) only as the
+// client reads it; one whose resources are in $defs, which draft-07 does
+// not know and AJV does, only as its dialect says.
+type outputCheck struct{ readings []*reading }
+
+// reading is an output schema compiled one way, with what the budget's
 // count needs to know of where its dynamic references resolve.
-type outputCheck struct {
+type reading struct {
 	schema *jsonschema.Schema
 	// rooted holds the root resource's dynamic anchors, by name. The
 	// validator resolves a $dynamicRef to the outermost resource in scope
 	// that has its anchor, and the root is always in scope.
 	rooted map[string]*jsonschema.Schema
-	// anchors counts the document's $dynamicAnchor keywords by name, and
-	// recursive its true $recursiveAnchor ones, data included.
+	*anchorCount
+}
+
+// anchorCount counts a document's $dynamicAnchor keywords by name, and its
+// true $recursiveAnchor ones, data included.
+type anchorCount struct {
 	anchors   map[string]int
 	recursive int
 }
@@ -32,10 +49,10 @@ type outputCheck struct {
 // outputSchema compiles a tool's output schema, to check answers against;
 // nil for a tool without one. It asserts formats, as the official clients
 // do, and loads nothing but the built-in meta-schemas. It refuses a schema
-// that refers to another document (a URL, a file), or whose references
-// loop on an object: the official clients cannot compile those either,
-// and fail to list any tool. It refuses one whose check of an empty object
-// passes the budget too.
+// neither reading compiles, one that refers to another document (a URL, a
+// file), or whose references loop on an object: the official clients
+// cannot compile those either, and fail to list any tool. It refuses one
+// whose check of an empty object passes the budget too.
 func outputSchema(s any) (*outputCheck, error) {
 	if s == nil {
 		return nil, nil
@@ -47,13 +64,15 @@ func outputSchema(s any) (*outputCheck, error) {
 	if !withinBudget(o, map[string]any{}) {
 		return nil, errors.New("checking even an empty object against it takes too many steps")
 	}
-	if loops(o.schema.Validate(map[string]any{})) {
-		return nil, errors.New("its references loop")
+	for _, r := range o.readings {
+		if loops(r.schema.Validate(map[string]any{})) {
+			return nil, errors.New("its references loop")
+		}
 	}
 	return o, nil
 }
 
-// compileOutput compiles s and finds its dynamic anchors.
+// compileOutput compiles s in its readings and finds its dynamic anchors.
 func compileOutput(s any) (*outputCheck, error) {
 	b, err := json.Marshal(s)
 	if err != nil {
@@ -63,11 +82,35 @@ func compileOutput(s any) (*outputCheck, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &outputCheck{rooted: map[string]*jsonschema.Schema{}, anchors: map[string]int{}}
-	if o.count(doc) > maxSchemas {
+	count := &anchorCount{anchors: map[string]int{}}
+	if count.count(doc) > maxSchemas {
 		return nil, fmt.Errorf("it has more than %d schemas, and compiling takes a time quadratic in them", maxSchemas)
 	}
+	asClient := doc
+	if m, ok := doc.(map[string]any); ok {
+		m = maps.Clone(m)
+		delete(m, "$schema")
+		asClient = m
+	}
+	o := &outputCheck{}
+	spec, specErr := compileReading(doc, jsonschema.Draft2020, count)
+	if specErr == nil {
+		o.readings = append(o.readings, spec)
+	}
+	if client, err := compileReading(asClient, jsonschema.Draft7, count); err == nil {
+		o.readings = append(o.readings, client)
+	}
+	if len(o.readings) == 0 {
+		return nil, specErr
+	}
+	return o, nil
+}
+
+// compileReading compiles doc in draft, unless doc's $schema names
+// another, formats and patterns as the TypeScript client reads them.
+func compileReading(doc any, draft *jsonschema.Draft, count *anchorCount) (*reading, error) {
 	c := jsonschema.NewCompiler()
+	c.DefaultDraft(draft)
 	c.UseLoader(noLoader{})
 	c.AssertFormat()
 	for _, f := range clientFormats {
@@ -77,15 +120,17 @@ func compileOutput(s any) (*outputCheck, error) {
 	if err := c.AddResource(outputURL, doc); err != nil {
 		return nil, err
 	}
-	if o.schema, err = c.Compile(outputURL); err != nil {
+	sch, err := c.Compile(outputURL)
+	if err != nil {
 		return nil, err
 	}
-	for name := range o.anchors {
+	r := &reading{schema: sch, rooted: map[string]*jsonschema.Schema{}, anchorCount: count}
+	for name := range count.anchors {
 		if a, err := c.Compile(outputURL + "#" + name); err == nil && a.DynamicAnchor == name {
-			o.rooted[name] = a
+			r.rooted[name] = a
 		}
 	}
-	return o, nil
+	return r, nil
 }
 
 // maxSchemas is the most schemas an output schema may have (objects and
@@ -96,7 +141,7 @@ const maxSchemas = 4096
 // count adds doc's $dynamicAnchor and true $recursiveAnchor keywords to
 // o's counts, wherever they are, and returns how many objects and
 // booleans doc has.
-func (o *outputCheck) count(doc any) int {
+func (o *anchorCount) count(doc any) int {
 	n := 0
 	switch x := doc.(type) {
 	case bool:
@@ -123,7 +168,7 @@ func (o *outputCheck) count(doc any) int {
 // dynamicTarget returns the schema a $dynamicRef resolves to; false when
 // that depends on the resources a check passes through: another of the
 // document's resources has the anchor too.
-func (o *outputCheck) dynamicTarget(r *jsonschema.DynamicRef) (*jsonschema.Schema, bool) {
+func (o *reading) dynamicTarget(r *jsonschema.DynamicRef) (*jsonschema.Schema, bool) {
 	switch {
 	case r.Anchor == "" || r.Ref.DynamicAnchor != r.Anchor:
 		return r.Ref, true
@@ -138,7 +183,7 @@ func (o *outputCheck) dynamicTarget(r *jsonschema.DynamicRef) (*jsonschema.Schem
 // validator resolves it to the outermost schema on the path whose
 // resource has a $recursiveAnchor (not that resource's root): the root,
 // when it has one.
-func (o *outputCheck) recursiveTarget(r *jsonschema.Schema) (*jsonschema.Schema, bool) {
+func (o *reading) recursiveTarget(r *jsonschema.Schema) (*jsonschema.Schema, bool) {
 	switch {
 	case !r.RecursiveAnchor:
 		return r, true
@@ -172,15 +217,18 @@ const (
 	misfitTooCostly = "too_costly" // its check would pass the budget
 )
 
-// misfit returns why v is not what o describes: misfitTooCostly for a
-// check that would take more steps than the budget (withinBudget), which
-// is not made; misfitShape for a check that fails; "" when v fits.
+// misfit returns why v is not what o describes, in one of its readings:
+// misfitTooCostly for a check that would take more steps than the budget
+// (withinBudget), which is not made; misfitShape for a check that fails;
+// "" when v fits.
 func (o *outputCheck) misfit(v any) string {
-	switch {
-	case !withinBudget(o, v):
-		return misfitTooCostly
-	case o.schema.Validate(v) != nil:
-		return misfitShape
+	for _, r := range o.readings {
+		switch {
+		case !r.withinBudget(v):
+			return misfitTooCostly
+		case r.schema.Validate(v) != nil:
+			return misfitShape
+		}
 	}
 	return ""
 }
@@ -202,8 +250,18 @@ func fits(o *outputCheck, v any) bool {
 // cannot resolve (dynamicTarget) passes the budget, and so does a check
 // past the limits (maxDepth, maxInPlace).
 func withinBudget(o *outputCheck, v any) bool {
-	c := evalCounter{o: o, left: 64*values(v) + 4096}
-	return c.visit(o.schema, v, nil)
+	for _, r := range o.readings {
+		if !r.withinBudget(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// withinBudget is withinBudget for one reading.
+func (r *reading) withinBudget(v any) bool {
+	c := evalCounter{o: r, left: 64*values(v) + 4096}
+	return c.visit(r.schema, v, nil)
 }
 
 // The limits of a check besides the budget. Each of the validator's
@@ -235,7 +293,7 @@ func values(v any) int {
 // evalCounter counts down the schema evaluations a check against o may
 // take.
 type evalCounter struct {
-	o     *outputCheck
+	o     *reading
 	left  int
 	depth int // of the value visited: 0 for the answer, 1 for its members
 }

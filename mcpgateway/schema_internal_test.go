@@ -173,9 +173,86 @@ func TestWithinBudget(t *testing.T) {
 			if !tc.within {
 				return // the check itself would take minutes
 			}
-			if err := o.schema.Validate(tc.v); err != nil && !loops(err) {
+			if err := o.validate(tc.v); err != nil && !loops(err) {
 				t.Fatalf("the answer does not fit: %v", err) // a row that checks nothing
 			}
 		})
+	}
+}
+
+// validate returns v's refusal by o's first reading that refuses it; nil
+// when every reading takes it.
+func (o *outputCheck) validate(v any) error {
+	for _, r := range o.readings {
+		if err := r.schema.Validate(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TestReadings: an answer fits only if it fits the schema both as its
+// dialect says and as the TypeScript client reads it (draft-07), so no
+// answer the gateway keeps makes that client throw; with node and
+// examples/mcp/node installed, the client itself checks every row
+// (required with LEDGER_TEST_POLYGLOT=require).
+func TestReadings(t *testing.T) {
+	pair := func(s map[string]any) map[string]any {
+		return map[string]any{"type": "object", "properties": map[string]any{"p": s}}
+	}
+	str, integer := map[string]any{"type": "string"}, map[string]any{"type": "integer"}
+	ticket := map[string]any{"type": "object", "properties": map[string]any{"id": str}, "required": []any{"id"}}
+	rows := []struct {
+		name    string
+		schema  map[string]any
+		value   map[string]any
+		gateway bool // the gateway keeps the answer
+		client  bool // the client takes it
+	}{
+		{"a ticket", ticket, map[string]any{"id": "T-1"}, true, true},
+		{"a 2020-12 tuple, items false", pair(map[string]any{"type": "array", "prefixItems": []any{str, integer}, "items": false}),
+			map[string]any{"p": []any{"a", 1.0}}, false, false},
+		{"a 2020-12 tuple, items for the rest", pair(map[string]any{"type": "array", "prefixItems": []any{str}, "items": integer}),
+			map[string]any{"p": []any{"a", 1.0}}, false, false},
+		{"a 2020-12 tuple, its length bounded", pair(map[string]any{"type": "array", "prefixItems": []any{str, integer}, "minItems": 2, "maxItems": 2}),
+			map[string]any{"p": []any{"a", 1.0}}, true, true},
+		{"a draft-07 tuple", pair(map[string]any{"type": "array", "items": []any{str, integer}}), map[string]any{"p": []any{"a", 1.0}}, true, true},
+		{"a draft-07 tuple, out of order", pair(map[string]any{"type": "array", "items": []any{str, integer}}), map[string]any{"p": []any{1.0, "a"}}, false, false},
+		{"contains, minContains 0", pair(map[string]any{"type": "array", "contains": str, "minContains": 0.0}), map[string]any{"p": []any{}}, false, false},
+		{"$ref beside type", map[string]any{"properties": map[string]any{"x": map[string]any{"$ref": "#/definitions/a", "type": "string"}},
+			"definitions": map[string]any{"a": map[string]any{}}}, map[string]any{"x": 1.0}, false, false},
+		{"dependencies", map[string]any{"dependencies": map[string]any{"a": []any{"b"}}}, map[string]any{"a": 1.0}, false, false},
+		{"unevaluatedProperties, which the client ignores", map[string]any{"properties": map[string]any{"a": map[string]any{}},
+			"unevaluatedProperties": false}, map[string]any{"a": 1.0, "b": 2.0}, false, true},
+		{"a resource in $defs", map[string]any{"$ref": "urn:test:ticket", "$defs": map[string]any{"t": map[string]any{"$id": "urn:test:ticket",
+			"type": "object", "required": []any{"id"}}}}, map[string]any{"id": 1.0}, true, true},
+	}
+	for _, r := range rows {
+		o, err := outputSchema(r.schema)
+		if err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+		if got := fits(o, r.value); got != r.gateway || got && !r.client {
+			t.Errorf("%s: kept %v, want %v", r.name, got, r.gateway)
+		}
+	}
+
+	type row struct {
+		Schema map[string]any `json:"schema"`
+		Value  map[string]any `json:"value"`
+	}
+	var in []row
+	for _, r := range rows {
+		in = append(in, row{r.schema, r.value})
+	}
+	var verdicts []struct{ Compiles, Valid bool }
+	runClient(t, "client_schemas.mjs", in, &verdicts)
+	if len(verdicts) != len(rows) {
+		t.Fatalf("client_schemas.mjs gave %d verdicts for %d rows", len(verdicts), len(rows))
+	}
+	for i, r := range rows {
+		if v := verdicts[i]; !v.Compiles || v.Valid != r.client {
+			t.Errorf("%s: the client compiles it %v and takes the answer %v, want %v", r.name, v.Compiles, v.Valid, r.client)
+		}
 	}
 }
