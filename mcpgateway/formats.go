@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"math/big"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 )
 
 // clientFormats are the formats the official TypeScript client asserts
@@ -57,23 +59,23 @@ func stringFormat(name string, ok func(string) bool) *jsonschema.Format {
 // numberFormat is format name checked by ok on numbers.
 func numberFormat(name string, ok func(float64) bool) *jsonschema.Format {
 	return &jsonschema.Format{Name: name, Validate: func(v any) error {
-		var f float64
-		switch x := v.(type) {
-		case float64:
-			f = x
-		case json.Number:
-			var err error
-			if f, err = strconv.ParseFloat(string(x), 64); err != nil {
-				return nil // beyond a double: the client's JSON.parse makes it Infinity, which int32 refuses
-			}
-		default:
-			return nil
-		}
-		if !ok(f) {
+		if f, isNumber := number(v); isNumber && !ok(f) {
 			return errFormat
 		}
 		return nil
 	}}
+}
+
+// number returns v as a double, and whether it is a number a double holds.
+func number(v any) (float64, bool) {
+	switch x := v.(type) {
+	case float64:
+		return x, true
+	case json.Number:
+		f, err := strconv.ParseFloat(string(x), 64)
+		return f, err == nil
+	}
+	return 0, false
 }
 
 // jsSpace is what \s matches in JavaScript: Go's \s is ASCII only.
@@ -184,4 +186,53 @@ func isDuration(s string) bool {
 func isHostname(s string) bool {
 	n := len(strings.TrimSuffix(s, "."))
 	return n >= 1 && n <= 253 && hostnameRE.MatchString(s)
+}
+
+// clientMultipleOf checks multipleOf as the TypeScript client's AJV does,
+// beside the validator's exact check: it divides in floating point and
+// takes a quotient that is an integer below 1e21. So 0.07 is not a
+// multiple of 0.01 there (0.07 / 0.01 is 7.000000000000001), nor is 0.3
+// one of 0.1: 1,363 of the 10,000 amounts 0.00 to 99.99 fail a price's
+// multipleOf 0.01 in the client.
+var clientMultipleOf = func() *jsonschema.Vocabulary {
+	meta, err := jsonschema.UnmarshalJSON(strings.NewReader(`{}`))
+	if err != nil {
+		panic(err)
+	}
+	c := jsonschema.NewCompiler()
+	const url = "urn:opledger:client-multiple-of"
+	if err := c.AddResource(url, meta); err != nil {
+		panic(err)
+	}
+	return &jsonschema.Vocabulary{URL: url, Schema: c.MustCompile(url), Compile: compileMultipleOf}
+}()
+
+// compileMultipleOf returns the client's multipleOf check of obj, if it
+// has a numeric one.
+func compileMultipleOf(_ *jsonschema.CompilerContext, obj map[string]any) (jsonschema.SchemaExt, error) {
+	n, ok := obj["multipleOf"].(json.Number)
+	if !ok {
+		return nil, nil
+	}
+	m, err := n.Float64()
+	if err != nil || m <= 0 {
+		return nil, nil // the validator refuses the schema
+	}
+	return multipleOf(m), nil
+}
+
+// multipleOf is the client's multipleOf check.
+type multipleOf float64
+
+// Validate reports a number whose quotient by m, in floating point, is not
+// an integer below 1e21.
+func (m multipleOf) Validate(ctx *jsonschema.ValidatorContext, v any) {
+	x, ok := number(v)
+	if !ok {
+		return
+	}
+	if q := x / float64(m); q != math.Trunc(q) || math.Abs(q) >= 1e21 {
+		got, _ := new(big.Rat).SetString(strconv.FormatFloat(x, 'g', -1, 64))
+		ctx.AddError(&kind.MultipleOf{Got: got, Want: new(big.Rat).SetFloat64(float64(m))})
+	}
 }

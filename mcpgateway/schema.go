@@ -117,6 +117,8 @@ func compileReading(doc any, draft *jsonschema.Draft, count *anchorCount) (*read
 		c.RegisterFormat(f)
 	}
 	c.UseRegexpEngine(jsRegexp)
+	c.RegisterVocabulary(clientMultipleOf)
+	c.AssertVocabs()
 	if err := c.AddResource(outputURL, doc); err != nil {
 		return nil, err
 	}

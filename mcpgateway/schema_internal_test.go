@@ -192,8 +192,9 @@ func (o *outputCheck) validate(v any) error {
 }
 
 // TestReadings: an answer fits only if it fits the schema both as its
-// dialect says and as the TypeScript client reads it (draft-07), so no
-// answer the gateway keeps makes that client throw; with node and
+// dialect says and as the TypeScript client reads it (draft-07, and
+// multipleOf divided in floating point), so no answer the gateway keeps
+// makes that client throw; with node and
 // examples/mcp/node installed, the client itself checks every row
 // (required with LEDGER_TEST_POLYGLOT=require).
 func TestReadings(t *testing.T) {
@@ -202,6 +203,7 @@ func TestReadings(t *testing.T) {
 	}
 	str, integer := map[string]any{"type": "string"}, map[string]any{"type": "integer"}
 	ticket := map[string]any{"type": "object", "properties": map[string]any{"id": str}, "required": []any{"id"}}
+	price := map[string]any{"properties": map[string]any{"x": map[string]any{"type": "number", "multipleOf": 0.01}}}
 	rows := []struct {
 		name    string
 		schema  map[string]any
@@ -224,6 +226,9 @@ func TestReadings(t *testing.T) {
 		{"dependencies", map[string]any{"dependencies": map[string]any{"a": []any{"b"}}}, map[string]any{"a": 1.0}, false, false},
 		{"unevaluatedProperties, which the client ignores", map[string]any{"properties": map[string]any{"a": map[string]any{}},
 			"unevaluatedProperties": false}, map[string]any{"a": 1.0, "b": 2.0}, false, true},
+		{"a price of 7 cents, multipleOf 0.01", price, map[string]any{"x": 0.07}, false, false},
+		{"a price of 50 cents, multipleOf 0.01", price, map[string]any{"x": 0.5}, true, true},
+		{"1e21, multipleOf 1", map[string]any{"properties": map[string]any{"x": map[string]any{"multipleOf": 1.0}}}, map[string]any{"x": 1e21}, false, false},
 		{"a resource in $defs", map[string]any{"$ref": "urn:test:ticket", "$defs": map[string]any{"t": map[string]any{"$id": "urn:test:ticket",
 			"type": "object", "required": []any{"id"}}}}, map[string]any{"id": 1.0}, true, true},
 	}
