@@ -16,12 +16,14 @@ import (
 // client reads it: JavaScript's syntax with the u flag, which AJV uses.
 // It returns an error for one JavaScript cannot compile, so that a tool
 // whose schema has one is served without it, as the client could not
-// list it; and for one it can, but Go cannot match alike (a lookaround, a
-// back reference), so that the check is never laxer than the client's.
-// ., \s and \S match as in JavaScript; Go's own differ on \r and on
-// Unicode's spaces.
+// list it; for one it can, but Go cannot match alike (a lookaround, a
+// back reference), so that the check is never laxer than the client's;
+// and for one the Python client's re cannot compile or reads as other
+// characters (a named group, \p{...}, \u{...}, \c, [], a surrogate
+// pair), on which that client would raise. ., \s and \S match as in
+// JavaScript; Go's own differ on \r and on Unicode's spaces.
 func jsRegexp(p string) (jsonschema.Regexp, error) {
-	t := &jsTranslator{src: []rune(p), names: map[string]bool{}}
+	t := &jsTranslator{src: []rune(p)}
 	if err := t.disjunction(); err != nil {
 		return nil, fmt.Errorf("pattern %q: %w", p, err)
 	}
@@ -31,17 +33,22 @@ func jsRegexp(p string) (jsonschema.Regexp, error) {
 	return regexp.Compile(t.out.String())
 }
 
-var errNotMatchedAlike = errors.New("JavaScript matches it in a way Go does not")
+var (
+	errNotMatchedAlike = errors.New("JavaScript matches it in a way Go does not")
+	// errNotPortable is for what Python's re, which the Python client's
+	// validator uses, cannot compile or reads otherwise: that client would
+	// raise on every call of the tool.
+	errNotPortable = errors.New("the re module of Python cannot read it alike")
+)
 
 // jsAnyButLineEnd is JavaScript's . in Go.
 const jsAnyButLineEnd = `[^\n\r\x{2028}\x{2029}]`
 
 // jsTranslator writes a JavaScript expression, read from src at i, as Go's.
 type jsTranslator struct {
-	src   []rune
-	i     int
-	out   strings.Builder
-	names map[string]bool // the named groups so far
+	src []rune
+	i   int
+	out strings.Builder
 }
 
 func (t *jsTranslator) more() bool { return t.i < len(t.src) }
@@ -138,26 +145,17 @@ func (t *jsTranslator) atom() error {
 	return nil
 }
 
-// group reads a group after its (.
+// group reads a group after its (. It refuses a named group, which
+// Python's re writes (?P<name>...).
 func (t *jsTranslator) group() error {
 	switch {
 	case t.has("?="), t.has("?!"), t.has("?<="), t.has("?<!"):
 		return fmt.Errorf("a lookaround: %w", errNotMatchedAlike)
+	case t.has("?<"):
+		return fmt.Errorf("a named group: %w", errNotPortable)
 	case t.has("?:"):
 		t.i += 2
 		t.out.WriteString("(?:")
-	case t.has("?<"):
-		t.i += 2
-		name, ok := t.upTo('>')
-		if !ok {
-			return errors.New("a group name without its >")
-		}
-		if !groupName.MatchString(name) || t.names[name] {
-			return fmt.Errorf("the group name %q is not one the gateway can tell JavaScript takes, or is used twice", name)
-		}
-		t.names[name] = true
-		t.i += len([]rune(name)) + 1
-		t.out.WriteByte('(')
 	case t.has("?"):
 		return errors.New("an invalid group")
 	default:
@@ -175,9 +173,7 @@ func (t *jsTranslator) group() error {
 }
 
 var (
-	groupName  = regexp.MustCompile(`^[A-Za-z_$][A-Za-z0-9_$]*$`)
 	quantifier = regexp.MustCompile(`^\{(\d+)(,(\d*))?\}$`)
-	property   = regexp.MustCompile(`^([A-Za-z_]+)(?:=([A-Za-z_]+))?$`)
 )
 
 // quantifier reads an atom's quantifier, if any. Go refuses counts over
@@ -252,7 +248,7 @@ func (t *jsTranslator) classEscape(inClass bool) (string, error) {
 	case strings.ContainsRune("dDwW", c):
 		return `\` + string(c), nil
 	case c == 'p' || c == 'P':
-		return t.property(c)
+		return "", fmt.Errorf("a property escape: %w", errNotPortable)
 	case c == 'b' && inClass:
 		return `\x{8}`, nil
 	case c == '-' && inClass, strings.ContainsRune(`^$\.*+?()[]{}|/`, c):
@@ -285,8 +281,7 @@ func (t *jsTranslator) characterEscape(c rune) (rune, error) {
 		return 0, nil
 	case 'c':
 		if l := t.peek(); l >= 'a' && l <= 'z' || l >= 'A' && l <= 'Z' {
-			t.i++
-			return l % 32, nil
+			return 0, fmt.Errorf("a control escape: %w", errNotPortable)
 		}
 		return 0, errors.New("an invalid control escape")
 	case 'x':
@@ -316,15 +311,10 @@ func (t *jsTranslator) unicodeEscape() (rune, error) {
 	if t.peek() == '{' {
 		t.i++
 		digits, ok := t.upTo('}')
-		if !ok || digits == "" {
+		if v, err := strconv.ParseUint(digits, 16, 32); !ok || err != nil || v > unicode.MaxRune {
 			return 0, errors.New("an invalid unicode escape")
 		}
-		v, err := strconv.ParseUint(digits, 16, 32)
-		if err != nil || v > unicode.MaxRune {
-			return 0, errors.New("an invalid unicode escape")
-		}
-		t.i += len([]rune(digits)) + 1
-		return surrogateFree(rune(v))
+		return 0, fmt.Errorf("a \\u{...} escape: %w", errNotPortable)
 	}
 	r, err := t.hex(4)
 	if err != nil || r < 0xD800 || r > 0xDBFF || !t.has(`\u`) {
@@ -334,11 +324,10 @@ func (t *jsTranslator) unicodeEscape() (rune, error) {
 		return 0, err
 	}
 	t.i += 2
-	lo, err := t.hex(4)
-	if err != nil || lo < 0xDC00 || lo > 0xDFFF {
+	if lo, err := t.hex(4); err != nil || lo < 0xDC00 || lo > 0xDFFF {
 		return 0, fmt.Errorf("a lone surrogate: %w", errNotMatchedAlike)
 	}
-	return 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00), nil
+	return 0, fmt.Errorf("a surrogate pair, two characters to Python: %w", errNotPortable)
 }
 
 // surrogateFree refuses a lone surrogate, which no valid UTF-8 string has.
@@ -347,58 +336,6 @@ func surrogateFree(r rune) (rune, error) {
 		return 0, fmt.Errorf("a lone surrogate: %w", errNotMatchedAlike)
 	}
 	return r, nil
-}
-
-// property reads \p{...} or \P{...} after the p: a general category,
-// or a script named with Script= or sc=, which Go knows by the same names.
-func (t *jsTranslator) property(p rune) (string, error) {
-	if t.peek() != '{' {
-		return "", errors.New("an invalid property escape")
-	}
-	t.i++
-	body, ok := t.upTo('}')
-	m := property.FindStringSubmatch(body)
-	if !ok || m == nil {
-		return "", errors.New("an invalid property escape")
-	}
-	t.i += len([]rune(body)) + 1
-	name, known := m[2], false
-	switch m[1] {
-	case "General_Category", "gc":
-		name, known = category(name)
-	case "Script", "sc":
-		_, known = unicode.Scripts[name]
-	default:
-		if m[2] == "" {
-			name, known = category(m[1])
-		}
-	}
-	if !known {
-		return "", fmt.Errorf("the property %s: %w", body, errNotMatchedAlike)
-	}
-	return `\` + string(p) + `{` + name + `}`, nil
-}
-
-// category returns Go's name of a general category, by its short or long
-// name, and whether Go knows it.
-func category(name string) (string, bool) {
-	if short, ok := categoryNames[name]; ok {
-		name = short
-	}
-	_, ok := unicode.Categories[name]
-	return name, ok
-}
-
-// categoryNames are the long names of the general categories.
-var categoryNames = map[string]string{
-	"Letter": "L", "Cased_Letter": "LC", "Uppercase_Letter": "Lu", "Lowercase_Letter": "Ll", "Titlecase_Letter": "Lt",
-	"Modifier_Letter": "Lm", "Other_Letter": "Lo", "Mark": "M", "Nonspacing_Mark": "Mn", "Spacing_Mark": "Mc",
-	"Enclosing_Mark": "Me", "Number": "N", "Decimal_Number": "Nd", "Letter_Number": "Nl", "Other_Number": "No",
-	"Punctuation": "P", "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd", "Open_Punctuation": "Ps",
-	"Close_Punctuation": "Pe", "Initial_Punctuation": "Pi", "Final_Punctuation": "Pf", "Other_Punctuation": "Po",
-	"Symbol": "S", "Math_Symbol": "Sm", "Currency_Symbol": "Sc", "Modifier_Symbol": "Sk", "Other_Symbol": "So",
-	"Separator": "Z", "Space_Separator": "Zs", "Line_Separator": "Zl", "Paragraph_Separator": "Zp",
-	"Other": "C", "Control": "Cc", "Format": "Cf", "Surrogate": "Cs", "Private_Use": "Co", "Unassigned": "Cn",
 }
 
 // class reads a character class after its [.
@@ -435,10 +372,8 @@ func (t *jsTranslator) class() error {
 	}
 	t.i++
 	switch {
-	case items.Len() == 0 && negate:
-		t.out.WriteString(`[\x{0}-\x{10FFFF}]`) // [^] is any character
 	case items.Len() == 0:
-		t.out.WriteString(`[^\x{0}-\x{10FFFF}]`) // [] is none
+		return fmt.Errorf("an empty class: %w", errNotPortable)
 	case negate:
 		t.out.WriteString("[^" + items.String() + "]")
 	default:
@@ -468,7 +403,7 @@ func (t *jsTranslator) classAtom() (string, rune, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	if strings.ContainsRune("dDwWpP", t.src[start]) {
+	if strings.ContainsRune("dDwW", t.src[start]) {
 		return s, -1, nil
 	}
 	r, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(s, `\x{`), "}"), 16, 32)

@@ -136,6 +136,9 @@ func TestFitted(t *testing.T) {
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T-1"}}},
 		{name: "a pattern matched as JavaScript matches it", schema: map[string]any{"properties": map[string]any{"id": map[string]any{"pattern": `^\S+$`}}},
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"id": "T\u00a01"}}, why: "shape", says: `T`},
+		{name: "refused: a draft-07 tuple, which the Python client refuses as a schema", schema: map[string]any{"properties": map[string]any{
+			"p": map[string]any{"type": "array", "items": []any{map[string]any{"type": "string"}}}}},
+			res: &mcp.CallToolResult{StructuredContent: map[string]any{"p": []any{"a"}}}},
 		{name: "refused: 4097 objects", schema: map[string]any{"type": "object", "properties": manyProperties(4094)},
 			res: &mcp.CallToolResult{StructuredContent: map[string]any{"x": 1.0}}},
 		{name: "4096 objects", schema: map[string]any{"type": "object", "properties": manyProperties(4093)},

@@ -22,10 +22,11 @@ const outputURL = "urn:opledger:output-schema"
 // client reads any schema (draft-07, the dialect of AJV's default class,
 // the root's $schema ignored). The two differ: read as draft-07,
 // prefixItems is ignored and items applies to every item, so the client
-// refuses a tuple 2020-12 takes. A schema only one reading compiles is
-// read that way alone: a draft-07 tuple (items an array) only as the
-// client reads it; one whose resources are in $defs, which draft-07 does
-// not know and AJV does, only as its dialect says.
+// refuses a tuple 2020-12 takes. A schema whose dialect's reading does
+// not compile is refused: the Python client's validator refuses it too,
+// on every call (a draft-07 tuple, items an array, is one). One whose
+// draft-07 reading does not compile (resources in $defs, which draft-07
+// does not know and AJV does) is read as its dialect says alone.
 type outputCheck struct{ readings []*reading }
 
 // reading is an output schema compiled one way, with what the budget's
@@ -49,10 +50,11 @@ type anchorCount struct {
 // outputSchema compiles a tool's output schema, to check answers against;
 // nil for a tool without one. It asserts formats, as the official clients
 // do, and loads nothing but the built-in meta-schemas. It refuses a schema
-// neither reading compiles, one that refers to another document (a URL, a
-// file), or whose references loop on an object: the official clients
-// cannot compile those either, and fail to list any tool. It refuses one
-// whose check of an empty object passes the budget too.
+// its dialect's reading does not compile, one that refers to another
+// document (a URL, a file), or whose references loop on an object: the
+// official clients cannot compile those either, and fail to list any tool
+// or any call. It refuses one whose check of an empty object passes the
+// budget too.
 func outputSchema(s any) (*outputCheck, error) {
 	if s == nil {
 		return nil, nil
@@ -92,16 +94,13 @@ func compileOutput(s any) (*outputCheck, error) {
 		delete(m, "$schema")
 		asClient = m
 	}
-	o := &outputCheck{}
-	spec, specErr := compileReading(doc, jsonschema.Draft2020, count)
-	if specErr == nil {
-		o.readings = append(o.readings, spec)
+	spec, err := compileReading(doc, jsonschema.Draft2020, count)
+	if err != nil {
+		return nil, err
 	}
+	o := &outputCheck{readings: []*reading{spec}}
 	if client, err := compileReading(asClient, jsonschema.Draft7, count); err == nil {
 		o.readings = append(o.readings, client)
-	}
-	if len(o.readings) == 0 {
-		return nil, specErr
 	}
 	return o, nil
 }
