@@ -106,9 +106,7 @@ func (t *jsTranslator) term() error {
 		t.out.WriteRune(c)
 		return t.noQuantifier()
 	case t.has(`\b`) || t.has(`\B`):
-		t.out.WriteString(string(t.src[t.i : t.i+2]))
-		t.i += 2
-		return t.noQuantifier()
+		return fmt.Errorf("a word boundary, of ASCII words in JavaScript and Unicode's in Python: %w", errNotPortable)
 	}
 	if err := t.atom(); err != nil {
 		return err
@@ -218,13 +216,13 @@ func (t *jsTranslator) escape() error {
 	switch {
 	case c >= '1' && c <= '9' || c == 'k':
 		return fmt.Errorf("a back reference: %w", errNotMatchedAlike)
-	case c == 's':
+	case c == 'W':
 		t.i++
-		t.out.WriteString("[" + jsSpace + "]")
+		t.out.WriteString(`[^\p{L}\p{N}_]`)
 		return nil
-	case c == 'S':
+	case strings.ContainsRune("dDwsS", c):
 		t.i++
-		t.out.WriteString("[^" + jsSpace + "]")
+		t.out.WriteString("[" + classSet(c, false) + "]")
 		return nil
 	}
 	set, err := t.classEscape(false)
@@ -233,6 +231,26 @@ func (t *jsTranslator) escape() error {
 	}
 	t.out.WriteString(set)
 	return nil
+}
+
+// classSet returns, as the items of a Go class, what \c (one of dDwWsS)
+// matches in a class, negated or not, for an answer both clients take:
+// JavaScript's sets are ASCII's, Python's re's Unicode's, so a set is the
+// smaller of the two, or, in a negated class, the larger. "" when no class
+// items can say it (\W in a class that is not negated).
+func classSet(c rune, negated bool) string {
+	sets := map[rune][2]string{ // in a class, in a negated class
+		'd': {`0-9`, `\p{Nd}`},
+		'D': {`\P{Nd}`, `\D`},
+		'w': {`0-9A-Za-z_`, `\p{L}\p{N}_`},
+		'W': {"", `\W`},
+		's': {spaceInBoth, spaceInEither},
+		'S': {complement(spaceInEither), complement(spaceInBoth)},
+	}
+	if negated {
+		return sets[c][1]
+	}
+	return sets[c][0]
 }
 
 // classEscape reads an escape after its \ and returns it in Go's syntax,
@@ -245,8 +263,6 @@ func (t *jsTranslator) classEscape(inClass bool) (string, error) {
 	c := t.src[t.i]
 	t.i++
 	switch {
-	case strings.ContainsRune("dDwW", c):
-		return `\` + string(c), nil
 	case c == 'p' || c == 'P':
 		return "", fmt.Errorf("a property escape: %w", errNotPortable)
 	case c == 'b' && inClass:
@@ -349,7 +365,7 @@ func (t *jsTranslator) class() error {
 		if !t.more() {
 			return errors.New("an unterminated class")
 		}
-		lo, single, err := t.classAtom()
+		lo, single, err := t.classAtom(negate)
 		if err != nil {
 			return err
 		}
@@ -358,7 +374,7 @@ func (t *jsTranslator) class() error {
 			continue
 		}
 		t.i++ // a range
-		hi, hiSingle, err := t.classAtom()
+		hi, hiSingle, err := t.classAtom(negate)
 		if err != nil {
 			return err
 		}
@@ -382,29 +398,25 @@ func (t *jsTranslator) class() error {
 	return nil
 }
 
-// classAtom reads one atom of a class and returns it in Go's syntax, with
-// the character it stands for; -1 for a set (\d, \s, \p{L}).
-func (t *jsTranslator) classAtom() (string, rune, error) {
+// classAtom reads one atom of a class, negated or not, and returns it in
+// Go's syntax, with the character it stands for; -1 for a set (\d, \s).
+func (t *jsTranslator) classAtom(negated bool) (string, rune, error) {
 	c := t.src[t.i]
 	t.i++
 	if c != '\\' {
 		return hexRune(c), c, nil
 	}
-	switch t.peek() {
-	case 's':
+	if c := t.peek(); c >= 0 && strings.ContainsRune("dDwWsS", c) {
 		t.i++
-		return jsSpace, -1, nil
-	case 'S':
-		t.i++
-		return jsNonSpace, -1, nil
+		set := classSet(c, negated)
+		if set == "" {
+			return "", 0, fmt.Errorf("\\%c in a class: %w", c, errNotPortable)
+		}
+		return set, -1, nil
 	}
-	start := t.i
 	s, err := t.classEscape(true)
 	if err != nil {
 		return "", 0, err
-	}
-	if strings.ContainsRune("dDwW", t.src[start]) {
-		return s, -1, nil
 	}
 	r, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(s, `\x{`), "}"), 16, 32)
 	return s, rune(r), nil
@@ -413,8 +425,37 @@ func (t *jsTranslator) classAtom() (string, rune, error) {
 // hexRune is r as Go's \x{...}, which means r in a class and out of one.
 func hexRune(r rune) string { return fmt.Sprintf(`\x{%x}`, r) }
 
-// jsNonSpace is what \S matches in JavaScript, as ranges for a class:
-// every character but jsSpace's (and the surrogates, which no valid UTF-8
-// string has).
-const jsNonSpace = `\x{0}-\x{8}\x{e}-\x{1f}\x{21}-\x{9f}\x{a1}-\x{167f}\x{1681}-\x{1fff}\x{200b}-\x{2027}` +
-	`\x{202a}-\x{202e}\x{2030}-\x{205e}\x{2060}-\x{2fff}\x{3001}-\x{d7ff}\x{e000}-\x{fefe}\x{ff00}-\x{10ffff}`
+// The characters \s matches in both clients, and in either: JavaScript
+// has U+FEFF, Python's re U+001C to U+001F and U+0085.
+const (
+	spaceInBoth   = `\x{9}-\x{d}\x{20}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}`
+	spaceInEither = `\x{9}-\x{d}\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}\x{feff}`
+)
+
+// complement returns the characters set (class items, single characters
+// and ranges in order) does not hold, as class items, surrogates left
+// out, since no valid UTF-8 string has them.
+func complement(set string) string {
+	var b strings.Builder
+	next := rune(0)
+	emit := func(to rune) { // from next up to to, without surrogates
+		for _, r := range [][2]rune{{next, min(to, 0xD7FF)}, {max(next, 0xE000), to}} {
+			if r[0] <= r[1] {
+				b.WriteString(hexRune(r[0]) + "-" + hexRune(r[1]))
+			}
+		}
+	}
+	for _, m := range classItem.FindAllStringSubmatch(set, -1) {
+		lo, _ := strconv.ParseUint(m[1], 16, 32)
+		hi := lo
+		if m[2] != "" {
+			hi, _ = strconv.ParseUint(m[2], 16, 32)
+		}
+		emit(rune(lo) - 1)
+		next = rune(hi) + 1
+	}
+	emit(unicode.MaxRune)
+	return b.String()
+}
+
+var classItem = regexp.MustCompile(`\\x\{([0-9a-f]+)\}(?:-\\x\{([0-9a-f]+)\})?`)
