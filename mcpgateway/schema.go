@@ -48,13 +48,13 @@ type anchorCount struct {
 }
 
 // outputSchema compiles a tool's output schema, to check answers against;
-// nil for a tool without one. It asserts formats, as the official clients
-// do, and loads nothing but the built-in meta-schemas. It refuses a schema
-// its dialect's reading does not compile, one that refers to another
-// document (a URL, a file), or whose references loop on an object: the
-// official clients cannot compile those either, and fail to list any tool
-// or any call. It refuses one whose check of an empty object passes the
-// budget too.
+// nil for a tool without one. It asserts formats as the TypeScript client
+// does, and loads nothing but the built-in meta-schemas. It refuses a
+// schema its dialect's reading does not compile, one that refers to
+// another document (a URL, a file), or whose references loop on an
+// object: the TypeScript client cannot compile those either and then
+// lists no tool, and the Python client raises at each call. It refuses
+// one whose check of an empty object passes the budget too.
 func outputSchema(s any) (*outputCheck, error) {
 	if s == nil {
 		return nil, nil
