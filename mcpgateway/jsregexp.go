@@ -239,18 +239,20 @@ func (t *jsTranslator) escape() error {
 // smaller of the two, or, in a negated class, the larger. "" when no class
 // items can say it (\W in a class that is not negated).
 func classSet(c rune, negated bool) string {
-	sets := map[rune][2]string{ // in a class, in a negated class
-		'd': {`0-9`, `\p{Nd}`},
-		'D': {`\P{Nd}`, `\D`},
-		'w': {`0-9A-Za-z_`, `\p{L}\p{N}_`},
-		'W': {"", `\W`},
-		's': {spaceInBoth, spaceInEither},
-		'S': {complement(spaceInEither), complement(spaceInBoth)},
-	}
 	if negated {
-		return sets[c][1]
+		return classSets[c][1]
 	}
-	return sets[c][0]
+	return classSets[c][0]
+}
+
+// classSets are classSet's answers: in a class, and in a negated class.
+var classSets = map[rune][2]string{
+	'd': {`0-9`, `\p{Nd}`},
+	'D': {`\P{Nd}`, `\D`},
+	'w': {`0-9A-Za-z_`, `\p{L}\p{N}_`},
+	'W': {"", `\W`},
+	's': {spaceInBoth, spaceInEither},
+	'S': {complement(spaceInEither), complement(spaceInBoth)},
 }
 
 // classEscape reads an escape after its \ and returns it in Go's syntax,

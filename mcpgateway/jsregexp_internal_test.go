@@ -175,25 +175,15 @@ func runClient(t *testing.T, script string, in, out any) {
 	node, err := exec.LookPath("node")
 	dir := filepath.Join("..", "examples", "mcp", "node")
 	if _, serr := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil || serr != nil {
-		if os.Getenv("LEDGER_TEST_POLYGLOT") == "require" {
-			t.Fatal("node or examples/mcp/node/node_modules is missing (npm ci --prefix examples/mcp/node)")
-		}
-		t.Skip("node or examples/mcp/node/node_modules is missing: the client's own verdicts are not checked")
+		needed(t, "node or examples/mcp/node/node_modules is missing (npm ci --prefix examples/mcp/node)")
 	}
 	src, err := os.ReadFile(filepath.Join("testdata", script))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(in)
 	cmd := exec.Command(node, "--input-type=module", "-e", string(src))
-	cmd.Dir, cmd.Stdin = dir, bytes.NewReader(b)
-	printed, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s: %v", script, err)
-	}
-	if err := json.Unmarshal(printed, out); err != nil {
-		t.Fatalf("%s printed %q: %v", script, printed, err)
-	}
+	cmd.Dir = dir
+	runJSON(t, script, cmd, in, out)
 }
 
 // runPython runs script, of testdata, with the system Python and in as its
@@ -203,13 +193,26 @@ func runPython(t *testing.T, script string, in, out any) {
 	t.Helper()
 	const python = "/usr/bin/python3"
 	if exec.Command(python, "-s", "-c", "import jsonschema").Run() != nil {
-		if os.Getenv("LEDGER_TEST_POLYGLOT") == "require" {
-			t.Fatal("/usr/bin/python3 cannot import jsonschema (scripts/ensure-python-grpc.sh installs it)")
-		}
-		t.Skip("/usr/bin/python3 cannot import jsonschema: the Python client's verdicts are not checked")
+		needed(t, "/usr/bin/python3 cannot import jsonschema (scripts/ensure-python-grpc.sh installs it)")
 	}
+	runJSON(t, script, exec.Command(python, "-s", filepath.Join("testdata", script)), in, out)
+}
+
+// needed fails the test with LEDGER_TEST_POLYGLOT=require, which make test
+// sets, and skips it otherwise: what is missing is a client to ask.
+func needed(t *testing.T, missing string) {
+	t.Helper()
+	if os.Getenv("LEDGER_TEST_POLYGLOT") == "require" {
+		t.Fatal(missing)
+	}
+	t.Skip(missing + ": the client's own verdicts are not checked")
+}
+
+// runJSON runs cmd, script's, with in as JSON on its stdin, and decodes
+// what it prints into out.
+func runJSON(t *testing.T, script string, cmd *exec.Cmd, in, out any) {
+	t.Helper()
 	b, _ := json.Marshal(in)
-	cmd := exec.Command(python, "-s", filepath.Join("testdata", script))
 	cmd.Stdin = bytes.NewReader(b)
 	printed, err := cmd.Output()
 	if err != nil {

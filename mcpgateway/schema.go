@@ -223,9 +223,10 @@ const (
 // (withinBudget), which is not made; misfitShape for a check that fails;
 // "" when v fits.
 func (o *outputCheck) misfit(v any) string {
+	budget := budget(v)
 	for _, r := range o.readings {
 		switch {
-		case !r.withinBudget(v):
+		case !r.withinBudget(v, budget):
 			return misfitTooCostly
 		case r.schema.Validate(v) != nil:
 			return misfitShape
@@ -251,17 +252,21 @@ func fits(o *outputCheck, v any) bool {
 // cannot resolve (dynamicTarget) passes the budget, and so does a check
 // past the limits (maxDepth, maxInPlace).
 func withinBudget(o *outputCheck, v any) bool {
+	budget := budget(v)
 	for _, r := range o.readings {
-		if !r.withinBudget(v) {
+		if !r.withinBudget(v, budget) {
 			return false
 		}
 	}
 	return true
 }
 
-// withinBudget is withinBudget for one reading.
-func (r *reading) withinBudget(v any) bool {
-	c := evalCounter{o: r, left: 64*values(v) + 4096}
+// budget is the most schema evaluations a check of v may take.
+func budget(v any) int { return 64*values(v) + 4096 }
+
+// withinBudget is withinBudget for one reading, given v's budget.
+func (r *reading) withinBudget(v any, budget int) bool {
+	c := evalCounter{o: r, left: budget}
 	return c.visit(r.schema, v, nil)
 }
 
