@@ -53,6 +53,10 @@ type Gateway struct {
 	// launching agent's run id, or one for this process.
 	stdioScope string
 
+	// serving lets one upstream's listing at a time change the tools
+	// served, so that the server's list follows tools.
+	serving sync.Mutex
+
 	mu      sync.Mutex
 	tools   map[string]*tool          // by served name
 	clients map[string]*client.Client // by API key ("" for none)
@@ -166,7 +170,8 @@ func (g *Gateway) Close() error {
 
 // serve makes tools, listed by u, the ones served for it: new ones are
 // added, changed ones replaced, missing ones removed. A tool whose served
-// name is another upstream's tool is left out.
+// name is another upstream's tool is left out. The caller holds
+// u.listing.
 func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 	defs := map[string]*mcp.Tool{}
 	next := map[string]*tool{}
@@ -176,7 +181,7 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 			g.log.Warn("upstream tool not served", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
 			continue
 		}
-		output, err := outputSchema(t.OutputSchema)
+		output, err := u.outputs.compile(t.OutputSchema)
 		if err != nil {
 			g.log.Warn("upstream tool served without its output schema", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
 			def.OutputSchema = nil
@@ -184,6 +189,9 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 		defs[def.Name] = def
 		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: resolve(t, u.cfg.Tools, g.cfg.Defaults), output: output}
 	}
+	u.outputs.done()
+	g.serving.Lock()
+	defer g.serving.Unlock()
 	g.mu.Lock()
 	var gone []string
 	for name, t := range g.tools {

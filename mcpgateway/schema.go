@@ -444,3 +444,47 @@ type noLoader struct{}
 func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("%s: the gateway loads no schema", url)
 }
+
+// outputs compiles the output schemas of one upstream's listings. It
+// keeps those of the last listing, by their JSON: a schema listed again
+// is not compiled again.
+type outputs struct {
+	last, next map[string]compiled
+	compileFn  func(any) (*outputCheck, error)
+}
+
+// compiled is a schema's outputSchema answer.
+type compiled struct {
+	check *outputCheck
+	err   error
+}
+
+func newOutputs() outputs {
+	return outputs{last: map[string]compiled{}, next: map[string]compiled{}, compileFn: outputSchema}
+}
+
+// compile returns outputSchema(s), compiling s only when neither the
+// last listing nor this one had it.
+func (o *outputs) compile(s any) (*outputCheck, error) {
+	if s == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	c, ok := o.next[string(b)]
+	if !ok {
+		c, ok = o.last[string(b)]
+	}
+	if !ok {
+		c.check, c.err = o.compileFn(s)
+	}
+	o.next[string(b)] = c
+	return c.check, c.err
+}
+
+// done ends a listing: its schemas are the ones kept for the next.
+func (o *outputs) done() {
+	o.last, o.next = o.next, map[string]compiled{}
+}

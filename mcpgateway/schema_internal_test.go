@@ -273,3 +273,64 @@ func TestReadings(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputs: a listing compiles only the output schemas that neither it
+// nor the listing before had, and answers as outputSchema does, a refusal
+// included.
+func TestOutputs(t *testing.T) {
+	a := map[string]any{"type": "object"}
+	b := map[string]any{"type": "object", "required": []any{"id"}}
+	b2 := map[string]any{"type": "object", "required": []any{"title"}}
+	remote := map[string]any{"$ref": "https://elsewhere.example/ticket.json"}
+	for _, tc := range []struct {
+		name     string
+		listings [][]any
+		compiles []int // per listing
+	}{
+		{"listed again", [][]any{{a, b}, {a, b}, {b, a}}, []int{2, 0, 0}},
+		{"one changed", [][]any{{a, b}, {a, b2}}, []int{2, 1}},
+		{"twice in a listing, and none", [][]any{{a, a, nil}}, []int{1}},
+		{"refused, listed again", [][]any{{remote, a}, {remote}}, []int{2, 0}},
+		{"left out of a listing, then back", [][]any{{a, b}, {a}, {a, b}}, []int{2, 0, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newOutputs()
+			n := 0
+			o.compileFn = func(s any) (*outputCheck, error) { n++; return outputSchema(s) }
+			for i, listing := range tc.listings {
+				n = 0
+				for _, s := range listing {
+					got, err := o.compile(s)
+					want, wantErr := outputSchema(s)
+					if (got == nil) != (want == nil) || (err == nil) != (wantErr == nil) {
+						t.Errorf("listing %d: %v: (%v, %v), want (%v, %v)", i, s, got, err, want, wantErr)
+					}
+				}
+				o.done()
+				if n != tc.compiles[i] {
+					t.Errorf("listing %d compiled %d schemas, want %d", i, n, tc.compiles[i])
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkOutputs: a listing of one tool whose output schema has 4,096
+// objects, first listed and listed again.
+func BenchmarkOutputs(b *testing.B) {
+	s := map[string]any{"type": "object", "properties": manyProperties(4093)}
+	for _, again := range []bool{false, true} {
+		b.Run(fmt.Sprintf("again=%v", again), func(b *testing.B) {
+			o := newOutputs()
+			for b.Loop() {
+				if !again {
+					o = newOutputs()
+				}
+				if _, err := o.compile(s); err != nil {
+					b.Fatal(err)
+				}
+				o.done()
+			}
+		})
+	}
+}

@@ -31,17 +31,27 @@ type upstream struct {
 	mu     sync.Mutex
 	sess   *mcp.ClientSession
 	closed chan struct{} // closed when sess ends
+
+	// changed holds one notice that the upstream's tools changed, for
+	// the next listing; more notices before it starts add nothing.
+	changed chan struct{}
+	// listing lets one listing at a time be served, and guards outputs.
+	listing sync.Mutex
+	outputs outputs
 }
 
 func newUpstream(g *Gateway, cfg UpstreamConfig) *upstream {
-	u := &upstream{cfg: cfg, g: g}
+	u := &upstream{cfg: cfg, g: g, changed: make(chan struct{}, 1), outputs: newOutputs()}
 	if cfg.URL != "" {
 		u.http = &http.Client{Transport: headers{h: cfg.Headers, next: pooled()}}
 	}
 	u.client = mcp.NewClient(&mcp.Implementation{Name: "ledgermcp", Version: Version}, &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
-			go u.refresh(context.Background())
+			select {
+			case u.changed <- struct{}{}:
+			default:
+			}
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
 			g.progress.deliver(ctx, req.Params)
@@ -76,6 +86,12 @@ func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, <-chan stru
 // ends: it connects, lists the tools, waits for the session to end, and
 // starts again, backing off while the upstream cannot be reached.
 func (u *upstream) keep(ctx context.Context, ready func()) {
+	relisted := make(chan struct{})
+	go func() {
+		defer close(relisted)
+		u.relist(ctx)
+	}()
+	defer func() { <-relisted }()
 	wait := time.Second
 	for ctx.Err() == nil {
 		closed, err := u.sync(ctx)
@@ -98,16 +114,28 @@ func (u *upstream) keep(ctx context.Context, ready func()) {
 	}
 }
 
-// refresh lists the upstream's tools again, when it says they changed.
-func (u *upstream) refresh(ctx context.Context) {
-	if _, err := u.sync(ctx); err != nil {
-		u.g.log.Warn("listing an upstream's tools", "upstream", u.cfg.Name, "error", err)
+// relist lists the upstream's tools again each time it says they
+// changed, until ctx ends. Notices that come while a listing is on its
+// way make one listing after it.
+func (u *upstream) relist(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-u.changed:
+		}
+		if _, err := u.sync(ctx); err != nil && ctx.Err() == nil {
+			u.g.log.Warn("listing an upstream's tools", "upstream", u.cfg.Name, "error", err)
+		}
 	}
 }
 
 // sync lists the upstream's tools and serves them in place of the ones
-// served before. It returns the channel closed when the session ends.
+// served before, one listing at a time. It returns the channel closed
+// when the session ends.
 func (u *upstream) sync(ctx context.Context) (<-chan struct{}, error) {
+	u.listing.Lock()
+	defer u.listing.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cs, closed, err := u.session(ctx)

@@ -1,7 +1,10 @@
 package mcpgateway_test
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,4 +69,86 @@ func TestUpstreamConnectionsReused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestToolListChanges: the gateway lists an upstream's tools again when
+// it says they changed, one listing at a time, and serves the last one.
+// Notices that come while a listing is on its way make one more listing,
+// not one each: an upstream that says so forty times costs two listings.
+// A listing slower than the one after it does not bring its older tools
+// back.
+func TestToolListChanges(t *testing.T) {
+	const copies = 20 // each notice the upstream sends arrives this many times
+	r := newRig(t, rigOptions{upstream: "http"})
+	var (
+		listings atomic.Int64 // tools/list answered by the upstream
+		notices  atomic.Int64 // list_changed notices sent
+		hold     = make(chan struct{})
+		held     = make(chan struct{})
+		holding  atomic.Bool
+	)
+	r.server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			res, err := next(ctx, method, req)
+			if method == "tools/list" {
+				if holding.CompareAndSwap(true, false) {
+					close(held)
+					<-hold // answers with the tools it listed before the change below
+				}
+				listings.Add(1)
+			}
+			return res, err
+		}
+	})
+	r.server.AddSendingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method != "notifications/tools/list_changed" {
+				return next(ctx, method, req)
+			}
+			for range copies - 1 {
+				notices.Add(1)
+				_, _ = next(ctx, method, req)
+			}
+			notices.Add(1)
+			return next(ctx, method, req)
+		}
+	})
+	cs := r.http("", clientOptions{})
+	before := listings.Load()
+	add := func(name string) {
+		r.server.AddTool(&mcp.Tool{Name: name, InputSchema: map[string]any{"type": "object"}},
+			func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: name}}}, nil
+			})
+	}
+
+	holding.Store(true)
+	add("close_ticket")
+	<-held // the first listing after the change is on its way, and holds
+	add("merge_tickets")
+	for notices.Load() < 2*copies {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Give the gateway time to act on the notices: listings that do not
+	// wait for the held one answer in a few milliseconds each.
+	for deadline := time.Now().Add(time.Second); listings.Load() < before+2*copies-1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(hold)
+
+	want := []string{"tickets_close_ticket", "tickets_create_ticket", "tickets_find_ticket", "tickets_merge_tickets", "tickets_search_tickets", "tickets_set_status"}
+	settled := 0
+	for deadline := time.Now().Add(10 * time.Second); settled < 20; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("tools = %v, want %v after the upstream's changes", names(list(t, cs)), want)
+		}
+		settled++
+		if !slices.Equal(names(list(t, cs)), want) {
+			settled = 0
+		}
+	}
+	if n := listings.Load() - before; n > 3 {
+		t.Errorf("%d notices made %d listings, want at most 3", notices.Load(), n)
+	}
+	t.Logf("%d notices made %d listings", notices.Load(), listings.Load()-before)
 }
