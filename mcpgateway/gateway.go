@@ -43,7 +43,6 @@ type Gateway struct {
 	server    *mcp.Server
 	conn      *grpc.ClientConn
 	upstreams []*upstream
-	progress  progressRelay
 	intents   intents
 	auth      verifier
 	health    ledgerHealth

@@ -38,6 +38,9 @@ type upstream struct {
 	// listing lets one listing at a time be served, and guards outputs.
 	listing sync.Mutex
 	outputs outputs
+	// progress passes this upstream's progress notifications on, and no
+	// other upstream's.
+	progress progressRelay
 }
 
 func newUpstream(g *Gateway, cfg UpstreamConfig) *upstream {
@@ -54,7 +57,7 @@ func newUpstream(g *Gateway, cfg UpstreamConfig) *upstream {
 			}
 		},
 		ProgressNotificationHandler: func(ctx context.Context, req *mcp.ProgressNotificationClientRequest) {
-			g.progress.deliver(ctx, req.Params)
+			u.progress.deliver(ctx, req.Params)
 		},
 	})
 	return u
@@ -241,7 +244,7 @@ func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress fun
 		return nil, client.MarkRetryable(err)
 	}
 	if progress != nil {
-		tok, done := u.g.progress.add(progress)
+		tok, done := u.progress.add(progress)
 		defer done()
 		p.SetProgressToken(tok)
 	}
@@ -351,7 +354,7 @@ func (u *upstream) close() {
 	}
 }
 
-// progressRelay passes upstreams' progress notifications on to the
+// progressRelay passes an upstream's progress notifications on to the
 // callers that asked for them, under the callers' own tokens.
 type progressRelay struct {
 	next atomic.Int64

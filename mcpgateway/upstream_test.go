@@ -3,7 +3,10 @@ package mcpgateway_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/mcpgateway"
+	"github.com/opledger/ledger/mcpgateway/mcptest"
 )
 
 // TestUpstreamConnectionsReused: calls forwarded to an HTTP upstream reuse
@@ -151,4 +155,56 @@ func TestToolListChanges(t *testing.T) {
 		t.Errorf("%d notices made %d listings, want at most 3", notices.Load(), n)
 	}
 	t.Logf("%d notices made %d listings", notices.Load(), listings.Load()-before)
+}
+
+// TestProgressStaysWithItsUpstream: a caller gets the progress of its own
+// call only, not what another upstream sends under the tokens the gateway
+// gives its calls.
+func TestProgressStaysWithItsUpstream(t *testing.T) {
+	desk := mcptest.New(t.TempDir())
+	srv := desk.Server()
+	var sent atomic.Int64
+	srv.AddTool(&mcp.Tool{Name: "spoof", InputSchema: map[string]any{"type": "object"}},
+		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			for i := range 100 {
+				tok := "ledgermcp-" + strconv.Itoa(i)
+				if req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 999, Message: "spoofed"}) == nil {
+					sent.Add(1)
+				}
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
+		})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	r := newRig(t, rigOptions{rules: "- {match: create_ticket, timeout: 10s}",
+		upstreams: "  - {name: desk, prefix: desk., url: " + hs.URL + ", tools: [{match: spoof, effect: read_only, key: none}]}"})
+	progress := make(chan float64, 1000)
+	cs := r.stdio(clientOptions{progress: progress})
+	r.up.Fault("create_ticket", "slow:2s")
+	done := make(chan answer, 1)
+	go func() {
+		p := &mcp.CallToolParams{Name: "tickets_create_ticket", Arguments: ticketArgs, Meta: mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "slow")}}
+		p.SetProgressToken("tok-1")
+		res, err := cs.CallTool(context.Background(), p)
+		if err != nil || res.IsError {
+			t.Errorf("slow call = %+v, %v", res, err)
+		}
+		done <- answer{}
+	}()
+	for len(progress) == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	call(t, r.http("", clientOptions{}), "desk.spoof", nil, nil)
+	<-done
+	close(progress)
+	var mine int
+	for p := range progress {
+		if p == 999 {
+			t.Fatalf("a caller got another upstream's progress (%d sent)", sent.Load())
+		}
+		mine++
+	}
+	if mine < 5 || sent.Load() == 0 {
+		t.Fatalf("%d of the call's progress notifications reached the caller, %d spoofed ones sent", mine, sent.Load())
+	}
 }
