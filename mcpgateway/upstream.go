@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"os"
@@ -145,15 +146,42 @@ func (u *upstream) sync(ctx context.Context) (<-chan struct{}, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tools []*mcp.Tool
-	for t, err := range cs.Tools(ctx, nil) {
-		if err != nil {
-			return nil, err
-		}
-		tools = append(tools, t)
+	tools, err := listTools(ctx, cs)
+	if err != nil {
+		return nil, err
 	}
 	u.g.serve(u, tools)
 	return closed, nil
+}
+
+// The most tools one upstream's listing may have, and the most pages.
+const (
+	maxTools = 10000
+	maxPages = 1000
+)
+
+// listTools lists an upstream's tools, page by page. It refuses a listing
+// of more than maxTools tools or maxPages pages: a cursor that never ends
+// would list until the listing's timeout, holding every page.
+func listTools(ctx context.Context, cs *mcp.ClientSession) ([]*mcp.Tool, error) {
+	params := &mcp.ListToolsParams{}
+	var tools []*mcp.Tool
+	for pages := 1; ; pages++ {
+		res, err := cs.ListTools(ctx, params)
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, res.Tools...)
+		switch {
+		case len(tools) > maxTools:
+			return nil, fmt.Errorf("the upstream lists more than %d tools", maxTools)
+		case res.NextCursor == "":
+			return tools, nil
+		case pages == maxPages:
+			return nil, fmt.Errorf("the upstream lists its tools on more than %d pages", maxPages)
+		}
+		params.Cursor = res.NextCursor
+	}
 }
 
 // transport connects to the upstream: its command over stdio, or its URL.

@@ -208,3 +208,52 @@ func TestProgressStaysWithItsUpstream(t *testing.T) {
 		t.Fatalf("%d of the call's progress notifications reached the caller, %d spoofed ones sent", mine, sent.Load())
 	}
 }
+
+// TestListingLimits: a listing whose pages never end, or that lists more
+// tools than the gateway serves, is refused at once and said so in the
+// log; the tools listed before stay served.
+func TestListingLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		page func(*mcp.ListToolsResult) // rewrites each page the upstream answers
+		log  string
+	}{
+		{"a cursor that never ends", func(res *mcp.ListToolsResult) { res.NextCursor = "more" }, "more than 1000 pages"},
+		{"too many tools", func(res *mcp.ListToolsResult) {
+			for len(res.Tools) <= 10000 {
+				res.Tools = append(res.Tools, res.Tools[0])
+			}
+		}, "more than 10000 tools"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{upstream: "http"})
+			cs := r.http("", clientOptions{})
+			before := names(list(t, cs))
+			var pages atomic.Int64
+			r.server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+				return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+					if method != "tools/list" {
+						return next(ctx, method, req)
+					}
+					req.GetParams().(*mcp.ListToolsParams).Cursor = ""
+					res, err := next(ctx, method, req)
+					if err == nil {
+						pages.Add(1)
+						tc.page(res.(*mcp.ListToolsResult))
+					}
+					return res, err
+				}
+			})
+			r.server.AddTool(&mcp.Tool{Name: "close_ticket", InputSchema: map[string]any{"type": "object"}},
+				func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+					return &mcp.CallToolResult{}, nil
+				})
+			r.waitLog(t, tc.log)
+			if got := names(list(t, cs)); !slices.Equal(got, before) {
+				t.Errorf("tools = %v after the refused listing, want %v", got, before)
+			}
+			t.Logf("%d pages asked for", pages.Load())
+		})
+	}
+}
