@@ -18,6 +18,9 @@ GRPCURL_VERSION            := v1.9.4
 
 BIN       := $(CURDIR)/bin
 GO        ?= go
+# Node.js where scripts/ensure-node.sh put one, when the machine has none of
+# version 20 or later.
+export PATH := $(BIN)/node/bin:$(PATH)
 FUZZTIME  ?= 30s
 # How long the fuzzer may spend shrinking a new input (Go's default, 60s, can
 # take most of a short run).
