@@ -53,8 +53,14 @@ fetch "$pkg" "$NODE_VERSION" "$sum" "$DEST"
 fetch npm "$NPM_VERSION" "$NPM_SHA512" "$DEST/lib/node_modules/npm"
 cat >"$DEST/bin/npm" <<'EOF'
 #!/bin/sh
-# npm, run by the Node.js beside it.
+# npm, run by the Node.js beside it. That Node.js trusts only its own
+# certificate authorities; npm also trusts the system's, as Debian's
+# Node.js does, so a registry behind a proxy the system trusts is reached.
 dir=$(dirname "$0")
+if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+  NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+  export NODE_EXTRA_CA_CERTS
+fi
 exec "$dir/node" "$dir/../lib/node_modules/npm/bin/npm-cli.js" "$@"
 EOF
 chmod +x "$DEST/bin/npm"
