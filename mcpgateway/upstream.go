@@ -101,7 +101,11 @@ func (u *upstream) keep(ctx context.Context, ready func()) {
 		closed, err := u.sync(ctx)
 		ready()
 		if err != nil {
-			u.g.log.Warn("upstream unreachable", "upstream", u.cfg.Name, "retry_in", wait, "error", err)
+			msg := "upstream unreachable"
+			if ue := (*unreachableError)(nil); !errors.As(err, &ue) {
+				msg = "upstream tools not listed"
+			}
+			u.g.log.Warn(msg, "upstream", u.cfg.Name, "retry_in", wait, "error", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(wait):

@@ -211,7 +211,8 @@ func TestProgressStaysWithItsUpstream(t *testing.T) {
 
 // TestListingLimits: a listing whose pages never end, or that lists more
 // tools than the gateway serves, is refused at once and said so in the
-// log; the tools listed before stay served.
+// log, on a notice and on a new session; the tools listed before stay
+// served.
 func TestListingLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -250,6 +251,10 @@ func TestListingLimits(t *testing.T) {
 					return &mcp.CallToolResult{}, nil
 				})
 			r.waitLog(t, tc.log)
+			// A new session's first listing is refused too, and said so.
+			r.restartHTTP()
+			r.httpUpstream.CloseClientConnections()
+			r.waitLog(t, "upstream tools not listed")
 			if got := names(list(t, cs)); !slices.Equal(got, before) {
 				t.Errorf("tools = %v after the refused listing, want %v", got, before)
 			}
