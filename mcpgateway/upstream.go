@@ -101,9 +101,10 @@ func (u *upstream) keep(ctx context.Context, ready func()) {
 		closed, err := u.sync(ctx)
 		ready()
 		if err != nil {
-			msg := "upstream unreachable"
-			if ue := (*unreachableError)(nil); !errors.As(err, &ue) {
-				msg = "upstream tools not listed"
+			msg := "upstream tools not listed"
+			var ue *unreachableError
+			if errors.As(err, &ue) {
+				msg = "upstream unreachable"
 			}
 			u.g.log.Warn(msg, "upstream", u.cfg.Name, "retry_in", wait, "error", err)
 			select {

@@ -181,7 +181,7 @@ func TestProgressStaysWithItsUpstream(t *testing.T) {
 	progress := make(chan float64, 1000)
 	cs := r.stdio(clientOptions{progress: progress})
 	r.up.Fault("create_ticket", "slow:2s")
-	done := make(chan answer, 1)
+	done := make(chan struct{})
 	go func() {
 		p := &mcp.CallToolParams{Name: "tickets_create_ticket", Arguments: ticketArgs, Meta: mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "slow")}}
 		p.SetProgressToken("tok-1")
@@ -189,7 +189,7 @@ func TestProgressStaysWithItsUpstream(t *testing.T) {
 		if err != nil || res.IsError {
 			t.Errorf("slow call = %+v, %v", res, err)
 		}
-		done <- answer{}
+		close(done)
 	}()
 	for len(progress) == 0 {
 		time.Sleep(10 * time.Millisecond)
