@@ -185,7 +185,7 @@ func (c *config) check() error {
 // (any caller could read and write every operation), and without TLS (API
 // keys would cross the network in clear) unless told otherwise. It judges
 // the address as given, before anything starts; the name localhost passes
-// here, and checkBound judges where it went.
+// here, and checkBoundAs judges where it went.
 func checkListen(c config) error {
 	if err := checkListenAs(c, "--listen", c.listen, "127.0.0.1:50051"); err != nil {
 		return err
@@ -211,14 +211,9 @@ func checkListenAs(c config, flag, addr, example string) error {
 	return nil
 }
 
-// checkBound applies checkListen's rules to the address the listener bound:
-// a name is where the hosts file or the resolver says it is, and localhost
-// need not be loopback there.
-func checkBound(c config, bound net.Addr) error {
-	return checkBoundAs(c, "--listen", c.listen, bound)
-}
-
-// checkBoundAs is checkBound for the listener of flag, asked for addr.
+// checkBoundAs applies checkListen's rules to the address the listener of
+// flag bound, asked for addr: a name is where the hosts file or the
+// resolver says it is, and localhost need not be loopback there.
 func checkBoundAs(c config, flag, addr string, bound net.Addr) error {
 	host, _, err := net.SplitHostPort(bound.String())
 	if err != nil {

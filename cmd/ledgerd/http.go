@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -35,20 +34,9 @@ type httpAPI struct {
 	conn *grpc.ClientConn
 }
 
-// startHTTP listens on c.httpListen and builds the API over svc; nil when
-// it is off. Serve and stop it with serve.
-func startHTTP(c config, svc *server.Service, receipts *receipt.Signer, tlsCfg *tls.Config, log *slog.Logger) (*httpAPI, error) {
-	if c.httpListen == "" {
-		return nil, nil
-	}
-	lis, err := net.Listen("tcp", c.httpListen)
-	if err != nil {
-		return nil, fmt.Errorf("--http-listen: %w", err)
-	}
-	if err := checkBoundAs(c, "--http-listen", c.httpListen, lis.Addr()); err != nil {
-		_ = lis.Close()
-		return nil, err
-	}
+// newHTTPAPI builds the API, which serve serves on lis in front of a
+// service.
+func newHTTPAPI(lis net.Listener, receipts *receipt.Signer, tlsCfg *tls.Config, log *slog.Logger) (*httpAPI, error) {
 	a := &httpAPI{lis: lis, pipe: bufconn.Listen(1 << 20)}
 	// The in-process connection carries TLS when the service does (its
 	// credentials are the server's, for every listener); nothing can sit
@@ -57,16 +45,16 @@ func startHTTP(c config, svc *server.Service, receipts *receipt.Signer, tlsCfg *
 	if tlsCfg != nil {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
 	}
+	var err error
 	a.conn, err = grpc.NewClient("passthrough:///ledgerd",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return a.pipe.DialContext(ctx) }),
 		grpc.WithTransportCredentials(creds))
 	if err != nil {
-		_ = lis.Close()
 		return nil, err
 	}
 	h, err := httpapi.Handler(a.conn)
 	if err != nil {
-		_ = lis.Close()
+		_ = a.conn.Close()
 		return nil, err
 	}
 	mux := http.NewServeMux()

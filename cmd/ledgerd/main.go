@@ -172,23 +172,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 // runTuned is run with tune applied to the configuration the flags give
 // (the tests shorten what no flag sets).
 func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*config)) error {
-	c, err := parseFlags(args, stderr)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	d, err := configure(args, stderr, tune)
+	if d == nil {
 		return err
-	}
-	if tune != nil {
-		tune(&c)
-	}
-	log, err := newLogger(c.logLevel, stderr)
-	if err != nil {
-		return usage(err)
-	}
-	redis.SetLogger(redisLogger{log})
-	if err := checkListen(c); err != nil {
-		return usage(err)
 	}
 	// SIGHUP is caught from here on, so that one sent while ledgerd starts
 	// (connecting to Redis may take a while) is not its default action,
@@ -196,29 +182,11 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	var (
-		auth  *server.Authenticator
-		creds = &server.Credentials{}
-		tlsr  *server.TLSReloader
-	)
-	if c.authFile != "" {
-		if creds, err = server.LoadCredentials(c.authFile); err != nil {
-			return err
-		}
-		auth = server.NewAuthenticator(creds)
+	policies, err := d.loadFiles()
+	if err != nil {
+		return err
 	}
-	if c.tls.Cert != "" {
-		if tlsr, err = server.NewTLSReloader(c.tls); err != nil {
-			return err
-		}
-	}
-	policies := ledger.DefaultPolicies()
-	if c.policy != "" {
-		if policies, err = ledger.LoadPolicies(c.policy); err != nil {
-			return err
-		}
-	}
-	rdb, closeStore, err := openStore(c, log, stderr)
+	rdb, closeStore, err := openStore(d.c, d.log, stderr)
 	if err != nil {
 		return err
 	}
@@ -226,140 +194,257 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	durability, err := checkDurability(ctx, c, rdb, log)
+	if err := d.openLedger(ctx, rdb, policies); err != nil {
+		return err
+	}
+	shutdownTracing, traceOpt, err := startTracing(ctx, d.c)
 	if err != nil {
 		return err
 	}
-	met := metrics.New(metrics.Options{TenantLabel: c.tenantLabel})
-	unresolvedLimit := func(tenant string) int {
-		if auth != nil {
-			if n := auth.Credentials().Limits(tenant).MaxUnresolved; n > 0 {
-				return n
-			}
-		}
-		return c.maxUnresolved
+	defer shutdownTracing()
+	if err := d.listen(); err != nil {
+		return err
 	}
-	l, err := ledger.New(rdb, ledger.Options{Prefix: c.prefix, Policies: policies, Logger: log,
-		UnresolvedLimit: unresolvedLimit, Observer: met.Observe,
-		WaitReplicas: c.waitReplicas, WaitTimeout: c.waitTimeout, NoFunctions: !c.functions})
+	defer d.closeListeners()
+	svc, api, err := d.newService(traceOpt)
+	if err != nil {
+		return err
+	}
+	return d.serve(ctx, svc, api, hup)
+}
+
+// daemon is what runTuned builds, one step after the other.
+type daemon struct {
+	c          config
+	log        *slog.Logger
+	auth       *server.Authenticator // nil without --auth-file
+	tlsr       *server.TLSReloader   // nil without --tls-cert
+	receipts   *receipt.Signer       // nil without --receipt-keys
+	met        *metrics.Metrics
+	l          *ledger.Ledger
+	durability []ledger.DurabilityCheck
+	traced     bool // --otlp-endpoint set
+
+	lis, httpLis, metricsLis net.Listener // the last two nil when off
+}
+
+// configure reads the command line and the environment. It returns a nil
+// daemon and a nil error for -h, and a usageError for what it refuses.
+func configure(args []string, stderr io.Writer, tune func(*config)) (*daemon, error) {
+	c, err := parseFlags(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	if tune != nil {
+		tune(&c)
+	}
+	log, err := newLogger(c.logLevel, stderr)
+	if err != nil {
+		return nil, usage(err)
+	}
+	redis.SetLogger(redisLogger{log})
+	if err := checkListen(c); err != nil {
+		return nil, usage(err)
+	}
+	return &daemon{c: c, log: log}, nil
+}
+
+// loadFiles loads the credentials, TLS, receipt key and policy files the
+// configuration names, and returns the policies.
+func (d *daemon) loadFiles() (*ledger.Policies, error) {
+	if d.c.authFile != "" {
+		creds, err := server.LoadCredentials(d.c.authFile)
+		if err != nil {
+			return nil, err
+		}
+		d.auth = server.NewAuthenticator(creds)
+	}
+	if d.c.tls.Cert != "" {
+		tlsr, err := server.NewTLSReloader(d.c.tls)
+		if err != nil {
+			return nil, err
+		}
+		d.tlsr = tlsr
+	}
+	receipts, err := startReceipts(d.c, d.log)
+	if err != nil {
+		return nil, err
+	}
+	d.receipts = receipts
+	if d.c.policy == "" {
+		return ledger.DefaultPolicies(), nil
+	}
+	return ledger.LoadPolicies(d.c.policy)
+}
+
+// openLedger checks the store's durability settings, builds the ledger
+// and its metrics on rdb, and loads its scripts.
+func (d *daemon) openLedger(ctx context.Context, rdb redis.UniversalClient, policies *ledger.Policies) error {
+	var err error
+	if d.durability, err = checkDurability(ctx, d.c, rdb, d.log); err != nil {
+		return err
+	}
+	d.met = metrics.New(metrics.Options{TenantLabel: d.c.tenantLabel})
+	d.l, err = ledger.New(rdb, ledger.Options{Prefix: d.c.prefix, Policies: policies, Logger: d.log,
+		UnresolvedLimit: d.unresolvedLimit, Observer: d.met.Observe,
+		WaitReplicas: d.c.waitReplicas, WaitTimeout: d.c.waitTimeout, NoFunctions: !d.c.functions})
 	if err != nil {
 		return err
 	}
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = l.LoadScripts(startCtx)
+	err = d.l.LoadScripts(startCtx)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("cannot use the store: %w", err)
 	}
 	if limit, ok := openFileLimit(); ok {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		checkOpenFiles(log, c.conns.MaxConnections, redisConnections(cctx, c, rdb), limit)
+		checkOpenFiles(d.log, d.c.conns.MaxConnections, redisConnections(cctx, d.c, rdb), limit)
 		cancel()
 	}
+	return nil
+}
 
-	lis, err := net.Listen("tcp", c.listen)
-	if err != nil {
+// unresolvedLimit is the unresolved operations tenant may hold: its own
+// limit from the credentials file, else --max-unresolved.
+func (d *daemon) unresolvedLimit(tenant string) int {
+	if d.auth != nil {
+		if n := d.auth.Credentials().Limits(tenant).MaxUnresolved; n > 0 {
+			return n
+		}
+	}
+	return d.c.maxUnresolved
+}
+
+// listen binds every address ledgerd serves before any of them serves, so
+// an address it cannot have stops the start with nothing served.
+func (d *daemon) listen() error {
+	var err error
+	if d.lis, err = listenChecked(d.c, "--listen", d.c.listen); err != nil {
 		return err
 	}
-	if err := checkBound(c, lis.Addr()); err != nil {
+	if d.c.httpListen != "" {
+		if d.httpLis, err = listenChecked(d.c, "--http-listen", d.c.httpListen); err != nil {
+			d.closeListeners()
+			return err
+		}
+	}
+	if d.c.metricsListen != "" {
+		if d.metricsLis, err = net.Listen("tcp", d.c.metricsListen); err != nil {
+			d.closeListeners()
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}
+	return nil
+}
+
+// listenChecked listens on addr, the address of flag, and refuses where it
+// bound an address checkListen's rules do not allow.
+func listenChecked(c config, flag, addr string) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	if err := checkBoundAs(c, flag, addr, lis.Addr()); err != nil {
 		_ = lis.Close()
-		return err
+		return nil, err
 	}
-	opts := met.ServerOptions()
-	if tlsr != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsr.Config())))
+	return lis, nil
+}
+
+// closeListeners closes the listeners listen opened; those already closed
+// by their servers are left as they are.
+func (d *daemon) closeListeners() {
+	for _, l := range []net.Listener{d.lis, d.httpLis, d.metricsLis} {
+		if l != nil {
+			_ = l.Close()
+		}
 	}
-	shutdownTracing, traceOpt, err := startTracing(ctx, c)
-	if err != nil {
-		return err
+}
+
+// newService builds the gRPC service, and the HTTP API in front of it when
+// --http-listen is set (nil otherwise), and has the metrics follow them.
+func (d *daemon) newService(traceOpt grpc.ServerOption) (*server.Service, *httpAPI, error) {
+	opts := d.met.ServerOptions()
+	var tlsCfg *tls.Config
+	if d.tlsr != nil {
+		tlsCfg = d.tlsr.Config()
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	defer shutdownTracing()
 	if traceOpt != nil {
 		opts = append(opts, traceOpt)
-	}
-	receipts, err := startReceipts(c, log)
-	if err != nil {
-		return err
+		d.traced = true
 	}
 	svc := server.New(server.Config{
-		Ledger: l, Logger: log, Auth: auth, PublicReflection: c.publicReflection,
-		Rate: c.rate, Burst: c.burst, Connections: c.conns, Receipts: receipts,
+		Ledger: d.l, Logger: d.log, Auth: d.auth, PublicReflection: d.c.publicReflection,
+		Rate: d.c.rate, Burst: d.c.burst, Connections: d.c.conns, Receipts: d.receipts,
 	}, opts...)
-	met.InitializeRPC(svc.GRPC)
-	met.WatchStore(l, 0)
-	met.WatchConnections(func() (int, uint64) { s := svc.Connections(); return s.Open, s.Refused })
-	met.WatchHealthWatches(func() (int, uint64) { s := svc.HealthWatches(); return s.Open, s.Refused })
-	for _, d := range durability {
-		met.SetDurability(d.Name, d.OK)
+	var api *httpAPI
+	if d.httpLis != nil {
+		var err error
+		if api, err = newHTTPAPI(d.httpLis, d.receipts, tlsCfg, d.log); err != nil {
+			return nil, nil, err
+		}
 	}
-	if auth != nil {
-		met.SetReloaded("credentials", true)
-	}
-	if tlsr != nil {
-		met.SetReloaded("tls", true)
-		met.SetCertificateExpiry(tlsr.NotAfter())
-	}
-	log.Info("ledgerd serving", "listen", lis.Addr().String(), "key_prefix", c.prefix, "policy", c.policy,
-		"auth", auth != nil, "tls", tlsr != nil, "mtls", c.tls.ClientCA != "", "tracing", traceOpt != nil)
+	d.watch(svc)
+	return svc, api, nil
+}
 
+// watch has the metrics follow the service, the store's durability and the
+// files loaded.
+func (d *daemon) watch(svc *server.Service) {
+	d.met.InitializeRPC(svc.GRPC)
+	d.met.WatchStore(d.l, 0)
+	d.met.WatchConnections(func() (int, uint64) { s := svc.Connections(); return s.Open, s.Refused })
+	d.met.WatchHealthWatches(func() (int, uint64) { s := svc.HealthWatches(); return s.Open, s.Refused })
+	for _, c := range d.durability {
+		d.met.SetDurability(c.Name, c.OK)
+	}
+	if d.auth != nil {
+		d.met.SetReloaded("credentials", true)
+	}
+	if d.tlsr != nil {
+		d.met.SetReloaded("tls", true)
+		d.met.SetCertificateExpiry(d.tlsr.NotAfter())
+	}
+}
+
+// serve serves svc, the HTTP API and the metrics, and runs the ledger's
+// background work, until ctx ends or one of them fails; then it shuts
+// them down.
+func (d *daemon) serve(ctx context.Context, svc *server.Service, api *httpAPI, hup <-chan os.Signal) error {
+	d.log.Info("ledgerd serving", "listen", d.lis.Addr().String(), "key_prefix", d.c.prefix, "policy", d.c.policy,
+		"auth", d.auth != nil, "tls", d.tlsr != nil, "mtls", d.c.tls.ClientCA != "", "tracing", d.traced)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		// A stop that came before Serve began leaves it nothing to serve:
 		// that is the stop asked for, not a failure.
-		if err := svc.Serve(lis); !errors.Is(err, grpc.ErrServerStopped) {
+		if err := svc.Serve(d.lis); !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
 	})
-	var tlsCfg *tls.Config
-	if tlsr != nil {
-		tlsCfg = tlsr.Config()
-	}
-	api, err := startHTTP(c, svc, receipts, tlsCfg, log)
-	if err != nil {
-		return err
-	}
 	if api != nil {
-		g.Go(func() error { return api.serve(gctx, svc, c.shutdownTimeout, log) })
+		g.Go(func() error { return api.serve(gctx, svc, d.c.shutdownTimeout, d.log) })
 	}
-	if c.metricsListen != "" {
-		mlis, err := net.Listen("tcp", c.metricsListen)
-		if err != nil {
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", met.Handler())
-		if receipts != nil {
-			mux.Handle("GET "+receipt.JWKSPath, receipts.JWKSHandler())
-		}
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		log.Info("metrics serving", "listen", mlis.Addr().String())
-		g.Go(func() error {
-			if err := hs.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
-			defer cancel()
-			return hs.Shutdown(sctx)
-		})
+	if d.metricsLis != nil {
+		d.serveMetrics(gctx, g)
 	}
-	g.Go(func() error { reloadOnHangup(gctx, hup, c, auth, tlsr, met, log); return nil })
-	g.Go(func() error { l.RunSweeper(gctx, c.sweepInterval); return nil })
-	if c.redisURL != "" {
-		g.Go(func() error { watchDurability(gctx, l, met, log, durability, c.durabilityEvery); return nil })
+	g.Go(func() error { reloadOnHangup(gctx, hup, d.c, d.auth, d.tlsr, d.met, d.log); return nil })
+	g.Go(func() error { d.l.RunSweeper(gctx, d.c.sweepInterval); return nil })
+	if d.c.redisURL != "" {
+		g.Go(func() error { watchDurability(gctx, d.l, d.met, d.log, d.durability, d.c.durabilityEvery); return nil })
 	}
-	if c.compactBatch > 0 {
-		g.Go(func() error { l.RunCompactor(gctx, ledger.DefaultCompactInterval, c.compactBatch); return nil })
+	if d.c.compactBatch > 0 {
+		g.Go(func() error { d.l.RunCompactor(gctx, ledger.DefaultCompactInterval, d.c.compactBatch); return nil })
 	}
 	g.Go(func() error {
 		<-gctx.Done()
-		log.Info("shutting down")
-		sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+		d.log.Info("shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), d.c.shutdownTimeout)
 		defer cancel()
 		svc.Shutdown(sctx)
 		return nil
@@ -367,6 +452,30 @@ func runTuned(ctx context.Context, args []string, stderr io.Writer, tune func(*c
 	if err := g.Wait(); err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
 	}
-	log.Info("stopped")
+	d.log.Info("stopped")
 	return nil
+}
+
+// serveMetrics serves /metrics (and the receipt keys, when receipts are
+// on) on the metrics listener in g until ctx ends.
+func (d *daemon) serveMetrics(ctx context.Context, g *errgroup.Group) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", d.met.Handler())
+	if d.receipts != nil {
+		mux.Handle("GET "+receipt.JWKSPath, d.receipts.JWKSHandler())
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	d.log.Info("metrics serving", "listen", d.metricsLis.Addr().String())
+	g.Go(func() error {
+		if err := hs.Serve(d.metricsLis); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), d.c.shutdownTimeout)
+		defer cancel()
+		return hs.Shutdown(sctx)
+	})
 }

@@ -286,7 +286,7 @@ func TestListenRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = checkBound(tc.c, bound)
+		err = checkBoundAs(tc.c, "--listen", tc.c.listen, bound)
 		if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v bound %s: %v, want %q", tc.c, tc.bound, err, tc.want)
 		}
