@@ -340,18 +340,42 @@ func (e errHelp) Error() string { return "help requested" }
 func parse(args []string, env func(string) string) (*options, error) {
 	o := newOptions(env)
 	fs := newFlagSet(o)
-
 	// Know the key before parsing, to redact it from any parse error that
 	// echoes a misplaced argument.
+	o.apiKey = apiKeyArg(args, o.apiKey)
+	if err := parseCommand(o, fs, args); err != nil {
+		return o, err
+	}
+	if !isPrintableASCII(o.apiKey) {
+		return o, usagef(o.cmd, "the API key (--api-key, or LEDGER_API_KEY) has bytes no API key has: keys are printable ASCII")
+	}
+	given, err := checkGiven(o, fs)
+	if err != nil {
+		return o, err
+	}
+	return o, checkConnection(o, given)
+}
+
+// apiKeyArg returns the value of --api-key in args, or key when it is not
+// there.
+func apiKeyArg(args []string, key string) string {
 	for i, a := range args {
 		if name, val, eq := strings.Cut(strings.TrimLeft(a, "-"), "="); strings.HasPrefix(a, "-") && name == "api-key" {
 			if eq {
-				o.apiKey = strings.TrimSpace(val)
+				key = strings.TrimSpace(val)
 			} else if i+1 < len(args) {
-				o.apiKey = strings.TrimSpace(args[i+1])
+				key = strings.TrimSpace(args[i+1])
 			}
 		}
 	}
+	return key
+}
+
+// parseCommand parses args' flags into fs and sets o's command and its
+// arguments. It refuses an unknown command, a flag it cannot parse and an
+// argument that is not UTF-8; it returns errHelp or help's answer for -h
+// and help.
+func parseCommand(o *options, fs *flag.FlagSet, args []string) error {
 	flagArgs, positional := split(fs, args)
 	cmd := ""
 	if len(positional) > 0 {
@@ -361,34 +385,39 @@ func parse(args []string, env func(string) string) (*options, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			if cmd == "help" {
 				// -h adds nothing to help's own answer.
-				return o, helpCommand(positional)
+				return helpCommand(positional)
 			}
 			if cmd != "" && known(cmd) == "" {
 				// Help about a command that does not exist is no answer.
-				return o, usagef("", "unknown command %q", cmd)
+				return usagef("", "unknown command %q", cmd)
 			}
-			return o, errHelp{cmd: known(cmd)}
+			return errHelp{cmd: known(cmd)}
 		}
-		return o, usagef(known(cmd), "%s", strings.Replace(err.Error(), " -", " --", 1))
+		return usagef(known(cmd), "%s", strings.Replace(err.Error(), " -", " --", 1))
 	}
 	if cmd == "" {
-		return o, usagef("", "no command")
+		return usagef("", "no command")
 	}
 	if cmd == "help" {
-		return o, helpCommand(positional)
+		return helpCommand(positional)
 	}
 	if _, ok := commandFlags[cmd]; !ok {
-		return o, usagef("", "unknown command %q", cmd)
+		return usagef("", "unknown command %q", cmd)
 	}
 	o.cmd, o.args = cmd, positional[1:]
 	for _, a := range o.args {
 		if !utf8.ValidString(a) {
-			return o, usagef(cmd, "argument %q is not UTF-8 text", a)
+			return usagef(cmd, "argument %q is not UTF-8 text", a)
 		}
 	}
-	if !isPrintableASCII(o.apiKey) {
-		return o, usagef(cmd, "the API key (--api-key, or LEDGER_API_KEY) has bytes no API key has: keys are printable ASCII")
-	}
+	return nil
+}
+
+// checkGiven checks the flags given on the command line: each one of o's
+// command, in UTF-8, and not empty where empty would mean something else
+// than leaving it out. It returns the names of those given.
+func checkGiven(o *options, fs *flag.FlagSet) (map[string]bool, error) {
+	cmd := o.cmd
 	var bad error
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) {
@@ -435,9 +464,13 @@ func parse(args []string, env func(string) string) (*options, error) {
 			}
 		}
 	})
-	if bad != nil {
-		return o, bad
-	}
+	return given, bad
+}
+
+// checkConnection checks the connection's settings: an address, a positive
+// timeout, TLS files only with TLS, a client certificate with its key.
+func checkConnection(o *options, given map[string]bool) error {
+	cmd := o.cmd
 	if given["addr"] {
 		o.addrFrom = "--addr"
 	}
@@ -446,24 +479,24 @@ func parse(args []string, env func(string) string) (*options, error) {
 		// the operator's back.
 		for _, name := range []string{"tls-ca", "tls-cert", "tls-key"} {
 			if given[name] {
-				return o, usagef(cmd, "--tls=false conflicts with --%s, which is for TLS: leave out one of them", name)
+				return usagef(cmd, "--tls=false conflicts with --%s, which is for TLS: leave out one of them", name)
 			}
 		}
 		if o.tlsCA != "" {
-			return o, usagef(cmd, "--tls=false conflicts with LEDGER_TLS_CA (set in the environment), which is for TLS:"+
+			return usagef(cmd, "--tls=false conflicts with LEDGER_TLS_CA (set in the environment), which is for TLS:"+
 				" unset it for a plaintext connection, or leave out --tls=false")
 		}
 	}
 	if o.addr == "" {
-		return o, usagef(cmd, "--addr is empty")
+		return usagef(cmd, "--addr is empty")
 	}
 	if o.timeout <= 0 {
-		return o, usagef(cmd, "--timeout must be positive")
+		return usagef(cmd, "--timeout must be positive")
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
-		return o, usagef(cmd, "--tls-cert and --tls-key go together")
+		return usagef(cmd, "--tls-cert and --tls-key go together")
 	}
-	return o, nil
+	return nil
 }
 
 // isPrintableASCII reports whether s has only the bytes a gRPC header
@@ -1031,63 +1064,12 @@ func lookup(ctx context.Context, c *client.Client, o *options, stdout, stderr io
 // this machine's clock is seen behind the store's, and then for the whole
 // listing, so one listing never mixes two clocks).
 func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, stderr io.Writer) error {
-	states := o.opStates
-	if o.overdue || o.needsReview {
-		states = []client.State{client.StateUnknown} // checkList made sure --state allows it
-	}
-	now := clock()
-	seen := now // the latest time the store recorded in the pages read
-	var ops []*client.Operation
-	truncated := false
-	token := ""
-	// The ledger selects --overdue by the store's clock. The check here is
-	// for a ledger older than the filter, by this machine's clock: it is
-	// left out once that clock is seen behind the store's, when it would
-	// drop operations the store has overdue. dropped tells whether it left
-	// out any on the pages read before.
-	recheck, dropped := o.overdue, false
-	for {
-		size := uint32(min(o.limit-len(ops)+1, maxPageSize)) // one more tells whether more remain
-		p, err := c.ListUnresolved(ctx, client.ListOptions{PageSize: size, PageToken: token, States: states, Tool: o.tool,
-			Overdue: o.overdue, NeedsReview: o.needsReview})
-		if err != nil {
-			return err
-		}
-		seen = latestRecorded(seen, p.Operations...)
-		if recheck && referenceAt(now, seen).behind > 0 {
-			recheck = false
-			if dropped {
-				// Earlier pages were judged by a clock now known to be
-				// behind: read the listing again from its start, by the
-				// ledger's selection only.
-				ops, token, dropped = nil, "", false
-				continue
-			}
-		}
-		for _, op := range p.Operations {
-			if o.needsReview && !op.NeedsReview {
-				continue
-			}
-			if recheck && !overdue(op, now) {
-				dropped = true
-				continue
-			}
-			if len(ops) == o.limit {
-				truncated = true
-				break
-			}
-			ops = append(ops, op)
-		}
-		if truncated || p.NextPageToken == "" {
-			break
-		}
-		if p.NextPageToken == token {
-			return &localError{reason: "BAD_PAGE", msg: "the ledger returned the same page token twice"}
-		}
-		token = p.NextPageToken
+	ls, err := readUnresolved(ctx, c, o)
+	if err != nil {
+		return err
 	}
 	var notes notices
-	ref := referenceAt(now, seen)
+	ref := referenceAt(ls.now, ls.seen)
 	clockNotice := func() {
 		if n := ref.notice(); n != "" {
 			if o.overdue {
@@ -1098,24 +1080,90 @@ func listUnresolved(ctx context.Context, c *client.Client, o *options, stdout, s
 	}
 	if o.json {
 		clockNotice()
-		if truncated {
-			notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ops))
+		if ls.truncated {
+			notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ls.ops))
 		}
-		return printList(stdout, o, ops, truncated, ref, notes)
+		return printList(stdout, o, ls.ops, ls.truncated, ref, notes)
 	}
-	if len(ops) == 0 {
+	if len(ls.ops) == 0 {
 		clockNotice()
 		fmt.Fprintln(stderr, "ledgerctl: no unresolved operations match")
 		return nil
 	}
-	if err := printList(stdout, o, ops, truncated, ref, nil); err != nil {
+	if err := printList(stdout, o, ls.ops, ls.truncated, ref, nil); err != nil {
 		return err
 	}
 	clockNotice()
-	if truncated {
-		notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ops))
+	if ls.truncated {
+		notes.add(o, stderr, noticeMoreRemain, "showing the oldest %d; more remain (raise --limit)", len(ls.ops))
 	}
 	return nil
+}
+
+// unresolvedListing is what readUnresolved read.
+type unresolvedListing struct {
+	ops       []*client.Operation // at most --limit
+	truncated bool                // more remain
+	now       time.Time           // this machine's clock when the reading began
+	seen      time.Time           // the latest time the store recorded in the pages read
+}
+
+// readUnresolved pages through the unresolved operations the ledger selects
+// for o, up to --limit of them.
+func readUnresolved(ctx context.Context, c *client.Client, o *options) (unresolvedListing, error) {
+	states := o.opStates
+	if o.overdue || o.needsReview {
+		states = []client.State{client.StateUnknown} // checkList made sure --state allows it
+	}
+	ls := unresolvedListing{now: clock()}
+	ls.seen = ls.now
+	token := ""
+	// The ledger selects --overdue by the store's clock. The check here is
+	// for a ledger older than the filter, by this machine's clock: it is
+	// left out once that clock is seen behind the store's, when it would
+	// drop operations the store has overdue. dropped tells whether it left
+	// out any on the pages read before.
+	recheck, dropped := o.overdue, false
+	for {
+		size := uint32(min(o.limit-len(ls.ops)+1, maxPageSize)) // one more tells whether more remain
+		p, err := c.ListUnresolved(ctx, client.ListOptions{PageSize: size, PageToken: token, States: states, Tool: o.tool,
+			Overdue: o.overdue, NeedsReview: o.needsReview})
+		if err != nil {
+			return ls, err
+		}
+		ls.seen = latestRecorded(ls.seen, p.Operations...)
+		if recheck && referenceAt(ls.now, ls.seen).behind > 0 {
+			recheck = false
+			if dropped {
+				// Earlier pages were judged by a clock now known to be
+				// behind: read the listing again from its start, by the
+				// ledger's selection only.
+				ls.ops, token, dropped = nil, "", false
+				continue
+			}
+		}
+		for _, op := range p.Operations {
+			if o.needsReview && !op.NeedsReview {
+				continue
+			}
+			if recheck && !overdue(op, ls.now) {
+				dropped = true
+				continue
+			}
+			if len(ls.ops) == o.limit {
+				ls.truncated = true
+				break
+			}
+			ls.ops = append(ls.ops, op)
+		}
+		if ls.truncated || p.NextPageToken == "" {
+			return ls, nil
+		}
+		if p.NextPageToken == token {
+			return ls, &localError{reason: "BAD_PAGE", msg: "the ledger returned the same page token twice"}
+		}
+		token = p.NextPageToken
+	}
 }
 
 // sameResult reports whether the recorded result r is the one given.
@@ -1172,85 +1220,13 @@ func overdue(op *client.Operation, now time.Time) bool {
 // reconcile records the finding, then prints the record with its history.
 func reconcile(ctx context.Context, c *client.Client, o *options, f client.Finding, stdout, stderr io.Writer) error {
 	id := o.args[0]
-	op, err := c.Reconcile(ctx, id, f)
-	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) with
-	// another result (failure) than the one that stands is refused
-	// (ALREADY_RESOLVED). Show what stands, as for a ledger older than that,
-	// which answered OK with the record: another result than the one found
-	// may be a second effect. When the record cannot be read, or no longer
-	// holds the state refused (a late report of success turns an abandoned
-	// operation SUCCEEDED), the refusal is the error; its hint says as much
-	// (describe).
-	refused := false
+	op, refused, err := recordFinding(ctx, c, id, f)
 	if err != nil {
-		if !otherOutcome(err, f.Kind) {
-			return err
-		}
-		full, lerr := c.Lookup(ctx, id)
-		if lerr != nil || full.State.String() != refusedState(err) {
-			return err
-		}
-		op, refused = full, true
+		return err
 	}
-	// A finding is recorded with the state it makes, in the same step as
-	// the snapshot: any other state means the ledger took the call for a
-	// repeat of one this key recorded with this note (about this token's
-	// attempt, or the current one without a token), and this call changed
-	// nothing.
-	nothing := f.Kind == client.NotApplied && op.State != client.StatePending ||
-		f.Kind == client.Escalate && (op.State != client.StateUnknown || !op.NeedsReview)
 	var notes notices
-	if nothing {
-		notes.add(o, stderr, noticeRepeat, "this call recorded nothing: the ledger took it for a repeat of the %s finding this key"+
-			" already recorded with this note, and the operation has moved on since (it is %s, attempt %d). To record a finding"+
-			" about the current attempt, look it up and give a new --note (and its --fencing-token)",
-			strings.ToLower(o.args[1]), stateName(op.State), op.Attempt)
-	}
-	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) with
-	// another result (failure) changes nothing: the recorded one stands
-	// (refused, or answered OK by an older ledger). Another one than given
-	// may be another effect.
-	switch {
-	case !nothing && f.FencingToken != 0 && op.FencingToken != f.FencingToken:
-		// Resolved by another attempt than the one given (the ledger
-		// answers a resolved operation before it checks the token).
-		nothing = true
-		what := ""
-		if op.Result != nil {
-			what = " with " + resultText(op.Result)
-		} else if op.Failure != nil {
-			what = " with " + failureText(op.Failure)
-		}
-		notes.add(o, stderr, noticeOtherAttempt, "this call recorded nothing: attempt %d resolved the operation (%s%s), not the attempt with"+
-			" --fencing-token %d; if the destination has the effect of that attempt too, that may be two effects: check it",
-			op.Attempt, stateName(op.State), what, f.FencingToken)
-	case f.Kind == client.Applied && (refused || o.resourceSet && !sameResult(op.Result, f.Result)):
-		nothing = true
-		notes.add(o, stderr, noticeOtherResult, "this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
-			" which stands; if the destination has both, that may be two effects: check it", resultText(op.Result))
-	case f.Kind == client.Abandon && (refused || o.failureSet && !sameFailure(op.Failure, f.Failure)):
-		nothing = true
-		notes.add(o, stderr, noticeOtherFailure, "this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
-			" which stands", failureText(op.Failure))
-	}
-	// Reconcile's snapshot carries the history, read in the same step as the
-	// finding; a ledger older than that answers without it (a record always
-	// has one): read the record again for it then.
-	if len(op.History) == 0 {
-		if full, err := c.Lookup(ctx, id); err == nil {
-			op = full
-		} else {
-			// Reconcile answered: the error is the lookup's, without the
-			// hint of a finding that may have been recorded.
-			lo := *o
-			lo.cmd = "lookup"
-			what := "reconciled, but"
-			if nothing {
-				what = "this call recorded nothing, and"
-			}
-			notes.add(o, stderr, noticeNoHistory, "%s could not read the history: %s", what, describe(&lo, err).line())
-		}
-	}
+	nothing := recordedNothing(o, stderr, &notes, op, f, refused)
+	op = withHistory(ctx, c, o, stderr, &notes, id, op, nothing)
 	if !o.json {
 		review := ""
 		if op.NeedsReview {
@@ -1268,4 +1244,99 @@ func reconcile(ctx context.Context, c *client.Client, o *options, f client.Findi
 		notes.add(o, stderr, noticeClockBehind, "%s", n)
 	}
 	return printOperation(stdout, o, op, ref, &recorded, notes)
+}
+
+// recordFinding records f on the operation id and returns its record;
+// refused is true when the ledger refused f for another outcome than the
+// one that stands, and the record is what stands.
+func recordFinding(ctx context.Context, c *client.Client, id string, f client.Finding) (op *client.Operation, refused bool, err error) {
+	op, err = c.Reconcile(ctx, id, f)
+	if err == nil {
+		return op, false, nil
+	}
+	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) with
+	// another result (failure) than the one that stands is refused
+	// (ALREADY_RESOLVED). Show what stands, as for a ledger older than that,
+	// which answered OK with the record: another result than the one found
+	// may be a second effect. When the record cannot be read, or no longer
+	// holds the state refused (a late report of success turns an abandoned
+	// operation SUCCEEDED), the refusal is the error; its hint says as much
+	// (describe).
+	if !otherOutcome(err, f.Kind) {
+		return nil, false, err
+	}
+	full, lerr := c.Lookup(ctx, id)
+	if lerr != nil || full.State.String() != refusedState(err) {
+		return nil, false, err
+	}
+	return full, true, nil
+}
+
+// recordedNothing reports whether recording f changed nothing, and adds
+// the notice that says why to notes.
+func recordedNothing(o *options, stderr io.Writer, notes *notices, op *client.Operation, f client.Finding, refused bool) bool {
+	// A finding is recorded with the state it makes, in the same step as
+	// the snapshot: any other state means the ledger took the call for a
+	// repeat of one this key recorded with this note (about this token's
+	// attempt, or the current one without a token), and this call changed
+	// nothing.
+	if f.Kind == client.NotApplied && op.State != client.StatePending ||
+		f.Kind == client.Escalate && (op.State != client.StateUnknown || !op.NeedsReview) {
+		notes.add(o, stderr, noticeRepeat, "this call recorded nothing: the ledger took it for a repeat of the %s finding this key"+
+			" already recorded with this note, and the operation has moved on since (it is %s, attempt %d). To record a finding"+
+			" about the current attempt, look it up and give a new --note (and its --fencing-token)",
+			strings.ToLower(o.args[1]), stateName(op.State), op.Attempt)
+		return true
+	}
+	// Applied on a SUCCEEDED operation (abandon on a FAILED_FINAL one) with
+	// another result (failure) changes nothing: the recorded one stands
+	// (refused, or answered OK by an older ledger). Another one than given
+	// may be another effect.
+	switch {
+	case f.FencingToken != 0 && op.FencingToken != f.FencingToken:
+		// Resolved by another attempt than the one given (the ledger
+		// answers a resolved operation before it checks the token).
+		what := ""
+		if op.Result != nil {
+			what = " with " + resultText(op.Result)
+		} else if op.Failure != nil {
+			what = " with " + failureText(op.Failure)
+		}
+		notes.add(o, stderr, noticeOtherAttempt, "this call recorded nothing: attempt %d resolved the operation (%s%s), not the attempt with"+
+			" --fencing-token %d; if the destination has the effect of that attempt too, that may be two effects: check it",
+			op.Attempt, stateName(op.State), what, f.FencingToken)
+	case f.Kind == client.Applied && (refused || o.resourceSet && !sameResult(op.Result, f.Result)):
+		notes.add(o, stderr, noticeOtherResult, "this call recorded nothing: the operation was already SUCCEEDED with another result (%s),"+
+			" which stands; if the destination has both, that may be two effects: check it", resultText(op.Result))
+	case f.Kind == client.Abandon && (refused || o.failureSet && !sameFailure(op.Failure, f.Failure)):
+		notes.add(o, stderr, noticeOtherFailure, "this call recorded nothing: the operation was already FAILED_FINAL with another failure (%s),"+
+			" which stands", failureText(op.Failure))
+	default:
+		return false
+	}
+	return true
+}
+
+// withHistory returns op, the operation id, with its history. Reconcile's snapshot carries
+// it, read in the same step as the finding; a ledger older than that
+// answers without it (a record always has one): the record is read again
+// for it then, and a failure to read it is a notice.
+func withHistory(ctx context.Context, c *client.Client, o *options, stderr io.Writer, notes *notices, id string, op *client.Operation, nothing bool) *client.Operation {
+	if len(op.History) > 0 {
+		return op
+	}
+	full, err := c.Lookup(ctx, id)
+	if err == nil {
+		return full
+	}
+	// Reconcile answered: the error is the lookup's, without the hint of a
+	// finding that may have been recorded.
+	lo := *o
+	lo.cmd = "lookup"
+	what := "reconciled, but"
+	if nothing {
+		what = "this call recorded nothing, and"
+	}
+	notes.add(o, stderr, noticeNoHistory, "%s could not read the history: %s", what, describe(&lo, err).line())
+	return op
 }

@@ -550,29 +550,7 @@ var scopeHints = map[string]string{
 // describe turns an error into its reason, code, message and a hint. It
 // never includes the API key.
 func describe(o *options, err error) jsonError {
-	var le *localError
-	var ce *client.Error
-	var d jsonError
-	switch {
-	case errors.As(err, &le):
-		d = jsonError{Error: le.msg, Reason: le.reason}
-	case errors.As(err, &ce):
-		d = jsonError{Error: ce.Message, Reason: ce.Reason, Code: codeName(ce.Code), Metadata: ce.Metadata,
-			RetryAfterMS: ce.RetryAfter.Milliseconds()}
-		if d.Reason == "" {
-			d.Reason = d.Code
-		}
-		for _, v := range ce.Violations {
-			d.Violations = append(d.Violations, jsonViolation{Field: v.Field, Description: v.Description})
-		}
-	case errors.Is(err, context.DeadlineExceeded):
-		d = jsonError{Error: err.Error(), Reason: "DEADLINE_EXCEEDED", Code: "DEADLINE_EXCEEDED"}
-	case errors.Is(err, context.Canceled):
-		d = jsonError{Error: "interrupted", Reason: "CANCELLED", Code: "CANCELLED"}
-	default:
-		d = jsonError{Error: err.Error(), Reason: "ERROR"}
-	}
-	d.Error = strings.ToValidUTF8(d.Error, "?")
+	d, le, ce := classify(err)
 	id := ""
 	if len(o.args) > 0 {
 		id = " " + clean(o.args[0])
@@ -621,23 +599,7 @@ func describe(o *options, err error) jsonError {
 			d.Hint += " (in " + span(ce.RetryAfter) + ")"
 		}
 	case d.Reason == "ALREADY_RESOLVED":
-		d.Hint = "see ledgerctl lookup" + id
-		st := strings.TrimPrefix(d.Metadata["state"], "STATE_")
-		kind := client.FindingKind(0)
-		if o.cmd == "reconcile" && len(o.args) > 1 {
-			kind = findings[strings.ToLower(o.args[1])]
-		}
-		switch {
-		case kind != 0 && ce != nil && otherOutcome(ce, kind):
-			// The record's own kind of finding, with another outcome.
-			what := "result"
-			if kind == client.Abandon {
-				what = "failure"
-			}
-			d.Hint = "it is " + st + " with another " + what + " than this finding's, which stands: nothing was recorded; " + d.Hint
-		case st != "":
-			d.Hint = "it is " + st + ": " + d.Hint
-		}
+		d.Hint = alreadyResolvedHint(o, d, ce, id)
 	case d.Reason == "STALE_FENCING_TOKEN" && o.cmd == "reconcile" && o.fencingToken == 0:
 		// Unfenced: the ledger holds this finding and note about an
 		// earlier attempt, and cannot tell a retry from a new finding.
@@ -659,6 +621,56 @@ func describe(o *options, err error) jsonError {
 			" --fencing-token), which records it once; another finding or note could record a second one"
 	}
 	return d
+}
+
+// classify turns err into its reason, code and message, and returns the
+// local or ledger error it is, if any.
+func classify(err error) (d jsonError, le *localError, ce *client.Error) {
+	switch {
+	case errors.As(err, &le):
+		d = jsonError{Error: le.msg, Reason: le.reason}
+	case errors.As(err, &ce):
+		d = jsonError{Error: ce.Message, Reason: ce.Reason, Code: codeName(ce.Code), Metadata: ce.Metadata,
+			RetryAfterMS: ce.RetryAfter.Milliseconds()}
+		if d.Reason == "" {
+			d.Reason = d.Code
+		}
+		for _, v := range ce.Violations {
+			d.Violations = append(d.Violations, jsonViolation{Field: v.Field, Description: v.Description})
+		}
+	case errors.Is(err, context.DeadlineExceeded):
+		d = jsonError{Error: err.Error(), Reason: "DEADLINE_EXCEEDED", Code: "DEADLINE_EXCEEDED"}
+	case errors.Is(err, context.Canceled):
+		d = jsonError{Error: "interrupted", Reason: "CANCELLED", Code: "CANCELLED"}
+	default:
+		d = jsonError{Error: err.Error(), Reason: "ERROR"}
+	}
+	d.Error = strings.ToValidUTF8(d.Error, "?")
+	return d, le, ce
+}
+
+// alreadyResolvedHint is the hint for ALREADY_RESOLVED on the operation
+// id (" ID"): the state that stands, and whether a finding was refused for
+// another outcome than it.
+func alreadyResolvedHint(o *options, d jsonError, ce *client.Error, id string) string {
+	hint := "see ledgerctl lookup" + id
+	st := strings.TrimPrefix(d.Metadata["state"], "STATE_")
+	kind := client.FindingKind(0)
+	if o.cmd == "reconcile" && len(o.args) > 1 {
+		kind = findings[strings.ToLower(o.args[1])]
+	}
+	switch {
+	case kind != 0 && ce != nil && otherOutcome(ce, kind):
+		// The record's own kind of finding, with another outcome.
+		what := "result"
+		if kind == client.Abandon {
+			what = "failure"
+		}
+		return "it is " + st + " with another " + what + " than this finding's, which stands: nothing was recorded; " + hint
+	case st != "":
+		return "it is " + st + ": " + hint
+	}
+	return hint
 }
 
 // line is the error as one line for humans.
