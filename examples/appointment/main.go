@@ -85,177 +85,229 @@ func runWith(w io.Writer, logger *slog.Logger) error {
 	defer stop()
 	out.printf("S9: an agent books an appointment through the operation ledger (embedded, in memory, at %s)\n", addr)
 
-	clinic := &fakeClinic{out: out, faults: []fault{refuseBeforeWrite, timeoutAfterWrite}}
-	store := &checkpoints{saved: map[string][]agent.Message{}}
-	request := []agent.Message{{Role: agent.RoleUser, Text: "Book me with Dr. Ng on May 6 at 9:30."}}
-	args := map[string]any{
-		"patient_id": "pat-314",
-		"slot":       map[string]any{"start": "2030-05-06T09:30:00Z", "provider_id": "dr-ng"},
-		"note":       "follow-up",
+	sc := &scene{
+		ctx: ctx, out: out, addr: addr, logger: logger,
+		clinic: &fakeClinic{out: out, faults: []fault{refuseBeforeWrite, timeoutAfterWrite}},
+		store:  &checkpoints{saved: map[string][]agent.Message{}},
+		args: map[string]any{
+			"patient_id": "pat-314",
+			"slot":       map[string]any{"start": "2030-05-06T09:30:00Z", "provider_id": "dr-ng"},
+			"note":       "follow-up",
+		},
+		ids: map[int]string{},
 	}
-
-	// The third fault: the first worker that receives the appointment id
-	// crashes before it saves its state.
-	var crashOnce sync.Once
-	crashed := false
-
-	// newWorker is one agent process: its own ledger client and runner.
-	newWorker := func(name string) (*agent.Runner, func(), error) {
-		c, err := client.Dial(addr, client.WithBackoff(client.Backoff{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond}))
-		if err != nil {
-			return nil, nil, err
-		}
-		r, err := agent.New(agent.Config{
-			Client: c,
-			Model:  scriptedModel(out, args),
-			Tools:  []agent.Tool{appointmentTool(clinic, out)},
-			Logger: logger.With("worker", name),
-			Checkpoint: func(ctx context.Context, runID string, tr []agent.Message) error {
-				crash := false
-				if last := tr[len(tr)-1]; last.Result != nil && last.Result.ResourceID != "" {
-					crashOnce.Do(func() { crash, crashed = true, true })
-				}
-				if crash {
-					return errCrash // the response arrived; the state was never saved
-				}
-				store.save(runID, tr)
-				return nil
-			},
-			MaxSteps: 5, Deadline: 10 * time.Second, ModelTimeout: 2 * time.Second,
-		})
-		if err != nil {
-			_ = c.Close()
-			return nil, nil, err
-		}
-		return r, func() { _ = c.Close() }, nil
+	if err := sc.sendFiveTimes(); err != nil {
+		return err
 	}
-	work := func(name string, in agent.Input) (agent.Outcome, error) {
-		r, done, err := newWorker(name)
-		if err != nil {
-			return agent.Outcome{}, err
-		}
-		defer done()
-		return r.Run(ctx, in), nil
+	// The appointment of the operation, as the clinic knows it.
+	appt, found := sc.clinic.find(opID)
+	sc.check(found && sc.clinic.count() == 1, "the clinic has %d appointments, want exactly 1", sc.clinic.count())
+	for send := 1; send <= 5; send++ {
+		got, ok := sc.ids[send]
+		sc.check(got == appt.ID || send == 1 && !ok, "send %d returned %q, want %q", send, got, appt.ID)
 	}
-
-	const runID = "visit-42"
-	const opID = runID + ":call-1"
-	var problems []string
-	check := func(ok bool, format string, a ...any) {
-		if !ok {
-			problems = append(problems, fmt.Sprintf(format, a...))
-		}
+	if err := sc.rewrite(); err != nil {
+		return err
 	}
-	ids := map[int]string{} // send -> appointment id it returned
-	// report prints what a worker's send of the operation came to. Only the
-	// messages the worker appended count: each send must reach the ledger.
-	report := func(send int, in agent.Input, o agent.Outcome) {
-		res := newResult(o, len(in.Transcript))
-		switch {
-		case res != nil:
-			ids[send] = res.ResourceID
-		case o.Status == agent.StatusDone:
-			check(false, "send %d: done without sending the operation", send)
-		}
-		switch {
-		case o.Status == agent.StatusDone:
-			how := "executed"
-			if res != nil && res.Replayed {
-				how = "replayed by the ledger"
-			}
-			out.printf("  worker %d: %s, %q (%s)\n", send, o.Status, o.Answer, how)
-		case errors.Is(o.Err, errCrash):
-			out.printf("  worker %d got %s, then crashed before saving its state (status %s)\n", send, ids[send], o.Status)
-		case errors.Is(o.Err, client.ErrNeedsReconciliation):
-			out.printf("  worker %d stops (status %s): the outcome is unknown; the call stays pending\n", send, o.Status)
-		default:
-			out.printf("  worker %d: %s: %v\n", send, o.Status, o.Err)
-			check(false, "send %d: status %s (%v)", send, o.Status, o.Err)
-		}
-	}
-
-	// Send 1: refused, retried by the SDK, written but the response is lost,
-	// reconciled, and the worker crashes before saving the answer.
-	out.printf("send 1 (worker 1 runs the request):\n")
-	in := agent.Input{RunID: runID, PermitID: "approval-9", Transcript: request}
-	o, err := work("1", in)
+	second, err := sc.newIntent(appt.ID)
 	if err != nil {
 		return err
 	}
-	report(1, in, o)
+	out.printf("clinic: %d appointment(s) for %s (%s), %d in total after the new key\n", sc.clinic.countFor(opID), opID, appt.ID, sc.clinic.count())
+	if len(sc.problems) > 0 {
+		for _, p := range sc.problems {
+			out.printf("FAIL: %s\n", p)
+		}
+		return fmt.Errorf("%d check(s) failed", len(sc.problems))
+	}
+	out.printf("PASS: one appointment, every retry returned %s, the rewrite was refused, the new key booked %s\n", appt.ID, second)
+	return nil
+}
+
+// The run and the operation every send of the story is about.
+const (
+	runID = "visit-42"
+	opID  = runID + ":call-1"
+)
+
+// request is what the patient asked for.
+var request = []agent.Message{{Role: agent.RoleUser, Text: "Book me with Dr. Ng on May 6 at 9:30."}}
+
+// scene is the story's world: the ledger's address, the clinic, the saved
+// states, and what the sends came to.
+type scene struct {
+	ctx    context.Context
+	out    *syncWriter
+	addr   string
+	logger *slog.Logger
+	clinic *fakeClinic
+	store  *checkpoints
+	args   map[string]any // the tool call's arguments
+
+	// The third fault: the first worker that receives the appointment id
+	// crashes before it saves its state.
+	crashOnce sync.Once
+	crashed   bool
+
+	ids      map[int]string // send -> appointment id it returned
+	problems []string
+}
+
+// check records a problem, described by format, unless ok.
+func (sc *scene) check(ok bool, format string, a ...any) {
+	if !ok {
+		sc.problems = append(sc.problems, fmt.Sprintf(format, a...))
+	}
+}
+
+// newWorker is one agent process: its own ledger client and runner, and
+// the function that closes its client.
+func (sc *scene) newWorker(name string) (*agent.Runner, func(), error) {
+	c, err := client.Dial(sc.addr, client.WithBackoff(client.Backoff{Base: 10 * time.Millisecond, Max: 100 * time.Millisecond}))
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := agent.New(agent.Config{
+		Client:     c,
+		Model:      scriptedModel(sc.out, sc.args),
+		Tools:      []agent.Tool{appointmentTool(sc.clinic, sc.out)},
+		Logger:     sc.logger.With("worker", name),
+		Checkpoint: sc.checkpoint,
+		MaxSteps:   5, Deadline: 10 * time.Second, ModelTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
+	return r, func() { _ = c.Close() }, nil
+}
+
+// checkpoint saves a run's transcript, except the first time it holds the
+// appointment's id: then the worker crashes before it saves it.
+func (sc *scene) checkpoint(_ context.Context, runID string, tr []agent.Message) error {
+	crash := false
+	if last := tr[len(tr)-1]; last.Result != nil && last.Result.ResourceID != "" {
+		sc.crashOnce.Do(func() { crash, sc.crashed = true, true })
+	}
+	if crash {
+		return errCrash // the response arrived; the state was never saved
+	}
+	sc.store.save(runID, tr)
+	return nil
+}
+
+// work runs in on a new worker.
+func (sc *scene) work(name string, in agent.Input) (agent.Outcome, error) {
+	r, done, err := sc.newWorker(name)
+	if err != nil {
+		return agent.Outcome{}, err
+	}
+	defer done()
+	return r.Run(sc.ctx, in), nil
+}
+
+// report prints what a worker's send of the operation came to. Only the
+// messages the worker appended count: each send must reach the ledger.
+func (sc *scene) report(send int, in agent.Input, o agent.Outcome) {
+	res := newResult(o, len(in.Transcript))
+	switch {
+	case res != nil:
+		sc.ids[send] = res.ResourceID
+	case o.Status == agent.StatusDone:
+		sc.check(false, "send %d: done without sending the operation", send)
+	}
+	switch {
+	case o.Status == agent.StatusDone:
+		how := "executed"
+		if res != nil && res.Replayed {
+			how = "replayed by the ledger"
+		}
+		sc.out.printf("  worker %d: %s, %q (%s)\n", send, o.Status, o.Answer, how)
+	case errors.Is(o.Err, errCrash):
+		sc.out.printf("  worker %d got %s, then crashed before saving its state (status %s)\n", send, sc.ids[send], o.Status)
+	case errors.Is(o.Err, client.ErrNeedsReconciliation):
+		sc.out.printf("  worker %d stops (status %s): the outcome is unknown; the call stays pending\n", send, o.Status)
+	default:
+		sc.out.printf("  worker %d: %s: %v\n", send, o.Status, o.Err)
+		sc.check(false, "send %d: status %s (%v)", send, o.Status, o.Err)
+	}
+}
+
+// sendFiveTimes sends the operation five times, two of them at once.
+func (sc *scene) sendFiveTimes() error {
+	// Send 1: refused, retried by the SDK, written but the response is lost,
+	// reconciled, and the worker crashes before saving the answer.
+	sc.out.printf("send 1 (worker 1 runs the request):\n")
+	in := agent.Input{RunID: runID, PermitID: "approval-9", Transcript: request}
+	o, err := sc.work("1", in)
+	if err != nil {
+		return err
+	}
+	sc.report(1, in, o)
 
 	// The at-least-once queue delivers the job again, with the state saved
 	// before the crash: the call is pending. Every worker sends it again.
-	in.Transcript = store.load(runID)
-	out.printf("the queue re-delivers the job 4 times, with the state saved before the crash (the call pending):\n")
-	if o, err = work("2", in); err != nil {
+	in.Transcript = sc.store.load(runID)
+	sc.out.printf("the queue re-delivers the job 4 times, with the state saved before the crash (the call pending):\n")
+	if o, err = sc.work("2", in); err != nil {
 		return err
 	}
-	report(2, in, o)
+	sc.report(2, in, o)
 
 	outs := make([]agent.Outcome, 2) // sends 3 and 4, at the same time
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range outs {
-		wg.Go(func() { outs[i], errs[i] = work(fmt.Sprint(i+3), in) })
+		wg.Go(func() { outs[i], errs[i] = sc.work(fmt.Sprint(i+3), in) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	out.printf("  (workers 3 and 4 ran at the same time)\n")
-	report(3, in, outs[0])
-	report(4, in, outs[1])
+	sc.out.printf("  (workers 3 and 4 ran at the same time)\n")
+	sc.report(3, in, outs[0])
+	sc.report(4, in, outs[1])
 
-	if o, err = work("5", in); err != nil {
+	if o, err = sc.work("5", in); err != nil {
 		return err
 	}
-	report(5, in, o)
-	check(crashed, "no worker crashed before saving its state")
+	sc.report(5, in, o)
+	sc.check(sc.crashed, "no worker crashed before saving its state")
+	return nil
+}
 
-	// The appointment of the operation, as the clinic knows it.
-	appt, found := clinic.find(opID)
-	check(found && clinic.count() == 1, "the clinic has %d appointments, want exactly 1", clinic.count())
-	for send := 1; send <= 5; send++ {
-		got, ok := ids[send]
-		check(got == appt.ID || send == 1 && !ok, "send %d returned %q, want %q", send, got, appt.ID)
-	}
-
-	// The same key with a rewritten payload (another slot) is refused.
+// rewrite sends the same key with a rewritten payload (another slot),
+// which the ledger refuses.
+func (sc *scene) rewrite() error {
 	rewritten := slices.Clone(request)
 	moved := map[string]any{"patient_id": "pat-314", "slot": map[string]any{"start": "2030-05-06T17:00:00Z", "provider_id": "dr-ng"}, "note": "follow-up"}
 	rewritten = append(rewritten, agent.Message{Role: agent.RoleAssistant, Calls: []agent.ToolCall{{ID: "call-1", Name: tool, Args: moved}}})
-	o, err = work("6", agent.Input{RunID: runID, PermitID: "approval-9", Transcript: rewritten})
+	o, err := sc.work("6", agent.Input{RunID: runID, PermitID: "approval-9", Transcript: rewritten})
 	if err != nil {
 		return err
 	}
 	reused := errors.Is(o.Err, client.ErrKeyReused)
-	check(o.Status == agent.StatusError && reused && clinic.count() == 1, "rewritten payload: status %s (%v), want error: key reused", o.Status, o.Err)
-	out.printf("same key %s, slot moved to 17:00: %s\n", opID, refusal(o.Err))
+	sc.check(o.Status == agent.StatusError && reused && sc.clinic.count() == 1, "rewritten payload: status %s (%v), want error: key reused", o.Status, o.Err)
+	sc.out.printf("same key %s, slot moved to 17:00: %s\n", opID, refusal(o.Err))
+	return nil
+}
 
-	// A new intent gets a new key, and a second appointment.
-	out.printf("a new intent under a new key, visit-43:call-1:\n")
-	o, err = work("7", agent.Input{RunID: "visit-43", PermitID: "approval-10", Transcript: request})
+// newIntent sends a new intent under a new key, which books a second
+// appointment besides first; it returns the second's id.
+func (sc *scene) newIntent(first string) (string, error) {
+	sc.out.printf("a new intent under a new key, visit-43:call-1:\n")
+	o, err := sc.work("7", agent.Input{RunID: "visit-43", PermitID: "approval-10", Transcript: request})
 	if err != nil {
-		return err
+		return "", err
 	}
 	var second string
 	if r := newResult(o, len(request)); r != nil {
 		second = r.ResourceID
 	}
-	check(o.Status == agent.StatusDone && second != "" && second != appt.ID && clinic.count() == 2,
-		"new key: status %s (%v), id %q, %d appointments; want a second appointment", o.Status, o.Err, second, clinic.count())
-	out.printf("  worker 7: %s, %q\n", o.Status, o.Answer)
-
-	out.printf("clinic: %d appointment(s) for %s (%s), %d in total after the new key\n", clinic.countFor(opID), opID, appt.ID, clinic.count())
-	if len(problems) > 0 {
-		for _, p := range problems {
-			out.printf("FAIL: %s\n", p)
-		}
-		return fmt.Errorf("%d check(s) failed", len(problems))
-	}
-	out.printf("PASS: one appointment, every retry returned %s, the rewrite was refused, the new key booked %s\n", appt.ID, second)
-	return nil
+	sc.check(o.Status == agent.StatusDone && second != "" && second != first && sc.clinic.count() == 2,
+		"new key: status %s (%v), id %q, %d appointments; want a second appointment", o.Status, o.Err, second, sc.clinic.count())
+	sc.out.printf("  worker 7: %s, %q\n", o.Status, o.Answer)
+	return second, nil
 }
 
 var errCrash = errors.New("simulated crash before saving the state")
