@@ -97,20 +97,26 @@ type TenantLimits struct {
 }
 
 type credentialsFile struct {
-	Keys []struct {
-		ID           string   `yaml:"id"`
-		Tenant       string   `yaml:"tenant"`
-		Scopes       []string `yaml:"scopes"`
-		SecretSHA256 string   `yaml:"secret_sha256"`
-		Disabled     bool     `yaml:"disabled"`
-	} `yaml:"keys"`
-	Clients []struct {
-		CommonName string   `yaml:"common_name"`
-		URI        string   `yaml:"uri"`
-		Tenant     string   `yaml:"tenant"`
-		Scopes     []string `yaml:"scopes"`
-	} `yaml:"clients"`
+	Keys    []keyEntry              `yaml:"keys"`
+	Clients []clientEntry           `yaml:"clients"`
 	Tenants map[string]TenantLimits `yaml:"tenants"`
+}
+
+// keyEntry is an API key as the credentials file lists it.
+type keyEntry struct {
+	ID           string   `yaml:"id"`
+	Tenant       string   `yaml:"tenant"`
+	Scopes       []string `yaml:"scopes"`
+	SecretSHA256 string   `yaml:"secret_sha256"`
+	Disabled     bool     `yaml:"disabled"`
+}
+
+// clientEntry is a client certificate as the credentials file lists it.
+type clientEntry struct {
+	CommonName string   `yaml:"common_name"`
+	URI        string   `yaml:"uri"`
+	Tenant     string   `yaml:"tenant"`
+	Scopes     []string `yaml:"scopes"`
 }
 
 // LoadCredentials reads a credentials file.
@@ -147,97 +153,130 @@ func LoadCredentials(file string) (*Credentials, error) {
 // mapping key YAML reads as null (whose entry decoding would drop) and a
 // second YAML document are errors. A quoted "<<" is a name, not a merge key.
 func ParseCredentials(data []byte) (*Credentials, error) {
-	var f credentialsFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
-		return nil, errors.New("the credentials file is empty: it needs a YAML document with the keys (docs/security.md)")
-	} else if err != nil {
-		return nil, fmt.Errorf("not a valid credentials document: %w", yamlerr.Readable(err, data))
-	}
-	// What follows the document would otherwise go unread: a key revoked
-	// there, or text that is no YAML at all.
-	var more any
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, errors.New("the credentials file must hold exactly one YAML document")
-	}
-	if err := refuseNullKeys(data); err != nil {
+	f, err := decodeCredentials(data)
+	if err != nil {
 		return nil, err
 	}
 	nulls := nullTenants(data)
 	c := &Credentials{keys: map[string]apiKey{}, tenants: f.Tenants}
 	for i, k := range f.Keys {
-		where := fmt.Sprintf("keys[%d]", i)
-		if !validKeyID(k.ID) {
-			if id, _, ok := strings.Cut(k.ID, "."); ok {
-				// The whole key ("<id>.<secret>") written as its id: the
-				// error, which goes to stderr or the log, must not quote
-				// the secret.
-				return nil, fmt.Errorf("%s: id %q followed by '.' and more: a key id has no '.'; write the id of the key (\"<id>.<secret>\") only, never its secret (the file holds the secret's SHA-256, secret_sha256)", where, id)
-			}
-			return nil, fmt.Errorf("%s: id %q: want 1 to 64 letters, digits, '-' or '_'", where, k.ID)
+		key, err := parseKey(fmt.Sprintf("keys[%d]", i), k, nulls)
+		if err != nil {
+			return nil, err
 		}
 		if _, dup := c.keys[k.ID]; dup {
-			return nil, fmt.Errorf("%s: id %q is listed twice", where, k.ID)
+			return nil, fmt.Errorf("keys[%d]: id %q is listed twice", i, k.ID)
 		}
-		if v, ok := nulls[where]; ok && k.Tenant == "" {
-			return nil, fmt.Errorf("%s (%s): tenant %q reads as YAML's null, not a name: quote it if that is the tenant's name", where, k.ID, v)
-		}
-		if err := ledger.ValidateTenant(k.Tenant); err != nil {
-			return nil, fmt.Errorf("%s (%s): tenant: %w", where, k.ID, err)
-		}
-		scopes, err := parseScopes(k.Scopes)
-		if err != nil {
-			return nil, fmt.Errorf("%s (%s): %w", where, k.ID, err)
-		}
-		hash, err := hex.DecodeString(k.SecretSHA256)
-		if err != nil || len(hash) != sha256.Size {
-			return nil, fmt.Errorf("%s (%s): secret_sha256: want 64 hex digits", where, k.ID)
-		}
-		c.keys[k.ID] = apiKey{id: k.ID, tenant: k.Tenant, scopes: scopes, hash: hash, disabled: k.Disabled}
+		c.keys[k.ID] = key
 	}
 	for i, cl := range f.Clients {
-		where := fmt.Sprintf("clients[%d]", i)
-		if (cl.CommonName == "") == (cl.URI == "") {
-			return nil, fmt.Errorf("%s: set exactly one of common_name and uri", where)
-		}
-		if cl.URI != "" {
-			// A certificate's URI is compared as url.URL.String writes it
-			// (authenticate): another spelling would match no certificate.
-			u, err := url.Parse(cl.URI)
-			if err != nil {
-				return nil, fmt.Errorf("%s: uri %q: not a URI", where, cl.URI)
-			}
-			if u.String() != cl.URI {
-				return nil, fmt.Errorf("%s: uri %q: write it as %q, the form a certificate's URI is compared in", where, cl.URI, u.String())
-			}
-		}
-		if v, ok := nulls[where]; ok && cl.Tenant == "" {
-			return nil, fmt.Errorf("%s: tenant %q reads as YAML's null, not a name: quote it if that is the tenant's name", where, v)
-		}
-		if err := ledger.ValidateTenant(cl.Tenant); err != nil {
-			return nil, fmt.Errorf("%s: tenant: %w", where, err)
-		}
-		scopes, err := parseScopes(cl.Scopes)
+		cc, err := parseClient(fmt.Sprintf("clients[%d]", i), cl, nulls)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+			return nil, err
 		}
-		c.clients = append(c.clients, clientCert{commonName: cl.CommonName, uri: cl.URI, tenant: cl.Tenant, scopes: scopes})
+		c.clients = append(c.clients, cc)
 	}
-	// In name order, so that of two bad tenants the same one is named.
-	for _, t := range slices.Sorted(maps.Keys(f.Tenants)) {
-		lim := f.Tenants[t]
-		if err := ledger.ValidateTenant(t); err != nil {
-			return nil, fmt.Errorf("tenants[%q]: %w", t, err)
-		}
-		if lim.Burst < 0 || lim.MaxUnresolved < 0 {
-			return nil, fmt.Errorf("tenants[%q]: limits must not be negative", t)
-		}
-		if !(lim.Rate >= 0) || math.IsInf(lim.Rate, 0) {
-			return nil, fmt.Errorf("tenants[%q]: rate: want a finite number of calls per second, not negative", t)
-		}
+	if err := checkTenantLimits(f.Tenants); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// decodeCredentials decodes the one YAML document of data, refusing
+// unknown fields and mapping keys that read as null.
+func decodeCredentials(data []byte) (credentialsFile, error) {
+	var f credentialsFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
+		return f, errors.New("the credentials file is empty: it needs a YAML document with the keys (docs/security.md)")
+	} else if err != nil {
+		return f, fmt.Errorf("not a valid credentials document: %w", yamlerr.Readable(err, data))
+	}
+	// What follows the document would otherwise go unread: a key revoked
+	// there, or text that is no YAML at all.
+	var more any
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return f, errors.New("the credentials file must hold exactly one YAML document")
+	}
+	return f, refuseNullKeys(data)
+}
+
+// parseKey checks the API key k, the entry at where, against the tenants
+// that read as null (nulls, from nullTenants).
+func parseKey(where string, k keyEntry, nulls map[string]string) (apiKey, error) {
+	if !validKeyID(k.ID) {
+		if id, _, ok := strings.Cut(k.ID, "."); ok {
+			// The whole key ("<id>.<secret>") written as its id: the
+			// error, which goes to stderr or the log, must not quote the
+			// secret.
+			return apiKey{}, fmt.Errorf("%s: id %q followed by '.' and more: a key id has no '.'; write the id of the key (\"<id>.<secret>\") only, never its secret (the file holds the secret's SHA-256, secret_sha256)", where, id)
+		}
+		return apiKey{}, fmt.Errorf("%s: id %q: want 1 to 64 letters, digits, '-' or '_'", where, k.ID)
+	}
+	if v, ok := nulls[where]; ok && k.Tenant == "" {
+		return apiKey{}, fmt.Errorf("%s (%s): tenant %q reads as YAML's null, not a name: quote it if that is the tenant's name", where, k.ID, v)
+	}
+	if err := ledger.ValidateTenant(k.Tenant); err != nil {
+		return apiKey{}, fmt.Errorf("%s (%s): tenant: %w", where, k.ID, err)
+	}
+	scopes, err := parseScopes(k.Scopes)
+	if err != nil {
+		return apiKey{}, fmt.Errorf("%s (%s): %w", where, k.ID, err)
+	}
+	hash, err := hex.DecodeString(k.SecretSHA256)
+	if err != nil || len(hash) != sha256.Size {
+		return apiKey{}, fmt.Errorf("%s (%s): secret_sha256: want 64 hex digits", where, k.ID)
+	}
+	return apiKey{id: k.ID, tenant: k.Tenant, scopes: scopes, hash: hash, disabled: k.Disabled}, nil
+}
+
+// parseClient checks the client certificate cl, the entry at where, as
+// parseKey does a key.
+func parseClient(where string, cl clientEntry, nulls map[string]string) (clientCert, error) {
+	if (cl.CommonName == "") == (cl.URI == "") {
+		return clientCert{}, fmt.Errorf("%s: set exactly one of common_name and uri", where)
+	}
+	if cl.URI != "" {
+		// A certificate's URI is compared as url.URL.String writes it
+		// (authenticate): another spelling would match no certificate.
+		u, err := url.Parse(cl.URI)
+		if err != nil {
+			return clientCert{}, fmt.Errorf("%s: uri %q: not a URI", where, cl.URI)
+		}
+		if u.String() != cl.URI {
+			return clientCert{}, fmt.Errorf("%s: uri %q: write it as %q, the form a certificate's URI is compared in", where, cl.URI, u.String())
+		}
+	}
+	if v, ok := nulls[where]; ok && cl.Tenant == "" {
+		return clientCert{}, fmt.Errorf("%s: tenant %q reads as YAML's null, not a name: quote it if that is the tenant's name", where, v)
+	}
+	if err := ledger.ValidateTenant(cl.Tenant); err != nil {
+		return clientCert{}, fmt.Errorf("%s: tenant: %w", where, err)
+	}
+	scopes, err := parseScopes(cl.Scopes)
+	if err != nil {
+		return clientCert{}, fmt.Errorf("%s: %w", where, err)
+	}
+	return clientCert{commonName: cl.CommonName, uri: cl.URI, tenant: cl.Tenant, scopes: scopes}, nil
+}
+
+// checkTenantLimits checks the names and limits under tenants, in name
+// order, so that of two bad tenants the same one is named.
+func checkTenantLimits(tenants map[string]TenantLimits) error {
+	for _, t := range slices.Sorted(maps.Keys(tenants)) {
+		lim := tenants[t]
+		if err := ledger.ValidateTenant(t); err != nil {
+			return fmt.Errorf("tenants[%q]: %w", t, err)
+		}
+		if lim.Burst < 0 || lim.MaxUnresolved < 0 {
+			return fmt.Errorf("tenants[%q]: limits must not be negative", t)
+		}
+		if !(lim.Rate >= 0) || math.IsInf(lim.Rate, 0) {
+			return fmt.Errorf("tenants[%q]: rate: want a finite number of calls per second, not negative", t)
+		}
+	}
+	return nil
 }
 
 // refuseNullKeys returns an error naming the first mapping key in the
