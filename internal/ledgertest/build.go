@@ -19,8 +19,9 @@ var raceEnabled bool
 // LedgerdBinary builds cmd/ledgerd into dir once per test binary and returns
 // its path: with -race when the tests run with it, so the build cache is
 // shared with the rest of the suite and ledgerd reports its own races. Later
-// calls return the first path, so dir must outlive every test of the binary
-// (a directory made in TestMain, not t.TempDir).
+// calls return the first path while the file is there, and build into their
+// own dir again once it is gone (a t.TempDir of an earlier test, as with
+// go test -count=2).
 func LedgerdBinary(tb testing.TB, dir string) string {
 	tb.Helper()
 	return ledgerd.path(tb, dir)
@@ -46,37 +47,54 @@ var (
 	ledgerctl = &binary{name: "ledgerctl"}
 )
 
-// binary is a command of the module, built once per test binary.
+// binary is a command of the module, built once per test binary while
+// the file built lasts.
 type binary struct {
 	name string
-	once sync.Once
-	bin  string
-	err  error
+	mu   sync.Mutex
+	bin  string // the file built, "" before the first build
+	err  error  // the first build's failure, which stands
 }
 
+// path returns the command built, building it into dir when it was never
+// built or its file is gone.
 func (b *binary) path(tb testing.TB, dir string) string {
 	tb.Helper()
-	b.once.Do(func() {
-		out, _, err := run(buildTimeout, "", "go", "env", "GOMOD")
-		mod := strings.TrimSpace(string(out))
-		if err != nil || mod == "" || mod == os.DevNull {
-			b.err = fmt.Errorf("go env GOMOD: not in the module (%v)", err)
-			return
-		}
-		b.bin = filepath.Join(dir, b.name)
-		args := []string{"build"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		args = append(args, "-o", b.bin, "./cmd/"+b.name)
-		if out, errOut, err := run(buildTimeout, filepath.Dir(mod), "go", args...); err != nil {
-			b.err = fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
-		}
-	})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err == nil && (b.bin == "" || !isFile(b.bin)) {
+		b.bin, b.err = build(b.name, dir)
+	}
 	if b.err != nil {
 		tb.Fatal(b.err)
 	}
 	return b.bin
+}
+
+// build builds ./cmd/name of the module into dir, with -race when this
+// binary has it, and returns the file's path.
+func build(name, dir string) (string, error) {
+	out, _, err := run(buildTimeout, "", "go", "env", "GOMOD")
+	mod := strings.TrimSpace(string(out))
+	if err != nil || mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("go env GOMOD: not in the module (%v)", err)
+	}
+	bin := filepath.Join(dir, name)
+	args := []string{"build"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "-o", bin, "./cmd/"+name)
+	if out, errOut, err := run(buildTimeout, filepath.Dir(mod), "go", args...); err != nil {
+		return "", fmt.Errorf("go %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
+	}
+	return bin, nil
+}
+
+// isFile reports whether a regular file is at path.
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // buildTimeout bounds each go command LedgerdBinary and LedgermcpBinary run. It is generous

@@ -1,6 +1,8 @@
 package ledgertest
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,5 +38,28 @@ func TestRunOutput(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "TestRunOutput") || string(errOut) != "oops\n" {
 		t.Fatalf("run: stdout %q, stderr %q: want the working directory, then oops", out, errOut)
+	}
+}
+
+// TestBinaryBuiltAgainWhenGone: a command is built once, and built again
+// into the dir of the call that finds its file gone (the t.TempDir of an
+// earlier test, under go test -count=2).
+func TestBinaryBuiltAgainWhenGone(t *testing.T) {
+	b := &binary{name: "ledgerctl"}
+	first, second := t.TempDir(), t.TempDir()
+	for _, step := range []struct {
+		dir, want string
+		before    func()
+	}{
+		{first, filepath.Join(first, "ledgerctl"), nil},
+		{second, filepath.Join(first, "ledgerctl"), nil},
+		{second, filepath.Join(second, "ledgerctl"), func() { _ = os.RemoveAll(first) }},
+	} {
+		if step.before != nil {
+			step.before()
+		}
+		if got := b.path(t, step.dir); got != step.want || !isFile(got) {
+			t.Fatalf("path(%s) = %s (a file: %v), want %s", step.dir, got, isFile(got), step.want)
+		}
 	}
 }
