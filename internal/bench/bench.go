@@ -273,19 +273,11 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 		return nil, errors.New("bench: the ledgerd binary (or the address of a running service) is required")
 	}
 	if c.ServerCPUs != "" {
-		if c.Addr != "" {
-			return nil, errors.New("bench: server CPUs place the servers the benchmark starts, not a running service (--addr)")
-		}
-		pl, err := newPlacement(c.ServerCPUs)
+		restore, err := c.place()
 		if err != nil {
-			return nil, fmt.Errorf("bench: %w", err)
-		}
-		restore, err := pl.pinLoad()
-		if err != nil {
-			return nil, fmt.Errorf("bench: placing the load generator: %w", err)
+			return nil, err
 		}
 		defer restore()
-		c.placement = pl
 	}
 	if c.Dir == "" {
 		dir, err := os.MkdirTemp("", "ledgerbench-")
@@ -312,99 +304,119 @@ func Run(ctx context.Context, c Config) (*Report, error) {
 	}
 	fmt.Fprintln(c.Out, rep.Env)
 	if !c.NoThroughput {
-		var bare [2]*Process // the bare server and its ledger variant
-		if c.Addr == "" && c.BareServer != "" {
-			for i, v := range bareVariants {
-				if !c.selected(v.key) {
-					continue
-				}
-				b, err := c.startBare(rdbAddr, i == 1)
-				if err != nil {
-					return rep, err
-				}
-				defer b.Stop()
-				bare[i] = b
-			}
-		}
-		if err := c.throughput(ctx, rep, addr, bare); err != nil {
+		if err := c.throughputParts(ctx, rep, addr, rdbAddr); err != nil {
 			return rep, err
 		}
-		c.printThroughput(rep)
-		if c.Ledgermcp != "" && c.selected("mcp") {
-			if err := c.mcpPart(ctx, rep, addr); err != nil {
-				return rep, err
-			}
-			c.printMCP(rep)
-		}
 	}
-	if c.Addr == "" && !c.NoThroughput && c.selected("receipts") {
-		r, err := c.receiptsPart(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Receipts = r
-		c.printReceipts(r)
-	}
-	if c.Addr == "" && !c.NoThroughput && c.selected("functions") {
-		f, err := c.functionsPart(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Functions = f
-		c.printFunctions(f)
-	}
-	if c.Addr == "" && !c.NoThroughput && c.Cycler != "" && c.selected("peer") {
-		p, err := c.peerPart(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Peer = p
-		c.printPeer(p)
-	}
-	if c.Addr == "" && !c.NoThroughput && c.Cycler != "" && c.selected(InstructionsKey) {
-		in, err := c.instructionsPart(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Instructions = in
-		c.printInstructions(in)
-	}
-	if c.Addr == "" && !c.NoThroughput && c.BareServer != "" && c.selected(BarePairKey) {
-		p, err := c.barePairPart(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.BarePair = p
-		c.printBarePair(p)
-	}
-	if c.Addr == "" && !c.NoThroughput && c.Against != "" && c.selected("pair") {
-		p, err := c.pairPart(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Pair = p
-		c.printPair(p)
-	}
-	if c.Addr == "" && c.MemoryRecords > 0 {
-		m, err := c.memory(ctx)
-		if err != nil {
-			return rep, err
-		}
-		rep.Memory = m
-		c.printMemory(m)
-	}
-	if c.Addr == "" && len(c.Growth) > 0 {
-		for _, n := range c.Growth {
-			g, err := c.growth(ctx, n)
-			if err != nil {
-				return rep, err
-			}
-			rep.Growth = append(rep.Growth, g)
-		}
-		c.printGrowth(rep.Growth)
+	if err := c.ownParts(ctx, rep); err != nil {
+		return rep, err
 	}
 	c.printGoals(rep)
 	return rep, nil
+}
+
+// place pins the load generator to the CPUs c.ServerCPUs leaves it, and
+// returns what undoes that.
+func (c *Config) place() (restore func(), err error) {
+	if c.Addr != "" {
+		return nil, errors.New("bench: server CPUs place the servers the benchmark starts, not a running service (--addr)")
+	}
+	pl, err := newPlacement(c.ServerCPUs)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	restore, err = pl.pinLoad()
+	if err != nil {
+		return nil, fmt.Errorf("bench: placing the load generator: %w", err)
+	}
+	c.placement = pl
+	return restore, nil
+}
+
+// throughputParts runs the scenarios against the service at addr (and the
+// bare servers, started on the Redis at rdbAddr), then the MCP part.
+func (c *Config) throughputParts(ctx context.Context, rep *Report, addr, rdbAddr string) error {
+	var bare [2]*Process // the bare server and its ledger variant
+	if c.Addr == "" && c.BareServer != "" {
+		for i, v := range bareVariants {
+			if !c.selected(v.key) {
+				continue
+			}
+			b, err := c.startBare(rdbAddr, i == 1)
+			if err != nil {
+				return err
+			}
+			defer b.Stop()
+			bare[i] = b
+		}
+	}
+	if err := c.throughput(ctx, rep, addr, bare); err != nil {
+		return err
+	}
+	c.printThroughput(rep)
+	if c.Ledgermcp != "" && c.selected("mcp") {
+		if err := c.mcpPart(ctx, rep, addr); err != nil {
+			return err
+		}
+		c.printMCP(rep)
+	}
+	return nil
+}
+
+// ownParts runs the parts that start servers of their own, those selected,
+// in the report's order.
+func (c *Config) ownParts(ctx context.Context, rep *Report) error {
+	if c.Addr != "" {
+		return nil
+	}
+	on := !c.NoThroughput
+	for _, p := range []struct {
+		want bool
+		run  func() error
+	}{
+		{on && c.selected("receipts"), func() error { return measure(ctx, c.receiptsPart, &rep.Receipts, c.printReceipts) }},
+		{on && c.selected("functions"), func() error { return measure(ctx, c.functionsPart, &rep.Functions, c.printFunctions) }},
+		{on && c.Cycler != "" && c.selected("peer"), func() error { return measure(ctx, c.peerPart, &rep.Peer, c.printPeer) }},
+		{on && c.Cycler != "" && c.selected(InstructionsKey), func() error {
+			return measure(ctx, c.instructionsPart, &rep.Instructions, c.printInstructions)
+		}},
+		{on && c.BareServer != "" && c.selected(BarePairKey), func() error { return measure(ctx, c.barePairPart, &rep.BarePair, c.printBarePair) }},
+		{on && c.Against != "" && c.selected("pair"), func() error { return measure(ctx, c.pairPart, &rep.Pair, c.printPair) }},
+		{c.MemoryRecords > 0, func() error { return measure(ctx, c.memory, &rep.Memory, c.printMemory) }},
+		{len(c.Growth) > 0, func() error { return c.growthPart(ctx, rep) }},
+	} {
+		if !p.want {
+			continue
+		}
+		if err := p.run(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// measure runs a part, keeps what it measured in *dst and prints it.
+func measure[T any](ctx context.Context, part func(context.Context) (T, error), dst *T, print func(T)) error {
+	v, err := part(ctx)
+	if err != nil {
+		return err
+	}
+	*dst = v
+	print(v)
+	return nil
+}
+
+// growthPart measures every store size of c.Growth.
+func (c *Config) growthPart(ctx context.Context, rep *Report) error {
+	for _, n := range c.Growth {
+		g, err := c.growth(ctx, n)
+		if err != nil {
+			return err
+		}
+		rep.Growth = append(rep.Growth, g)
+	}
+	c.printGrowth(rep.Growth)
+	return nil
 }
 
 func (c *Config) run(ctx context.Context, spec Spec, call Call) (*Result, error) {
@@ -428,6 +440,8 @@ func (c *Config) runOn(ctx context.Context, pid int, spec Spec, call Call) (*Res
 	return r, nil
 }
 
+// throughput runs the selected scenarios against the service at addr and
+// the bare servers, in c.Rounds rounds, at c.Concurrency and at 1.
 func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareServers [2]*Process) error {
 	t, err := Dial(addr, c.Conns)
 	if err != nil {
@@ -446,22 +460,51 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 	}
 	run := RunID()
 	fmt.Fprintln(c.Log, "throughput:")
-	window := func(name string, conc int, d time.Duration, rpcs int) Spec {
-		return Spec{Name: name, Concurrency: conc, Warmup: c.Warmup, Duration: d, RPCs: rpcs}
-	}
 	// The operations the replay and Lookup runs read.
 	if c.selected("replay") || c.selected("lookup") {
 		if _, err := c.run(ctx, Spec{Name: "preload", Concurrency: c.Concurrency, Count: c.Preload, RPCs: 2}, t.Cycle(run+"p")); err != nil {
 			return err
 		}
 	}
-	type phase struct {
-		key  string
-		spec Spec
-		call func(round string) Call
-		pid  int // the server's process, when not ledgerd
+	phases, latency := c.phases(t, run, bare, bareServers)
+	var tp, lat [][]*Result // [phase][round]
+	// At concurrency 1: health Check and Reserve, and every other scenario
+	// selected that has a concurrency-1 run.
+	atC1 := func(key string) bool { return key == "reserve" || c.selected(key) }
+	for round := range c.Rounds {
+		if c.Rounds > 1 {
+			fmt.Fprintf(c.Log, " round %d of %d\n", round+1, c.Rounds)
+		}
+		r := strconv.Itoa(round)
+		if err := c.runPhases(ctx, phases, r, &tp, c.selected); err != nil {
+			return err
+		}
+		if c.selected("latency") {
+			if err := c.runPhases(ctx, latency, r, &lat, atC1); err != nil {
+				return err
+			}
+		}
 	}
-	phases := []phase{
+	rep.Throughput = summarize(tp)
+	rep.Latency = summarize(lat)
+	return nil
+}
+
+// phase is one scenario of the throughput part.
+type phase struct {
+	key  string
+	spec Spec
+	call func(round string) Call
+	pid  int // the server's process, when not ledgerd
+}
+
+// phases returns the scenarios on t, the ledger, with ids under run, and on
+// the bare servers there are: at c.Concurrency, and at 1.
+func (c *Config) phases(t *Target, run string, bare [2]*Target, bareServers [2]*Process) (tp, latency []phase) {
+	window := func(name string, conc int, d time.Duration, rpcs int) Spec {
+		return Spec{Name: name, Concurrency: conc, Warmup: c.Warmup, Duration: d, RPCs: rpcs}
+	}
+	tp = []phase{
 		{"health", window("health Check", c.Concurrency, c.Duration, 1), func(string) Call { return t.Health() }, 0},
 		{"reserve", window(reserveName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNew(run + "n" + r) }, 0},
 		{"reserve-sha", window(reserveSHAName, c.Concurrency, c.Duration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "f" + r) }, 0},
@@ -470,7 +513,7 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 		{"replay", window("Reserve (replay)", c.Concurrency, c.Duration, 1), func(string) Call { return t.Replay(run+"p", c.Preload) }, 0},
 		{"lookup", window("Lookup", c.Concurrency, c.Duration, 1), func(string) Call { return t.Lookup(run+"p", c.Preload) }, 0},
 	}
-	latency := []phase{
+	latency = []phase{
 		{"health", window("health Check", 1, c.LatencyDuration, 1), func(string) Call { return t.Health() }, 0},
 		{"reserve", window(reserveName, 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNew(run + "l" + r) }, 0},
 		{"reserve-sha", window(reserveSHAName, 1, c.LatencyDuration, 1), func(r string) Call { return t.ReserveNewFingerprint(run + "g" + r) }, 0},
@@ -480,49 +523,30 @@ func (c *Config) throughput(ctx context.Context, rep *Report, addr string, bareS
 			continue
 		}
 		health, pid := bare[i].Health, bareServers[i].cmd.Process.Pid
-		phases = append(phases, phase{v.key, window(v.name, c.Concurrency, c.Duration, 1), func(string) Call { return health() }, pid})
+		tp = append(tp, phase{v.key, window(v.name, c.Concurrency, c.Duration, 1), func(string) Call { return health() }, pid})
 		latency = append(latency, phase{v.key, window(v.name, 1, c.LatencyDuration, 1), func(string) Call { return health() }, pid})
 	}
-	var tp, lat [][]*Result // [phase][round]
-	// runPhases runs one round of the phases want takes, appending each
-	// result to its phase's row of out.
-	runPhases := func(phases []phase, r string, out *[][]*Result, want func(key string) bool) error {
-		i := 0
-		for _, p := range phases {
-			if !want(p.key) {
-				continue
-			}
-			res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
-			if err != nil {
-				return err
-			}
-			if len(*out) == i {
-				*out = append(*out, nil)
-			}
-			(*out)[i] = append((*out)[i], res)
-			i++
+	return tp, latency
+}
+
+// runPhases runs round r of the phases want takes, appending each result
+// to its phase's row of out.
+func (c *Config) runPhases(ctx context.Context, phases []phase, r string, out *[][]*Result, want func(key string) bool) error {
+	i := 0
+	for _, p := range phases {
+		if !want(p.key) {
+			continue
 		}
-		return nil
-	}
-	// At concurrency 1: health Check and Reserve, and every other scenario
-	// selected that has a concurrency-1 run.
-	atC1 := func(key string) bool { return key == "reserve" || c.selected(key) }
-	for round := range c.Rounds {
-		if c.Rounds > 1 {
-			fmt.Fprintf(c.Log, " round %d of %d\n", round+1, c.Rounds)
-		}
-		r := strconv.Itoa(round)
-		if err := runPhases(phases, r, &tp, c.selected); err != nil {
+		res, err := c.runOn(ctx, cmp.Or(p.pid, c.pids[0]), p.spec, p.call(r))
+		if err != nil {
 			return err
 		}
-		if c.selected("latency") {
-			if err := runPhases(latency, r, &lat, atC1); err != nil {
-				return err
-			}
+		if len(*out) == i {
+			*out = append(*out, nil)
 		}
+		(*out)[i] = append((*out)[i], res)
+		i++
 	}
-	rep.Throughput = summarize(tp)
-	rep.Latency = summarize(lat)
 	return nil
 }
 

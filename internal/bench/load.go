@@ -65,89 +65,94 @@ func (r *Result) Quantile(q float64) time.Duration {
 // Drive drives call with spec.Concurrency workers and measures every call
 // that ends inside the window. Errors are counted, not retried.
 func Drive(ctx context.Context, spec Spec, call Call) *Result {
-	if spec.Concurrency < 1 {
-		spec.Concurrency = 1
-	}
-	if spec.RPCs < 1 {
-		spec.RPCs = 1
-	}
-	var (
-		seq      atomic.Int64
-		stop     atomic.Bool
-		measure  atomic.Bool
-		errs     atomic.Int64
-		firstErr error
-		errOnce  sync.Once
-		wg       sync.WaitGroup
-		lats     = make([][]time.Duration, spec.Concurrency)
-	)
+	spec.Concurrency = max(spec.Concurrency, 1)
+	spec.RPCs = max(spec.RPCs, 1)
+	d := &driver{spec: spec, call: call}
 	counted := spec.Count > 0
 	if counted || spec.Warmup <= 0 {
-		measure.Store(true)
+		d.begin()
 	}
-	var start time.Time
-	var startMu sync.Mutex
-	setStart := func() {
-		if spec.Window != nil {
-			spec.Window(true)
-		}
-		startMu.Lock()
-		start = time.Now()
-		startMu.Unlock()
-	}
-	if measure.Load() {
-		setStart()
-	}
+	lats := make([][]time.Duration, spec.Concurrency)
+	var wg sync.WaitGroup
 	for w := range spec.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			local := make([]time.Duration, 0, 4096)
-			for !stop.Load() && ctx.Err() == nil {
-				n := seq.Add(1)
-				if counted && n > spec.Count {
-					break
-				}
-				t0 := time.Now()
-				err := call(ctx, n)
-				d := time.Since(t0)
-				if !measure.Load() {
-					continue
-				}
-				if err != nil {
-					errs.Add(1)
-					errOnce.Do(func() { firstErr = err })
-					continue
-				}
-				local = append(local, d)
-			}
-			lats[w] = local
-		}()
+		wg.Go(func() { lats[w] = d.work(ctx) })
 	}
 	if !counted {
 		if spec.Warmup > 0 {
 			sleep(ctx, spec.Warmup)
-			setStart()
-			measure.Store(true)
+			d.begin()
 		}
 		sleep(ctx, spec.Duration)
-		stop.Store(true)
+		d.stop.Store(true)
 	}
 	wg.Wait()
 	end := time.Now()
 	if spec.Window != nil {
 		spec.Window(false)
 	}
-	startMu.Lock()
-	elapsed := end.Sub(start)
-	startMu.Unlock()
-	r := &Result{Spec: spec, Errors: errs.Load(), FirstErr: firstErr, Elapsed: elapsed}
+	d.mu.Lock()
+	r := &Result{Spec: spec, Errors: d.errs.Load(), FirstErr: d.firstErr, Elapsed: end.Sub(d.start)}
+	d.mu.Unlock()
 	for _, l := range lats {
 		r.lat = append(r.lat, l...)
 	}
 	r.Calls = int64(len(r.lat))
 	slices.Sort(r.lat)
 	return r
+}
+
+// driver is the state Drive's workers share.
+type driver struct {
+	spec Spec
+	call Call
+
+	seq     atomic.Int64 // the last call's number
+	stop    atomic.Bool  // the window is over
+	measure atomic.Bool  // the window has begun
+	errs    atomic.Int64 // calls that failed in the window
+
+	mu       sync.Mutex
+	start    time.Time // when the window began
+	firstErr error
+}
+
+// begin begins the window.
+func (d *driver) begin() {
+	if d.spec.Window != nil {
+		d.spec.Window(true)
+	}
+	d.mu.Lock()
+	d.start = time.Now()
+	d.mu.Unlock()
+	d.measure.Store(true)
+}
+
+// work makes calls one after the other until the window or the count is
+// over, and returns the latencies of those that succeeded in the window.
+func (d *driver) work(ctx context.Context) []time.Duration {
+	local := make([]time.Duration, 0, 4096)
+	for !d.stop.Load() && ctx.Err() == nil {
+		n := d.seq.Add(1)
+		if d.spec.Count > 0 && n > d.spec.Count {
+			break
+		}
+		t0 := time.Now()
+		err := d.call(ctx, n)
+		took := time.Since(t0)
+		if !d.measure.Load() {
+			continue
+		}
+		if err != nil {
+			if d.errs.Add(1) == 1 {
+				d.mu.Lock()
+				d.firstErr = err
+				d.mu.Unlock()
+			}
+			continue
+		}
+		local = append(local, took)
+	}
+	return local
 }
 
 func sleep(ctx context.Context, d time.Duration) {
