@@ -139,45 +139,8 @@ const (
 // compensated record is linked first (one more round trip, compensate.go).
 func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest) (*ReserveResult, error) {
 	const op = "ledger.Reserve"
-	vs := checkPrincipal(who)
-	vs = append(vs, violations(
-		checkID("operation_id", req.OperationID, MaxOperationIDLen, true),
-		checkTool("tool", req.Tool, true),
-		checkID("permit_id", req.PermitID, MaxPermitIDLen, false),
-		checkID("holder", req.Holder, MaxHolderLen, false),
-		checkID("run_id", req.RunID, MaxRunIDLen, false),
-		checkID("compensates", req.Compensates, MaxOperationIDLen, false),
-	)...)
-	if req.Compensates != "" && req.Compensates == req.OperationID {
-		vs = append(vs, Violation{"compensates", "an operation cannot compensate itself"})
-	}
-	if req.Effect > EffectIrreversible {
-		vs = append(vs, Violation{"effect", "unknown effect"})
-	}
 	pol := l.policies.For(who.Tenant, req.Tool)
-	var fp fingerprint.Fingerprint
-	switch {
-	case req.ParamsSHA256 != nil && req.Params != nil:
-		vs = append(vs, Violation{"params_sha256", "set params or params_sha256, not both"})
-	case req.ParamsSHA256 != nil:
-		if len(req.ParamsSHA256) != len(fp) {
-			vs = append(vs, Violation{"params_sha256", "must be 32 bytes (a SHA-256 digest)"})
-		}
-		copy(fp[:], req.ParamsSHA256)
-	default:
-		var err error
-		if fp, err = fingerprint.Compute(req.Params, pol.ConsequentialFields); err != nil {
-			vs = append(vs, Violation{"params", err.Error()})
-		}
-	}
-	var retainMS, retainEndMS int64
-	if !req.RetainUntil.IsZero() {
-		if time.Until(req.RetainUntil) > MaxRetainUntil {
-			vs = append(vs, Violation{"retain_until", "more than 10 years ahead"})
-		}
-		retainMS = req.RetainUntil.UnixMilli()
-		retainEndMS = req.RetainUntil.Add(pol.RetainGrace).UnixMilli()
-	}
+	fp, retainMS, retainEndMS, vs := checkReserve(who, &req, &pol)
 	if len(vs) > 0 {
 		return nil, invalid(op, vs...)
 	}
@@ -221,6 +184,49 @@ func (l *Ledger) Reserve(ctx context.Context, who Principal, req ReserveRequest)
 	l.afterStep(ctx, adm, req.OperationID, res, err)
 	l.unlinkCompensation(ctx, comp, err)
 	return res, err
+}
+
+// checkReserve validates req under pol, and returns the fingerprint of its
+// parameters and its retain_until with and without pol's grace, in Unix
+// milliseconds (0 without one).
+func checkReserve(who Principal, req *ReserveRequest, pol *Policy) (fp fingerprint.Fingerprint, retainMS, retainEndMS int64, vs []Violation) {
+	vs = checkPrincipal(who)
+	vs = append(vs, violations(
+		checkID("operation_id", req.OperationID, MaxOperationIDLen, true),
+		checkTool("tool", req.Tool, true),
+		checkID("permit_id", req.PermitID, MaxPermitIDLen, false),
+		checkID("holder", req.Holder, MaxHolderLen, false),
+		checkID("run_id", req.RunID, MaxRunIDLen, false),
+		checkID("compensates", req.Compensates, MaxOperationIDLen, false),
+	)...)
+	if req.Compensates != "" && req.Compensates == req.OperationID {
+		vs = append(vs, Violation{"compensates", "an operation cannot compensate itself"})
+	}
+	if req.Effect > EffectIrreversible {
+		vs = append(vs, Violation{"effect", "unknown effect"})
+	}
+	switch {
+	case req.ParamsSHA256 != nil && req.Params != nil:
+		vs = append(vs, Violation{"params_sha256", "set params or params_sha256, not both"})
+	case req.ParamsSHA256 != nil:
+		if len(req.ParamsSHA256) != len(fp) {
+			vs = append(vs, Violation{"params_sha256", "must be 32 bytes (a SHA-256 digest)"})
+		}
+		copy(fp[:], req.ParamsSHA256)
+	default:
+		var err error
+		if fp, err = fingerprint.Compute(req.Params, pol.ConsequentialFields); err != nil {
+			vs = append(vs, Violation{"params", err.Error()})
+		}
+	}
+	if !req.RetainUntil.IsZero() {
+		if time.Until(req.RetainUntil) > MaxRetainUntil {
+			vs = append(vs, Violation{"retain_until", "more than 10 years ahead"})
+		}
+		retainMS = req.RetainUntil.UnixMilli()
+		retainEndMS = req.RetainUntil.Add(pol.RetainGrace).UnixMilli()
+	}
+	return fp, retainMS, retainEndMS, vs
 }
 
 // reserveDecide runs reserve.lua (again under the operation's bound
