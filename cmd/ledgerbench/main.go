@@ -73,7 +73,28 @@ func (e *usageError) Unwrap() error { return e.err }
 // usagef returns a usageError.
 func usagef(format string, a ...any) error { return &usageError{fmt.Errorf(format, a...)} }
 
+// run runs the benchmark the command line args asks for, its report on
+// stdout and its progress on stderr.
 func run(args []string, stdout, stderr io.Writer) error {
+	c, err := parse(args, stderr)
+	if c == nil || err != nil {
+		return err
+	}
+	c.Out = stdout
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_, err = bench.Run(ctx, *c)
+	return err
+}
+
+// scenarios are the names --only takes.
+var scenarios = []string{"reserve", "reserve-sha", "cycle", "cycle-runs", "replay", "lookup", "latency", "bare", "bare-ledger",
+	bench.BarePairKey, "mcp", "receipts", "functions", "peer", bench.InstructionsKey, "pair"}
+
+// parse reads the command line into a configuration, with this binary as
+// the cycler and the bare server. It returns nil and a nil error for -h,
+// and a usageError for what it refuses.
+func parse(args []string, stderr io.Writer) (*bench.Config, error) {
 	var c bench.Config
 	fs := flag.NewFlagSet("ledgerbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -89,10 +110,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.LatencyDuration, "latency-duration", 5e9, "measured window of each concurrency-1 run")
 	fs.IntVar(&c.Rounds, "rounds", 3, "rounds of every throughput and latency run; the report shows medians")
 	fs.Int64Var(&c.Preload, "preload", 10000, "completed operations the replay and Lookup runs read")
-	noThroughput := fs.Bool("no-throughput", false, "skip the throughput part (memory and growth only)")
+	fs.BoolVar(&c.NoThroughput, "no-throughput", false, "skip the throughput part (memory and growth only)")
 	fs.Int64Var(&c.MemoryRecords, "memory-records", 100000, "SUCCEEDED records of the memory measurement (0: skip)")
 	growth := fs.String("growth", "", "comma-separated store sizes for the growth measurement, e.g. 1000,1000000 (empty: skip)")
-	only := fs.String("only", "", "comma-separated throughput scenarios to run: reserve, reserve-sha, cycle, cycle-runs, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions, pair (health always runs; empty: all)")
+	only := fs.String("only", "", "comma-separated throughput scenarios to run: "+strings.Join(scenarios, ", ")+" (health always runs; empty: all)")
 	fs.StringVar(&c.Against, "against", "", "a second ledgerd binary: also run it and --ledgerd at once, each on a fresh redis-server, under the same load, and compare their CPU per call (the pair part)")
 	ledgerdFlags := fs.String("ledgerd-flags", "", "extra ledgerd flags, space-separated")
 	fs.BoolVar(&c.DurableRedis, "redis-durable", false, "start redis-server with appendonly yes and appendfsync always (the production settings of docs/operations.md) instead of without persistence")
@@ -106,63 +127,77 @@ func run(args []string, stdout, stderr io.Writer) error {
 	verbose := fs.Bool("v", true, "progress on stderr")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
-			return nil
+			return nil, nil
 		}
-		return &usageError{err}
+		return nil, &usageError{err}
 	}
 	if fs.NArg() > 0 {
-		return usagef("unexpected arguments: %v", fs.Args())
+		return nil, usagef("unexpected arguments: %v", fs.Args())
 	}
-	if c.Ledgerd == "" && c.Addr == "" {
+	var err error
+	if c.Growth, err = parseGrowth(*growth); err != nil {
+		return nil, err
+	}
+	if c.Only, err = parseOnly(*only); err != nil {
+		return nil, err
+	}
+	if c.Cycler, err = os.Executable(); err != nil {
+		return nil, err
+	}
+	if *bare {
+		c.BareServer = c.Cycler
+	}
+	c.LedgerdFlags = strings.Fields(*ledgerdFlags)
+	if *verbose {
+		c.Log = stderr
+	}
+	return &c, check(&c)
+}
+
+// check refuses flags that do not go together.
+func check(c *bench.Config) error {
+	switch {
+	case c.Ledgerd == "" && c.Addr == "":
 		return usagef("--ledgerd BINARY (make bench builds bin/ledgerd) or --addr HOST:PORT (a running ledgerd) is required")
-	}
-	if c.ServerCPUs != "" && c.Addr != "" {
+	case c.ServerCPUs != "" && c.Addr != "":
 		return usagef("--server-cpus places the servers ledgerbench starts: it does not go with --addr (a running ledgerd)")
+	case c.InstructionCycles <= 0:
+		return usagef("--instruction-cycles %d: want a positive count", c.InstructionCycles)
+	case slices.Contains(c.Only, "pair") && c.Against == "":
+		return usagef("--only pair: needs --against, the second ledgerd binary")
+	case slices.Contains(c.Only, bench.BarePairKey) && c.BareServer == "":
+		return usagef("--only %s: needs the bare server (drop --bare=false)", bench.BarePairKey)
 	}
-	for _, s := range strings.Split(*growth, ",") {
+	return nil
+}
+
+// parseGrowth reads --growth: comma-separated positive record counts.
+func parseGrowth(list string) ([]int64, error) {
+	var ns []int64
+	for _, s := range strings.Split(list, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n <= 0 {
-			return usagef("--growth %q: want positive record counts", *growth)
+			return nil, usagef("--growth %q: want positive record counts", list)
 		}
-		c.Growth = append(c.Growth, n)
+		ns = append(ns, n)
 	}
-	for _, s := range strings.Split(*only, ",") {
-		switch s = strings.TrimSpace(s); s {
-		case "":
-		case "reserve", "reserve-sha", "cycle", "cycle-runs", "replay", "lookup", "latency", "bare", "bare-ledger", bench.BarePairKey, "mcp", "receipts", "functions", "peer", bench.InstructionsKey, "pair":
-			c.Only = append(c.Only, s)
+	return ns, nil
+}
+
+// parseOnly reads --only: comma-separated scenario names.
+func parseOnly(list string) ([]string, error) {
+	var only []string
+	for _, s := range strings.Split(list, ",") {
+		switch s = strings.TrimSpace(s); {
+		case s == "":
+		case slices.Contains(scenarios, s):
+			only = append(only, s)
 		default:
-			return usagef("--only %q: want reserve, reserve-sha, cycle, cycle-runs, replay, lookup, latency, bare, bare-ledger, bare-pair, mcp, receipts, functions, peer, instructions or pair", s)
+			return nil, usagef("--only %q: want %s or %s", s, strings.Join(scenarios[:len(scenarios)-1], ", "), scenarios[len(scenarios)-1])
 		}
 	}
-	if c.InstructionCycles <= 0 {
-		return usagef("--instruction-cycles %d: want a positive count", c.InstructionCycles)
-	}
-	if slices.Contains(c.Only, "pair") && c.Against == "" {
-		return usagef("--only pair: needs --against, the second ledgerd binary")
-	}
-	if slices.Contains(c.Only, bench.BarePairKey) && !*bare {
-		return usagef("--only %s: needs the bare server (drop --bare=false)", bench.BarePairKey)
-	}
-	c.NoThroughput = *noThroughput
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	c.Cycler = self
-	if *bare {
-		c.BareServer = self
-	}
-	c.LedgerdFlags = strings.Fields(*ledgerdFlags)
-	c.Out = stdout
-	if *verbose {
-		c.Log = stderr
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	_, err = bench.Run(ctx, c)
-	return err
+	return only, nil
 }
