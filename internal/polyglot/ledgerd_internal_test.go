@@ -78,7 +78,7 @@ func TestPythonFaultsStoppedAtItsBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = silent.Close() })
-	out, err := runExample(repoRoot(t), 10*time.Second, systemPython, "-s", "examples/python/faults.py", silent.Addr().String())
+	out, _, err := runExample(repoRoot(t), 10*time.Second, systemPython, "-s", "examples/python/faults.py", silent.Addr().String())
 	if err == nil || !strings.Contains(err.Error(), "did not finish within 10s") {
 		t.Fatalf("faults.py against a ledger that never answers: %v, want an error saying it did not finish\n%s", err, out)
 	}

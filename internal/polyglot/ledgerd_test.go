@@ -3,6 +3,7 @@ package polyglot
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,7 +174,7 @@ func (d *ledgerdProcess) stop() error {
 // exits 0 having printed want.
 func runClient(t *testing.T, want string, name string, args ...string) {
 	t.Helper()
-	out, err := runExample(repoRoot(t), 2*time.Minute, name, args...)
+	out, _, err := runExample(repoRoot(t), 2*time.Minute, name, args...)
 	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 	if err != nil {
 		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
@@ -183,12 +184,13 @@ func runClient(t *testing.T, want string, name string, args ...string) {
 	}
 }
 
-// runExample runs an example client in dir and returns its output. At
-// timeout the client is asked to stop (SIGTERM: the Python fault scenarios
-// then print where every thread stood), and killed 10s later if it has not;
-// the error then says it did not finish. Python writes its output unbuffered,
-// so that what it printed until then is kept.
-func runExample(dir string, timeout time.Duration, name string, args ...string) ([]byte, error) {
+// runExample runs an example client in dir and returns its output: all of
+// it, standard output and error as they came, and its standard output
+// alone. At timeout the client is asked to stop (SIGTERM: the Python fault
+// scenarios then print where every thread stood), and killed 10s later if
+// it has not; the error then says it did not finish. Python writes its
+// output unbuffered, so that what it printed until then is kept.
+func runExample(dir string, timeout time.Duration, name string, args ...string) (all, stdout []byte, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
@@ -199,9 +201,11 @@ func runExample(dir string, timeout time.Duration, name string, args ...string) 
 	// read for at most this long: anything else holding the pipe open
 	// cannot hold the test.
 	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
+	var both, out ledgertest.Buffer
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(&out, &both), &both
+	err = cmd.Run()
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("did not finish within %s (%v)", timeout, err)
 	}
-	return out, err
+	return []byte(both.String()), []byte(out.String()), err
 }
