@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,26 @@ func TestOverdueAcrossPages(t *testing.T) {
 			if codes := (jsonDoc{Notices: l.Notices}).codes(); !slices.Contains(codes, "CLOCK_BEHIND") {
 				t.Errorf("old ledger %v: list-unresolved %q: notices %q", old, flags, codes)
 			}
+		}
+	}
+}
+
+// TestListStopsAtAStuckPage: a ledger that answers the same page token
+// twice would page forever; ledgerctl stops at the second, exits 1 and
+// says why (BAD_PAGE), before it prints a listing.
+func TestListStopsAtAStuckPage(t *testing.T) {
+	e := newLedgerEnv(t, redistest.Shared(t).Client(t))
+	e.markUnknown(t, "wf-70:charge", "payments.charge", "read timeout")
+	p, addr := startProxy(t, e.addr, false)
+	p.stuckToken = "page-2"
+	env := map[string]string{"LEDGER_ADDR": addr, "LEDGER_API_KEY": e.env["LEDGER_API_KEY"]}
+	for _, args := range [][]string{
+		{"list-unresolved"},
+		{"list-unresolved", "--json"},
+	} {
+		o := ctl(t, env, args...)
+		if o.code != 1 || !strings.Contains(o.stdout+o.stderr, "BAD_PAGE") || strings.Contains(o.stdout, "wf-70:charge") {
+			t.Errorf("ledgerctl %q against a ledger whose pages do not advance: %s", args, o)
 		}
 	}
 }

@@ -35,6 +35,10 @@ type proxy struct {
 	afterRefusal func()
 	// lookupErr, when set, is the answer to every Lookup.
 	lookupErr error
+	// stuckToken, when set, is the next page token of every ListUnresolved
+	// answer, which reads the first page whatever token it is sent: a
+	// ledger whose pages do not advance.
+	stuckToken string
 
 	mu      sync.Mutex
 	listed  int // operations the ledger returned to ListUnresolved
@@ -75,7 +79,13 @@ func (p *proxy) ListUnresolved(ctx context.Context, req *ledgerv1.ListUnresolved
 	if p.old {
 		req.Overdue, req.NeedsReview = false, false
 	}
+	if p.stuckToken != "" {
+		req.PageToken = ""
+	}
 	res, err := p.next.ListUnresolved(forward(ctx), req)
+	if err == nil && p.stuckToken != "" {
+		res.NextPageToken = p.stuckToken
+	}
 	if err == nil {
 		p.mu.Lock()
 		p.listed += len(res.GetOperations())
