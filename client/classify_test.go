@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/opledger/ledger/internal/ledgertest"
 )
 
 func TestClassifyHTTP(t *testing.T) {
@@ -35,25 +37,15 @@ func TestClassifyHTTP(t *testing.T) {
 		t.Errorf("failure code %q", code)
 	}
 	// A request that could not connect is retryable; one that timed out is not.
-	_, err := http.Get("http://" + closedAddr(t))
+	_, err := http.Get("http://" + ledgertest.ClosedAddr(t))
 	if c := ClassOf(ClassifyHTTP(nil, err)); c != Retryable {
 		t.Errorf("connection refused: %v (%v)", c, err)
 	}
 	hc := &http.Client{Timeout: time.Nanosecond}
-	_, err = hc.Get("http://" + closedAddr(t))
+	_, err = hc.Get("http://" + ledgertest.ClosedAddr(t))
 	if c := ClassOf(ClassifyHTTP(nil, err)); c == Final {
 		t.Errorf("timeout: %v (%v)", c, err)
 	}
-}
-
-func closedAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
 }
 
 func TestClassifyGRPC(t *testing.T) {

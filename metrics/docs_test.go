@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/internal/mdtable"
 	"github.com/opledger/ledger/internal/redistest"
 	"github.com/opledger/ledger/ledger"
@@ -95,7 +95,7 @@ func exportedMetrics(t *testing.T) map[string]metricDef {
 	// The scrape errors: a second instance on a store that cannot be
 	// reached. Its families are gathered with the first's.
 	down := metrics.New(metrics.Options{})
-	rdb := redis.NewClient(&redis.Options{Addr: unusedAddr(t), MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
+	rdb := redis.NewClient(&redis.Options{Addr: ledgertest.ClosedAddr(t), MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = rdb.Close() })
 	l, err := ledger.New(rdb, ledger.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -167,18 +167,6 @@ func isClientOwn(name string) bool {
 		}
 	}
 	return false
-}
-
-// unusedAddr returns a loopback address nothing listens on.
-func unusedAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	_ = lis.Close()
-	return addr
 }
 
 // docMetrics is a row of the metrics table of docs/operations.md.

@@ -27,6 +27,19 @@ func NonLoopbackIPv4(t testing.TB) string {
 	return ""
 }
 
+// ClosedAddr returns a loopback address nothing listens on: one a listener
+// bound and closed.
+func ClosedAddr(tb testing.TB) string {
+	tb.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	return addr
+}
+
 // ListenAddr waits until log holds a JSON line whose "msg" is msg (ledgerd
 // writes "ledgerd serving" and "metrics serving") and returns its "listen"
 // field: the address a listener given port 0 bound. Tests start ledgerd on
