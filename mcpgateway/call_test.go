@@ -10,7 +10,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/mcpgateway"
+	"github.com/opledger/ledger/server"
 )
 
 // createRules: create_ticket gives up after 1s and is reconciled by
@@ -259,6 +261,86 @@ func TestUpstreamOutcomes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLedgerOutcomes: what a caller gets when the ledger cannot take a
+// call, refuses it, or holds it for another call still running; the
+// upstream is not called, or only by the call that holds the operation.
+func TestLedgerOutcomes(t *testing.T) {
+	viewer, hash, err := server.NewAPIKey("acme-viewer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := server.ParseCredentials([]byte("keys:\n  - {id: acme-viewer, tenant: acme, scopes: [viewer], secret_sha256: " + hash + "}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		opts     rigOptions
+		during   func(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer // the first call, while another runs
+		outcome  string
+		text     string
+		forwards int
+	}{
+		{name: "ledger unreachable", opts: rigOptions{ledgerAddr: ledgertest.ClosedAddr(t), rules: "- {match: create_ticket, wait: 2s}"},
+			outcome: "unavailable", text: "could not be reached, and nothing runs without it"},
+		{name: "credentials refused", opts: rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": viewer}},
+			outcome: "refused", text: "the ledger refused the gateway's credentials"},
+		{name: "key none on a tool that changes things", opts: rigOptions{rules: "- {match: create_ticket, key: none}"},
+			outcome: "misconfigured", text: "An operator must fix its policy"},
+		{name: "another call still running", opts: rigOptions{rules: "- {match: create_ticket, wait: 300ms}"},
+			during: stillRunning, outcome: "in_progress", text: "another call of this operation is still running", forwards: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.opts)
+			cs := r.stdio(clientOptions{})
+			k := key(t, "op")
+			var a answer
+			if tc.during != nil {
+				a = tc.during(t, r, cs, k)
+			} else {
+				a = call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+			}
+			if !a.isError || a.outcome() != tc.outcome || !strings.Contains(a.text, tc.text) {
+				t.Fatalf("call = %v, want an error %s saying %q", a, tc.outcome, tc.text)
+			}
+			if n := r.up.Calls("create_ticket"); n != tc.forwards {
+				t.Fatalf("the upstream got %d calls, want %d", n, tc.forwards)
+			}
+		})
+	}
+}
+
+// stillRunning makes a call of operation k that runs for 3 seconds, and
+// returns the answer to the same call made while it runs. Once the first
+// ends, the operation has one effect, which a third call replays.
+func stillRunning(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
+	t.Helper()
+	r.up.Fault("create_ticket", "slow:3s")
+	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}
+	first := make(chan answer, 1)
+	go func() {
+		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, meta)
+		if err != nil {
+			a.text = err.Error()
+		}
+		first <- a
+	}()
+	for deadline := time.Now().Add(20 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first call did not reach the upstream")
+		}
+	}
+	second := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+	if a := <-first; a.isError || a.outcome() != "executed" {
+		t.Fatalf("the first call = %v, want executed", a)
+	}
+	if a := call(t, cs, "tickets_create_ticket", ticketArgs, meta); a.outcome() != "replayed" || r.up.Count("create_ticket") != 1 {
+		t.Fatalf("a third call = %v with %d effects, want the replay of one", a, r.up.Count("create_ticket"))
+	}
+	return second
 }
 
 // TestAnswersFitTheOutputSchema: create_ticket lists an output schema, and

@@ -2,18 +2,26 @@ package mcpgateway_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/mcpgateway"
 	"github.com/opledger/ledger/mcpgateway/mcptest"
+	"github.com/opledger/ledger/server"
 )
 
 // TestToolsAreServedUnderThePrefix: tools/list shows the upstream's tools
@@ -175,5 +183,83 @@ func TestProgressAndCancellation(t *testing.T) {
 	}
 	if n := r.up.Count("create_ticket"); n != 1 {
 		t.Fatalf("%d effects, want 1: the cancelled call must not apply one", n)
+	}
+}
+
+// TestLedgerOverTLS: the gateway reaches a ledger that serves TLS with
+// ledger.tls: its CA from ca_file, and its client certificate from
+// cert_file and key_file where the ledger maps certificates to tenants.
+// The call runs once and replays. A ledger whose certificate another CA
+// issued is not reached, and nothing is forwarded.
+func TestLedgerOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	pki := ledgertest.NewPKI(t, dir)
+	serverCert, _, _ := pki.Issue(t, "ledger", "ledger", true)
+	_, clientFile, clientKey := pki.Issue(t, "gateway", "gateway.acme.internal", false)
+	other := ledgertest.NewPKI(t, t.TempDir())
+	creds, err := server.ParseCredentials([]byte("clients:\n  - {common_name: gateway.acme.internal, tenant: acme, scopes: [reconciler]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverTLS := func(auth tls.ClientAuthType) *tls.Config {
+		return &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: pki.Pool, ClientAuth: auth, MinVersion: tls.VersionTLS12}
+	}
+	for _, tc := range []struct {
+		name   string
+		opts   rigOptions
+		effect bool // else: refused as unavailable, not forwarded
+	}{
+		{"ca_file", rigOptions{ledgerTLS: serverTLS(tls.NoClientCert), ledgerYAML: "  tls: {ca_file: " + pki.CAFile + "}"}, true},
+		{"client certificate", rigOptions{creds: creds, ledgerTLS: serverTLS(tls.RequireAndVerifyClientCert),
+			ledgerYAML: fmt.Sprintf("  tls: {ca_file: %s, cert_file: %s, key_file: %s}", pki.CAFile, clientFile, clientKey)}, true},
+		{"another CA", rigOptions{ledgerTLS: serverTLS(tls.NoClientCert), ledgerYAML: "  tls: {ca_file: " + other.CAFile + "}",
+			rules: "- {match: create_ticket, wait: 2s}"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.opts)
+			cs := r.stdio(clientOptions{})
+			meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "op")}
+			first := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+			if !tc.effect {
+				if !first.isError || first.outcome() != "unavailable" || r.up.Calls("create_ticket") != 0 {
+					t.Fatalf("call = %v with %d forwards, want unavailable and none", first, r.up.Calls("create_ticket"))
+				}
+				return
+			}
+			second := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
+			if first.outcome() != "executed" || second.outcome() != "replayed" || second.ticket != first.ticket || r.up.Count("create_ticket") != 1 {
+				t.Fatalf("calls = %v, %v with %d effects, want one executed and replayed", first, second, r.up.Count("create_ticket"))
+			}
+		})
+	}
+}
+
+// TestLedgerTLSFiles: a TLS file the gateway cannot use stops New, naming
+// ledger.tls and the file.
+func TestLedgerTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	pki := ledgertest.NewPKI(t, dir)
+	_, certFile, keyFile := pki.Issue(t, "gateway", "gateway", false)
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	for _, tc := range []struct {
+		tls, want string
+	}{
+		{"{ca_file: " + missing + "}", "ledger.tls: open " + missing},
+		{"{ca_file: " + notPEM + "}", "ledger.tls: " + notPEM + ": no PEM certificate in it"},
+		{"{cert_file: " + certFile + ", key_file: " + missing + "}", "ledger.tls: open " + missing},
+		{"{cert_file: " + keyFile + ", key_file: " + certFile + "}", "ledger.tls: tls: "},
+	} {
+		cfg, err := mcpgateway.ParseConfig([]byte("ledger:\n  tls: "+tc.tls+"\nupstreams:\n  - {name: tickets, url: \"http://127.0.0.1:1/mcp\"}\n"), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.tls, err)
+		}
+		if _, err := mcpgateway.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New with ledger.tls %s = %v, want an error with %q", tc.tls, err, tc.want)
+		}
 	}
 }

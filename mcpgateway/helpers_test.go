@@ -1,7 +1,9 @@
 package mcpgateway_test
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -79,13 +81,19 @@ type rigOptions struct {
 	// env is the gateway's environment; apiKeyEnv names its own key there.
 	env       map[string]string
 	apiKeyEnv string
+	// ledgerTLS, when set, has the ledger serve TLS with it; ledgerYAML is
+	// more YAML under the gateway's ledger key (its tls, as lines of
+	// "  key: value"); ledgerAddr, when set, is the address the gateway
+	// is given for the ledger instead of the ledger's.
+	ledgerTLS              *tls.Config
+	ledgerYAML, ledgerAddr string
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
 	t.Helper()
 	r := &rig{t: t, up: mcptest.New(t.TempDir()), log: &ledgertest.Buffer{}}
 	r.ledger = servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: ledgerPolicy, Credentials: o.creds,
-		Prefix: "mcp-" + client.NewHolder()[2:14]}) // a ledger of its own: the gateways of other tests reconcile theirs
+		Prefix: "mcp-" + client.NewHolder()[2:14], TLS: o.ledgerTLS}) // a ledger of its own: the gateways of other tests reconcile theirs
 	var up string
 	switch o.upstream {
 	case "", "stdio":
@@ -119,8 +127,12 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.apiKeyEnv != "" {
 		ledgerKey = "\n  api_key_env: " + o.apiKeyEnv
 	}
+	if o.ledgerYAML != "" {
+		ledgerKey += "\n" + o.ledgerYAML
+	}
+	addr := cmp.Or(o.ledgerAddr, r.ledger.Addr)
 	doc := fmt.Sprintf("ledger:\n  address: %s%s\n%s\nreconcile:\n  interval: 200ms\nupstreams:\n  - name: tickets\n    %s\n    tools:\n%s\n%s\n",
-		r.ledger.Addr, ledgerKey, o.config, up, indent(o.rules, "      "), o.upstreams)
+		addr, ledgerKey, o.config, up, indent(o.rules, "      "), o.upstreams)
 	lookup := func(k string) (string, bool) { v, ok := o.env[k]; return v, ok }
 	cfg, err := mcpgateway.ParseConfig([]byte(doc), lookup)
 	if err != nil {

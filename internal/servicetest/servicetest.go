@@ -5,6 +5,7 @@ package servicetest
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/opledger/ledger/ledger"
 	"github.com/opledger/ledger/receipt"
@@ -48,6 +51,9 @@ type Options struct {
 	Receipts *receipt.Signer
 	// NoFunctions sends the scripts by EVALSHA (ledger.Options).
 	NoFunctions bool
+	// TLS, when set, serves TLS with it (its ClientAuth asks for client
+	// certificates).
+	TLS *tls.Config
 }
 
 // Start runs a ledger service on rdb until the test ends.
@@ -75,7 +81,11 @@ func Start(tb testing.TB, rdb redis.UniversalClient, o Options) *Stack {
 	if o.Credentials != nil {
 		cfg.Auth = server.NewAuthenticator(o.Credentials)
 	}
-	svc := server.New(cfg)
+	var opts []grpc.ServerOption
+	if o.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS)))
+	}
+	svc := server.New(cfg, opts...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
