@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +263,35 @@ func TestLedgerTLSFiles(t *testing.T) {
 		if _, err := mcpgateway.New(cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New with ledger.tls %s = %v, want an error with %q", tc.tls, err, tc.want)
 		}
+	}
+}
+
+// TestOneNameOneUpstream: two upstreams whose tools come out under the
+// same served name (tickets_ + create_ticket, t + ickets_create_ticket):
+// the name is served once, the other is left out and the log says so, and
+// calls reach one upstream only.
+func TestOneNameOneUpstream(t *testing.T) {
+	var other atomic.Int64
+	srv := mcp.NewServer(&mcp.Implementation{Name: "other"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "ickets_create_ticket", InputSchema: map[string]any{"type": "object"}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			other.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "other"}}}, nil
+		})
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	r := newRig(t, rigOptions{upstreams: "  - {name: other, prefix: t, url: " + hs.URL + "}"})
+	cs := r.http("", clientOptions{})
+	if n := strings.Count(strings.Join(names(list(t, cs)), " "), "tickets_create_ticket"); n != 1 {
+		t.Fatalf("tools %v: tickets_create_ticket served %d times", names(list(t, cs)), n)
+	}
+	for i := range 3 {
+		call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, fmt.Sprint(i))})
+	}
+	if mine, theirs := r.up.Count("create_ticket"), other.Load(); mine+int(theirs) != 3 || mine != 0 && theirs != 0 {
+		t.Fatalf("the tickets upstream applied %d, the other got %d calls: want all 3 at one of them", mine, theirs)
+	}
+	if !strings.Contains(r.log.String(), "another upstream's tool has its name") {
+		t.Fatalf("the log does not say a tool was left out:\n%s", r.log.String())
 	}
 }
