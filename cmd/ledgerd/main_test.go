@@ -431,6 +431,56 @@ func TestTLSFromFiles(t *testing.T) {
 	}
 }
 
+// TestClientCertificatesFromFiles: with --tls-client-ca, a client
+// certificate that CA issued, mapped to a tenant by the credentials file,
+// is that tenant's credential; a TLS client without one, or with one of
+// another CA, is not let in.
+func TestClientCertificatesFromFiles(t *testing.T) {
+	dir := t.TempDir()
+	pki := ledgertest.NewPKI(t, dir)
+	_, serverCert, serverKey := pki.Issue(t, "ledgerd", "ledgerd", true)
+	agent, _, _ := pki.Issue(t, "agent", "agent-1.acme.internal", false)
+	stranger, _, _ := ledgertest.NewPKI(t, t.TempDir()).Issue(t, "agent", "agent-1.acme.internal", false)
+	auth := filepath.Join(dir, "auth.yaml")
+	if err := os.WriteFile(auth, []byte("clients:\n  - {common_name: agent-1.acme.internal, tenant: acme, scopes: [agent]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	creds := func(cert *tls.Certificate) credentials.TransportCredentials {
+		c := &tls.Config{RootCAs: pki.Pool, MinVersion: tls.VersionTLS12}
+		if cert != nil {
+			c.Certificates = []tls.Certificate{*cert}
+		}
+		return credentials.NewTLS(c)
+	}
+	conn, addr, _ := start(t, creds(&agent), "--tls-cert", serverCert, "--tls-key", serverKey, "--tls-client-ca", pki.CAFile, "--auth-file", auth)
+	for _, tc := range []struct {
+		name string
+		conn *grpc.ClientConn
+		want codes.Code
+	}{
+		{"the mapped certificate", conn, codes.OK},
+		{"no certificate", dialTLS(t, addr, creds(nil)), codes.Unauthenticated},
+		{"another CA's certificate", dialTLS(t, addr, creds(&stranger)), codes.Unavailable},
+	} {
+		_, err := ledgerv1.NewLedgerServiceClient(tc.conn).Reserve(context.Background(),
+			&ledgerv1.ReserveRequest{OperationId: "wf-1:" + tc.name, Tool: "tickets.create", Holder: "h"})
+		if status.Code(err) != tc.want {
+			t.Errorf("%s: Reserve = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+// dialTLS connects to addr with creds until the test ends.
+func dialTLS(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
 // TestRedisOverTLSAsRestrictedUser runs ledgerd against a redis-server that
 // only speaks TLS, as the least-privileged ACL user, from the URL.
 func TestRedisOverTLSAsRestrictedUser(t *testing.T) {
