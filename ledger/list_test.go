@@ -394,3 +394,41 @@ func TestDecodePageTokenRefusesOtherSpellings(t *testing.T) {
 		}
 	}
 }
+
+// TestListUnresolvedDropsStaleEntries: an index entry whose record was
+// removed behind the ledger's back (evicted, or deleted by hand) is not
+// listed, and the listing drops it from the index, so no later page reads
+// it again; the other operations are listed as before.
+func TestListUnresolvedDropsStaleEntries(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		for _, id := range []string{"kept", "evicted"} {
+			o := e.execute(t, id, "payments.refund")
+			if _, err := e.markUnknown(t, id, o.FencingToken); err != nil {
+				t.Fatal(err)
+			}
+		}
+		k := e.l.keys.op(e.who.Tenant, "evicted")
+		if err := e.rdb.Del(e.ctx, k.all[0]).Err(); err != nil {
+			t.Fatal(err)
+		}
+		indexed := func() bool {
+			members, err := e.rdb.ZRange(e.ctx, k.all[1], 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.ContainsFunc(members, func(m string) bool { return strings.HasSuffix(m, ":evicted") })
+		}
+		if !indexed() {
+			t.Fatal("the evicted operation is not in the index to begin with")
+		}
+		for range 2 {
+			page, err := e.l.ListUnresolved(e.ctx, e.who, ListRequest{})
+			if err != nil || !slices.Equal(ids(page.Operations), []string{"kept"}) {
+				t.Fatalf("list = %v, %v; want [kept]", ids(page.Operations), err)
+			}
+		}
+		if indexed() {
+			t.Fatal("the index still holds the operation whose record is gone")
+		}
+	})
+}
