@@ -264,8 +264,9 @@ func TestUpstreamOutcomes(t *testing.T) {
 }
 
 // TestLedgerOutcomes: what a caller gets when the ledger cannot take a
-// call, refuses it, or holds it for another call still running; the
-// upstream is not called, or only by the call that holds the operation.
+// call, refuses it, holds it for another call still running, or goes away
+// while the tool runs; the upstream is not called, or only by the call
+// that holds the operation.
 func TestLedgerOutcomes(t *testing.T) {
 	viewer, hash, err := server.NewAPIKey("acme-viewer")
 	if err != nil {
@@ -282,6 +283,7 @@ func TestLedgerOutcomes(t *testing.T) {
 		outcome  string
 		text     string
 		forwards int
+		answered bool // the tool's own answer, not an error
 	}{
 		{name: "ledger unreachable", opts: rigOptions{ledgerAddr: ledgertest.ClosedAddr(t), rules: "- {match: create_ticket, wait: 2s}"},
 			outcome: "unavailable", text: "could not be reached, and nothing runs without it"},
@@ -291,6 +293,7 @@ func TestLedgerOutcomes(t *testing.T) {
 			outcome: "misconfigured", text: "An operator must fix its policy"},
 		{name: "another call still running", opts: rigOptions{rules: "- {match: create_ticket, wait: 300ms}"},
 			during: stillRunning, outcome: "in_progress", text: "another call of this operation is still running", forwards: 1},
+		{name: "ledger gone while the tool runs", during: ledgerGone, outcome: "not_recorded", text: "Opened ticket T-", forwards: 1, answered: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -303,13 +306,49 @@ func TestLedgerOutcomes(t *testing.T) {
 			} else {
 				a = call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
 			}
-			if !a.isError || a.outcome() != tc.outcome || !strings.Contains(a.text, tc.text) {
-				t.Fatalf("call = %v, want an error %s saying %q", a, tc.outcome, tc.text)
+			if a.isError == tc.answered || a.outcome() != tc.outcome || !strings.Contains(a.text, tc.text) {
+				t.Fatalf("call = %v, want %s saying %q (the tool's answer: %v)", a, tc.outcome, tc.text, tc.answered)
 			}
 			if n := r.up.Calls("create_ticket"); n != tc.forwards {
 				t.Fatalf("the upstream got %d calls, want %d", n, tc.forwards)
 			}
 		})
+	}
+}
+
+// ledgerGone makes a call of operation k and stops the ledger while the
+// tool runs: the tool applies its effect, the ledger cannot record it
+// (the gateway tries again, then gives up), and the caller gets the tool's
+// answer all the same.
+func ledgerGone(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
+	t.Helper()
+	r.up.Fault("create_ticket", "slow:1s")
+	done := make(chan answer, 1)
+	go func() {
+		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+		if err != nil {
+			a.text = err.Error()
+		}
+		done <- a
+	}()
+	waitForCall(t, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // stop at once
+	r.ledger.Service.Shutdown(ctx)
+	a := <-done
+	if n := r.up.Count("create_ticket"); n != 1 {
+		t.Fatalf("the upstream applied %d effects, want 1", n)
+	}
+	return a
+}
+
+// waitForCall waits until the upstream got a call of create_ticket.
+func waitForCall(t *testing.T, r *rig) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the call did not reach the upstream")
+		}
 	}
 }
 
@@ -328,11 +367,7 @@ func stillRunning(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer 
 		}
 		first <- a
 	}()
-	for deadline := time.Now().Add(20 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first call did not reach the upstream")
-		}
-	}
+	waitForCall(t, r)
 	second := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
 	if a := <-first; a.isError || a.outcome() != "executed" {
 		t.Fatalf("the first call = %v, want executed", a)
