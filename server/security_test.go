@@ -2,21 +2,15 @@ package server_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -777,36 +771,12 @@ type testPKI struct {
 
 func newPKI(t *testing.T) *testPKI {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	issue := func(serial int64, cn string, uri string, server bool) tls.Certificate {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
-			NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-		if server {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-		}
-		if uri != "" {
-			u, _ := url.Parse(uri)
-			tmpl.URIs = []*url.URL{u}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return &testPKI{pool: pool, server: issue(2, "ledger", "", true),
-		mapped: issue(3, "agent-1.acme.internal", "", false), st: issue(4, "stranger", "spiffe://other/x", false)}
+	ca := ledgertest.NewPKI(t, t.TempDir())
+	p := &testPKI{pool: ca.Pool}
+	p.server, _, _ = ca.Issue(t, "server", "ledger", true)
+	p.mapped, _, _ = ca.Issue(t, "mapped", "agent-1.acme.internal", false)
+	p.st, _, _ = ca.Issue(t, "stranger", "stranger", false, "spiffe://other/x")
+	return p
 }
 
 func TestMutualTLS(t *testing.T) {

@@ -3,18 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -610,45 +604,16 @@ type testPKI struct {
 }
 
 // newPKI makes a CA, a server certificate for 127.0.0.1 and a client
-// certificate "ops-cli", and writes the CA and the client's files to dir.
+// certificate "ops-cli", and writes the CA's and the client's files to dir,
+// and a file that is not PEM beside the client's key (clientKey + "x").
 func newPKI(t *testing.T, dir string) *testPKI {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
+	ca := ledgertest.NewPKI(t, dir)
+	p := &testPKI{pool: ca.Pool, caFile: ca.CAFile}
+	p.server, _, _ = ca.Issue(t, "ledger", "ledger", true)
+	_, p.clientCert, p.clientKey = ca.Issue(t, "client", "ops-cli", false)
+	if err := os.WriteFile(p.clientKey+"x", []byte("not PEM"), 0o600); err != nil {
 		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	issue := func(serial int64, cn string, server bool) (tls.Certificate, []byte, []byte) {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now().Add(-time.Hour),
-			NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-		if server {
-			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kb, _ := x509.MarshalECPrivateKey(k)
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k},
-			pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-	}
-	p := &testPKI{pool: x509.NewCertPool(), caFile: filepath.Join(dir, "ca.pem"),
-		clientCert: filepath.Join(dir, "client.pem"), clientKey: filepath.Join(dir, "client-key.pem")}
-	p.pool.AddCert(ca)
-	p.server, _, _ = issue(2, "ledger", true)
-	_, certPEM, keyPEM := issue(3, "ops-cli", false)
-	for f, b := range map[string][]byte{
-		p.caFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), p.clientCert: certPEM, p.clientKey: keyPEM,
-		p.clientKey + "x": []byte("not PEM"),
-	} {
-		if err := os.WriteFile(f, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return p
 }

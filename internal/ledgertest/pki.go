@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,10 +55,11 @@ func NewPKI(tb testing.TB, dir string) *PKI {
 	return p
 }
 
-// Issue returns a certificate the CA signs for cn: a server's for
-// 127.0.0.1 when server is true, a client's otherwise. It writes it and
-// its key as name.pem and name-key.pem, and returns their paths.
-func (p *PKI) Issue(tb testing.TB, name, cn string, server bool) (cert tls.Certificate, certFile, keyFile string) {
+// Issue returns a certificate the CA signs for cn (and the URI SANs uris):
+// a server's for 127.0.0.1 when server is true, a client's otherwise. It
+// writes it and its key as name.pem and name-key.pem, and returns their
+// paths.
+func (p *PKI) Issue(tb testing.TB, name, cn string, server bool, uris ...string) (cert tls.Certificate, certFile, keyFile string) {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -70,6 +72,13 @@ func (p *PKI) Issue(tb testing.TB, name, cn string, server bool) (cert tls.Certi
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	}
+	for _, s := range uris {
+		u, err := url.Parse(s)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.key)
 	if err != nil {
