@@ -115,12 +115,12 @@ func (t *tenantLimiter) limiter(tenant string) *rate.Limiter {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l, ok := t.tenants[tenant]
-	if !ok {
+	if !ok || l.Limit() != rate.Limit(r) || l.Burst() != b {
+		// New, or the file was reloaded with other limits: a full bucket
+		// at them. (Changing the old one's limits would credit the time
+		// since its last call at the old rate.)
 		l = rate.NewLimiter(rate.Limit(r), b)
 		t.tenants[tenant] = l
-	} else if l.Limit() != rate.Limit(r) || l.Burst() != b { // the file was reloaded
-		l.SetLimit(rate.Limit(r))
-		l.SetBurst(b)
 	}
 	return l
 }

@@ -294,6 +294,19 @@ func TestRateLimitPerTenant(t *testing.T) {
 			t.Fatalf("vip call %d: %v", i+1, err)
 		}
 	}
+	// A reloaded credentials file's limits apply at once to a tenant whose
+	// bucket exists already: it gets a full bucket at them.
+	e.auth.Reload(kr.creds(t, "tenants:\n  acme: {rate: 1000, burst: 50}\n"))
+	for i := range 20 {
+		if err := lookup(acme); err != nil {
+			t.Fatalf("acme call %d after its limits were raised: %v", i+1, err)
+		}
+	}
+	e.auth.Reload(kr.creds(t, "tenants:\n  acme: {rate: 0.01, burst: 1}\n"))
+	if err := lookup(acme); err != nil {
+		t.Fatalf("acme's first call after its limits were lowered: %v", err)
+	}
+	wantReason(t, lookup(acme), codes.ResourceExhausted, "RATE_LIMITED")
 }
 
 // TestTenantLimitsFallBackFieldByField: a limit a tenant's entry leaves at
