@@ -43,7 +43,8 @@ type tally struct {
 }
 
 // get returns the tally of tenant, creating it, and drops tallies unused
-// for a minute (checked at most once a minute); now is the time.
+// for a minute that hold no grant (checked at most once a minute); now is
+// the time.
 func (q *quotas) get(tenant string, now time.Time) *tally {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -53,7 +54,9 @@ func (q *quotas) get(tenant string, now time.Time) *tally {
 	if now.Sub(q.pruned) > time.Minute {
 		for name, t := range q.tenants {
 			t.mu.Lock()
-			idle := now.Sub(t.used) > time.Minute
+			// A grant's Reserve may still create an operation: its tally
+			// must count it.
+			idle := now.Sub(t.used) > time.Minute && t.granted == 0
 			t.mu.Unlock()
 			if idle {
 				delete(q.tenants, name)
