@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -153,10 +154,25 @@ func TestSweeper(t *testing.T) {
 		e.execute(t, "irrev", "expiring.refund")
 		e.execute(t, "idem", "expiring.idempotent")
 		e.execute(t, "live", "payments.refund")
+		// Lease index members no ledger wrote (no separator, a bad
+		// encoding), long expired, in irrev's shard: the sweep drops them
+		// and carries on with the others.
+		leases := e.opKeys("irrev").all[2]
+		foreign := []string{"no-separator", "%zz:%zz"}
+		for _, m := range foreign {
+			if err := e.rdb.ZAdd(e.ctx, leases, redis.Z{Score: 1, Member: m}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		waitLeaseExpiry()
 		// Other tests share the store: count only this tenant's operations.
 		for range 2 {
 			e.sweep(t)
+		}
+		for _, m := range foreign {
+			if err := e.rdb.ZScore(e.ctx, leases, m).Err(); !errors.Is(err, redis.Nil) {
+				t.Fatalf("the foreign lease member %q after the sweep: %v, want it gone", m, err)
+			}
 		}
 		irrev := e.lookup(t, "irrev")
 		if irrev.State != StateUnknown || irrev.Reason != "LEASE_EXPIRED" || irrev.History[1].Principal != SweeperPrincipal {
