@@ -2,6 +2,7 @@ package mcpgateway_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -151,6 +152,38 @@ func TestSessionMode(t *testing.T) {
 	}
 	if n := r.up.Count("create_ticket"); n != 4 {
 		t.Fatalf("%d effects, want 4", n)
+	}
+}
+
+// TestSessionModeAfterExpiry: a record of a session's intent that has
+// expired (only its tombstone is left) counts as settled past the window,
+// even one of an hour: the same call in that session is a new intent under
+// the next id, not a refusal (docs/mcp.md).
+func TestSessionModeAfterExpiry(t *testing.T) {
+	r := newRig(t, rigOptions{rules: "- {match: create_ticket, window: 1h}",
+		ledgerPolicy: "tools:\n  - match: \"*\"\n    retention: 1s\n    retain_grace: 0s\n    tombstone_retention: 1h\n"})
+	cs := r.stdio(clientOptions{})
+	first := call(t, cs, "tickets_create_ticket", ticketArgs, nil)
+	if _, err := r.ledgerClient("").Lookup(context.Background(), first.id()); err != nil {
+		t.Fatalf("the first intent's record: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := r.ledgerClient("").Lookup(context.Background(), first.id())
+		if errors.Is(err, client.ErrKeyExpired) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first intent's record never expired: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	again := call(t, cs, "tickets_create_ticket", ticketArgs, nil)
+	if again.outcome() != "executed" || !strings.HasSuffix(again.id(), ":2") || strings.TrimSuffix(again.id(), "2") != strings.TrimSuffix(first.id(), "1") {
+		t.Fatalf("the same call after the record expired = %v, want a new operation after %s", again, first.id())
+	}
+	if n := r.up.Count("create_ticket"); n != 2 {
+		t.Fatalf("%d effects, want 2", n)
 	}
 }
 

@@ -87,12 +87,15 @@ type rigOptions struct {
 	// is given for the ledger instead of the ledger's.
 	ledgerTLS              *tls.Config
 	ledgerYAML, ledgerAddr string
+	// ledgerPolicy is the ledger's policy document (ledgerPolicy when
+	// empty).
+	ledgerPolicy string
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
 	t.Helper()
 	r := &rig{t: t, up: mcptest.New(t.TempDir()), log: &ledgertest.Buffer{}}
-	r.ledger = servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: ledgerPolicy, Credentials: o.creds,
+	r.ledger = servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Policy: cmp.Or(o.ledgerPolicy, ledgerPolicy), Credentials: o.creds,
 		Prefix: "mcp-" + client.NewHolder()[2:14], TLS: o.ledgerTLS}) // a ledger of its own: the gateways of other tests reconcile theirs
 	var up string
 	switch o.upstream {

@@ -264,3 +264,23 @@ func BenchmarkFitted(b *testing.B) {
 		}
 	}
 }
+
+// TestFailed: a recorded failure is answered with the tool's text (its
+// detail), else the message a reconciler gave, else words for its code;
+// an operation out of attempts says it will not run again.
+func TestFailed(t *testing.T) {
+	for _, tc := range []struct {
+		f    client.FailedError
+		want string
+	}{
+		{client.FailedError{Code: "tool_error", Detail: "priority must be 1 to 5", Message: "m"}, "priority must be 1 to 5"},
+		{client.FailedError{Code: "ABANDONED", Message: "the refund was cancelled by hand", Reason: "ABANDONED"}, "the refund was cancelled by hand"},
+		{client.FailedError{Code: "CARD_DECLINED"}, "The tool failed (CARD_DECLINED)."},
+		{client.FailedError{Code: "RETRIES_EXHAUSTED", Reason: "RETRIES_EXHAUSTED"}, "The operation ran out of attempts: it will not run again under this key."},
+	} {
+		res := failed(&tc.f)
+		if !res.IsError || len(res.Content) != 1 || res.Content[0].(*mcp.TextContent).Text != tc.want {
+			t.Errorf("failed(%+v) = %+v, want an error saying %q", tc.f, res, tc.want)
+		}
+	}
+}
