@@ -179,16 +179,19 @@ lint-proto: tools ## buf lint, buf format and buf breaking against ledger.v1 as 
 $(NODE_EXAMPLE_DEPS): examples/node/package.json examples/node/package-lock.json
 	./scripts/ensure-node.sh
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	node scripts/check-npm-optional.mjs examples/node
 	@touch $@
 
 $(MCP_NODE_DEPS): examples/mcp/node/package.json examples/mcp/node/package-lock.json
 	./scripts/ensure-node.sh
 	cd examples/mcp/node && npm ci --no-audit --no-fund --loglevel=error
+	node scripts/check-npm-optional.mjs examples/mcp/node
 	@touch $@
 
 $(TS_CLIENT_DEPS): clients/typescript/package.json clients/typescript/package-lock.json
 	./scripts/ensure-node.sh
 	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
+	node scripts/check-npm-optional.mjs clients/typescript
 	@touch $@
 
 .PHONY: grpcurl
