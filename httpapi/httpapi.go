@@ -60,6 +60,12 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		_, _ = w.Write(openapi.JSON)
 	})
 	mux.Handle("/v1/", headAsGet(gw))
+	// Any other path is one the API does not have, answered as one under
+	// /v1/ is (a path that leaves /v1/ by "..", redirected, among them).
+	m := &marshaler{}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		rt.routingError(r.Context(), gw, m, w, r, http.StatusNotFound)
+	})
 	return mux, nil
 }
 

@@ -163,6 +163,8 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			{"a misspelt filter", "reconciler", "GET", "/v1/operations:unresolved?state=STATE_UNKNOWN", "", 400, 3, "INVALID_ARGUMENT"},
 			{"a filter's value", "reconciler", "GET", "/v1/operations:unresolved?page_size=s3cr3t", "", 400, 3, "INVALID_ARGUMENT"},
 			{"no such path", "viewer", "GET", "/v1/operation/wf-1:refund", "", 404, 12, ""},
+			{"a path outside /v1/", "viewer", "GET", "/nothing", "", 404, 12, ""},
+			{"a path that leaves /v1/ (redirected to /)", "viewer", "DELETE", "/v1/..", "", 404, 12, ""},
 			{"another method", "viewer", "DELETE", "/v1/operations/wf-1:refund", "", 405, 12, ""},
 			{"no such run", "viewer", "GET", "/v1/runs/never", "", 404, 5, "NOT_FOUND"},
 			{"a compensation of what did not succeed", "agent", "POST", "/v1/operations/y:reserve", `{"tool":"t.x","compensates":"never"}`, 409, 9, "NOT_COMPENSABLE"},
@@ -250,6 +252,7 @@ func FuzzHandler(f *testing.F) {
 		{1, "runs/r-1:start", []byte(`{"limits":{"max_steps":1,"deadline":"60s"}}`)},
 		{2, "operations/%E2%9C%93", nil},
 		{1, "operations/x:reserve", []byte("{\"tool\":\"t\xff\"}")},
+		{2, "..", []byte("0")},
 	} {
 		f.Add(seed.method, seed.target, seed.body)
 	}
