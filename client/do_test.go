@@ -795,6 +795,28 @@ func TestDoStopsTheToolWhenItsRenewalHangsPastTheLease(t *testing.T) {
 	runPastTheLease(t, newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "hung"), client.WithCallTimeout(time.Hour)))
 }
 
+// The ledger answers a renewal that the claim is gone (NOT_FOUND, as after
+// a failover that lost the record): fn's context ends with that cause, not
+// the lease's end, and Do reports the operation as needing reconciliation,
+// never as applied or not.
+func TestDoStopsTheToolWhenItsClaimIsGone(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t), ledgerFault("Renew", "not-found"))
+	op := e.op("sync", "renewed.sync", nil)
+	var cause error
+	worker := doAsync(e.ctx, e.c, op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return client.Result{}, ctx.Err()
+	})
+	err := returned(t, worker, "for the worker")
+	if !errors.Is(cause, client.ErrNotFound) {
+		t.Fatalf("fn's context ended with %v, want the ledger's NOT_FOUND", cause)
+	}
+	if !errors.Is(err, client.ErrNeedsReconciliation) {
+		t.Fatalf("Do = %v, want ErrNeedsReconciliation", err)
+	}
+}
+
 // The store's clock is an hour ahead of the worker's: the lease end the
 // ledger reports is an hour later on the worker's clock than the lease's
 // real end. With no renewal getting through, fn's context still ends a
