@@ -326,7 +326,10 @@ func TestLedgerOutcomes(t *testing.T) {
 			outcome: "misconfigured", text: "An operator must fix its policy"},
 		{name: "another call still running", opts: rigOptions{rules: "- {match: create_ticket, wait: 300ms}"},
 			during: stillRunning, outcome: "in_progress", text: "another call of this operation is still running", forwards: 1},
-		{name: "ledger gone while the tool runs", during: ledgerGone, outcome: "not_recorded", text: "Opened ticket T-", forwards: 1, answered: true},
+		// A lease longer than the tool takes: the gateway, whose renewals
+		// fail, does not stop the tool first.
+		{name: "ledger gone while the tool runs", opts: rigOptions{ledgerPolicy: "tools:\n  - {match: \"*\", lease: 20s}\n"},
+			during: ledgerGone, outcome: "not_recorded", text: "Opened ticket T-", forwards: 1, answered: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -355,7 +358,7 @@ func TestLedgerOutcomes(t *testing.T) {
 // answer all the same.
 func ledgerGone(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
 	t.Helper()
-	r.up.Fault("create_ticket", "slow:1s")
+	r.up.Fault("create_ticket", "slow:3s")
 	done := make(chan answer, 1)
 	go func() {
 		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
@@ -385,12 +388,12 @@ func waitForCall(t *testing.T, r *rig) {
 	}
 }
 
-// stillRunning makes a call of operation k that runs for 3 seconds, and
+// stillRunning makes a call of operation k that runs for 5 seconds, and
 // returns the answer to the same call made while it runs. Once the first
 // ends, the operation has one effect, which a third call replays.
 func stillRunning(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
 	t.Helper()
-	r.up.Fault("create_ticket", "slow:3s")
+	r.up.Fault("create_ticket", "slow:5s")
 	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}
 	first := make(chan answer, 1)
 	go func() {
