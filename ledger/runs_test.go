@@ -375,6 +375,37 @@ func TestRunRetention(t *testing.T) {
 	})
 }
 
+// TestRunForgottenAfterItsRetention: once a run's record is gone (its
+// retention over), its id is a run nobody started: a step under it is
+// admitted, ungoverned, and the ledger no longer takes the run for one it
+// has seen, so it asks the store again on the next step.
+func TestRunForgottenAfterItsRetention(t *testing.T) {
+	eachBackend(t, func(t *testing.T, e *env) {
+		e.startRun(t, "brief-run", RunLimits{MaxSteps: 1})
+		first, err := e.step(t, "brief-run", "s-1", "payments.refund", map[string]any{"amount": 1.0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.complete(t, "s-1", first.Operation.FencingToken, OutcomeSucceeded, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		key := e.l.keys.run(e.who.Tenant, "brief-run").all[0]
+		if !e.l.started.has(key) {
+			t.Fatal("the ledger does not hold the run it saw start")
+		}
+		if err := e.rdb.Del(e.ctx, key).Err(); err != nil { // as its retention would
+			t.Fatal(err)
+		}
+		second, err := e.step(t, "brief-run", "s-2", "payments.refund", map[string]any{"amount": 2.0})
+		if err != nil || second.Decision != DecisionExecute {
+			t.Fatalf("a step past the forgotten run's cap = %+v, %v; want it admitted", second, err)
+		}
+		if e.l.started.has(key) {
+			t.Fatal("the ledger still takes the forgotten run for one it has seen")
+		}
+	})
+}
+
 // TestRunFieldNotANumber: a run script converts the fields it reads before
 // its first write, so a stored field that is no number (a manual edit)
 // makes the settling of an operation write nothing, where it would
