@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -243,7 +244,12 @@ func (c *Config) peerPart(ctx context.Context) (*Peer, error) {
 }
 
 // peerMemory measures Peer.Memory: c.MemoryRecords cycles of each
-// in-process way on a fresh redis-server of its own.
+// in-process way on a fresh redis-server of its own. A cycle run first
+// loads the way's scripts (and whatever else it sets up once); the store's
+// memory is then read before and after the measured cycles with no cycler
+// connected, since Redis tallies its clients' buffers only now and then,
+// and a reading taken as a hundred connections open could count them in
+// the store.
 func (c *Config) peerMemory(ctx context.Context, rep *Peer, peerBin string) error {
 	bins := [2]string{c.Cycler, peerBin}
 	args := [2][]string{{CycleCommand, "--default-policy"}, nil}
@@ -259,25 +265,36 @@ func (c *Config) peerMemory(ctx context.Context, rep *Peer, peerBin string) erro
 		if err != nil {
 			return err
 		}
-		// Before is read when the cycler starts its cycles, its scripts loaded.
-		var before, after int64
-		var berr error
-		n := strconv.FormatInt(c.MemoryRecords, 10)
-		_, err = c.cycler(ctx, r, peerWays[i]+" memory", bin, append(args[i], "--prefix", "m", "--count", n, "--concurrency", strconv.Itoa(max(c.Concurrency, 100))),
-			func() { before, berr = storeMemory(r.Addr) })
-		if err == nil {
-			err = berr
-		}
-		if err == nil {
-			after, err = storeMemory(r.Addr)
-		}
+		perRecord, err := c.cyclesMemory(ctx, r, peerWays[i]+" memory", bin, args[i])
 		r.Stop()
 		if err != nil {
 			return err
 		}
-		rep.Memory[i] = float64(after-before) / float64(c.MemoryRecords)
+		rep.Memory[i] = perRecord
 	}
 	return nil
+}
+
+// cyclesMemory runs one cycle of the cycler bin with args on r, then
+// c.MemoryRecords more, and returns the store's memory per record of the
+// latter.
+func (c *Config) cyclesMemory(ctx context.Context, r *Process, name, bin string, args []string) (float64, error) {
+	if _, err := c.cycler(ctx, r, name+" warm-up", bin, append(slices.Clone(args), "--prefix", "w", "--count", "1", "--concurrency", "1"), nil); err != nil {
+		return 0, err
+	}
+	before, err := storeMemory(r.Addr)
+	if err != nil {
+		return 0, err
+	}
+	n := strconv.FormatInt(c.MemoryRecords, 10)
+	if _, err := c.cycler(ctx, r, name, bin, append(slices.Clone(args), "--prefix", "m", "--count", n, "--concurrency", strconv.Itoa(max(c.Concurrency, 100))), nil); err != nil {
+		return 0, err
+	}
+	after, err := storeMemory(r.Addr)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / float64(c.MemoryRecords), nil
 }
 
 // peerBinary is the peer's cycler, built by the first part that needs it
