@@ -108,7 +108,7 @@ func (c *Config) redisInstructions(ctx context.Context, name, bin string, args [
 			}
 		}
 		run := slices.Concat(args, []string{"--prefix", fmt.Sprintf("%s%d", name, i), "--count", strconv.FormatInt(n, 10)})
-		if _, err := c.cycler(ctx, rdb, fmt.Sprintf("%s under callgrind, %d cycles", name, n), bin, run, nil); err != nil {
+		if _, err := c.cycler(ctx, rdb, fmt.Sprintf("%s under callgrind, %d cycles", name, n), bin, run); err != nil {
 			return 0, err
 		}
 		if i == 0 {

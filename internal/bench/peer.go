@@ -205,13 +205,13 @@ func (c *Config) peerPart(ctx context.Context) (*Peer, error) {
 	for round := range c.Rounds {
 		r := strconv.Itoa(round)
 		window := []string{"--concurrency", strconv.Itoa(c.Concurrency), "--warmup", c.Warmup.String(), "--duration", c.Duration.String()}
-		ours, err := c.cycler(ctx, s.redis, peerWays[0], c.Cycler, append([]string{CycleCommand, "--prefix", run + "i" + r}, window...), nil)
+		ours, err := c.cycler(ctx, s.redis, peerWays[0], c.Cycler, append([]string{CycleCommand, "--prefix", run + "i" + r}, window...))
 		if err != nil {
 			return nil, err
 		}
 		rows[0] = append(rows[0], ours)
 		if peerBin != "" {
-			theirs, err := c.cycler(ctx, s.redis, peerWays[1], peerBin, append([]string{"--prefix", run + "p" + r}, window...), nil)
+			theirs, err := c.cycler(ctx, s.redis, peerWays[1], peerBin, append([]string{"--prefix", run + "p" + r}, window...))
 			if err != nil {
 				return nil, err
 			}
@@ -244,12 +244,7 @@ func (c *Config) peerPart(ctx context.Context) (*Peer, error) {
 }
 
 // peerMemory measures Peer.Memory: c.MemoryRecords cycles of each
-// in-process way on a fresh redis-server of its own. A cycle run first
-// loads the way's scripts (and whatever else it sets up once); the store's
-// memory is then read before and after the measured cycles with no cycler
-// connected, since Redis tallies its clients' buffers only now and then,
-// and a reading taken as a hundred connections open could count them in
-// the store.
+// in-process way on a fresh redis-server of its own (cyclesMemory).
 func (c *Config) peerMemory(ctx context.Context, rep *Peer, peerBin string) error {
 	bins := [2]string{c.Cycler, peerBin}
 	args := [2][]string{{CycleCommand, "--default-policy"}, nil}
@@ -277,9 +272,9 @@ func (c *Config) peerMemory(ctx context.Context, rep *Peer, peerBin string) erro
 
 // cyclesMemory runs one cycle of the cycler bin with args on r, then
 // c.MemoryRecords more, and returns the store's memory per record of the
-// latter.
+// latter, read before and after them with no cycler connected.
 func (c *Config) cyclesMemory(ctx context.Context, r *Process, name, bin string, args []string) (float64, error) {
-	if _, err := c.cycler(ctx, r, name+" warm-up", bin, append(slices.Clone(args), "--prefix", "w", "--count", "1", "--concurrency", "1"), nil); err != nil {
+	if _, err := c.cycler(ctx, r, name+" warm-up", bin, append(slices.Clone(args), "--prefix", "w", "--count", "1", "--concurrency", "1")); err != nil {
 		return 0, err
 	}
 	before, err := storeMemory(r.Addr)
@@ -287,7 +282,7 @@ func (c *Config) cyclesMemory(ctx context.Context, r *Process, name, bin string,
 		return 0, err
 	}
 	n := strconv.FormatInt(c.MemoryRecords, 10)
-	if _, err := c.cycler(ctx, r, name, bin, append(slices.Clone(args), "--prefix", "m", "--count", n, "--concurrency", strconv.Itoa(max(c.Concurrency, 100))), nil); err != nil {
+	if _, err := c.cycler(ctx, r, name, bin, append(slices.Clone(args), "--prefix", "m", "--count", n, "--concurrency", strconv.Itoa(max(c.Concurrency, 100)))); err != nil {
 		return 0, err
 	}
 	after, err := storeMemory(r.Addr)
@@ -390,9 +385,8 @@ func goError(out string, err error) string {
 
 // cycler runs a cycler (bin with args, on the redis-server rdb) and
 // returns its window's Result, with the CPU per cycle of the cycler's
-// process (as CPU.Client) and of rdb. onStart, when set, is called when
-// the window starts.
-func (c *Config) cycler(ctx context.Context, rdb *Process, name, bin string, args []string, onStart func()) (*Result, error) {
+// process (as CPU.Client) and of rdb.
+func (c *Config) cycler(ctx context.Context, rdb *Process, name, bin string, args []string) (*Result, error) {
 	fmt.Fprintf(c.Log, "  %s ...\n", name)
 	log, err := os.Create(filepath.Join(c.Dir, strings.ReplaceAll(name, " ", "-")+".log"))
 	if err != nil {
@@ -409,7 +403,7 @@ func (c *Config) cycler(ctx context.Context, rdb *Process, name, bin string, arg
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	res, perr := readCycler(stdout, name, cmd.Process.Pid, rdb.cmd.Process.Pid, onStart)
+	res, perr := readCycler(stdout, name, cmd.Process.Pid, rdb.cmd.Process.Pid)
 	if err := cmd.Wait(); err != nil && perr == nil {
 		perr = fmt.Errorf("%s: %w; its log: %s", name, err, lastLines(log.Name(), 3))
 	}
@@ -423,9 +417,8 @@ func (c *Config) cycler(ctx context.Context, rdb *Process, name, bin string, arg
 }
 
 // readCycler reads the cycler protocol from r, sampling the CPU of the
-// cycler's and Redis's processes when the window starts (after onStart,
-// when set) and ends.
-func readCycler(r io.Reader, name string, pid, redisPid int, onStart func()) (*Result, error) {
+// cycler's and Redis's processes when the window starts and ends.
+func readCycler(r io.Reader, name string, pid, redisPid int) (*Result, error) {
 	m := &cpuMeter{ledgerd: pid, redis: redisPid}
 	res := &Result{Spec: Spec{Name: name, RPCs: 2}}
 	sc := bufio.NewScanner(r)
@@ -433,9 +426,6 @@ func readCycler(r io.Reader, name string, pid, redisPid int, onStart func()) (*R
 		verb, rest, _ := strings.Cut(sc.Text(), " ")
 		switch verb {
 		case "start":
-			if onStart != nil {
-				onStart()
-			}
 			m.window(true)
 		case "error":
 			res.FirstErr = errors.New(rest)

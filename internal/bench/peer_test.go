@@ -37,7 +37,7 @@ func TestRunCycle(t *testing.T) {
 		if err := RunCycle(context.Background(), o, &out); err != nil {
 			t.Fatal(err)
 		}
-		res, err := readCycler(&out, "cycle", 0, 0, nil)
+		res, err := readCycler(&out, "cycle", 0, 0)
 		if err != nil || res.Calls != 25 || res.Errors != 0 {
 			t.Fatalf("readCycler(%q) = %+v, %v; want 25 cycles", out.String(), res, err)
 		}
@@ -98,7 +98,7 @@ func TestReadCycler(t *testing.T) {
 		{in: "start\nend x 0 1\n", refused: "its end line"},
 		{in: "start\nend 1 0\n", refused: "its end line"},
 	} {
-		res, err := readCycler(strings.NewReader(c.in), "w", 0, 0, nil)
+		res, err := readCycler(strings.NewReader(c.in), "w", 0, 0)
 		if c.refused != "" {
 			if err == nil || !strings.Contains(err.Error(), c.refused) {
 				t.Errorf("%q: %+v, %v; want an error with %q", c.in, res, err, c.refused)
