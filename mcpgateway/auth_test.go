@@ -21,7 +21,7 @@ import (
 // with one the ledger does not take, is refused; stdio callers act under
 // the gateway's own key.
 func TestTenantsAreIsolated(t *testing.T) {
-	creds, keys := apiKeys(t, "acme", "globex", "initech")
+	creds, keys := apiKeys(t, "reconciler", "acme", "globex", "initech")
 	r := newRig(t, rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": keys["initech"]}})
 	k := key(t, "shared-id")
 	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}

@@ -13,7 +13,6 @@ import (
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/mcpgateway"
-	"github.com/opledger/ledger/server"
 )
 
 // createRules: create_ticket gives up after 1s and is reconciled by
@@ -301,14 +300,7 @@ func TestUpstreamOutcomes(t *testing.T) {
 // while the tool runs; the upstream is not called, or only by the call
 // that holds the operation.
 func TestLedgerOutcomes(t *testing.T) {
-	viewer, hash, err := server.NewAPIKey("acme-viewer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := server.ParseCredentials([]byte("keys:\n  - {id: acme-viewer, tenant: acme, scopes: [viewer], secret_sha256: " + hash + "}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	creds, viewers := apiKeys(t, "viewer", "acme")
 	for _, tc := range []struct {
 		name     string
 		opts     rigOptions
@@ -320,7 +312,7 @@ func TestLedgerOutcomes(t *testing.T) {
 	}{
 		{name: "ledger unreachable", opts: rigOptions{ledgerAddr: ledgertest.ClosedAddr(t), rules: "- {match: create_ticket, wait: 2s}"},
 			outcome: "unavailable", text: "could not be reached, and nothing runs without it"},
-		{name: "credentials refused", opts: rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": viewer}},
+		{name: "credentials refused", opts: rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": viewers["acme"]}},
 			outcome: "refused", text: "the ledger refused the gateway's credentials"},
 		{name: "key none on a tool that changes things", opts: rigOptions{rules: "- {match: create_ticket, key: none}"},
 			outcome: "misconfigured", text: "An operator must fix its policy"},

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -243,10 +242,7 @@ func TestLedgerTLSFiles(t *testing.T) {
 	dir := t.TempDir()
 	pki := ledgertest.NewPKI(t, dir)
 	_, certFile, keyFile := pki.Issue(t, "gateway", "gateway", false)
-	notPEM := filepath.Join(dir, "not.pem")
-	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notPEM := pki.NotPEM
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {
 		tls, want string

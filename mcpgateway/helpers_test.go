@@ -370,8 +370,8 @@ func key(t *testing.T, name string) string {
 	return t.Name() + ":" + name + ":" + client.NewHolder()[2:10]
 }
 
-// apiKeys makes credentials with an agent key for each tenant.
-func apiKeys(t *testing.T, tenants ...string) (*server.Credentials, map[string]string) {
+// apiKeys makes credentials with a key of scope for each tenant.
+func apiKeys(t *testing.T, scope string, tenants ...string) (*server.Credentials, map[string]string) {
 	t.Helper()
 	keys := map[string]string{}
 	var doc strings.Builder
@@ -382,7 +382,7 @@ func apiKeys(t *testing.T, tenants ...string) (*server.Credentials, map[string]s
 			t.Fatal(err)
 		}
 		keys[tenant] = k
-		fmt.Fprintf(&doc, "  - {id: %s-agent, tenant: %s, scopes: [reconciler], secret_sha256: %s}\n", tenant, tenant, hash)
+		fmt.Fprintf(&doc, "  - {id: %s-agent, tenant: %s, scopes: [%s], secret_sha256: %s}\n", tenant, tenant, scope, hash)
 	}
 	creds, err := server.ParseCredentials([]byte(doc.String()))
 	if err != nil {

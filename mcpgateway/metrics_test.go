@@ -78,7 +78,7 @@ func TestMetrics(t *testing.T) {
 // the tenant of the key it acts under: the HTTP caller's, or the gateway's
 // own over stdio (TestMetrics: without it, no tenant label).
 func TestMetricsByTenant(t *testing.T) {
-	creds, keys := apiKeys(t, "acme", "globex", "initech")
+	creds, keys := apiKeys(t, "reconciler", "acme", "globex", "initech")
 	r := newRig(t, rigOptions{creds: creds, apiKeyEnv: "GW_KEY", env: map[string]string{"GW_KEY": keys["initech"]},
 		config: "metrics: {tenant_label: true}"})
 	sessions := []*mcp.ClientSession{r.http(keys["acme"], clientOptions{}), r.http(keys["globex"], clientOptions{}), r.stdio(clientOptions{})}

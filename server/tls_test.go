@@ -17,10 +17,7 @@ func TestNewTLSReloaderRefuses(t *testing.T) {
 	dir := t.TempDir()
 	pki := ledgertest.NewPKI(t, dir)
 	_, cert, key := pki.Issue(t, "ledger", "ledger", true)
-	notPEM := filepath.Join(dir, "not.pem")
-	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	notPEM := pki.NotPEM
 	missing := filepath.Join(dir, "missing.pem")
 	for _, tc := range []struct {
 		files server.TLSFiles

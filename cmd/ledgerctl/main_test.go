@@ -593,7 +593,7 @@ func TestTLS(t *testing.T) {
 	fails(t, key, 1, []string{"ledgerctl: UNAVAILABLE: "}, "list-unresolved")
 	// Bad TLS files.
 	fails(t, key, 1, []string{"ledgerctl: TLS_CONFIG: --tls-ca"}, "list-unresolved", "--tls-ca", filepath.Join(dir, "missing.pem"))
-	fails(t, key, 1, []string{"ledgerctl: TLS_CONFIG: --tls-ca", "no PEM certificate"}, "list-unresolved", "--tls-ca", pki.clientKey+"x")
+	fails(t, key, 1, []string{"ledgerctl: TLS_CONFIG: --tls-ca", "no PEM certificate"}, "list-unresolved", "--tls-ca", pki.notPEM)
 	fails(t, key, 2, []string{"--tls-cert and --tls-key go together"}, "list-unresolved", "--tls-cert", pki.clientCert)
 }
 
@@ -601,20 +601,18 @@ type testPKI struct {
 	pool                          *x509.CertPool
 	server                        tls.Certificate
 	caFile, clientCert, clientKey string
+	notPEM                        string // a file that holds no PEM block
 }
 
 // newPKI makes a CA, a server certificate for 127.0.0.1 and a client
-// certificate "ops-cli", and writes the CA's and the client's files to dir,
-// and a file that is not PEM beside the client's key (clientKey + "x").
+// certificate "ops-cli", and writes the CA's and the client's files to dir.
 func newPKI(t *testing.T, dir string) *testPKI {
 	t.Helper()
 	ca := ledgertest.NewPKI(t, dir)
 	p := &testPKI{pool: ca.Pool, caFile: ca.CAFile}
 	p.server, _, _ = ca.Issue(t, "ledger", "ledger", true)
 	_, p.clientCert, p.clientKey = ca.Issue(t, "client", "ops-cli", false)
-	if err := os.WriteFile(p.clientKey+"x", []byte("not PEM"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	p.notPEM = ca.NotPEM
 	return p
 }
 

@@ -24,6 +24,9 @@ type PKI struct {
 	Pool *x509.CertPool
 	// CAFile is the CA's certificate, as PEM.
 	CAFile string
+	// NotPEM is a file beside it that holds no PEM block, for the tests
+	// of files refused.
+	NotPEM string
 
 	dir    string
 	ca     *x509.Certificate
@@ -52,6 +55,10 @@ func NewPKI(tb testing.TB, dir string) *PKI {
 	p := &PKI{Pool: x509.NewCertPool(), dir: dir, ca: ca, key: key, serial: 1}
 	p.Pool.AddCert(ca)
 	p.CAFile = p.write(tb, "ca.pem", "CERTIFICATE", der)
+	p.NotPEM = filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(p.NotPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		tb.Fatal(err)
+	}
 	return p
 }
 
