@@ -42,10 +42,11 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		return nil, err
 	}
 	params := &pathParams{}
+	m := &marshaler{}
 	opts := []runtime.ServeMuxOption{
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(rt.routingError),
-		runtime.WithMarshalerOption(runtime.MIMEWildcard, &marshaler{}),
+		runtime.WithMarshalerOption(runtime.MIMEWildcard, m),
 		runtime.WithMiddlewares(params.middleware),
 	}
 	setQueryParser.Do(func() { opts = append(opts, runtime.SetQueryParameterParser(&queryParser{})) })
@@ -62,7 +63,6 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	mux.Handle("/v1/", headAsGet(gw))
 	// Any other path is one the API does not have, answered as one under
 	// /v1/ is (a path that leaves /v1/ by "..", redirected, among them).
-	m := &marshaler{}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		rt.routingError(r.Context(), gw, m, w, r, http.StatusNotFound)
 	})

@@ -223,7 +223,6 @@ type daemon struct {
 	met        *metrics.Metrics
 	l          *ledger.Ledger
 	durability []ledger.DurabilityCheck
-	traced     bool // --otlp-endpoint set
 
 	lis, httpLis, metricsLis net.Listener // the last two nil when off
 }
@@ -376,7 +375,6 @@ func (d *daemon) newService(traceOpt grpc.ServerOption) (*server.Service, *httpA
 	}
 	if traceOpt != nil {
 		opts = append(opts, traceOpt)
-		d.traced = true
 	}
 	svc := server.New(server.Config{
 		Ledger: d.l, Logger: d.log, Auth: d.auth, PublicReflection: d.c.publicReflection,
@@ -417,7 +415,7 @@ func (d *daemon) watch(svc *server.Service) {
 // them down.
 func (d *daemon) serve(ctx context.Context, svc *server.Service, api *httpAPI, hup <-chan os.Signal) error {
 	d.log.Info("ledgerd serving", "listen", d.lis.Addr().String(), "key_prefix", d.c.prefix, "policy", d.c.policy,
-		"auth", d.auth != nil, "tls", d.tlsr != nil, "mtls", d.c.tls.ClientCA != "", "tracing", d.traced)
+		"auth", d.auth != nil, "tls", d.tlsr != nil, "mtls", d.c.tls.ClientCA != "", "tracing", d.c.otlpEndpoint != "")
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		// A stop that came before Serve began leaves it nothing to serve:
