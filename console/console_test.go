@@ -375,12 +375,24 @@ func TestConsoleInABrowser(t *testing.T) {
 		run(t, ctx, "stale action", decide("FINDING_APPLIED", map[string]string{"#act-resource": "re_1"}),
 			into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
 			into(&class, chromedp.Evaluate[string](`document.getElementById("answer").className`)))
-		if class != "refused" || !strings.Contains(answer, "another attempt holds the operation now (the operation is UNKNOWN now)") {
+		if class != "refused" || !strings.Contains(answer, "another attempt holds the operation now (the operation is UNKNOWN now)") ||
+			!strings.Contains(answer, "The page now shows the operation as it is: decide again.") {
 			t.Fatalf("the stale page's answer: %q (%s)", answer, class)
 		}
 		op := l.operation(t, "wf-10:refund")
 		if op["state"] != "STATE_UNKNOWN" || op["fencingToken"] != second || op["result"] != nil {
 			t.Fatalf("the stale action changed the record: %v", op)
+		}
+		// The page was read again: it shows the new attempt, whose decision is recorded.
+		var token string
+		run(t, ctx, "decide again", into(&token, chromedp.Text(chromedp.CSS("#op-token"))),
+			chromedp.Evaluate[chromedp.Void](`document.getElementById("answer").hidden = true`),
+			decide("FINDING_APPLIED", map[string]string{"#act-resource": "re_2"}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		op = l.operation(t, "wf-10:refund")
+		if token != second || !strings.Contains(answer, "Recorded. The operation is SUCCEEDED") ||
+			op["result"].(map[string]any)["resourceId"] != "re_2" {
+			t.Fatalf("deciding again: token %q (want %v), %q, the record %v", token, second, answer, op)
 		}
 	})
 
@@ -415,6 +427,37 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		if f := l.operation(t, "wf-12:refund")["failure"].(map[string]any); f["detail"] != "card visa-4242 declined" {
 			t.Fatalf("the recorded failure: %v", f)
+		}
+	})
+
+	t.Run("a link to an operation that expired says so on the page", func(t *testing.T) {
+		l := start(t)
+		tok := l.claim(t, "wf-14:charge", "brief.charge", "h-14", nil) // retention 1s
+		if code, body := l.call(t, "agent", "POST", "/v1/operations:complete", map[string]any{"operationId": "wf-14:charge",
+			"fencingToken": tok, "outcome": "OUTCOME_SUCCEEDED", "result": map[string]any{"resourceId": "ch_14"}}); code != 200 {
+			t.Fatalf("Complete: %d %v", code, body)
+		}
+		l.unknown(t, "wf-14:refund", "payments.refund", map[string]any{"compensates": "wf-14:charge"})
+		ctx := tab(t)
+		run(t, ctx, "open", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-14:refund"))),
+			open("wf-14:refund"), chromedp.WaitVisible(chromedp.CSS("#op-compensates button")))
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			code, _ := l.call(t, "viewer", "GET", "/v1/operations:lookup?operation_id=wf-14:charge", nil)
+			if code != 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the charge's record did not expire")
+			}
+		}
+		var answer, title string
+		run(t, ctx, "the expired charge", chromedp.Click(chromedp.CSS("#op-compensates button")),
+			chromedp.WaitVisible(chromedp.CSS("#answer")),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
+			into(&title, chromedp.Text(chromedp.CSS("#op-title"))))
+		if title != "Operation wf-14:refund" ||
+			answer != "Operation wf-14:charge: Refused: the operation's record has expired (it ended SUCCEEDED). Only how it ended is kept." {
+			t.Fatalf("the page %q after the expired link: %q", title, answer)
 		}
 	})
 

@@ -48,7 +48,7 @@
     switch (info.reason) {
       case "STALE_FENCING_TOKEN":
         return "Refused: another attempt holds the operation now" + state +
-          ". This page showed an older attempt. Nothing was changed; reload the operation and decide again.";
+          ". This page showed an older attempt. Nothing was changed.";
       case "ALREADY_RESOLVED":
         return "Refused: the operation was already resolved with another finding" + state + ". Nothing was changed.";
       case "OPERATION_IN_PROGRESS":
@@ -59,6 +59,9 @@
         return "Refused: the key is not valid any more. Sign in again.";
       case "NOT_FOUND":
         return "Refused: there is no such operation.";
+      case "IDEMPOTENCY_KEY_EXPIRED":
+        return "Refused: the operation's record has expired" +
+          (md.final_state ? " (it ended " + short(md.final_state) + ")" : "") + ". Only how it ended is kept.";
       case "INVALID_ARGUMENT":
         return "Refused: " + (body.message || "invalid input") + ".";
       case "RATE_LIMITED":
@@ -185,7 +188,9 @@
     $("answer").hidden = true;
     const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: id }).toString());
     if (!r.ok) {
-      $("queue-status").textContent = explain(r.body);
+      // Said where the operator is: the queue, or the page whose link failed.
+      if ($("operation").hidden) $("queue-status").textContent = explain(r.body);
+      else answer(false, "Operation " + id + ": " + explain(r.body));
       return;
     }
     await renderOperation(r.body.operation);
@@ -364,12 +369,22 @@
   async function send(body) {
     const r = await api("POST", "/v1/operations:reconcile", body);
     if (!r.ok) {
-      answer(false, explain(r.body));
+      answer(false, explain(r.body) + (await reread(errorInfo(r.body).reason)));
       return;
     }
     const op = r.body.operation;
     await renderOperation(op);
     answer(true, "Recorded. The operation is " + short(op.state) + (op.needsReview ? ", flagged for review" : "") + ".");
+  }
+
+  // reread shows the operation as it is now after a refusal that says the
+  // page is out of date; it returns the sentence that tells the operator.
+  async function reread(reason) {
+    if (reason !== "STALE_FENCING_TOKEN" && reason !== "ALREADY_RESOLVED") return "";
+    const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: shown.operationId }).toString());
+    if (!r.ok) return " Open the operation again before deciding.";
+    await renderOperation(r.body.operation);
+    return " The page now shows the operation as it is: decide again.";
   }
 
   function answer(ok, text) {
