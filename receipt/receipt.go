@@ -67,7 +67,10 @@ func FailureDetailSHA256(detail string) string {
 }
 
 // ResultSHA256 returns the hex SHA-256 of the canonical JSON of a result:
-// its data (canonical JSON, or nil for none) and resource id.
+// {"data": its data (canonical JSON, or nil for none), "resource_id": its
+// id}. It refuses data that is not JSON or that fingerprint.Canonical
+// refuses; data as deep as Canonical takes is not one level too deep for
+// the object around it, which is written here.
 func ResultSHA256(data []byte, resourceID string) (string, error) {
 	var v any = map[string]any{}
 	if len(data) > 0 {
@@ -75,10 +78,15 @@ func ResultSHA256(data []byte, resourceID string) (string, error) {
 			return "", fmt.Errorf("result data: %w", err)
 		}
 	}
-	c, err := fingerprint.Canonical(map[string]any{"data": v, "resource_id": resourceID})
+	d, err := fingerprint.Canonical(v)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("result data: %w", err)
 	}
+	id, err := fingerprint.Canonical(resourceID)
+	if err != nil {
+		return "", fmt.Errorf("resource id: %w", err)
+	}
+	c := append(append(append(append([]byte(`{"data":`), d...), `,"resource_id":`...), id...), '}')
 	sum := sha256.Sum256(c)
 	return hex.EncodeToString(sum[:]), nil
 }

@@ -1,7 +1,9 @@
 package receipt
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -165,15 +167,49 @@ func TestKeyFiles(t *testing.T) {
 	}
 }
 
-// TestResultSHA256: the digest covers the canonical data and the
-// resource id, whatever the order of the data's keys.
+// TestResultSHA256: the digest is that of the canonical JSON of
+// {"data", "resource_id"}, whatever the order of the data's keys; data as
+// deep as a fingerprint takes has one, deeper data and other JSON none.
 func TestResultSHA256(t *testing.T) {
-	a, _ := ResultSHA256([]byte(`{"b":1,"a":"x"}`), "re_1")
-	b, _ := ResultSHA256([]byte(`{"a":"x","b":1}`), "re_1")
-	c, _ := ResultSHA256([]byte(`{"a":"x","b":1}`), "re_2")
-	none, _ := ResultSHA256(nil, "")
-	if a != b || a == c || len(a) != 64 || none == a {
-		t.Fatalf("digests %s %s %s %s", a, b, c, none)
+	nested := func(depth int) string {
+		return strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth)
+	}
+	wrapped := func(data any, id string) string {
+		c, err := fingerprint.Canonical(map[string]any{"data": data, "resource_id": id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(c)
+		return hex.EncodeToString(sum[:])
+	}
+	cases := []struct {
+		name, data, id string
+		want           string // "" for an error
+	}{
+		{"keys in order", `{"a":"x","b":1}`, "re_1", wrapped(map[string]any{"a": "x", "b": 1.0}, "re_1")},
+		{"keys out of order", `{"b":1,"a":"x"}`, "re_1", wrapped(map[string]any{"a": "x", "b": 1.0}, "re_1")},
+		{"another id", `{"a":"x","b":1}`, "re_\u2028\"2", wrapped(map[string]any{"a": "x", "b": 1.0}, "re_\u2028\"2")},
+		{"no data", "", "", wrapped(map[string]any{}, "")},
+		{"as deep as a fingerprint takes", nested(fingerprint.MaxDepth), "re_deep", "set"},
+		{"deeper", nested(fingerprint.MaxDepth + 1), "re_deep", ""},
+		{"not JSON", `{"a":`, "re_1", ""},
+		{"an id that is not UTF-8", `{}`, "re_\xff", ""},
+	}
+	seen := map[string]string{}
+	for _, c := range cases {
+		got, err := ResultSHA256([]byte(c.data), c.id)
+		switch {
+		case c.want == "" && err == nil:
+			t.Errorf("%s: %s, want an error", c.name, got)
+		case c.want != "" && (err != nil || len(got) != 64):
+			t.Errorf("%s: %q, %v", c.name, got, err)
+		case c.want != "set" && c.want != "" && got != c.want:
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+		if other, dup := seen[got]; dup && got != "" && c.name != "keys out of order" {
+			t.Errorf("%s: the digest of %s", c.name, other)
+		}
+		seen[got] = c.name
 	}
 }
 

@@ -138,6 +138,25 @@ func TestReceipts(t *testing.T) {
 		}
 	}
 
+	// Data nested as deep as a Complete may send is signed by its digest too.
+	deep := map[string]any{}
+	for i, inner := 1, deep; i < fingerprint.MaxDepth; i++ {
+		inner["a"] = map[string]any{}
+		inner = inner["a"].(map[string]any)
+	}
+	claim, err := c.Reserve(ctx, reserveReq(id+":deep", "payments.refund", params, newHolder()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deepDone, err := c.Complete(ctx, &ledgerv1.CompleteRequest{OperationId: id + ":deep", FencingToken: claim.Operation.FencingToken,
+		Outcome: ledgerv1.Outcome_OUTCOME_SUCCEEDED, Result: &ledgerv1.Result{ResourceId: "re_deep", Data: mustStruct(t, deep)}})
+	if err != nil {
+		t.Fatalf("Complete with data %d levels deep: %v", fingerprint.MaxDepth, err)
+	}
+	if r := verify("Complete of deep data", deepDone.Receipt); r.ResourceID != "re_deep" || r.ResultSHA256 == "" {
+		t.Fatalf("the receipt of deep data: %+v", r)
+	}
+
 	// Without keys, no receipts.
 	off := servicetest.Start(t, rdb, servicetest.Options{Policy: ledgertest.Policy})
 	oc, err := grpc.NewClient(off.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
