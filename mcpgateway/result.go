@@ -20,24 +20,34 @@ const recordLimit = ledger.MaxResultDataLen - 4<<10
 
 // record returns what the ledger records of an upstream's result: the
 // CallToolResult as the gateway returns it (the SDK reads its numbers as
-// doubles), and the resource id the policy points at.
+// doubles), and the resource id the policy points at. A result the ledger
+// would refuse (over its size limit, or nested deeper than
+// fingerprint.MaxDepth) is recorded as a note that the call succeeded.
 func record(res *mcp.CallToolResult, resourceID string) client.Result {
 	out := client.Result{ResourceID: pointString(res.StructuredContent, resourceID)}
 	b, err := json.Marshal(res)
-	if err == nil && len(b) <= recordLimit {
+	if err == nil && len(b) > recordLimit {
+		out.Data = notKept(fmt.Sprintf("(%d bytes) was too large", len(b)))
+		return out
+	}
+	if err == nil {
 		err = json.Unmarshal(b, &out.Data)
 	}
-	if err != nil || len(b) > recordLimit {
-		out.Data = notKept(len(b))
+	if err == nil {
+		_, err = fingerprint.Canonical(out.Data)
+	}
+	if err != nil {
+		out.Data = notKept("was nested too deeply")
 	}
 	return out
 }
 
-// notKept is recorded in place of a result over the ledger's size limit.
-func notKept(size int) map[string]any {
+// notKept is recorded in place of a result the ledger would refuse; why
+// says what was wrong with it.
+func notKept(why string) map[string]any {
 	return map[string]any{"content": []any{map[string]any{
 		"type": "text",
-		"text": fmt.Sprintf("The call succeeded. Its result (%d bytes) was too large for the ledger to keep, so this replay cannot show it.", size),
+		"text": "The call succeeded. Its result " + why + " for the ledger to keep, so this replay cannot show it.",
 	}}}
 }
 

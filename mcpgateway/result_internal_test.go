@@ -10,14 +10,20 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/fingerprint"
 )
 
 // TestRecordReplays: what the ledger records of a result replays as that
 // result, through the wire's Struct: text and structured content, _meta,
-// a number as its resource id, and a result over the ledger's size limit
-// (a note that the call succeeded).
+// a number as its resource id, and a result over the ledger's size or
+// depth limit (a note that the call succeeded).
 func TestRecordReplays(t *testing.T) {
 	big := strings.Repeat("x", recordLimit)
+	// trace is a _meta of a result whose data nests depth levels.
+	trace := func(depth int) string {
+		n := depth - 2 // data and its _meta
+		return `{"_meta":{"trace":` + strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n) + `},"content":[]}`
+	}
 	for _, tc := range []struct {
 		name   string
 		result string
@@ -30,6 +36,8 @@ func TestRecordReplays(t *testing.T) {
 		{name: "meta and image", result: `{"_meta":{"x":1},"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}]}`, exact: true},
 		{name: "numeric id", result: `{"content":[],"structuredContent":{"id":12345}}`, ptr: "/id", rid: "12345", exact: true},
 		{name: "too large", result: `{"content":[{"type":"text","text":"` + big + `"}]}`, says: "too large for the ledger to keep"},
+		{name: "as deep as kept", result: trace(fingerprint.MaxDepth), exact: true},
+		{name: "too deep", result: trace(fingerprint.MaxDepth + 1), says: "nested too deeply for the ledger to keep"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var res mcp.CallToolResult

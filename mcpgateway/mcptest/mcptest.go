@@ -65,6 +65,8 @@ func New(dir string) *Upstream {
 // progress when asked), then applies and answers, unless the call is
 // cancelled first (counted as a call of "create_ticket:cancelled");
 // "big" applies it and answers with 100 KiB of text beside the ticket;
+// "deep" applies it and answers with a _meta nested deeper than the
+// ledger keeps;
 // "shape" applies it and answers structured content its output schema
 // refuses ({"ticket": ...}).
 func (u *Upstream) Fault(tool string, faults ...string) {
@@ -225,6 +227,13 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 		res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", 100<<10)})
 	case "shape":
 		res.StructuredContent = map[string]any{"ticket": ticket}
+	case "deep":
+		deep := map[string]any{}
+		for i, in := 1, deep; i < 64; i++ {
+			in["a"] = map[string]any{}
+			in = in["a"].(map[string]any)
+		}
+		res.Meta = mcp.Meta{"trace": deep}
 	}
 	b, _ := json.Marshal(res)
 	u.write("effects", Effect{Tool: "create_ticket", Key: key, Ticket: ticket, Args: req.Params.Arguments, Result: b})
