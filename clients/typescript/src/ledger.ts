@@ -87,7 +87,6 @@ export interface ToolCall {
 
 /** The failure code of a claim returned unused by a caller that gave up. */
 export const CALLER_GAVE_UP = 'caller_gave_up';
-/** The failure code of a FinalToolError without a code, or with one the ledger refuses. */
 /**
  * A result's resource id as the ledger records it: a string as it is, an
  * integer as its digits, none as ''. Anything else (a fraction, an object,
@@ -100,6 +99,7 @@ function resourceIdOf(v: unknown): string {
   throw new TypeError(`resource_id: ${typeof v === 'number' ? 'a number that is not an integer' : `a ${typeof v}`} is not an id; return a string or an integer`);
 }
 
+/** The failure code of a FinalToolError without a code, or with one the ledger refuses. */
 export const DEFAULT_FAILURE_CODE = 'tool_failed';
 /** The failure code of a retryable failure proven not applied. */
 export const RETRYABLE_FAILURE_CODE = 'retryable';
