@@ -461,6 +461,40 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a slow answer does not replace the page opened after it", func(t *testing.T) {
+		l := start(t)
+		l.unknown(t, "wf-15:slow", "payments.refund", nil)
+		quick := l.unknown(t, "wf-16:quick", "payments.refund", nil)
+		ctx := tab(t)
+		// The first operation's Lookup is held until the test lets it go;
+		// slowDone is set once the console has read its answer.
+		hold := `(() => {
+			const real = window.fetch;
+			window.fetch = (url, init) => {
+				if (!String(url).includes("operation_id=wf-15")) return real(url, init);
+				return new Promise((go) => { window.releaseSlow = go; }).then(() => real(url, init)).then((resp) => {
+					const json = resp.json.bind(resp);
+					resp.json = () => json().then((v) => { setTimeout(() => { window.slowDone = true; }, 0); return v; });
+					return resp;
+				});
+			};
+		})()`
+		var title, token string
+		var done bool
+		run(t, ctx, "open two", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-16:quick"))),
+			chromedp.Evaluate[chromedp.Void](hold),
+			chromedp.Click(chromedp.CSS(row("wf-15:slow")+` button`)),
+			into(&done, chromedp.Poll[bool](`typeof window.releaseSlow === "function"`)),
+			open("wf-16:quick"),
+			chromedp.Evaluate[chromedp.Void](`window.releaseSlow()`),
+			into(&done, chromedp.Poll[bool](`window.slowDone === true`)),
+			into(&title, chromedp.Text(chromedp.CSS("#op-title"))),
+			into(&token, chromedp.Text(chromedp.CSS("#act-token"))))
+		if title != "Operation wf-16:quick" || token != quick {
+			t.Fatalf("after the slow answer the page shows %q, token %q; want wf-16:quick, %s", title, token, quick)
+		}
+	})
+
 	t.Run("result data a double would change is refused on the page", func(t *testing.T) {
 		l := start(t)
 		l.unknown(t, "wf-11:refund", "payments.refund", nil)

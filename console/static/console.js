@@ -9,6 +9,10 @@
   let key = "";
   let caller = null; // GET /v1/caller
   let shown = null; // the operation on the page, as last read
+  // view counts what the operator asked to see (an operation, the queue,
+  // signing out): an answer that arrives after a later request is dropped,
+  // so a slow Lookup cannot replace the page opened after it.
+  let view = 0;
 
   // api calls the JSON API; it resolves to {ok, status, body}.
   async function api(method, path, body) {
@@ -122,6 +126,7 @@
   });
 
   $("signout").addEventListener("click", () => {
+    view++;
     key = "";
     caller = shown = null;
     $("who").hidden = $("signout").hidden = true;
@@ -138,6 +143,7 @@
   });
 
   async function loadQueue() {
+    const v = ++view;
     const q = new URLSearchParams({ page_size: "500" });
     if ($("f-state").value) q.set("states", $("f-state").value);
     if ($("f-tool").value.trim()) q.set("tool", $("f-tool").value.trim());
@@ -149,6 +155,7 @@
     do {
       if (token) q.set("page_token", token);
       const r = await api("GET", "/v1/operations:unresolved?" + q.toString());
+      if (v !== view) return;
       if (!r.ok) {
         $("queue-status").textContent = explain(r.body);
         return;
@@ -185,19 +192,24 @@
 
   // One operation: its record, links and timeline, and the actions.
   async function openOperation(id) {
+    const v = ++view;
     $("answer").hidden = true;
     const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: id }).toString());
+    if (v !== view) return;
     if (!r.ok) {
       // Said where the operator is: the queue, or the page whose link failed.
       if ($("operation").hidden) $("queue-status").textContent = explain(r.body);
       else answer(false, "Operation " + id + ": " + explain(r.body));
       return;
     }
-    await renderOperation(r.body.operation);
-    show("operation");
+    if (await renderOperation(r.body.operation, v)) show("operation");
   }
 
-  async function renderOperation(op) {
+  // renderOperation shows op, unless the operator asked for another view
+  // than asked while its links were read; it reports whether it did.
+  async function renderOperation(op, asked) {
+    const links = await linkRows(op);
+    if (asked !== view) return false;
     shown = op;
     $("op-title").replaceChildren("Operation ", el("code", {}, op.operationId));
     const rows = [
@@ -236,7 +248,7 @@
       }
     }
     $("op-outcome").replaceChildren(...out);
-    await renderLinks(op);
+    $("op-links").replaceChildren(...links.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 
     const hist = (op.history || []).map((h) => el("tr", {},
       el("td", {}, when(h.time)),
@@ -253,9 +265,12 @@
     $("act-token").textContent = op.fencingToken || "0";
     $("act-form").reset();
     syncFindingFields();
+    return true;
   }
 
-  async function renderLinks(op) {
+  // linkRows returns the rows of op's links: its run (read by GetRun) and
+  // its compensations.
+  async function linkRows(op) {
     const link = (id) => el("button", { class: "link", type: "button", onclick: () => openOperation(id) }, id);
     const rows = [];
     if (op.runId) {
@@ -272,7 +287,7 @@
       rows.push(["Compensated by", list]);
     }
     if (!rows.length) rows.push(["–", "no run or compensation"]);
-    $("op-links").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+    return rows;
   }
 
   // Any operation by its id: one resolved before, or not listed.
@@ -366,24 +381,28 @@
     };
   });
 
+  // send sends a decision and shows its answer, unless the operator has
+  // left the page by then.
   async function send(body) {
+    const v = view;
     const r = await api("POST", "/v1/operations:reconcile", body);
+    if (v !== view) return;
     if (!r.ok) {
-      answer(false, explain(r.body) + (await reread(errorInfo(r.body).reason)));
+      const again = await reread(errorInfo(r.body).reason, v);
+      if (v === view) answer(false, explain(r.body) + again);
       return;
     }
     const op = r.body.operation;
-    await renderOperation(op);
+    if (!(await renderOperation(op, v))) return;
     answer(true, "Recorded. The operation is " + short(op.state) + (op.needsReview ? ", flagged for review" : "") + ".");
   }
 
   // reread shows the operation as it is now after a refusal that says the
   // page is out of date; it returns the sentence that tells the operator.
-  async function reread(reason) {
+  async function reread(reason, v) {
     if (reason !== "STALE_FENCING_TOKEN" && reason !== "ALREADY_RESOLVED") return "";
     const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: shown.operationId }).toString());
-    if (!r.ok) return " Open the operation again before deciding.";
-    await renderOperation(r.body.operation);
+    if (!r.ok || !(await renderOperation(r.body.operation, v))) return " Open the operation again before deciding.";
     return " The page now shows the operation as it is: decide again.";
   }
 
