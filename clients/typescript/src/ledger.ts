@@ -23,8 +23,8 @@ export interface Attempt {
 
 /** What fn returns: the resource it created and the result data, recorded and replayed. */
 export interface ToolResult {
-  /** The resource the effect made: a string, or an integer recorded as its digits. */
-  resource_id?: string | number;
+  /** The resource the effect made: a string, or an integer (a safe number or a BigInt) recorded as its digits. */
+  resource_id?: string | number | bigint;
   data?: Record<string, unknown>;
 }
 
@@ -89,13 +89,16 @@ export interface ToolCall {
 export const CALLER_GAVE_UP = 'caller_gave_up';
 /**
  * A result's resource id as the ledger records it: a string as it is, an
- * integer as its digits, none as ''. Anything else (a fraction, an object,
- * which String() would write as "[object Object]") is a TypeError.
+ * integer as its digits (a number up to 2^53, past which it may already be
+ * another integer, or a BigInt, as a database driver gives a 64-bit id),
+ * none as ''. Anything else (a fraction, an object, which String() would
+ * write as "[object Object]") is a TypeError.
  */
 function resourceIdOf(v: unknown): string {
   if (v === undefined || v === null) return '';
   if (typeof v === 'string') return v;
   if (typeof v === 'number' && Number.isSafeInteger(v)) return String(v);
+  if (typeof v === 'bigint') return v.toString();
   throw new TypeError(`resource_id: ${typeof v === 'number' ? 'a number that is not an integer' : `a ${typeof v}`} is not an id; return a string or an integer`);
 }
 

@@ -97,11 +97,13 @@ test('a finding that cannot be sent decides nothing', async (t) => {
 
 for (const [name, given, recorded] of [
   ['an integer', 4711, '4711'], ['a string', 'TCK-1', 'TCK-1'], ['none', undefined, ''],
-  ['a fraction', 4711.5, null], ['an object', { id: 1 }, null],
+  ['a BigInt', 2n ** 63n + 1n, '9223372036854775809'],
+  ['a fraction', 4711.5, null], ['an object', { id: 1 }, null], ['an integer past 2^53', 2 ** 53 + 2, null],
 ]) {
   test(`a resource id given as ${name}`, async (t) => {
     // An integer id is recorded as its digits; a fraction or an object, which
-    // has no one spelling ("[object Object]"), leaves the effect to reconciliation.
+    // has no one spelling ("[object Object]"), or a number that may have been
+    // rounded, leaves the effect to reconciliation.
     const { dest, ledger, id } = setup();
     t.after(() => ledger.close());
     const call = { operationId: id('refund'), tool: 'short.refund', params: { amount: 10 } };
