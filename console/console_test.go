@@ -195,6 +195,35 @@ func decide(finding string, fields map[string]string) chromedp.Action[chromedp.V
 		chromedp.WaitVisible(chromedp.CSS("#answer")))...)
 }
 
+// unknownPage starts a ledger with id UNKNOWN and opens its page in a
+// reconciler's tab; it returns the ledger, the tab and the record.
+func unknownPage(t *testing.T, tab func(t *testing.T) context.Context, id string) (*ledger, context.Context, map[string]any) {
+	t.Helper()
+	l := start(t)
+	l.unknown(t, id, "payments.refund", nil)
+	ctx := tab(t)
+	run(t, ctx, "open", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row(id))), open(id))
+	return l, ctx, l.operation(t, id)
+}
+
+// clearAnswer hides the last answer and, with form, resets the form.
+func clearAnswer(form bool) chromedp.Action[chromedp.Void] {
+	js := `document.getElementById("answer").hidden = true;`
+	if form {
+		js += `document.getElementById("act-form").reset();`
+	}
+	return chromedp.Evaluate[chromedp.Void](js)
+}
+
+// refusedOnPage submits the form, which the page refuses before any
+// dialog; it stores the answer and its class.
+func refusedOnPage(answer, class *string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.Click(chromedp.CSS(`#act-form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS("#answer")),
+		into(answer, chromedp.Text(chromedp.CSS("#answer"))),
+		into(class, chromedp.Evaluate[string](`document.getElementById("answer").className`)))
+}
+
 // screenshot writes the page to name in LEDGER_CONSOLE_SCREENSHOTS (the
 // docs' images, by make screenshots), when it is set.
 func screenshot(t *testing.T, ctx context.Context, name string) {
@@ -386,7 +415,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		// The page was read again: it shows the new attempt, whose decision is recorded.
 		var token string
 		run(t, ctx, "decide again", into(&token, chromedp.Text(chromedp.CSS("#op-token"))),
-			chromedp.Evaluate[chromedp.Void](`document.getElementById("answer").hidden = true`),
+			clearAnswer(false),
 			decide("FINDING_APPLIED", map[string]string{"#act-resource": "re_2"}),
 			into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
 		op = l.operation(t, "wf-10:refund")
@@ -495,13 +524,45 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("text past the ledger's limits is refused on the page, counted in bytes", func(t *testing.T) {
+		l, ctx, before := unknownPage(t, tab, "wf-17:refund")
+		persian := func(n int) string { return strings.Repeat("د", n) } // two bytes each in UTF-8
+		for _, c := range []struct {
+			finding string
+			fields  map[string]string
+			says    string
+		}{
+			{"FINDING_ESCALATE", map[string]string{"#act-note": persian(129)}, "The note is 258 bytes in UTF-8; the ledger keeps at most 256."},
+			{"FINDING_APPLIED", map[string]string{"#act-resource": persian(200)}, "The resource id is 400 bytes"},
+			{"FINDING_ABANDON", map[string]string{"#act-fcode": persian(65)}, "The failure code is 130 bytes"},
+			{"FINDING_ABANDON", map[string]string{"#act-fmsg": persian(513)}, "The failure message is 1026 bytes"},
+		} {
+			steps := []chromedp.Action[chromedp.Void]{clearAnswer(true), chromedp.Click(chromedp.CSS(`input[name=finding][value=` + c.finding + `]`))}
+			for sel, v := range c.fields {
+				steps = append(steps, chromedp.SetValue(chromedp.CSS(sel), v))
+			}
+			var answer, class string
+			run(t, ctx, c.says, append(steps, refusedOnPage(&answer, &class))...)
+			if class != "refused" || !strings.Contains(answer, c.says) {
+				t.Errorf("the answer %q (%s), want it refused on the page: %q", answer, class, c.says)
+			}
+		}
+		if after := l.operation(t, "wf-17:refund"); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Fatalf("a refused finding changed the record:\n%v\n%v", before, after)
+		}
+		// 128 Persian letters are 256 bytes: the note is sent and kept.
+		var answer string
+		run(t, ctx, "a note at the limit", clearAnswer(true), chromedp.SetValue(chromedp.CSS("#act-note"), persian(128)),
+			decide("FINDING_ESCALATE", nil), into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		hist := l.operation(t, "wf-17:refund")["history"].([]any)
+		if !strings.Contains(answer, "Recorded.") || hist[len(hist)-1].(map[string]any)["detail"] != persian(128) {
+			t.Fatalf("a 256-byte note: %q, the last entry %v", answer, hist[len(hist)-1])
+		}
+	})
+
 	t.Run("result data a double would change is refused on the page", func(t *testing.T) {
-		l := start(t)
-		l.unknown(t, "wf-11:refund", "payments.refund", nil)
-		before := l.operation(t, "wf-11:refund")
-		ctx := tab(t)
-		run(t, ctx, "open", signIn(l.url, l.keys["reconciler"]), chromedp.WaitVisible(chromedp.CSS(row("wf-11:refund"))),
-			open("wf-11:refund"), chromedp.Click(chromedp.CSS(`input[name=finding][value=FINDING_APPLIED]`)))
+		l, ctx, before := unknownPage(t, tab, "wf-11:refund")
+		run(t, ctx, "applied", chromedp.Click(chromedp.CSS(`input[name=finding][value=FINDING_APPLIED]`)))
 		for _, data := range []string{
 			`{"refund_id": 9007199254740993}`, // JSON.parse reads ...992
 			`{"ids": [1, -9007199254740993]}`, // in a list, negative
@@ -509,12 +570,7 @@ func TestConsoleInABrowser(t *testing.T) {
 			`{"nested": {"x": 1e400}}`,        // beyond a double's range: sent as null
 		} {
 			var answer, class string
-			run(t, ctx, data, chromedp.Evaluate[chromedp.Void](`document.getElementById("answer").hidden = true`),
-				chromedp.SetValue(chromedp.CSS("#act-data"), data),
-				chromedp.Click(chromedp.CSS(`#act-form button[type=submit]`)),
-				chromedp.WaitVisible(chromedp.CSS("#answer")),
-				into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
-				into(&class, chromedp.Evaluate[string](`document.getElementById("answer").className`)))
+			run(t, ctx, data, clearAnswer(false), chromedp.SetValue(chromedp.CSS("#act-data"), data), refusedOnPage(&answer, &class))
 			if class != "refused" || !strings.Contains(answer, "would be recorded as another number") {
 				t.Errorf("%s: the answer %q (%s), want it refused on the page", data, answer, class)
 			}
@@ -524,8 +580,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 		// Numbers a double holds as typed are sent, however large.
 		var answer string
-		run(t, ctx, "exact", chromedp.Evaluate[chromedp.Void](`document.getElementById("answer").hidden = true`),
-			chromedp.SetValue(chromedp.CSS("#act-data"), `{"big": 100000000000000000000, "edge": 9007199254740992, "f": 1.5e300}`),
+		run(t, ctx, "exact", clearAnswer(false), chromedp.SetValue(chromedp.CSS("#act-data"), `{"big": 100000000000000000000, "edge": 9007199254740992, "f": 1.5e300}`),
 			decide("FINDING_APPLIED", nil), into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
 		result, _ := l.operation(t, "wf-11:refund")["result"].(map[string]any)
 		data, _ := result["data"].(map[string]any)

@@ -355,7 +355,21 @@
       body.failure = { code: $("act-fcode").value.trim(), message: $("act-fmsg").value.trim() };
     }
     if (f === "FINDING_ESCALATE" && !body.note) return { error: "Say why in the note: the next person reads it." };
-    return { body };
+    const long = tooLong(body);
+    return long ? { error: long } : { body };
+  }
+
+  // tooLong names the first text of body past the ledger's limit, which
+  // counts UTF-8 bytes (ledger/validate.go): a Persian or Vietnamese note
+  // has fewer characters than bytes. "" when none is.
+  function tooLong(body) {
+    const texts = [["The note", body.note, 256], ["The resource id", body.result && body.result.resourceId, 256],
+      ["The failure code", body.failure && body.failure.code, 128], ["The failure message", body.failure && body.failure.message, 1024]];
+    for (const [what, text, max] of texts) {
+      const n = new TextEncoder().encode(text || "").length;
+      if (n > max) return what + " is " + n + " bytes in UTF-8; the ledger keeps at most " + max + ". Shorten it.";
+    }
+    return "";
   }
 
   const findingText = {
