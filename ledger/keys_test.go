@@ -136,13 +136,16 @@ func FuzzKeyEncoding(f *testing.F) {
 
 // FuzzValidateID: the id validation never panics, and what it accepts is
 // non-empty, at most MaxOperationIDLen bytes of valid UTF-8 without control
-// characters.
+// characters. A resource id follows the same rules, and may be empty.
 func FuzzValidateID(f *testing.F) {
 	for _, s := range []string{"wf-8472:create-ticket", "", "a\nb", "a\x00b", "\xff", "{x}", "*", strings.Repeat("a", 257), "é", "\u2028", "\u0085"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
 		err := ValidateOperationID(id)
+		if rerr := ValidateResourceID(id); (rerr == nil) != (err == nil || id == "") || rerr != nil && KindOf(rerr) != KindInvalid {
+			t.Fatalf("resource id %q: %v, operation id: %v", id, rerr, err)
+		}
 		if err != nil {
 			if KindOf(err) != KindInvalid {
 				t.Fatalf("kind %v", KindOf(err))

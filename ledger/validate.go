@@ -139,6 +139,16 @@ func ValidateTenant(s string) error {
 	return nil
 }
 
+// ValidateResourceID reports whether id is acceptable as a result's
+// resource id (empty, or an identifier of at most MaxResourceIDLen bytes),
+// as a *Error of KindInvalid, or nil.
+func ValidateResourceID(id string) error {
+	if v := checkID("resource_id", id, MaxResourceIDLen, false); v != nil {
+		return invalid("", *v)
+	}
+	return nil
+}
+
 // ValidateOperationID reports whether id is acceptable as an operation id,
 // as a *Error of KindInvalid, or nil.
 func ValidateOperationID(id string) error {

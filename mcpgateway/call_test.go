@@ -436,6 +436,8 @@ func TestAnswersFitTheOutputSchema(t *testing.T) {
 		{name: "recorded by an operator in the tool's shape", rules: "- {match: create_ticket, timeout: 500ms}", fault: "hang", first: "unknown",
 			finding: &client.Finding{Kind: client.Applied, Result: client.Result{ResourceID: "T-9", Data: map[string]any{"id": "T-9", "title": "Printer on fire"}}, Note: "INC-8"},
 			ticket:  "T-9", says: []string{`"resourceId":"T-9"`}},
+		{name: "an id no resource id may be", rules: "- {match: create_ticket, resource_id: /id}", fault: "newline", first: "executed",
+			ticket: "T-1\n", says: []string{"Opened ticket T-1."}, effects: 1},
 		{name: "too deep to keep", fault: "deep", first: "executed", ticket: "T-1", says: []string{"ran and succeeded", "nested too deeply for the ledger to keep"}, effects: 1,
 			asText: `{reason="missing",tool="tickets_create_ticket"} 1`},
 		{name: "too large to keep", fault: "big", first: "executed", ticket: "T-1", says: []string{"ran and succeeded", "too large for the ledger to keep"}, effects: 1,

@@ -173,8 +173,9 @@ func selectParams(args map[string]any, pointers []string) map[string]any {
 	return out
 }
 
-// pointString is the value at p in v as a resource id: a string, or a
-// number as written; "" when there is none.
+// pointString is the value at p in v as a resource id: a string the
+// ledger takes as one (ledger.ValidateResourceID), or a number as written;
+// "" when there is none.
 func pointString(v any, p string) string {
 	if p == "" || v == nil {
 		return ""
@@ -192,7 +193,7 @@ func pointString(v any, p string) string {
 	x, _ := fingerprint.Resolve(m, p)
 	switch x := x.(type) {
 	case string:
-		if len(x) <= ledger.MaxResourceIDLen {
+		if ledger.ValidateResourceID(x) == nil {
 			return x
 		}
 	case json.Number:

@@ -35,6 +35,8 @@ func TestRecordReplays(t *testing.T) {
 		{name: "text and structure", result: `{"content":[{"type":"text","text":"Opened T-1."}],"structuredContent":{"id":"T-1","n":2}}`, ptr: "/id", rid: "T-1", exact: true},
 		{name: "meta and image", result: `{"_meta":{"x":1},"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}]}`, exact: true},
 		{name: "numeric id", result: `{"content":[],"structuredContent":{"id":12345}}`, ptr: "/id", rid: "12345", exact: true},
+		{name: "an id with a control character", result: `{"content":[],"structuredContent":{"id":"T-1\n"}}`, ptr: "/id", exact: true},
+		{name: "an id too long", result: `{"content":[],"structuredContent":{"id":"` + strings.Repeat("x", 257) + `"}}`, ptr: "/id", exact: true},
 		{name: "too large", result: `{"content":[{"type":"text","text":"` + big + `"}]}`, says: "too large for the ledger to keep"},
 		{name: "as deep as kept", result: trace(fingerprint.MaxDepth), exact: true},
 		{name: "too deep", result: trace(fingerprint.MaxDepth + 1), says: "nested too deeply for the ledger to keep"},

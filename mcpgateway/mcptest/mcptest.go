@@ -66,7 +66,8 @@ func New(dir string) *Upstream {
 // cancelled first (counted as a call of "create_ticket:cancelled");
 // "big" applies it and answers with 100 KiB of text beside the ticket;
 // "deep" applies it and answers with a _meta nested deeper than the
-// ledger keeps;
+// ledger keeps; "newline" applies it and answers an id ending in a
+// newline, which a resource id may not hold;
 // "shape" applies it and answers structured content its output schema
 // refuses ({"ticket": ...}).
 func (u *Upstream) Fault(tool string, faults ...string) {
@@ -227,6 +228,8 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 		res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", 100<<10)})
 	case "shape":
 		res.StructuredContent = map[string]any{"ticket": ticket}
+	case "newline":
+		res.StructuredContent = map[string]any{"id": ticket + "\n", "title": args["title"]}
 	case "deep":
 		deep := map[string]any{}
 		for i, in := 1, deep; i < 64; i++ {
