@@ -78,7 +78,7 @@ build: ## build bin/ledgerd and bin/ledgermcp
 	$(GO) build -o $(BIN)/ledgermcp ./cmd/ledgermcp
 
 .PHONY: test
-test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) $(TS_CLIENT_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python package (pytest), the TypeScript package (tsc, node --test, with the Vercel AI SDK, the OpenAI Agents SDK and LangGraph), the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
+test: check-generate lint-proto $(BIN)/.grpcurl-$(GRPCURL_VERSION) $(NODE_EXAMPLE_DEPS) $(MCP_NODE_DEPS) $(TS_CLIENT_DEPS) ## the whole test suite, with -race, on real redis-server processes; also: gen/ up to date, buf lint and breaking, the README walkthrough, the Python package (pytest), the TypeScript package (tsc, node --test, with the Vercel AI SDK, the OpenAI Agents SDK and LangGraph; its npm pack tarball installed into a fresh project), the Python and Node examples, the MCP gateway with a Node MCP client, the console in headless Chromium
 	./scripts/ensure-redis-server.sh
 	./scripts/ensure-python-grpc.sh
 	./scripts/ensure-jq.sh

@@ -1,10 +1,12 @@
 package polyglot
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,6 +91,81 @@ func TestTypeScriptPackage(t *testing.T) {
 	t.Logf("node --test:\n%s", out)
 	if err != nil {
 		t.Fatalf("node --test: %v", err)
+	}
+}
+
+// packedApp is a TypeScript program that calls one tool twice through the
+// installed package, and prints how often the tool ran and what each call
+// answered.
+const packedApp = `import { Ledger, ToolResult } from '@opledger/client';
+
+const ledger = new Ledger(process.env.LEDGER_ADDR as string);
+let effects = 0;
+const refund = async (): Promise<ToolResult> => {
+  effects += 1;
+  return { resource_id: 're_1', data: { amount: 10 } };
+};
+
+async function main(): Promise<void> {
+  const call = { operationId: 'packed:refund', tool: 'payments.refund', params: { amount: 10 } };
+  const first = await ledger.callTool(call, refund);
+  const again = await ledger.callTool(call, refund);
+  console.log(JSON.stringify({ effects, replayed: [first.replayed, again.replayed], resourceId: again.resourceId }));
+  ledger.close();
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
+`
+
+// TestTypeScriptPackageInstalls packs clients/typescript (npm pack),
+// installs the tarball into a fresh project (from npm's cache, which make
+// test's npm ci fills), type-checks a program against the installed
+// declarations, and runs it against a ledgerd on a real redis-server: the
+// tool applies its effect once, and the second call replays it.
+func TestTypeScriptPackageInstalls(t *testing.T) {
+	node, err := exec.LookPath("node")
+	need(t, err == nil, "node is not on PATH")
+	npm, err := exec.LookPath("npm")
+	need(t, err == nil, "npm is not on PATH")
+	dir := buildTypeScript(t)
+	app := t.TempDir()
+	run := func(env []string, name string, args ...string) []byte {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Dir, cmd.Env = app, env
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("%s %v: %v\n%s%s", name, args, err, out, stderr)
+		}
+		return out
+	}
+	var packed []struct {
+		Filename string `json:"filename"`
+	}
+	if err := json.Unmarshal(run(cleanEnv(), npm, "pack", "--json", "--pack-destination", app, dir), &packed); err != nil || len(packed) != 1 {
+		t.Fatalf("npm pack: %v %v", packed, err)
+	}
+	files := map[string]string{"package.json": `{"name": "app", "version": "0.0.0", "private": true}`, "app.ts": packedApp}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(app, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(cleanEnv(), npm, "install", "--prefer-offline", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error",
+		filepath.Join(app, packed[0].Filename))
+	run(cleanEnv(), filepath.Join(dir, "node_modules", ".bin", "tsc"), "--strict", "--module", "commonjs", "--target", "ES2022",
+		"--types", "node", "--typeRoots", filepath.Join(dir, "node_modules", "@types"), "--outDir", "out", "app.ts")
+	addr := startLedgerd(t, "--redis-url", "redis://"+redistest.Start(t).Addr+"/0")
+	out := run(cleanEnv("LEDGER_ADDR="+addr), node, filepath.Join("out", "app.js"))
+	if want := `{"effects":1,"replayed":[false,true],"resourceId":"re_1"}`; strings.TrimSpace(string(out)) != want {
+		t.Fatalf("the installed package: %s, want %s", out, want)
 	}
 }
 
