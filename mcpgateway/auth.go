@@ -48,7 +48,9 @@ func (v *verifier) verify(ctx context.Context, key string, _ *http.Request) (*au
 	if !known || !time.Now().Before(k.until) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		c, err := v.g.ledger(key).Caller(ctx)
+		// A client of its own: the gateway keeps one per key it serves, and
+		// a key the ledger refuses must leave nothing behind.
+		c, err := client.New(v.g.conn, client.WithAPIKey(key)).Caller(ctx)
 		switch {
 		case errors.Is(err, client.ErrUnauthenticated):
 			return nil, auth.ErrInvalidToken

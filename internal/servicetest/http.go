@@ -25,11 +25,10 @@ type HTTPStack struct {
 	Keys map[string]string
 }
 
-// StartHTTP runs a ledger service on rdb with the test policy o.Policy and
-// one API key per scope, and serves the HTTP/JSON API in front of it, with
-// extra handlers (pattern → handler) on the same server, until the test
-// ends. o.Credentials is replaced by the keys.
-func StartHTTP(tb testing.TB, rdb redis.UniversalClient, o Options, tenant, prefix string, extra map[string]http.Handler) *HTTPStack {
+// Keys makes one API key per scope (agent, reconciler, viewer) of tenant,
+// with ids prefix-scope; it returns them by scope, and the credentials
+// that hold them (Options.Credentials).
+func Keys(tb testing.TB, tenant, prefix string) (map[string]string, *server.Credentials) {
 	tb.Helper()
 	keys, lines := map[string]string{}, []string{}
 	for _, scope := range []string{"agent", "reconciler", "viewer"} {
@@ -44,6 +43,16 @@ func StartHTTP(tb testing.TB, rdb redis.UniversalClient, o Options, tenant, pref
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return keys, creds
+}
+
+// StartHTTP runs a ledger service on rdb with the test policy o.Policy and
+// one API key per scope, and serves the HTTP/JSON API in front of it, with
+// extra handlers (pattern → handler) on the same server, until the test
+// ends. o.Credentials is replaced by the keys.
+func StartHTTP(tb testing.TB, rdb redis.UniversalClient, o Options, tenant, prefix string, extra map[string]http.Handler) *HTTPStack {
+	tb.Helper()
+	keys, creds := Keys(tb, tenant, prefix)
 	o.Credentials = creds
 	st := Start(tb, rdb, o)
 	conn, err := grpc.NewClient(st.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
