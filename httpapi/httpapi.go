@@ -66,7 +66,16 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		rt.routingError(r.Context(), gw, m, w, r, http.StatusNotFound)
 	})
-	return mux, nil
+	return noStore(mux), nil
+}
+
+// noStore marks every answer of h not to be stored by any cache: an
+// operation's record may hold what a tool returned.
+func noStore(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		h.ServeHTTP(w, r)
+	})
 }
 
 // errorHandler writes the gRPC status as JSON (code, message and details,

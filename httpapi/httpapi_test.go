@@ -81,6 +81,9 @@ func (a *api) call(t *testing.T, scope, method, path, body string) reply {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if resp.Header.Get("Cache-Control") != "no-store" {
+		t.Errorf("%s %s: Cache-Control %q, want no-store", method, path, resp.Header.Get("Cache-Control"))
+	}
 	r := reply{status: resp.StatusCode}
 	if err := json.Unmarshal(b, &r.body); err != nil {
 		t.Fatalf("%s %s: %d, not a JSON object: %q", method, path, resp.StatusCode, b)
