@@ -157,13 +157,19 @@ func into[T any](dst *T, a chromedp.Action[T]) chromedp.Action[chromedp.Void] {
 	}
 }
 
-// signIn opens the console and signs in with key; the queue shows.
-func signIn(url, key string) chromedp.Action[chromedp.Void] {
+// typeKey opens the console and signs in with key.
+func typeKey(url, key string) chromedp.Action[chromedp.Void] {
 	return chromedp.Steps(
 		chromedp.Navigate(url+console.Path),
 		chromedp.WaitVisible(chromedp.CSS("#key")),
 		chromedp.SendKeys(chromedp.CSS("#key"), key),
-		chromedp.Click(chromedp.CSS(`#login-form button[type=submit]`)),
+		chromedp.Click(chromedp.CSS(`#login-form button[type=submit]`)))
+}
+
+// signIn opens the console and signs in with key; the queue shows.
+func signIn(url, key string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		typeKey(url, key),
 		chromedp.WaitVisible(chromedp.CSS("#queue")),
 		chromedp.WaitNotPresent(chromedp.CSS(`#queue-status:not(:empty)`)),
 	)
@@ -360,6 +366,14 @@ func TestConsoleInABrowser(t *testing.T) {
 		l := start(t)
 		l.unknown(t, "wf-9:refund", "payments.refund", nil)
 		before := l.operation(t, "wf-9:refund")
+		// An agent's key signs in, but may not list the queue.
+		var refused string
+		run(t, tab(t), "agent", typeKey(l.url, l.keys["agent"]),
+			into(&refused, chromedp.Poll[string](`(() => { const s = document.getElementById("queue-status").textContent;
+				return s.startsWith("Refused") ? s : false; })()`)))
+		if refused != "Refused: this key may not do this (it needs the reconciler or viewer scope)." {
+			t.Fatalf("an agent's key at the queue: %q", refused)
+		}
 		ctx := tab(t)
 		var hidden bool
 		var who string

@@ -58,7 +58,8 @@
       case "OPERATION_IN_PROGRESS":
         return "Refused: a worker holds a live lease on the operation. Wait for the lease to end, then decide.";
       case "PERMISSION_DENIED":
-        return "Refused: this key may not resolve operations (it needs the reconciler scope).";
+        return "Refused: this key may not do this" +
+          (md.scopes ? " (it needs the " + md.scopes.split(",").join(" or ") + " scope)" : "") + ".";
       case "UNAUTHENTICATED":
         return "Refused: the key is not valid any more. Sign in again.";
       case "NOT_FOUND":
