@@ -538,6 +538,34 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a decision whose answer is lost is shown as it stands", func(t *testing.T) {
+		l, ctx, _ := unknownPage(t, tab, "wf-18:refund")
+		// The Reconcile reaches the ledger; its answer does not reach the page.
+		lose := `(() => {
+			const real = window.fetch;
+			window.fetch = async (url, init) => {
+				const resp = await real(url, init);
+				if (String(url).includes(":reconcile")) throw new TypeError("Failed to fetch");
+				return resp;
+			};
+		})()`
+		var answer, state string
+		var hidden bool
+		run(t, ctx, "decide", chromedp.Evaluate[chromedp.Void](lose), decide("FINDING_APPLIED", map[string]string{"#act-resource": "re_18"}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))),
+			into(&state, chromedp.Text(chromedp.CSS("#op-fields .state"))),
+			into(&hidden, chromedp.Evaluate[bool](`document.getElementById("actions").hidden`)))
+		want := "The ledger did not answer: the network failed (Failed to fetch). Whether the decision was recorded is not known." +
+			" The page now shows the operation as it is: if its timeline lacks the decision, send it again."
+		if answer != want || state != "SUCCEEDED" || !hidden {
+			t.Fatalf("after a lost answer: %q, the page shows %s (actions hidden %v)", answer, state, hidden)
+		}
+		op := l.operation(t, "wf-18:refund")
+		if op["state"] != "STATE_SUCCEEDED" || op["result"].(map[string]any)["resourceId"] != "re_18" {
+			t.Fatalf("the record: %v", op)
+		}
+	})
+
 	t.Run("text past the ledger's limits is refused on the page, counted in bytes", func(t *testing.T) {
 		l, ctx, before := unknownPage(t, tab, "wf-17:refund")
 		persian := func(n int) string { return strings.Repeat("د", n) } // two bytes each in UTF-8

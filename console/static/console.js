@@ -25,7 +25,7 @@
     try {
       resp = await fetch(path, init);
     } catch (e) {
-      return { ok: false, status: 0, body: { message: "the ledger cannot be reached: " + e.message } };
+      return { ok: false, status: 0, body: { message: "the network failed (" + e.message + ")" } };
     }
     let parsed = {};
     try {
@@ -47,6 +47,7 @@
   // explain turns a refusal into a sentence for the operator.
   function explain(body) {
     const info = errorInfo(body);
+    if (!info.reason) return "The ledger did not answer: " + (body.message || "no reason given") + ".";
     const md = info.metadata || {};
     const state = md.state ? " (the operation is " + md.state.replace("STATE_", "") + " now)" : "";
     switch (info.reason) {
@@ -72,7 +73,7 @@
       case "RATE_LIMITED":
         return "Refused: too many calls for this tenant; try again in a moment.";
       default:
-        return "Refused: " + (info.reason || "HTTP error") + ": " + (body.message || "");
+        return "Refused: " + info.reason + ": " + (body.message || "");
     }
   }
 
@@ -403,8 +404,7 @@
     const r = await api("POST", "/v1/operations:reconcile", body);
     if (v !== view) return;
     if (!r.ok) {
-      const again = await reread(errorInfo(r.body).reason, v);
-      if (v === view) answer(false, explain(r.body) + again);
+      if (v === view) answer(false, explain(r.body) + (await afterRefusal(errorInfo(r.body).reason, v)));
       return;
     }
     const op = r.body.operation;
@@ -412,13 +412,18 @@
     answer(true, "Recorded. The operation is " + short(op.state) + (op.needsReview ? ", flagged for review" : "") + ".");
   }
 
-  // reread shows the operation as it is now after a refusal that says the
-  // page is out of date; it returns the sentence that tells the operator.
-  async function reread(reason, v) {
-    if (reason !== "STALE_FENCING_TOKEN" && reason !== "ALREADY_RESOLVED") return "";
+  // afterRefusal reads the operation again when the page may be out of
+  // date: a refusal that says so, or a failure without the ledger's answer
+  // (the decision may have been recorded). It returns the sentence that
+  // tells the operator what to do next.
+  async function afterRefusal(reason, v) {
+    if (reason && reason !== "STALE_FENCING_TOKEN" && reason !== "ALREADY_RESOLVED") return "";
     const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: shown.operationId }).toString());
-    if (!r.ok || !(await renderOperation(r.body.operation, v))) return " Open the operation again before deciding.";
-    return " The page now shows the operation as it is: decide again.";
+    const shownNow = r.ok && (await renderOperation(r.body.operation, v));
+    if (reason) return shownNow ? " The page now shows the operation as it is: decide again." : " Open the operation again before deciding.";
+    return " Whether the decision was recorded is not known." + (shownNow
+      ? " The page now shows the operation as it is: if its timeline lacks the decision, send it again."
+      : " Sending it again is safe: the ledger answers a repeat of the same decision as recorded.");
   }
 
   function answer(ok, text) {
