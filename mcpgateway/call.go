@@ -99,13 +99,33 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 		probe = g.probe(t)
 	}
 	lc.RegisterReconciler(t.name, probe)
-	var executed *mcp.CallToolResult
-	res, err := lc.Do(client.WithWaitDeadline(ctx, time.Now().Add(p.wait)), op, func(ctx context.Context, a client.Attempt) (client.Result, error) {
+	var f forwards
+	res, err := lc.Do(client.WithWaitDeadline(ctx, time.Now().Add(p.wait)), op, g.attempt(t, req, &f))
+	if errors.Is(err, client.ErrRunEnded) {
+		return runEnded(id, run, err)
+	}
+	return g.answer(ctx, t, id, res, err, &f)
+}
+
+// forwards is what the attempts of one call did: the tool's last answer,
+// and whether the last forward ended with its outcome unknown (no answer,
+// or a failure that proves nothing ran).
+type forwards struct {
+	executed *mcp.CallToolResult
+	unknown  bool
+}
+
+// attempt is Do's fn for a call of t: one forward to the upstream, noted
+// in f.
+func (g *Gateway) attempt(t *tool, req *mcp.CallToolRequest, f *forwards) func(context.Context, client.Attempt) (client.Result, error) {
+	p := t.policy
+	return func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		out, err := t.up.call(ctx, g.forward(t, req, &a), g.relay(req))
+		f.unknown = err != nil && client.ClassOf(err) == client.Ambiguous
 		if err != nil {
 			return client.Result{}, err
 		}
-		executed = out
+		f.executed = out
 		switch {
 		case !out.IsError:
 			return record(out, p.resourceID), nil
@@ -113,11 +133,7 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 			return client.Result{}, client.MarkRetryable(&toolError{out})
 		}
 		return client.Result{}, client.MarkFinalDetail("tool_error", errorText(out), &toolError{out})
-	})
-	if errors.Is(err, client.ErrRunEnded) {
-		return runEnded(id, run, err)
 	}
-	return g.answer(ctx, t, id, res, err, executed)
 }
 
 // derive returns the operation id of a call that names none: the
@@ -210,7 +226,8 @@ func (g *Gateway) fit(t *tool, id string, res *mcp.CallToolResult) *mcp.CallTool
 }
 
 // answer turns what Do returned into the caller's answer.
-func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Result, err error, executed *mcp.CallToolResult) *mcp.CallToolResult {
+func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Result, err error, f *forwards) *mcp.CallToolResult {
+	executed := f.executed
 	var (
 		nr *client.NotRecordedError
 		co *client.ConflictingOutcomeError
@@ -247,6 +264,10 @@ func (g *Gateway) answer(ctx context.Context, t *tool, id string, res client.Res
 		return refusal(id, outcomeKeyReused, keyReusedText(id, err))
 	case errors.Is(err, client.ErrKeyExpired):
 		return refusal(id, outcomeKeyExpired, fmt.Sprintf("Not executed: operation %q ran long ago and its record has expired; it is not run again. A human or planner must decide whether a new action is wanted, under a new key.", id))
+	case f.unknown:
+		// The ledger could not record even that the outcome is unknown.
+		g.log.Warn("a forward's outcome is unknown and the ledger did not record it", "operation_id", id, "error", err)
+		return unknown(id, false, err)
 	case ctx.Err() != nil:
 		return refusal(id, outcomeUnknown, "The call was cancelled.")
 	}

@@ -321,7 +321,12 @@ func TestLedgerOutcomes(t *testing.T) {
 		// A lease longer than the tool takes: the gateway, whose renewals
 		// fail, does not stop the tool first.
 		{name: "ledger gone while the tool runs", opts: rigOptions{ledgerPolicy: "tools:\n  - {match: \"*\", lease: 20s}\n"},
-			during: ledgerGone, outcome: "not_recorded", text: "Opened ticket T-", forwards: 1, answered: true},
+			during: ledgerGone("slow:3s"), outcome: "not_recorded", text: "Opened ticket T-", forwards: 1, answered: true},
+		// The tool applies its effect and never answers: its outcome is
+		// unknown, and the ledger, gone, cannot record even that.
+		{name: "ledger gone while the tool's answer is lost", opts: rigOptions{ledgerPolicy: "tools:\n  - {match: \"*\", lease: 20s}\n",
+			rules: "- {match: create_ticket, timeout: 2s}"},
+			during: ledgerGone("drop"), outcome: "unknown", text: "the tool may or may not have applied it", forwards: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -344,13 +349,20 @@ func TestLedgerOutcomes(t *testing.T) {
 	}
 }
 
-// ledgerGone makes a call of operation k and stops the ledger while the
-// tool runs: the tool applies its effect, the ledger cannot record it
-// (the gateway tries again, then gives up), and the caller gets the tool's
-// answer all the same.
-func ledgerGone(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
+// ledgerGone makes a call of operation k, the tool given fault, and
+// stops the ledger while the tool runs: the tool applies its effect, the
+// ledger cannot record its outcome (the gateway tries again, then gives
+// up), and the caller is answered all the same.
+func ledgerGone(fault string) func(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
+	return func(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
+		t.Helper()
+		return ledgerGoneWith(t, r, cs, k, fault)
+	}
+}
+
+func ledgerGoneWith(t *testing.T, r *rig, cs *mcp.ClientSession, k, fault string) answer {
 	t.Helper()
-	r.up.Fault("create_ticket", "slow:3s")
+	r.up.Fault("create_ticket", fault)
 	done := make(chan answer, 1)
 	go func() {
 		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
