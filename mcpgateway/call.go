@@ -108,8 +108,9 @@ func (g *Gateway) call(ctx context.Context, t *tool, req *mcp.CallToolRequest) *
 }
 
 // forwards is what the attempts of one call did: the tool's last answer,
-// and whether the last forward ended with its outcome unknown (no answer,
-// or a failure that proves nothing ran).
+// and whether a forward ended with its outcome unknown (no answer, or a
+// failure that does not prove nothing ran): a later attempt proven not
+// applied does not undo what an earlier one may have done.
 type forwards struct {
 	executed *mcp.CallToolResult
 	unknown  bool
@@ -121,7 +122,7 @@ func (g *Gateway) attempt(t *tool, req *mcp.CallToolRequest, f *forwards) func(c
 	p := t.policy
 	return func(ctx context.Context, a client.Attempt) (client.Result, error) {
 		out, err := t.up.call(ctx, g.forward(t, req, &a), g.relay(req))
-		f.unknown = err != nil && client.ClassOf(err) == client.Ambiguous
+		f.unknown = f.unknown || err != nil && client.ClassOf(err) == client.Ambiguous
 		if err != nil {
 			return client.Result{}, err
 		}

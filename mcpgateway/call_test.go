@@ -327,6 +327,11 @@ func TestLedgerOutcomes(t *testing.T) {
 		{name: "ledger gone while the tool's answer is lost", opts: rigOptions{ledgerPolicy: "tools:\n  - {match: \"*\", lease: 20s}\n",
 			rules: "- {match: create_ticket, timeout: 2s}"},
 			during: ledgerGone("drop"), outcome: "unknown", text: "the tool may or may not have applied it", forwards: 1},
+		// An idempotent tool's first forward is lost, its second proven not
+		// applied: the first may still have applied the effect.
+		{name: "ledger gone after a lost forward and one not applied", opts: rigOptions{ledgerPolicy: "tools:\n  - {match: \"*\", lease: 20s}\n",
+			rules: "- {match: create_ticket, effect: idempotent, timeout: 3s, retries: 2, errors: retryable}"},
+			during: ledgerGone("drop", "error:1500ms"), outcome: "unknown", text: "the tool may or may not have applied it", forwards: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -353,16 +358,18 @@ func TestLedgerOutcomes(t *testing.T) {
 // stops the ledger while the tool runs: the tool applies its effect, the
 // ledger cannot record its outcome (the gateway tries again, then gives
 // up), and the caller is answered all the same.
-func ledgerGone(fault string) func(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
+func ledgerGone(faults ...string) func(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
 	return func(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer {
 		t.Helper()
-		return ledgerGoneWith(t, r, cs, k, fault)
+		return ledgerGoneWith(t, r, cs, k, faults)
 	}
 }
 
-func ledgerGoneWith(t *testing.T, r *rig, cs *mcp.ClientSession, k, fault string) answer {
+// ledgerGoneWith stops the ledger once the upstream got one call per
+// fault.
+func ledgerGoneWith(t *testing.T, r *rig, cs *mcp.ClientSession, k string, faults []string) answer {
 	t.Helper()
-	r.up.Fault("create_ticket", fault)
+	r.up.Fault("create_ticket", faults...)
 	done := make(chan answer, 1)
 	go func() {
 		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
@@ -371,7 +378,7 @@ func ledgerGoneWith(t *testing.T, r *rig, cs *mcp.ClientSession, k, fault string
 		}
 		done <- a
 	}()
-	waitForCall(t, r)
+	waitForCalls(t, r, len(faults))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // stop at once
 	r.ledger.Service.Shutdown(ctx)
@@ -382,10 +389,10 @@ func ledgerGoneWith(t *testing.T, r *rig, cs *mcp.ClientSession, k, fault string
 	return a
 }
 
-// waitForCall waits until the upstream got a call of create_ticket.
-func waitForCall(t *testing.T, r *rig) {
+// waitForCalls waits until the upstream got n calls of create_ticket.
+func waitForCalls(t *testing.T, r *rig, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); r.up.Calls("create_ticket") < n; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the call did not reach the upstream")
 		}
@@ -407,7 +414,7 @@ func stillRunning(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer 
 		}
 		first <- a
 	}()
-	waitForCall(t, r)
+	waitForCalls(t, r, 1)
 	second := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
 	if a := <-first; a.isError || a.outcome() != "executed" {
 		t.Fatalf("the first call = %v, want executed", a)

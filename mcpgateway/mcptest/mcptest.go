@@ -61,7 +61,7 @@ func New(dir string) *Upstream {
 // order: "drop" applies the effect and never answers; "kill" applies it
 // and exits the process; "hang" never answers and applies nothing;
 // "error" answers isError and applies nothing ("error:structured" with
-// structured content its output schema refuses); "slow:D" waits D (sending
+// structured content its output schema refuses, "error:D" after D); "slow:D" waits D (sending
 // progress when asked), then applies and answers, unless the call is
 // cancelled first (counted as a call of "create_ticket:cancelled");
 // "big" applies it and answers with 100 KiB of text beside the ticket;
@@ -204,6 +204,11 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 		<-ctx.Done()
 		return nil, ctx.Err()
 	case "error":
+		if d, err := time.ParseDuration(arg); err == nil {
+			if err := u.wait(ctx, req, d); err != nil {
+				return nil, err
+			}
+		}
 		res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "priority must be 1 to 5"}}}
 		if arg == "structured" {
 			res.StructuredContent = map[string]any{"error": "priority"}
