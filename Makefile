@@ -54,7 +54,7 @@ FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint
   server:FuzzUnmarshalReserve server:FuzzDecodeStruct server:FuzzUnmarshalComplete \
   server:FuzzParseCredentials server:FuzzAuthenticate internal/bench:FuzzParseCPUList \
   cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
-  mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments mcpgateway:FuzzFitted \
+  mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments mcpgateway:FuzzFitted mcpgateway:FuzzRecord \
   mcpgateway:FuzzJSRegexp \
   receipt:FuzzVerify receipt:FuzzParseJWK cmd/ledgerctl:FuzzVerifyHistory
 # The configuration `make mcp` runs the gateway with.

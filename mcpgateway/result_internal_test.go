@@ -11,6 +11,7 @@ import (
 
 	"github.com/opledger/ledger/client"
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/ledger"
 )
 
 // TestRecordReplays: what the ledger records of a result replays as that
@@ -255,6 +256,29 @@ func FuzzFitted(f *testing.F) {
 			case got != res && (!got.IsError || got.StructuredContent != nil || !strings.Contains(errorText(got), content)):
 				t.Fatalf("the answer for %s: %+v", content, got)
 			}
+		}
+	})
+}
+
+// FuzzRecord: what the gateway records of any answer is what the ledger
+// takes: data with a canonical form within its size limit, and a resource
+// id it accepts.
+func FuzzRecord(f *testing.F) {
+	f.Add(`{"content":[{"type":"text","text":"Opened T-1."}],"structuredContent":{"id":"T-1"}}`, "/id")
+	f.Add(`{"content":[],"structuredContent":{"id":"T-1\n"}}`, "/id")
+	f.Add(`{"content":[],"structuredContent":{"id":12345678901234567890}}`, "/id")
+	f.Add(`{"_meta":{"a":{"a":{"a":1}}},"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}]}`, "")
+	f.Fuzz(func(t *testing.T, result, ptr string) {
+		var res mcp.CallToolResult
+		if json.Unmarshal([]byte(result), &res) != nil || fingerprint.ValidatePointer(ptr) != nil {
+			return
+		}
+		r := record(&res, ptr)
+		if err := ledger.ValidateResourceID(r.ResourceID); err != nil {
+			t.Fatalf("resource id %q: %v", r.ResourceID, err)
+		}
+		if b, err := fingerprint.Canonical(r.Data); err != nil || len(b) > ledger.MaxResultDataLen {
+			t.Fatalf("data of %d bytes: %v", len(b), err)
 		}
 	})
 }
