@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -251,6 +252,10 @@ func TestUpstreamOutcomes(t *testing.T) {
 			textHints: []string{"could not be reached"}},
 		{name: "upstream restarted, its sessions gone", upstream: "http", down: func(_ *testing.T, r *rig) { r.restartHTTP() },
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
+		{name: "HTTP 429 before the tool", upstream: "http", down: refuseNext(http.StatusTooManyRequests), outcome: "not_applied",
+			state: client.StatePending, again: "executed", forwards: 1, effects: 1, textHints: []string{"HTTP 429 Too Many Requests", "nothing was applied"}},
+		{name: "HTTP 502 from a proxy", upstream: "http", down: refuseNext(http.StatusBadGateway), outcome: "unknown",
+			state: client.StateUnknown, again: "unknown", forwards: 0, textHints: []string{"may or may not have applied it"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -293,6 +298,11 @@ func TestUpstreamOutcomes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// refuseNext has the HTTP upstream answer its next tools/call with status.
+func refuseNext(status int) func(*testing.T, *rig) {
+	return func(_ *testing.T, r *rig) { r.refuse.Store(int32(status)) }
 }
 
 // TestLedgerOutcomes: what a caller gets when the ledger cannot take a

@@ -1,11 +1,13 @@
 package mcpgateway_test
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,9 +58,28 @@ type rig struct {
 	// httpUpstream serves it then, with httpHandler.
 	httpUpstream *httptest.Server
 	httpHandler  atomic.Pointer[mcp.StreamableHTTPHandler]
+	// refuse is an HTTP status the HTTP upstream answers its next
+	// tools/call with, instead of serving it (0: none).
+	refuse atomic.Int32
 	// upstreamConns counts the connections the HTTP upstream accepted,
 	// upstreamOpen those of them still open.
 	upstreamConns, upstreamOpen atomic.Int64
+}
+
+// refused answers req with r.refuse, once, when it is a tools/call; it
+// reports whether it did.
+func (r *rig) refused(w http.ResponseWriter, req *http.Request) bool {
+	if r.refuse.Load() == 0 || req.Method != http.MethodPost {
+		return false
+	}
+	body, err := io.ReadAll(req.Body)
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil || !bytes.Contains(body, []byte(`"method":"tools/call"`)) {
+		return false
+	}
+	status := int(r.refuse.Swap(0))
+	http.Error(w, http.StatusText(status), status)
+	return true
 }
 
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
@@ -105,6 +126,9 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		r.server = r.up.Server()
 		r.restartHTTP()
 		r.httpUpstream = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if r.refused(w, req) {
+				return
+			}
 			r.httpHandler.Load().ServeHTTP(w, req)
 		}))
 		r.httpUpstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {

@@ -258,6 +258,8 @@ func (t headers) CloseIdleConnections() {
 	}
 }
 
+// RoundTrip sends r with the headers, and notes the status of the first
+// POST made under a call's context (postStatus).
 func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if len(t.h) > 0 {
 		r = r.Clone(r.Context())
@@ -265,7 +267,11 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 			r.Header.Set(k, v)
 		}
 	}
-	return t.next.RoundTrip(r)
+	resp, err := t.next.RoundTrip(r)
+	if s, ok := r.Context().Value(postStatusKey{}).(*postStatus); ok && err == nil && r.Method == http.MethodPost {
+		s.code.CompareAndSwap(0, int32(resp.StatusCode))
+	}
+	return resp, err
 }
 
 // call forwards a tool call. Its error is classified for the ledger
@@ -281,7 +287,8 @@ func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress fun
 		defer done()
 		p.SetProgressToken(tok)
 	}
-	res, err := cs.CallTool(ctx, copyParams(p))
+	var status postStatus
+	res, err := cs.CallTool(status.in(ctx), copyParams(p))
 	if errors.Is(err, mcp.ErrSessionMissing) {
 		// The upstream answered 404 for its session (it restarted):
 		// the call was not processed, so it goes again on a new one.
@@ -289,15 +296,39 @@ func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress fun
 		if cs, _, err = u.session(ctx); err != nil {
 			return nil, client.MarkRetryable(err)
 		}
-		res, err = cs.CallTool(ctx, copyParams(p))
+		status = postStatus{}
+		res, err = cs.CallTool(status.in(ctx), copyParams(p))
 	}
 	if errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing) {
 		u.drop(cs)
 	}
 	if err != nil {
-		return nil, classify(err)
+		return nil, classify(err, int(status.code.Load()))
 	}
 	return res, nil
+}
+
+// postStatus holds the HTTP status a URL upstream answered a call's POST
+// with, as headers.RoundTrip sees it (0: none yet, or a command upstream).
+type postStatus struct{ code atomic.Int32 }
+
+type postStatusKey struct{}
+
+// in returns ctx carrying s, for the requests made under it.
+func (s *postStatus) in(ctx context.Context) context.Context {
+	return context.WithValue(ctx, postStatusKey{}, s)
+}
+
+// notProcessed are the HTTP statuses with which a server says it did not
+// process a request: it is malformed, unauthorized, forbidden, at no such
+// path or method, of a kind or size it does not take, timed out before it
+// arrived whole, or over a rate limit. A 5xx proves nothing: a proxy
+// answers 502, 503 or 504 after the request may have reached the tool.
+var notProcessed = map[int]bool{
+	http.StatusBadRequest: true, http.StatusUnauthorized: true, http.StatusForbidden: true,
+	http.StatusNotFound: true, http.StatusMethodNotAllowed: true, http.StatusNotAcceptable: true,
+	http.StatusRequestTimeout: true, http.StatusRequestEntityTooLarge: true, http.StatusRequestURITooLong: true,
+	http.StatusUnsupportedMediaType: true, http.StatusTooManyRequests: true, http.StatusRequestHeaderFieldsTooLarge: true,
 }
 
 // copyParams is p for one send: the SDK writes to a call's _meta.
@@ -337,15 +368,18 @@ func (u *upstream) live() bool {
 	}
 }
 
-// classify marks an upstream's error: a refused connection, a JSON-RPC
-// refusal of the request (unknown method or tool, invalid params) or a
-// 404 for the session prove the tool did not run; anything else may come
-// after it ran.
-func classify(err error) error {
+// classify marks an upstream's error, its call's POST answered with
+// status (0: none): a refused connection, a JSON-RPC refusal of the
+// request (unknown method or tool, invalid params), a 404 for the session
+// or another status of notProcessed prove the tool did not run; anything
+// else may come after it ran.
+func classify(err error, status int) error {
 	var we *jsonrpc.Error
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return client.MarkRetryable(err)
+	case notProcessed[status]:
+		return client.MarkRetryable(&refusedError{msg: "HTTP " + strconv.Itoa(status) + " " + http.StatusText(status)})
 	case errors.As(err, &we) && (we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams):
 		return client.MarkRetryable(&refusedError{msg: we.Message})
 	case errors.Is(err, mcp.ErrSessionMissing):

@@ -18,24 +18,33 @@ import (
 	"github.com/opledger/ledger/client"
 )
 
-// TestClassify: only a refused connection or a JSON-RPC refusal of the
-// request proves the tool did not run.
+// TestClassify: only a refused connection, a JSON-RPC refusal of the
+// request or an HTTP status that says the request was not processed
+// proves the tool did not run.
 func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
-		err  error
-		want client.Class
+		err    error
+		status int // of the call's POST
+		want   client.Class
 	}{
-		{fmt.Errorf("calling: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), client.Retryable},
-		{&jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown tool"}, client.Retryable},
-		{fmt.Errorf("x: %w", &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound}), client.Retryable},
-		{&jsonrpc.Error{Code: jsonrpc.CodeInternalError}, client.Ambiguous},
-		{fmt.Errorf("x: %w", mcp.ErrConnectionClosed), client.Ambiguous},
-		{fmt.Errorf("sending: %w", mcp.ErrSessionMissing), client.Retryable},
-		{context.DeadlineExceeded, client.Ambiguous},
-		{errors.New("EOF"), client.Ambiguous},
+		{fmt.Errorf("calling: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), 0, client.Retryable},
+		{&jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "unknown tool"}, 0, client.Retryable},
+		{fmt.Errorf("x: %w", &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound}), 0, client.Retryable},
+		{&jsonrpc.Error{Code: jsonrpc.CodeInternalError}, 0, client.Ambiguous},
+		{fmt.Errorf("x: %w", mcp.ErrConnectionClosed), 0, client.Ambiguous},
+		{fmt.Errorf("sending: %w", mcp.ErrSessionMissing), 0, client.Retryable},
+		{context.DeadlineExceeded, 0, client.Ambiguous},
+		{errors.New("EOF"), 0, client.Ambiguous},
+		{errors.New(`sending "tools/call": Too Many Requests`), http.StatusTooManyRequests, client.Retryable},
+		{errors.New(`sending "tools/call": Unauthorized`), http.StatusUnauthorized, client.Retryable},
+		{errors.New(`sending "tools/call": Bad Request`), http.StatusBadRequest, client.Retryable},
+		{errors.New(`sending "tools/call": Bad Gateway`), http.StatusBadGateway, client.Ambiguous},
+		{errors.New(`sending "tools/call": Service Unavailable`), http.StatusServiceUnavailable, client.Ambiguous},
+		{errors.New(`sending "tools/call": Conflict`), http.StatusConflict, client.Ambiguous},
+		{errors.New("EOF"), http.StatusOK, client.Ambiguous}, // the answer's stream broke off
 	} {
-		if got := client.ClassOf(classify(tc.err)); got != tc.want {
-			t.Errorf("%v: %v, want %v", tc.err, got, tc.want)
+		if got := client.ClassOf(classify(tc.err, tc.status)); got != tc.want {
+			t.Errorf("%v (HTTP %d): %v, want %v", tc.err, tc.status, got, tc.want)
 		}
 	}
 }
