@@ -378,10 +378,10 @@ func classify(err error, status int) error {
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return client.MarkRetryable(err)
-	case notProcessed[status]:
-		return client.MarkRetryable(&refusedError{msg: "HTTP " + strconv.Itoa(status) + " " + http.StatusText(status)})
 	case errors.As(err, &we) && (we.Code == jsonrpc.CodeMethodNotFound || we.Code == jsonrpc.CodeInvalidParams):
 		return client.MarkRetryable(&refusedError{msg: we.Message})
+	case notProcessed[status]:
+		return client.MarkRetryable(&refusedError{msg: "HTTP " + strconv.Itoa(status) + " " + http.StatusText(status)})
 	case errors.Is(err, mcp.ErrSessionMissing):
 		return client.MarkRetryable(&unreachableError{upstream: "(its session is gone)", err: err})
 	}
