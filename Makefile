@@ -56,7 +56,7 @@ FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint
   cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
   mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments mcpgateway:FuzzFitted mcpgateway:FuzzRecord \
   mcpgateway:FuzzJSRegexp \
-  receipt:FuzzVerify receipt:FuzzParseJWK cmd/ledgerctl:FuzzVerifyHistory
+  receipt:FuzzVerify receipt:FuzzResultSHA256 receipt:FuzzParseJWK cmd/ledgerctl:FuzzVerifyHistory
 # The configuration `make mcp` runs the gateway with.
 MCP_CONFIG ?= examples/mcp/gateway.yaml
 

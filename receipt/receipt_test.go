@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/opledger/ledger/fingerprint"
+	"github.com/opledger/ledger/ledger"
 )
 
 func signer(t *testing.T, kids ...string) (*Signer, []*Key) {
@@ -211,6 +212,37 @@ func TestResultSHA256(t *testing.T) {
 		}
 		seen[got] = c.name
 	}
+}
+
+// FuzzResultSHA256: every result the ledger takes (result data a JSON
+// object with a canonical form, a resource id it accepts) has a digest,
+// and where fingerprint.Canonical takes the object around them, it is the
+// digest of that object's canonical JSON.
+func FuzzResultSHA256(f *testing.F) {
+	f.Add(`{"b":1,"a":"x"}`, "re_1")
+	f.Add(strings.Repeat(`{"a":`, fingerprint.MaxDepth)+"1"+strings.Repeat("}", fingerprint.MaxDepth), "re_deep")
+	f.Add(`{"n":1e21,"s":"\u2028"}`, "")
+	f.Fuzz(func(t *testing.T, data, id string) {
+		var v any
+		if json.Unmarshal([]byte(data), &v) != nil || ledger.ValidateResourceID(id) != nil {
+			return
+		}
+		if _, ok := v.(map[string]any); !ok {
+			return
+		}
+		if _, err := fingerprint.Canonical(v); err != nil {
+			return // the ledger refuses it
+		}
+		got, err := ResultSHA256([]byte(data), id)
+		if err != nil {
+			t.Fatalf("ResultSHA256(%q, %q): %v", data, id, err)
+		}
+		if c, err := fingerprint.Canonical(map[string]any{"data": v, "resource_id": id}); err == nil {
+			if sum := sha256.Sum256(c); got != hex.EncodeToString(sum[:]) {
+				t.Fatalf("ResultSHA256(%q, %q) = %s, not the digest of %s", data, id, got, c)
+			}
+		}
+	})
 }
 
 // FuzzVerify: any input, a receipt or not, is verified or refused without
