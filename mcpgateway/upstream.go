@@ -320,15 +320,14 @@ func (s *postStatus) in(ctx context.Context) context.Context {
 }
 
 // notProcessed are the HTTP statuses with which a server says it did not
-// process a request: it is malformed, unauthorized, forbidden, at no such
-// path or method, of a kind or size it does not take, timed out before it
-// arrived whole, or over a rate limit. A 5xx proves nothing: a proxy
-// answers 502, 503 or 504 after the request may have reached the tool.
+// process a request (docs/mcp.md): a call answered so is retryable. Any
+// other, a 5xx among them, proves nothing.
 var notProcessed = map[int]bool{
 	http.StatusBadRequest: true, http.StatusUnauthorized: true, http.StatusForbidden: true,
 	http.StatusNotFound: true, http.StatusMethodNotAllowed: true, http.StatusNotAcceptable: true,
 	http.StatusRequestTimeout: true, http.StatusRequestEntityTooLarge: true, http.StatusRequestURITooLong: true,
-	http.StatusUnsupportedMediaType: true, http.StatusTooManyRequests: true, http.StatusRequestHeaderFieldsTooLarge: true,
+	http.StatusUnsupportedMediaType: true, http.StatusTooEarly: true, http.StatusTooManyRequests: true,
+	http.StatusRequestHeaderFieldsTooLarge: true,
 }
 
 // copyParams is p for one send: the SDK writes to a call's _meta.
