@@ -566,6 +566,34 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("an operation that does not open leaves the queue loading", func(t *testing.T) {
+		l := start(t)
+		l.unknown(t, "wf-19:refund", "payments.refund", nil)
+		ctx := tab(t)
+		// The queue's first page is held until the test lets it go.
+		hold := `(() => {
+			const real = window.fetch;
+			window.fetch = (url, init) => {
+				if (!String(url).includes("operations:unresolved") || window.releaseQueue) return real(url, init);
+				return new Promise((go) => { window.releaseQueue = go; }).then(() => real(url, init));
+			};
+		})()`
+		var status string
+		var held bool
+		run(t, ctx, "sign in, then open an id with no record", chromedp.Navigate(l.url+console.Path), chromedp.WaitVisible(chromedp.CSS("#key")),
+			chromedp.Evaluate[chromedp.Void](hold), chromedp.SendKeys(chromedp.CSS("#key"), l.keys["reconciler"]),
+			chromedp.Click(chromedp.CSS(`#login-form button[type=submit]`)),
+			into(&held, chromedp.Poll[bool](`typeof window.releaseQueue === "function"`)),
+			chromedp.SendKeys(chromedp.CSS("#find-id"), "wf-19:nothing"), chromedp.Click(chromedp.CSS(`#find button`)),
+			into(&status, chromedp.Poll[string](`(() => { const s = document.getElementById("queue-status").textContent;
+				return s.startsWith("Refused") ? s : false; })()`)),
+			chromedp.Evaluate[chromedp.Void](`window.releaseQueue()`),
+			chromedp.WaitVisible(chromedp.CSS(row("wf-19:refund"))))
+		if status != "Refused: there is no such operation." {
+			t.Fatalf("the status for an id with no record: %q", status)
+		}
+	})
+
 	t.Run("text past the ledger's limits is refused on the page, counted in bytes", func(t *testing.T) {
 		l, ctx, before := unknownPage(t, tab, "wf-17:refund")
 		persian := func(n int) string { return strings.Repeat("د", n) } // two bytes each in UTF-8

@@ -9,10 +9,12 @@
   let key = "";
   let caller = null; // GET /v1/caller
   let shown = null; // the operation on the page, as last read
-  // view counts what the operator asked to see (an operation, the queue,
-  // signing out): an answer that arrives after a later request is dropped,
-  // so a slow Lookup cannot replace the page opened after it.
-  let view = 0;
+  // asked counts the requests of each view (the queue, an operation's
+  // page; signing out ends both): an answer that arrives after a later
+  // request of its view is dropped, so a slow Lookup cannot replace the page
+  // opened after it, and opening an operation does not stop the queue's
+  // loading.
+  const asked = { queue: 0, operation: 0 };
 
   // api calls the JSON API; it resolves to {ok, status, body}.
   async function api(method, path, body) {
@@ -128,7 +130,8 @@
   });
 
   $("signout").addEventListener("click", () => {
-    view++;
+    asked.queue++;
+    asked.operation++;
     key = "";
     caller = shown = null;
     $("who").hidden = $("signout").hidden = true;
@@ -145,7 +148,7 @@
   });
 
   async function loadQueue() {
-    const v = ++view;
+    const v = ++asked.queue;
     const q = new URLSearchParams({ page_size: "500" });
     if ($("f-state").value) q.set("states", $("f-state").value);
     if ($("f-tool").value.trim()) q.set("tool", $("f-tool").value.trim());
@@ -157,7 +160,7 @@
     do {
       if (token) q.set("page_token", token);
       const r = await api("GET", "/v1/operations:unresolved?" + q.toString());
-      if (v !== view) return;
+      if (v !== asked.queue) return;
       if (!r.ok) {
         $("queue-status").textContent = explain(r.body);
         return;
@@ -194,10 +197,10 @@
 
   // One operation: its record, links and timeline, and the actions.
   async function openOperation(id) {
-    const v = ++view;
+    const v = ++asked.operation;
     $("answer").hidden = true;
     const r = await api("GET", "/v1/operations:lookup?" + new URLSearchParams({ operation_id: id }).toString());
-    if (v !== view) return;
+    if (v !== asked.operation) return;
     if (!r.ok) {
       // Said where the operator is: the queue, or the page whose link failed.
       if ($("operation").hidden) $("queue-status").textContent = explain(r.body);
@@ -207,11 +210,11 @@
     if (await renderOperation(r.body.operation, v)) show("operation");
   }
 
-  // renderOperation shows op, unless the operator asked for another view
-  // than asked while its links were read; it reports whether it did.
-  async function renderOperation(op, asked) {
+  // renderOperation shows op, unless the operator asked for another page
+  // (than request v) while its links were read; it reports whether it did.
+  async function renderOperation(op, v) {
     const links = await linkRows(op);
-    if (asked !== view) return false;
+    if (v !== asked.operation) return false;
     shown = op;
     $("op-title").replaceChildren("Operation ", el("code", {}, op.operationId));
     const rows = [
@@ -299,6 +302,7 @@
   });
 
   $("back").addEventListener("click", () => {
+    asked.operation++;
     show("queue");
     loadQueue();
   });
@@ -400,11 +404,11 @@
   // send sends a decision and shows its answer, unless the operator has
   // left the page by then.
   async function send(body) {
-    const v = view;
+    const v = asked.operation;
     const r = await api("POST", "/v1/operations:reconcile", body);
-    if (v !== view) return;
+    if (v !== asked.operation) return;
     if (!r.ok) {
-      if (v === view) answer(false, explain(r.body) + (await afterRefusal(errorInfo(r.body).reason, v)));
+      if (v === asked.operation) answer(false, explain(r.body) + (await afterRefusal(errorInfo(r.body).reason, v)));
       return;
     }
     const op = r.body.operation;
