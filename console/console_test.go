@@ -603,7 +603,7 @@ func TestConsoleInABrowser(t *testing.T) {
 			says    string
 		}{
 			{"FINDING_ESCALATE", map[string]string{"#act-note": persian(129)}, "The note is 258 bytes in UTF-8; the ledger keeps at most 256."},
-			{"FINDING_APPLIED", map[string]string{"#act-resource": persian(200)}, "The resource id is 400 bytes"},
+			{"FINDING_APPLIED", map[string]string{"#act-resource": persian(129)}, "The resource id is 258 bytes"},
 			{"FINDING_ABANDON", map[string]string{"#act-fcode": persian(65)}, "The failure code is 130 bytes"},
 			{"FINDING_ABANDON", map[string]string{"#act-fmsg": persian(513)}, "The failure message is 1026 bytes"},
 		} {
@@ -620,13 +620,33 @@ func TestConsoleInABrowser(t *testing.T) {
 		if after := l.operation(t, "wf-17:refund"); fmt.Sprint(after) != fmt.Sprint(before) {
 			t.Fatalf("a refused finding changed the record:\n%v\n%v", before, after)
 		}
-		// 128 Persian letters are 256 bytes: the note is sent and kept.
+		// At each limit a text is sent and kept, so the page's limits are
+		// the ledger's. 128 Persian letters are 256 bytes: the note.
 		var answer string
 		run(t, ctx, "a note at the limit", clearAnswer(true), chromedp.SetValue(chromedp.CSS("#act-note"), persian(128)),
 			decide("FINDING_ESCALATE", nil), into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
 		hist := l.operation(t, "wf-17:refund")["history"].([]any)
 		if !strings.Contains(answer, "Recorded.") || hist[len(hist)-1].(map[string]any)["detail"] != persian(128) {
 			t.Fatalf("a 256-byte note: %q, the last entry %v", answer, hist[len(hist)-1])
+		}
+		// A failure's code and message at their limits (128 and 1,024 bytes).
+		run(t, ctx, "a failure at the limits", clearAnswer(true),
+			decide("FINDING_ABANDON", map[string]string{"#act-fcode": persian(64), "#act-fmsg": persian(512)}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		f, _ := l.operation(t, "wf-17:refund")["failure"].(map[string]any)
+		if !strings.Contains(answer, "Recorded. The operation is FAILED_FINAL") || f["code"] != persian(64) || f["message"] != persian(512) {
+			t.Fatalf("a failure at the limits: %q, recorded %v", answer, f)
+		}
+		// A resource id at its limit (256 bytes), on another operation.
+		l.unknown(t, "wf-20:refund", "payments.refund", nil)
+		run(t, ctx, "a resource id at the limit", chromedp.SetValue(chromedp.CSS("#find-id"), "wf-20:refund"),
+			chromedp.Click(chromedp.CSS("#back")), chromedp.Click(chromedp.CSS(`#find button`)),
+			chromedp.WaitVisible(chromedp.CSS("#op-token")), clearAnswer(true),
+			decide("FINDING_APPLIED", map[string]string{"#act-resource": persian(128)}),
+			into(&answer, chromedp.Text(chromedp.CSS("#answer"))))
+		r, _ := l.operation(t, "wf-20:refund")["result"].(map[string]any)
+		if !strings.Contains(answer, "Recorded. The operation is SUCCEEDED") || r["resourceId"] != persian(128) {
+			t.Fatalf("a 256-byte resource id: %q, recorded %v", answer, r)
 		}
 	})
 
