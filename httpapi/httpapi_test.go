@@ -169,6 +169,7 @@ func TestEveryRPCOverHTTP(t *testing.T) {
 			{"a path outside /v1/", "viewer", "GET", "/nothing", "", 404, 12, ""},
 			{"a path that leaves /v1/ (redirected to /)", "viewer", "DELETE", "/v1/..", "", 404, 12, ""},
 			{"another method", "viewer", "DELETE", "/v1/operations/wf-1:refund", "", 405, 12, ""},
+			{"a browser's CORS preflight", "", "OPTIONS", "/v1/operations:reserve", "", 405, 12, ""},
 			{"no such run", "viewer", "GET", "/v1/runs/never", "", 404, 5, "NOT_FOUND"},
 			{"a compensation of what did not succeed", "agent", "POST", "/v1/operations/y:reserve", `{"tool":"t.x","compensates":"never"}`, 409, 9, "NOT_COMPENSABLE"},
 		} {
