@@ -40,7 +40,7 @@ func TestHTTPListen(t *testing.T) {
 		}
 	})
 	t.Run("tls", func(t *testing.T) {
-		certFile, keyFile, pool := writeSelfSigned(t, t.TempDir())
+		certFile, keyFile, pool := serverCert(t, t.TempDir())
 		tlsCreds := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 		_, _, out := start(t, tlsCreds, "--tls-cert", certFile, "--tls-key", keyFile, "--http-listen", "127.0.0.1:0")
 		addr, err := ledgertest.ListenAddr(out.String, "HTTP API serving", nil, 10*time.Second)

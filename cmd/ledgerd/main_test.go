@@ -3,16 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -391,37 +385,17 @@ func TestKeygenHelp(t *testing.T) {
 	}
 }
 
-// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its key.
-func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+// serverCert issues a ledgerd certificate for 127.0.0.1 from a new test CA
+// in dir; it returns its files and the CA's pool.
+func serverCert(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
 	t.Helper()
-	return writeSelfSignedUntil(t, dir, time.Now().Add(time.Hour))
-}
-
-// writeSelfSignedUntil is writeSelfSigned with a certificate that expires at
-// notAfter.
-func writeSelfSignedUntil(t *testing.T, dir string, notAfter time.Time) (certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ledgerd"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(k)
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
+	pki := ledgertest.NewPKI(t, dir)
+	_, certFile, keyFile = pki.Issue(t, "ledgerd", "ledgerd", true)
+	return certFile, keyFile, pki.Pool
 }
 
 func TestTLSFromFiles(t *testing.T) {
-	certFile, keyFile, pool := writeSelfSigned(t, t.TempDir())
+	certFile, keyFile, pool := serverCert(t, t.TempDir())
 	tlsCreds := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 	_, addr, _ := start(t, tlsCreds, "--tls-cert", certFile, "--tls-key", keyFile)
 	plain, _ := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -484,11 +458,11 @@ func dialTLS(t *testing.T, addr string, creds credentials.TransportCredentials) 
 // TestRedisOverTLSAsRestrictedUser runs ledgerd against a redis-server that
 // only speaks TLS, as the least-privileged ACL user, from the URL.
 func TestRedisOverTLSAsRestrictedUser(t *testing.T) {
-	dir := t.TempDir()
-	certFile, keyFile, pool := writeSelfSigned(t, dir)
-	srv := redistest.StartTLS(t, certFile, keyFile, certFile, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	pki := ledgertest.NewPKI(t, t.TempDir())
+	_, certFile, keyFile := pki.Issue(t, "redis", "redis", true)
+	srv := redistest.StartTLS(t, certFile, keyFile, pki.CAFile, &tls.Config{RootCAs: pki.Pool, MinVersion: tls.VersionTLS12})
 	srv.CreateUser(t, "ledger", "s3cret-redis-pw", ledger.ACLRules(ledger.DefaultPrefix))
-	c, out := serve(t, "--redis-url", "rediss://ledger:s3cret-redis-pw@"+srv.Addr+"/0", "--redis-ca", certFile)
+	c, out := serve(t, "--redis-url", "rediss://ledger:s3cret-redis-pw@"+srv.Addr+"/0", "--redis-ca", pki.CAFile)
 	if r := reserveOnce(t, c, "tickets.create"); r.Decision != ledgerv1.Decision_DECISION_EXECUTE {
 		t.Fatalf("Reserve = %v", r)
 	}
@@ -777,7 +751,9 @@ func TestDurabilityFollowsARunningRedis(t *testing.T) {
 func TestReloadsShowInMetrics(t *testing.T) {
 	dir := t.TempDir()
 	firstEnd := time.Now().Add(48 * time.Hour).Truncate(time.Second)
-	certFile, keyFile, pool := writeSelfSignedUntil(t, dir, firstEnd)
+	pki := ledgertest.NewPKI(t, dir)
+	_, certFile, keyFile := pki.IssueUntil(t, "ledgerd", "ledgerd", true, firstEnd)
+	pool := pki.Pool
 	_, entry := keygenEntry(t, "acme-agent", "acme", "agent")
 	file := filepath.Join(dir, "credentials.yaml")
 	write := func(text string) {
@@ -803,7 +779,7 @@ func TestReloadsShowInMetrics(t *testing.T) {
 	// fails (the previous keys stay), the second succeeds.
 	write("keys: [")
 	secondEnd := firstEnd.Add(24 * time.Hour)
-	writeSelfSignedUntil(t, dir, secondEnd)
+	pki.IssueUntil(t, "ledgerd", "ledgerd", true, secondEnd)
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}

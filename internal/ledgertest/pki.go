@@ -68,13 +68,19 @@ func NewPKI(tb testing.TB, dir string) *PKI {
 // paths.
 func (p *PKI) Issue(tb testing.TB, name, cn string, server bool, uris ...string) (cert tls.Certificate, certFile, keyFile string) {
 	tb.Helper()
+	return p.IssueUntil(tb, name, cn, server, time.Now().Add(time.Hour), uris...)
+}
+
+// IssueUntil is Issue with a certificate that expires at notAfter.
+func (p *PKI) IssueUntil(tb testing.TB, name, cn string, server bool, notAfter time.Time, uris ...string) (cert tls.Certificate, certFile, keyFile string) {
+	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	p.serial++
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(p.serial), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
