@@ -10,6 +10,12 @@ from grpc import aio
 
 import opledger
 from opledger import pb
+from test_client import FAILURE_CODES
+
+
+def method_name(details) -> str:
+    method = details.method.decode() if isinstance(details.method, bytes) else details.method
+    return method.rsplit("/", 1)[-1]
 
 
 class AioDropper(aio.UnaryUnaryClientInterceptor):
@@ -20,8 +26,7 @@ class AioDropper(aio.UnaryUnaryClientInterceptor):
         self.dropped: list[str] = []
 
     async def intercept_unary_unary(self, continuation, details, request):
-        method = details.method.decode() if isinstance(details.method, bytes) else details.method
-        method = method.rsplit("/", 1)[-1]
+        method = method_name(details)
         call = await continuation(details, request)
         if self.armed.get(method, 0) > 0:
             self.armed[method] -= 1
@@ -29,6 +34,20 @@ class AioDropper(aio.UnaryUnaryClientInterceptor):
             self.dropped.append(method)
             raise aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, aio.Metadata(), aio.Metadata(), "the response was lost")
         return call
+
+
+class AioHold(aio.UnaryUnaryClientInterceptor):
+    """Holds each call of one method a while before sending it, and says when one is held."""
+
+    def __init__(self, method: str, seconds: float):
+        self.method, self.seconds = method, seconds
+        self.held = asyncio.Event()
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        if method_name(details) == self.method:
+            self.held.set()
+            await asyncio.sleep(self.seconds)
+        return await continuation(details, request)
 
 
 def run(coro):
@@ -192,3 +211,76 @@ def test_data_the_wire_would_change_is_not_recorded(addr, dest, ids):
     assert isinstance(needs.__cause__, ValueError)
     assert rec.state == pb.STATE_UNKNOWN and not rec.HasField("result")
     assert dest.total() == 1
+
+
+async def settles(a):
+    return {"resource_id": "R-1"}
+
+
+async def declines(a):
+    raise opledger.FinalToolError("card_declined", "declined")
+
+
+async def breaks(a):
+    raise RuntimeError("connection reset")
+
+
+@pytest.mark.parametrize("fn, wait, method, state, effects, raised", [
+    (settles, 30, "Complete", pb.STATE_SUCCEEDED, 1, asyncio.CancelledError),
+    (declines, 30, "Complete", pb.STATE_FAILED_FINAL, 1, asyncio.CancelledError),
+    (breaks, 30, "MarkUnknown", pb.STATE_UNKNOWN, 1, asyncio.CancelledError),
+    (settles, 30, "Complete", pb.STATE_SUCCEEDED, 1, TimeoutError),
+    (settles, 0, "Complete", pb.STATE_PENDING, 0, asyncio.CancelledError),
+], ids=["succeeded", "failed for good", "unknown", "asyncio.timeout", "a claim returned unused"])
+def test_a_task_cancelled_while_recording_still_records(addr, dest, ids, fn, wait, method, state, effects, raised):
+    # The tool has ended (or will not run: its claim came after the wait
+    # budget), and the task is cancelled while the ledger call that records
+    # it is on its way. The cancellation waits for the record, so a retry
+    # replays the outcome (or runs the tool) instead of finding the claim
+    # RUNNING, then UNKNOWN.
+    async def scenario():
+        hold = AioHold(method, 0.3)
+        async with opledger.AsyncLedger(addr, interceptors=[hold]) as lg:
+            op = ids("refund")
+
+            async def counted(a):
+                dest.apply(a.idempotency_key)
+                return await fn(a)
+
+            timer = []
+
+            async def bounded():
+                async with asyncio.timeout(None) as cm:
+                    timer.append(cm)
+                    await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p",
+                                       fn=counted, wait=wait)
+
+            task = asyncio.ensure_future(bounded())
+            await hold.held.wait()
+            if raised is TimeoutError:
+                timer[0].reschedule(asyncio.get_running_loop().time())
+            else:
+                task.cancel()
+            with pytest.raises(raised):
+                await task
+            return (await lg.lookup(op)).state
+
+    assert run(scenario()) == state
+    assert dest.total() == effects
+
+
+@pytest.mark.parametrize("code, recorded", FAILURE_CODES)
+def test_final_failure_code_recorded(addr, ids, code, recorded):
+    async def scenario():
+        async with opledger.AsyncLedger(addr) as lg:
+            op = ids("refund")
+
+            async def declines(a):
+                raise opledger.FinalToolError(code, "declined")
+
+            with pytest.raises(opledger.ToolFailed) as failed:
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p", fn=declines)
+            return failed.value, await lg.lookup(op)
+
+    failed, rec = run(scenario())
+    assert failed.code == recorded and rec.state == pb.STATE_FAILED_FINAL and rec.failure.code == recorded

@@ -348,6 +348,33 @@ def test_final_failure_detail_replayed(ledger, dest, ids, given, recorded):
     assert ledger.lookup(op).failure.detail == recorded and dest.total() == 0
 
 
+# A FinalToolError's code, and the failure code the ledger records: the
+# default one when it is missing, refused by the ledger or cannot be sent.
+FAILURE_CODES = [
+    pytest.param("card_declined", "card_declined", id="a code"),
+    pytest.param(None, "tool_failed", id="none"),
+    pytest.param("", "tool_failed", id="empty"),
+    pytest.param("x" * 200, "tool_failed", id="over 128 bytes"),
+    pytest.param("declined\n", "tool_failed", id="a control character"),
+    pytest.param("card\ud800", "tool_failed", id="a lone surrogate"),
+    pytest.param(42, "tool_failed", id="not a str"),
+]
+
+
+@pytest.mark.parametrize("code, recorded", FAILURE_CODES)
+def test_final_failure_code_recorded(ledger, ids, code, recorded):
+    op = ids("refund")
+
+    def declines(a):
+        raise opledger.FinalToolError(code, "declined")
+
+    with pytest.raises(opledger.ToolFailed) as failed:
+        ledger.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p-1", fn=declines)
+    rec = ledger.lookup(op)
+    assert failed.value.code == recorded and not failed.value.replayed
+    assert rec.state == pb.STATE_FAILED_FINAL and rec.failure.code == recorded
+
+
 def test_receipts_handed_on(ledger, dest, ids, claims):
     # make test runs ledgerd with --receipt-keys: every settled answer carries a receipt.
     op = ids("refund")

@@ -30,7 +30,7 @@ from opledger.client import (
 from opledger.aio import AsyncLedger
 from opledger.guard import guarded
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 __all__ = [
     "AsyncLedger", "CALLER_GAVE_UP", "DEFAULT_FAILURE_CODE", "RETRYABLE_FAILURE_CODE", "Attempt", "Cancelled", "FinalToolError",

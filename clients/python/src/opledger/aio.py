@@ -8,7 +8,8 @@
 fn is a coroutine function. A cancelled task (asyncio.CancelledError) is
 handled as Ledger.call_tool handles its cancel event: before fn starts, no
 claim is left behind; while fn runs, fn is cancelled too and the attempt is
-marked UNKNOWN (nobody knows how far it got).
+marked UNKNOWN (nobody knows how far it got); once fn has returned or raised,
+how it ended is recorded before the cancellation is raised.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ from opledger.client import (  # noqa: I001
     _lease,
     _lease_end,
     _repeatable,
+    code_refused,
     data_struct,
     error_info,
-    failure_detail,
+    final_failure,
     in_progress_delay,
     lease_margin,
     params_struct,
@@ -169,7 +171,7 @@ class AsyncLedger:
                     await self._return_lost_claim(request)
                 raise
             except asyncio.CancelledError:
-                await asyncio.shield(self._return_lost_claim(request))
+                await _finish(self._return_lost_claim(request))
                 raise
             op = resp.operation
             if resp.decision == pb.DECISION_REPLAY:
@@ -228,9 +230,9 @@ class AsyncLedger:
     async def _return_claim(self, op: pb.Operation, code: str = CALLER_GAVE_UP) -> bool:
         """Completes an unused claim as a retryable failure proven not applied; whether the ledger took it."""
         try:
-            await self.rpc("Complete", pb.CompleteRequest(operation_id=op.operation_id, fencing_token=op.fencing_token,
-                                                          outcome=pb.OUTCOME_FAILED_RETRYABLE,
-                                                          failure=pb.Failure(code=code)))
+            await _finish(self.rpc("Complete", pb.CompleteRequest(
+                operation_id=op.operation_id, fencing_token=op.fencing_token, outcome=pb.OUTCOME_FAILED_RETRYABLE,
+                failure=pb.Failure(code=code))))
         except LedgerError as err:
             self.log(f"returning the claim of {op.operation_id}: {err.code.name} {err.reason}")
             return False
@@ -268,18 +270,13 @@ class AsyncLedger:
                                                               failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)), err)
             raise
         except FinalToolError as err:
-            code = err.code if isinstance(err.code, str) and err.code else DEFAULT_FAILURE_CODE
-            detail = failure_detail(err.detail)
+            request = final_failure(claim, err)
             try:
-                done = await self._report("Complete", pb.CompleteRequest(
-                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=pb.Failure(code=code, detail=detail)), err)
+                done = await self._report("Complete", request, err)
             except NotRecorded as not_recorded:
-                cause = not_recorded.__cause__
-                if not (isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT):
+                if not code_refused(not_recorded, request):
                     raise
-                failure = pb.Failure(code=DEFAULT_FAILURE_CODE, detail=detail)
-                done = await self._report("Complete", pb.CompleteRequest(
-                    **claim, outcome=pb.OUTCOME_FAILED_FINAL, failure=failure), err)
+                done = await self._report("Complete", final_failure(claim, err, DEFAULT_FAILURE_CODE), err)
             raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash, a cancelled task: nobody knows whether it applied.
@@ -287,7 +284,7 @@ class AsyncLedger:
             tool.cancel()
             reason = (f"no answer within the tool timeout ({tool_timeout}s)" if isinstance(err, ToolTimedOut)
                       else "the tool ended without an answer")
-            await asyncio.shield(self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason=reason), err))
+            await self._report("MarkUnknown", pb.MarkUnknownRequest(**claim, reason=reason), err)
             raise
         ran = None
         try:
@@ -331,8 +328,9 @@ class AsyncLedger:
 
     async def _report(self, method: str, request, tool_error: BaseException | None = None,
                       result: Outcome | None = None):
+        """Records how the tool ended (Complete or MarkUnknown), as Ledger._report does, to the end (see _finish)."""
         try:
-            return await self.rpc(method, request)
+            return await _finish(self.rpc(method, request))
         except LedgerError as err:
             raise NotRecorded(err, result=result, tool_error=tool_error) from err
 
@@ -363,6 +361,23 @@ class AsyncLedger:
                     attempt.cancelled.set()
                     return
             wait = min(period, max(end - margin - time.monotonic(), 0))
+
+
+async def _finish(call: Awaitable[Any]) -> Any:
+    """Awaits a ledger call that records what happened (a report, a claim returned) to its end.
+
+    A cancelled task does not cut it off: the cancellation is raised once
+    the call has ended, so that an effect that happened is never left to
+    expire into UNKNOWN, nor an attempt that never ran.
+    """
+    job = asyncio.ensure_future(call)
+    job.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved, whoever waits
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):  # cancelled again: the call goes on all the same
+            await job
+        raise
 
 
 @contextlib.asynccontextmanager

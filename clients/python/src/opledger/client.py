@@ -270,6 +270,32 @@ class FinalToolError(Exception):
         super().__init__(message or code or "")
 
 
+def final_failure(claim: dict[str, Any], err: FinalToolError, code: str | None = None) -> pb.CompleteRequest:
+    """The Complete that records err as the claim's final failure, under code (err.code when None).
+
+    A code that is missing (None) or empty, or that cannot be sent (not a
+    str, a lone surrogate), is recorded as DEFAULT_FAILURE_CODE, as in the
+    Go SDK: the attempt still failed for good, and the claim is not left to
+    expire into UNKNOWN.
+    """
+    detail = failure_detail(err.detail)
+    code = err.code if code is None else code
+    try:
+        return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL,
+                                  failure=pb.Failure(code=code or DEFAULT_FAILURE_CODE, detail=detail))
+    except (TypeError, ValueError):
+        return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL,
+                                  failure=pb.Failure(code=DEFAULT_FAILURE_CODE, detail=detail))
+
+
+def code_refused(err: NotRecorded, request: pb.CompleteRequest) -> bool:
+    """Whether the ledger refused request's failure code (INVALID_ARGUMENT: over 128 bytes, a control character),
+    so that the failure is recorded again under DEFAULT_FAILURE_CODE."""
+    cause = err.__cause__
+    return (isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT
+            and request.failure.code != DEFAULT_FAILURE_CODE)
+
+
 def failure_detail(detail: object) -> str:
     """A FinalToolError's detail as the ledger takes it: valid UTF-8 of at most 64 KiB; '' when not a str."""
     if not isinstance(detail, str):
@@ -910,30 +936,13 @@ class Ledger:
                          tool_error=err)
             raise
         except FinalToolError as err:
-            detail = failure_detail(err.detail)
-
-            def failed(code: str) -> pb.CompleteRequest:
-                return pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_FINAL,
-                                          failure=pb.Failure(code=code, detail=detail))
-
-            # No code (None or empty): recorded under the default one, as in
-            # the Go SDK, not with an empty code. A code the ledger refuses
-            # (over 128 bytes, a control character) or that cannot be sent
-            # (not a str, a lone surrogate): the attempt still failed for
-            # good, under the default code, rather than leave the claim to
-            # expire into UNKNOWN.
-            try:
-                request = failed(err.code or DEFAULT_FAILURE_CODE)
-            except (TypeError, ValueError):
-                request = failed(DEFAULT_FAILURE_CODE)
+            request = final_failure(claim, err)
             try:
                 done = self._report("Complete", request, tool_error=err)
             except NotRecorded as not_recorded:
-                cause = not_recorded.__cause__
-                if not (isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT
-                        and request.failure.code != DEFAULT_FAILURE_CODE):
+                if not code_refused(not_recorded, request):
                     raise
-                done = self._report("Complete", failed(DEFAULT_FAILURE_CODE), tool_error=err)
+                done = self._report("Complete", final_failure(claim, err, DEFAULT_FAILURE_CODE), tool_error=err)
             raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
