@@ -60,8 +60,45 @@ type Gateway struct {
 	tools   map[string]*tool          // by served name
 	clients map[string]*client.Client // by API key ("" for none)
 
-	stop context.CancelFunc
-	done sync.WaitGroup
+	stop  context.CancelFunc
+	done  sync.WaitGroup
+	calls calls
+}
+
+// calls counts the tool calls being served, so that Close lets them end.
+type calls struct {
+	mu      sync.Mutex
+	n       int
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// begin counts a call in; false once Close has begun.
+func (c *calls) begin() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return false
+	}
+	c.n++
+	c.wg.Add(1)
+	return true
+}
+
+// end counts a call out.
+func (c *calls) end() {
+	c.mu.Lock()
+	c.n--
+	c.mu.Unlock()
+	c.wg.Done()
+}
+
+// close refuses new calls and returns how many are being served.
+func (c *calls) close() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closing = true
+	return c.n
 }
 
 // ownTenant is the tenant of the gateway's own key, once the ledger said.
@@ -154,9 +191,15 @@ func (g *Gateway) Serve(ctx context.Context, t mcp.Transport) error {
 	return err
 }
 
-// Close stops the background work, the upstreams' sessions (and
-// commands) and the connection to the ledger.
+// Close refuses new tool calls and waits for those being served to end,
+// each within its tool's timeouts and wait, so that their outcomes are
+// recorded; then it stops the background work, the upstreams' sessions
+// (and commands) and the connection to the ledger.
 func (g *Gateway) Close() error {
+	if n := g.calls.close(); n > 0 {
+		g.log.Info("waiting for the tool calls in flight to end", "calls", n)
+	}
+	g.calls.wg.Wait()
 	if g.stop != nil {
 		g.stop()
 	}

@@ -291,3 +291,60 @@ func TestOneNameOneUpstream(t *testing.T) {
 		t.Fatalf("the log does not say a tool was left out:\n%s", r.log.String())
 	}
 }
+
+// TestCloseLetsCallsEnd: Close (the gateway's SIGTERM) waits for a call
+// in flight, so that its outcome is recorded with the upstream and the
+// ledger still there: SUCCEEDED, one effect. A call that comes after Close
+// began is refused, and runs nothing.
+func TestCloseLetsCallsEnd(t *testing.T) {
+	for _, upstream := range []string{"stdio", "http"} {
+		t.Run(upstream, func(t *testing.T) {
+			t.Parallel()
+			closeMidCall(t, upstream)
+		})
+	}
+}
+
+func closeMidCall(t *testing.T, upstream string) {
+	r := newRig(t, rigOptions{upstream: upstream, rules: "- {match: create_ticket, timeout: 10s}"})
+	cs := r.http("", clientOptions{})
+	r.up.Fault("create_ticket", "slow:2s")
+	k := key(t, "in-flight")
+	got := make(chan answer, 1)
+	go func() {
+		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+		if err != nil {
+			a.text = err.Error()
+		}
+		got <- a
+	}()
+	for deadline := time.Now().Add(10 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream never got the call")
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- r.gw.Close() }()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), "waiting for the tool calls in flight to end"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Close never said it waits for the call in flight:\n%s", r.log.String())
+		}
+	}
+	late := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "late")})
+	if !late.isError || late.outcome() != "unavailable" || !strings.Contains(late.text, "shutting down") {
+		t.Fatalf("a call after Close began = %v; want unavailable, not executed", late)
+	}
+	if a := <-got; a.isError || a.outcome() != "executed" || a.ticket != "T-1" {
+		t.Fatalf("the call in flight at Close = %v; want executed, T-1", a)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	o, err := r.ledgerClient("").Lookup(context.Background(), k)
+	if err != nil || o.State != client.StateSucceeded {
+		t.Fatalf("the call in flight at Close = %+v, %v; want SUCCEEDED", o, err)
+	}
+	if n, calls := r.up.Count("create_ticket"), r.up.Calls("create_ticket"); n != 1 || calls != 1 {
+		t.Fatalf("%d effects of %d calls upstream, want 1 of 1", n, calls)
+	}
+}

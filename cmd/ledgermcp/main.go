@@ -7,8 +7,9 @@
 //	ledgermcp ... --metrics-listen ADDR           # and Prometheus /metrics
 //
 // Over Streamable HTTP it also answers health probes at /healthz. It logs
-// to stderr. docs/mcp.md describes the configuration and what the gateway
-// promises. Exit status: 0 when the session or the server ended,
+// to stderr. On SIGTERM or SIGINT it lets the calls in flight end, then
+// exits; a second signal ends it at once. docs/mcp.md describes the
+// configuration and what the gateway promises. Exit status: 0 when the session or the server ended,
 // 1 when it could not start or failed, 2 on bad usage.
 package main
 
@@ -35,6 +36,9 @@ import (
 func main() {
 	gogc.Tune(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal lets the calls in flight end; a second ends the
+	// process at once.
+	context.AfterFunc(ctx, stop)
 	code := run(ctx, os.Args[1:], os.Stderr)
 	stop()
 	os.Exit(code)

@@ -192,8 +192,8 @@ func TestKilledMidCall(t *testing.T) {
 			k := "killed-" + client.NewHolder()
 			meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}
 
-			kill, url := startHTTP(t, cfg)
-			cs := dialHTTP(t, url)
+			gw := startHTTP(t, cfg)
+			cs := dialHTTP(t, gw.url)
 			up.Fault("create_ticket", "drop")
 			go func() { _, _ = callErr(cs, "tickets_create_ticket", meta) }()
 			for deadline := time.Now().Add(10 * time.Second); up.Count("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
@@ -201,7 +201,7 @@ func TestKilledMidCall(t *testing.T) {
 					t.Fatal("the upstream never applied the effect")
 				}
 			}
-			kill(syscall.SIGKILL)
+			gw.stop(syscall.SIGKILL)
 
 			lc, err := client.Dial(st.Addr)
 			if err != nil {
@@ -209,7 +209,7 @@ func TestKilledMidCall(t *testing.T) {
 			}
 			defer lc.Close()
 			waitState(t, lc, k, client.StateUnknown)
-			_, url = startHTTP(t, cfg)
+			url := startHTTP(t, cfg).url
 			want := client.StateUnknown
 			if probe {
 				want = client.StateSucceeded
@@ -235,29 +235,103 @@ func TestKilledMidCall(t *testing.T) {
 	}
 }
 
+// TestStoppedMidCall: SIGTERM while a call is in flight lets it end: the
+// caller gets its answer and the ledger its outcome, applied once. A
+// second signal ends the process at once, before the slow upstream
+// applies anything.
+func TestStoppedMidCall(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		fault   string
+		signals int
+		effects int
+		state   client.State
+	}{
+		{"SIGTERM", "slow:2s", 1, 1, client.StateSucceeded},
+		{"SIGTERM twice", "slow:60s", 2, 0, client.StateRunning},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			st := ledger(t)
+			up := mcptest.New(t.TempDir())
+			srv := httptest.NewServer(up.Handler())
+			t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+			cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nhttp: {anonymous: true}\nupstreams:\n  - name: tickets\n    url: %s\n", st.Addr, srv.URL))
+			k := "stopped-" + client.NewHolder()
+			gw := startHTTP(t, cfg)
+			cs := dialHTTP(t, gw.url)
+			up.Fault("create_ticket", c.fault)
+			answered := make(chan *mcp.CallToolResult, 1)
+			go func() {
+				res, _ := callErr(cs, "tickets_create_ticket", mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
+				answered <- res
+			}()
+			for deadline := time.Now().Add(10 * time.Second); up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the upstream never got the call")
+				}
+			}
+			_ = gw.cmd.Process.Signal(syscall.SIGTERM)
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(gw.log.String(), "waiting for the tool calls in flight to end"); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the gateway never said it waits for the call in flight:\n%s", gw.log.String())
+				}
+			}
+			if c.signals == 2 {
+				gw.stop(syscall.SIGTERM)
+			}
+			<-gw.exited
+			res := <-answered
+			if n := up.Count("create_ticket"); n != c.effects {
+				t.Fatalf("%d effects when the gateway exited, want %d", n, c.effects)
+			}
+			if c.effects == 1 && (res == nil || res.IsError || ticket(res) != "T-1" || outcome(res) != "executed") {
+				t.Fatalf("the call in flight at SIGTERM = %+v, want executed T-1", res)
+			}
+			lc, err := client.Dial(st.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lc.Close()
+			if o, err := lc.Lookup(context.Background(), k); err != nil || o.State != c.state {
+				t.Fatalf("operation = %+v, %v; want %v", o, err, c.state)
+			}
+		})
+	}
+}
+
+// gateway is a ledgermcp process serving Streamable HTTP.
+type gateway struct {
+	cmd    *exec.Cmd
+	log    *ledgertest.Buffer
+	exited chan struct{}
+	url    string
+}
+
+// stop signals the process and waits for it to exit.
+func (g *gateway) stop(sig os.Signal) {
+	_ = g.cmd.Process.Signal(sig)
+	<-g.exited
+}
+
 // startHTTP runs the ledgermcp binary on a free loopback port, stopped
-// when the test ends, and returns a function that signals it and waits for
-// it to exit, and its endpoint.
-func startHTTP(t *testing.T, cfg string) (func(os.Signal), string) {
+// when the test ends.
+func startHTTP(t *testing.T, cfg string) *gateway {
 	t.Helper()
-	log := &ledgertest.Buffer{}
-	cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg, "--http", "127.0.0.1:0")
-	cmd.Stderr = log
-	if err := cmd.Start(); err != nil {
+	g := &gateway{log: &ledgertest.Buffer{}, exited: make(chan struct{})}
+	g.cmd = exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg, "--http", "127.0.0.1:0")
+	g.cmd.Stderr = g.log
+	if err := g.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stop := func(sig os.Signal) {
-		_ = cmd.Process.Signal(sig)
-		<-exited
-	}
-	t.Cleanup(func() { stop(syscall.SIGTERM) })
-	addr, err := ledgertest.ListenAddr(log.String, "ledgermcp serving", exited, 20*time.Second)
+	go func() { _ = g.cmd.Wait(); close(g.exited) }()
+	t.Cleanup(func() { g.stop(syscall.SIGTERM) })
+	addr, err := ledgertest.ListenAddr(g.log.String, "ledgermcp serving", g.exited, 20*time.Second)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
+		t.Fatalf("%v\n%s", err, g.log.String())
 	}
-	return stop, "http://" + addr + "/mcp"
+	g.url = "http://" + addr + "/mcp"
+	return g
 }
 
 func dialHTTP(t *testing.T, url string) *mcp.ClientSession {
