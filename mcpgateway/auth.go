@@ -33,10 +33,53 @@ type taken struct {
 	tenant string
 }
 
-// verify is the auth.TokenVerifier of the HTTP listener: the ledger must
-// take the key (GetCaller). The key and its tenant ride in the TokenInfo
-// to the call's handler; UserID, the key's id, binds a session to the key.
-func (v *verifier) verify(ctx context.Context, key string, _ *http.Request) (*auth.TokenInfo, error) {
+// errCannotCheck: the ledger did not answer whether it takes a key.
+var errCannotCheck = errors.New("the ledger could not check the key; try again shortly")
+
+// verdictKey carries, in a request's context, what precheck found of its
+// key.
+type verdictKey struct{}
+
+type verdict struct {
+	info *auth.TokenInfo
+	err  error
+}
+
+// precheck checks the request's bearer key before go-sdk's middleware,
+// which answers an error it does not know with 500: a key the ledger could
+// not check is answered 503, with Retry-After, and false. Otherwise the
+// verdict rides in the returned request, for verify to hand back.
+func (v *verifier) precheck(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	fields := strings.Fields(r.Header.Get("Authorization"))
+	if len(fields) != 2 || !strings.EqualFold(fields[0], "bearer") {
+		return r, true // go-sdk refuses it
+	}
+	info, err := v.check(r.Context(), fields[1])
+	if errors.Is(err, errCannotCheck) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return r, false
+	}
+	return r.WithContext(context.WithValue(r.Context(), verdictKey{}, verdict{info, err})), true
+}
+
+// verify is the auth.TokenVerifier of the HTTP listener: precheck's
+// verdict on the request's key, else check's.
+func (v *verifier) verify(ctx context.Context, key string, r *http.Request) (*auth.TokenInfo, error) {
+	if r != nil {
+		if vd, ok := r.Context().Value(verdictKey{}).(verdict); ok {
+			return vd.info, vd.err
+		}
+	}
+	return v.check(ctx, key)
+}
+
+// check asks the ledger whether it takes key (GetCaller), or remembers
+// that it did. The key and its tenant ride in the TokenInfo to the call's
+// handler; UserID, the key's id, binds a session to the key. It returns
+// auth.ErrInvalidToken for a key the ledger refuses, errCannotCheck when
+// the ledger does not answer.
+func (v *verifier) check(ctx context.Context, key string) (*auth.TokenInfo, error) {
 	id, _, ok := strings.Cut(key, ".")
 	if !ok || id == "" {
 		return nil, auth.ErrInvalidToken
@@ -55,7 +98,7 @@ func (v *verifier) verify(ctx context.Context, key string, _ *http.Request) (*au
 		case errors.Is(err, client.ErrUnauthenticated):
 			return nil, auth.ErrInvalidToken
 		case err != nil:
-			return nil, errors.New("the ledger could not check the key")
+			return nil, errCannotCheck
 		}
 		k = taken{until: time.Now().Add(verifiedFor), tenant: c.Tenant}
 		v.mu.Lock()
@@ -125,7 +168,9 @@ func (g *Gateway) Handler() http.Handler {
 		case g.cfg.HTTP.Anonymous && r.Header.Get("Authorization") == "":
 			mcpHandler.ServeHTTP(w, r)
 		default:
-			bearer.ServeHTTP(w, r)
+			if r, ok := g.auth.precheck(w, r); ok {
+				bearer.ServeHTTP(w, r)
+			}
 		}
 	})
 }

@@ -3,6 +3,7 @@ package mcpgateway_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/opledger/ledger/client"
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/mcpgateway"
 )
 
@@ -93,4 +95,28 @@ func (s *swappable) RoundTrip(r *http.Request) (*http.Response, error) {
 	k := s.key
 	s.mu.Unlock()
 	return bearer{key: k, next: http.DefaultTransport}.RoundTrip(r)
+}
+
+// TestKeyNotChecked: while the ledger cannot be reached, a request with a
+// key is answered 503 with Retry-After: the key may well be good, so not
+// 401, and nothing is wrong with the gateway, so not go-sdk's 500.
+func TestKeyNotChecked(t *testing.T) {
+	r := newRig(t, rigOptions{ledgerAddr: ledgertest.ClosedAddr(t)})
+	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"agent","version":"1"}}}`
+	req, err := http.NewRequest(http.MethodPost, r.url, strings.NewReader(initialize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer acme-agent.secret")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "could not check the key") {
+		t.Fatalf("a key while the ledger is down = %d (Retry-After %q) %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
 }
