@@ -11,7 +11,7 @@ from grpc import aio
 
 import opledger
 from opledger import pb
-from test_client import FAILURE_CODES
+from test_client import FAILURE_CODES, UNRECORDABLE_FINDINGS
 
 
 def method_name(details) -> str:
@@ -289,3 +289,27 @@ def test_final_failure_code_recorded(addr, ids, code, recorded):
 
     failed, rec = run(scenario())
     assert failed.code == recorded and rec.state == pb.STATE_FAILED_FINAL and rec.failure.code == recorded
+
+
+@pytest.mark.parametrize("found, cause, says", UNRECORDABLE_FINDINGS)
+def test_a_finding_that_cannot_be_recorded_decides_nothing(addr, dest, ids, found, cause, says):
+    async def reconciler(op):
+        return found
+
+    async def scenario():
+        async with opledger.AsyncLedger(addr, reconcilers={"payments.refund": reconciler}) as lg:
+            op = ids("refund")
+
+            async def lost(a):
+                dest.apply(a.idempotency_key)
+                raise TimeoutError("the answer was lost")
+
+            with pytest.raises(TimeoutError):
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p", fn=lost)
+            with pytest.raises(opledger.NeedsReconciliation) as err:
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p", fn=lost)
+            return err.value, await lg.lookup(op)
+
+    err, rec = run(scenario())
+    assert isinstance(err.__cause__, cause) and says in str(err.__cause__)
+    assert rec.state == pb.STATE_UNKNOWN and dest.total() == 1

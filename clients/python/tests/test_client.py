@@ -180,25 +180,37 @@ def test_what_fn_returns(ledger, dest, ids, produced, error):
     assert dest.total() == 1
 
 
-def test_a_finding_the_wire_would_change_decides_nothing(addr, dest, ids):
-    # A reconciler's finding with an id beyond 2^53 would be recorded as
-    # another resource: it is not sent, and the operation stays UNKNOWN.
-    op = ids("refund")
+# Findings the ledger cannot record, what stops them, and what that says.
+UNRECORDABLE_FINDINGS = [
+    # An id beyond 2^53 would be recorded as another resource: not sent.
+    pytest.param(opledger.Finding(opledger.Finding.APPLIED, resource_id="R-1", data={"id": 2**53 + 1}), ValueError,
+                 "data/id", id="an id the wire would change"),
+    # What the ledger refuses is sent and refused: INVALID_ARGUMENT about the
+    # finding, not about the call.
+    pytest.param(opledger.Finding(opledger.Finding.APPLIED, resource_id="R-1", data={"blob": "x" * (70 << 10)}),
+                 opledger.LedgerError, "INVALID_ARGUMENT", id="data over 64 KiB"),
+    pytest.param(opledger.Finding(opledger.Finding.APPLIED, resource_id="R-" + "1" * 300), opledger.LedgerError,
+                 "INVALID_ARGUMENT", id="a resource id over 256 bytes"),
+]
 
-    def found_rounded(rec):
-        return opledger.Finding(opledger.Finding.APPLIED, resource_id="R-1", data={"id": 2**53 + 1})
+
+@pytest.mark.parametrize("found, cause, says", UNRECORDABLE_FINDINGS)
+def test_a_finding_that_cannot_be_recorded_decides_nothing(addr, dest, ids, found, cause, says):
+    # The reconciler's finding is not recorded, and the operation stays
+    # UNKNOWN: call_tool raises NeedsReconciliation, caused by why.
+    op = ids("refund")
 
     def lost(a):
         dest.apply(a.idempotency_key)
         raise TimeoutError("the answer was lost")
 
-    ledger = opledger.Ledger(addr, reconcilers={"payments.refund": found_rounded})
+    ledger = opledger.Ledger(addr, reconcilers={"payments.refund": lambda rec: found})
     try:
         with pytest.raises(TimeoutError):
             ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=lost)
         with pytest.raises(opledger.NeedsReconciliation) as err:
             ledger.call_tool(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1", fn=lost)
-        assert isinstance(err.value.__cause__, ValueError) and "data/id" in str(err.value.__cause__)
+        assert isinstance(err.value.__cause__, cause) and says in str(err.value.__cause__)
         assert ledger.lookup(op).state == pb.STATE_UNKNOWN
     finally:
         ledger.close()

@@ -97,14 +97,18 @@ export class ToolFailedError extends Error {
   }
 }
 
-/** Nobody knows whether the effect happened: ask the destination, then Reconcile. */
+/**
+ * Nobody knows whether the effect happened: ask the destination, then
+ * Reconcile. cause, when set, is why the tool's reconciler settled nothing
+ * (it threw, or the ledger refused its finding).
+ */
 export class NeedsReconciliationError extends Error {
   readonly operation: Operation;
   /** The ledger's signed receipt of the UNKNOWN state ('' when it signs none). */
   readonly receipt: string;
 
-  constructor(operation: Operation, receipt = '') {
-    super(`operation ${operation.operation_id} needs reconciliation (${operation.reason})`);
+  constructor(operation: Operation, receipt = '', cause?: unknown) {
+    super(`operation ${operation.operation_id} needs reconciliation (${operation.reason})`, cause === undefined ? undefined : { cause });
     this.name = 'NeedsReconciliationError';
     this.operation = operation;
     this.receipt = receipt || '';

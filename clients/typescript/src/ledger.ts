@@ -341,19 +341,24 @@ export class Ledger {
       found = await reconciler(op);
     } catch (err) {
       this.log(`reconciler of ${tool} for ${op.operation_id}: ${(err as Error).message}`);
-      throw new NeedsReconciliationError(op, receipt);
+      throw new NeedsReconciliationError(op, receipt, err);
     }
     const request: Request = { operation_id: op.operation_id, finding: found.kind, note: found.note || '', fencing_token: op.fencing_token };
     try {
       if (found.kind === 'FINDING_APPLIED') request.result = { resource_id: resourceIdOf(found.resourceId), data: toStruct(found.data || {}, 'data') };
     } catch (err) {
       this.log(`reconciler of ${tool} for ${op.operation_id}: a finding that cannot be sent: ${(err as Error).message}`);
-      throw new NeedsReconciliationError(op, receipt);
+      throw new NeedsReconciliationError(op, receipt, err);
     }
     let got: Response;
     try {
       got = await this.rpc('Reconcile', request);
     } catch (err) {
+      if (err instanceof LedgerError && err.code === grpc.status.INVALID_ARGUMENT) {
+        // The ledger will not take the finding (data over 64 KiB, an id over 256 bytes): it decides nothing.
+        this.log(`reconciler of ${tool} for ${op.operation_id}: the ledger refused its finding: ${err.message}`);
+        throw new NeedsReconciliationError(op, receipt, err);
+      }
       if (!(err instanceof LedgerError) || !['ALREADY_RESOLVED', 'STALE_FENCING_TOKEN'].includes(err.reason)) throw err;
       // someone else resolved it: what stands is the answer
       got = await this.rpc('Lookup', { operation_id: op.operation_id });

@@ -82,18 +82,29 @@ for (const applied of [true, false]) {
   });
 }
 
-test('a finding that cannot be sent decides nothing', async (t) => {
-  const dest = new Destination();
-  const found = async () => ({ kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { amount: 10n } }); // a BigInt
-  const ledger = new client.Ledger(addr(), { reconcilers: { 'payments.refund': found } });
-  t.after(() => ledger.close());
-  const call = { operationId: ids()('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
-  dest.faults = ['after-write'];
-  await assert.rejects(ledger.callTool(call, refund(dest)), /timed out after the write/);
-  await assert.rejects(ledger.callTool(call, refund(dest)), client.NeedsReconciliationError);
-  assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_UNKNOWN');
-  assert.equal(dest.total(), 1);
-});
+for (const [name, finding, cause] of [
+  ['a BigInt, which cannot be sent', { kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { amount: 10n } }, /BigInt|bigint/],
+  // What the ledger refuses is sent and refused: INVALID_ARGUMENT about the
+  // finding, not about the call.
+  ['data over 64 KiB', { kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { blob: 'x'.repeat(70 << 10) } }, /INVALID_ARGUMENT/],
+  ['a resource id over 256 bytes', { kind: 'FINDING_APPLIED', resourceId: 'R-' + '1'.repeat(300) }, /INVALID_ARGUMENT/],
+]) {
+  test(`a finding with ${name} decides nothing`, async (t) => {
+    const dest = new Destination();
+    const ledger = new client.Ledger(addr(), { reconcilers: { 'payments.refund': async () => finding } });
+    t.after(() => ledger.close());
+    const call = { operationId: ids()('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
+    dest.faults = ['after-write'];
+    await assert.rejects(ledger.callTool(call, refund(dest)), /timed out after the write/);
+    await assert.rejects(ledger.callTool(call, refund(dest)), (err) => {
+      assert.ok(err instanceof client.NeedsReconciliationError, `${err}`);
+      assert.match(String(err.cause), cause);
+      return true;
+    });
+    assert.equal((await ledger.lookup(call.operationId)).state, 'STATE_UNKNOWN');
+    assert.equal(dest.total(), 1);
+  });
+}
 
 for (const [name, given, recorded] of [
   ['an integer', 4711, '4711'], ['a string', 'TCK-1', 'TCK-1'], ['none', undefined, ''],

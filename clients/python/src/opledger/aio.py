@@ -222,6 +222,10 @@ class AsyncLedger:
         try:
             got = await self.rpc("Reconcile", request)
         except LedgerError as err:
+            if err.code == grpc.StatusCode.INVALID_ARGUMENT:
+                # The ledger will not take the finding (data over 64 KiB, an id over 256 bytes): it decides nothing.
+                self.log(f"reconciler of {tool} for {op.operation_id}: the ledger refused its finding: {err}")
+                raise NeedsReconciliation(op, receipt) from err
             if err.reason not in ("ALREADY_RESOLVED", "STALE_FENCING_TOKEN"):
                 raise
             got = await self.rpc("Lookup", pb.LookupRequest(operation_id=op.operation_id))

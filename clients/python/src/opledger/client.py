@@ -743,7 +743,8 @@ class Ledger:
         result and call_tool returns it (replayed: this call did not run fn);
         NOT_APPLIED records that and reserves again, so fn may run;
         ABANDON records it and raises ToolFailed; ESCALATE, a reconciler
-        that fails, or no reconciler, raise NeedsReconciliation.
+        that fails, a finding the ledger cannot record (its __cause__ says
+        why), or no reconciler, raise NeedsReconciliation.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = self.clock() + wait
@@ -848,6 +849,10 @@ class Ledger:
         try:
             got = self.rpc("Reconcile", request)
         except LedgerError as err:
+            if err.code == grpc.StatusCode.INVALID_ARGUMENT:
+                # The ledger will not take the finding (data over 64 KiB, an id over 256 bytes): it decides nothing.
+                self.log(f"reconciler of {tool} for {op.operation_id}: the ledger refused its finding: {err}")
+                raise NeedsReconciliation(op, receipt) from err
             if err.reason not in ("ALREADY_RESOLVED", "STALE_FENCING_TOKEN"):
                 raise
             # someone else resolved it: what stands is the answer
