@@ -313,3 +313,37 @@ def test_a_finding_that_cannot_be_recorded_decides_nothing(addr, dest, ids, foun
     err, rec = run(scenario())
     assert isinstance(err.__cause__, cause) and says in str(err.__cause__)
     assert rec.state == pb.STATE_UNKNOWN and dest.total() == 1
+
+
+def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
+    # As in the blocking client: once the reconciler escalated, it is not
+    # asked again, and the tool does not run a second time.
+    answers = [opledger.Finding(opledger.Finding.ESCALATE, note="the bank does not say"),
+               opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")]
+    asked = []
+
+    async def reconciler(rec):
+        asked.append(rec.operation_id)
+        return answers[len(asked) - 1]
+
+    async def scenario():
+        async with opledger.AsyncLedger(addr, reconcilers={"payments.refund": reconciler}) as lg:
+            op = ids("refund")
+
+            async def lost(a):
+                dest.apply(a.idempotency_key)
+                raise TimeoutError("the answer was lost")
+
+            async def refund(a):
+                return dest.apply(a.idempotency_key)
+
+            with pytest.raises(TimeoutError):
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p", fn=lost)
+            for _ in range(2):
+                with pytest.raises(opledger.NeedsReconciliation):
+                    await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p", fn=refund)
+            return await lg.lookup(op)
+
+    rec = run(scenario())
+    assert len(asked) == 1 and rec.state == pb.STATE_UNKNOWN and rec.needs_review
+    assert dest.total() == 1

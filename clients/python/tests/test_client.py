@@ -217,6 +217,38 @@ def test_a_finding_that_cannot_be_recorded_decides_nothing(addr, dest, ids, foun
     assert dest.total() == 1
 
 
+def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
+    # Once the reconciler escalated, a later call does not ask it again: a
+    # finding then would take the question from the human who was asked,
+    # and this one (NOT_APPLIED) would run the tool a second time.
+    op = ids("refund")
+    answers = [opledger.Finding(opledger.Finding.ESCALATE, note="the bank does not say"),
+               opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")]
+    asked = []
+
+    def reconciler(rec):
+        asked.append(rec.operation_id)
+        return answers[len(asked) - 1]
+
+    def lost(a):
+        dest.apply(a.idempotency_key)
+        raise TimeoutError("the answer was lost")
+
+    ledger = opledger.Ledger(addr, reconcilers={"payments.refund": reconciler})
+    call = dict(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1")
+    try:
+        with pytest.raises(TimeoutError):
+            ledger.call_tool(**call, fn=lost)
+        for _ in range(2):
+            with pytest.raises(opledger.NeedsReconciliation):
+                ledger.call_tool(**call, fn=refund(dest))
+        rec = ledger.lookup(op)
+    finally:
+        ledger.close()
+    assert len(asked) == 1 and rec.state == pb.STATE_UNKNOWN and rec.needs_review
+    assert dest.total() == 1
+
+
 @pytest.mark.parametrize("data, want", [
     ({"id": 2**53, "low": -(2**53), "rate": 1.5, "ok": True, "none": None}, None),
     ({"pair": (1, "a"), "nested": [{"t": (2,)}]}, {"pair": [1, "a"], "nested": [{"t": [2]}]}),

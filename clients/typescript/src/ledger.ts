@@ -335,7 +335,8 @@ export class Ledger {
   /** Asks tool's reconciler about op and records its finding; null: not applied, reserve again. */
   private async reconcile(tool: string, op: Operation, receipt: string): Promise<Outcome | null> {
     const reconciler = this.reconcilers[tool];
-    if (!reconciler) throw new NeedsReconciliationError(op, receipt);
+    // Once a human was asked (FINDING_ESCALATE), a human settles it.
+    if (!reconciler || op.needs_review) throw new NeedsReconciliationError(op, receipt);
     let found: Finding;
     try {
       found = await reconciler(op);

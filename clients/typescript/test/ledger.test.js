@@ -106,6 +106,26 @@ for (const [name, finding, cause] of [
   });
 }
 
+test('an escalated operation waits for a human', async (t) => {
+  // Once the reconciler escalated, a later call does not ask it again: a
+  // finding then would take the question from the human who was asked, and
+  // this one (not applied) would run the tool a second time.
+  const dest = new Destination();
+  const answers = [{ kind: 'FINDING_ESCALATE', note: 'the bank does not say' }, { kind: 'FINDING_NOT_APPLIED', note: 'not found' }];
+  let asked = 0;
+  const ledger = new client.Ledger(addr(), { reconcilers: { 'payments.refund': async () => answers[asked++] } });
+  t.after(() => ledger.close());
+  const call = { operationId: ids()('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
+  dest.faults = ['after-write'];
+  await assert.rejects(ledger.callTool(call, refund(dest)), /timed out after the write/);
+  for (let i = 0; i < 2; i++) await assert.rejects(ledger.callTool(call, refund(dest)), client.NeedsReconciliationError);
+  const rec = await ledger.lookup(call.operationId);
+  assert.equal(asked, 1);
+  assert.equal(rec.state, 'STATE_UNKNOWN');
+  assert.equal(rec.needs_review, true);
+  assert.equal(dest.total(), 1);
+});
+
 for (const [name, given, recorded] of [
   ['an integer', 4711, '4711'], ['a string', 'TCK-1', 'TCK-1'], ['none', undefined, ''],
   ['a BigInt', 2n ** 63n + 1n, '9223372036854775809'],

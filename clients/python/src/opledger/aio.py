@@ -205,7 +205,8 @@ class AsyncLedger:
     async def _reconcile(self, tool: str, op: pb.Operation, receipt: str = "") -> Outcome | None:
         """Asks tool's reconciler about op and records its finding (see Ledger._reconcile)."""
         reconciler = self.reconcilers.get(tool)
-        if reconciler is None:
+        if reconciler is None or op.needs_review:
+            # Once a human was asked (ESCALATE), a human settles it.
             raise NeedsReconciliation(op, receipt)
         try:
             found = reconciler(op)

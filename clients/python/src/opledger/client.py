@@ -739,7 +739,9 @@ class Ledger:
         reason NOT_COMPENSABLE) before fn runs when that operation did not
         succeed.
         When the outcome of an earlier attempt is unknown (DECISION_RECONCILE),
-        the tool's reconciler (reconcilers=...) is asked: APPLIED records its
+        the tool's reconciler (reconcilers=...) is asked, unless a human was
+        (an earlier finding escalated it: NeedsReconciliation, and a human
+        settles it): APPLIED records its
         result and call_tool returns it (replayed: this call did not run fn);
         NOT_APPLIED records that and reserves again, so fn may run;
         ABANDON records it and raises ToolFailed; ESCALATE, a reconciler
@@ -834,7 +836,8 @@ class Ledger:
         again), or raises ToolFailed (ABANDON) or NeedsReconciliation.
         """
         reconciler = self.reconcilers.get(tool)
-        if reconciler is None:
+        if reconciler is None or op.needs_review:
+            # Once a human was asked (ESCALATE), a human settles it.
             raise NeedsReconciliation(op, receipt)
         try:
             found = reconciler(op)
