@@ -51,6 +51,14 @@ class AioHold(aio.UnaryUnaryClientInterceptor):
         return await continuation(details, request)
 
 
+def lost_answer(dest):
+    """A tool that applies its effect and loses its answer."""
+    async def lost(a):
+        dest.apply(a.idempotency_key)
+        raise TimeoutError("the answer was lost")
+    return lost
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -300,9 +308,7 @@ def test_a_finding_that_cannot_be_recorded_decides_nothing(addr, dest, ids, foun
         async with opledger.AsyncLedger(addr, reconcilers={"payments.refund": reconciler}) as lg:
             op = ids("refund")
 
-            async def lost(a):
-                dest.apply(a.idempotency_key)
-                raise TimeoutError("the answer was lost")
+            lost = lost_answer(dest)
 
             with pytest.raises(TimeoutError):
                 await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p", fn=lost)
@@ -330,9 +336,7 @@ def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
         async with opledger.AsyncLedger(addr, reconcilers={"payments.refund": reconciler}) as lg:
             op = ids("refund")
 
-            async def lost(a):
-                dest.apply(a.idempotency_key)
-                raise TimeoutError("the answer was lost")
+            lost = lost_answer(dest)
 
             async def refund(a):
                 return dest.apply(a.idempotency_key)

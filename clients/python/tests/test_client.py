@@ -27,6 +27,14 @@ def typed(v):
     return (type(v).__name__, v)
 
 
+def lost_answer(dest):
+    """A tool that applies its effect and loses its answer."""
+    def lost(a):
+        dest.apply(a.idempotency_key)
+        raise TimeoutError("the answer was lost")
+    return lost
+
+
 def refund(dest, amount=10):
     return lambda a: dest.apply(a.idempotency_key, amount=amount)
 
@@ -200,9 +208,7 @@ def test_a_finding_that_cannot_be_recorded_decides_nothing(addr, dest, ids, foun
     # UNKNOWN: call_tool raises NeedsReconciliation, caused by why.
     op = ids("refund")
 
-    def lost(a):
-        dest.apply(a.idempotency_key)
-        raise TimeoutError("the answer was lost")
+    lost = lost_answer(dest)
 
     ledger = opledger.Ledger(addr, reconcilers={"payments.refund": lambda rec: found})
     try:
@@ -230,9 +236,7 @@ def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
         asked.append(rec.operation_id)
         return answers[len(asked) - 1]
 
-    def lost(a):
-        dest.apply(a.idempotency_key)
-        raise TimeoutError("the answer was lost")
+    lost = lost_answer(dest)
 
     ledger = opledger.Ledger(addr, reconcilers={"payments.refund": reconciler})
     call = dict(operation_id=op, tool="payments.refund", params={"amount": 10}, permit_id="p-1")
