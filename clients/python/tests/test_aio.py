@@ -51,6 +51,19 @@ class AioHold(aio.UnaryUnaryClientInterceptor):
         return await continuation(details, request)
 
 
+class AioBeforeCall(aio.UnaryUnaryClientInterceptor):
+    """Awaits hook once, before the first call of method goes out."""
+
+    def __init__(self, method: str, hook):
+        self.method, self.hook = method, hook
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        if method_name(details) == self.method and self.hook is not None:
+            hook, self.hook = self.hook, None
+            await hook()
+        return await continuation(details, request)
+
+
 def lost_answer(dest):
     """A tool that applies its effect and loses its answer."""
     async def lost(a):
@@ -351,3 +364,34 @@ def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
     rec = run(scenario())
     assert len(asked) == 1 and rec.state == pb.STATE_UNKNOWN and rec.needs_review
     assert dest.total() == 1
+
+
+def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
+    # As in the blocking client: the result comes after the lease ended and
+    # another caller ran the tool again; ConflictingOutcome, not NotRecorded.
+    async def scenario():
+        op = ids("refund")
+        call = dict(operation_id=op, tool="short.refund", params={"amount": 1}, permit_id="p-1")
+
+        async def not_found(rec):
+            return opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")
+
+        async def refund(a):
+            return dest.apply(a.idempotency_key)
+
+        async with opledger.AsyncLedger(addr, reconcilers={"short.refund": not_found}) as other:
+            async def takes_over():
+                await asyncio.sleep(0.6)  # past the 400 ms lease
+                await other.call_tool(**call, fn=refund)
+
+            async with opledger.AsyncLedger(addr, interceptors=[AioBeforeCall("Complete", takes_over)]) as late:
+                with pytest.raises(opledger.ConflictingOutcome) as err:
+                    await late.call_tool(**call, fn=refund)
+        return err.value
+
+    got = run(scenario())
+    assert isinstance(got, opledger.NeedsReconciliation) and not isinstance(got, opledger.NotRecorded)
+    assert got.result.resource_id == "R-1" and got.__cause__.reason == "STALE_FENCING_TOKEN"
+    stands = got.operation
+    assert stands.state == pb.STATE_SUCCEEDED and stands.attempt == 2 and stands.result.resource_id == "R-2"
+    assert dest.total() == 2

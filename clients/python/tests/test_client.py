@@ -12,6 +12,7 @@ import json
 import threading
 import time
 
+import grpc
 import pytest
 
 import opledger
@@ -251,6 +252,50 @@ def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
         ledger.close()
     assert len(asked) == 1 and rec.state == pb.STATE_UNKNOWN and rec.needs_review
     assert dest.total() == 1
+
+
+class BeforeCall(grpc.UnaryUnaryClientInterceptor):
+    """Runs hook once, before the first call of method goes out."""
+
+    def __init__(self, method: str, hook):
+        self.method, self.hook = method, hook
+
+    def intercept_unary_unary(self, continuation, details, request):
+        if details.method.rsplit("/", 1)[-1] == self.method and self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return continuation(details, request)
+
+
+def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
+    # The tool's result reaches the ledger after the claim's lease ended,
+    # and by then another caller found nothing at the destination and ran
+    # the tool again: the ledger records that attempt. call_tool raises
+    # ConflictingOutcome with the record that stands, never NotRecorded,
+    # which says the effect will be reconciled as applied.
+    op = ids("refund")
+    call = dict(operation_id=op, tool="short.refund", params={"amount": 1}, permit_id="p-1")
+    not_found = opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")
+    other = opledger.Ledger(addr, reconcilers={"short.refund": lambda rec: not_found})
+
+    def takes_over():
+        time.sleep(0.6)  # past the 400 ms lease
+        other.call_tool(**call, fn=refund(dest))
+
+    late = opledger.Ledger(addr, interceptors=[BeforeCall("Complete", takes_over)])
+    try:
+        with pytest.raises(opledger.ConflictingOutcome) as err:
+            late.call_tool(**call, fn=refund(dest))
+    finally:
+        late.close()
+        other.close()
+    got = err.value
+    assert isinstance(got, opledger.NeedsReconciliation) and not isinstance(got, opledger.NotRecorded)
+    assert got.result.resource_id == "R-1" and got.attempt == 1 and got.record_read
+    assert got.__cause__.reason == "STALE_FENCING_TOKEN"
+    stands = got.operation
+    assert stands.state == pb.STATE_SUCCEEDED and stands.attempt == 2 and stands.result.resource_id == "R-2"
+    assert dest.total() == 2  # the case to report
 
 
 @pytest.mark.parametrize("data, want", [

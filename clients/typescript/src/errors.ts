@@ -116,6 +116,36 @@ export class NeedsReconciliationError extends Error {
 }
 
 /**
+ * The tool applied its effect, but the ledger refused its result because it
+ * holds another outcome: the claim was gone by then (STALE_FENCING_TOKEN: its
+ * lease ended while renewals did not get through, and a reconciler, an
+ * operator or another attempt settled the operation) or another outcome was
+ * recorded with its token (COMPLETION_CONFLICT). Unlike NotRecordedError,
+ * nothing will reconcile this effect as applied: another attempt may have
+ * applied it again, and a retry may replay an outcome that is not this
+ * effect's. result is what the tool returned, attempt its attempt;
+ * operation is the record that stands, read after the refusal (recordRead),
+ * or the claim as it was granted when that read failed; cause is the
+ * refusal. Never retry: a human compares the destination with the record.
+ */
+export class ConflictingOutcomeError extends NeedsReconciliationError {
+  readonly result: unknown;
+  readonly attempt: number;
+  readonly recordRead: boolean;
+
+  constructor(cause: Error, result: unknown, stands: Operation | null, claim: Operation) {
+    super(stands ?? claim, '', cause);
+    this.name = 'ConflictingOutcomeError';
+    this.result = result;
+    this.attempt = claim.attempt;
+    this.recordRead = stands !== null;
+    const records = stands ? `records ${stands.state} (attempt ${stands.attempt})` : 'holds another outcome (the record could not be read)';
+    this.message = `attempt ${claim.attempt} applied the effect of operation ${claim.operation_id}, but the ledger ${records}: ` +
+      'a human compares the destination with the record';
+  }
+}
+
+/**
  * The tool ran (it returned result, or threw toolError) but the ledger did
  * not record how it ended: the effect may exist. Never run the tool again
  * under a new operation id.

@@ -4,7 +4,7 @@
 import * as crypto from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import {
-  CallError, DOMAIN, ErrorInfo, FinalToolError, LeaseEndedOnTheWayError, LedgerError, NeedsReconciliationError,
+  CallError, ConflictingOutcomeError, DOMAIN, ErrorInfo, FinalToolError, LeaseEndedOnTheWayError, LedgerError, NeedsReconciliationError,
   NotRecordedError, RetryableToolError, RUN_REASONS, RunEndedError, ToolFailedError, ToolTimedOutError,
   UNANSWERED, WaitBudgetSpentError, errorDetails,
 } from './errors';
@@ -109,6 +109,8 @@ export const RETRYABLE_FAILURE_CODE = 'retryable';
 
 const RETRYABLE = new Set<number>([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
 const BACK_OFF_REASONS = new Set(['RATE_LIMITED']);
+// The refusals of a Complete that say the ledger holds another outcome.
+const CONFLICT_REASONS = new Set(['STALE_FENCING_TOKEN', 'COMPLETION_CONFLICT']);
 const WAIT_BACKOFF_BASE_MS = 100;
 const WAIT_BACKOFF_MAX_MS = 5000;
 
@@ -466,12 +468,25 @@ export class Ledger {
       done = await this.report('Complete', { ...claim, outcome: 'OUTCOME_SUCCEEDED', result }, ran);
     } catch (err) {
       const cause = (err as Error).cause;
+      if (cause instanceof LedgerError && CONFLICT_REASONS.has(cause.reason)) {
+        throw new ConflictingOutcomeError(cause, ran.result, await this.read(op.operation_id), op);
+      }
       if (cause instanceof LedgerError && cause.code === grpc.status.INVALID_ARGUMENT) {
         await this.report('MarkUnknown', { ...claim, reason: 'result data refused by the ledger' }, ran).catch(() => {});
       }
       throw err;
     }
     return Ledger.outcome(done.operation, false, done.receipt);
+  }
+
+  /** The operation's record, or null when it cannot be read. */
+  private async read(operationId: string): Promise<Operation | null> {
+    try {
+      return await this.lookup(operationId);
+    } catch (err) {
+      this.log(`Lookup ${operationId}: ${(err as Error).message}`);
+      return null;
+    }
   }
 
   private async report(method: string, request: Request, ran: { result?: unknown; toolError?: unknown }): Promise<Response> {

@@ -2,7 +2,7 @@
 // What the tests share: the ledgerd at LEDGER_ADDR (make test starts one on a
 // real redis-server with internal/polyglot's packagePolicy: short.* has a
 // 400 ms lease), fake destinations that count their effects, and an
-// interceptor that loses answers.
+// interceptors that lose answers or hold a call back.
 
 const crypto = require('node:crypto');
 const grpc = require('@grpc/grpc-js');
@@ -75,4 +75,17 @@ function dropper() {
   return { armed, dropped, interceptor };
 }
 
-module.exports = { addr, ids, Destination, dropper };
+// A client interceptor that awaits hook once, before the first call of
+// method goes out.
+function beforeCall(method, hook) {
+  return (options, nextCall) => new grpc.InterceptingCall(nextCall(options), {
+    start(metadata, listener, next) {
+      if (options.method_definition.path.split('/').pop() !== method || !hook) return next(metadata, listener);
+      const h = hook;
+      hook = null;
+      h().finally(() => next(metadata, listener));
+    },
+  });
+}
+
+module.exports = { addr, ids, Destination, dropper, beforeCall };

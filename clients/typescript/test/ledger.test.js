@@ -7,7 +7,7 @@ const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { test } = require('node:test');
 const client = require('../dist');
-const { addr, ids, Destination, dropper } = require('./helpers');
+const { addr, ids, Destination, dropper, beforeCall } = require('./helpers');
 
 function setup() {
   const dest = new Destination();
@@ -124,6 +124,37 @@ test('an escalated operation waits for a human', async (t) => {
   assert.equal(rec.state, 'STATE_UNKNOWN');
   assert.equal(rec.needs_review, true);
   assert.equal(dest.total(), 1);
+});
+
+test('an effect the ledger records another outcome for', async (t) => {
+  // The tool's result reaches the ledger after the claim's lease ended, and
+  // by then another caller found nothing at the destination and ran the tool
+  // again: the ledger records that attempt. callTool rejects with
+  // ConflictingOutcomeError and the record that stands, never
+  // NotRecordedError, which says the effect will be reconciled as applied.
+  const dest = new Destination();
+  const call = { operationId: ids()('refund'), tool: 'short.refund', params: { amount: 1 }, permitId: 'p-1' };
+  const other = new client.Ledger(addr(), { reconcilers: { 'short.refund': async () => ({ kind: 'FINDING_NOT_APPLIED', note: 'not found' }) } });
+  t.after(() => other.close());
+  const takesOver = async () => {
+    await new Promise((resolve) => setTimeout(resolve, 600)); // past the 400 ms lease
+    await other.callTool(call, refund(dest));
+  };
+  const late = new client.Ledger(addr(), { interceptors: [beforeCall('Complete', takesOver)] });
+  t.after(() => late.close());
+  await assert.rejects(late.callTool(call, refund(dest)), (err) => {
+    assert.ok(err instanceof client.ConflictingOutcomeError, `${err}`);
+    assert.ok(err instanceof client.NeedsReconciliationError && !(err instanceof client.NotRecordedError));
+    assert.equal(err.result.resourceId, 'R-1');
+    assert.equal(err.attempt, 1);
+    assert.equal(err.cause.reason, 'STALE_FENCING_TOKEN');
+    assert.ok(err.recordRead);
+    assert.equal(err.operation.state, 'STATE_SUCCEEDED');
+    assert.equal(err.operation.attempt, 2);
+    assert.equal(err.operation.result.resource_id, 'R-2');
+    return true;
+  });
+  assert.equal(dest.total(), 2); // the case to report
 });
 
 for (const [name, given, recorded] of [

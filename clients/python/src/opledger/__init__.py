@@ -12,6 +12,7 @@ from opledger.client import (
     RETRYABLE_FAILURE_CODE,
     Attempt,
     Cancelled,
+    ConflictingOutcome,
     FinalToolError,
     Finding,
     Ledger,
@@ -30,11 +31,11 @@ from opledger.client import (
 from opledger.aio import AsyncLedger
 from opledger.guard import guarded
 
-__version__ = "0.5.1"
+__version__ = "0.6.0"
 
 __all__ = [
-    "AsyncLedger", "CALLER_GAVE_UP", "DEFAULT_FAILURE_CODE", "RETRYABLE_FAILURE_CODE", "Attempt", "Cancelled", "FinalToolError",
-    "Finding", "Ledger", "LedgerError", "LeaseEndedOnTheWay", "NeedsReconciliation", "NotRecorded", "Outcome",
-    "Reconciler", "RetryableToolError", "RunEnded", "ToolFailed", "ToolTimedOut", "WaitBudgetSpent", "guarded",
-    "pb", "__version__",
+    "AsyncLedger", "CALLER_GAVE_UP", "DEFAULT_FAILURE_CODE", "RETRYABLE_FAILURE_CODE", "Attempt", "Cancelled",
+    "ConflictingOutcome", "FinalToolError", "Finding", "Ledger", "LedgerError", "LeaseEndedOnTheWay",
+    "NeedsReconciliation", "NotRecorded", "Outcome", "Reconciler", "RetryableToolError", "RunEnded", "ToolFailed",
+    "ToolTimedOut", "WaitBudgetSpent", "guarded", "pb", "__version__",
 ]

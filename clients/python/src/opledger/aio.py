@@ -34,6 +34,7 @@ from opledger.client import (  # noqa: I001
     RUN_REASONS,
     _UNANSWERED_CODES,
     Attempt,
+    ConflictingOutcome,
     FinalToolError,
     Finding,
     LedgerError,
@@ -51,6 +52,7 @@ from opledger.client import (  # noqa: I001
     _lease_end,
     _repeatable,
     code_refused,
+    conflicting,
     data_struct,
     error_info,
     final_failure,
@@ -232,6 +234,14 @@ class AsyncLedger:
             got = await self.rpc("Lookup", pb.LookupRequest(operation_id=op.operation_id))
         return Ledger._settled(got.operation, got.receipt)
 
+    async def _read(self, operation_id: str) -> pb.Operation | None:
+        """The operation's record, or None when it cannot be read."""
+        try:
+            return await _finish(self.lookup(operation_id))
+        except LedgerError as err:
+            self.log(f"Lookup {operation_id}: {err.code.name} {err.reason}")
+            return None
+
     async def _return_claim(self, op: pb.Operation, code: str = CALLER_GAVE_UP) -> bool:
         """Completes an unused claim as a retryable failure proven not applied; whether the ledger took it."""
         try:
@@ -304,6 +314,8 @@ class AsyncLedger:
             done = await self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_SUCCEEDED,
                                                                      result=result), result=ran)
         except NotRecorded as err:
+            if conflicting(err):
+                raise ConflictingOutcome(ran, await self._read(op.operation_id), op) from err.__cause__
             cause = err.__cause__
             if isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT:
                 with contextlib.suppress(NotRecorded):

@@ -180,6 +180,41 @@ class NotRecorded(Exception):
         super().__init__(f"the ledger did not record how the tool ended: {cause}")
 
 
+class ConflictingOutcome(NeedsReconciliation):
+    """The tool applied its effect, but the ledger records another outcome for the operation.
+
+    The claim was gone when the tool's result came (STALE_FENCING_TOKEN: its
+    lease ended while renewals did not get through, and a reconciler, an
+    operator or another attempt settled the operation since), or another
+    outcome was recorded with its token (COMPLETION_CONFLICT). Unlike
+    NotRecorded, nothing will reconcile this effect as applied: another
+    attempt may have applied it again, and a retry may replay an outcome
+    that is not this effect's. result is what the tool returned, attempt
+    its attempt; operation is the record that stands, read after the
+    refusal (record_read), or the claim as it was granted when that read
+    failed; __cause__ is the refusal. Never retry: a human compares the
+    destination with the record.
+    """
+
+    def __init__(self, result: Outcome, stands: pb.Operation | None, claim: pb.Operation):
+        self.result, self.attempt, self.record_read = result, claim.attempt, stands is not None
+        self.operation, self.receipt = stands if stands is not None else claim, ""
+        records = (f"records {pb.State.Name(stands.state)} (attempt {stands.attempt})" if stands is not None
+                   else "holds another outcome (the record could not be read)")
+        Exception.__init__(self, f"attempt {claim.attempt} applied the effect of operation {claim.operation_id}, but "
+                                 f"the ledger {records}: a human compares the destination with the record")
+
+
+# The refusals of a Complete that say the ledger holds another outcome.
+_CONFLICT_REASONS = ("STALE_FENCING_TOKEN", "COMPLETION_CONFLICT")
+
+
+def conflicting(err: NotRecorded) -> bool:
+    """Whether a report was refused because the ledger holds another outcome (_CONFLICT_REASONS)."""
+    cause = err.__cause__
+    return isinstance(cause, LedgerError) and cause.reason in _CONFLICT_REASONS
+
+
 class ToolTimedOut(Exception):
     """The tool did not return within its timeout (tool_timeout): it may still apply its effect.
 
@@ -702,6 +737,9 @@ class Ledger:
         raises LeaseEndedOnTheWay.
         When the ledger cannot record how fn ended, call_tool raises
         NotRecorded: fn ran, and must not run again under a new operation id.
+        When it refuses fn's result because it holds another outcome (the
+        claim was gone by then), call_tool raises ConflictingOutcome: stop,
+        a human compares the destination with the record.
         A result the ledger refuses (INVALID_ARGUMENT: over its size limits)
         or that cannot be encoded is never recorded: the attempt is marked
         UNKNOWN, and call_tool raises NotRecorded with it.
@@ -893,6 +931,14 @@ class Ledger:
         self.log(f"Complete {op.operation_id}: the claim is returned unused")
         return True
 
+    def _read(self, operation_id: str) -> pb.Operation | None:
+        """The operation's record, or None when it cannot be read."""
+        try:
+            return self.lookup(operation_id)
+        except LedgerError as err:
+            self.log(f"Lookup {operation_id}: {err.code.name} {err.reason}")
+            return None
+
     def _return_lost_claim(self, request: pb.ReserveRequest) -> None:
         """Returns the claim a Reserve (request) may have been granted though its answer never came back.
 
@@ -973,6 +1019,8 @@ class Ledger:
             done = self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_SUCCEEDED, result=result),
                                 result=ran)
         except NotRecorded as err:
+            if conflicting(err):
+                raise ConflictingOutcome(ran, self._read(op.operation_id), op) from err.__cause__
             cause = err.__cause__
             if isinstance(cause, LedgerError) and cause.code == grpc.StatusCode.INVALID_ARGUMENT:
                 # The ledger refused the result (data over its 64 KiB limit as
