@@ -160,6 +160,15 @@ func (g *Gateway) Handler() http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.auth.verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(mcpHandler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == g.cfg.HTTP.Path {
+			// Close waits for the request, until its answer is written.
+			if !g.posts.begin() {
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "the gateway is shutting down; send the request again", http.StatusServiceUnavailable)
+				return
+			}
+			defer g.posts.end()
+		}
 		switch {
 		case r.URL.Path == HealthPath:
 			g.serveHealth(w, r)

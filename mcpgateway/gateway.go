@@ -60,21 +60,23 @@ type Gateway struct {
 	tools   map[string]*tool          // by served name
 	clients map[string]*client.Client // by API key ("" for none)
 
-	stop  context.CancelFunc
-	done  sync.WaitGroup
-	calls calls
+	stop context.CancelFunc
+	done sync.WaitGroup
+	// posts are the MCP requests (POSTs) being served over HTTP: each
+	// ends once its answer is written.
+	posts inflight
 }
 
-// calls counts the tool calls being served, so that Close lets them end.
-type calls struct {
+// inflight counts the requests being served, so that Close lets them end.
+type inflight struct {
 	mu      sync.Mutex
 	n       int
 	closing bool
 	wg      sync.WaitGroup
 }
 
-// begin counts a call in; false once Close has begun.
-func (c *calls) begin() bool {
+// begin counts a request in; false once Close has begun.
+func (c *inflight) begin() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
@@ -85,16 +87,16 @@ func (c *calls) begin() bool {
 	return true
 }
 
-// end counts a call out.
-func (c *calls) end() {
+// end counts a request out.
+func (c *inflight) end() {
 	c.mu.Lock()
 	c.n--
 	c.mu.Unlock()
 	c.wg.Done()
 }
 
-// close refuses new calls and returns how many are being served.
-func (c *calls) close() int {
+// close refuses new requests and returns how many are being served.
+func (c *inflight) close() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closing = true
@@ -191,15 +193,17 @@ func (g *Gateway) Serve(ctx context.Context, t mcp.Transport) error {
 	return err
 }
 
-// Close refuses new tool calls and waits for those being served to end,
-// each within its tool's timeouts and wait, so that their outcomes are
-// recorded; then it stops the background work, the upstreams' sessions
-// (and commands) and the connection to the ledger.
+// Close refuses new MCP requests over HTTP (503) and waits for those
+// being served to end, each within its tools' timeouts and wait, so that
+// their outcomes are recorded and their answers written; then it stops
+// the background work, the upstreams' sessions (and commands) and the
+// connection to the ledger. Over stdio, Serve has let its calls end by
+// the time it returns.
 func (g *Gateway) Close() error {
-	if n := g.calls.close(); n > 0 {
-		g.log.Info("waiting for the tool calls in flight to end", "calls", n)
+	if n := g.posts.close(); n > 0 {
+		g.log.Info("waiting for the requests in flight to end", "requests", n)
 	}
-	g.calls.wg.Wait()
+	g.posts.wg.Wait()
 	if g.stop != nil {
 		g.stop()
 	}

@@ -294,8 +294,9 @@ func TestOneNameOneUpstream(t *testing.T) {
 
 // TestCloseLetsCallsEnd: Close (the gateway's SIGTERM) waits for a call
 // in flight, so that its outcome is recorded with the upstream and the
-// ledger still there: SUCCEEDED, one effect. A call that comes after Close
-// began is refused, and runs nothing.
+// ledger still there (SUCCEEDED, one effect), and returns only once its
+// answer is written, here slowed by 300 ms. A request that comes after
+// Close began is refused with 503, and runs nothing.
 func TestCloseLetsCallsEnd(t *testing.T) {
 	for _, upstream := range []string{"stdio", "http"} {
 		t.Run(upstream, func(t *testing.T) {
@@ -306,10 +307,16 @@ func TestCloseLetsCallsEnd(t *testing.T) {
 }
 
 func closeMidCall(t *testing.T, upstream string) {
-	r := newRig(t, rigOptions{upstream: upstream, rules: "- {match: create_ticket, timeout: 10s}"})
+	k := key(t, "in-flight")
+	var written atomic.Bool // the call's answer has been written
+	slow := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			h.ServeHTTP(&slowWriter{ResponseWriter: w, mark: k, written: &written}, req)
+		})
+	}
+	r := newRig(t, rigOptions{upstream: upstream, rules: "- {match: create_ticket, timeout: 10s}", wrap: slow})
 	cs := r.http("", clientOptions{})
 	r.up.Fault("create_ticket", "slow:2s")
-	k := key(t, "in-flight")
 	got := make(chan answer, 1)
 	go func() {
 		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
@@ -325,20 +332,22 @@ func closeMidCall(t *testing.T, upstream string) {
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- r.gw.Close() }()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), "waiting for the tool calls in flight to end"); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), "waiting for the requests in flight to end"); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("Close never said it waits for the call in flight:\n%s", r.log.String())
 		}
 	}
-	late := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "late")})
-	if !late.isError || late.outcome() != "unavailable" || !strings.Contains(late.text, "shutting down") {
-		t.Fatalf("a call after Close began = %v; want unavailable, not executed", late)
-	}
-	if a := <-got; a.isError || a.outcome() != "executed" || a.ticket != "T-1" {
-		t.Fatalf("the call in flight at Close = %v; want executed, T-1", a)
+	if late, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "late")}); err == nil || !strings.Contains(err.Error(), "Service Unavailable") {
+		t.Fatalf("a call after Close began = %v, %v; want 503 Service Unavailable", late, err)
 	}
 	if err := <-closed; err != nil {
 		t.Fatalf("Close = %v", err)
+	}
+	if !written.Load() {
+		t.Fatal("Close returned before the answer of the call in flight was written")
+	}
+	if a := <-got; a.isError || a.outcome() != "executed" || a.ticket != "T-1" {
+		t.Fatalf("the call in flight at Close = %v; want executed, T-1", a)
 	}
 	o, err := r.ledgerClient("").Lookup(context.Background(), k)
 	if err != nil || o.State != client.StateSucceeded {
@@ -346,5 +355,29 @@ func closeMidCall(t *testing.T, upstream string) {
 	}
 	if n, calls := r.up.Count("create_ticket"), r.up.Calls("create_ticket"); n != 1 || calls != 1 {
 		t.Fatalf("%d effects of %d calls upstream, want 1 of 1", n, calls)
+	}
+}
+
+// slowWriter writes a body that holds mark 300 ms late, then notes it
+// written.
+type slowWriter struct {
+	http.ResponseWriter
+	mark    string
+	written *atomic.Bool
+}
+
+func (w *slowWriter) Write(b []byte) (int, error) {
+	if !strings.Contains(string(b), w.mark) {
+		return w.ResponseWriter.Write(b)
+	}
+	time.Sleep(300 * time.Millisecond)
+	n, err := w.ResponseWriter.Write(b)
+	w.written.Store(true)
+	return n, err
+}
+
+func (w *slowWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
 	}
 }

@@ -111,6 +111,8 @@ type rigOptions struct {
 	// ledgerPolicy is the ledger's policy document (ledgerPolicy when
 	// empty).
 	ledgerPolicy string
+	// wrap, when set, wraps the gateway's HTTP handler.
+	wrap func(http.Handler) http.Handler
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -172,7 +174,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	}
 	r.gw.Start(context.Background(), 20*time.Second)
 	t.Cleanup(func() { _ = r.gw.Close() })
-	hs := httptest.NewServer(r.gw.Handler())
+	h := r.gw.Handler()
+	if o.wrap != nil {
+		h = o.wrap(h)
+	}
+	hs := httptest.NewServer(h)
 	t.Cleanup(hs.Close)
 	r.url = hs.URL + cfg.HTTP.Path
 	return r

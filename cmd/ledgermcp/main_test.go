@@ -272,7 +272,7 @@ func TestStoppedMidCall(t *testing.T) {
 				}
 			}
 			_ = gw.cmd.Process.Signal(syscall.SIGTERM)
-			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(gw.log.String(), "waiting for the tool calls in flight to end"); time.Sleep(10 * time.Millisecond) {
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(gw.log.String(), "waiting for the requests in flight to end"); time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the gateway never said it waits for the call in flight:\n%s", gw.log.String())
 				}
