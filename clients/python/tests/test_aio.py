@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
 import grpc
@@ -366,27 +367,37 @@ def test_an_escalated_operation_waits_for_a_human(addr, dest, ids):
     assert dest.total() == 1
 
 
+@contextlib.asynccontextmanager
+async def taken_over(addr, dest, call):
+    """An AsyncLedger whose first Complete goes out only once another caller, past the 400 ms lease
+    of call's operation, has found nothing at the destination and run the operation to success."""
+    async def not_found(rec):
+        return opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")
+
+    async def refund(a):
+        return dest.apply(a.idempotency_key)
+
+    async with opledger.AsyncLedger(addr, reconcilers={"short.refund": not_found}) as other:
+        async def takes_over():
+            await asyncio.sleep(0.6)
+            await other.call_tool(**call, fn=refund)
+
+        async with opledger.AsyncLedger(addr, interceptors=[AioBeforeCall("Complete", takes_over)]) as late:
+            yield late
+
+
 def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
     # As in the blocking client: the result comes after the lease ended and
     # another caller ran the tool again; ConflictingOutcome, not NotRecorded.
+    call = dict(operation_id=ids("refund"), tool="short.refund", params={"amount": 1}, permit_id="p-1")
+
     async def scenario():
-        op = ids("refund")
-        call = dict(operation_id=op, tool="short.refund", params={"amount": 1}, permit_id="p-1")
-
-        async def not_found(rec):
-            return opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")
-
         async def refund(a):
             return dest.apply(a.idempotency_key)
 
-        async with opledger.AsyncLedger(addr, reconcilers={"short.refund": not_found}) as other:
-            async def takes_over():
-                await asyncio.sleep(0.6)  # past the 400 ms lease
-                await other.call_tool(**call, fn=refund)
-
-            async with opledger.AsyncLedger(addr, interceptors=[AioBeforeCall("Complete", takes_over)]) as late:
-                with pytest.raises(opledger.ConflictingOutcome) as err:
-                    await late.call_tool(**call, fn=refund)
+        async with taken_over(addr, dest, call) as late:
+            with pytest.raises(opledger.ConflictingOutcome) as err:
+                await late.call_tool(**call, fn=refund)
         return err.value
 
     got = run(scenario())
@@ -395,3 +406,20 @@ def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
     stands = got.operation
     assert stands.state == pb.STATE_SUCCEEDED and stands.attempt == 2 and stands.result.resource_id == "R-2"
     assert dest.total() == 2
+
+
+def test_a_final_failure_after_the_claim_was_gone(addr, dest, ids):
+    # As in the blocking client: the refused failure is not the record; the
+    # outcome that stands is replayed.
+    call = dict(operation_id=ids("refund"), tool="short.refund", params={"amount": 1}, permit_id="p-1")
+
+    async def scenario():
+        async def declines(a):
+            raise opledger.FinalToolError("card_declined")
+
+        async with taken_over(addr, dest, call) as late:
+            return await late.call_tool(**call, fn=declines), await late.lookup(call["operation_id"])
+
+    out, rec = run(scenario())
+    assert out.replayed and out.resource_id == "R-1"
+    assert rec.state == pb.STATE_SUCCEEDED and rec.attempt == 2 and dest.total() == 1

@@ -6,6 +6,7 @@ Each test is named by the contract's conformance scenario it covers
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import json
@@ -267,28 +268,34 @@ class BeforeCall(grpc.UnaryUnaryClientInterceptor):
         return continuation(details, request)
 
 
+@contextlib.contextmanager
+def taken_over(addr, dest, call):
+    """A Ledger whose first Complete goes out only once another caller, past the 400 ms lease of
+    call's operation, has found nothing at the destination and run the operation to success."""
+    not_found = opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")
+    other = opledger.Ledger(addr, reconcilers={"short.refund": lambda rec: not_found})
+
+    def takes_over():
+        time.sleep(0.6)
+        other.call_tool(**call, fn=refund(dest))
+
+    late = opledger.Ledger(addr, interceptors=[BeforeCall("Complete", takes_over)])
+    try:
+        yield late
+    finally:
+        late.close()
+        other.close()
+
+
 def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
     # The tool's result reaches the ledger after the claim's lease ended,
     # and by then another caller found nothing at the destination and ran
     # the tool again: the ledger records that attempt. call_tool raises
     # ConflictingOutcome with the record that stands, never NotRecorded,
     # which says the effect will be reconciled as applied.
-    op = ids("refund")
-    call = dict(operation_id=op, tool="short.refund", params={"amount": 1}, permit_id="p-1")
-    not_found = opledger.Finding(opledger.Finding.NOT_APPLIED, note="not found")
-    other = opledger.Ledger(addr, reconcilers={"short.refund": lambda rec: not_found})
-
-    def takes_over():
-        time.sleep(0.6)  # past the 400 ms lease
-        other.call_tool(**call, fn=refund(dest))
-
-    late = opledger.Ledger(addr, interceptors=[BeforeCall("Complete", takes_over)])
-    try:
-        with pytest.raises(opledger.ConflictingOutcome) as err:
-            late.call_tool(**call, fn=refund(dest))
-    finally:
-        late.close()
-        other.close()
+    call = dict(operation_id=ids("refund"), tool="short.refund", params={"amount": 1}, permit_id="p-1")
+    with taken_over(addr, dest, call) as late, pytest.raises(opledger.ConflictingOutcome) as err:
+        late.call_tool(**call, fn=refund(dest))
     got = err.value
     assert isinstance(got, opledger.NeedsReconciliation) and not isinstance(got, opledger.NotRecorded)
     assert got.result.resource_id == "R-1" and got.attempt == 1 and got.record_read
@@ -296,6 +303,23 @@ def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
     stands = got.operation
     assert stands.state == pb.STATE_SUCCEEDED and stands.attempt == 2 and stands.result.resource_id == "R-2"
     assert dest.total() == 2  # the case to report
+
+
+def test_a_final_failure_after_the_claim_was_gone(addr, dest, ids):
+    # The tool declines, but its claim's lease ended first and another caller
+    # ran the operation to success. The refused failure is not the record:
+    # call_tool reserves again and replays the outcome that stands, as the Go
+    # SDK does, instead of raising NotRecorded.
+    call = dict(operation_id=ids("refund"), tool="short.refund", params={"amount": 1}, permit_id="p-1")
+
+    def declines(a):
+        raise opledger.FinalToolError("card_declined")
+
+    with taken_over(addr, dest, call) as late:
+        out = late.call_tool(**call, fn=declines)
+        rec = late.lookup(call["operation_id"])
+    assert out.replayed and out.resource_id == "R-1"
+    assert rec.state == pb.STATE_SUCCEEDED and rec.attempt == 2 and dest.total() == 1
 
 
 @pytest.mark.parametrize("data, want", [

@@ -111,6 +111,9 @@ const RETRYABLE = new Set<number>([grpc.status.UNAVAILABLE, grpc.status.DEADLINE
 const BACK_OFF_REASONS = new Set(['RATE_LIMITED']);
 // The refusals of a Complete that say the ledger holds another outcome.
 const CONFLICT_REASONS = new Set(['STALE_FENCING_TOKEN', 'COMPLETION_CONFLICT']);
+
+/** A final failure was refused because the claim was gone: the ledger's record says how the operation ended. */
+class ClaimGone extends Error {}
 const WAIT_BACKOFF_BASE_MS = 100;
 const WAIT_BACKOFF_MAX_MS = 5000;
 
@@ -327,7 +330,14 @@ export class Ledger {
             await this.returnClaim(op, RETRYABLE_FAILURE_CODE);
             throw new LeaseEndedOnTheWayError(operationId);
           }
-          return this.execute(op, fn, toolTimeoutMs, signal, asked);
+          try {
+            return await this.execute(op, fn, toolTimeoutMs, signal, asked);
+          } catch (err) {
+            if (!(err instanceof ClaimGone)) throw err;
+            // Reserve again: it replays the outcome that stands, waits for
+            // the attempt that holds the operation, or claims it anew.
+            break;
+          }
         default:
           throw new Error(`unexpected decision ${resp.decision}`);
       }
@@ -432,6 +442,7 @@ export class Ledger {
           done = await this.report('Complete', failed(code), { toolError: err });
         } catch (notRecorded) {
           const cause = (notRecorded as Error).cause;
+          if (cause instanceof LedgerError && CONFLICT_REASONS.has(cause.reason)) throw new ClaimGone();
           if (!(cause instanceof LedgerError && cause.code === grpc.status.INVALID_ARGUMENT && code !== DEFAULT_FAILURE_CODE)) {
             throw notRecorded;
           }

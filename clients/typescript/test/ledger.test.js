@@ -126,6 +126,21 @@ test('an escalated operation waits for a human', async (t) => {
   assert.equal(dest.total(), 1);
 });
 
+// takenOver returns a Ledger whose first Complete goes out only once another
+// caller, past the 400 ms lease of call's operation, has found nothing at
+// the destination and run the operation to success.
+function takenOver(t, dest, call) {
+  const other = new client.Ledger(addr(), { reconcilers: { 'short.refund': async () => ({ kind: 'FINDING_NOT_APPLIED', note: 'not found' }) } });
+  t.after(() => other.close());
+  const takesOver = async () => {
+    await new Promise((resolve) => setTimeout(resolve, 600));
+    await other.callTool(call, refund(dest));
+  };
+  const late = new client.Ledger(addr(), { interceptors: [beforeCall('Complete', takesOver)] });
+  t.after(() => late.close());
+  return late;
+}
+
 test('an effect the ledger records another outcome for', async (t) => {
   // The tool's result reaches the ledger after the claim's lease ended, and
   // by then another caller found nothing at the destination and ran the tool
@@ -134,15 +149,7 @@ test('an effect the ledger records another outcome for', async (t) => {
   // NotRecordedError, which says the effect will be reconciled as applied.
   const dest = new Destination();
   const call = { operationId: ids()('refund'), tool: 'short.refund', params: { amount: 1 }, permitId: 'p-1' };
-  const other = new client.Ledger(addr(), { reconcilers: { 'short.refund': async () => ({ kind: 'FINDING_NOT_APPLIED', note: 'not found' }) } });
-  t.after(() => other.close());
-  const takesOver = async () => {
-    await new Promise((resolve) => setTimeout(resolve, 600)); // past the 400 ms lease
-    await other.callTool(call, refund(dest));
-  };
-  const late = new client.Ledger(addr(), { interceptors: [beforeCall('Complete', takesOver)] });
-  t.after(() => late.close());
-  await assert.rejects(late.callTool(call, refund(dest)), (err) => {
+  await assert.rejects(takenOver(t, dest, call).callTool(call, refund(dest)), (err) => {
     assert.ok(err instanceof client.ConflictingOutcomeError, `${err}`);
     assert.ok(err instanceof client.NeedsReconciliationError && !(err instanceof client.NotRecordedError));
     assert.equal(err.result.resourceId, 'R-1');
@@ -155,6 +162,23 @@ test('an effect the ledger records another outcome for', async (t) => {
     return true;
   });
   assert.equal(dest.total(), 2); // the case to report
+});
+
+test('a final failure after the claim was gone', async (t) => {
+  // The tool declines, but its claim's lease ended first and another caller
+  // ran the operation to success. The refused failure is not the record:
+  // callTool reserves again and replays the outcome that stands, as the Go
+  // SDK does, instead of rejecting with NotRecordedError.
+  const dest = new Destination();
+  const call = { operationId: ids()('refund'), tool: 'short.refund', params: { amount: 1 }, permitId: 'p-1' };
+  const late = takenOver(t, dest, call);
+  const out = await late.callTool(call, async () => { throw new client.FinalToolError('card_declined'); });
+  assert.equal(out.replayed, true);
+  assert.equal(out.resourceId, 'R-1');
+  const rec = await late.lookup(call.operationId);
+  assert.equal(rec.state, 'STATE_SUCCEEDED');
+  assert.equal(rec.attempt, 2);
+  assert.equal(dest.total(), 1);
 });
 
 for (const [name, given, recorded] of [

@@ -33,6 +33,7 @@ from opledger.client import (  # noqa: I001
     RETRYABLE_FAILURE_CODE,
     RUN_REASONS,
     _UNANSWERED_CODES,
+    _ClaimGone,
     Attempt,
     ConflictingOutcome,
     FinalToolError,
@@ -202,7 +203,10 @@ class AsyncLedger:
             if _lease(op) > 0 and time.monotonic() >= _lease_end(op, asked) - lease_margin(_lease(op)):
                 await self._return_claim(op, RETRYABLE_FAILURE_CODE)
                 raise LeaseEndedOnTheWay(operation_id)
-            return await self._execute(op, fn, tool_timeout, asked)
+            try:
+                return await self._execute(op, fn, tool_timeout, asked)
+            except _ClaimGone:
+                continue  # the record says how it ended: Reserve again (see Ledger.call_tool)
 
     async def _reconcile(self, tool: str, op: pb.Operation, receipt: str = "") -> Outcome | None:
         """Asks tool's reconciler about op and records its finding (see Ledger._reconcile)."""
@@ -289,6 +293,8 @@ class AsyncLedger:
             try:
                 done = await self._report("Complete", request, err)
             except NotRecorded as not_recorded:
+                if conflicting(not_recorded):
+                    raise _ClaimGone() from err
                 if not code_refused(not_recorded, request):
                     raise
                 done = await self._report("Complete", final_failure(claim, err, DEFAULT_FAILURE_CODE), err)

@@ -205,6 +205,10 @@ class ConflictingOutcome(NeedsReconciliation):
                                  f"the ledger {records}: a human compares the destination with the record")
 
 
+class _ClaimGone(Exception):
+    """A final failure was refused because the claim was gone: the ledger's record says how the operation ended."""
+
+
 # The refusals of a Complete that say the ledger holds another outcome.
 _CONFLICT_REASONS = ("STALE_FENCING_TOKEN", "COMPLETION_CONFLICT")
 
@@ -739,7 +743,9 @@ class Ledger:
         NotRecorded: fn ran, and must not run again under a new operation id.
         When it refuses fn's result because it holds another outcome (the
         claim was gone by then), call_tool raises ConflictingOutcome: stop,
-        a human compares the destination with the record.
+        a human compares the destination with the record. A final failure
+        refused so is not the record either: call_tool reserves again and
+        answers as the record says.
         A result the ledger refuses (INVALID_ARGUMENT: over its size limits)
         or that cannot be encoded is never recorded: the attempt is marked
         UNKNOWN, and call_tool raises NotRecorded with it.
@@ -865,7 +871,12 @@ class Ledger:
                 except LedgerError as err:
                     self.log(f"returning the claim of {op.operation_id}: {err.code.name} {err.reason}")
                 raise LeaseEndedOnTheWay(operation_id)
-            return self._execute(op, fn, tool_timeout, cancel, asked)
+            try:
+                return self._execute(op, fn, tool_timeout, cancel, asked)
+            except _ClaimGone:
+                # Reserve again: it replays the outcome that stands, waits for
+                # the attempt that holds the operation, or claims it anew.
+                continue
 
     def _reconcile(self, tool: str, op: pb.Operation, receipt: str = "") -> Outcome | None:
         """Asks tool's reconciler about op and records its finding.
@@ -994,6 +1005,8 @@ class Ledger:
             try:
                 done = self._report("Complete", request, tool_error=err)
             except NotRecorded as not_recorded:
+                if conflicting(not_recorded):
+                    raise _ClaimGone() from err
                 if not code_refused(not_recorded, request):
                     raise
                 done = self._report("Complete", final_failure(claim, err, DEFAULT_FAILURE_CODE), tool_error=err)
