@@ -9,8 +9,9 @@
 // Over Streamable HTTP it also answers health probes at /healthz. It logs
 // to stderr. On SIGTERM or SIGINT it lets the calls in flight end, then
 // exits; a second signal ends it at once. docs/mcp.md describes the
-// configuration and what the gateway promises. Exit status: 0 when the session or the server ended,
-// 1 when it could not start or failed, 2 on bad usage.
+// configuration and what the gateway promises. Exit status: 0 when the
+// session or the server ended, 1 when it could not start or failed, 2 on
+// bad usage.
 package main
 
 import (
