@@ -12,7 +12,7 @@ from grpc import aio
 
 import opledger
 from opledger import pb
-from test_client import FAILURE_CODES, UNRECORDABLE_FINDINGS
+from test_client import FAILURE_CODES, FAILURES, UNRECORDABLE_FINDINGS
 
 
 def method_name(details) -> str:
@@ -408,17 +408,18 @@ def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
     assert dest.total() == 2
 
 
-def test_a_final_failure_after_the_claim_was_gone(addr, dest, ids):
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_failure_after_the_claim_was_gone(addr, dest, ids, failure):
     # As in the blocking client: the refused failure is not the record; the
     # outcome that stands is replayed.
     call = dict(operation_id=ids("refund"), tool="short.refund", params={"amount": 1}, permit_id="p-1")
 
     async def scenario():
-        async def declines(a):
-            raise opledger.FinalToolError("card_declined")
+        async def fails(a):
+            raise failure
 
         async with taken_over(addr, dest, call) as late:
-            return await late.call_tool(**call, fn=declines), await late.lookup(call["operation_id"])
+            return await late.call_tool(**call, fn=fails), await late.lookup(call["operation_id"])
 
     out, rec = run(scenario())
     assert out.replayed and out.resource_id == "R-1"

@@ -305,18 +305,26 @@ def test_an_effect_the_ledger_records_another_outcome_for(addr, dest, ids):
     assert dest.total() == 2  # the case to report
 
 
-def test_a_final_failure_after_the_claim_was_gone(addr, dest, ids):
-    # The tool declines, but its claim's lease ended first and another caller
+# Failed attempts, proven to have applied nothing.
+FAILURES = [
+    pytest.param(opledger.FinalToolError("card_declined"), id="final"),
+    pytest.param(opledger.RetryableToolError("429"), id="retryable"),
+]
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_failure_after_the_claim_was_gone(addr, dest, ids, failure):
+    # The tool fails, but its claim's lease ended first and another caller
     # ran the operation to success. The refused failure is not the record:
     # call_tool reserves again and replays the outcome that stands, as the Go
     # SDK does, instead of raising NotRecorded.
     call = dict(operation_id=ids("refund"), tool="short.refund", params={"amount": 1}, permit_id="p-1")
 
-    def declines(a):
-        raise opledger.FinalToolError("card_declined")
+    def fails(a):
+        raise failure
 
     with taken_over(addr, dest, call) as late:
-        out = late.call_tool(**call, fn=declines)
+        out = late.call_tool(**call, fn=fails)
         rec = late.lookup(call["operation_id"])
     assert out.replayed and out.resource_id == "R-1"
     assert rec.state == pb.STATE_SUCCEEDED and rec.attempt == 2 and dest.total() == 1

@@ -112,7 +112,7 @@ const BACK_OFF_REASONS = new Set(['RATE_LIMITED']);
 // The refusals of a Complete that say the ledger holds another outcome.
 const CONFLICT_REASONS = new Set(['STALE_FENCING_TOKEN', 'COMPLETION_CONFLICT']);
 
-/** A final failure was refused because the claim was gone: the ledger's record says how the operation ended. */
+/** A failed attempt was refused because the claim was gone: the ledger's record says how the operation ended. */
 class ClaimGone extends Error {}
 const WAIT_BACKOFF_BASE_MS = 100;
 const WAIT_BACKOFF_MAX_MS = 5000;
@@ -439,20 +439,18 @@ export class Ledger {
         const code = err.failureCode || DEFAULT_FAILURE_CODE;
         let done: Response;
         try {
-          done = await this.report('Complete', failed(code), { toolError: err });
+          done = await this.reportFailure(failed(code), err);
         } catch (notRecorded) {
           const cause = (notRecorded as Error).cause;
-          if (cause instanceof LedgerError && CONFLICT_REASONS.has(cause.reason)) throw new ClaimGone();
           if (!(cause instanceof LedgerError && cause.code === grpc.status.INVALID_ARGUMENT && code !== DEFAULT_FAILURE_CODE)) {
             throw notRecorded;
           }
-          done = await this.report('Complete', failed(DEFAULT_FAILURE_CODE), { toolError: err });
+          done = await this.reportFailure(failed(DEFAULT_FAILURE_CODE), err);
         }
         throw new ToolFailedError(done.operation.failure || {}, false, done.receipt);
       }
       if (err instanceof RetryableToolError) {
-        await this.report('Complete', { ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE', failure: { code: RETRYABLE_FAILURE_CODE } },
-          { toolError: err });
+        await this.reportFailure({ ...claim, outcome: 'OUTCOME_FAILED_RETRYABLE', failure: { code: RETRYABLE_FAILURE_CODE } }, err);
       } else {
         const reason = err instanceof ToolTimedOutError
           ? `no answer within the tool timeout (${toolTimeoutMs} ms)` : 'the tool ended without an answer';
@@ -497,6 +495,17 @@ export class Ledger {
     } catch (err) {
       this.log(`Lookup ${operationId}: ${(err as Error).message}`);
       return null;
+    }
+  }
+
+  /** Records a failed attempt (see report); throws ClaimGone when the claim was gone by then. */
+  private async reportFailure(request: Request, toolError: unknown): Promise<Response> {
+    try {
+      return await this.report('Complete', request, { toolError });
+    } catch (err) {
+      const cause = (err as Error).cause;
+      if (cause instanceof LedgerError && CONFLICT_REASONS.has(cause.reason)) throw new ClaimGone();
+      throw err;
     }
   }
 

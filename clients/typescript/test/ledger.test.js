@@ -164,22 +164,26 @@ test('an effect the ledger records another outcome for', async (t) => {
   assert.equal(dest.total(), 2); // the case to report
 });
 
-test('a final failure after the claim was gone', async (t) => {
-  // The tool declines, but its claim's lease ended first and another caller
-  // ran the operation to success. The refused failure is not the record:
-  // callTool reserves again and replays the outcome that stands, as the Go
-  // SDK does, instead of rejecting with NotRecordedError.
-  const dest = new Destination();
-  const call = { operationId: ids()('refund'), tool: 'short.refund', params: { amount: 1 }, permitId: 'p-1' };
-  const late = takenOver(t, dest, call);
-  const out = await late.callTool(call, async () => { throw new client.FinalToolError('card_declined'); });
-  assert.equal(out.replayed, true);
-  assert.equal(out.resourceId, 'R-1');
-  const rec = await late.lookup(call.operationId);
-  assert.equal(rec.state, 'STATE_SUCCEEDED');
-  assert.equal(rec.attempt, 2);
-  assert.equal(dest.total(), 1);
-});
+for (const [name, failure] of [
+  ['final', () => new client.FinalToolError('card_declined')], ['retryable', () => new client.RetryableToolError('429')],
+]) {
+  test(`a ${name} failure after the claim was gone`, async (t) => {
+    // The tool fails, but its claim's lease ended first and another caller
+    // ran the operation to success. The refused failure is not the record:
+    // callTool reserves again and replays the outcome that stands, as the Go
+    // SDK does, instead of rejecting with NotRecordedError.
+    const dest = new Destination();
+    const call = { operationId: ids()('refund'), tool: 'short.refund', params: { amount: 1 }, permitId: 'p-1' };
+    const late = takenOver(t, dest, call);
+    const out = await late.callTool(call, async () => { throw failure(); });
+    assert.equal(out.replayed, true);
+    assert.equal(out.resourceId, 'R-1');
+    const rec = await late.lookup(call.operationId);
+    assert.equal(rec.state, 'STATE_SUCCEEDED');
+    assert.equal(rec.attempt, 2);
+    assert.equal(dest.total(), 1);
+  });
+}
 
 for (const [name, given, recorded] of [
   ['an integer', 4711, '4711'], ['a string', 'TCK-1', 'TCK-1'], ['none', undefined, ''],

@@ -285,19 +285,17 @@ class AsyncLedger:
             finally:
                 renewing.cancel()
         except RetryableToolError as err:
-            await self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE,
-                                                              failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)), err)
+            await self._report_failure(pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE,
+                                                          failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)), err)
             raise
         except FinalToolError as err:
             request = final_failure(claim, err)
             try:
-                done = await self._report("Complete", request, err)
+                done = await self._report_failure(request, err)
             except NotRecorded as not_recorded:
-                if conflicting(not_recorded):
-                    raise _ClaimGone() from err
                 if not code_refused(not_recorded, request):
                     raise
-                done = await self._report("Complete", final_failure(claim, err, DEFAULT_FAILURE_CODE), err)
+                done = await self._report_failure(final_failure(claim, err, DEFAULT_FAILURE_CODE), err)
             raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash, a cancelled task: nobody knows whether it applied.
@@ -356,6 +354,15 @@ class AsyncLedger:
             return await _finish(self.rpc(method, request))
         except LedgerError as err:
             raise NotRecorded(err, result=result, tool_error=tool_error) from err
+
+    async def _report_failure(self, request: pb.CompleteRequest, err: Exception):
+        """Records a failed attempt (see _report); raises _ClaimGone when the claim was gone by then."""
+        try:
+            return await self._report("Complete", request, err)
+        except NotRecorded as not_recorded:
+            if conflicting(not_recorded):
+                raise _ClaimGone() from err
+            raise
 
     async def _keep_leased(self, op: pb.Operation, attempt: Attempt, asked: float) -> None:
         """Renews the claim while the tool runs, as Ledger._keep_leased does; cancelled when the tool ends."""

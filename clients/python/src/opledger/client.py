@@ -206,7 +206,7 @@ class ConflictingOutcome(NeedsReconciliation):
 
 
 class _ClaimGone(Exception):
-    """A final failure was refused because the claim was gone: the ledger's record says how the operation ended."""
+    """A failed attempt was refused because the claim was gone: the ledger's record says how the operation ended."""
 
 
 # The refusals of a Complete that say the ledger holds another outcome.
@@ -743,9 +743,9 @@ class Ledger:
         NotRecorded: fn ran, and must not run again under a new operation id.
         When it refuses fn's result because it holds another outcome (the
         claim was gone by then), call_tool raises ConflictingOutcome: stop,
-        a human compares the destination with the record. A final failure
-        refused so is not the record either: call_tool reserves again and
-        answers as the record says.
+        a human compares the destination with the record. A failure
+        (final or retryable) refused so is not the record either: call_tool
+        reserves again and answers as the record says.
         A result the ledger refuses (INVALID_ARGUMENT: over its size limits)
         or that cannot be encoded is never recorded: the attempt is marked
         UNKNOWN, and call_tool raises NotRecorded with it.
@@ -996,20 +996,17 @@ class Ledger:
             finally:
                 stop_renewing.set()  # fn returned, or the timeout passed: the lease then lapses on its own
         except RetryableToolError as err:
-            self._report("Complete", pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE,
-                                                        failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)),
-                         tool_error=err)
+            self._report_failure(pb.CompleteRequest(**claim, outcome=pb.OUTCOME_FAILED_RETRYABLE,
+                                                    failure=pb.Failure(code=RETRYABLE_FAILURE_CODE)), err)
             raise
         except FinalToolError as err:
             request = final_failure(claim, err)
             try:
-                done = self._report("Complete", request, tool_error=err)
+                done = self._report_failure(request, err)
             except NotRecorded as not_recorded:
-                if conflicting(not_recorded):
-                    raise _ClaimGone() from err
                 if not code_refused(not_recorded, request):
                     raise
-                done = self._report("Complete", final_failure(claim, err, DEFAULT_FAILURE_CODE), tool_error=err)
+                done = self._report_failure(final_failure(claim, err, DEFAULT_FAILURE_CODE), err)
             raise ToolFailed.recorded(done.operation.failure, replayed=False, receipt=done.receipt) from err
         except BaseException as err:
             # A timeout, a crash of the tool: nobody knows whether it applied.
@@ -1096,6 +1093,15 @@ class Ledger:
             return self.rpc(method, request)
         except LedgerError as err:
             raise NotRecorded(err, result=result, tool_error=tool_error) from err
+
+    def _report_failure(self, request: pb.CompleteRequest, err: Exception):
+        """Records a failed attempt (see _report); raises _ClaimGone when the claim was gone by then."""
+        try:
+            return self._report("Complete", request, tool_error=err)
+        except NotRecorded as not_recorded:
+            if conflicting(not_recorded):
+                raise _ClaimGone() from err
+            raise
 
     def _keep_leased(self, op: pb.Operation, attempt: Attempt, asked: float) -> threading.Event:
         """Renews the claim in op, asked for at asked (time.monotonic()), while the tool runs, until the returned
