@@ -82,16 +82,18 @@ for (const applied of [true, false]) {
   });
 }
 
-for (const [name, finding, cause] of [
-  ['a BigInt, which cannot be sent', { kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { amount: 10n } }, /BigInt|bigint/],
+const finding = (f) => async () => f;
+for (const [name, reconciler, cause] of [
+  ['a reconciler that throws', async () => { throw new Error('the destination is down'); }, /the destination is down/],
+  ['a finding with a BigInt, which cannot be sent', finding({ kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { amount: 10n } }), /BigInt|bigint/],
   // What the ledger refuses is sent and refused: INVALID_ARGUMENT about the
   // finding, not about the call.
-  ['data over 64 KiB', { kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { blob: 'x'.repeat(70 << 10) } }, /INVALID_ARGUMENT/],
-  ['a resource id over 256 bytes', { kind: 'FINDING_APPLIED', resourceId: 'R-' + '1'.repeat(300) }, /INVALID_ARGUMENT/],
+  ['a finding with data over 64 KiB', finding({ kind: 'FINDING_APPLIED', resourceId: 'R-1', data: { blob: 'x'.repeat(70 << 10) } }), /INVALID_ARGUMENT/],
+  ['a finding with a resource id over 256 bytes', finding({ kind: 'FINDING_APPLIED', resourceId: 'R-' + '1'.repeat(300) }), /INVALID_ARGUMENT/],
 ]) {
-  test(`a finding with ${name} decides nothing`, async (t) => {
+  test(`${name} decides nothing`, async (t) => {
     const dest = new Destination();
-    const ledger = new client.Ledger(addr(), { reconcilers: { 'payments.refund': async () => finding } });
+    const ledger = new client.Ledger(addr(), { reconcilers: { 'payments.refund': reconciler } });
     t.after(() => ledger.close());
     const call = { operationId: ids()('refund'), tool: 'payments.refund', params: { amount: 10 }, permitId: 'p-1' };
     dest.faults = ['after-write'];
