@@ -4,9 +4,9 @@
 import * as crypto from 'node:crypto';
 import * as grpc from '@grpc/grpc-js';
 import {
-  CallError, ConflictingOutcomeError, DOMAIN, ErrorInfo, FinalToolError, LeaseEndedOnTheWayError, LedgerError, NeedsReconciliationError,
-  NotRecordedError, RetryableToolError, RUN_REASONS, RunEndedError, ToolFailedError, ToolTimedOutError,
-  UNANSWERED, WaitBudgetSpentError, errorDetails,
+  CallError, ConflictingOutcomeError, DOMAIN, ErrorInfo, FinalToolError, LeaseEndedOnTheWayError, LedgerError,
+  NeedsReconciliationError, NotRecordedError, RetryableToolError, RUN_REASONS, RunEndedError, ToolFailedError,
+  ToolTimedOutError, UNANSWERED, WaitBudgetSpentError, errorDetails,
 } from './errors';
 import { LedgerServiceClient, Operation, Run, timeMs } from './proto';
 import { JSONValue, fromStruct, toStruct } from './struct';
@@ -111,11 +111,11 @@ const RETRYABLE = new Set<number>([grpc.status.UNAVAILABLE, grpc.status.DEADLINE
 const BACK_OFF_REASONS = new Set(['RATE_LIMITED']);
 // The refusals of a Complete that say the ledger holds another outcome.
 const CONFLICT_REASONS = new Set(['STALE_FENCING_TOKEN', 'COMPLETION_CONFLICT']);
+const WAIT_BACKOFF_BASE_MS = 100;
+const WAIT_BACKOFF_MAX_MS = 5000;
 
 /** A failed attempt was refused because the claim was gone: the ledger's record says how the operation ended. */
 class ClaimGone extends Error {}
-const WAIT_BACKOFF_BASE_MS = 100;
-const WAIT_BACKOFF_MAX_MS = 5000;
 
 /** Whether a call that failed with code and info may be repeated as it is. */
 export function repeatable(code: number, info: { domain: string; reason: string } | null): boolean {

@@ -785,12 +785,12 @@ class Ledger:
         When the outcome of an earlier attempt is unknown (DECISION_RECONCILE),
         the tool's reconciler (reconcilers=...) is asked, unless a human was
         (an earlier finding escalated it: NeedsReconciliation, and a human
-        settles it): APPLIED records its
-        result and call_tool returns it (replayed: this call did not run fn);
-        NOT_APPLIED records that and reserves again, so fn may run;
-        ABANDON records it and raises ToolFailed; ESCALATE, a reconciler
-        that fails, a finding the ledger cannot record (its __cause__ says
-        why), or no reconciler, raise NeedsReconciliation.
+        settles it): APPLIED records its result and call_tool returns it
+        (replayed: this call did not run fn); NOT_APPLIED records that and
+        reserves again, so fn may run; ABANDON records it and raises
+        ToolFailed; ESCALATE, a reconciler that fails, a finding the ledger
+        cannot record (its __cause__ says why), or no reconciler, raise
+        NeedsReconciliation.
         """
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = self.clock() + wait
