@@ -300,6 +300,51 @@ func TestStoppedMidCall(t *testing.T) {
 	}
 }
 
+// TestStoppedMidCallOverStdio: SIGTERM to a gateway serving stdio while a
+// call is in flight: the call ends and is recorded before the process
+// exits (go-sdk writes no answer once its session is closing), and the
+// same call sent to the next gateway gets the recorded result: one
+// effect.
+func TestStoppedMidCallOverStdio(t *testing.T) {
+	st := ledger(t)
+	up := mcptest.New(t.TempDir())
+	srv := httptest.NewServer(up.Handler())
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nupstreams:\n  - name: tickets\n    url: %s\n", st.Addr, srv.URL))
+	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: "stopped-" + client.NewHolder()}
+	stdio := func() (*mcp.ClientSession, *exec.Cmd) {
+		cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg)
+		cmd.Stderr = &ledgertest.Buffer{}
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.Close() })
+		return cs, cmd
+	}
+	cs, cmd := stdio()
+	up.Fault("create_ticket", "slow:2s")
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		_, _ = callErr(cs, "tickets_create_ticket", meta)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream never got the call")
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	<-ended
+	next, _ := stdio()
+	if res := callTool(t, next, "tickets_create_ticket", meta); res.IsError || ticket(res) != "T-1" || outcome(res) != "replayed" {
+		t.Fatalf("the same call after the SIGTERM = %+v, want the replay of T-1", res)
+	}
+	if n := up.Count("create_ticket"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
 // gateway is a ledgermcp process serving Streamable HTTP.
 type gateway struct {
 	cmd    *exec.Cmd
