@@ -45,7 +45,12 @@ func (g *Gateway) handler(name string) mcp.ToolHandler {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", name)}
 		}
 		start := time.Now()
-		res := g.call(ctx, t, req)
+		var res *mcp.CallToolResult
+		if g.stopping.Load() {
+			res = refusal("", outcomeUnavailable, "Not executed: the gateway is stopping. Send the same call again: another instance, or this one restarted, takes it.")
+		} else {
+			res = g.call(ctx, t, req)
+		}
 		tenant := ""
 		if g.metrics.tenant {
 			tenant = g.callerTenant(ctx, req)

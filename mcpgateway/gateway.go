@@ -5,11 +5,11 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -65,6 +65,8 @@ type Gateway struct {
 	// posts are the MCP requests (POSTs) being served over HTTP: each
 	// ends once its answer is written.
 	posts inflight
+	// stopping is set once Serve's context ends: new tool calls are refused.
+	stopping atomic.Bool
 }
 
 // inflight counts the requests being served, so that Close lets them end.
@@ -183,22 +185,12 @@ func (g *Gateway) Start(ctx context.Context, wait time.Duration) {
 	}()
 }
 
-// Serve serves one MCP session over t (mcp.StdioTransport: stdin and
-// stdout) until it ends or ctx does.
-func (g *Gateway) Serve(ctx context.Context, t mcp.Transport) error {
-	err := g.server.Run(ctx, t)
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
-}
-
 // Close refuses new MCP requests over HTTP (503) and waits for those
 // being served to end, each within its tools' timeouts and wait, so that
 // their outcomes are recorded and their answers written; then it stops
 // the background work, the upstreams' sessions (and commands) and the
-// connection to the ledger. Over stdio, Serve has let its calls end by
-// the time it returns.
+// connection to the ledger. Over stdio, Serve has let its calls end and
+// answered them by the time it returns.
 func (g *Gateway) Close() error {
 	if n := g.posts.close(); n > 0 {
 		g.log.Info("waiting for the requests in flight to end", "requests", n)

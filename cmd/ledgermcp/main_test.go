@@ -301,10 +301,9 @@ func TestStoppedMidCall(t *testing.T) {
 }
 
 // TestStoppedMidCallOverStdio: SIGTERM to a gateway serving stdio while a
-// call is in flight: the call ends and is recorded before the process
-// exits (go-sdk writes no answer once its session is closing), and the
-// same call sent to the next gateway gets the recorded result: one
-// effect.
+// call is in flight: the call ends, is recorded and answered, then the
+// process exits; a call sent meanwhile is refused and runs nothing; the
+// same call sent to the next gateway replays it.
 func TestStoppedMidCallOverStdio(t *testing.T) {
 	st := ledger(t)
 	up := mcptest.New(t.TempDir())
@@ -312,22 +311,23 @@ func TestStoppedMidCallOverStdio(t *testing.T) {
 	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
 	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nupstreams:\n  - name: tickets\n    url: %s\n", st.Addr, srv.URL))
 	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: "stopped-" + client.NewHolder()}
-	stdio := func() (*mcp.ClientSession, *exec.Cmd) {
+	stdio := func() (*mcp.ClientSession, *exec.Cmd, *ledgertest.Buffer) {
 		cmd := exec.Command(ledgertest.LedgermcpBinary(t, binDir), "--config", cfg)
-		cmd.Stderr = &ledgertest.Buffer{}
+		logs := &ledgertest.Buffer{}
+		cmd.Stderr = logs
 		cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cs.Close() })
-		return cs, cmd
+		return cs, cmd, logs
 	}
-	cs, cmd := stdio()
+	cs, cmd, logs := stdio()
 	up.Fault("create_ticket", "slow:2s")
-	ended := make(chan struct{})
+	answered := make(chan *mcp.CallToolResult, 1)
 	go func() {
-		defer close(ended)
-		_, _ = callErr(cs, "tickets_create_ticket", meta)
+		res, _ := callErr(cs, "tickets_create_ticket", meta)
+		answered <- res
 	}()
 	for deadline := time.Now().Add(10 * time.Second); up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -335,13 +335,24 @@ func TestStoppedMidCallOverStdio(t *testing.T) {
 		}
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
-	<-ended
-	next, _ := stdio()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "stopping: new tool calls are refused"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the gateway never said it stops:\n%s", logs.String())
+		}
+	}
+	late := callTool(t, cs, "tickets_create_ticket", mcp.Meta{mcpgateway.MetaIdempotencyKey: "late-" + client.NewHolder()})
+	if !late.IsError || outcome(late) != "unavailable" {
+		t.Fatalf("a call while the gateway stops = %+v, want unavailable", late)
+	}
+	if res := <-answered; res == nil || res.IsError || ticket(res) != "T-1" || outcome(res) != "executed" {
+		t.Fatalf("the call in flight at SIGTERM = %+v, want executed T-1", res)
+	}
+	next, _, _ := stdio()
 	if res := callTool(t, next, "tickets_create_ticket", meta); res.IsError || ticket(res) != "T-1" || outcome(res) != "replayed" {
 		t.Fatalf("the same call after the SIGTERM = %+v, want the replay of T-1", res)
 	}
-	if n := up.Count("create_ticket"); n != 1 {
-		t.Fatalf("%d effects, want 1", n)
+	if n, calls := up.Count("create_ticket"), up.Calls("create_ticket"); n != 1 || calls != 1 {
+		t.Fatalf("%d effects of %d calls upstream, want 1 of 1", n, calls)
 	}
 }
 
