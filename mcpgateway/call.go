@@ -46,7 +46,7 @@ func (g *Gateway) handler(name string) mcp.ToolHandler {
 		}
 		start := time.Now()
 		var res *mcp.CallToolResult
-		if g.stopping.Load() {
+		if _, closing := g.stopping.Load(req.Session); closing {
 			res = refusal("", outcomeUnavailable, "Not executed: the gateway is stopping. Send the same call again: another instance, or this one restarted, takes it.")
 		} else {
 			res = g.call(ctx, t, req)

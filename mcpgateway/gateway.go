@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -65,8 +64,9 @@ type Gateway struct {
 	// posts are the MCP requests (POSTs) being served over HTTP: each
 	// ends once its answer is written.
 	posts inflight
-	// stopping is set once Serve's context ends: new tool calls are refused.
-	stopping atomic.Bool
+	// stopping holds the sessions Serve is closing (their context ended):
+	// their new tool calls are refused.
+	stopping sync.Map // *mcp.ServerSession -> struct{}
 }
 
 // inflight counts the requests being served, so that Close lets them end.

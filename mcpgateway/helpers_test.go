@@ -205,6 +205,15 @@ type clientOptions struct {
 // stdio transport's framing.
 func (r *rig) stdio(o clientOptions) *mcp.ClientSession {
 	r.t.Helper()
+	cs, _ := r.stdioStoppable(o)
+	return cs
+}
+
+// stdioStoppable is stdio, and returns a function that ends the context
+// the gateway serves the session under (its SIGTERM) and waits for Serve
+// to return.
+func (r *rig) stdioStoppable(o clientOptions) (*mcp.ClientSession, func()) {
+	r.t.Helper()
 	cr, gw, err := os.Pipe()
 	if err != nil {
 		r.t.Fatal(err)
@@ -228,7 +237,7 @@ func (r *rig) stdio(o clientOptions) *mcp.ClientSession {
 		cancel()
 		<-served
 	})
-	return cs
+	return cs, func() { cancel(); <-served }
 }
 
 // http connects an MCP client to the gateway over Streamable HTTP, with

@@ -10,9 +10,10 @@ import (
 )
 
 // Serve serves one MCP session over t (mcp.StdioTransport: stdin and
-// stdout) until it ends or ctx does. When ctx ends, new tool calls are
-// refused (unavailable) and the session is closed once every call it read
-// has its answer written: go-sdk writes none once a session is closing.
+// stdout) until it ends or ctx does. When ctx ends, the session's new tool
+// calls are refused (unavailable), and it is closed once every call it
+// read has its answer written: go-sdk writes none once a session is
+// closing.
 func (g *Gateway) Serve(ctx context.Context, t mcp.Transport) error {
 	at := &answering{Transport: t, open: map[jsonrpc.ID]struct{}{}, idle: make(chan struct{})}
 	ss, err := g.server.Connect(context.WithoutCancel(ctx), at, nil)
@@ -26,7 +27,8 @@ func (g *Gateway) Serve(ctx context.Context, t mcp.Transport) error {
 		return sessionEnd(err)
 	case <-ctx.Done():
 	}
-	g.stopping.Store(true)
+	g.stopping.Store(ss, struct{}{})
+	defer g.stopping.Delete(ss)
 	g.log.Info("stopping: new tool calls are refused, and those in flight are let end")
 	select {
 	case <-at.answered():

@@ -1,0 +1,61 @@
+package mcpgateway_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/opledger/ledger/mcpgateway"
+)
+
+// TestServeStopsItsSession: Serve's context ends (a stdio gateway's
+// SIGTERM) while a call is in flight: Serve returns only once that call is
+// answered (executed, recorded), and refuses the session's new calls
+// meanwhile, forwarding nothing; another session of the same gateway is
+// served as before.
+func TestServeStopsItsSession(t *testing.T) {
+	r := newRig(t, rigOptions{rules: "- {match: create_ticket, timeout: 10s}"})
+	cs, stop := r.stdioStoppable(clientOptions{})
+	other := r.stdio(clientOptions{})
+	r.up.Fault("create_ticket", "slow:2s")
+	k := key(t, "in-flight")
+	got := make(chan answer, 1)
+	go func() {
+		// Read without checkOutput: the session is closed by the time it
+		// would list the tools.
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "tickets_create_ticket", Arguments: ticketArgs, Meta: mcp.Meta{mcpgateway.MetaIdempotencyKey: k}})
+		if err != nil {
+			got <- answer{isError: true, text: err.Error()}
+			return
+		}
+		got <- read(res)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream never got the call")
+		}
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), "stopping: new tool calls are refused"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Serve never said it stops:\n%s", r.log.String())
+		}
+	}
+	if late := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "late")}); !late.isError || late.outcome() != "unavailable" {
+		t.Fatalf("a call while its session stops = %v; want unavailable", late)
+	}
+	if a := call(t, other, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "other")}); a.isError || a.outcome() != "executed" {
+		t.Fatalf("a call of another session = %v; want executed", a)
+	}
+	if a := <-got; a.isError || a.outcome() != "executed" || a.ticket == "" {
+		t.Fatalf("the call in flight when Serve's context ended = %v; want executed, with its ticket", a)
+	}
+	<-stopped
+	if n, calls := r.up.Count("create_ticket"), r.up.Calls("create_ticket"); n != 2 || calls != 2 {
+		t.Fatalf("%d effects of %d calls upstream, want 2 of 2 (the call in flight and the other session's)", n, calls)
+	}
+}
