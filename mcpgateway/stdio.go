@@ -78,11 +78,13 @@ func (a *answering) answered() <-chan struct{} {
 	return a.idle
 }
 
+// answeringConn is a connection of an answering transport.
 type answeringConn struct {
 	mcp.Connection
 	a *answering
 }
 
+// Read reads the next message, and notes a call among them as open.
 func (c *answeringConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	m, err := c.Connection.Read(ctx)
 	if r, ok := m.(*jsonrpc.Request); ok && r.IsCall() {
@@ -93,6 +95,7 @@ func (c *answeringConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	return m, err
 }
 
+// Write writes m, and notes the call an answer is for as answered.
 func (c *answeringConn) Write(ctx context.Context, m jsonrpc.Message) error {
 	err := c.Connection.Write(ctx, m)
 	if r, ok := m.(*jsonrpc.Response); ok {
