@@ -325,18 +325,10 @@ func closeMidCall(t *testing.T, upstream string) {
 		}
 		got <- a
 	}()
-	for deadline := time.Now().Add(10 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream never got the call")
-		}
-	}
+	ledgertest.Await(t, "the upstream gets the call", func() bool { return r.up.Calls("create_ticket") > 0 })
 	closed := make(chan error, 1)
 	go func() { closed <- r.gw.Close() }()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), "waiting for the requests in flight to end"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("Close never said it waits for the call in flight:\n%s", r.log.String())
-		}
-	}
+	ledgertest.Await(t, "the log line \"waiting for the requests in flight to end\"", func() bool { return strings.Contains(r.log.String(), "waiting for the requests in flight to end") })
 	if late, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "late")}); err == nil || !strings.Contains(err.Error(), "Service Unavailable") {
 		t.Fatalf("a call after Close began = %v, %v; want 503 Service Unavailable", late, err)
 	}

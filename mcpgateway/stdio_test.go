@@ -4,10 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/mcpgateway"
 )
 
@@ -33,18 +33,10 @@ func TestServeStopsItsSession(t *testing.T) {
 		}
 		got <- read(res)
 	}()
-	for deadline := time.Now().Add(10 * time.Second); r.up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream never got the call")
-		}
-	}
+	ledgertest.Await(t, "the upstream gets the call", func() bool { return r.up.Calls("create_ticket") > 0 })
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(r.log.String(), "stopping: new tool calls are refused"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("Serve never said it stops:\n%s", r.log.String())
-		}
-	}
+	ledgertest.Await(t, "the log line \"stopping: new tool calls are refused\"", func() bool { return strings.Contains(r.log.String(), "stopping: new tool calls are refused") })
 	if late := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "late")}); !late.isError || late.outcome() != "unavailable" {
 		t.Fatalf("a call while its session stops = %v; want unavailable", late)
 	}

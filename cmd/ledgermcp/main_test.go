@@ -266,17 +266,9 @@ func TestStoppedMidCall(t *testing.T) {
 				res, _ := callErr(cs, "tickets_create_ticket", mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
 				answered <- res
 			}()
-			for deadline := time.Now().Add(10 * time.Second); up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatal("the upstream never got the call")
-				}
-			}
+			ledgertest.Await(t, "the upstream gets the call", func() bool { return up.Calls("create_ticket") > 0 })
 			_ = gw.cmd.Process.Signal(syscall.SIGTERM)
-			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(gw.log.String(), "waiting for the requests in flight to end"); time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("the gateway never said it waits for the call in flight:\n%s", gw.log.String())
-				}
-			}
+			ledgertest.Await(t, "the log line \"waiting for the requests in flight to end\"", func() bool { return strings.Contains(gw.log.String(), "waiting for the requests in flight to end") })
 			if c.signals == 2 {
 				gw.stop(syscall.SIGTERM)
 			}
@@ -329,17 +321,9 @@ func TestStoppedMidCallOverStdio(t *testing.T) {
 		res, _ := callErr(cs, "tickets_create_ticket", meta)
 		answered <- res
 	}()
-	for deadline := time.Now().Add(10 * time.Second); up.Calls("create_ticket") == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream never got the call")
-		}
-	}
+	ledgertest.Await(t, "the upstream gets the call", func() bool { return up.Calls("create_ticket") > 0 })
 	_ = cmd.Process.Signal(syscall.SIGTERM)
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "stopping: new tool calls are refused"); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway never said it stops:\n%s", logs.String())
-		}
-	}
+	ledgertest.Await(t, "the log line \"stopping: new tool calls are refused\"", func() bool { return strings.Contains(logs.String(), "stopping: new tool calls are refused") })
 	late := callTool(t, cs, "tickets_create_ticket", mcp.Meta{mcpgateway.MetaIdempotencyKey: "late-" + client.NewHolder()})
 	if !late.IsError || outcome(late) != "unavailable" {
 		t.Fatalf("a call while the gateway stops = %+v, want unavailable", late)

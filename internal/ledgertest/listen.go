@@ -68,3 +68,14 @@ func ListenAddr(log func() string, msg string, exited <-chan struct{}, timeout t
 		}
 	}
 }
+
+// Await polls cond every 10 ms until it holds, and fails tb with "never:
+// what" when it does not within 10 s.
+func Await(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("never: %s", what)
+		}
+	}
+}

@@ -61,9 +61,10 @@ func New(dir string) *Upstream {
 // order: "drop" applies the effect and never answers; "kill" applies it
 // and exits the process; "hang" never answers and applies nothing;
 // "error" answers isError and applies nothing ("error:structured" with
-// structured content its output schema refuses, "error:D" after D); "slow:D" waits D (sending
-// progress when asked), then applies and answers, unless the call is
-// cancelled first (counted as a call of "create_ticket:cancelled");
+// structured content its output schema refuses, "error:D" after D);
+// "slow:D" waits D (sending progress when asked), then applies and
+// answers, unless the call is cancelled first (counted as a call of
+// "create_ticket:cancelled");
 // "big" applies it and answers with 100 KiB of text beside the ticket;
 // "deep" applies it and answers with a _meta nested deeper than the
 // ledger keeps; "newline" applies it and answers an id ending in a
