@@ -254,6 +254,12 @@ func TestUpstreamOutcomes(t *testing.T) {
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "HTTP 429 before the tool", upstream: "http", down: refuseNext(http.StatusTooManyRequests), outcome: "not_applied",
 			state: client.StatePending, again: "executed", forwards: 1, effects: 1, textHints: []string{"HTTP 429 Too Many Requests", "nothing was applied"}},
+		{name: "answer over 16 MiB, stdio", fault: "huge", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1, effects: 1,
+			textHints: []string{"may or may not have applied it"}},
+		{name: "answer over 16 MiB, event stream", upstream: "http", fault: "huge", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1, effects: 1,
+			textHints: []string{"may or may not have applied it"}},
+		{name: "answer over 16 MiB, JSON", upstream: "http-json", fault: "huge", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1, effects: 1,
+			textHints: []string{"may or may not have applied it"}},
 		{name: "HTTP 502 from a proxy", upstream: "http", down: refuseNext(http.StatusBadGateway), outcome: "unknown",
 			state: client.StateUnknown, again: "unknown", forwards: 0, textHints: []string{"may or may not have applied it"}},
 	} {

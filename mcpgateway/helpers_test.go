@@ -58,6 +58,7 @@ type rig struct {
 	// httpUpstream serves it then, with httpHandler.
 	httpUpstream *httptest.Server
 	httpHandler  atomic.Pointer[mcp.StreamableHTTPHandler]
+	jsonAnswers  bool // it answers JSON, not event streams
 	// refuse is an HTTP status the HTTP upstream answers its next
 	// tools/call with, instead of serving it (0: none).
 	refuse atomic.Int32
@@ -85,13 +86,14 @@ func (r *rig) refused(w http.ResponseWriter, req *http.Request) bool {
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
 // server has: the sessions of the old one are unknown to it.
 func (r *rig) restartHTTP() {
-	r.httpHandler.Store(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return r.server }, nil))
+	opts := &mcp.StreamableHTTPOptions{JSONResponse: r.jsonAnswers}
+	r.httpHandler.Store(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return r.server }, opts))
 }
 
 type rigOptions struct {
-	// upstream is how the gateway reaches the fake: "stdio" (a command)
-	// or "http"; "stdio" when empty; "missing" names a command that does
-	// not exist instead.
+	// upstream is how the gateway reaches the fake: "stdio" (a command),
+	// "http" or "http-json" (answering JSON, not event streams); "stdio"
+	// when empty; "missing" names a command that does not exist instead.
 	upstream string
 	// rules are the upstream's tool rules, as YAML list items.
 	rules string
@@ -124,8 +126,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	switch o.upstream {
 	case "", "stdio":
 		up = fmt.Sprintf("command: [%q]\n    env: {%s: %q}", os.Args[0], mcptest.StdioEnv, r.up.Dir)
-	case "http":
-		r.server = r.up.Server()
+	case "http", "http-json":
+		r.server, r.jsonAnswers = r.up.Server(), o.upstream == "http-json"
 		r.restartHTTP()
 		r.httpUpstream = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			if r.refused(w, req) {

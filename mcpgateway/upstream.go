@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"mime"
 	"net/http"
 	"os"
 	"os/exec"
@@ -193,8 +195,9 @@ func listTools(ctx context.Context, cs *mcp.ClientSession) ([]*mcp.Tool, error) 
 func (u *upstream) transport() mcp.Transport {
 	if u.cfg.URL != "" {
 		return &mcp.StreamableClientTransport{
-			Endpoint:   u.cfg.URL,
-			HTTPClient: u.http,
+			Endpoint:     u.cfg.URL,
+			HTTPClient:   u.http,
+			MaxEventSize: maxMessage,
 		}
 	}
 	cmd := exec.Command(u.cfg.Command[0], u.cfg.Command[1:]...)
@@ -202,6 +205,11 @@ func (u *upstream) transport() mcp.Transport {
 	cmd.Stderr = os.Stderr
 	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
 }
+
+// maxMessage is the most an upstream's message may hold, in bytes: go-sdk's
+// bound for a stdio line, kept for a URL upstream's events and JSON answers
+// too. A longer one ends the upstream's session.
+const maxMessage = mcp.DefaultMaxLineLength
 
 // The pool of one URL upstream: how many idle connections the gateway
 // keeps for its next calls, and for how long. Node's and uvicorn's
@@ -244,7 +252,8 @@ func (u *upstream) environment() []string {
 	return env
 }
 
-// headers adds the configured headers to every request to the upstream.
+// headers is a URL upstream's transport: it adds the configured headers
+// to every request to the upstream (see RoundTrip).
 type headers struct {
 	h    map[string]string
 	next http.RoundTripper
@@ -258,8 +267,9 @@ func (t headers) CloseIdleConnections() {
 	}
 }
 
-// RoundTrip sends r with the headers, and notes the status of the first
-// POST made under a call's context (postStatus).
+// RoundTrip sends r with the headers, notes the status of the first POST
+// made under a call's context (postStatus), and bounds an answer to
+// maxMessage, unless it is an event stream (go-sdk bounds each event).
 func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if len(t.h) > 0 {
 		r = r.Clone(r.Context())
@@ -271,7 +281,36 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if s, ok := r.Context().Value(postStatusKey{}).(*postStatus); ok && err == nil && r.Method == http.MethodPost {
 		s.code.CompareAndSwap(0, int32(resp.StatusCode))
 	}
-	return resp, err
+	if err != nil {
+		return nil, err
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+		resp.Body = &boundedBody{ReadCloser: resp.Body, left: maxMessage}
+	}
+	return resp, nil
+}
+
+// boundedBody fails a read once more than left bytes arrived.
+type boundedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+// errTooLarge is a URL upstream's answer longer than maxMessage.
+var errTooLarge = fmt.Errorf("the answer exceeded %d bytes", maxMessage)
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, errTooLarge
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.ReadCloser.Read(p)
+	if b.left -= int64(n); b.left < 0 {
+		return 0, errTooLarge
+	}
+	return n, err
 }
 
 // call forwards a tool call. Its error is classified for the ledger

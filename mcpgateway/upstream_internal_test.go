@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -89,5 +90,39 @@ func TestHeaders(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{"Bearer t", "Bearer t"}) {
 		t.Fatalf("the upstream got %q", got)
+	}
+}
+
+// TestAnswersBounded: a URL upstream's answer reads whole up to
+// maxMessage bytes and fails past it, unless it is an event stream, which
+// go-sdk bounds per event.
+func TestAnswersBounded(t *testing.T) {
+	for _, tc := range []struct {
+		contentType string
+		size        int
+		fails       bool
+	}{
+		{"application/json", maxMessage, false},
+		{"application/json", maxMessage + 1, true},
+		{"application/json; charset=utf-8", maxMessage + 1, true},
+		{"text/plain", maxMessage + 1, true},
+		{"", maxMessage + 1, true},
+		{"text/event-stream", maxMessage + 1, false},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.contentType)
+			_, _ = w.Write(make([]byte, tc.size))
+		}))
+		c := &http.Client{Transport: headers{next: http.DefaultTransport}}
+		resp, err := c.Post(srv.URL, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if fails := errors.Is(err, errTooLarge); fails != tc.fails || err != nil && !fails || !fails && n != int64(tc.size) {
+			t.Errorf("%q, %d bytes: read %d, %v; want it to fail %v", tc.contentType, tc.size, n, err, tc.fails)
+		}
 	}
 }

@@ -65,7 +65,8 @@ func New(dir string) *Upstream {
 // "slow:D" waits D (sending progress when asked), then applies and
 // answers, unless the call is cancelled first (counted as a call of
 // "create_ticket:cancelled");
-// "big" applies it and answers with 100 KiB of text beside the ticket;
+// "big" applies it and answers with 100 KiB of text beside the ticket,
+// "huge" with 17 MiB (its lookup answers without them);
 // "deep" applies it and answers with a _meta nested deeper than the
 // ledger keeps; "newline" applies it and answers an id ending in a
 // newline, which a resource id may not hold;
@@ -253,6 +254,8 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 		return nil, ctx.Err()
 	case "kill":
 		os.Exit(3)
+	case "huge": // beside the effect recorded, which find_ticket answers
+		res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", 17<<20)})
 	}
 	return res, nil
 }
