@@ -252,6 +252,8 @@ func TestUpstreamOutcomes(t *testing.T) {
 			textHints: []string{"could not be reached"}},
 		{name: "upstream restarted, its sessions gone", upstream: "http", down: func(_ *testing.T, r *rig) { r.restartHTTP() },
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
+		{name: "upstream restarted, answering 400 for its sessions", upstream: "http", down: func(_ *testing.T, r *rig) { r.goneAs400.Store(true); r.restartHTTP() },
+			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "HTTP 429 before the tool", upstream: "http", down: refuseNext(http.StatusTooManyRequests), outcome: "not_applied",
 			state: client.StatePending, again: "executed", forwards: 1, effects: 1, textHints: []string{"HTTP 429 Too Many Requests", "nothing was applied"}},
 		{name: "answer over 16 MiB, stdio", fault: "huge", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1, effects: 1,

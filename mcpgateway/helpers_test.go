@@ -62,6 +62,9 @@ type rig struct {
 	// refuse is an HTTP status the HTTP upstream answers its next
 	// tools/call with, instead of serving it (0: none).
 	refuse atomic.Int32
+	// goneAs400 has the HTTP upstream answer 400 where it would answer
+	// 404 (a session it does not hold).
+	goneAs400 atomic.Bool
 	// upstreamConns counts the connections the HTTP upstream accepted,
 	// upstreamOpen those of them still open.
 	upstreamConns, upstreamOpen atomic.Int64
@@ -82,6 +85,18 @@ func (r *rig) refused(w http.ResponseWriter, req *http.Request) bool {
 	http.Error(w, http.StatusText(status), status)
 	return true
 }
+
+// notFoundAs400 writes 400 where its handler writes 404.
+type notFoundAs400 struct{ http.ResponseWriter }
+
+func (w notFoundAs400) WriteHeader(code int) {
+	if code == http.StatusNotFound {
+		code = http.StatusBadRequest
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w notFoundAs400) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
 
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
 // server has: the sessions of the old one are unknown to it.
@@ -132,6 +147,9 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		r.httpUpstream = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			if r.refused(w, req) {
 				return
+			}
+			if r.goneAs400.Load() {
+				w = notFoundAs400{w}
 			}
 			r.httpHandler.Load().ServeHTTP(w, req)
 		}))

@@ -328,9 +328,11 @@ func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress fun
 	}
 	var status postStatus
 	res, err := cs.CallTool(status.in(ctx), copyParams(p))
-	if errors.Is(err, mcp.ErrSessionMissing) {
-		// The upstream answered 404 for its session (it restarted):
-		// the call was not processed, so it goes again on a new one.
+	if errors.Is(err, mcp.ErrSessionMissing) || status.code.Load() == http.StatusBadRequest {
+		// The upstream answered 404 for its session (it restarted), or
+		// 400, as servers written from older SDK examples answer a session
+		// they do not hold (go-sdk ends the session then): the call was
+		// not processed, so it goes again on a new session, once.
 		u.drop(cs)
 		if cs, _, err = u.session(ctx); err != nil {
 			return nil, client.MarkRetryable(err)

@@ -146,11 +146,12 @@ func startGateway(t *testing.T, dir string, args ...string) string {
 // sessions. A call runs once and its repeat is replayed; a call whose
 // answer never comes is found by the probe (find_ticket) and replayed;
 // after the server restarts, its sessions lost, the next call runs on a
-// new one. The server's file counts the effects.
+// new one, whether the server answers the old session 404 or 400. The
+// server's file counts the effects.
 func TestMCPNodeUpstream(t *testing.T) {
 	node, root, sdk := mcpSDK(t)
 	ledger := startLedgerd(t)
-	for _, mode := range []string{"stdio", "http", "json", "stateless"} {
+	for _, mode := range []string{"stdio", "http", "json", "stateless", "http-400"} {
 		t.Run(mode, func(t *testing.T) {
 			desk := nodeDesk{node: node, server: filepath.Join(root, "internal", "polyglot", "testdata", "tickets_server.mjs"), sdk: sdk,
 				effects: filepath.Join(t.TempDir(), "effects"), mode: mode}

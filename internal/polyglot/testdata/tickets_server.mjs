@@ -14,7 +14,8 @@
 // with sessions and event streams, "json" with sessions and JSON answers,
 // "stateless" with neither sessions nor event streams. A request naming a
 // session the server does not hold is answered 404, as the SDK's examples
-// answer it.
+// answer it now; "http-400" is "http" answering it 400, as servers written
+// from the SDK's earlier README do.
 import fs from "node:fs";
 import http from "node:http";
 import path from "node:path";
@@ -89,7 +90,7 @@ if (mode === "stdio") {
       t.onclose = () => sessions.delete(t.sessionId);
       await desk().connect(t);
     }
-    if (!t && sid) return refuse(res, 404, -32001, "Session not found");
+    if (!t && sid && mode !== "http-400") return refuse(res, 404, -32001, "Session not found");
     if (!t) return refuse(res, 400, -32000, "Bad Request: No valid session ID provided");
     await t.handleRequest(req, res, body);
   });
