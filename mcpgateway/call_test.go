@@ -388,14 +388,7 @@ func ledgerGone(faults ...string) func(t *testing.T, r *rig, cs *mcp.ClientSessi
 func ledgerGoneWith(t *testing.T, r *rig, cs *mcp.ClientSession, k string, faults []string) answer {
 	t.Helper()
 	r.up.Fault("create_ticket", faults...)
-	done := make(chan answer, 1)
-	go func() {
-		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
-		if err != nil {
-			a.text = err.Error()
-		}
-		done <- a
-	}()
+	done := callLater(cs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
 	waitForCalls(t, r, len(faults))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // stop at once
@@ -424,14 +417,7 @@ func stillRunning(t *testing.T, r *rig, cs *mcp.ClientSession, k string) answer 
 	t.Helper()
 	r.up.Fault("create_ticket", "slow:5s")
 	meta := mcp.Meta{mcpgateway.MetaIdempotencyKey: k}
-	first := make(chan answer, 1)
-	go func() {
-		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, meta)
-		if err != nil {
-			a.text = err.Error()
-		}
-		first <- a
-	}()
+	first := callLater(cs, meta)
 	waitForCalls(t, r, 1)
 	second := call(t, cs, "tickets_create_ticket", ticketArgs, meta)
 	if a := <-first; a.isError || a.outcome() != "executed" {

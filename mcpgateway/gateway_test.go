@@ -317,14 +317,7 @@ func closeMidCall(t *testing.T, upstream string) {
 	r := newRig(t, rigOptions{upstream: upstream, rules: "- {match: create_ticket, timeout: 10s}", wrap: slow})
 	cs := r.http("", clientOptions{})
 	r.up.Fault("create_ticket", "slow:2s")
-	got := make(chan answer, 1)
-	go func() {
-		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
-		if err != nil {
-			a.text = err.Error()
-		}
-		got <- a
-	}()
+	got := callLater(cs, mcp.Meta{mcpgateway.MetaIdempotencyKey: k})
 	ledgertest.Await(t, "the upstream gets the call", func() bool { return r.up.Calls("create_ticket") > 0 })
 	closed := make(chan error, 1)
 	go func() { closed <- r.gw.Close() }()

@@ -362,6 +362,21 @@ func callErr(cs *mcp.ClientSession, name string, args map[string]any, meta mcp.M
 	return read(res), checkOutput(cs, name, res)
 }
 
+// callLater calls tickets_create_ticket with ticketArgs and meta in the
+// background, and sends its answer on the channel it returns; an error is
+// the answer's text.
+func callLater(cs *mcp.ClientSession, meta mcp.Meta) <-chan answer {
+	got := make(chan answer, 1)
+	go func() {
+		a, err := callErr(cs, "tickets_create_ticket", ticketArgs, meta)
+		if err != nil {
+			a.text = err.Error()
+		}
+		got <- a
+	}()
+	return got
+}
+
 // checkOutput refuses an answer as the official TypeScript and Python
 // clients do: a tool that lists an output schema must answer structured
 // content that fits it, unless the answer is an error (and TypeScript
