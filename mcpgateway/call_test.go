@@ -254,6 +254,10 @@ func TestUpstreamOutcomes(t *testing.T) {
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "upstream restarted, answering 400 for its sessions", upstream: "http", down: func(_ *testing.T, r *rig) { r.goneAs400.Store(true); r.restartHTTP() },
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
+		{name: "event streams ended while the tool runs", upstream: "http", fault: "slow:2s", down: cutStreams,
+			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
+		{name: "event streams with ids ended while the tool runs", upstream: "http-resumable", fault: "slow:2s", down: cutStreams,
+			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "HTTP 429 before the tool", upstream: "http", down: refuseNext(http.StatusTooManyRequests), outcome: "not_applied",
 			state: client.StatePending, again: "executed", forwards: 1, effects: 1, textHints: []string{"HTTP 429 Too Many Requests", "nothing was applied"}},
 		{name: "answer over 16 MiB, stdio", fault: "huge", outcome: "unknown", state: client.StateUnknown, again: "unknown", forwards: 1, effects: 1,
@@ -306,6 +310,25 @@ func TestUpstreamOutcomes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cutStreams has the HTTP upstream end its GET event streams, the one
+// open now and each one after it, a moment after they start: more than
+// go-sdk's 5 in a row by the end of the test. A new tool sends an event
+// down the stream, after which a resumable upstream's streams are asked
+// for with its id.
+func cutStreams(t *testing.T, r *rig) {
+	r.cutStreams.Store(true)
+	r.httpUpstream.CloseClientConnections()
+	r.server.AddTool(&mcp.Tool{Name: "noop", InputSchema: map[string]any{"type": "object"}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{}, nil
+		})
+	t.Cleanup(func() {
+		if n, resumed := r.streamsCut.Load(), r.streamsResumed.Load(); n < 10 || (resumed >= n/2) != r.resumable {
+			t.Errorf("%d event streams cut, %d of them resumed after an event; want 10 or more, most resumed when the upstream resumes streams, else none", n, resumed)
+		}
+	})
 }
 
 // refuseNext has the HTTP upstream answer its next tools/call with status.

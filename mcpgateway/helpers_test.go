@@ -59,12 +59,18 @@ type rig struct {
 	httpUpstream *httptest.Server
 	httpHandler  atomic.Pointer[mcp.StreamableHTTPHandler]
 	jsonAnswers  bool // it answers JSON, not event streams
+	resumable    bool // its event streams have ids, and resume
 	// refuse is an HTTP status the HTTP upstream answers its next
 	// tools/call with, instead of serving it (0: none).
 	refuse atomic.Int32
 	// goneAs400 has the HTTP upstream answer 400 where it would answer
 	// 404 (a session it does not hold).
 	goneAs400 atomic.Bool
+	// cutStreams has the HTTP upstream end each GET event stream after a
+	// moment, as a proxy ending idle streams does; streamsCut counts them,
+	// streamsResumed those asked for with the last event's id.
+	cutStreams                 atomic.Bool
+	streamsCut, streamsResumed atomic.Int64
 	// upstreamConns counts the connections the HTTP upstream accepted,
 	// upstreamOpen those of them still open.
 	upstreamConns, upstreamOpen atomic.Int64
@@ -98,16 +104,50 @@ func (w notFoundAs400) WriteHeader(code int) {
 
 func (w notFoundAs400) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
 
+// retrySoon starts an event stream with a retry field of 10 ms, so that
+// the client comes back at once when the stream ends.
+type retrySoon struct{ http.ResponseWriter }
+
+func (w retrySoon) WriteHeader(code int) {
+	w.ResponseWriter.WriteHeader(code)
+	if code == http.StatusOK {
+		_, _ = io.WriteString(w.ResponseWriter, "retry: 10\n\n")
+	}
+}
+
+func (w retrySoon) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// cut has req, when it is a GET, answered with retrySoon, and ends it
+// after 50 ms when cutStreams is set.
+func (r *rig) cut(w http.ResponseWriter, req *http.Request) (http.ResponseWriter, *http.Request, func()) {
+	if req.Method != http.MethodGet {
+		return w, req, func() {}
+	}
+	if !r.cutStreams.Load() {
+		return retrySoon{w}, req, func() {}
+	}
+	r.streamsCut.Add(1)
+	if req.Header.Get("Last-Event-ID") != "" {
+		r.streamsResumed.Add(1)
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), 50*time.Millisecond)
+	return retrySoon{w}, req.WithContext(ctx), cancel
+}
+
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
 // server has: the sessions of the old one are unknown to it.
 func (r *rig) restartHTTP() {
 	opts := &mcp.StreamableHTTPOptions{JSONResponse: r.jsonAnswers}
+	if r.resumable {
+		opts.EventStore = mcp.NewMemoryEventStore(nil)
+	}
 	r.httpHandler.Store(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return r.server }, opts))
 }
 
 type rigOptions struct {
 	// upstream is how the gateway reaches the fake: "stdio" (a command),
-	// "http" or "http-json" (answering JSON, not event streams); "stdio"
+	// "http", "http-json" (answering JSON, not event streams) or
+	// "http-resumable" (event streams with ids, resumed); "stdio"
 	// when empty; "missing" names a command that does not exist instead.
 	upstream string
 	// rules are the upstream's tool rules, as YAML list items.
@@ -141,8 +181,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	switch o.upstream {
 	case "", "stdio":
 		up = fmt.Sprintf("command: [%q]\n    env: {%s: %q}", os.Args[0], mcptest.StdioEnv, r.up.Dir)
-	case "http", "http-json":
-		r.server, r.jsonAnswers = r.up.Server(), o.upstream == "http-json"
+	case "http", "http-json", "http-resumable":
+		r.server, r.jsonAnswers, r.resumable = r.up.Server(), o.upstream == "http-json", o.upstream == "http-resumable"
 		r.restartHTTP()
 		r.httpUpstream = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			if r.refused(w, req) {
@@ -151,6 +191,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			if r.goneAs400.Load() {
 				w = notFoundAs400{w}
 			}
+			w, req, done := r.cut(w, req)
+			defer done()
 			r.httpHandler.Load().ServeHTTP(w, req)
 		}))
 		r.httpUpstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {
