@@ -254,6 +254,7 @@ func TestUpstreamOutcomes(t *testing.T) {
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "upstream restarted, answering 400 for its sessions", upstream: "http", down: func(_ *testing.T, r *rig) { r.goneAs400.Store(true); r.restartHTTP() },
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
+		{name: "lines on stdout that are no messages", fault: "print", outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "event streams ended while the tool runs", upstream: "http", fault: "slow:2s", down: cutStreams,
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "event streams with ids ended while the tool runs", upstream: "http-resumable", fault: "slow:2s", down: cutStreams,

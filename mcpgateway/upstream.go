@@ -203,7 +203,9 @@ func (u *upstream) transport() mcp.Transport {
 	cmd := exec.Command(u.cfg.Command[0], u.cfg.Command[1:]...)
 	cmd.Env = u.environment()
 	cmd.Stderr = os.Stderr
-	return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+	return &command{cmd: cmd, dropped: func(n int) {
+		u.g.log.Warn("upstream wrote a line that is no JSON-RPC message to stdout; dropped", "upstream", u.cfg.Name, "bytes", n)
+	}}
 }
 
 // maxMessage is the most an upstream's message may hold, in bytes: go-sdk's

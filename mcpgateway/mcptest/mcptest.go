@@ -71,7 +71,9 @@ func New(dir string) *Upstream {
 // ledger keeps; "newline" applies it and answers an id ending in a
 // newline, which a resource id may not hold;
 // "shape" applies it and answers structured content its output schema
-// refuses ({"ticket": ...}).
+// refuses ({"ticket": ...}); "print" applies it and, served over stdio,
+// writes three lines that are no JSON-RPC messages to stdout before it
+// answers.
 func (u *Upstream) Fault(tool string, faults ...string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -256,6 +258,10 @@ func (u *Upstream) create(ctx context.Context, req *mcp.CallToolRequest) (*mcp.C
 		os.Exit(3)
 	case "huge": // beside the effect recorded, which find_ticket answers
 		res.Content = append(res.Content, &mcp.TextContent{Text: strings.Repeat("x", 17<<20)})
+	case "print":
+		fmt.Println("Opened " + ticket)
+		fmt.Println(`{"level":30,"msg":"opened a ticket"}`)
+		fmt.Println("{'ticket': '" + ticket + "'}")
 	}
 	return res, nil
 }
