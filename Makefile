@@ -55,7 +55,7 @@ FUZZ_TARGETS := fingerprint:FuzzCanonicalJSON fingerprint:FuzzComputeFingerprint
   server:FuzzParseCredentials server:FuzzAuthenticate internal/bench:FuzzParseCPUList \
   cmd/ledgerd:FuzzRedisURLRedaction cmd/ledgerctl:FuzzParseData cmd/ledgerctl:FuzzFencingToken \
   mcpgateway:FuzzParseConfig mcpgateway:FuzzReadMeta mcpgateway:FuzzArguments mcpgateway:FuzzFitted mcpgateway:FuzzRecord \
-  mcpgateway:FuzzJSRegexp mcpgateway:FuzzMessageLines \
+  mcpgateway:FuzzJSRegexp mcpgateway:FuzzMessageLines mcpgateway:FuzzCutURLs \
   receipt:FuzzVerify receipt:FuzzResultSHA256 receipt:FuzzParseJWK cmd/ledgerctl:FuzzVerifyHistory
 # The configuration `make mcp` runs the gateway with.
 MCP_CONFIG ?= examples/mcp/gateway.yaml

@@ -406,9 +406,14 @@ func (u *UpstreamConfig) check(lookup func(string) (string, bool)) error {
 		if len(u.Env) > 0 {
 			return errors.New("env: only with command")
 		}
-		if p, err := url.Parse(u.URL); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+		x, err := expand(u.URL, lookup)
+		if err != nil {
+			return fmt.Errorf("url: %w", err)
+		}
+		if p, err := url.Parse(x); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
 			return fmt.Errorf("url %q: want http:// or https://", u.URL)
 		}
+		u.URL = x
 	default:
 		return errors.New("command or url: one is needed")
 	}

@@ -35,9 +35,9 @@ upstreams:
         probe: {tool: find_ticket}
   - name: crm
     prefix: ""
-    url: https://crm.example/mcp
+    url: https://crm.example/s/${CRM_PATH}/mcp
     headers: {Authorization: "Bearer ${CRM_TOKEN}"}
-`), env(map[string]string{"GW_KEY": "gw.s", "ACME_RECONCILER": "acme.s", "TOKEN": "t0k", "CRM_TOKEN": "c"}))
+`), env(map[string]string{"GW_KEY": "gw.s", "ACME_RECONCILER": "acme.s", "TOKEN": "t0k", "CRM_TOKEN": "c", "CRM_PATH": "k3y"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ upstreams:
 	if p := u.Tools[0].Probe; p.Argument != "idempotency_key" || time.Duration(p.NotFoundAfter) != 30*time.Second {
 		t.Errorf("probe %+v: want the defaults", p)
 	}
-	if *c.Upstreams[1].Prefix != "" || c.Upstreams[1].Headers["Authorization"] != "Bearer c" {
+	if *c.Upstreams[1].Prefix != "" || c.Upstreams[1].Headers["Authorization"] != "Bearer c" || c.Upstreams[1].URL != "https://crm.example/s/k3y/mcp" {
 		t.Errorf("crm %+v", c.Upstreams[1])
 	}
 }
@@ -83,6 +83,8 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"upstreams:\n  - {name: t}", "command or url"},
 		{"upstreams:\n  - {name: t, command: [x], url: 'http://h/mcp'}", "give one"},
 		{"upstreams:\n  - {name: t, url: 'ftp://h/mcp'}", "want http"},
+		{"upstreams:\n  - {name: t, url: 'http://h/${NOPE}/mcp'}", "url: the environment variable NOPE is not set"},
+		{"upstreams:\n  - {name: t, url: '${SECRET}://h/mcp'}", "url \"${SECRET}://h/mcp\": want http"},
 		{"upstreams:\n  - {name: t, command: [x], headers: {a: b}}", "only with url"},
 		{"upstreams:\n  - {name: t, command: [x], env: {A: '${NOPE}'}}", "NOPE is not set"},
 		{"upstreams:\n  - {name: t, command: [x], env: {C: '${NOPE3}', A: '${NOPE1}', B: '${NOPE2}'}}", "A: the environment variable NOPE1 is not set"},

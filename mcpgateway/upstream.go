@@ -77,7 +77,7 @@ func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, <-chan stru
 	u.sess = nil
 	cs, err := u.client.Connect(ctx, u.transport(), nil)
 	if err != nil {
-		return nil, nil, &unreachableError{upstream: u.cfg.Name, err: err}
+		return nil, nil, &unreachableError{upstream: u.cfg.Name, err: hideURLs(err)}
 	}
 	closed := make(chan struct{})
 	go func() {
@@ -155,7 +155,7 @@ func (u *upstream) sync(ctx context.Context) (<-chan struct{}, error) {
 	}
 	tools, err := listTools(ctx, cs)
 	if err != nil {
-		return nil, err
+		return nil, hideURLs(err)
 	}
 	u.g.serve(u, tools)
 	return closed, nil
@@ -394,9 +394,62 @@ func (u *upstream) call(ctx context.Context, p *mcp.CallToolParams, progress fun
 		u.drop(cs)
 	}
 	if err != nil {
-		return nil, classify(err, int(status.code.Load()))
+		return nil, classify(hideURLs(err), int(status.code.Load()))
 	}
 	return res, nil
+}
+
+// hideURLs returns err, its text with each URL cut to its scheme and host
+// (see cutURLs); nil when err is nil.
+func hideURLs(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &urlsHidden{err}
+}
+
+// urlsHidden is an upstream's error without the paths and queries of
+// the URLs it quotes: hosted MCP servers take keys there, and errors are
+// logged.
+type urlsHidden struct{ err error }
+
+func (e *urlsHidden) Error() string { return cutURLs(e.err.Error()) }
+
+func (e *urlsHidden) Unwrap() error { return e.err }
+
+// cutURLs returns s with each http or https URL in it, up to a quote or
+// white space, cut to its scheme and host, followed by "/…" where
+// something was cut.
+func cutURLs(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "http://")
+		if j := strings.Index(s, "https://"); j >= 0 && (i < 0 || j < i) {
+			i = j
+		}
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		n := strings.IndexAny(s[i:], "\"' \t\r\n")
+		if n < 0 {
+			n = len(s) - i
+		}
+		b.WriteString(s[:i])
+		raw := s[i : i+n]
+		scheme, rest, _ := strings.Cut(raw, "://")
+		host, _, _ := strings.Cut(rest, "/")
+		host, _, _ = strings.Cut(host, "?")
+		host, _, _ = strings.Cut(host, "#")
+		if at := strings.LastIndex(host, "@"); at >= 0 {
+			host = host[at+1:]
+		}
+		b.WriteString(scheme + "://" + host)
+		if scheme+"://"+host != raw {
+			b.WriteString("/…")
+		}
+		s = s[i+n:]
+	}
 }
 
 // postStatus holds the HTTP status a URL upstream answered a call's POST

@@ -189,3 +189,44 @@ func TestEventStreamsPrimed(t *testing.T) {
 		})
 	}
 }
+
+// TestCutURLs: each URL in an error's text is cut to its scheme and
+// host; the error still unwraps to what it was.
+func TestCutURLs(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`Post "https://mcp.example/s/k3y/mcp?key=k3y": dial tcp: connection refused`, `Post "https://mcp.example/…": dial tcp: connection refused`},
+		{`Get "http://user:xxxxx@10.0.0.1:8080/mcp": EOF`, `Get "http://10.0.0.1:8080/…": EOF`},
+		{`redirect to http://h?k=1 from https://h/a#b`, `redirect to http://h/… from https://h/…`},
+		{`Post "https://mcp.example": EOF`, `Post "https://mcp.example": EOF`},
+		{"ends with https://h/x", "ends with https://h/…"},
+		{"no URL here: http:/ nor https:", "no URL here: http:/ nor https:"},
+	} {
+		if got := cutURLs(tc.in); got != tc.want {
+			t.Errorf("cutURLs(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	if err := hideURLs(syscall.ECONNREFUSED); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("hideURLs(%v) does not unwrap to it", err)
+	}
+}
+
+// FuzzCutURLs: whatever an error says, each URL left in it is a scheme
+// and a host, and cutting again changes nothing.
+func FuzzCutURLs(f *testing.F) {
+	for _, s := range []string{`Post "https://h/s/k?x=1": EOF`, "http://", "https://a@b/c http://d?e", "http://h/…"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := cutURLs(s)
+		if again := cutURLs(out); again != out {
+			t.Fatalf("%q: cut to %q, then to %q", s, out, again)
+		}
+		for _, field := range strings.FieldsFunc(out, func(r rune) bool { return strings.ContainsRune("\"' \t\r\n", r) }) {
+			for _, scheme := range []string{"http://", "https://"} {
+				if _, rest, ok := strings.Cut(field, scheme); ok && strings.ContainsAny(strings.TrimSuffix(rest, "/…"), "/?#@") {
+					t.Fatalf("%q: cut to %q, which keeps %q", s, out, field)
+				}
+			}
+		}
+	})
+}

@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/opledger/ledger/internal/ledgertest"
 	"github.com/opledger/ledger/mcpgateway"
 	"github.com/opledger/ledger/mcpgateway/mcptest"
 )
@@ -260,5 +262,18 @@ func TestListingLimits(t *testing.T) {
 			}
 			t.Logf("%d pages asked for", pages.Load())
 		})
+	}
+}
+
+// TestUpstreamURLNotLogged: a URL upstream's path and query, which may
+// hold its key (read from the environment with ${NAME}), never reach the
+// gateway's log, whose errors name its scheme and host.
+func TestUpstreamURLNotLogged(t *testing.T) {
+	addr := ledgertest.ClosedAddr(t)
+	r := newRig(t, rigOptions{env: map[string]string{"HOSTED_KEY": "hunter2"},
+		upstreams: "  - name: hosted\n    url: http://" + addr + "/s/${HOSTED_KEY}/mcp?key=${HOSTED_KEY}"})
+	r.waitLog(t, `upstream unreachable" upstream=hosted`)
+	if logs := r.log.String(); strings.Contains(logs, "hunter2") || !strings.Contains(logs, "http://"+addr+"/…") {
+		t.Fatalf("the log quotes the upstream's key, or not its host:\n%s", logs)
 	}
 }
