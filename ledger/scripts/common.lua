@@ -175,12 +175,14 @@ F = {
     return string.format('%d', n)
   end,
 
-  -- ms decodes a duration or time difference ('' is 0).
+  -- ms decodes a duration or time difference ('' is 0). The embedded
+  -- engine's tonumber gives nil past 2^63 where Redis gives the double;
+  -- arithmetic converts the same in both.
   ms = function(s)
     if s == '' then return 0 end
     local u = UNIT_MS[string.byte(s, -1)]
     if u then return string.sub(s, 1, -2) * u end
-    return tonumber(s) or 0
+    return tonumber(s) or string.find(s, '^%d+$') and s * 1 or 0
   end,
 
   -- enc encodes a whole number of ms, in the largest unit that divides it.
