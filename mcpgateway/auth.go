@@ -154,10 +154,10 @@ func (g *Gateway) callerKey(req *mcp.CallToolRequest) string {
 // tenant, unless anonymous requests are allowed. HealthPath answers
 // health probes without credentials.
 func (g *Gateway) Handler() http.Handler {
-	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{
+	mcpHandler := primeStreams(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{
 		Logger:         g.log,
 		SessionTimeout: time.Duration(g.cfg.HTTP.SessionIdleTimeout),
-	})
+	}))
 	bearer := auth.RequireBearerToken(g.auth.verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(mcpHandler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && r.URL.Path == g.cfg.HTTP.Path {

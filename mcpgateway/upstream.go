@@ -298,48 +298,6 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// lastEventID is the header with which a client resumes an event stream.
-const lastEventID = "Last-Event-ID"
-
-// primePrefix starts the id of a priming event. The id goes on with a
-// number of its own and a colon, then the upstream's last event id, if
-// any.
-const primePrefix = "ledgermcp-prime."
-
-// primes numbers the priming events.
-var primes atomic.Uint64
-
-// primed starts body, an event stream answering a GET sent with the
-// upstream's last event id last, with a priming event: an id and no data,
-// which go-sdk passes over. go-sdk ends a session when an event stream it
-// asked for again ends that many times in a row without a new event id
-// (its MaxRetries), so an upstream, or a proxy on the way, that ends idle
-// streams would end the session, and every call in flight on it. With a
-// new id at the start of each stream, none ends the session; a stream
-// that cannot be asked for again (the upstream refuses it, or cannot be
-// reached) still does.
-func primed(body io.ReadCloser, last string) io.ReadCloser {
-	id := primePrefix + strconv.FormatUint(primes.Add(1), 10) + ":" + last
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(strings.NewReader("id: "+id+"\ndata:\n\n"), body), body}
-}
-
-// unprime puts back in h the upstream's last event id where go-sdk sends
-// a priming event's (or leaves none, when the upstream had sent none).
-func unprime(h http.Header) {
-	rest, ok := strings.CutPrefix(h.Get(lastEventID), primePrefix)
-	if !ok {
-		return
-	}
-	if _, last, _ := strings.Cut(rest, ":"); last != "" {
-		h.Set(lastEventID, last)
-	} else {
-		h.Del(lastEventID)
-	}
-}
-
 // boundedBody fails a read once more than left bytes arrived.
 type boundedBody struct {
 	io.ReadCloser
