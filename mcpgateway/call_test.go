@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -602,5 +603,34 @@ func TestRunGuard(t *testing.T) {
 	own := call(t, cs, "tickets_create_ticket", title("d"), mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "d")})
 	if op, err := lc.Lookup(context.Background(), own.id()); err != nil || !strings.HasPrefix(op.RunID, "stdio-") {
 		t.Fatalf("a call without a run id: %+v, %v; want the stdio session's run", op, err)
+	}
+}
+
+// TestRefusalLeavesOtherCalls: a call a proxy refuses with a status that
+// proves it was not processed is not applied, and the calls in flight on
+// the same upstream session are answered as they end.
+func TestRefusalLeavesOtherCalls(t *testing.T) {
+	for _, status := range []int{http.StatusForbidden, http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, rigOptions{upstream: "http"})
+			r.up.Fault("create_ticket", "slow:1s")
+			cs := r.stdio(clientOptions{})
+			running := callLater(cs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "running")})
+			for r.up.Calls("create_ticket") == 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			r.refuse.Store(int32(status))
+			a := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "refused")})
+			if said := fmt.Sprintf("HTTP %d %s", status, http.StatusText(status)); a.outcome() != "not_applied" || !strings.Contains(a.text, said) {
+				t.Fatalf("the refused call = %v, want not_applied, saying %q", a, said)
+			}
+			if a := <-running; a.outcome() != "executed" {
+				t.Fatalf("the call in flight = %v, want executed", a)
+			}
+			if n := r.up.Count("create_ticket"); n != 1 {
+				t.Fatalf("%d effects, want 1", n)
+			}
+		})
 	}
 }

@@ -270,7 +270,8 @@ func (t headers) CloseIdleConnections() {
 }
 
 // RoundTrip sends r with the headers, notes the status of the first POST
-// made under a call's context (postStatus), and bounds an answer to
+// made under a call's context (postStatus), answers a POST refused alone
+// (refusedAlone) with a JSON-RPC error, and bounds an answer to
 // maxMessage, unless it is an event stream (go-sdk bounds each event). A
 // GET's event stream starts with a priming event (see primed).
 func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -287,6 +288,12 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if r.Method == http.MethodPost && refusedAlone[resp.StatusCode] {
+		resp.Body.Close()
+		resp.Header.Set("Content-Type", "application/json")
+		resp.Body = io.NopCloser(strings.NewReader(fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"error":{"code":-32000,"message":"HTTP %d %s"}}`,
+			resp.StatusCode, http.StatusText(resp.StatusCode))))
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	switch {
@@ -419,6 +426,19 @@ type postStatusKey struct{}
 // in returns ctx carrying s, for the requests made under it.
 func (s *postStatus) in(ctx context.Context) context.Context {
 	return context.WithValue(ctx, postStatusKey{}, s)
+}
+
+// refusedAlone are the statuses of notProcessed with which a server, or a
+// proxy or firewall on the way, refuses one request, not the session (400
+// and 404 may say the session is gone, 401 that its credentials are;
+// go-sdk takes 429 for a passing refusal itself). go-sdk ends the session
+// at any other status without a JSON-RPC error in its body, and every
+// call in flight on it, so RoundTrip gives it one: the request alone
+// fails.
+var refusedAlone = map[int]bool{
+	http.StatusForbidden: true, http.StatusMethodNotAllowed: true, http.StatusNotAcceptable: true,
+	http.StatusRequestTimeout: true, http.StatusRequestEntityTooLarge: true, http.StatusRequestURITooLong: true,
+	http.StatusUnsupportedMediaType: true, http.StatusTooEarly: true, http.StatusRequestHeaderFieldsTooLarge: true,
 }
 
 // notProcessed are the HTTP statuses with which a server says it did not
