@@ -108,3 +108,27 @@ func TestCommandClosed(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkMessageLines: what the stdout filter costs a command's
+// message of 1 KiB, beside reading it unfiltered.
+func BenchmarkMessageLines(b *testing.B) {
+	msg := `{"jsonrpc":"2.0","id":1,"result":{"text":"` + strings.Repeat("x", 1000) + `"}}` + "\n"
+	in := strings.Repeat(msg, 1000)
+	buf := make([]byte, 32<<10)
+	for _, tc := range []struct {
+		name string
+		wrap func(io.Reader) io.Reader
+	}{{"unfiltered", func(r io.Reader) io.Reader { return r }}, {"filtered", func(r io.Reader) io.Reader { return newMessageLines(r, nil) }}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(in)))
+			for b.Loop() {
+				r := tc.wrap(strings.NewReader(in))
+				for {
+					if _, err := r.Read(buf); err != nil {
+						break
+					}
+				}
+			}
+		})
+	}
+}
