@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -606,30 +605,41 @@ func TestRunGuard(t *testing.T) {
 	}
 }
 
-// TestRefusalLeavesOtherCalls: a call a proxy refuses with a status that
-// proves it was not processed is not applied, and the calls in flight on
-// the same upstream session are answered as they end.
-func TestRefusalLeavesOtherCalls(t *testing.T) {
-	for _, status := range []int{http.StatusForbidden, http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge} {
-		t.Run(strconv.Itoa(status), func(t *testing.T) {
+// TestOneCallFailsAlone: a call a proxy refuses with a status that proves
+// it was not processed is not applied, and one whose JSON answer is over
+// 16 MiB is unknown; the call in flight on the same upstream session
+// meanwhile is answered as it ends.
+func TestOneCallFailsAlone(t *testing.T) {
+	for _, tc := range []struct {
+		name, upstream string
+		status         int    // a proxy's answer to the second call
+		fault          string // the second call's
+		outcome, says  string
+		effects        int
+	}{
+		{name: "403", upstream: "http", status: http.StatusForbidden, outcome: "not_applied", says: "HTTP 403 Forbidden", effects: 1},
+		{name: "413", upstream: "http", status: http.StatusRequestEntityTooLarge, outcome: "not_applied", says: "HTTP 413 Request Entity Too Large", effects: 1},
+		{name: "431", upstream: "http", status: http.StatusRequestHeaderFieldsTooLarge, outcome: "not_applied", says: "HTTP 431 Request Header Fields Too Large", effects: 1},
+		{name: "JSON answer over 16 MiB", upstream: "http-json", fault: "huge", outcome: "unknown", says: "may or may not have applied it", effects: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := newRig(t, rigOptions{upstream: "http"})
-			r.up.Fault("create_ticket", "slow:1s")
+			r := newRig(t, rigOptions{upstream: tc.upstream})
+			r.up.Fault("create_ticket", "slow:1s", tc.fault)
 			cs := r.stdio(clientOptions{})
 			running := callLater(cs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "running")})
 			for r.up.Calls("create_ticket") == 0 {
 				time.Sleep(10 * time.Millisecond)
 			}
-			r.refuse.Store(int32(status))
-			a := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "refused")})
-			if said := fmt.Sprintf("HTTP %d %s", status, http.StatusText(status)); a.outcome() != "not_applied" || !strings.Contains(a.text, said) {
-				t.Fatalf("the refused call = %v, want not_applied, saying %q", a, said)
+			r.refuse.Store(int32(tc.status))
+			if a := call(t, cs, "tickets_create_ticket", ticketArgs, mcp.Meta{mcpgateway.MetaIdempotencyKey: key(t, "second")}); a.outcome() != tc.outcome || !strings.Contains(a.text, tc.says) {
+				t.Fatalf("the second call = %v, want %s, saying %q", a, tc.outcome, tc.says)
 			}
 			if a := <-running; a.outcome() != "executed" {
 				t.Fatalf("the call in flight = %v, want executed", a)
 			}
-			if n := r.up.Count("create_ticket"); n != 1 {
-				t.Fatalf("%d effects, want 1", n)
+			if n := r.up.Count("create_ticket"); n != tc.effects {
+				t.Fatalf("%d effects, want %d", n, tc.effects)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package mcpgateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -297,12 +298,61 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	switch {
+	case r.Method == http.MethodPost && mt == "application/json" && resp.StatusCode/100 == 2:
+		resp.Body = answerAlone(r, resp.Body)
 	case mt != "text/event-stream":
 		resp.Body = &boundedBody{ReadCloser: resp.Body, left: maxMessage}
 	case r.Method == http.MethodGet && resp.StatusCode == http.StatusOK:
 		resp.Body = primed(resp.Body, r.Header.Get(lastEventID))
 	}
 	return resp, nil
+}
+
+// answerAlone reads body, the JSON answer to the request r, whole, up to
+// maxMessage. go-sdk ends the session at an answer it cannot read (longer,
+// or cut off), and every call in flight on it; so such an answer to a
+// request with an id is given as a JSON-RPC error to that request alone,
+// which leaves its call unknown (its tool may have run). An answer to a
+// request without one still fails its read.
+func answerAlone(r *http.Request, body io.ReadCloser) io.ReadCloser {
+	data, err := io.ReadAll(&boundedBody{ReadCloser: body, left: maxMessage})
+	body.Close()
+	if err == nil {
+		return io.NopCloser(bytes.NewReader(data))
+	}
+	id, ok := requestID(r)
+	if !ok {
+		return io.NopCloser(failedRead{err})
+	}
+	msg, _ := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}})
+	return io.NopCloser(bytes.NewReader(msg))
+}
+
+// failedRead is a body whose read fails with err.
+type failedRead struct{ err error }
+
+func (f failedRead) Read([]byte) (int, error) { return 0, f.err }
+
+// requestID is the id of the JSON-RPC request r sends; false when it sends
+// none.
+func requestID(r *http.Request) (jsonrpc.ID, bool) {
+	if r.GetBody == nil {
+		return jsonrpc.ID{}, false
+	}
+	b, err := r.GetBody()
+	if err != nil {
+		return jsonrpc.ID{}, false
+	}
+	data, err := io.ReadAll(io.LimitReader(b, maxMessage))
+	if err != nil {
+		return jsonrpc.ID{}, false
+	}
+	msg, err := jsonrpc.DecodeMessage(data)
+	req, ok := msg.(*jsonrpc.Request)
+	if err != nil || !ok || !req.ID.IsValid() {
+		return jsonrpc.ID{}, false
+	}
+	return req.ID, true
 }
 
 // boundedBody fails a read once more than left bytes arrived.

@@ -94,35 +94,48 @@ func TestHeaders(t *testing.T) {
 }
 
 // TestAnswersBounded: a URL upstream's answer reads whole up to
-// maxMessage bytes and fails past it, unless it is an event stream, which
-// go-sdk bounds per event.
+// maxMessage and fails past it, unless it is an event stream, which
+// go-sdk bounds per event, or a JSON answer to a request with an id,
+// which then reads as a JSON-RPC error to that request alone.
 func TestAnswersBounded(t *testing.T) {
+	const call = `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{}}`
 	for _, tc := range []struct {
 		contentType string
 		size        int
+		request     string // the POST's body
 		fails       bool
+		answered    string // what the answer then reads as
 	}{
-		{"application/json", maxMessage, false},
-		{"application/json", maxMessage + 1, true},
-		{"application/json; charset=utf-8", maxMessage + 1, true},
-		{"text/plain", maxMessage + 1, true},
-		{"", maxMessage + 1, true},
-		{"text/event-stream", maxMessage + 1, false},
+		{"application/json", maxMessage, "{}", false, ""},
+		{"application/json", maxMessage + 1, "{}", true, ""},
+		{"application/json; charset=utf-8", maxMessage + 1, "{}", true, ""},
+		{"text/plain", maxMessage + 1, "{}", true, ""},
+		{"", maxMessage + 1, "{}", true, ""},
+		{"text/event-stream", maxMessage + 1, "{}", false, ""},
+		{"application/json", maxMessage, call, false, ""},
+		{"application/json", maxMessage + 1, call, false, `{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"the answer exceeded 16777216 bytes"}}`},
+		{"text/plain", maxMessage + 1, call, true, ""},
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", tc.contentType)
 			_, _ = w.Write(make([]byte, tc.size))
 		}))
 		c := &http.Client{Transport: headers{next: http.DefaultTransport}}
-		resp, err := c.Post(srv.URL, "application/json", strings.NewReader("{}"))
+		resp, err := c.Post(srv.URL, "application/json", strings.NewReader(tc.request))
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, err := io.Copy(io.Discard, resp.Body)
+		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		srv.Close()
-		if fails := errors.Is(err, errTooLarge); fails != tc.fails || err != nil && !fails || !fails && n != int64(tc.size) {
-			t.Errorf("%q, %d bytes: read %d, %v; want it to fail %v", tc.contentType, tc.size, n, err, tc.fails)
+		fails := errors.Is(err, errTooLarge)
+		switch {
+		case fails != tc.fails || err != nil && !fails:
+			t.Errorf("%q, %d bytes, request %s: read %d, %v; want it to fail %v", tc.contentType, tc.size, tc.request, len(body), err, tc.fails)
+		case tc.answered != "" && string(body) != tc.answered:
+			t.Errorf("%q, %d bytes, request %s: read %.200q, want %s", tc.contentType, tc.size, tc.request, body, tc.answered)
+		case tc.answered == "" && !fails && len(body) != tc.size:
+			t.Errorf("%q, %d bytes, request %s: read %d bytes, want them all", tc.contentType, tc.size, tc.request, len(body))
 		}
 	}
 }
