@@ -21,6 +21,7 @@ type metrics struct {
 	calls    *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	asText   *prometheus.CounterVec
+	dropped  *prometheus.CounterVec
 	tenant   bool // the call metrics have a tenant label
 }
 
@@ -39,8 +40,13 @@ func newMetrics(g *Gateway) *metrics {
 	m.asText = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ledgermcp", Name: "answers_as_text_total",
 		Help: "Answers given without their structured content, by served tool and reason: missing, shape (not the output schema's), too_costly (to check)."},
 		[]string{"tool", "reason"})
-	m.reg.MustRegister(m.calls, m.duration, m.asText, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "ledgermcp", Name: "upstream_lines_dropped_total",
+		Help: "Lines a command upstream wrote to stdout that are no JSON-RPC messages, dropped."}, []string{"upstream"})
+	m.reg.MustRegister(m.calls, m.duration, m.asText, m.dropped, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, u := range g.upstreams {
+		if u.cfg.URL == "" {
+			m.dropped.WithLabelValues(u.cfg.Name) // from 0, for a command upstream
+		}
 		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "ledgermcp", Name: "upstream_connected",
 			Help: "1 while the upstream holds a session, 0 otherwise.", ConstLabels: prometheus.Labels{"upstream": u.cfg.Name}},
 			func() float64 { return boolFloat(u.connected()) }))

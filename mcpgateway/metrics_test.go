@@ -23,10 +23,13 @@ func scrape(t *testing.T, g *mcpgateway.Gateway) string {
 }
 
 // TestMetrics: every answered call is counted by tool and the outcome its
-// answer names (as many executed as the upstream applied), and the gauges
-// follow the upstreams and the ledger.
+// answer names (as many executed as the upstream applied), a command
+// upstream's stdout lines that are no messages are counted (and logged
+// once, without their text), and the gauges follow the upstreams and the
+// ledger.
 func TestMetrics(t *testing.T) {
 	r := newRig(t, rigOptions{upstreams: "  - name: broken\n    command: [/nonexistent/mcp-server]"})
+	r.up.Fault("create_ticket", "print", "print") // 3 lines each on stdout that are no messages
 	cs := r.http("", clientOptions{})
 	args := map[string]any{"title": "Printer on fire"}
 	for _, tc := range []struct {
@@ -54,6 +57,7 @@ func TestMetrics(t *testing.T) {
 		`ledgermcp_upstream_connected{upstream="tickets"} 1`,
 		`ledgermcp_upstream_connected{upstream="broken"} 0`,
 		`ledgermcp_ledger_serving 1`,
+		`ledgermcp_upstream_lines_dropped_total{upstream="tickets"} 6`,
 		`go_goroutines `,
 	} {
 		if !strings.Contains(text, want) {
@@ -62,6 +66,9 @@ func TestMetrics(t *testing.T) {
 	}
 	if strings.Contains(text, "Printer") || strings.Contains(text, "metrics-1") {
 		t.Error("the metrics hold a call's arguments or key")
+	}
+	if n := strings.Count(r.log.String(), "no JSON-RPC message to stdout"); n != 1 || strings.Contains(r.log.String(), "T-1") {
+		t.Errorf("the dropped lines were logged %d times, want once, without their text:\n%s", n, r.log.String())
 	}
 
 	r.ledger.Service.GRPC.Stop()

@@ -204,8 +204,13 @@ func (u *upstream) transport() mcp.Transport {
 	cmd := exec.Command(u.cfg.Command[0], u.cfg.Command[1:]...)
 	cmd.Env = u.environment()
 	cmd.Stderr = os.Stderr
+	var logged atomic.Bool // the first dropped line of the session
 	return &command{cmd: cmd, dropped: func(n int) {
-		u.g.log.Warn("upstream wrote a line that is no JSON-RPC message to stdout; dropped", "upstream", u.cfg.Name, "bytes", n)
+		u.g.metrics.dropped.WithLabelValues(u.cfg.Name).Inc()
+		if !logged.Swap(true) {
+			u.g.log.Warn("upstream wrote a line that is no JSON-RPC message to stdout; dropped (more are counted, not logged)",
+				"upstream", u.cfg.Name, "bytes", n)
+		}
 	}}
 }
 
