@@ -257,6 +257,8 @@ func TestUpstreamOutcomes(t *testing.T) {
 		{name: "lines on stdout that are no messages", fault: "print", outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "event streams ended while the tool runs", upstream: "http", fault: "slow:2s", down: cutStreams,
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
+		{name: "event stream refused (405) while the tool runs", upstream: "http", fault: "slow:2s", down: refuseStreams,
+			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "event streams with ids ended while the tool runs", upstream: "http-resumable", fault: "slow:2s", down: cutStreams,
 			outcome: "executed", state: client.StateSucceeded, again: "replayed", forwards: 1, effects: 1},
 		{name: "HTTP 429 before the tool", upstream: "http", down: refuseNext(http.StatusTooManyRequests), outcome: "not_applied",
@@ -328,6 +330,25 @@ func cutStreams(t *testing.T, r *rig) {
 	t.Cleanup(func() {
 		if n, resumed := r.streamsCut.Load(), r.streamsResumed.Load(); n < 10 || (resumed >= n/2) != r.resumable {
 			t.Errorf("%d event streams cut, %d of them resumed after an event; want 10 or more, most resumed when the upstream resumes streams, else none", n, resumed)
+		}
+	})
+}
+
+// refuseStreams has the HTTP upstream end its GET event streams a moment
+// after they start, and, once a call is in flight, answer the GETs after
+// them 405, as a server that stopped offering the stream does.
+func refuseStreams(t *testing.T, r *rig) {
+	r.cutStreams.Store(true)
+	r.httpUpstream.CloseClientConnections()
+	go func() {
+		for r.up.Calls("create_ticket") == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		r.refuseStreams.Store(true)
+	}()
+	t.Cleanup(func() {
+		if n := r.streamsRefused.Load(); n == 0 {
+			t.Error("no event stream was refused")
 		}
 	})
 }

@@ -71,6 +71,10 @@ type rig struct {
 	// streamsResumed those asked for with the last event's id.
 	cutStreams                 atomic.Bool
 	streamsCut, streamsResumed atomic.Int64
+	// refuseStreams has it answer each GET 405, as a server that offers
+	// no event stream does; streamsRefused counts them.
+	refuseStreams  atomic.Bool
+	streamsRefused atomic.Int64
 	// upstreamConns counts the connections the HTTP upstream accepted,
 	// upstreamOpen those of them still open.
 	upstreamConns, upstreamOpen atomic.Int64
@@ -118,20 +122,26 @@ func (w retrySoon) WriteHeader(code int) {
 func (w retrySoon) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // cut has req, when it is a GET, answered with retrySoon, and ends it
-// after 50 ms when cutStreams is set.
-func (r *rig) cut(w http.ResponseWriter, req *http.Request) (http.ResponseWriter, *http.Request, func()) {
+// after 50 ms when cutStreams is set. It reports false when it answered
+// req itself (refuseStreams).
+func (r *rig) cut(w http.ResponseWriter, req *http.Request) (http.ResponseWriter, *http.Request, func(), bool) {
 	if req.Method != http.MethodGet {
-		return w, req, func() {}
+		return w, req, func() {}, true
+	}
+	if r.refuseStreams.Load() {
+		r.streamsRefused.Add(1)
+		http.Error(w, "no event stream here", http.StatusMethodNotAllowed)
+		return w, req, func() {}, false
 	}
 	if !r.cutStreams.Load() {
-		return retrySoon{w}, req, func() {}
+		return retrySoon{w}, req, func() {}, true
 	}
 	r.streamsCut.Add(1)
 	if req.Header.Get("Last-Event-ID") != "" {
 		r.streamsResumed.Add(1)
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), 50*time.Millisecond)
-	return retrySoon{w}, req.WithContext(ctx), cancel
+	return retrySoon{w}, req.WithContext(ctx), cancel, true
 }
 
 // restartHTTP gives the HTTP upstream a new handler, as a restarted
@@ -191,9 +201,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			if r.goneAs400.Load() {
 				w = notFoundAs400{w}
 			}
-			w, req, done := r.cut(w, req)
+			w, req, done, serve := r.cut(w, req)
 			defer done()
-			r.httpHandler.Load().ServeHTTP(w, req)
+			if serve {
+				r.httpHandler.Load().ServeHTTP(w, req)
+			}
 		}))
 		r.httpUpstream.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 			switch s {

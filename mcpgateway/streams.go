@@ -1,11 +1,13 @@
 package mcpgateway
 
 import (
+	"context"
 	"io"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -99,3 +101,38 @@ func (w *primingWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController flush the stream.
 func (w *primingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// noStream answers r, a GET the upstream refused with 405 (it offers no
+// event stream), with an event stream that stays empty until r ends
+// (when the session does, or r's call). go-sdk ends the session at a 405
+// to a stream it asks for again, and every call in flight on it.
+func noStream(r *http.Request) *http.Response {
+	return &http.Response{
+		Status: "200 OK", StatusCode: http.StatusOK, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:  http.Header{"Content-Type": {"text/event-stream"}},
+		Body:    &emptyStream{ctx: r.Context(), closed: make(chan struct{})},
+		Request: r,
+	}
+}
+
+// emptyStream is a body that holds nothing, and whose reads end when ctx
+// does or it is closed.
+type emptyStream struct {
+	ctx    context.Context
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (e *emptyStream) Read([]byte) (int, error) {
+	select {
+	case <-e.ctx.Done():
+		return 0, e.ctx.Err()
+	case <-e.closed:
+		return 0, io.EOF
+	}
+}
+
+func (e *emptyStream) Close() error {
+	e.once.Do(func() { close(e.closed) })
+	return nil
+}

@@ -1,16 +1,20 @@
 package mcpgateway
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestEventStreamsPrimed: a GET's event stream starts with a priming
 // event whose id, sent back, reaches the upstream as the last event id
-// the request carried (none when it carried none); other answers, and
+// the request carried (none when it carried none); a GET refused with 405
+// reads as an empty stream until the request ends; other answers, and
 // the last event ids of other requests, pass as they are.
 func TestEventStreamsPrimed(t *testing.T) {
 	const stream = ": ok\n\nid: s:8\ndata: {}\n\n"
@@ -20,12 +24,13 @@ func TestEventStreamsPrimed(t *testing.T) {
 		contentType        string
 		sent               string // the Last-Event-ID the upstream got
 		primed             bool
+		held               bool // the upstream's answer is left out: an empty stream, held until the request ends
 	}{
 		{name: "a new stream", method: http.MethodGet, status: 200, contentType: "text/event-stream", primed: true},
 		{name: "resumed", method: http.MethodGet, last: "s:7", status: 200, contentType: "text/event-stream", sent: "s:7", primed: true},
 		{name: "resumed after a priming event", method: http.MethodGet, last: primePrefix + "4:s:7", status: 200, contentType: "text/event-stream; charset=utf-8", sent: "s:7", primed: true},
 		{name: "new after a priming event", method: http.MethodGet, last: primePrefix + "4:", status: 200, contentType: "text/event-stream", primed: true},
-		{name: "refused", method: http.MethodGet, last: "s:7", status: 405, contentType: "text/event-stream", sent: "s:7"},
+		{name: "no stream offered", method: http.MethodGet, last: "s:7", status: 405, contentType: "text/plain", sent: "s:7", primed: true, held: true},
 		{name: "not a stream", method: http.MethodGet, status: 200, contentType: "application/json"},
 		{name: "a POST's stream", method: http.MethodPost, status: 200, contentType: "text/event-stream"},
 	} {
@@ -39,7 +44,9 @@ func TestEventStreamsPrimed(t *testing.T) {
 			}))
 			defer srv.Close()
 			c := &http.Client{Transport: headers{next: http.DefaultTransport}}
-			req, _ := http.NewRequest(tc.method, srv.URL, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, tc.method, srv.URL, nil)
 			if tc.last != "" {
 				req.Header.Set("Last-Event-ID", tc.last)
 			}
@@ -49,8 +56,15 @@ func TestEventStreamsPrimed(t *testing.T) {
 			}
 			body, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if err != nil || sent != tc.sent {
-				t.Fatalf("the upstream got Last-Event-ID %q (%v), want %q", sent, err, tc.sent)
+			if tc.held != errors.Is(err, context.DeadlineExceeded) || !tc.held && err != nil || sent != tc.sent {
+				t.Fatalf("the upstream got Last-Event-ID %q (read: %v), want %q", sent, err, tc.sent)
+			}
+			want := stream
+			if tc.held {
+				want = ""
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("a stream refused with 405 is answered %d, want 200", resp.StatusCode)
+				}
 			}
 			prime, rest, _ := strings.Cut(string(body), "\n\n")
 			id, ok := strings.CutPrefix(prime, "id: ")
@@ -60,8 +74,8 @@ func TestEventStreamsPrimed(t *testing.T) {
 				}
 				return
 			}
-			if !ok || !strings.HasSuffix(id, "\ndata:") || rest != stream {
-				t.Fatalf("the answer reads %q, want a priming event, then %q", body, stream)
+			if !ok || !strings.HasSuffix(id, "\ndata:") || rest != want {
+				t.Fatalf("the answer reads %q, want a priming event, then %q", body, want)
 			}
 			h := http.Header{"Last-Event-Id": {strings.TrimSuffix(id, "\ndata:")}}
 			if unprime(h); h.Get("Last-Event-ID") != tc.sent {

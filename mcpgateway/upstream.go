@@ -295,6 +295,10 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.Method == http.MethodGet && resp.StatusCode == http.StatusMethodNotAllowed {
+		resp.Body.Close()
+		resp = noStream(r)
+	}
 	if r.Method == http.MethodPost && refusedAlone[resp.StatusCode] {
 		resp.Body.Close()
 		resp.Header.Set("Content-Type", "application/json")
