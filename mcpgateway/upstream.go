@@ -276,10 +276,8 @@ func (t headers) CloseIdleConnections() {
 }
 
 // RoundTrip sends r with the headers, notes the status of the first POST
-// made under a call's context (postStatus), answers a POST refused alone
-// (refusedAlone) with a JSON-RPC error, and bounds an answer to
-// maxMessage, unless it is an event stream (go-sdk bounds each event). A
-// GET's event stream starts with a priming event (see primed).
+// made under a call's context (postStatus), and hands go-sdk the answer
+// as answer makes it.
 func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if len(t.h) > 0 || r.Method == http.MethodGet {
 		r = r.Clone(r.Context())
@@ -295,6 +293,17 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	return answer(r, resp), nil
+}
+
+// answer is resp, the upstream's answer to r, as go-sdk can take it
+// without ending the session for one request's sake: a GET refused with
+// 405 becomes an empty event stream (noStream), a POST refused alone
+// (refusedAlone) a JSON-RPC error, a JSON answer is read whole up to
+// maxMessage (answerAlone); another answer but an event stream is bounded
+// to maxMessage (go-sdk bounds each event), and a GET's event stream
+// starts with a priming event (primed).
+func answer(r *http.Request, resp *http.Response) *http.Response {
 	if r.Method == http.MethodGet && resp.StatusCode == http.StatusMethodNotAllowed {
 		resp.Body.Close()
 		resp = noStream(r)
@@ -302,8 +311,8 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Method == http.MethodPost && refusedAlone[resp.StatusCode] {
 		resp.Body.Close()
 		resp.Header.Set("Content-Type", "application/json")
-		resp.Body = io.NopCloser(strings.NewReader(fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"error":{"code":-32000,"message":"HTTP %d %s"}}`,
-			resp.StatusCode, http.StatusText(resp.StatusCode))))
+		zero, _ := jsonrpc.MakeID(float64(0)) // go-sdk reads the error, not its id
+		resp.Body = errorAnswer(zero, "HTTP "+strconv.Itoa(resp.StatusCode)+" "+http.StatusText(resp.StatusCode))
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	switch {
@@ -314,7 +323,7 @@ func (t headers) RoundTrip(r *http.Request) (*http.Response, error) {
 	case r.Method == http.MethodGet && resp.StatusCode == http.StatusOK:
 		resp.Body = primed(resp.Body, r.Header.Get(lastEventID))
 	}
-	return resp, nil
+	return resp
 }
 
 // answerAlone reads body, the JSON answer to the request r, whole, up to
@@ -333,8 +342,14 @@ func answerAlone(r *http.Request, body io.ReadCloser) io.ReadCloser {
 	if !ok {
 		return io.NopCloser(failedRead{err})
 	}
-	msg, _ := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}})
-	return io.NopCloser(bytes.NewReader(msg))
+	return errorAnswer(id, err.Error())
+}
+
+// errorAnswer is a body holding a JSON-RPC error answering the request
+// id, with msg.
+func errorAnswer(id jsonrpc.ID, msg string) io.ReadCloser {
+	b, _ := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: msg}})
+	return io.NopCloser(bytes.NewReader(b))
 }
 
 // failedRead is a body whose read fails with err.
