@@ -120,6 +120,7 @@ screenshots: ## retake docs/img's console screenshots in headless Chromium (the 
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target (FUZZ_TARGETS) for FUZZTIME each (default 30s)
+	./scripts/ensure-redis-server.sh # the ledger's targets run their scripts on it
 	@for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $$t"; \
 	  $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) "./$${t%%:*}/"; \
