@@ -9,11 +9,16 @@
 //	ledgerctl get-run <run_id>
 //	ledgerctl list-runs [--limit N]
 //	ledgerctl end-run <run_id> done|cancelled [--reason TEXT]
+//	ledgerctl verify-receipt FILE --jwks FILE
+//	ledgerctl verify-history FILE [--receipt FILE]... [--jwks FILE]
+//	ledgerctl jwks KEYFILE...
 //
 // Global flags (--addr, --api-key, --tls, --tls-ca, --tls-cert, --tls-key,
 // --timeout, --json) go before or after the command; a command's own flags
-// go after the command name, before or after its arguments. "ledgerctl help"
-// prints the whole usage; docs/ledgerctl.md is the operator's guide.
+// go after the command name, before or after its arguments. The last three
+// commands read files only, never the ledger: they come first and take no
+// global flags. "ledgerctl help" prints the whole usage; docs/ledgerctl.md
+// is the operator's guide.
 //
 // Exit status: 0 on success, 1 when the call failed (the ledger refused it
 // or could not be reached, or ledgerctl could not make it: a TLS file it
@@ -97,6 +102,8 @@ commands:
         end an agent run: the ledger admits no new step of it
   verify-receipt FILE --jwks FILE
         verify a receipt offline and print what it signs (no connection)
+  verify-history FILE [--receipt FILE]... [--jwks FILE]
+        check a saved lookup's history chain and receipts (no connection)
   jwks KEYFILE...
         print the JWK Set of receipt key files (no connection)
   help [command]
@@ -200,6 +207,9 @@ var commands = []string{"lookup", "list-unresolved", "reconcile", "get-run", "li
 
 // usage returns the usage text of cmd, or the whole usage for "".
 func usage(cmd string) string {
+	if c, ok := offlineCommands[cmd]; ok {
+		return c.usage
+	}
 	if u, ok := commandUsage[cmd]; ok {
 		return "usage: ledgerctl [global flags] " + strings.TrimPrefix(u, "\n") + usageGlobal
 	}
@@ -381,18 +391,23 @@ func parseCommand(o *options, fs *flag.FlagSet, args []string) error {
 	if len(positional) > 0 {
 		cmd = positional[0]
 	}
-	if err := fs.Parse(flagArgs); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			if cmd == "help" {
-				// -h adds nothing to help's own answer.
-				return helpCommand(positional)
-			}
-			if cmd != "" && known(cmd) == "" {
-				// Help about a command that does not exist is no answer.
-				return usagef("", "unknown command %q", cmd)
-			}
-			return errHelp{cmd: known(cmd)}
+	err := fs.Parse(flagArgs)
+	if errors.Is(err, flag.ErrHelp) {
+		if cmd == "help" {
+			// -h adds nothing to help's own answer.
+			return helpCommand(positional)
 		}
+		if cmd != "" && known(cmd) == "" {
+			// Help about a command that does not exist is no answer.
+			return usagef("", "unknown command %q", cmd)
+		}
+		return errHelp{cmd: known(cmd)}
+	}
+	if _, ok := offlineCommands[cmd]; ok {
+		// run dispatches it when it comes first.
+		return usagef(cmd, "%s reads files only and takes no global flags: give it first, \"ledgerctl %s ...\"", cmd, cmd)
+	}
+	if err != nil {
 		return usagef(known(cmd), "%s", strings.Replace(err.Error(), " -", " --", 1))
 	}
 	if cmd == "" {
@@ -519,7 +534,7 @@ func helpCommand(positional []string) error {
 	case len(positional) == 1 || positional[1] == "help":
 		return errHelp{}
 	case known(positional[1]) == "":
-		return usagef("", "unknown command %q: help takes one of %s", positional[1], strings.Join(commands, ", "))
+		return usagef("", "unknown command %q: help takes one of %s", positional[1], strings.Join(allCommands(), ", "))
 	}
 	return errHelp{cmd: positional[1]}
 }
@@ -584,7 +599,15 @@ func known(cmd string) string {
 	if _, ok := commandFlags[cmd]; ok {
 		return cmd
 	}
+	if _, ok := offlineCommands[cmd]; ok {
+		return cmd
+	}
 	return ""
+}
+
+// allCommands names every command, those that call the ledger first.
+func allCommands() []string {
+	return append(slices.Clone(commands), slices.Sorted(maps.Keys(offlineCommands))...)
 }
 
 // split separates flags (with their values) from positional arguments, so
@@ -623,7 +646,7 @@ func split(fs *flag.FlagSet, args []string) (flags, positional []string) {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, env func(string) string) int {
 	if len(args) > 0 {
 		if offline, ok := offlineCommands[args[0]]; ok {
-			return offline(args[1:], os.Stdin, stdout, stderr)
+			return offline.run(args[1:], os.Stdin, stdout, stderr)
 		}
 	}
 	o, err := parse(args, env)

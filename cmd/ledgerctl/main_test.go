@@ -1392,7 +1392,7 @@ func TestHelpUnknownCommand(t *testing.T) {
 			t.Errorf("ledgerctl %q: want exit 2 with %q: %s", c.args, c.want, o)
 			continue
 		}
-		for _, cmd := range commands {
+		for _, cmd := range allCommands() {
 			if !strings.Contains(o.stderr, "\n  "+cmd) {
 				t.Errorf("ledgerctl %q: the commands listed lack %s: %s", c.args, cmd, o)
 			}

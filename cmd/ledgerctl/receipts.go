@@ -10,11 +10,18 @@ import (
 	"github.com/opledger/ledger/receipt"
 )
 
-// The offline commands: they read files, never the ledger.
-var offlineCommands = map[string]func(args []string, stdin io.Reader, stdout, stderr io.Writer) int{
-	"verify-receipt": verifyReceipt,
-	"verify-history": verifyHistory,
-	"jwks":           printJWKS,
+// offlineCommand is a command that reads files, never the ledger: run
+// takes its arguments and returns the exit status.
+type offlineCommand struct {
+	run   func(args []string, stdin io.Reader, stdout, stderr io.Writer) int
+	usage string
+}
+
+// The offline commands.
+var offlineCommands = map[string]offlineCommand{
+	"verify-receipt": {verifyReceipt, verifyUsage},
+	"verify-history": {verifyHistory, verifyHistoryUsage},
+	"jwks":           {printJWKS, jwksUsage},
 }
 
 const verifyUsage = `usage: ledgerctl verify-receipt FILE --jwks FILE

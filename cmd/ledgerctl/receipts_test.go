@@ -14,7 +14,8 @@ import (
 
 // TestOfflineCommands: verify-receipt and jwks work on files alone, and say
 // what is wrong with bad input, with the exit status of a usage error (2)
-// or of a failure (1).
+// or of a failure (1). help answers for each offline command, and one
+// given after a global flag is told to come first.
 func TestOfflineCommands(t *testing.T) {
 	dir := t.TempDir()
 	key, _ := receipt.NewKey("k-1")
@@ -55,6 +56,13 @@ func TestOfflineCommands(t *testing.T) {
 		{[]string{"verify-receipt", "-h"}, exitOK, "usage: ledgerctl verify-receipt"},
 		{[]string{"jwks"}, exitUsage, "jwks needs a key file"},
 		{[]string{"jwks", jwksFile}, exitError, "KEY_UNREADABLE"},
+		{[]string{"help", "verify-receipt"}, exitOK, "usage: ledgerctl verify-receipt FILE --jwks FILE"},
+		{[]string{"help", "verify-history"}, exitOK, "usage: ledgerctl verify-history FILE"},
+		{[]string{"help", "jwks"}, exitOK, "usage: ledgerctl jwks KEYFILE"},
+		{[]string{"-h", "jwks"}, exitOK, "usage: ledgerctl jwks KEYFILE"},
+		{[]string{"--json", "verify-receipt", "-h"}, exitOK, "usage: ledgerctl verify-receipt FILE"},
+		{[]string{"--json", "verify-receipt", receiptFile, "--jwks", jwksFile}, exitUsage, "verify-receipt reads files only and takes no global flags: give it first"},
+		{[]string{"--addr", "127.0.0.1:1", "jwks", keyFile}, exitUsage, "jwks reads files only and takes no global flags"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), c.args, &stdout, &stderr, noEnv)
