@@ -104,6 +104,8 @@ func TestExitStatus(t *testing.T) {
 		{nil, []string{"--listen", "127.0.0.1:0", "--http-listen", busy.Addr().String()}, 1, "ledgerd: --http-listen: listen tcp " + busy.Addr().String()},
 		{nil, []string{"--listen", "127.0.0.1:0", "--metrics-listen", busy.Addr().String()}, 1, "ledgerd: --metrics-listen: listen tcp " + busy.Addr().String()},
 		{nil, []string{"-h"}, 0, "-listen"},
+		{nil, []string{"-h"}, 0, "ledgerd keygen --id ID --tenant TENANT"},
+		{nil, []string{"--listen", "127.0.0.1:0", "help"}, 2, "ledgerd takes flags only (--name value, or --name=value), or keygen first"},
 		{nil, []string{"keygen", "-h"}, 0, "-tenant"},
 	} {
 		code, stderr := runLedgerd(t, tc.env, tc.args...)

@@ -73,6 +73,21 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return c, usage(finish())
 }
 
+// usageHead heads ledgerd -h, above the flags.
+const usageHead = `usage: ledgerd [flags]
+       ledgerd keygen --id ID --tenant TENANT [--scopes agent,reconciler,viewer]
+       ledgerd keygen --receipts [--id ID]
+
+Serve ledger.v1.LedgerService on --listen (gRPC) and, with --http-listen,
+the HTTP/JSON API and the operator console. With no --redis-url it runs the
+embedded engine: nothing survives a restart. keygen prints a new API key and
+its credentials file line, or with --receipts a receipt signing key
+("ledgerd keygen -h"). Every flag also reads the environment variable named
+in brackets. docs/configuration.md describes them.
+
+flags:
+`
+
 // newFlagSet defines ledgerd's flags on a new flag set that fills c. Each
 // flag's default is its environment variable when set, and its usage ends
 // with that variable's name ("[LEDGER_LISTEN]"). finish checks the values,
@@ -81,6 +96,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() error) {
 	fs = flag.NewFlagSet("ledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageHead)
+		fs.PrintDefaults()
+	}
 	f := &envFlags{fs: fs}
 	f.text(&c.listen, "listen", "LEDGER_LISTEN", "127.0.0.1:50051", "host:port to serve gRPC on: loopback, or with --auth-file and TLS (or --allow-plaintext) any address")
 	f.text(&c.redisURL, "redis-url", "LEDGER_REDIS_URL", "", "Redis URL, e.g. redis://127.0.0.1:6379/0; empty runs the embedded engine (nothing survives a restart)")
@@ -120,7 +139,7 @@ func newFlagSet(c *config, stderr io.Writer) (fs *flag.FlagSet, finish func() er
 			return err
 		}
 		if fs.NArg() > 0 {
-			return fmt.Errorf("unexpected arguments %v: ledgerd takes flags only (--name value, or --name=value)", fs.Args())
+			return fmt.Errorf("unexpected arguments %v: ledgerd takes flags only (--name value, or --name=value), or keygen first", fs.Args())
 		}
 		return c.check()
 	}
