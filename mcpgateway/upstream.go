@@ -109,7 +109,7 @@ func (u *upstream) keep(ctx context.Context, ready func()) {
 			if errors.As(err, &ue) {
 				msg = "upstream unreachable"
 			}
-			u.g.log.Warn(msg, "upstream", u.cfg.Name, "retry_in", wait, "error", err)
+			u.g.log.Warn(msg, "upstream", u.cfg.Name, "retry_in_ms", wait.Milliseconds(), "error", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(wait):

@@ -267,12 +267,13 @@ func TestListingLimits(t *testing.T) {
 
 // TestUpstreamURLNotLogged: a URL upstream's path and query, which may
 // hold its key (read from the environment with ${NAME}), never reach the
-// gateway's log, whose errors name its scheme and host.
+// gateway's log, whose errors name its scheme and host and say when the
+// gateway tries again (in milliseconds, as the logs' other durations).
 func TestUpstreamURLNotLogged(t *testing.T) {
 	addr := ledgertest.ClosedAddr(t)
 	r := newRig(t, rigOptions{env: map[string]string{"HOSTED_KEY": "hunter2"},
 		upstreams: "  - name: hosted\n    url: http://" + addr + "/s/${HOSTED_KEY}/mcp?key=${HOSTED_KEY}"})
-	r.waitLog(t, `upstream unreachable" upstream=hosted`)
+	r.waitLog(t, `upstream unreachable" upstream=hosted retry_in_ms=1000 `)
 	if logs := r.log.String(); strings.Contains(logs, "hunter2") || !strings.Contains(logs, "http://"+addr+"/…") {
 		t.Fatalf("the log quotes the upstream's key, or not its host:\n%s", logs)
 	}
