@@ -31,7 +31,7 @@ import grpc  # noqa: E402
 
 from opledger.client import (  # noqa: E402
     DOMAIN, Attempt, Cancelled, FinalToolError, LeaseEndedOnTheWay, Ledger, LedgerError, RetryableToolError, RunEnded,
-    ToolFailed, WaitBudgetSpent, in_progress_delay, pb, to_struct)
+    ToolFailed, WaitBudgetSpent, in_progress_delay, params_struct, pb)
 from opledger._gen.google.rpc import error_details_pb2, status_pb2  # noqa: E402
 
 
@@ -493,7 +493,7 @@ def main() -> None:
     def claim_for_another(holder, held):
         """Reserves held as another caller would, and checks it holds the claim."""
         claim = holder.rpc("Reserve", pb.ReserveRequest(
-            operation_id=held["operation_id"], tool=held["tool"], params=to_struct(held["params"]),
+            operation_id=held["operation_id"], tool=held["tool"], params=params_struct(held["params"]),
             permit_id=held["permit_id"], holder="another-caller"))
         check(claim.decision == pb.DECISION_EXECUTE, "another caller holds the claim")
 

@@ -127,8 +127,10 @@ def test_result_data_the_wire_would_change_is_not_recorded(ledger, dest, ids, da
     ({"tags": {"a", "b"}}, "params/tags: set has no JSON form; send it as a string or a number"),
     ({"by_id": {1: "x"}}, "params/by_id: a key that is not a string (int) has no JSON form"),
     ({"raw": b"12345"}, "params/raw: bytes has no JSON form; send it as a string or a number"),
+    ([10, "EUR"], "params: list; params and result data are dicts (JSON objects)"),
+    (None, "params: NoneType; params and result data are dicts (JSON objects)"),
 ], ids=["an integer beyond 2^53", "2^60, whose double is written 1152921504606847000", "NaN", "a datetime", "a Decimal",
-        "a set", "an int key", "bytes"])
+        "a set", "an int key", "bytes", "a list", "None"])
 def test_params_without_an_exact_json_form_are_refused(ledger, dest, ids, params, message):
     # Refused before anything is sent, naming where and the kind, never the value.
     op = ids("refund")

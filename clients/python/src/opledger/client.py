@@ -416,7 +416,10 @@ def error_info(err: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, 
     return info, retry_after
 
 
-def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
+def to_struct(value: Any, where: str) -> struct_pb2.Struct:
+    """value, a dict, as a Struct; raises ValueError naming where and the type for anything else."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: {type(value).__name__}; params and result data are dicts (JSON objects)")
     s = struct_pb2.Struct()
     s.update(value)
     return s
@@ -492,7 +495,7 @@ def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
 
     Two different amounts could otherwise share a fingerprint (exact_json).
     """
-    return to_struct(exact_json(params, "params"))
+    return to_struct(exact_json(params, "params"), "params")
 
 
 def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
@@ -501,7 +504,7 @@ def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
     A replay would otherwise hand on another number than the tool's (an id
     2^53+1 recorded as 2^53), so such a result is not recorded (exact_json).
     """
-    return to_struct(exact_json(data, "data"))
+    return to_struct(exact_json(data, "data"), "data")
 
 
 def resource_id_of(value: Any) -> str:
