@@ -76,7 +76,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	var lvl slog.Level
 	switch {
 	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "ledgermcp: unexpected arguments: %v\n", fs.Args())
+		fmt.Fprintf(stderr, "ledgermcp: unexpected arguments: %v: ledgermcp takes flags only (ledgermcp -h lists them)\n", fs.Args())
 		return 2
 	case *config == "":
 		fmt.Fprintln(stderr, "ledgermcp: --config FILE is required")

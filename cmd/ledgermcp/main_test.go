@@ -52,7 +52,7 @@ func TestUsage(t *testing.T) {
 	}{
 		{[]string{"-h"}, 0, "usage: ledgermcp --config FILE"},
 		{nil, 2, "--config FILE is required"},
-		{[]string{"--config", good, "stray"}, 2, "unexpected arguments"},
+		{[]string{"--config", good, "stray"}, 2, "unexpected arguments: [stray]: ledgermcp takes flags only (ledgermcp -h lists them)"},
 		{[]string{"--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"--config", good, "--log-level", "loud"}, 2, "--log-level"},
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.yaml")}, 2, "no such file"},
