@@ -95,6 +95,8 @@ func TestExitStatus(t *testing.T) {
 		{nil, []string{"keygen", "--bogus"}, 2, "ledgerd: flag provided but not defined"},
 		{nil, []string{"keygen", "--id", "a", "--tenant", "acme", "stray"}, 2, "ledgerd: keygen: unexpected arguments [stray]: keygen takes flags only (--id, --tenant, --scopes, --receipts)"},
 		{nil, []string{"keygen", "--tenant", "acme"}, 2, "ledgerd: keygen: --id and --tenant are required"},
+		{nil, []string{"keygen", "--receipts", "--tenant", "acme"}, 2, "ledgerd: keygen: --tenant belongs to an API key; --receipts makes a receipt signing key, which takes --id only"},
+		{nil, []string{"keygen", "--receipts", "--scopes", "agent", "--tenant", "acme"}, 2, "ledgerd: keygen: --scopes and --tenant belong to an API key"},
 		{nil, []string{"--listen", "127.0.0.1:0", "--policy", missing}, 1, "ledgerd: "},
 		{nil, []string{"--listen", "127.0.0.1:0", "--auth-file", missing}, 1, "ledgerd: "},
 		{nil, []string{"--listen", "127.0.0.1:0", "--receipt-keys", missing}, 1, "ledgerd: --receipt-keys: open " + missing},

@@ -43,6 +43,9 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("keygen: unexpected arguments %v: keygen takes flags only (--id, --tenant, --scopes, --receipts)", fs.Args())
 	}
 	if o.receipts {
+		if err := receiptFlags(fs); err != nil {
+			return err
+		}
 		return receiptKeygen(o.id, stdout, stderr)
 	}
 	if o.id == "" || o.tenant == "" {
@@ -58,6 +61,24 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "# API key for the client (shown once, stored nowhere):\n#   %s\n", key)
 	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, hash)
+	return nil
+}
+
+// receiptFlags refuses the flags of an API key (--tenant, --scopes) given
+// with --receipts, which fs has parsed.
+func receiptFlags(fs *flag.FlagSet) error {
+	var apiOnly []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "tenant" || f.Name == "scopes" {
+			apiOnly = append(apiOnly, "--"+f.Name)
+		}
+	})
+	switch len(apiOnly) {
+	case 1:
+		return fmt.Errorf("keygen: %s belongs to an API key; --receipts makes a receipt signing key, which takes --id only", apiOnly[0])
+	case 2:
+		return fmt.Errorf("keygen: %s belong to an API key; --receipts makes a receipt signing key, which takes --id only", strings.Join(apiOnly, " and "))
+	}
 	return nil
 }
 
