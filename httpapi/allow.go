@@ -15,25 +15,34 @@ import (
 	ledgerv1 "github.com/opledger/ledger/gen/ledger/v1"
 )
 
-// routes tells which methods a path of the API takes: the google.api.http
-// options of ledger.v1, matched by a grpc-gateway router of their own whose
-// handlers only note that they were reached.
+// routes tells which methods a path of the API takes, and what a request
+// of each reads: the google.api.http options of ledger.v1, matched by a
+// grpc-gateway router of their own whose handlers only note which route
+// was reached.
 type routes struct {
 	mux     *runtime.ServeMux
 	methods []string // every method some path takes, sorted
 }
 
-// reachedKey holds, in a probe's context, the flag a route's handler sets.
+// route is one binding of an RPC: its request message, and whether the
+// request is read from the body (else from the path and the query).
+type route struct {
+	request protoreflect.MessageDescriptor
+	body    bool
+}
+
+// reachedKey holds, in a probe's context, the route a handler sets.
 type reachedKey struct{}
 
 // newRoutes returns the routes of every binding of every RPC of ledger.v1.
 func newRoutes() (*routes, error) {
 	rt := &routes{mux: runtime.NewServeMux(runtime.WithRoutingErrorHandler(unrouted), runtime.WithErrorHandler(unmatched))}
-	reached := func(_ http.ResponseWriter, r *http.Request, _ map[string]string) {
-		*r.Context().Value(reachedKey{}).(*bool) = true
-	}
-	for _, rule := range httpRules(ledgerv1.File_ledger_v1_ledger_proto.Services()) {
-		method, path := ruleRoute(rule)
+	for _, b := range httpRules(ledgerv1.File_ledger_v1_ledger_proto.Services()) {
+		method, path := ruleRoute(b.rule)
+		found := route{request: b.rpc.Input(), body: b.rule.GetBody() != ""}
+		reached := func(_ http.ResponseWriter, r *http.Request, _ map[string]string) {
+			*r.Context().Value(reachedKey{}).(*route) = found
+		}
 		if err := rt.mux.HandlePath(method, path, reached); err != nil {
 			return nil, fmt.Errorf("route %s %s: %w", method, path, err)
 		}
@@ -51,19 +60,28 @@ func unrouted(context.Context, *runtime.ServeMux, runtime.Marshaler, http.Respon
 func unmatched(context.Context, *runtime.ServeMux, runtime.Marshaler, http.ResponseWriter, *http.Request, error) {
 }
 
+// binding is a google.api.http rule of an RPC.
+type binding struct {
+	rpc  protoreflect.MethodDescriptor
+	rule *annotations.HttpRule
+}
+
 // httpRules returns the google.api.http rules of the services' methods,
 // their additional bindings among them.
-func httpRules(services protoreflect.ServiceDescriptors) []*annotations.HttpRule {
-	var rules []*annotations.HttpRule
+func httpRules(services protoreflect.ServiceDescriptors) []binding {
+	var rules []binding
 	for i := range services.Len() {
 		methods := services.Get(i).Methods()
 		for j := range methods.Len() {
-			rule, _ := proto.GetExtension(methods.Get(j).Options(), annotations.E_Http).(*annotations.HttpRule)
+			rpc := methods.Get(j)
+			rule, _ := proto.GetExtension(rpc.Options(), annotations.E_Http).(*annotations.HttpRule)
 			if rule == nil {
 				continue
 			}
-			rules = append(rules, rule)
-			rules = append(rules, rule.GetAdditionalBindings()...)
+			rules = append(rules, binding{rpc, rule})
+			for _, more := range rule.GetAdditionalBindings() {
+				rules = append(rules, binding{rpc, more})
+			}
 		}
 	}
 	return rules
@@ -93,9 +111,7 @@ func ruleRoute(rule *annotations.HttpRule) (method, path string) {
 func (rt *routes) allow(r *http.Request) string {
 	var allowed []string
 	for _, m := range rt.methods {
-		reached := false
-		probe := &http.Request{Method: m, URL: r.URL, Header: http.Header{}, Body: http.NoBody}
-		rt.mux.ServeHTTP(discard{}, probe.WithContext(context.WithValue(r.Context(), reachedKey{}, &reached)))
+		reached := rt.find(r, m).request != nil
 		if reached {
 			allowed = append(allowed, m)
 		}
@@ -105,6 +121,15 @@ func (rt *routes) allow(r *http.Request) string {
 	}
 	slices.Sort(allowed)
 	return strings.Join(allowed, ", ")
+}
+
+// find returns the route that r's path reaches with method; its request
+// is nil when there is none.
+func (rt *routes) find(r *http.Request, method string) route {
+	var found route
+	probe := &http.Request{Method: method, URL: r.URL, Header: http.Header{}, Body: http.NoBody}
+	rt.mux.ServeHTTP(discard{}, probe.WithContext(context.WithValue(r.Context(), reachedKey{}, &found)))
+	return found
 }
 
 // discard is a ResponseWriter that keeps nothing.

@@ -10,8 +10,9 @@ import (
 )
 
 // TestMethodsAllowed: a method a path does not take is 405 with the
-// methods it does take in Allow (RFC 9110 15.5.6); HEAD is a GET without
-// the body; a path the API does not have names no methods.
+// methods it does take in Allow (RFC 9110 15.5.6), a form POSTed to a GET
+// path among them; HEAD is a GET without the body; a path the API does
+// not have names no methods.
 func TestMethodsAllowed(t *testing.T) {
 	a := start(t, redistest.Embedded(t))
 	for _, c := range []struct {
@@ -25,6 +26,8 @@ func TestMethodsAllowed(t *testing.T) {
 		{"GET", "/v1/operations:reserve", 405, "POST", true},
 		{"DELETE", "/v1/runs/r-1:end", 405, "GET, HEAD, POST", true}, // GET reads a run named "r-1:end"
 		{"POST", "/v1/operations:lookup", 405, "GET, HEAD", true},
+		{"POST", "/v1/runs", 405, "GET, HEAD", true},
+		{"POST", "/v1/operations/wf-1", 405, "GET, HEAD", true},
 		{"PATCH", "/v1/caller", 405, "GET, HEAD", true},
 		{"HEAD", "/v1/operations:reserve", 405, "POST", false},
 		{"HEAD", "/v1/caller", 200, "", false},
@@ -38,6 +41,9 @@ func TestMethodsAllowed(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Header.Set("Authorization", "Bearer "+a.keys["viewer"])
+		// A form, which grpc-gateway would otherwise route as the GET of
+		// its path.
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -41,9 +41,11 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	params := &pathParams{}
+	params := &pathParams{rt: rt}
 	m := &marshaler{}
 	opts := []runtime.ServeMuxOption{
+		// A form POSTed to a GET path is not read as that GET.
+		runtime.WithDisablePathLengthFallback(),
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(rt.routingError),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, m),

@@ -53,16 +53,22 @@ type pathBody struct {
 
 // pathParams is a grpc-gateway middleware of gw, run before any call: it
 // refuses a path or query that is not UTF-8 (ids and filters are protobuf
-// strings) and a query naming another value for a path parameter (which
-// grpc-gateway would drop), and hands the path's parameters to the body's
-// decoder.
-type pathParams struct{ gw *runtime.ServeMux }
+// strings), a query naming another value for a path parameter (which
+// grpc-gateway would drop) and a query parameter the route does not read,
+// and hands the path's parameters to the body's decoder.
+type pathParams struct {
+	gw *runtime.ServeMux
+	rt *routes
+}
 
 func (p *pathParams) middleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 		q, err := utf8Query(r.URL)
 		if err == nil {
 			err = otherInQuery(q, params)
+		}
+		if err == nil && len(q) > 0 {
+			err = knownQuery(q, params, p.rt.find(r, r.Method))
 		}
 		if err != nil {
 			_, out := runtime.MarshalerForRequest(p.gw, r)
@@ -74,6 +80,36 @@ func (p *pathParams) middleware(next runtime.HandlerFunc) runtime.HandlerFunc {
 		}
 		next(w, r, params)
 	}
+}
+
+// knownQuery returns the error of the first query parameter, by name,
+// that rt does not read. A route whose request is its body reads none
+// (grpc-gateway drops them): only a path parameter may be repeated there.
+// Another reads the fields of its request, the path's among them.
+func knownQuery(q url.Values, params map[string]string, rt route) error {
+	if rt.request == nil {
+		return nil
+	}
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case rt.body && !isPathParam(k, params):
+			return invalid(k, "no such query parameter (this path's request is its body)")
+		case !rt.body && !hasField(rt.request, k):
+			return invalid(k, "no such query parameter")
+		}
+	}
+	return nil
+}
+
+// isPathParam reports whether key names a path parameter by its proto or
+// JSON name.
+func isPathParam(key string, params map[string]string) bool {
+	for name := range params {
+		if key == name || key == jsonName(name) {
+			return true
+		}
+	}
+	return false
 }
 
 // otherInQuery returns the error of a query parameter that names a path
@@ -236,20 +272,15 @@ func bodyProblem(err error, v any) string {
 	return desc
 }
 
-// queryParser is grpc-gateway's, refusing a parameter the request has no
-// field for (a misspelt filter would otherwise list everything), and
-// naming the parameter whose value it cannot read, without the value.
+// queryParser is grpc-gateway's, naming the parameter whose value it
+// cannot read, without the value. A parameter the request has no field
+// for never reaches it (knownQuery).
 type queryParser struct{ runtime.DefaultQueryParser }
 
 // Parse sets msg's fields from values, except those filter names (bound
 // from the path).
 func (p *queryParser) Parse(msg proto.Message, values url.Values, filter *utilities.DoubleArray) error {
 	keys := slices.Sorted(maps.Keys(values))
-	for _, k := range keys {
-		if !hasField(msg.ProtoReflect().Descriptor(), k) {
-			return invalid(k, "no such query parameter")
-		}
-	}
 	if p.DefaultQueryParser.Parse(msg, values, filter) == nil {
 		return nil
 	}
