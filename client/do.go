@@ -24,15 +24,18 @@ const defaultReportTimeout = 10 * time.Second
 // ledger cannot be reached, or ctx or its wait deadline ends first, Do
 // returns without running it, and returns a claim it could not use.
 //
-// Its errors match the sentinels with errors.Is: ErrOperationFailed,
-// ErrRetriesExhausted, ErrNeedsReconciliation, ErrKeyReused and the other
-// refusals (stop: never retry under a new id), ErrUnavailable,
-// ErrCompletionNotRecorded and ErrConflictingOutcome (both with fn's
-// result), ErrWaitDeadline and ctx's error. docs/client.md ("What Do
-// returns") says what each means and what the caller does.
+// An op without ID or Tool, or a nil fn, is ErrInvalidArgument before the
+// ledger is asked. Its errors match the sentinels with errors.Is:
+// ErrOperationFailed, ErrRetriesExhausted, ErrNeedsReconciliation,
+// ErrKeyReused and the other refusals (stop: never retry under a new id),
+// ErrUnavailable, ErrCompletionNotRecorded and ErrConflictingOutcome (both
+// with fn's result), ErrWaitDeadline and ctx's error. docs/client.md
+// ("What Do returns") says what each means and what the caller does.
 func (c *Client) Do(ctx context.Context, op Op, fn Func) (Result, error) {
-	if op.ID == "" || op.Tool == "" {
-		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID and Op.Tool are required", sentinel: ErrInvalidArgument}
+	if op.ID == "" || op.Tool == "" || fn == nil {
+		// Refused before the Reserve: a claim without a tool to run would
+		// be left UNKNOWN, though nothing ran.
+		return Result{}, &Error{Reason: "INVALID_ARGUMENT", Message: "Op.ID, Op.Tool and fn are required", sentinel: ErrInvalidArgument}
 	}
 	pol := c.toolPolicy(op.Tool)
 	if pol.Timeout <= 0 {

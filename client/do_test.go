@@ -209,6 +209,34 @@ func TestDoReplaysTheRecordedResultWhenTheReconcilerReportsAnother(t *testing.T)
 	}
 }
 
+// An op without an id or a tool, or without fn, is refused before the
+// Reserve: a claim with no tool to run would be left UNKNOWN, though
+// nothing ran.
+func TestDoRefusesAnOpItCannotRun(t *testing.T) {
+	e := newEnv(t, redistest.Shared(t).Client(t))
+	d := newDestination()
+	for _, c := range []struct {
+		name string
+		op   func(client.Op) client.Op
+		fn   client.Func
+	}{
+		{"no id", func(o client.Op) client.Op { o.ID = ""; return o }, d.fn},
+		{"no tool", func(o client.Op) client.Op { o.Tool = ""; return o }, d.fn},
+		{"no fn", func(o client.Op) client.Op { return o }, nil},
+	} {
+		op := c.op(e.op("refused", "payments.refund", map[string]any{"amount": 5}))
+		if _, err := e.c.Do(e.ctx, op, c.fn); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Errorf("%s: Do = %v, want ErrInvalidArgument", c.name, err)
+		}
+	}
+	if _, err := e.c.Lookup(e.ctx, e.op("refused", "payments.refund", nil).ID); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("Lookup = %v, want ErrNotFound: nothing reserved", err)
+	}
+	if n := d.calls.Load(); n != 0 {
+		t.Errorf("fn ran %d times, want 0", n)
+	}
+}
+
 // A Reserve far larger than the ledger accepts is dropped by grpc-go's
 // transport with a bare RESOURCE_EXHAUSTED (no ErrorInfo). That is no rate
 // limit: Do sends it once, returns ErrMessageTooLarge (neither

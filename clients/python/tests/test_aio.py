@@ -236,6 +236,23 @@ def test_data_the_wire_would_change_is_not_recorded(addr, dest, ids):
     assert dest.total() == 1
 
 
+def test_a_call_that_cannot_run_is_refused(addr, dest, ids):
+    # As in the blocking client: refused before anything is sent.
+    async def scenario():
+        async with opledger.AsyncLedger(addr) as lg:
+            op = ids("refund")
+            with pytest.raises(TypeError):
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p-1", fn=None)
+            with pytest.raises(ValueError):
+                await lg.call_tool(operation_id=op, tool="payments.refund", params={}, permit_id="p-1", fn=settles,
+                                   tool_timeout=-1)
+            with pytest.raises(opledger.LedgerError) as missing:
+                await lg.lookup(op)
+            return missing.value.reason
+
+    assert run(scenario()) == "NOT_FOUND"
+
+
 async def settles(a):
     return {"resource_id": "R-1"}
 
@@ -254,7 +271,7 @@ async def breaks(a):
     (breaks, 30, "MarkUnknown", pb.STATE_UNKNOWN, 1, asyncio.CancelledError),
     pytest.param(settles, 30, "Complete", pb.STATE_SUCCEEDED, 1, TimeoutError,
                  marks=pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11's")),
-    (settles, 0, "Complete", pb.STATE_PENDING, 0, asyncio.CancelledError),
+    (settles, 1e-9, "Complete", pb.STATE_PENDING, 0, asyncio.CancelledError),
 ], ids=["succeeded", "failed for good", "unknown", "asyncio.timeout", "a claim returned unused"])
 def test_a_task_cancelled_while_recording_still_records(addr, dest, ids, fn, wait, method, state, effects, raised):
     # The tool has ended (or will not run: its claim came after the wait

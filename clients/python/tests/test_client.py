@@ -142,6 +142,29 @@ def test_params_without_an_exact_json_form_are_refused(ledger, dest, ids, params
     assert missing.value.reason == "NOT_FOUND" and dest.total() == 0
 
 
+@pytest.mark.parametrize("given, error, message", [
+    ({"fn": None}, TypeError, "fn: NoneType is not callable; call_tool runs fn(attempt)"),
+    ({"fn": "refund"}, TypeError, "fn: str is not callable; call_tool runs fn(attempt)"),
+    ({"wait": 0}, ValueError, "wait: a positive number of seconds is required"),
+    ({"wait": -5.0}, ValueError, "wait: a positive number of seconds is required"),
+    ({"wait": float("nan")}, ValueError, "wait: a positive number of seconds is required"),
+    ({"tool_timeout": 0}, ValueError, "tool_timeout: a positive number of seconds is required"),
+    ({"tool_timeout": "10"}, ValueError, "tool_timeout: a positive number of seconds is required"),
+], ids=["fn None", "fn a str", "no wait", "a negative wait", "a NaN wait", "no tool timeout", "a tool timeout in a str"])
+def test_a_call_that_cannot_run_is_refused(ledger, dest, ids, given, error, message):
+    # Refused before anything is sent: a claim with no tool to run would be
+    # left UNKNOWN, though nothing ran.
+    op = ids("refund")
+    call = {"operation_id": op, "tool": "payments.refund", "params": {"amount": 5}, "permit_id": "p-1",
+            "fn": refund(dest)}
+    with pytest.raises(error) as err:
+        ledger.call_tool(**(call | given))
+    assert str(err.value) == message
+    with pytest.raises(opledger.LedgerError) as missing:
+        ledger.lookup(op)
+    assert missing.value.reason == "NOT_FOUND" and dest.total() == 0
+
+
 @pytest.mark.parametrize("given, recorded",
                          [(4711, "4711"), ("TCK-1", "TCK-1"), (None, ""), (4711.0, None), (True, None)],
                          ids=["an int", "a str", "None", "a float", "a bool"])

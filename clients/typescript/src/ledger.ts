@@ -102,6 +102,36 @@ function resourceIdOf(v: unknown): string {
   throw new TypeError(`resource_id: ${typeof v === 'number' ? 'a number that is not an integer' : `a ${typeof v}`} is not an id; return a string or an integer`);
 }
 
+const EFFECTS = ['EFFECT_UNSPECIFIED', 'EFFECT_READ_ONLY', 'EFFECT_IDEMPOTENT', 'EFFECT_IRREVERSIBLE'];
+const STRING_FIELDS = ['operationId', 'tool', 'permitId', 'runId', 'compensates'] as const;
+
+/**
+ * Refuses, with a TypeError before anything is sent, a call that cannot run
+ * as given: an fn that is not a function (its claim would be left UNKNOWN,
+ * though nothing ran), an id or name that is not a string (protobufjs would
+ * send an object as "[object Object]", one id for every such call), an
+ * effect it would send as unspecified, and a wait or tool timeout that is
+ * not a positive number of milliseconds.
+ */
+function checkCall(call: ToolCall, fn: unknown): void {
+  if (typeof fn !== 'function') throw new TypeError(`fn: ${kindOf(fn)} is not a function; callTool runs fn(attempt)`);
+  for (const k of STRING_FIELDS) {
+    if (call[k] !== undefined && typeof call[k] !== 'string') throw new TypeError(`${k}: ${kindOf(call[k])}, not a string`);
+  }
+  if (call.effect !== undefined && !EFFECTS.includes(call.effect)) throw new TypeError(`effect: not one of ${EFFECTS.join(', ')}`);
+  for (const k of ['waitMs', 'toolTimeoutMs'] as const) {
+    const v = call[k];
+    if (v !== undefined && !(typeof v === 'number' && Number.isFinite(v) && v > 0)) {
+      throw new TypeError(`${k}: a positive number of milliseconds is required`);
+    }
+  }
+}
+
+/** The kind of v an error may name: its type, never its value. */
+function kindOf(v: unknown): string {
+  return v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
+}
+
 /** The failure code of a FinalToolError without a code, or with one the ledger refuses. */
 export const DEFAULT_FAILURE_CODE = 'tool_failed';
 /** The failure code of a retryable failure proven not applied. */
@@ -277,6 +307,7 @@ export class Ledger {
    * came from, documented in the README.
    */
   async callTool(call: ToolCall, fn: (a: Attempt) => ToolResult | Promise<ToolResult>): Promise<Outcome> {
+    checkCall(call, fn);
     const { operationId, tool, params, permitId = '', effect = 'EFFECT_UNSPECIFIED', waitMs = 30000,
       toolTimeoutMs = 10000, signal, runId = '', compensates = '' } = call;
     const holder = crypto.randomBytes(16).toString('hex');

@@ -235,6 +235,30 @@ for (const [name, produced, error] of [
   });
 }
 
+for (const [name, given, message] of [
+  ['fn undefined', { fn: undefined }, 'fn: undefined is not a function; callTool runs fn(attempt)'],
+  ['fn a string', { fn: 'refund' }, 'fn: string is not a function; callTool runs fn(attempt)'],
+  ['an object for an id', { operationId: {} }, 'operationId: object, not a string'],
+  ['a number for a tool', { tool: 5 }, 'tool: number, not a string'],
+  ['an effect misspelt', { effect: 'idempotent' }, 'effect: not one of EFFECT_UNSPECIFIED, EFFECT_READ_ONLY, EFFECT_IDEMPOTENT, EFFECT_IRREVERSIBLE'],
+  ['no wait', { waitMs: 0 }, 'waitMs: a positive number of milliseconds is required'],
+  ['a NaN wait', { waitMs: NaN }, 'waitMs: a positive number of milliseconds is required'],
+  ['a negative tool timeout', { toolTimeoutMs: -1 }, 'toolTimeoutMs: a positive number of milliseconds is required'],
+  ['a tool timeout in a string', { toolTimeoutMs: '1000' }, 'toolTimeoutMs: a positive number of milliseconds is required'],
+]) {
+  test(`a call with ${name} is refused before anything is sent`, async (t) => {
+    // A claim with no tool to run would be left UNKNOWN, though nothing
+    // ran; an id sent as "[object Object]" would be one for every call.
+    const { dest, ledger, id } = setup();
+    t.after(() => ledger.close());
+    const { fn, ...fields } = { fn: refund(dest), ...given };
+    const call = { operationId: id('refund'), tool: 'payments.refund', params: { amount: 10 }, ...fields };
+    await assert.rejects(ledger.callTool(call, fn), { name: 'TypeError', message });
+    await assert.rejects(ledger.lookup(String(call.operationId)), (err) => err.reason === 'NOT_FOUND');
+    assert.equal(dest.total(), 0);
+  });
+}
+
 test('S9: an appointment with faults, sent 5 times, 2 of them at once', async (t) => {
   const { dest, ledger, id } = setup();
   t.after(() => ledger.close());

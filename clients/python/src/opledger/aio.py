@@ -52,6 +52,7 @@ from opledger.client import (  # noqa: I001
     _lease,
     _lease_end,
     _repeatable,
+    check_call,
     code_refused,
     conflicting,
     data_struct,
@@ -157,6 +158,7 @@ class AsyncLedger:
                         wait: float = 30.0, tool_timeout: float = 10.0, run_id: str = "",
                         compensates: str = "") -> Outcome:
         """Runs fn at most once for operation_id, whoever retries it and however often (see Ledger.call_tool)."""
+        check_call(fn, wait, tool_timeout)
         holder = secrets.token_hex(16)
         deadline = time.monotonic() + wait
         request = pb.ReserveRequest(operation_id=operation_id, tool=tool, params=params_struct(params),

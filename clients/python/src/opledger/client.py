@@ -498,6 +498,21 @@ def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
     return to_struct(exact_json(params, "params"), "params")
 
 
+def check_call(fn: Any, wait: Any, tool_timeout: Any) -> None:
+    """Refuses a call_tool that cannot run, before anything is sent.
+
+    A claim with no tool to run would be left UNKNOWN though nothing ran:
+    an fn that is not callable raises TypeError. A wait or tool_timeout
+    that is not a positive number of seconds raises ValueError (with no
+    wait, every claim comes too late to run fn).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn: {type(fn).__name__} is not callable; call_tool runs fn(attempt)")
+    for name, value in (("wait", wait), ("tool_timeout", tool_timeout)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name}: a positive number of seconds is required")
+
+
 def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
     """Result data as a Struct, refusing what the wire's doubles would round.
 
@@ -775,7 +790,8 @@ class Ledger:
         for fn (at most tool_timeout) and records how it ended, as without a
         cancellation: what fn returns is returned, what it raises is raised.
         Parameters the wire would round (an integer beyond 2^53) raise
-        ValueError before the ledger is asked.
+        ValueError before the ledger is asked, as do a wait or tool_timeout
+        that is not positive; an fn that is not callable raises TypeError.
         With run_id, the call is a step of that run: when the ledger's run
         guard refuses it (the run started with start_run, or governed by the
         tenant's policy, has ended or this call would pass its limit),
@@ -795,6 +811,7 @@ class Ledger:
         cannot record (its __cause__ says why), or no reconciler, raise
         NeedsReconciliation.
         """
+        check_call(fn, wait, tool_timeout)
         holder = secrets.token_hex(16)  # one per call, never a hostname or pid
         deadline = self.clock() + wait
         waits = 0
