@@ -213,6 +213,7 @@ func (g *Gateway) Close() error {
 func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 	defs := map[string]*mcp.Tool{}
 	next := map[string]*tool{}
+	applied := make([]bool, len(u.cfg.Tools))
 	for _, t := range tools {
 		def, err := served(t, *u.cfg.Prefix)
 		if err != nil {
@@ -224,10 +225,15 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 			g.log.Warn("upstream tool served without its output schema", "upstream", u.cfg.Name, "tool", t.Name, "error", err)
 			def.OutputSchema = nil
 		}
+		pol, rule := resolve(t, u.cfg.Tools, g.cfg.Defaults)
+		if rule >= 0 {
+			applied[rule] = true
+		}
 		defs[def.Name] = def
-		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: resolve(t, u.cfg.Tools, g.cfg.Defaults), output: output}
+		next[def.Name] = &tool{name: def.Name, remote: t.Name, up: u, policy: pol, output: output}
 	}
 	u.outputs.done()
+	g.warnUnapplied(u, applied)
 	g.serving.Lock()
 	defer g.serving.Unlock()
 	g.mu.Lock()
@@ -255,6 +261,19 @@ func (g *Gateway) serve(u *upstream, tools []*mcp.Tool) {
 		g.server.AddTool(def, g.handler(def.Name))
 	}
 	g.log.Info("upstream tools served", "upstream", u.cfg.Name, "tools", len(add), "removed", len(gone))
+}
+
+// warnUnapplied logs each of u's tool rules that no tool served for u
+// took (applied, by index): its match finds none, or finds only tools an
+// earlier rule took first. Such a rule is a typo or in the wrong place,
+// and the tools it was meant for run under another rule or the defaults.
+func (g *Gateway) warnUnapplied(u *upstream, applied []bool) {
+	for i, took := range applied {
+		if !took {
+			g.log.Warn("tool rule applies to no tool: its match finds none, or an earlier rule takes them first",
+				"upstream", u.cfg.Name, "rule", i, "match", u.cfg.Tools[i].Match)
+		}
+	}
 }
 
 // served is the definition of an upstream tool as the gateway serves it:

@@ -292,6 +292,33 @@ func TestOneNameOneUpstream(t *testing.T) {
 	}
 }
 
+// TestRulesThatApplyToNoTool: a rule whose match finds no tool (a typo),
+// and one whose tools an earlier rule takes first, are logged when the
+// upstream's tools are listed; a rule that takes a tool is not.
+func TestRulesThatApplyToNoTool(t *testing.T) {
+	r := newRig(t, rigOptions{rules: `
+- {match: create_tikcet, effect: irreversible}
+- {match: create_*, timeout: 10s}
+- {match: create_ticket, timeout: 1s}`})
+	// The rules are checked before the tools are served.
+	if served := names(list(t, r.http("", clientOptions{}))); !slices.Contains(served, "tickets_create_ticket") {
+		t.Fatalf("tools %v: tickets_create_ticket not served", served)
+	}
+	logs := r.log.String()
+	for _, c := range []struct {
+		line string
+		want bool
+	}{
+		{"rule=0 match=create_tikcet", true},
+		{"rule=1 ", false},
+		{"rule=2 match=create_ticket", true},
+	} {
+		if got := strings.Contains(logs, "tool rule applies to no tool") && strings.Contains(logs, c.line); got != c.want {
+			t.Errorf("%q logged: %v, want %v:\n%s", c.line, got, c.want, logs)
+		}
+	}
+}
+
 // TestCloseLetsCallsEnd: Close (the gateway's SIGTERM) waits for a call
 // in flight, so that its outcome is recorded with the upstream and the
 // ledger still there (SUCCEEDED, one effect), and returns only once its

@@ -43,12 +43,13 @@ type policy struct {
 }
 
 // resolve returns the policy of the upstream tool t under the first of
-// rules that matches its name, on top of defaults.
-func resolve(t *mcp.Tool, rules []ToolRule, defaults ToolRule) policy {
-	r := defaults
-	for _, rule := range rules {
+// rules that matches its name, on top of defaults, and that rule's index
+// (-1 for none).
+func resolve(t *mcp.Tool, rules []ToolRule, defaults ToolRule) (policy, int) {
+	r, index := defaults, -1
+	for i, rule := range rules {
 		if ledger.MatchGlob(rule.Match, t.Name) {
-			r = merge(defaults, rule)
+			r, index = merge(defaults, rule), i
 			break
 		}
 	}
@@ -75,7 +76,7 @@ func resolve(t *mcp.Tool, rules []ToolRule, defaults ToolRule) policy {
 			p.key = keyNone
 		}
 	}
-	return p
+	return p, index
 }
 
 // annotatedEffect reads a tool's hints: read-only, idempotent, or else

@@ -30,17 +30,18 @@ func TestResolve(t *testing.T) {
 		timeout, window time.Duration
 		retries         int
 		probe           bool
+		rule            int
 	}{
-		{"create_ticket", &mcp.ToolAnnotations{ReadOnlyHint: true}, client.EffectIrreversible, keySession, 5 * time.Second, time.Minute, 2, true},
-		{"search", &mcp.ToolAnnotations{ReadOnlyHint: true}, client.EffectReadOnly, keySession, DefaultTimeout, time.Minute, 0, false},
-		{"lookup", &mcp.ToolAnnotations{ReadOnlyHint: true}, client.EffectReadOnly, keyNone, DefaultTimeout, time.Minute, 0, false},
-		{"set_status", &mcp.ToolAnnotations{IdempotentHint: true}, client.EffectIdempotent, keySession, DefaultTimeout, time.Minute, 0, false},
-		{"delete", &mcp.ToolAnnotations{}, client.EffectIrreversible, keySession, DefaultTimeout, time.Minute, 0, false},
-		{"send", nil, client.EffectIrreversible, keySession, DefaultTimeout, time.Minute, 0, false},
+		{"create_ticket", &mcp.ToolAnnotations{ReadOnlyHint: true}, client.EffectIrreversible, keySession, 5 * time.Second, time.Minute, 2, true, 0},
+		{"search", &mcp.ToolAnnotations{ReadOnlyHint: true}, client.EffectReadOnly, keySession, DefaultTimeout, time.Minute, 0, false, 2},
+		{"lookup", &mcp.ToolAnnotations{ReadOnlyHint: true}, client.EffectReadOnly, keyNone, DefaultTimeout, time.Minute, 0, false, -1},
+		{"set_status", &mcp.ToolAnnotations{IdempotentHint: true}, client.EffectIdempotent, keySession, DefaultTimeout, time.Minute, 0, false, -1},
+		{"delete", &mcp.ToolAnnotations{}, client.EffectIrreversible, keySession, DefaultTimeout, time.Minute, 0, false, -1},
+		{"send", nil, client.EffectIrreversible, keySession, DefaultTimeout, time.Minute, 0, false, -1},
 	} {
-		p := resolve(&mcp.Tool{Name: tc.tool, Annotations: tc.annotations}, rules, defaults)
-		if p.effect != tc.effect || p.key != tc.key || p.timeout != tc.timeout || p.window != tc.window || p.retries != tc.retries || (p.probe != nil) != tc.probe || p.wait != DefaultWait {
-			t.Errorf("%s: %+v", tc.tool, p)
+		p, rule := resolve(&mcp.Tool{Name: tc.tool, Annotations: tc.annotations}, rules, defaults)
+		if p.effect != tc.effect || p.key != tc.key || p.timeout != tc.timeout || p.window != tc.window || p.retries != tc.retries || (p.probe != nil) != tc.probe || p.wait != DefaultWait || rule != tc.rule {
+			t.Errorf("%s: %+v, rule %d", tc.tool, p, rule)
 		}
 	}
 }
