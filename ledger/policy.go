@@ -308,6 +308,9 @@ type durationField struct {
 	min, max time.Duration
 }
 
+// durationWanted says what a duration of the policy file is written as.
+const durationWanted = "want a duration such as 90s, 10m or 168h (units: ms, s, m, h; no d)"
+
 // setDurations parses each field that is set into its dst, and refuses one
 // that does not parse or is out of its bounds.
 func setDurations(fields []durationField) error {
@@ -317,7 +320,7 @@ func setDurations(fields []durationField) error {
 		}
 		v, err := time.ParseDuration(d.val)
 		if err != nil {
-			return fmt.Errorf("%s: %w", d.name, err)
+			return fmt.Errorf("%s %q: %s", d.name, d.val, durationWanted)
 		}
 		if v < d.min || v > d.max {
 			return fmt.Errorf("%s %s: want between %s and %s", d.name, v, d.min, d.max)

@@ -84,7 +84,8 @@ tools:
 
 func TestParsePoliciesRefusesBadFiles(t *testing.T) {
 	for _, c := range []struct{ doc, want string }{
-		{"defaults:\n  lease: soon\n", "lease"},
+		{"defaults:\n  lease: soon\n", `lease "soon": want a duration such as 90s`},
+		{"tools:\n  - match: pay.*\n    retention: 7d\n", `tools[0] (pay.*): retention "7d": want a duration such as 90s, 10m or 168h (units: ms, s, m, h; no d)`},
 		{"defaults:\n  lease: 1ns\n", "lease"},
 		{"defaults:\n  max_attempts: 0\n", "max_attempts"},
 		{"defaults:\n  max_attempts: 2.5\n", "max_attempts"},

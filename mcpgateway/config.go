@@ -164,12 +164,9 @@ type Duration time.Duration
 
 // UnmarshalYAML refuses bare numbers, which would read as nanoseconds.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
-		return fmt.Errorf("line %d: want a duration such as 30s or 10m", n.Line)
-	}
 	v, err := time.ParseDuration(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" || err != nil {
+		return fmt.Errorf("line %d: want a duration such as 30s or 10m (units: ms, s, m, h; no d)", n.Line)
 	}
 	*d = Duration(v)
 	return nil

@@ -77,6 +77,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"metrics: {listen: '9465'}\n" + up, "metrics: listen \"9465\": want HOST:PORT"},
 		{"reconcile: {interval: 1ms}\n" + up, "at least 100ms"},
 		{"defaults: {timeout: 30}\n" + up, "want a duration"},
+		{"defaults: {window: 1d}\n" + up, "line 1: want a duration such as 30s or 10m (units: ms, s, m, h; no d)"},
 		{"defaults: {key: none}\n" + up, "key none would forward"},
 		{"defaults: {effect: read_only}\n" + up, "belong to a tool rule"},
 		{"upstreams:\n  - {name: T, command: [x]}", "lowercase"},
