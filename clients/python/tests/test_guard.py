@@ -206,6 +206,31 @@ def test_guarded_async_tool_runs_once_however_often_the_framework_calls_it(addr,
     assert changed.reason == "IDEMPOTENCY_KEY_REUSED"
 
 
+@pytest.mark.parametrize("ids_given, message", [
+    ({"tool_call_id": None}, "tickets.create: the operation id is None; give a string"),
+    ({"tool_call_id": ["call_1"]}, "tickets.create: the operation id is list; give a string"),
+    ({"tool_call_id": ""}, "tickets.create: no operation id (give the keyword argument 'tool_call_id')"),
+    ({}, "tickets.create: no operation id (give the keyword argument 'tool_call_id')"),
+    ({"tool_call_id": "call_1", "run": 2.5}, "tickets.create: the run id is float; give a string"),
+], ids=["None", "a list", "empty", "absent", "a float run id"])
+def test_guarded_refuses_an_id_that_is_none(ledger, ids_given, message):
+    # Refused before the ledger is asked: str(None) made every call without
+    # a tool call id the one operation "None", replaying the first's result.
+    ran = []
+
+    @opledger.guarded(ledger, tool="tickets.create", operation_id="tool_call_id", run_id="run")
+    def create(title: str) -> str:
+        ran.append(title)
+        return "T-1"
+
+    with pytest.raises(ValueError) as err:
+        create(title="printer", **ids_given)
+    assert str(err.value) == message and ran == []
+    with pytest.raises(opledger.LedgerError) as missing:
+        ledger.lookup("None")
+    assert missing.value.reason == "NOT_FOUND"
+
+
 def test_guarded_refuses_what_it_cannot_run(addr, ledger):
     # Refused when decorating, not after a call has applied an effect.
     def create(title: str) -> dict[str, Any]:

@@ -31,7 +31,9 @@ def guarded(ledger: Ledger | AsyncLedger, *, tool: str, operation_id: Spec, perm
     fingerprints: a call that spells a default out is the same request, and
     one made after the default changed is not. A default with no JSON form
     is refused as a given value would be. run_id works the same way ("" for
-    no run).
+    no run). An id is a str, or an int taken as its digits; anything else
+    (None) raises ValueError before the ledger is asked, as does no
+    operation id (a run id of None is no run).
     fn gets the parameters, and idempotency_key= and attempt= when it
     declares them; what it returns is recorded as the result data (a value
     that is not a dict, such as the str a framework's tool often returns, as
@@ -58,8 +60,9 @@ def guarded(ledger: Ledger | AsyncLedger, *, tool: str, operation_id: Spec, perm
         def request(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             """Returns the call_tool arguments of a call, but fn, and the parameters fn gets."""
             params = {**defaults, **kwargs}
-            op_id = pick(operation_id, params)
+            op_id = ident(pick(operation_id, params), f"{tool}: the operation id")
             run = pick(run_id, params) if run_id else ""
+            run = ident(run, f"{tool}: the run id") if run not in ("", None) else ""
             if not op_id:
                 raise ValueError(f"{tool}: no operation id (give the keyword argument {operation_id!r})")
             return dict(operation_id=op_id, tool=tool, params=params, permit_id=permit_id, effect=effect,
@@ -91,13 +94,24 @@ def guarded(ledger: Ledger | AsyncLedger, *, tool: str, operation_id: Spec, perm
     return decorate
 
 
-def pick(spec: Spec, params: dict[str, Any]) -> str:
-    """Returns the id spec names: spec(params), or the parameter spec, taken out of params."""
+def pick(spec: Spec, params: dict[str, Any]) -> Any:
+    """Returns the id spec names: spec(params), or the parameter spec, taken out of params ("" without it)."""
     if callable(spec):
         return spec(params)
-    if spec in params:
-        return str(params.pop(spec))
-    return ""
+    return params.pop(spec, "")
+
+
+def ident(value: Any, what: str) -> str:
+    """Returns value as an id: a str as it is, an int as its digits.
+
+    Anything else is a ValueError: str() would make every call whose id is
+    None the one operation "None".
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{what} is {'None' if value is None else type(value).__name__}; give a string")
 
 
 def recorded(data: Any, resource_id: Spec) -> dict[str, Any]:
