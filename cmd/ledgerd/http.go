@@ -35,8 +35,8 @@ type httpAPI struct {
 }
 
 // newHTTPAPI builds the API, which serve serves on lis in front of a
-// service.
-func newHTTPAPI(lis net.Listener, receipts *receipt.Signer, tlsCfg *tls.Config, log *slog.Logger) (*httpAPI, error) {
+// service; anonymous when the service has no credentials.
+func newHTTPAPI(lis net.Listener, receipts *receipt.Signer, tlsCfg *tls.Config, anonymous bool, log *slog.Logger) (*httpAPI, error) {
 	a := &httpAPI{lis: lis, pipe: bufconn.Listen(1 << 20)}
 	// The in-process connection carries TLS when the service does (its
 	// credentials are the server's, for every listener); nothing can sit
@@ -67,7 +67,7 @@ func newHTTPAPI(lis net.Listener, receipts *receipt.Signer, tlsCfg *tls.Config, 
 		r.Body = http.MaxBytesReader(w, r.Body, maxHTTPBody)
 		mux.ServeHTTP(w, r)
 	})
-	a.srv = &http.Server{Handler: limited, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: tlsCfg,
+	a.srv = &http.Server{Handler: httpapi.Protect(limited, anonymous), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: tlsCfg,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	return a, nil
 }

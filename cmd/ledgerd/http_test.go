@@ -38,6 +38,29 @@ func TestHTTPListen(t *testing.T) {
 		if code, body := post(t, http.DefaultClient, "http://"+addr); code != 200 || !strings.Contains(body, `"decision":"DECISION_EXECUTE"`) {
 			t.Fatalf("Reserve over HTTP = %d %s", code, body)
 		}
+		// Without --auth-file, what a page of another site could make a
+		// browser send is refused (httpapi.Protect).
+		for _, c := range []struct{ method, path, host, site string }{
+			{"POST", "/v1/operations/wf-2:reserve", "", "cross-site"},
+			{"GET", "/v1/operations/wf-1:refund", "attacker.example", ""},
+			{"GET", "/console/", "attacker.example", ""},
+		} {
+			req, _ := http.NewRequest(c.method, "http://"+addr+c.path, strings.NewReader(`{"tool":"payments.refund","holder":"h-2"}`))
+			if c.host != "" {
+				req.Host = c.host
+			}
+			if c.site != "" {
+				req.Header.Set("Sec-Fetch-Site", c.site)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden {
+				t.Errorf("%s %s (Host %q, Sec-Fetch-Site %q) = %d, want 403", c.method, c.path, c.host, c.site, resp.StatusCode)
+			}
+		}
 	})
 	t.Run("tls", func(t *testing.T) {
 		certFile, keyFile, pool := serverCert(t, t.TempDir())

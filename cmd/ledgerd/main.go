@@ -383,7 +383,7 @@ func (d *daemon) newService(traceOpt grpc.ServerOption) (*server.Service, *httpA
 	var api *httpAPI
 	if d.httpLis != nil {
 		var err error
-		if api, err = newHTTPAPI(d.httpLis, d.receipts, tlsCfg, d.log); err != nil {
+		if api, err = newHTTPAPI(d.httpLis, d.receipts, tlsCfg, d.auth == nil, d.log); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -69,7 +69,9 @@ func StartHTTP(tb testing.TB, rdb redis.UniversalClient, o Options, tenant, pref
 		mux.Handle(pattern, h)
 	}
 	mux.Handle("/", api)
-	srv := httptest.NewServer(mux)
+	// Protected as a ledgerd without credentials is, the stricter way: a
+	// page's own writes (the console's) must pass it.
+	srv := httptest.NewServer(httpapi.Protect(mux, true))
 	tb.Cleanup(srv.Close)
 	return &HTTPStack{URL: srv.URL, Addr: st.Addr, Keys: keys}
 }
