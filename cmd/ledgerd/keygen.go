@@ -51,7 +51,11 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 	if o.id == "" || o.tenant == "" {
 		return errors.New("keygen: --id and --tenant are required")
 	}
-	entry := fmt.Sprintf("keys:\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, strings.Repeat("0", 64))
+	scopes, err := keygenScopes(o.scopes)
+	if err != nil {
+		return err
+	}
+	entry := fmt.Sprintf("keys:\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, scopes, strings.Repeat("0", 64))
 	if _, err := server.ParseCredentials([]byte(entry)); err != nil {
 		return fmt.Errorf("keygen: %w", err)
 	}
@@ -60,8 +64,23 @@ func keygen(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("keygen: %w", err)
 	}
 	fmt.Fprintf(stdout, "# API key for the client (shown once, stored nowhere):\n#   %s\n", key)
-	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, o.scopes, hash)
+	fmt.Fprintf(stdout, "# entry for the credentials file (the keys: list):\n  - {id: %s, tenant: %q, scopes: [%s], secret_sha256: %s}\n", o.id, o.tenant, scopes, hash)
 	return nil
+}
+
+// keygenScopes returns --scopes as the entry lists them ("agent, viewer"),
+// refusing an empty scope and one with other characters than lowercase
+// letters, which the entry's YAML would read as something else; the
+// credentials file's check names an unknown one.
+func keygenScopes(list string) (string, error) {
+	scopes := strings.Split(list, ",")
+	for i, s := range scopes {
+		scopes[i] = strings.TrimSpace(s)
+		if scopes[i] == "" || strings.Trim(scopes[i], "abcdefghijklmnopqrstuvwxyz") != "" {
+			return "", fmt.Errorf("keygen: --scopes %q: want a comma-separated list of agent, reconciler and viewer", list)
+		}
+	}
+	return strings.Join(scopes, ", "), nil
 }
 
 // receiptFlags refuses the flags of an API key (--tenant, --scopes) given

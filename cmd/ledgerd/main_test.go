@@ -351,18 +351,28 @@ func TestAuthFileAndReloadOnHangup(t *testing.T) {
 }
 
 func TestKeygenRefusesBadInput(t *testing.T) {
-	for _, args := range [][]string{
-		{"--tenant", "acme"},
-		{"--id", "a", "--tenant", "acme", "--scopes", "admin"},
-		{"--id", "bad id", "--tenant", "acme"},
+	const scopeList = "want a comma-separated list of agent, reconciler and viewer"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tenant", "acme"}, "--id and --tenant are required"},
+		{[]string{"--id", "a", "--tenant", "acme", "--scopes", "admin"}, `unknown scope "admin"`},
+		{[]string{"--id", "bad id", "--tenant", "acme"}, `id "bad id"`},
+		{[]string{"--id", "a", "--tenant", "acme", "--scopes", "agent,,viewer"}, `--scopes "agent,,viewer": ` + scopeList},
+		{[]string{"--id", "a", "--tenant", "acme", "--scopes", "agent], tenant: [x"}, scopeList},
+		{[]string{"--id", "a", "--tenant", "acme", "--scopes", ""}, scopeList},
 		// A scope written without --scopes would be dropped, and the key
 		// made with the default scope instead.
-		{"--id", "a", "--tenant", "acme", "viewer"},
-		{"--id", "a", "--tenant", "acme", "--", "--scopes", "viewer"},
+		{[]string{"--id", "a", "--tenant", "acme", "viewer"}, "unexpected arguments [viewer]"},
+		{[]string{"--id", "a", "--tenant", "acme", "--", "--scopes", "viewer"}, "unexpected arguments [--scopes viewer]"},
 	} {
-		if err := keygen(args, io.Discard, io.Discard); err == nil {
-			t.Errorf("keygen %v accepted", args)
+		if err := keygen(c.args, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("keygen %q: %v, want %q", c.args, err, c.want)
 		}
+	}
+	if _, entry := keygenEntry(t, "a", "acme", " agent , viewer"); !strings.Contains(entry, "scopes: [agent, viewer]") {
+		t.Errorf("keygen --scopes ' agent , viewer': %s", entry)
 	}
 }
 
