@@ -6,6 +6,7 @@ Each test is named by the contract's conformance scenario it covers
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import decimal
@@ -163,6 +164,60 @@ def test_a_call_that_cannot_run_is_refused(ledger, dest, ids, given, error, mess
     with pytest.raises(opledger.LedgerError) as missing:
         ledger.lookup(op)
     assert missing.value.reason == "NOT_FOUND" and dest.total() == 0
+
+
+@pytest.mark.parametrize("target, options, refused", [
+    ("ledger.example:443", {"api_key": "k.s"}, ValueError),
+    ("10.0.0.5:50051", {"api_key": "k.s"}, ValueError),
+    ("dns:///ledger.example:443", {"api_key": "k.s"}, ValueError),
+    ("127.0.0.1:50051", {"api_key": "k.s"}, None),
+    ("[::1]:50051", {"api_key": "k.s"}, None),
+    ("localhost:50051", {"api_key": "k.s"}, None),
+    ("unix:/run/ledger.sock", {"api_key": "k.s"}, None),
+    ("ledger.example:443", {}, None),
+    ("ledger.example:443", {"api_key": "k.s", "credentials": "tls"}, None),
+    ("ledger.example:443", {"api_key": "k.s", "channel": "own"}, None),
+    ("ledger.example:443", {"credentials": "tls", "channel": "own"}, TypeError),
+], ids=["a host name", "an address", "a dns target", "127.0.0.1", "[::1]", "localhost", "a Unix socket", "no key",
+        "TLS", "the caller's own channel", "both a channel and credentials"])
+@pytest.mark.parametrize("client", ["Ledger", "AsyncLedger"])
+def test_an_api_key_goes_in_clear_only_to_this_machine(client, target, options, refused):
+    # As the Go SDK: a key without TLS goes only to this machine, refused
+    # before any channel is made.
+    async def make():
+        given = dict(options)
+        if given.get("credentials") == "tls":
+            given["credentials"] = grpc.ssl_channel_credentials()
+        if given.get("channel") == "own":
+            given["channel"] = (grpc.aio.insecure_channel(target) if client == "AsyncLedger"
+                                else grpc.insecure_channel(target))
+            if client == "AsyncLedger" and "api_key" in given:
+                given.pop("api_key")  # an aio channel takes its key when it is made
+        lg = getattr(opledger, client)(target, **given)
+        if client == "AsyncLedger":
+            await lg.close()
+        else:
+            lg.close()
+
+    if refused is None:
+        asyncio.run(make())
+    else:
+        with pytest.raises(refused):
+            asyncio.run(make())
+
+
+def test_an_async_channel_of_the_callers_takes_no_key():
+    # An aio channel takes its interceptors when it is made: a key given
+    # beside one would never be sent.
+    async def make():
+        channel = grpc.aio.insecure_channel("127.0.0.1:1")
+        try:
+            opledger.AsyncLedger("127.0.0.1:1", channel=channel, api_key="k.s")
+        finally:
+            await channel.close()
+
+    with pytest.raises(TypeError, match="with channel=, make the channel with them"):
+        asyncio.run(make())
 
 
 @pytest.mark.parametrize("given, recorded",

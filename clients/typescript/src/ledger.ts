@@ -2,6 +2,7 @@
 // with the decision flow of the Go SDK's Do.
 
 import * as crypto from 'node:crypto';
+import * as net from 'node:net';
 import * as grpc from '@grpc/grpc-js';
 import {
   CallError, ConflictingOutcomeError, DOMAIN, ErrorInfo, FinalToolError, LeaseEndedOnTheWayError, LedgerError,
@@ -127,6 +128,18 @@ function checkCall(call: ToolCall, fn: unknown): void {
   }
 }
 
+/** Whether a gRPC target names this machine: a Unix socket, or a host on loopback. */
+function loopbackTarget(target: string): boolean {
+  if (/^unix(-abstract)?:/.test(target)) return true;
+  const rest = target.includes(':///') ? target.slice(target.indexOf(':///') + 4) : target.replace(/^(dns|ipv4|ipv6):/, '');
+  let host = rest;
+  if (rest.startsWith('[')) host = rest.slice(1, rest.indexOf(']'));
+  else if (rest.split(':').length === 2) host = rest.split(':')[0];
+  if (host === 'localhost') return true;
+  if (net.isIPv4(host)) return host.startsWith('127.');
+  return net.isIPv6(host) && new URL(`http://[${host}]`).hostname === '[::1]';
+}
+
 /** The kind of v an error may name: its type, never its value. */
 function kindOf(v: unknown): string {
   return v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v;
@@ -203,6 +216,10 @@ export class Ledger {
   private readonly metadata: grpc.Metadata;
 
   constructor(address: string, options: LedgerOptions = {}) {
+    if (options.apiKey && !options.credentials?._isSecure() && !loopbackTarget(address)) {
+      throw new TypeError(`apiKey: refusing to send an API key without TLS to ${address}, which is not this machine`
+        + ' (loopback or a Unix socket); pass credentials: grpc.credentials.createSsl(...)');
+    }
     this.client = new LedgerServiceClient(address, options.credentials ?? grpc.credentials.createInsecure(),
       { interceptors: options.interceptors ?? [] });
     this.callTimeoutMs = options.callTimeoutMs ?? 5000;

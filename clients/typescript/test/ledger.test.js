@@ -6,6 +6,7 @@
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { test } = require('node:test');
+const grpc = require('@grpc/grpc-js');
 const client = require('../dist');
 const { addr, ids, Destination, dropper, beforeCall } = require('./helpers');
 
@@ -256,6 +257,26 @@ for (const [name, given, message] of [
     await assert.rejects(ledger.callTool(call, fn), { name: 'TypeError', message });
     await assert.rejects(ledger.lookup(String(call.operationId)), (err) => err.reason === 'NOT_FOUND');
     assert.equal(dest.total(), 0);
+  });
+}
+
+for (const [target, options, refused] of [
+  ['ledger.example:443', { apiKey: 'k.s' }, true],
+  ['10.0.0.5:50051', { apiKey: 'k.s' }, true],
+  ['dns:///ledger.example:443', { apiKey: 'k.s' }, true],
+  ['127.0.0.1:50051', { apiKey: 'k.s' }, false],
+  ['127.0.0.2:50051', { apiKey: 'k.s' }, false],
+  ['[::1]:50051', { apiKey: 'k.s' }, false],
+  ['localhost:50051', { apiKey: 'k.s' }, false],
+  ['unix:/run/ledger.sock', { apiKey: 'k.s' }, false],
+  ['ledger.example:443', {}, false],
+  ['ledger.example:443', { apiKey: 'k.s', credentials: grpc.credentials.createSsl() }, false],
+]) {
+  test(`a client of ${target}${options.apiKey ? ' with a key' : ''}${options.credentials ? ' over TLS' : ''} is ${refused ? 'refused' : 'made'}`, () => {
+    // As the Go SDK: a key without TLS goes only to this machine.
+    const make = () => new client.Ledger(target, options).close();
+    if (refused) assert.throws(make, { name: 'TypeError', message: /^apiKey: refusing to send an API key without TLS/ });
+    else make();
   });
 }
 

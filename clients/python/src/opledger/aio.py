@@ -53,6 +53,7 @@ from opledger.client import (  # noqa: I001
     _lease_end,
     _repeatable,
     check_call,
+    check_transport,
     code_refused,
     conflicting,
     data_struct,
@@ -91,8 +92,16 @@ class AsyncLedger:
     def __init__(self, target: str, *, channel: aio.Channel | None = None, call_timeout: float = 5.0,
                  ledger_retries: int = 3, log: Callable[[str], None] | None = None,
                  reconcilers: dict[str, Callable[[pb.Operation], Any]] | None = None, api_key: str = "",
-                 interceptors: list[aio.ClientInterceptor] | None = None):
+                 interceptors: list[aio.ClientInterceptor] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None):
+        check_transport(target, api_key, channel, credentials)
         chain: list[aio.ClientInterceptor] = ([_BearerKey(api_key)] if api_key else []) + list(interceptors or [])
+        if channel is not None and chain:
+            # An aio channel takes its interceptors when it is made.
+            raise TypeError("api_key and interceptors go on the channel AsyncLedger makes: with channel=, "
+                            "make the channel with them, or pass credentials= instead")
+        if channel is None and credentials is not None:
+            channel = aio.secure_channel(target, credentials, interceptors=chain or None)
         self.channel = channel or aio.insecure_channel(target, interceptors=chain or None)
         self.stub = ledger_pb2_grpc.LedgerServiceStub(self.channel)
         self.call_timeout = call_timeout

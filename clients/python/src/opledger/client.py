@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import datetime
 import decimal
+import ipaddress
 import math
 import random
 import secrets
@@ -498,6 +499,40 @@ def params_struct(params: dict[str, Any]) -> struct_pb2.Struct:
     return to_struct(exact_json(params, "params"), "params")
 
 
+def check_transport(target: str, api_key: str, channel: Any, credentials: Any) -> None:
+    """Refuses to send api_key in clear beyond this machine, as the Go SDK does.
+
+    Without channel or credentials (TLS) the channel has none, so a key
+    goes only to a target on this machine (loopback_target): else
+    ValueError. A channel of the caller's is the caller's to secure;
+    channel and credentials together are a TypeError.
+    """
+    if channel is not None and credentials is not None:
+        raise TypeError("give channel or credentials, not both: credentials make the channel")
+    if api_key and channel is None and credentials is None and not loopback_target(target):
+        raise ValueError(f"api_key: refusing to send an API key without TLS to {target!r}, which is not this machine "
+                         "(loopback or a Unix socket); pass credentials=grpc.ssl_channel_credentials(...)")
+
+
+def loopback_target(target: str) -> bool:
+    """Whether a gRPC target names this machine: a Unix socket, or a host on loopback."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    target = target.split(":///", 1)[-1]
+    for scheme in ("dns:", "ipv4:", "ipv6:"):
+        target = target.removeprefix(scheme)
+    if target.startswith("["):
+        host = target[1:target.find("]")]
+    else:
+        host = target.rsplit(":", 1)[0] if target.count(":") == 1 else target
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_call(fn: Any, wait: Any, tool_timeout: Any) -> None:
     """Refuses a call_tool that cannot run, before anything is sent.
 
@@ -636,8 +671,9 @@ class Ledger:
     reconcilers maps a tool to the function that asks its destination
     whether an UNKNOWN operation's effect exists (see Finding): call_tool
     asks it instead of raising NeedsReconciliation, and records its finding.
-    api_key is sent as "authorization: Bearer <key>" (use a TLS channel
-    beyond this machine).
+    api_key is sent as "authorization: Bearer <key>"; beyond this machine
+    only over TLS: credentials (grpc.ssl_channel_credentials(...)) make the
+    channel a TLS one, or channel is one of the caller's (check_transport).
 
     clock and sleep are the clock of the waits between ledger calls (tests
     pass their own; without one, a wait ends early when the call is
@@ -648,7 +684,11 @@ class Ledger:
                  ledger_retries: int = 3, log: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] | None = None,
                  reconcilers: dict[str, Reconciler] | None = None, api_key: str = "",
-                 interceptors: list[grpc.UnaryUnaryClientInterceptor] | None = None):
+                 interceptors: list[grpc.UnaryUnaryClientInterceptor] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None):
+        check_transport(target, api_key, channel, credentials)
+        if channel is None and credentials is not None:
+            channel = grpc.secure_channel(target, credentials)
         self.channel = channel or grpc.insecure_channel(target)
         calls = self.channel
         if api_key:
