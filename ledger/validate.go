@@ -149,6 +149,15 @@ func ValidateResourceID(id string) error {
 	return nil
 }
 
+// ValidateRunID reports whether id is acceptable as a run id, as a *Error
+// of KindInvalid, or nil.
+func ValidateRunID(id string) error {
+	if v := checkID("run_id", id, MaxRunIDLen, true); v != nil {
+		return invalid("", *v)
+	}
+	return nil
+}
+
 // ValidateOperationID reports whether id is acceptable as an operation id,
 // as a *Error of KindInvalid, or nil.
 func ValidateOperationID(id string) error {

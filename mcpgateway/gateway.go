@@ -122,6 +122,11 @@ type tool struct {
 
 // New returns a gateway for cfg; Start connects it.
 func New(cfg *Config, log *slog.Logger) (*Gateway, error) {
+	if id := os.Getenv(RunIDEnv); id != "" {
+		if err := ledger.ValidateRunID(id); err != nil {
+			return nil, fmt.Errorf("%s: %w", RunIDEnv, err) // every call would be refused for it
+		}
+	}
 	creds := insecure.NewCredentials()
 	if cfg.Ledger.TLS != nil {
 		t, err := clientTLS(cfg.Ledger.TLS)

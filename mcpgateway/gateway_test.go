@@ -292,6 +292,30 @@ func TestOneNameOneUpstream(t *testing.T) {
 	}
 }
 
+// TestRunIDFromEnvironment: a LEDGER_RUN_ID the ledger would refuse as a
+// run id (every call would be refused for it) stops the gateway from
+// starting, naming the variable and what is wrong.
+func TestRunIDFromEnvironment(t *testing.T) {
+	cfg, err := mcpgateway.ParseConfig([]byte("upstreams:\n  - {name: tickets, url: \"http://127.0.0.1:1/mcp\"}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ id, want string }{
+		{"run-7", ""},
+		{strings.Repeat("r", 257), "LEDGER_RUN_ID: invalid argument: run_id: longer than 256 bytes"},
+		{"run-7\n", "LEDGER_RUN_ID: invalid argument: run_id: contains a control character"},
+	} {
+		t.Setenv(mcpgateway.RunIDEnv, tc.id)
+		g, err := mcpgateway.New(cfg, slog.New(slog.DiscardHandler))
+		if got := fmt.Sprint(err); (tc.want == "") != (err == nil) || err != nil && !strings.Contains(got, tc.want) {
+			t.Errorf("%s=%q: %v, want %q", mcpgateway.RunIDEnv, tc.id, err, tc.want)
+		}
+		if g != nil {
+			_ = g.Close()
+		}
+	}
+}
+
 // TestRulesThatApplyToNoTool: a rule whose match finds no tool (a typo),
 // and one whose tools an earlier rule takes first, are logged when the
 // upstream's tools are listed; a rule that takes a tool is not.
