@@ -206,6 +206,22 @@ def test_an_api_key_goes_in_clear_only_to_this_machine(client, target, options, 
             asyncio.run(make())
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"call_timeout": 0}, "call_timeout: a positive number of seconds is required"),
+    ({"call_timeout": "5"}, "call_timeout: a positive number of seconds is required"),
+    ({"ledger_retries": -1}, "ledger_retries: a whole number, 0 or more, is required"),
+    ({"ledger_retries": 1.5}, "ledger_retries: a whole number, 0 or more, is required"),
+], ids=["no call timeout", "a call timeout in a str", "negative retries", "fractional retries"])
+@pytest.mark.parametrize("client", ["Ledger", "AsyncLedger"])
+def test_options_every_call_would_fail_for_are_refused(client, options, message):
+    async def make():
+        getattr(opledger, client)("127.0.0.1:1", **options)
+
+    with pytest.raises(ValueError) as err:
+        asyncio.run(make())
+    assert str(err.value) == message
+
+
 def test_an_async_channel_of_the_callers_takes_no_key():
     # An aio channel takes its interceptors when it is made: a key given
     # beside one would never be sent.

@@ -120,11 +120,13 @@ function checkCall(call: ToolCall, fn: unknown): void {
     if (call[k] !== undefined && typeof call[k] !== 'string') throw new TypeError(`${k}: ${kindOf(call[k])}, not a string`);
   }
   if (call.effect !== undefined && !EFFECTS.includes(call.effect)) throw new TypeError(`effect: not one of ${EFFECTS.join(', ')}`);
-  for (const k of ['waitMs', 'toolTimeoutMs'] as const) {
-    const v = call[k];
-    if (v !== undefined && !(typeof v === 'number' && Number.isFinite(v) && v > 0)) {
-      throw new TypeError(`${k}: a positive number of milliseconds is required`);
-    }
+  for (const k of ['waitMs', 'toolTimeoutMs'] as const) milliseconds(k, call[k]);
+}
+
+/** Throws a TypeError unless v is undefined or a positive, finite number (of milliseconds). */
+function milliseconds(name: string, v: unknown): void {
+  if (v !== undefined && !(typeof v === 'number' && Number.isFinite(v) && v > 0)) {
+    throw new TypeError(`${name}: a positive number of milliseconds is required`);
   }
 }
 
@@ -219,6 +221,11 @@ export class Ledger {
     if (options.apiKey && !options.credentials?._isSecure() && !loopbackTarget(address)) {
       throw new TypeError(`apiKey: refusing to send an API key without TLS to ${address}, which is not this machine`
         + ' (loopback or a Unix socket); pass credentials: grpc.credentials.createSsl(...)');
+    }
+    milliseconds('callTimeoutMs', options.callTimeoutMs);
+    const retries = options.ledgerRetries;
+    if (retries !== undefined && !(Number.isInteger(retries) && retries >= 0)) {
+      throw new TypeError('ledgerRetries: a whole number, 0 or more, is required');
     }
     this.client = new LedgerServiceClient(address, options.credentials ?? grpc.credentials.createInsecure(),
       { interceptors: options.interceptors ?? [] });

@@ -280,6 +280,19 @@ for (const [target, options, refused] of [
   });
 }
 
+for (const [name, options, message] of [
+  ['no call timeout', { callTimeoutMs: 0 }, 'callTimeoutMs: a positive number of milliseconds is required'],
+  ['a call timeout in a string', { callTimeoutMs: '5000' }, 'callTimeoutMs: a positive number of milliseconds is required'],
+  ['negative retries', { ledgerRetries: -1 }, 'ledgerRetries: a whole number, 0 or more, is required'],
+  ['fractional retries', { ledgerRetries: 1.5 }, 'ledgerRetries: a whole number, 0 or more, is required'],
+]) {
+  test(`a client with ${name} is refused`, () => {
+    // Every call would fail for it ("no time left"), or repeat oddly.
+    assert.throws(() => new client.Ledger('127.0.0.1:1', options).close(), { name: 'TypeError', message });
+  });
+}
+test('a client with no ledger retries is made', () => new client.Ledger('127.0.0.1:1', { ledgerRetries: 0 }).close());
+
 test('S9: an appointment with faults, sent 5 times, 2 of them at once', async (t) => {
   const { dest, ledger, id } = setup();
   t.after(() => ledger.close());

@@ -53,6 +53,7 @@ from opledger.client import (  # noqa: I001
     _lease_end,
     _repeatable,
     check_call,
+    check_options,
     check_transport,
     code_refused,
     conflicting,
@@ -95,6 +96,7 @@ class AsyncLedger:
                  interceptors: list[aio.ClientInterceptor] | None = None,
                  credentials: grpc.ChannelCredentials | None = None):
         check_transport(target, api_key, channel, credentials)
+        check_options(call_timeout, ledger_retries)
         chain: list[aio.ClientInterceptor] = ([_BearerKey(api_key)] if api_key else []) + list(interceptors or [])
         if channel is not None and chain:
             # An aio channel takes its interceptors when it is made.

@@ -543,9 +543,21 @@ def check_call(fn: Any, wait: Any, tool_timeout: Any) -> None:
     """
     if not callable(fn):
         raise TypeError(f"fn: {type(fn).__name__} is not callable; call_tool runs fn(attempt)")
-    for name, value in (("wait", wait), ("tool_timeout", tool_timeout)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name}: a positive number of seconds is required")
+    seconds("wait", wait)
+    seconds("tool_timeout", tool_timeout)
+
+
+def seconds(name: str, value: Any) -> None:
+    """Raises ValueError unless value is a positive, finite number (of seconds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: a positive number of seconds is required")
+
+
+def check_options(call_timeout: Any, ledger_retries: Any) -> None:
+    """Refuses a client's options that would fail every call (ValueError)."""
+    seconds("call_timeout", call_timeout)
+    if isinstance(ledger_retries, bool) or not isinstance(ledger_retries, int) or ledger_retries < 0:
+        raise ValueError("ledger_retries: a whole number, 0 or more, is required")
 
 
 def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
@@ -687,6 +699,7 @@ class Ledger:
                  interceptors: list[grpc.UnaryUnaryClientInterceptor] | None = None,
                  credentials: grpc.ChannelCredentials | None = None):
         check_transport(target, api_key, channel, credentials)
+        check_options(call_timeout, ledger_retries)
         if channel is None and credentials is not None:
             channel = grpc.secure_channel(target, credentials)
         self.channel = channel or grpc.insecure_channel(target)
