@@ -92,9 +92,16 @@ func WithBackoff(b Backoff) Option { return func(c *Client) { c.backoff = b } }
 // owner: the gRPC channel does not retry on its own.
 func WithLedgerRetries(n int) Option { return func(c *Client) { c.ledgerRetries = n } }
 
-// WithCallTimeout bounds each call Do makes to the ledger (5s otherwise);
-// the typed wrappers use the caller's context as it is.
-func WithCallTimeout(d time.Duration) Option { return func(c *Client) { c.callTimeout = d } }
+// WithCallTimeout bounds each call Do makes to the ledger (5s otherwise,
+// and when d is not positive: no call could be made within it); the typed
+// wrappers use the caller's context as it is.
+func WithCallTimeout(d time.Duration) Option {
+	return func(c *Client) {
+		if d > 0 {
+			c.callTimeout = d
+		}
+	}
+}
 
 // WithReportTimeout bounds how long Do keeps recording an attempt's outcome
 // (Complete, MarkUnknown, Reconcile), repeating the call while the ledger

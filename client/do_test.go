@@ -237,6 +237,19 @@ func TestDoRefusesAnOpItCannotRun(t *testing.T) {
 	}
 }
 
+// A call timeout or report timeout that is not positive keeps the
+// default: with none, every ledger call would fail at once.
+func TestDoWithTimeoutsNotPositive(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		e := newEnv(t, redistest.Shared(t).Client(t), client.WithCallTimeout(d), client.WithReportTimeout(d))
+		dest := newDestination()
+		op := e.op(fmt.Sprintf("timeout-%d", d), "payments.refund", map[string]any{"amount": 5})
+		if _, err := e.c.Do(e.ctx, op, dest.fn); err != nil || dest.count(op.ID) != 1 {
+			t.Errorf("timeouts %s: Do = %v, %d effects; want one", d, err, dest.count(op.ID))
+		}
+	}
+}
+
 // A Reserve far larger than the ledger accepts is dropped by grpc-go's
 // transport with a bare RESOURCE_EXHAUSTED (no ErrorInfo). That is no rate
 // limit: Do sends it once, returns ErrMessageTooLarge (neither
