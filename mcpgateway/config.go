@@ -162,11 +162,16 @@ type ProbeConfig struct {
 // Duration is a Go duration written as a string ("30s", "10m").
 type Duration time.Duration
 
-// UnmarshalYAML refuses bare numbers, which would read as nanoseconds.
+// UnmarshalYAML refuses bare numbers, which would read as nanoseconds,
+// and a duration that is not positive: no field takes one, and a field
+// left at 0 takes its default, which 0s written out would silently get.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" || err != nil {
 		return fmt.Errorf("line %d: want a duration such as 30s or 10m (units: ms, s, m, h; no d)", n.Line)
+	}
+	if v <= 0 {
+		return fmt.Errorf("line %d: %s: want a positive duration (leave the field out for its default)", n.Line, n.Value)
 	}
 	*d = Duration(v)
 	return nil
@@ -312,9 +317,6 @@ func (h *HTTPConfig) check() error {
 	}
 	if h.SessionIdleTimeout == 0 {
 		h.SessionIdleTimeout = Duration(DefaultIdleTimeout)
-	}
-	if h.SessionIdleTimeout < 0 {
-		return errors.New("session_idle_timeout: want a positive duration")
 	}
 	if h.TLS != nil && (h.TLS.CertFile == "" || h.TLS.KeyFile == "") {
 		return errors.New("tls: cert_file and key_file are both needed")
@@ -476,14 +478,6 @@ func (t *ToolRule) check() error {
 	if t.Errors != "" && t.Errors != "final" && t.Errors != "retryable" {
 		return fmt.Errorf("errors %q: want final or retryable", t.Errors)
 	}
-	for _, d := range []struct {
-		name string
-		v    Duration
-	}{{"window", t.Window}, {"timeout", t.Timeout}, {"wait", t.Wait}} {
-		if d.v < 0 {
-			return fmt.Errorf("%s: want a positive duration", d.name)
-		}
-	}
 	if t.Retries != nil && (*t.Retries < 0 || *t.Retries > 10) {
 		return fmt.Errorf("retries %d: want 0 to 10", *t.Retries)
 	}
@@ -504,9 +498,6 @@ func (t *ToolRule) check() error {
 		}
 		if p.NotFoundAfter == 0 {
 			p.NotFoundAfter = Duration(DefaultNotFoundAfter)
-		}
-		if p.NotFoundAfter < 0 {
-			return errors.New("probe.not_found_after: want a positive duration")
 		}
 	}
 	return nil
