@@ -155,11 +155,11 @@ func placeReceipt(c *receipt.Claims, values []string, entries []chain.Entry) (co
 // (lowerCamelCase, 64-bit numbers as strings, zero values left out, the
 // operation under "operation" with the receipt beside it).
 func parseHistoryDoc(raw []byte) (*historyDoc, error) {
-	var top map[string]any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	if err := dec.Decode(&top); err != nil || top == nil {
-		return nil, fmt.Errorf("not a JSON object (%v)", err)
+	top, err := decodeObject(dec)
+	if err != nil {
+		return nil, err
 	}
 	doc := &historyDoc{}
 	if op, ok := top["operation"].(map[string]any); ok {

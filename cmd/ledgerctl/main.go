@@ -801,6 +801,29 @@ func checkReconcile(o *options) (client.Finding, error) {
 	return f, nil
 }
 
+// decodeObject decodes dec's next value, refusing (with its kind, never
+// its text) one that is not a JSON object.
+func decodeObject(dec *json.Decoder) (map[string]any, error) {
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %v", err)
+	}
+	kind := "null"
+	switch v := v.(type) {
+	case map[string]any:
+		return v, nil
+	case []any:
+		kind = "an array"
+	case string:
+		kind = "a string"
+	case json.Number:
+		kind = "a number"
+	case bool:
+		kind = "true or false"
+	}
+	return nil, fmt.Errorf("not a JSON object ({...}): %s", kind)
+}
+
 // parseData reads --data: one JSON object, in UTF-8, each key once in each
 // object. The ledger keeps its numbers as 64-bit floats: a number that
 // would be recorded as another one is refused.
@@ -811,12 +834,9 @@ func parseData(s string) (map[string]any, error) {
 	}
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.UseNumber()
-	var m map[string]any
-	if err := dec.Decode(&m); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %v", err)
-	}
-	if m == nil {
-		return nil, errors.New("not a JSON object: null")
+	m, err := decodeObject(dec)
+	if err != nil {
+		return nil, err
 	}
 	if dec.More() {
 		return nil, errors.New("more than one JSON value")

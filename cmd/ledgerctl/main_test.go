@@ -703,8 +703,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"reconcile", "a", "escalate", "--data", "{}"}, "--resource-id and --data go with the applied finding only"},
 		{[]string{"reconcile", "a", "applied", "--failure-code", "X"}, "--failure-code and --failure-message go with the abandon finding only"},
 		{[]string{"reconcile", "a", "applied", "--data", "not json"}, "--data: not a JSON object"},
-		{[]string{"reconcile", "a", "applied", "--data", "[1]"}, "--data: not a JSON object"},
-		{[]string{"reconcile", "a", "applied", "--data", "null"}, "--data: not a JSON object"},
+		{[]string{"reconcile", "a", "applied", "--data", "[1]"}, "--data: not a JSON object ({...}): an array"},
+		{[]string{"reconcile", "a", "applied", "--data", "null"}, "--data: not a JSON object ({...}): null"},
+		{[]string{"reconcile", "a", "applied", "--data", `"s3cr3t"`}, "--data: not a JSON object ({...}): a string"},
 		{[]string{"reconcile", "a", "applied", "--data", `{"a":1} {"b":2}`}, "--data: more than one JSON value"},
 		{[]string{"reconcile", "a", "applied", "--tool", "t"}, "--tool is not a flag of reconcile"},
 		// A fencing token is the decimal number lookup shows; 0 would mean
