@@ -211,13 +211,15 @@ def test_an_api_key_goes_in_clear_only_to_this_machine(client, target, options, 
     ({"call_timeout": "5"}, "call_timeout: a positive number of seconds is required"),
     ({"ledger_retries": -1}, "ledger_retries: a whole number, 0 or more, is required"),
     ({"ledger_retries": 1.5}, "ledger_retries: a whole number, 0 or more, is required"),
-], ids=["no call timeout", "a call timeout in a str", "negative retries", "fractional retries"])
+    ({"reconcilers": {"tickets.create": "find_ticket"}}, "reconcilers['tickets.create']: str is not callable"),
+], ids=["no call timeout", "a call timeout in a str", "negative retries", "fractional retries",
+        "a reconciler that is not callable"])
 @pytest.mark.parametrize("client", ["Ledger", "AsyncLedger"])
 def test_options_every_call_would_fail_for_are_refused(client, options, message):
     async def make():
         getattr(opledger, client)("127.0.0.1:1", **options)
 
-    with pytest.raises(ValueError) as err:
+    with pytest.raises((ValueError, TypeError)) as err:
         asyncio.run(make())
     assert str(err.value) == message
 

@@ -227,6 +227,9 @@ export class Ledger {
     if (retries !== undefined && !(Number.isInteger(retries) && retries >= 0)) {
       throw new TypeError('ledgerRetries: a whole number, 0 or more, is required');
     }
+    for (const [tool, r] of Object.entries(options.reconcilers ?? {})) {
+      if (typeof r !== 'function') throw new TypeError(`reconcilers[${JSON.stringify(tool)}]: ${kindOf(r)} is not a function`);
+    }
     this.client = new LedgerServiceClient(address, options.credentials ?? grpc.credentials.createInsecure(),
       { interceptors: options.interceptors ?? [] });
     this.callTimeoutMs = options.callTimeoutMs ?? 5000;

@@ -285,6 +285,7 @@ for (const [name, options, message] of [
   ['a call timeout in a string', { callTimeoutMs: '5000' }, 'callTimeoutMs: a positive number of milliseconds is required'],
   ['negative retries', { ledgerRetries: -1 }, 'ledgerRetries: a whole number, 0 or more, is required'],
   ['fractional retries', { ledgerRetries: 1.5 }, 'ledgerRetries: a whole number, 0 or more, is required'],
+  ['a reconciler that is no function', { reconcilers: { 'tickets.create': 'findTicket' } }, 'reconcilers["tickets.create"]: string is not a function'],
 ]) {
   test(`a client with ${name} is refused`, () => {
     // Every call would fail for it ("no time left"), or repeat oddly.

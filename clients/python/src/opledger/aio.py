@@ -96,7 +96,7 @@ class AsyncLedger:
                  interceptors: list[aio.ClientInterceptor] | None = None,
                  credentials: grpc.ChannelCredentials | None = None):
         check_transport(target, api_key, channel, credentials)
-        check_options(call_timeout, ledger_retries)
+        check_options(call_timeout, ledger_retries, reconcilers)
         chain: list[aio.ClientInterceptor] = ([_BearerKey(api_key)] if api_key else []) + list(interceptors or [])
         if channel is not None and chain:
             # An aio channel takes its interceptors when it is made.

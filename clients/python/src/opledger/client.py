@@ -553,11 +553,15 @@ def seconds(name: str, value: Any) -> None:
         raise ValueError(f"{name}: a positive number of seconds is required")
 
 
-def check_options(call_timeout: Any, ledger_retries: Any) -> None:
-    """Refuses a client's options that would fail every call (ValueError)."""
+def check_options(call_timeout: Any, ledger_retries: Any, reconcilers: Any) -> None:
+    """Refuses a client's options that would fail every call (ValueError), or
+    every reconciliation (a reconciler that is not callable: TypeError)."""
     seconds("call_timeout", call_timeout)
     if isinstance(ledger_retries, bool) or not isinstance(ledger_retries, int) or ledger_retries < 0:
         raise ValueError("ledger_retries: a whole number, 0 or more, is required")
+    for tool, r in (reconcilers or {}).items():
+        if not callable(r):
+            raise TypeError(f"reconcilers[{tool!r}]: {type(r).__name__} is not callable")
 
 
 def data_struct(data: dict[str, Any]) -> struct_pb2.Struct:
@@ -699,7 +703,7 @@ class Ledger:
                  interceptors: list[grpc.UnaryUnaryClientInterceptor] | None = None,
                  credentials: grpc.ChannelCredentials | None = None):
         check_transport(target, api_key, channel, credentials)
-        check_options(call_timeout, ledger_retries)
+        check_options(call_timeout, ledger_retries, reconcilers)
         if channel is None and credentials is not None:
             channel = grpc.secure_channel(target, credentials)
         self.channel = channel or grpc.insecure_channel(target)
