@@ -189,7 +189,14 @@ func New(cfg Config, opts ...grpc.ServerOption) *Service {
 // count towards Config.Connections.MaxConnections, with those of every other
 // listener the service serves.
 func (s *Service) Serve(lis net.Listener) error {
-	return s.GRPC.Serve(&countingListener{Listener: lis, c: s.conns})
+	return s.GRPC.Serve(s.CountConnections(lis))
+}
+
+// CountConnections returns lis, whose connections count towards
+// Config.Connections.MaxConnections as those Serve accepts do: one over
+// the limit is closed as soon as it is accepted.
+func (s *Service) CountConnections(lis net.Listener) net.Listener {
+	return &countingListener{Listener: lis, c: s.conns}
 }
 
 // Connections returns the counts of the client connections: open now, and

@@ -57,12 +57,15 @@ type config struct {
 	// durabilityEvery is how often a running ledgerd reads the durability
 	// settings again (no flag).
 	durabilityEvery time.Duration
+	// httpReadTimeout bounds the reading of one HTTP request, its body
+	// included (no flag).
+	httpReadTimeout time.Duration
 }
 
 // parseFlags reads the command line and the environment into a config. Its
 // errors but flag.ErrHelp (-h) are usageErrors.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	c := config{durabilityEvery: time.Minute}
+	c := config{durabilityEvery: time.Minute, httpReadTimeout: time.Minute}
 	fs, finish := newFlagSet(&c, stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -155,7 +158,7 @@ func connectionFlags(f *envFlags, l *server.ConnectionLimits) {
 	f.parsed("max-concurrent-streams", "LEDGER_MAX_CONCURRENT_STREAMS", strconv.Itoa(server.DefaultMaxConcurrentStreams), "calls one connection may run at once; the client holds further ones until one ends", streams(&l.MaxConcurrentStreams))
 	f.parsed("max-connection-age", "LEDGER_MAX_CONNECTION_AGE", "30m", "send GOAWAY to a connection that has lived that long (give or take 10%), so that clients spread over new instances; 0: never", orNever(&l.MaxConnectionAge))
 	f.parsed("max-connection-age-grace", "LEDGER_MAX_CONNECTION_AGE_GRACE", "1m", "how long the calls running at that GOAWAY may take to finish before the connection is closed", duration(&l.MaxConnectionAgeGrace, positive))
-	f.parsed("max-connections", "LEDGER_MAX_CONNECTIONS", strconv.Itoa(server.DefaultMaxConnections), "client connections open at once; one more is closed as soon as it is accepted (its client sees UNAVAILABLE); 0: no limit", limit(&l.MaxConnections))
+	f.parsed("max-connections", "LEDGER_MAX_CONNECTIONS", strconv.Itoa(server.DefaultMaxConnections), "client connections open at once (gRPC and HTTP listeners together); one more is closed as soon as it is accepted (its client sees UNAVAILABLE); 0: no limit", limit(&l.MaxConnections))
 	f.parsed("max-health-watches", "LEDGER_MAX_HEALTH_WATCHES", strconv.Itoa(server.DefaultMaxHealthWatches), "grpc.health.v1.Health/Watch streams open at once, over all connections; one more is answered RESOURCE_EXHAUSTED at once (Check is not bounded); 0: no limit", limit(&l.MaxHealthWatches))
 }
 

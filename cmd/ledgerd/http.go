@@ -34,15 +34,23 @@ type httpAPI struct {
 	conn *grpc.ClientConn
 }
 
+// httpOptions are the HTTP listener's settings.
+type httpOptions struct {
+	receipts    *receipt.Signer // nil: no JWK Set served
+	tls         *tls.Config     // nil: plaintext
+	anonymous   bool            // the service has no credentials
+	readTimeout time.Duration   // bounds reading one request, its body included
+}
+
 // newHTTPAPI builds the API, which serve serves on lis in front of a
-// service; anonymous when the service has no credentials.
-func newHTTPAPI(lis net.Listener, receipts *receipt.Signer, tlsCfg *tls.Config, anonymous bool, log *slog.Logger) (*httpAPI, error) {
+// service.
+func newHTTPAPI(lis net.Listener, o httpOptions, log *slog.Logger) (*httpAPI, error) {
 	a := &httpAPI{lis: lis, pipe: bufconn.Listen(1 << 20)}
 	// The in-process connection carries TLS when the service does (its
 	// credentials are the server's, for every listener); nothing can sit
 	// between its ends, so the certificate needs no verification there.
 	creds := insecure.NewCredentials()
-	if tlsCfg != nil {
+	if o.tls != nil {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
 	}
 	var err error
@@ -59,16 +67,18 @@ func newHTTPAPI(lis net.Listener, receipts *receipt.Signer, tlsCfg *tls.Config, 
 	}
 	mux := http.NewServeMux()
 	mux.Handle(console.Path, console.Handler())
-	if receipts != nil {
-		mux.Handle("GET "+receipt.JWKSPath, receipts.JWKSHandler())
+	if o.receipts != nil {
+		mux.Handle("GET "+receipt.JWKSPath, o.receipts.JWKSHandler())
 	}
 	mux.Handle("/", h)
 	limited := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxHTTPBody)
 		mux.ServeHTTP(w, r)
 	})
-	a.srv = &http.Server{Handler: httpapi.Protect(limited, anonymous), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute, TLSConfig: tlsCfg,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// A body sent slowly holds its connection until ReadTimeout: it is read
+	// before the service sees the call's credentials.
+	a.srv = &http.Server{Handler: httpapi.Protect(limited, o.anonymous), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: o.readTimeout,
+		IdleTimeout: 2 * time.Minute, TLSConfig: o.tls, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	return a, nil
 }
 
@@ -77,12 +87,15 @@ func (a *httpAPI) serve(ctx context.Context, svc *server.Service, timeout time.D
 	go func() { _ = svc.Serve(a.pipe) }()
 	log.Info("HTTP API serving", "listen", a.lis.Addr().String(), "tls", a.srv.TLSConfig != nil)
 	done := make(chan error, 1)
+	// Its connections count towards --max-connections with the gRPC
+	// listener's, from their accept (before TLS and credentials).
+	lis := svc.CountConnections(a.lis)
 	go func() {
 		var err error
 		if a.srv.TLSConfig != nil {
-			err = a.srv.ServeTLS(a.lis, "", "")
+			err = a.srv.ServeTLS(lis, "", "")
 		} else {
-			err = a.srv.Serve(a.lis)
+			err = a.srv.Serve(lis)
 		}
 		done <- err
 	}()

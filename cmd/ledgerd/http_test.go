@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -76,6 +77,64 @@ func TestHTTPListen(t *testing.T) {
 		}
 		if code, _ := post(t, http.DefaultClient, "http://"+addr); code != http.StatusBadRequest {
 			t.Fatalf("plaintext to the TLS listener = %d, want Go's 400 for HTTP to an HTTPS server", code)
+		}
+	})
+}
+
+// TestHTTPConnections: the HTTP listener's connections count towards
+// --max-connections (one over it is closed as soon as it is accepted, as
+// on the gRPC listener), and a request whose body does not come is cut
+// off at the read timeout instead of holding its connection.
+func TestHTTPConnections(t *testing.T) {
+	t.Run("max-connections", func(t *testing.T) {
+		_, _, out := start(t, insecure.NewCredentials(), "--http-listen", "127.0.0.1:0", "--max-connections", "3")
+		addr, err := ledgertest.ListenAddr(out.String, "HTTP API serving", nil, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []net.Conn
+		for range 3 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+		}
+		get := func() error {
+			c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+			resp, err := c.Get("http://" + addr + "/v1/caller")
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err
+		}
+		if err := get(); err == nil {
+			t.Fatal("a request over --max-connections (3 held, and the API's own) was served")
+		}
+		for _, c := range held {
+			c.Close()
+		}
+		ledgertest.Await(t, "a request once the held connections closed", func() bool { return get() == nil })
+	})
+	t.Run("read timeout", func(t *testing.T) {
+		_, _, out := startTuned(t, insecure.NewCredentials(), func(c *config) { c.httpReadTimeout = 300 * time.Millisecond },
+			"--http-listen", "127.0.0.1:0")
+		addr, err := ledgertest.ListenAddr(out.String, "HTTP API serving", nil, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// 100 bytes announced, 10 sent.
+		if _, err := io.WriteString(c, "POST /v1/operations/slow:reserve HTTP/1.1\r\nHost: "+addr+"\r\nContent-Length: 100\r\n\r\n{\"tool\":\"t"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			t.Fatalf("the connection of a body that did not come was still open: %v", err)
 		}
 	})
 }

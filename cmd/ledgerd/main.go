@@ -383,7 +383,8 @@ func (d *daemon) newService(traceOpt grpc.ServerOption) (*server.Service, *httpA
 	var api *httpAPI
 	if d.httpLis != nil {
 		var err error
-		if api, err = newHTTPAPI(d.httpLis, d.receipts, tlsCfg, d.auth == nil, d.log); err != nil {
+		o := httpOptions{receipts: d.receipts, tls: tlsCfg, anonymous: d.auth == nil, readTimeout: d.c.httpReadTimeout}
+		if api, err = newHTTPAPI(d.httpLis, o, d.log); err != nil {
 			return nil, nil, err
 		}
 	}
