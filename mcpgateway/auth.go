@@ -168,6 +168,10 @@ func (g *Gateway) Handler() http.Handler {
 				return
 			}
 			defer g.posts.end()
+			// A body sent slowly would hold its connection for as long as
+			// its client likes. net/http ends the deadline once the body
+			// is read, so the answer's event stream is not cut by it.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyReadTimeout))
 		}
 		switch {
 		case r.URL.Path == HealthPath:
@@ -183,3 +187,6 @@ func (g *Gateway) Handler() http.Handler {
 		}
 	})
 }
+
+// bodyReadTimeout bounds the reading of a POST's body.
+var bodyReadTimeout = time.Minute
