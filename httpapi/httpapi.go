@@ -105,6 +105,7 @@ func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 // service may have.
 var reasons = map[codes.Code]string{
 	codes.InvalidArgument:  server.ReasonInvalidArgument,
+	codes.PermissionDenied: server.ReasonPermissionDenied,
 	codes.DeadlineExceeded: server.ReasonDeadlineExceeded,
 	codes.Canceled:         server.ReasonCanceled,
 	codes.Internal:         server.ReasonInternal,

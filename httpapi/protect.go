@@ -6,12 +6,9 @@ import (
 	"net/netip"
 	"strings"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
-
-	"github.com/opledger/ledger/server"
 )
 
 // Protect wraps h. When anonymous (no credentials file: every caller on
@@ -50,11 +47,7 @@ func Protect(h http.Handler, anonymous bool) http.Handler {
 // refuse answers 403 with a PERMISSION_DENIED status as JSON, as the API
 // answers its other errors.
 func refuse(w http.ResponseWriter, msg string) {
-	st, err := status.New(codes.PermissionDenied, msg).WithDetails(&errdetails.ErrorInfo{Reason: server.ReasonPermissionDenied, Domain: server.ErrorDomain})
-	if err != nil {
-		st = status.New(codes.PermissionDenied, msg)
-	}
-	b, _ := protojson.Marshal(st.Proto())
+	b, _ := protojson.Marshal(withErrorInfo(status.New(codes.PermissionDenied, msg)).Proto())
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusForbidden)
 	_, _ = w.Write(b)
