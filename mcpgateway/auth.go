@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -190,3 +192,71 @@ func (g *Gateway) Handler() http.Handler {
 
 // bodyReadTimeout bounds the reading of a POST's body.
 var bodyReadTimeout = time.Minute
+
+// ownKey is one of the gateway's own keys: the variable it came from, the
+// key, the scopes of which it needs one, and whether a key that fails is
+// only warned about, since only background reconciliation would fail.
+type ownKey struct {
+	field, env, key string
+	needs           []string
+	warn            bool
+}
+
+// ownKeys lists the keys the gateway acts under: its ledger key, when
+// calls act under it (stdio, anonymous HTTP) or background reconciliation
+// does (tool rules with a probe and no reconcile.api_key_envs); and the
+// reconciler keys.
+func (g *Gateway) ownKeys() []ownKey {
+	var keys []ownKey
+	l := g.cfg.Ledger
+	if g.cfg.HTTP.Listen == "" || g.cfg.HTTP.Anonymous {
+		keys = append(keys, ownKey{"ledger.api_key_env", l.APIKeyEnv, l.apiKey, []string{"agent", "reconciler"}, false})
+	}
+	if len(g.cfg.Reconcile.APIKeyEnvs) == 0 && g.cfg.probes() {
+		keys = append(keys, ownKey{"ledger.api_key_env", l.APIKeyEnv, l.apiKey, []string{"reconciler"}, true})
+	}
+	for i, env := range g.cfg.Reconcile.APIKeyEnvs {
+		keys = append(keys, ownKey{"reconcile.api_key_envs", env, g.cfg.Reconcile.apiKeys[i], []string{"reconciler"}, false})
+	}
+	return keys
+}
+
+// CheckKeys asks the ledger about each of the gateway's own keys (GetCaller)
+// and returns an error naming the first it refuses, or that lacks the scope
+// its use needs: every call under such a key would be refused. A key only
+// background reconciliation acts under is warned about instead, and so is
+// a ledger that does not answer: it may be starting too.
+func (g *Gateway) CheckKeys(ctx context.Context) error {
+	for _, k := range g.ownKeys() {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := g.ledger(k.key).Caller(cctx)
+		cancel()
+		if err != nil && !errors.Is(err, client.ErrUnauthenticated) && !errors.Is(err, client.ErrPermissionDenied) {
+			g.log.Warn("could not check the gateway's keys with the ledger", "error", err)
+			return nil
+		}
+		err = keyProblem(k, c, err)
+		if err != nil && k.warn {
+			g.log.Warn("tool rules have probes, but background reconciliation cannot record findings", "problem", err)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keyProblem is what is wrong with key k, given the ledger's answer about
+// it: refused (err), or without a scope it needs; nil for nothing.
+func keyProblem(k ownKey, c *client.Caller, err error) error {
+	switch {
+	case err != nil && k.env == "":
+		return fmt.Errorf("%s is not set, and the ledger asks for an API key: %v", k.field, err)
+	case err != nil:
+		return fmt.Errorf("%s: the ledger refuses the key in %s: %v", k.field, k.env, err)
+	case !slices.ContainsFunc(k.needs, func(s string) bool { return slices.Contains(c.Scopes, s) }):
+		return fmt.Errorf("%s: the key in %s has scopes %v; it needs %s", k.field, k.env, c.Scopes, strings.Join(k.needs, " or "))
+	}
+	return nil
+}

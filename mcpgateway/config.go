@@ -372,6 +372,18 @@ func (r *ReconcileConfig) check(lookup func(string) (string, bool)) error {
 	return nil
 }
 
+// probes reports whether a tool rule has a probe.
+func (c *Config) probes() bool {
+	for _, u := range c.Upstreams {
+		for _, r := range u.Tools {
+			if r.Probe != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // secret reads a key from the environment variable name.
 func secret(lookup func(string) (string, bool), name string) (string, error) {
 	v, ok := lookup(name)

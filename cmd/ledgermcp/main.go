@@ -10,8 +10,8 @@
 // to stderr. On SIGTERM or SIGINT it lets the calls in flight end, then
 // exits; a second signal ends it at once. docs/mcp.md describes the
 // configuration and what the gateway promises. Exit status: 0 when the
-// session or the server ended, 1 when it could not start or failed, 2 on
-// bad usage.
+// session or the server ended, 1 when it could not start (a key of its own
+// the ledger refuses, say) or failed, 2 on bad usage.
 package main
 
 import (
@@ -111,6 +111,9 @@ func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error 
 		return err
 	}
 	defer g.Close()
+	if err := g.CheckKeys(ctx); err != nil {
+		return err
+	}
 	if cfg.Metrics.Listen != "" {
 		stop, err := serveMetrics(cfg.Metrics.Listen, g.MetricsHandler(), log)
 		if err != nil {

@@ -42,9 +42,14 @@ func TestMain(m *testing.M) {
 }
 
 // TestUsage: bad usage exits 2 with a line saying what is wrong; -h
-// exits 0.
+// exits 0; a key of the gateway's own that the ledger refuses exits 1 at
+// start.
 func TestUsage(t *testing.T) {
 	good := writeConfig(t, "upstreams:\n  - {name: t, command: [x]}\n")
+	_, creds := servicetest.Keys(t, "acme", "acme")
+	secured := servicetest.Start(t, redistest.Shared(t).Client(t), servicetest.Options{Credentials: creds}).Addr
+	t.Setenv("LEDGERMCP_TEST_KEY", "acme-agent.made-up")
+	refused := writeConfig(t, "ledger: {api_key_env: LEDGERMCP_TEST_KEY}\nupstreams:\n  - {name: t, command: [x]}\n")
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -59,6 +64,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"--config", writeConfig(t, "upstreams: []\n")}, 2, "at least one is needed"},
 		{[]string{"--config", good, "--http", "0.0.0.0:8931"}, 2, "need tls"},
 		{[]string{"--config", good, "--metrics-listen", "9465"}, 2, "want HOST:PORT"},
+		{[]string{"--config", refused, "--ledger", secured}, 1, "ledger.api_key_env: the ledger refuses the key in LEDGERMCP_TEST_KEY"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(context.Background(), tc.args, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.says) {
