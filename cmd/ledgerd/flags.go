@@ -60,12 +60,15 @@ type config struct {
 	// httpReadTimeout bounds the reading of one HTTP request, its body
 	// included (no flag).
 	httpReadTimeout time.Duration
+	// httpIdleTimeout is how long the HTTP and metrics listeners keep a
+	// connection with no request open (no flag).
+	httpIdleTimeout time.Duration
 }
 
 // parseFlags reads the command line and the environment into a config. Its
 // errors but flag.ErrHelp (-h) are usageErrors.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	c := config{durabilityEvery: time.Minute, httpReadTimeout: time.Minute}
+	c := config{durabilityEvery: time.Minute, httpReadTimeout: time.Minute, httpIdleTimeout: 2 * time.Minute}
 	fs, finish := newFlagSet(&c, stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -40,6 +40,7 @@ type httpOptions struct {
 	tls         *tls.Config     // nil: plaintext
 	anonymous   bool            // the service has no credentials
 	readTimeout time.Duration   // bounds reading one request, its body included
+	idleTimeout time.Duration   // how long a connection with no request stays open
 }
 
 // newHTTPAPI builds the API, which serve serves on lis in front of a
@@ -78,7 +79,7 @@ func newHTTPAPI(lis net.Listener, o httpOptions, log *slog.Logger) (*httpAPI, er
 	// A body sent slowly holds its connection until ReadTimeout: it is read
 	// before the service sees the call's credentials.
 	a.srv = &http.Server{Handler: httpapi.Protect(limited, o.anonymous), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: o.readTimeout,
-		IdleTimeout: 2 * time.Minute, TLSConfig: o.tls, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		IdleTimeout: o.idleTimeout, TLSConfig: o.tls, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	return a, nil
 }
 

@@ -83,8 +83,9 @@ func TestHTTPListen(t *testing.T) {
 
 // TestHTTPConnections: the HTTP listener's connections count towards
 // --max-connections (one over it is closed as soon as it is accepted, as
-// on the gRPC listener), and a request whose body does not come is cut
-// off at the read timeout instead of holding its connection.
+// on the gRPC listener), a request whose body does not come is cut off at
+// the read timeout instead of holding its connection, and a connection
+// left idle is closed, on the metrics listener too.
 func TestHTTPConnections(t *testing.T) {
 	t.Run("max-connections", func(t *testing.T) {
 		_, _, out := start(t, insecure.NewCredentials(), "--http-listen", "127.0.0.1:0", "--max-connections", "3")
@@ -135,6 +136,19 @@ func TestHTTPConnections(t *testing.T) {
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if _, err := io.ReadAll(c); err != nil {
 			t.Fatalf("the connection of a body that did not come was still open: %v", err)
+		}
+	})
+	t.Run("idle timeout", func(t *testing.T) {
+		_, _, out := startTuned(t, insecure.NewCredentials(), func(c *config) { c.httpIdleTimeout = 300 * time.Millisecond },
+			"--http-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+		for _, l := range []struct{ msg, path string }{{"HTTP API serving", "/v1/caller"}, {"metrics serving", "/metrics"}} {
+			addr, err := ledgertest.ListenAddr(out.String, l.msg, nil, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ledgertest.IdleClosed(addr, l.path); err != nil {
+				t.Errorf("%s: %v", l.msg, err)
+			}
 		}
 	})
 }

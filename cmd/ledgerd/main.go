@@ -383,7 +383,8 @@ func (d *daemon) newService(traceOpt grpc.ServerOption) (*server.Service, *httpA
 	var api *httpAPI
 	if d.httpLis != nil {
 		var err error
-		o := httpOptions{receipts: d.receipts, tls: tlsCfg, anonymous: d.auth == nil, readTimeout: d.c.httpReadTimeout}
+		o := httpOptions{receipts: d.receipts, tls: tlsCfg, anonymous: d.auth == nil, readTimeout: d.c.httpReadTimeout,
+			idleTimeout: d.c.httpIdleTimeout}
 		if api, err = newHTTPAPI(d.httpLis, o, d.log); err != nil {
 			return nil, nil, err
 		}
@@ -463,7 +464,7 @@ func (d *daemon) serveMetrics(ctx context.Context, g *errgroup.Group) {
 	if d.receipts != nil {
 		mux.Handle("GET "+receipt.JWKSPath, d.receipts.JWKSHandler())
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: d.c.httpIdleTimeout}
 	d.log.Info("metrics serving", "listen", d.metricsLis.Addr().String())
 	g.Go(func() error {
 		if err := hs.Serve(d.metricsLis); !errors.Is(err, http.ErrServerClosed) {

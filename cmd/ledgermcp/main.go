@@ -104,6 +104,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	return 0
 }
 
+// idleTimeout is how long the listeners keep a connection with no request
+// open.
+var idleTimeout = 2 * time.Minute
+
 // serve runs the gateway until its session ends (stdio) or ctx does.
 func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error {
 	g, err := mcpgateway.New(cfg, log)
@@ -130,7 +134,8 @@ func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -157,7 +162,8 @@ func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), e
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	go func() { _ = srv.Serve(lis) }()
 	log.Info("metrics serving", "listen", lis.Addr().String())
 	return func() { _ = srv.Close() }, nil

@@ -346,6 +346,31 @@ func TestStoppedMidCallOverStdio(t *testing.T) {
 	}
 }
 
+// TestIdleTimeout: the MCP listener and the metrics listener close a
+// connection left idle.
+func TestIdleTimeout(t *testing.T) {
+	defer func(d time.Duration) { idleTimeout = d }(idleTimeout)
+	idleTimeout = 300 * time.Millisecond
+	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nhttp: {anonymous: true}\nupstreams:\n  - {name: t, command: [%q]}\n",
+		ledgertest.ClosedAddr(t), filepath.Join(t.TempDir(), "no-such-server")))
+	ctx, cancel := context.WithCancel(context.Background())
+	logs, exited := &ledgertest.Buffer{}, make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(ctx, []string{"--config", cfg, "--http", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, logs)
+	}()
+	defer func() { cancel(); <-exited }()
+	for _, l := range []struct{ msg, path string }{{"ledgermcp serving", mcpgateway.HealthPath}, {"metrics serving", "/metrics"}} {
+		addr, err := ledgertest.ListenAddr(logs.String, l.msg, exited, 20*time.Second)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, logs)
+		}
+		if err := ledgertest.IdleClosed(addr, l.path); err != nil {
+			t.Errorf("%s: %v", l.msg, err)
+		}
+	}
+}
+
 // gateway is a ledgermcp process serving Streamable HTTP.
 type gateway struct {
 	cmd    *exec.Cmd

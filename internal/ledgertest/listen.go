@@ -1,9 +1,13 @@
 package ledgertest
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -78,4 +82,30 @@ func Await(tb testing.TB, what string, cond func() bool) {
 			tb.Fatalf("never: %s", what)
 		}
 	}
+}
+
+// IdleClosed sends one GET of path to addr over a new connection, reads
+// the answer, and returns nil once the server closes the connection left
+// idle; an error when it is still open after 10 s, or the GET failed.
+func IdleClosed(addr, path string) error {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+		return err
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("the idle connection after GET %s (%s) was not closed: %v", path, resp.Status, err)
+	}
+	return nil
 }
