@@ -83,6 +83,10 @@ type HTTPConfig struct {
 	TLS *ServerTLS `yaml:"tls"`
 	// SessionIdleTimeout closes sessions idle that long (1h).
 	SessionIdleTimeout Duration `yaml:"session_idle_timeout"`
+	// MaxConnections is how many connections the listener holds open at
+	// once (10000); 0: no limit. One more waits to be accepted until one
+	// closes.
+	MaxConnections *int `yaml:"max_connections"`
 }
 
 // ServerTLS is the certificate of the HTTP listener.
@@ -185,6 +189,8 @@ const (
 	DefaultNotFoundAfter = 30 * time.Second
 	DefaultInterval      = 10 * time.Second
 	DefaultIdleTimeout   = time.Hour
+	// DefaultMaxConnections is HTTPConfig.MaxConnections's.
+	DefaultMaxConnections = 10000
 )
 
 // LoadConfig reads and checks a configuration file, expanding ${NAME} in
@@ -317,6 +323,12 @@ func (h *HTTPConfig) check() error {
 	}
 	if h.SessionIdleTimeout == 0 {
 		h.SessionIdleTimeout = Duration(DefaultIdleTimeout)
+	}
+	if h.MaxConnections == nil {
+		h.MaxConnections = new(DefaultMaxConnections)
+	}
+	if *h.MaxConnections < 0 {
+		return fmt.Errorf("max_connections %d: want 0 (no limit) or more", *h.MaxConnections)
 	}
 	if h.TLS != nil && (h.TLS.CertFile == "" || h.TLS.KeyFile == "") {
 		return errors.New("tls: cert_file and key_file are both needed")

@@ -41,7 +41,8 @@ upstreams:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Ledger.Address != "127.0.0.1:50051" || c.HTTP.Path != "/mcp" || time.Duration(c.HTTP.SessionIdleTimeout) != time.Hour || time.Duration(c.Reconcile.Interval) != 10*time.Second {
+	if c.Ledger.Address != "127.0.0.1:50051" || c.HTTP.Path != "/mcp" || time.Duration(c.HTTP.SessionIdleTimeout) != time.Hour || time.Duration(c.Reconcile.Interval) != 10*time.Second ||
+		*c.HTTP.MaxConnections != 10000 {
 		t.Errorf("defaults not filled in: %+v", c)
 	}
 	u := c.Upstreams[0]
@@ -80,6 +81,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"defaults: {window: 1d}\n" + up, "line 1: want a duration such as 30s or 10m (units: ms, s, m, h; no d)"},
 		{"defaults: {wait: 0s}\n" + up, "line 1: 0s: want a positive duration (leave the field out for its default)"},
 		{"http: {session_idle_timeout: 0s}\n" + up, "line 1: 0s: want a positive duration"},
+		{"http: {max_connections: -1}\n" + up, "http: max_connections -1: want 0 (no limit) or more"},
 		{"upstreams:\n  - {name: t, command: [x], tools: [{match: a, window: -1m}]}", "line 2: -1m: want a positive duration"},
 		{"upstreams:\n  - {name: t, command: [x], tools: [{match: a, probe: {tool: f, not_found_after: 0s}}]}", "line 2: 0s: want a positive duration"},
 		{"defaults: {key: none}\n" + up, "key none would forward"},

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/net/netutil"
 
 	"github.com/opledger/ledger/internal/gogc"
 	"github.com/opledger/ledger/mcpgateway"
@@ -133,6 +134,9 @@ func serve(ctx context.Context, cfg *mcpgateway.Config, log *slog.Logger) error 
 	lis, err := net.Listen("tcp", cfg.HTTP.Listen)
 	if err != nil {
 		return err
+	}
+	if n := *cfg.HTTP.MaxConnections; n > 0 {
+		lis = netutil.LimitListener(lis, n)
 	}
 	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -351,17 +352,9 @@ func TestStoppedMidCallOverStdio(t *testing.T) {
 func TestIdleTimeout(t *testing.T) {
 	defer func(d time.Duration) { idleTimeout = d }(idleTimeout)
 	idleTimeout = 300 * time.Millisecond
-	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nhttp: {anonymous: true}\nupstreams:\n  - {name: t, command: [%q]}\n",
-		ledgertest.ClosedAddr(t), filepath.Join(t.TempDir(), "no-such-server")))
-	ctx, cancel := context.WithCancel(context.Background())
-	logs, exited := &ledgertest.Buffer{}, make(chan struct{})
-	go func() {
-		defer close(exited)
-		run(ctx, []string{"--config", cfg, "--http", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, logs)
-	}()
-	defer func() { cancel(); <-exited }()
+	logs := runHTTP(t, "", "--metrics-listen", "127.0.0.1:0")
 	for _, l := range []struct{ msg, path string }{{"ledgermcp serving", mcpgateway.HealthPath}, {"metrics serving", "/metrics"}} {
-		addr, err := ledgertest.ListenAddr(logs.String, l.msg, exited, 20*time.Second)
+		addr, err := ledgertest.ListenAddr(logs.String, l.msg, nil, 20*time.Second)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, logs)
 		}
@@ -369,6 +362,60 @@ func TestIdleTimeout(t *testing.T) {
 			t.Errorf("%s: %v", l.msg, err)
 		}
 	}
+}
+
+// TestMaxConnections: while the listener holds http.max_connections
+// connections, one more waits, and is served once one of them closes.
+func TestMaxConnections(t *testing.T) {
+	logs := runHTTP(t, "max_connections: 2")
+	addr, err := ledgertest.ListenAddr(logs.String, "ledgermcp serving", nil, 20*time.Second)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs)
+	}
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	answered := make(chan error, 1)
+	go func() {
+		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 20 * time.Second}
+		resp, err := c.Get("http://" + addr + mcpgateway.HealthPath)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a third connection was served while two were held (%v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	_ = held[0].Close()
+	if err := <-answered; err != nil {
+		t.Fatalf("the third connection, once one closed: %v", err)
+	}
+}
+
+// runHTTP runs the gateway in this process, serving Streamable HTTP on a
+// free loopback port, with more YAML fields under http and more args, and
+// stops it when the test ends. Its ledger and upstream cannot be reached.
+func runHTTP(t *testing.T, fields string, args ...string) *ledgertest.Buffer {
+	t.Helper()
+	cfg := writeConfig(t, fmt.Sprintf("ledger: {address: %q}\nhttp: {anonymous: true, %s}\nupstreams:\n  - {name: t, command: [%q]}\n",
+		ledgertest.ClosedAddr(t), fields, filepath.Join(t.TempDir(), "no-such-server")))
+	ctx, cancel := context.WithCancel(context.Background())
+	logs, exited := &ledgertest.Buffer{}, make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(ctx, append([]string{"--config", cfg, "--http", "127.0.0.1:0"}, args...), logs)
+	}()
+	t.Cleanup(func() { cancel(); <-exited })
+	return logs
 }
 
 // gateway is a ledgermcp process serving Streamable HTTP.
