@@ -50,6 +50,9 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 		runtime.WithRoutingErrorHandler(rt.routingError),
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, m),
 		runtime.WithMiddlewares(params.middleware),
+		// The service sends no metadata of its own: only gRPC's
+		// Content-Type, which is no header of an HTTP answer.
+		runtime.WithOutgoingHeaderMatcher(func(string) (string, bool) { return "", false }),
 	}
 	setQueryParser.Do(func() { opts = append(opts, runtime.SetQueryParameterParser(&queryParser{})) })
 	gw := runtime.NewServeMux(opts...)
@@ -71,11 +74,13 @@ func Handler(conn *grpc.ClientConn) (http.Handler, error) {
 	return noStore(mux), nil
 }
 
-// noStore marks every answer of h not to be stored by any cache: an
-// operation's record may hold what a tool returned.
+// noStore marks every answer of h not to be stored by any cache (an
+// operation's record may hold what a tool returned), nor read by a browser
+// as anything but its Content-Type.
 func noStore(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
 		h.ServeHTTP(w, r)
 	})
 }

@@ -81,8 +81,14 @@ func (a *api) call(t *testing.T, scope, method, path, body string) reply {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.Header.Get("Cache-Control") != "no-store" {
-		t.Errorf("%s %s: Cache-Control %q, want no-store", method, path, resp.Header.Get("Cache-Control"))
+	if resp.Header.Get("Cache-Control") != "no-store" || resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+		t.Errorf("%s %s: Cache-Control %q, X-Content-Type-Options %q; want no-store, nosniff", method, path,
+			resp.Header.Get("Cache-Control"), resp.Header.Get("X-Content-Type-Options"))
+	}
+	for k := range resp.Header {
+		if strings.HasPrefix(k, "Grpc-") {
+			t.Errorf("%s %s: the gRPC header %s: %q", method, path, k, resp.Header.Get(k))
+		}
 	}
 	r := reply{status: resp.StatusCode}
 	if err := json.Unmarshal(b, &r.body); err != nil {
