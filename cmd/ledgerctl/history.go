@@ -266,8 +266,37 @@ func readJWKS(file string) (jose.JSONWebKeySet, error) {
 	if err != nil {
 		return set, err
 	}
-	if err := json.Unmarshal(raw, &set); err != nil || len(set.Keys) == 0 {
-		return set, fmt.Errorf("%s is not a JWK Set with keys (%v)", file, err)
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if _, err := decodeObject(dec); err != nil {
+		return set, fmt.Errorf("%s is not a JWK Set: %v", file, err)
+	}
+	if err := json.Unmarshal(raw, &set); err != nil {
+		return set, fmt.Errorf("%s is not a JWK Set: %v", file, err)
+	}
+	if len(set.Keys) == 0 {
+		return set, noKeys(file, raw)
+	}
+	for _, k := range set.Keys {
+		if !k.IsPublic() {
+			return set, fmt.Errorf("%s holds a private key (kid %q): keep the file secret, and verify with the public keys "+
+				"(ledgerctl jwks KEYFILE prints them)", file, k.KeyID)
+		}
 	}
 	return set, nil
+}
+
+// noKeys says what file, a JSON object with no JWK Set's keys, is instead.
+func noKeys(file string, raw []byte) error {
+	var one struct {
+		Kty string `json:"kty"`
+		D   string `json:"d"`
+	}
+	switch {
+	case json.Unmarshal(raw, &one) != nil || one.Kty == "":
+		return fmt.Errorf("%s is not a JWK Set: it has no keys", file)
+	case one.D != "":
+		return fmt.Errorf("%s is a private key, not a JWK Set: keep it secret; \"ledgerctl jwks %s\" prints the set of its public key", file, file)
+	}
+	return fmt.Errorf("%s is one key, not a JWK Set: put it in {\"keys\": [...]}", file)
 }
