@@ -127,6 +127,12 @@ func (k *Key) MarshalJWK() ([]byte, error) {
 func ParseJWK(b []byte) (*Key, error) {
 	var jwk jose.JSONWebKey
 	if err := jwk.UnmarshalJSON(b); err != nil {
+		var set struct {
+			Keys json.RawMessage `json:"keys"`
+		}
+		if json.Unmarshal(b, &set) == nil && set.Keys != nil {
+			return nil, errors.New("a JWK Set, not one key: give each key's own file (ledgerd keygen --receipts writes one)")
+		}
 		return nil, fmt.Errorf("not a JWK: %w", err)
 	}
 	if jwk.KeyID == "" {

@@ -151,6 +151,10 @@ func TestKeyFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "nokid.jwk"), noKid, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	set, _ := json.Marshal(JWKS([]*Key{a}))
+	if err := os.WriteFile(filepath.Join(dir, "set.jwk"), set, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		paths []string
 		want  string
@@ -160,6 +164,7 @@ func TestKeyFiles(t *testing.T) {
 		{[]string{filepath.Join(dir, "rsa.jwk")}, "not an Ed25519 key"},
 		{[]string{filepath.Join(dir, "nokid.jwk")}, "no key id"},
 		{[]string{filepath.Join(dir, "missing.jwk")}, "no such file"},
+		{[]string{filepath.Join(dir, "set.jwk")}, "a JWK Set, not one key: give each key's own file (ledgerd keygen --receipts writes one)"},
 		{nil, "no receipt keys"},
 	} {
 		if _, err := LoadKeys(c.paths); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -63,7 +63,7 @@ func TestOfflineCommands(t *testing.T) {
 		{[]string{"verify-receipt", "--jwks", jwksFile}, exitUsage, "needs a receipt FILE"},
 		{[]string{"verify-receipt", "-h"}, exitOK, "usage: ledgerctl verify-receipt"},
 		{[]string{"jwks"}, exitUsage, "jwks needs a key file"},
-		{[]string{"jwks", jwksFile}, exitError, "KEY_UNREADABLE"},
+		{[]string{"jwks", jwksFile}, exitError, "KEY_UNREADABLE: " + jwksFile + ": a JWK Set, not one key"},
 		{[]string{"help", "verify-receipt"}, exitOK, "usage: ledgerctl verify-receipt FILE --jwks FILE"},
 		{[]string{"help", "verify-history"}, exitOK, "usage: ledgerctl verify-history FILE"},
 		{[]string{"help", "jwks"}, exitOK, "usage: ledgerctl jwks KEYFILE"},
