@@ -14,7 +14,7 @@ import (
 
 // ledgerdFlagsInGuide are flags of ledgerd (not ledgerctl) that
 // docs/ledgerctl.md names, to say what the ledger must be running with.
-var ledgerdFlagsInGuide = map[string]bool{"auth-file": true}
+var ledgerdFlagsInGuide = map[string]bool{"auth-file": true, "listen": true, "http-listen": true}
 
 // commandArgs are arguments that make a well-formed command line of each
 // command, flags aside.

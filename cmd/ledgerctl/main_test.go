@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -649,7 +651,14 @@ func TestWithoutAuth(t *testing.T) {
 		if ids, _ := listIDs(t, env); len(ids) != 0 {
 			t.Errorf("list-unresolved after abandon = %q", ids)
 		}
+		fails(t, env, 1, []string{"ledgerctl: UNAVAILABLE: ", "the server at " + st.Addr + " does not serve TLS: leave out --tls"}, "--tls", "lookup", "x")
 	})
+
+	// An HTTP/1.1 server, such as ledgerd's HTTP/JSON API.
+	web := httptest.NewServer(http.NotFoundHandler())
+	defer web.Close()
+	webAddr := web.Listener.Addr().String()
+	fails(t, nil, 1, []string{"ledgerctl: UNAVAILABLE: ", "the server at " + webAddr + " answers HTTP/1.1, not gRPC"}, "--addr", webAddr, "lookup", "x")
 
 	// Nobody listens on a port just closed.
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

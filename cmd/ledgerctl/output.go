@@ -575,6 +575,11 @@ func describe(o *options, err error) jsonError {
 		d.Hint = "no answer within --timeout " + o.timeout.String() + ": is the ledger at " + o.addr + " up? (a slow link needs a longer --timeout)"
 	case d.Reason == "UNAVAILABLE":
 		switch {
+		case strings.Contains(d.Error, "first record does not look like a TLS handshake"):
+			d.Hint = "the server at " + o.addr + " does not serve TLS: leave out --tls and the TLS files, or check --addr"
+		case strings.Contains(d.Error, "looked like an HTTP/1.1 header"):
+			d.Hint = "the server at " + o.addr + " answers HTTP/1.1, not gRPC: ledgerd's HTTP/JSON API (--http-listen)? " +
+				"ledgerctl needs the port of --listen"
 		case strings.Contains(d.Error, "certificate") || strings.Contains(d.Error, "tls:") || strings.Contains(d.Error, "x509"):
 			d.Hint = "the TLS handshake failed: check --tls-ca (the CA of the ledger's certificate) and that --addr names a host the certificate is for"
 		default:
