@@ -158,6 +158,15 @@ func ValidateRunID(id string) error {
 	return nil
 }
 
+// ValidateTool reports whether name is acceptable as a tool name, as a
+// *Error of KindInvalid, or nil.
+func ValidateTool(name string) error {
+	if v := checkTool("tool", name, true); v != nil {
+		return invalid("", *v)
+	}
+	return nil
+}
+
 // ValidateOperationID reports whether id is acceptable as an operation id,
 // as a *Error of KindInvalid, or nil.
 func ValidateOperationID(id string) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/opledger/ledger/fingerprint"
 	"github.com/opledger/ledger/internal/yamlerr"
 	"github.com/opledger/ledger/internal/yamlnull"
+	"github.com/opledger/ledger/ledger"
 )
 
 // Config is the gateway's configuration file (docs/mcp.md).
@@ -415,8 +416,8 @@ func (u *UpstreamConfig) check(lookup func(string) (string, bool)) error {
 		p := u.Name + "_"
 		u.Prefix = &p
 	}
-	if !toolChars.MatchString(*u.Prefix) {
-		return fmt.Errorf("prefix %q: may only hold letters, digits and . _ - /", *u.Prefix)
+	if *u.Prefix != "" && ledger.ValidateTool(*u.Prefix) != nil {
+		return fmt.Errorf("prefix %q: may only hold letters, digits and . _ - : /, up to %d with the tool's name", *u.Prefix, ledger.MaxToolLen)
 	}
 	switch {
 	case len(u.Command) > 0 && u.URL != "":
@@ -461,8 +462,6 @@ func (u *UpstreamConfig) check(lookup func(string) (string, bool)) error {
 	}
 	return nil
 }
-
-var toolChars = regexp.MustCompile(`^[A-Za-z0-9._/-]*$`)
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 

@@ -286,8 +286,8 @@ func (g *Gateway) warnUnapplied(u *upstream, applied []bool) {
 func served(t *mcp.Tool, prefix string) (*mcp.Tool, error) {
 	def := *t
 	def.Name = prefix + t.Name
-	if len(def.Name) > ledger.MaxToolLen || !toolChars.MatchString(def.Name) || def.Name == "" {
-		return nil, fmt.Errorf("the name %q is not one the ledger records (up to %d letters, digits, . _ - /)", def.Name, ledger.MaxToolLen)
+	if err := ledger.ValidateTool(def.Name); err != nil {
+		return nil, fmt.Errorf("the name %q is not one the ledger records: %w", def.Name, err)
 	}
 	switch s := t.InputSchema.(type) {
 	case nil:

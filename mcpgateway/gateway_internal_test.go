@@ -26,7 +26,9 @@ func TestServed(t *testing.T) {
 		{name: "create", schema: map[string]any{"properties": map[string]any{}}, want: map[string]any{"type": "object", "properties": map[string]any{}}},
 		{name: long[1:], schema: nil, want: map[string]any{"type": "object"}},
 		{name: long, schema: nil, err: "is not one the ledger records"},
-		{name: "open ticket", schema: nil, err: `the name "p_open ticket" is not one the ledger records`},
+		{name: "open ticket", schema: nil, err: `the name "p_open ticket" is not one the ledger records: invalid argument: tool: may only hold letters, digits and . _ - : /`},
+		{name: "files:read", schema: nil, want: map[string]any{"type": "object"}},
+		{name: "files/read.v2", schema: nil, want: map[string]any{"type": "object"}},
 		{name: "create", schema: map[string]any{"type": "array"}, err: "input schema of type array, not object"},
 		{name: "create", schema: []any{}, err: "input schema of Go type []interface {}"},
 	} {
