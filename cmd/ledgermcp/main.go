@@ -7,9 +7,9 @@
 //	ledgermcp ... --metrics-listen ADDR           # and Prometheus /metrics
 //
 // Over Streamable HTTP it also answers health probes at /healthz. It logs
-// to stderr. On SIGTERM or SIGINT it lets the calls in flight end, then
-// exits; a second signal ends it at once. docs/mcp.md describes the
-// configuration and what the gateway promises. Exit status: 0 when the
+// to stderr. On SIGTERM, SIGINT or SIGHUP it lets the calls in flight
+// end, then exits; a second signal ends it at once. docs/mcp.md describes
+// the configuration and what the gateway promises. Exit status: 0 when the
 // session or the server ended, 1 when it could not start (a key of its own
 // the ledger refuses, say) or failed, 2 on bad usage.
 package main
@@ -37,7 +37,9 @@ import (
 
 func main() {
 	gogc.Tune(os.Getenv)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too (its terminal closed, or an operator's reload, which the
+	// gateway does not have): its default would end the process at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	// The first signal lets the calls in flight end; a second ends the
 	// process at once.
 	context.AfterFunc(ctx, stop)

@@ -242,20 +242,22 @@ func TestKilledMidCall(t *testing.T) {
 	}
 }
 
-// TestStoppedMidCall: SIGTERM while a call is in flight lets it end: the
-// caller gets its answer and the ledger its outcome, applied once. A
-// second signal ends the process at once, before the slow upstream
-// applies anything.
+// TestStoppedMidCall: SIGTERM (or SIGHUP) while a call is in flight lets
+// it end: the caller gets its answer and the ledger its outcome, applied
+// once. A second signal ends the process at once, before the slow
+// upstream applies anything.
 func TestStoppedMidCall(t *testing.T) {
 	for _, c := range []struct {
 		name    string
+		sig     syscall.Signal
 		fault   string
 		signals int
 		effects int
 		state   client.State
 	}{
-		{"SIGTERM", "slow:2s", 1, 1, client.StateSucceeded},
-		{"SIGTERM twice", "slow:60s", 2, 0, client.StateRunning},
+		{"SIGTERM", syscall.SIGTERM, "slow:2s", 1, 1, client.StateSucceeded},
+		{"SIGHUP", syscall.SIGHUP, "slow:2s", 1, 1, client.StateSucceeded},
+		{"SIGTERM twice", syscall.SIGTERM, "slow:60s", 2, 0, client.StateRunning},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -274,10 +276,10 @@ func TestStoppedMidCall(t *testing.T) {
 				answered <- res
 			}()
 			ledgertest.Await(t, "the upstream gets the call", func() bool { return up.Calls("create_ticket") > 0 })
-			_ = gw.cmd.Process.Signal(syscall.SIGTERM)
+			_ = gw.cmd.Process.Signal(c.sig)
 			ledgertest.Await(t, "the log line \"waiting for the requests in flight to end\"", func() bool { return strings.Contains(gw.log.String(), "waiting for the requests in flight to end") })
 			if c.signals == 2 {
-				gw.stop(syscall.SIGTERM)
+				gw.stop(c.sig)
 			}
 			<-gw.exited
 			res := <-answered
