@@ -464,7 +464,8 @@ func (d *daemon) serveMetrics(ctx context.Context, g *errgroup.Group) {
 	if d.receipts != nil {
 		mux.Handle("GET "+receipt.JWKSPath, d.receipts.JWKSHandler())
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: d.c.httpIdleTimeout}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: d.c.httpIdleTimeout,
+		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
 	d.log.Info("metrics serving", "listen", d.metricsLis.Addr().String())
 	g.Go(func() error {
 		if err := hs.Serve(d.metricsLis); !errors.Is(err, http.ErrServerClosed) {
