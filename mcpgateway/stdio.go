@@ -84,9 +84,19 @@ type answeringConn struct {
 	a *answering
 }
 
-// Read reads the next message, and notes a call among them as open.
+// Read reads the next message, and notes a call among them as open. When
+// reading ends (the client closed its end, MCP's stdio shutdown) it
+// returns only once the calls read are answered: the client reads their
+// answers until the gateway exits.
 func (c *answeringConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	m, err := c.Connection.Read(ctx)
+	if err != nil {
+		select {
+		case <-c.a.answered():
+		case <-ctx.Done():
+		}
+		return m, err
+	}
 	if r, ok := m.(*jsonrpc.Request); ok && r.IsCall() {
 		c.a.mu.Lock()
 		c.a.open[r.ID] = struct{}{}
