@@ -268,14 +268,15 @@ func readJWKS(file string) (jose.JSONWebKeySet, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	if _, err := decodeObject(dec); err != nil {
+	top, err := decodeObject(dec)
+	if err != nil {
 		return set, fmt.Errorf("%s is not a JWK Set: %v", file, err)
 	}
 	if err := json.Unmarshal(raw, &set); err != nil {
 		return set, fmt.Errorf("%s is not a JWK Set: %v", file, err)
 	}
 	if len(set.Keys) == 0 {
-		return set, noKeys(file, raw)
+		return set, noKeys(file, top)
 	}
 	for _, k := range set.Keys {
 		if !k.IsPublic() {
@@ -286,16 +287,13 @@ func readJWKS(file string) (jose.JSONWebKeySet, error) {
 	return set, nil
 }
 
-// noKeys says what file, a JSON object with no JWK Set's keys, is instead.
-func noKeys(file string, raw []byte) error {
-	var one struct {
-		Kty string `json:"kty"`
-		D   string `json:"d"`
-	}
+// noKeys says what file, whose JSON object top has no JWK Set's keys, is
+// instead.
+func noKeys(file string, top map[string]any) error {
 	switch {
-	case json.Unmarshal(raw, &one) != nil || one.Kty == "":
+	case top["kty"] == nil:
 		return fmt.Errorf("%s is not a JWK Set: it has no keys", file)
-	case one.D != "":
+	case top["d"] != nil:
 		return fmt.Errorf("%s is a private key, not a JWK Set: keep it secret; \"ledgerctl jwks %s\" prints the set of its public key", file, file)
 	}
 	return fmt.Errorf("%s is one key, not a JWK Set: put it in {\"keys\": [...]}", file)
