@@ -227,15 +227,24 @@ func (g *Gateway) ownKeys() []ownKey {
 // background reconciliation acts under is warned about instead, and so is
 // a ledger that does not answer: it may be starting too.
 func (g *Gateway) CheckKeys(ctx context.Context) error {
+	type answer struct {
+		c   *client.Caller
+		err error
+	}
+	asked := map[string]answer{} // the ledger key may serve two uses
 	for _, k := range g.ownKeys() {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		c, err := g.ledger(k.key).Caller(cctx)
-		cancel()
-		if err != nil && !errors.Is(err, client.ErrUnauthenticated) && !errors.Is(err, client.ErrPermissionDenied) {
-			g.log.Warn("could not check the gateway's keys with the ledger", "error", err)
+		a, ok := asked[k.key]
+		if !ok {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			a.c, a.err = g.ledger(k.key).Caller(cctx)
+			cancel()
+			asked[k.key] = a
+		}
+		if a.err != nil && !errors.Is(a.err, client.ErrUnauthenticated) && !errors.Is(a.err, client.ErrPermissionDenied) {
+			g.log.Warn("could not check the gateway's keys with the ledger", "error", a.err)
 			return nil
 		}
-		err = keyProblem(k, c, err)
+		err := keyProblem(k, a.c, a.err)
 		if err != nil && k.warn {
 			g.log.Warn("tool rules have probes, but background reconciliation cannot record findings", "problem", err)
 			continue
